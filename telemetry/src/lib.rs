@@ -1,0 +1,145 @@
+//! Observability shared by every racekv component.
+//!
+//! * [`LATENCY_BUCKETS_SECONDS`]: histogram buckets from 1 µs to 1 s, because one-sided
+//!   operations live in the microsecond range and the Prometheus defaults start at 5 ms.
+//! * [`MetricsServer`]: serves the process-wide default registry on `/metrics` (and `/healthz`).
+//! * [`init_logging`]: `tracing` to stderr, filtered by `RACEKV_LOG` (or `RUST_LOG`).
+//!
+//! Components register their metrics once, in a `LazyLock`, on the default registry; several
+//! components in one process (tests, `racekv up`) therefore share and sum their series.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use anyhow::Context;
+use prometheus::{Encoder, TextEncoder};
+
+/// Histogram buckets for latencies, in seconds: 1 µs .. 1 s, roughly 1-2-5 per decade.
+pub const LATENCY_BUCKETS_SECONDS: &[f64] = &[
+    1e-6, 2e-6, 5e-6, 10e-6, 20e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3,
+    20e-3, 50e-3, 100e-3, 200e-3, 500e-3, 1.0,
+];
+
+/// Histogram buckets for sizes, in bytes: 8 B .. 16 MiB, powers of 4.
+pub const SIZE_BUCKETS_BYTES: &[f64] = &[
+    8.0, 32.0, 128.0, 512.0, 2048.0, 8192.0, 32768.0, 131072.0, 524288.0, 2097152.0, 8388608.0,
+    16777216.0,
+];
+
+/// Histogram buckets for small counts (batch sizes, coalescing degrees): 1 .. 256.
+pub const COUNT_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
+
+/// Registers `collector` on the default registry, panicking on a programming error
+/// (a duplicate or malformed metric name is a bug, not a runtime condition).
+pub fn register<C: prometheus::core::Collector + Clone + 'static>(collector: C) -> C {
+    prometheus::default_registry()
+        .register(Box::new(collector.clone()))
+        .expect("metric names are static and registered once");
+    collector
+}
+
+/// Renders the default registry in the Prometheus text format.
+pub fn render() -> String {
+    let families = prometheus::gather();
+    let mut out = Vec::with_capacity(16 * 1024);
+    TextEncoder::new()
+        .encode(&families, &mut out)
+        .expect("text encoding of gathered metrics cannot fail");
+    String::from_utf8(out).expect("prometheus text format is UTF-8")
+}
+
+/// An HTTP server for `/metrics` and `/healthz`, stopped when dropped.
+pub struct MetricsServer {
+    server: Arc<tiny_http::Server>,
+    addr: SocketAddr,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl MetricsServer {
+    /// Binds `addr` (port 0 picks a free port) and serves on a background thread.
+    pub fn start(addr: SocketAddr) -> anyhow::Result<Self> {
+        let server = tiny_http::Server::http(addr)
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .with_context(|| format!("binding the metrics endpoint on {addr}"))?;
+        let addr = server
+            .server_addr()
+            .to_ip()
+            .context("metrics endpoint is not an IP socket")?;
+        let server = Arc::new(server);
+        let serving = Arc::clone(&server);
+        let thread = std::thread::Builder::new()
+            .name("metrics-http".into())
+            .spawn(move || {
+                for request in serving.incoming_requests() {
+                    let response = match request.url() {
+                        "/metrics" => tiny_http::Response::from_string(render()).with_header(
+                            "Content-Type: text/plain; version=0.0.4"
+                                .parse::<tiny_http::Header>()
+                                .expect("static header"),
+                        ),
+                        "/healthz" => tiny_http::Response::from_string("ok\n"),
+                        _ => tiny_http::Response::from_string("not found\n").with_status_code(404),
+                    };
+                    if let Err(e) = request.respond(response) {
+                        tracing::debug!("metrics client went away: {e}");
+                    }
+                }
+            })
+            .context("spawning the metrics thread")?;
+        Ok(Self { server, addr, thread: Some(thread) })
+    }
+
+    /// The bound address (useful when started on port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.server.unblock();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Sets up `tracing` output to stderr once per process; later calls are no-ops.
+pub fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = std::env::var("RACEKV_LOG")
+        .ok()
+        .map(EnvFilter::new)
+        .unwrap_or_else(|| EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_strictly_increasing_and_start_in_microseconds() {
+        assert!(LATENCY_BUCKETS_SECONDS.windows(2).all(|w| w[0] < w[1]));
+        assert!(LATENCY_BUCKETS_SECONDS[0] <= 1e-6);
+        assert!(SIZE_BUCKETS_BYTES.windows(2).all(|w| w[0] < w[1]));
+        assert!(COUNT_BUCKETS.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn metrics_endpoint_serves_registered_series() {
+        let counter = register(prometheus::IntCounter::new("telemetry_test_total", "test").unwrap());
+        counter.inc_by(3);
+        let server = MetricsServer::start("127.0.0.1:0".parse().unwrap()).unwrap();
+        let mut stream = std::net::TcpStream::connect(server.addr()).unwrap();
+        use std::io::{Read, Write};
+        stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut body = String::new();
+        stream.read_to_string(&mut body).unwrap();
+        assert!(body.contains("telemetry_test_total 3"), "{body}");
+    }
+}

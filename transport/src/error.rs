@@ -1,0 +1,104 @@
+//! Errors of the transport layer: per-operation failures and whole-connection failures.
+
+use std::fmt;
+
+/// Why one operation of a batch did not complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum OpError {
+    /// `offset + len` lies outside the region.
+    #[error("access [{offset}, +{len}) is outside the region of {region_len} bytes")]
+    OutOfBounds { offset: u64, len: u64, region_len: u64 },
+    /// CAS and FAA need an 8-byte aligned offset.
+    #[error("atomic at offset {offset} is not 8-byte aligned")]
+    Misaligned { offset: u64 },
+    /// A read or write longer than [`crate::MAX_OP_BYTES`], or a zero-length one.
+    #[error("operation length {len} is not within 1..={max}")]
+    BadLength { len: u64, max: u64 },
+    /// An earlier op of the same batch failed; like a flushed work request on a NIC,
+    /// this one was not executed.
+    #[error("not executed: an earlier operation of the batch failed")]
+    NotExecuted,
+    /// The remote side reported a status code this build does not know.
+    #[error("remote reported unknown operation status {0}")]
+    Remote(u8),
+}
+
+impl OpError {
+    /// Stable wire code (tcp frames carry it).
+    pub fn code(&self) -> u8 {
+        match self {
+            OpError::OutOfBounds { .. } => 1,
+            OpError::Misaligned { .. } => 2,
+            OpError::BadLength { .. } => 3,
+            OpError::NotExecuted => 4,
+            OpError::Remote(code) => *code,
+        }
+    }
+}
+
+/// Why a whole batch (or an RPC) failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// The batch ran, but op `index` failed (and every later op was not executed).
+    #[error("operation {index} of the batch failed: {error}")]
+    Op { index: usize, error: OpError },
+    /// The connection is gone. When `maybe_executed` is true the request was sent and may
+    /// have been carried out: the caller must re-read before retrying anything non-idempotent.
+    #[error("connection lost ({reason}){}", if *.maybe_executed { "; the request may have executed" } else { "" })]
+    ConnectionLost { reason: String, maybe_executed: bool },
+    /// No answer within the connection's timeout; the request may have executed.
+    #[error("timed out after {waited_ms} ms waiting for the remote side")]
+    Timeout { waited_ms: u64 },
+    /// The peer refused our credentials.
+    #[error("authentication refused by {peer}")]
+    AuthRefused { peer: String },
+    /// The peer spoke something we cannot parse, or refused our request as malformed.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// The batch violates a local limit before anything was sent.
+    #[error("invalid batch: {0}")]
+    InvalidBatch(String),
+    /// Setting the connection up failed.
+    #[error("cannot connect to {endpoint}: {reason}")]
+    Connect { endpoint: String, reason: String },
+    /// The remote service refused or failed an RPC.
+    #[error("rpc {method} failed: {status}")]
+    Rpc { method: u16, status: RpcStatus },
+}
+
+impl TransportError {
+    /// True when retrying on a new connection may succeed.
+    pub fn is_connection_failure(&self) -> bool {
+        matches!(self, TransportError::ConnectionLost { .. } | TransportError::Timeout { .. })
+    }
+}
+
+/// An RPC failure reported by the service: a code and a human-readable message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RpcStatus {
+    pub code: u16,
+    pub message: String,
+}
+
+impl RpcStatus {
+    /// Unknown method.
+    pub const UNKNOWN_METHOD: u16 = 1;
+    /// The request body could not be decoded.
+    pub const BAD_REQUEST: u16 = 2;
+    /// The service could not do it (out of memory, directory full, ...).
+    pub const FAILED: u16 = 3;
+    /// The service is overloaded and refused the request; retry later.
+    pub const OVERLOADED: u16 = 4;
+
+    pub fn new(code: u16, message: impl Into<String>) -> Self {
+        Self { code, message: message.into() }
+    }
+}
+
+impl fmt::Display for RpcStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "code {}: {}", self.code, self.message)
+    }
+}
+
+impl std::error::Error for RpcStatus {}

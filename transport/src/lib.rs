@@ -1,0 +1,192 @@
+//! One-sided operations on a remote memory region, and RPC to its owner.
+//!
+//! A [`Connection`] executes a [`Batch`] of READ, WRITE, CAS (8 B) and FAA (8 B) ops against
+//! the region as one unit (one frame, or one doorbell on a NIC) with one completion per op,
+//! and carries request/response RPCs to the service that owns the region. Backends:
+//!
+//! * [`shm`]: same host; the region is a shared mapping and ops are CPU loads, stores and
+//!   atomics. The owner is not involved in data operations.
+//! * [`tcp`]: any host; a software NIC in the owner ([`server::RegionServer`]) executes each
+//!   batch against the region. It knows nothing of what the region holds.
+//! * `verbs` (feature `rdma`): RDMA RC queue pairs through rdma-sys.
+//!
+//! Every backend passes the same [`conformance`] suite (feature `conformance`).
+
+pub mod batch;
+pub mod error;
+mod fdpass;
+mod mux;
+pub mod region;
+pub mod server;
+pub mod shm;
+mod stream;
+pub mod tcp;
+pub mod wire;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use batch::{Batch, OpId, OpKind, Outcome, ReadId, MAX_BATCH_BYTES, MAX_BATCH_OPS, MAX_OP_BYTES};
+pub use error::{OpError, RpcStatus, TransportError};
+pub use region::Region;
+pub use server::{NoRpc, RegionServer, RpcService, ServerOptions};
+
+/// Which backend a connection uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TransportKind {
+    Shm,
+    Tcp,
+    Verbs,
+}
+
+impl TransportKind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            TransportKind::Shm => "shm",
+            TransportKind::Tcp => "tcp",
+            TransportKind::Verbs => "verbs",
+        }
+    }
+}
+
+impl fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for TransportKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "shm" => Ok(TransportKind::Shm),
+            "tcp" => Ok(TransportKind::Tcp),
+            "verbs" => Ok(TransportKind::Verbs),
+            other => Err(format!("unknown transport {other:?}; use shm, tcp or verbs")),
+        }
+    }
+}
+
+/// Where a region server listens: `shm:/path/to.sock`, `tcp:host:port` or `verbs:host:port`
+/// (the verbs control channel).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Endpoint {
+    Shm(PathBuf),
+    Tcp(String),
+    Verbs(String),
+}
+
+impl Endpoint {
+    pub fn kind(&self) -> TransportKind {
+        match self {
+            Endpoint::Shm(_) => TransportKind::Shm,
+            Endpoint::Tcp(_) => TransportKind::Tcp,
+            Endpoint::Verbs(_) => TransportKind::Verbs,
+        }
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Endpoint::Shm(path) => write!(f, "shm:{}", path.display()),
+            Endpoint::Tcp(addr) => write!(f, "tcp:{addr}"),
+            Endpoint::Verbs(addr) => write!(f, "verbs:{addr}"),
+        }
+    }
+}
+
+impl std::str::FromStr for Endpoint {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (scheme, rest) = s
+            .split_once(':')
+            .ok_or_else(|| format!("endpoint {s:?} needs a scheme: shm:/path, tcp:host:port or verbs:host:port"))?;
+        if rest.is_empty() {
+            return Err(format!("endpoint {s:?} has nothing after {scheme}:"));
+        }
+        match scheme {
+            "shm" => Ok(Endpoint::Shm(PathBuf::from(rest))),
+            "tcp" | "verbs" => {
+                let (_, port) = rest.rsplit_once(':').ok_or_else(|| format!("endpoint {s:?} needs host:port"))?;
+                port.parse::<u16>().map_err(|_| format!("endpoint {s:?} has a bad port {port:?}"))?;
+                Ok(if scheme == "tcp" { Endpoint::Tcp(rest.to_string()) } else { Endpoint::Verbs(rest.to_string()) })
+            }
+            other => Err(format!("unknown endpoint scheme {other:?} in {s:?}; use shm, tcp or verbs")),
+        }
+    }
+}
+
+/// Credentials and timeouts for connecting.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// The shared secret of the region server.
+    pub token: String,
+    /// Longest wait for connecting and for any one request.
+    pub timeout: Duration,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        Self { token: String::new(), timeout: Duration::from_secs(5) }
+    }
+}
+
+/// A connection to a region and its owner.
+pub trait Connection: Send + Sync {
+    /// Executes every op of `batch`, in order, as one unit. Per-op outcomes are recorded in
+    /// the batch; the first failed op is also returned as [`TransportError::Op`].
+    fn execute(&self, batch: &mut Batch) -> Result<(), TransportError>;
+    /// One request/response RPC to the region's owner.
+    fn call(&self, method: u16, request: &[u8]) -> Result<Vec<u8>, TransportError>;
+    /// Size of the region in bytes.
+    fn region_len(&self) -> u64;
+    fn kind(&self) -> TransportKind;
+    /// The server's instance id from hello (changes when the server restarts).
+    fn instance(&self) -> u64;
+    /// False once the connection is known to be unusable.
+    fn is_healthy(&self) -> bool;
+}
+
+/// Connects to `endpoint` with the backend its scheme names.
+pub fn connect(endpoint: &Endpoint, options: &ConnectOptions) -> Result<Arc<dyn Connection>, TransportError> {
+    match endpoint {
+        Endpoint::Shm(path) => Ok(Arc::new(shm::ShmConnection::connect(path, options)?)),
+        Endpoint::Tcp(addr) => Ok(Arc::new(tcp::TcpConnection::connect(addr, options)?)),
+        Endpoint::Verbs(addr) => verbs_connect(addr, options),
+    }
+}
+
+#[cfg(not(feature = "rdma"))]
+fn verbs_connect(addr: &str, _options: &ConnectOptions) -> Result<Arc<dyn Connection>, TransportError> {
+    Err(TransportError::Connect {
+        endpoint: format!("verbs:{addr}"),
+        reason: "this build has no RDMA support (rebuild with `--features rdma`); use an shm: or tcp: endpoint instead".into(),
+    })
+}
+
+#[cfg(feature = "rdma")]
+fn verbs_connect(addr: &str, _options: &ConnectOptions) -> Result<Arc<dyn Connection>, TransportError> {
+    Err(TransportError::Connect { endpoint: format!("verbs:{addr}"), reason: "the verbs backend is not built yet".into() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_parse_and_print() {
+        for text in ["shm:/tmp/a.sock", "tcp:127.0.0.1:7000", "verbs:[::1]:9"] {
+            let e: Endpoint = text.parse().unwrap();
+            assert_eq!(e.to_string(), text);
+        }
+        assert!("tcp:localhost".parse::<Endpoint>().is_err());
+        assert!("ftp:x:1".parse::<Endpoint>().is_err());
+        assert!("shm:".parse::<Endpoint>().is_err());
+    }
+}

@@ -1,0 +1,189 @@
+//! Client side of a frame stream shared by many threads.
+//!
+//! Requests carry ids, so several threads can have requests in flight on one connection.
+//! There is no reader thread: a waiting thread takes the reader lock and reads responses,
+//! handing each to its owner, until its own arrives; then it passes the role on. A lone
+//! thread therefore reads its own response directly, with no wake-up in between.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex, MutexGuard};
+
+use crate::error::TransportError;
+use crate::stream::{read_frame, FrameRead};
+use crate::wire::{self, Kind};
+
+/// How long a waiter sleeps before it looks at the reader role again on its own, in case a
+/// hand-off was missed (a backstop; hand-offs normally wake it at once).
+const WAIT_SLICE: Duration = Duration::from_millis(10);
+
+enum State {
+    Waiting,
+    Done(Kind, Vec<u8>),
+    Failed(String),
+}
+
+struct Waiter {
+    state: Mutex<State>,
+    ready: Condvar,
+}
+
+/// A shared request/response stream.
+pub(crate) struct Mux<S> {
+    writer: Mutex<(S, Vec<u8>)>,
+    reader: Mutex<(S, Vec<u8>)>,
+    pending: Mutex<HashMap<u64, Arc<Waiter>>>,
+    next_id: AtomicU64,
+    broken: AtomicBool,
+    broken_reason: Mutex<String>,
+    timeout: Duration,
+    peer: String,
+}
+
+impl<S: Read + Write> Mux<S> {
+    /// `write_half` and `read_half` are two handles of the same socket (`try_clone`); the
+    /// read half must have a read timeout of [`crate::stream::POLL_INTERVAL`].
+    pub(crate) fn new(write_half: S, read_half: S, timeout: Duration, peer: String) -> Self {
+        Self {
+            writer: Mutex::new((write_half, Vec::with_capacity(4096))),
+            reader: Mutex::new((read_half, Vec::with_capacity(4096))),
+            pending: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            broken: AtomicBool::new(false),
+            broken_reason: Mutex::new(String::new()),
+            timeout,
+            peer,
+        }
+    }
+
+    pub(crate) fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::Acquire)
+    }
+
+    fn lost(&self, maybe_executed: bool) -> TransportError {
+        TransportError::ConnectionLost { reason: self.broken_reason.lock().clone(), maybe_executed }
+    }
+
+    /// Marks the connection broken and fails every pending request.
+    pub(crate) fn break_with(&self, reason: String) {
+        {
+            let mut slot = self.broken_reason.lock();
+            if slot.is_empty() {
+                *slot = format!("{}: {reason}", self.peer);
+            }
+        }
+        self.broken.store(true, Ordering::Release);
+        let waiters: Vec<_> = self.pending.lock().drain().map(|(_, w)| w).collect();
+        for waiter in waiters {
+            let mut state = waiter.state.lock();
+            if matches!(*state, State::Waiting) {
+                *state = State::Failed(reason.clone());
+            }
+            waiter.ready.notify_all();
+        }
+    }
+
+    /// Sends the frame `encode` writes (given the request id) and waits for its response.
+    /// Returns the response's kind and body; an Error frame becomes a [`TransportError`].
+    pub(crate) fn request(&self, encode: impl FnOnce(&mut Vec<u8>, u64)) -> Result<(Kind, Vec<u8>), TransportError> {
+        if self.is_broken() {
+            return Err(self.lost(false));
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let waiter = Arc::new(Waiter { state: Mutex::new(State::Waiting), ready: Condvar::new() });
+        self.pending.lock().insert(id, Arc::clone(&waiter));
+        {
+            let mut guard = self.writer.lock();
+            let (stream, scratch) = &mut *guard;
+            scratch.clear();
+            encode(scratch, id);
+            if let Err(e) = stream.write_all(scratch).and_then(|()| stream.flush()) {
+                drop(guard);
+                self.break_with(format!("write failed: {e}"));
+                return Err(self.lost(true));
+            }
+        }
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let mut state = waiter.state.lock();
+            match std::mem::replace(&mut *state, State::Waiting) {
+                State::Done(Kind::Error, body) => return Err(error_frame(&body, &self.peer)),
+                State::Done(kind, body) => return Ok((kind, body)),
+                State::Failed(reason) => {
+                    return Err(TransportError::ConnectionLost { reason: format!("{}: {reason}", self.peer), maybe_executed: true })
+                }
+                State::Waiting => {}
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                drop(state);
+                self.pending.lock().remove(&id);
+                return Err(TransportError::Timeout { waited_ms: self.timeout.as_millis() as u64 });
+            }
+            if let Some(reader) = self.reader.try_lock() {
+                drop(state);
+                self.lead(reader, &waiter, deadline);
+                continue;
+            }
+            // Holding our state lock across the failed try_lock and into the wait means a
+            // leader's hand-off (which locks our state to notify) cannot slip in between.
+            let slice = (deadline - now).min(WAIT_SLICE);
+            waiter.ready.wait_for(&mut state, slice);
+        }
+    }
+
+    /// Reads frames and delivers them until `own` is answered, the deadline passes or the
+    /// stream breaks; then hands the reader role to another waiter.
+    fn lead(&self, mut reader: MutexGuard<'_, (S, Vec<u8>)>, own: &Arc<Waiter>, deadline: Instant) {
+        loop {
+            if !matches!(*own.state.lock(), State::Waiting) || Instant::now() >= deadline || self.is_broken() {
+                break;
+            }
+            let (stream, body) = &mut *reader;
+            match read_frame(stream, body, self.timeout) {
+                Ok(FrameRead::Idle) => continue,
+                Ok(FrameRead::Closed) => {
+                    self.break_with("peer closed the connection".into());
+                    break;
+                }
+                Ok(FrameRead::Frame(header)) => {
+                    let body = std::mem::take(body);
+                    if header.kind == Kind::Error && header.request_id == 0 {
+                        let (_, message) = wire::decode_error(&body).unwrap_or((0, "unreadable error frame".into()));
+                        self.break_with(format!("peer closed the connection: {message}"));
+                        break;
+                    }
+                    let Some(waiter) = self.pending.lock().remove(&header.request_id) else {
+                        continue; // its requester gave up (timeout); drop the late answer
+                    };
+                    *waiter.state.lock() = State::Done(header.kind, body);
+                    waiter.ready.notify_all();
+                }
+                Err(e) => {
+                    self.break_with(format!("read failed: {e}"));
+                    break;
+                }
+            }
+        }
+        drop(reader);
+        // Hand off: wake the others so one of them takes the reader role.
+        let waiters: Vec<_> = self.pending.lock().values().cloned().collect();
+        for waiter in waiters {
+            let _state = waiter.state.lock();
+            waiter.ready.notify_all();
+        }
+    }
+}
+
+/// Turns an Error frame into the matching transport error.
+pub(crate) fn error_frame(body: &[u8], peer: &str) -> TransportError {
+    match wire::decode_error(body) {
+        Ok((wire::error_code::AUTH, _)) => TransportError::AuthRefused { peer: peer.to_string() },
+        Ok((_, message)) => TransportError::Protocol(format!("{peer} refused the request: {message}")),
+        Err(e) => TransportError::Protocol(format!("{peer} sent an unreadable error frame: {e}")),
+    }
+}

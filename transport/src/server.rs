@@ -1,0 +1,474 @@
+//! The remote side of a region: accepts connections, checks credentials, executes one-sided
+//! batches against the region (the software NIC of the tcp backend) and answers RPCs.
+//!
+//! The same connection loop serves TCP and Unix sockets. On a Unix socket the hello reply
+//! carries the region's file descriptor (SCM_RIGHTS), which is how the shm backend maps the
+//! region; after that, shm clients use the socket only for RPC and to notice a server exit.
+//!
+//! The software NIC knows nothing of what lives in the region: it bounds-checks and executes.
+//! Malformed, truncated, oversized or unauthenticated frames get an Error frame and cost
+//! only their own connection.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts};
+
+use crate::batch::{Batch, OpKind};
+use crate::error::RpcStatus;
+use crate::region::Region;
+use crate::stream::{read_frame, FrameRead, POLL_INTERVAL};
+use crate::wire::{self, error_code, Kind, TOKEN_BYTES};
+use crate::Endpoint;
+
+/// Answers RPCs arriving on a region server's connections.
+pub trait RpcService: Send + Sync + 'static {
+    /// Handles one request. Errors go back to the caller as an [`RpcStatus`].
+    fn call(&self, method: u16, request: &[u8]) -> Result<Vec<u8>, RpcStatus>;
+    /// A metric label for `method`.
+    fn method_name(&self, method: u16) -> &'static str {
+        let _ = method;
+        "unknown"
+    }
+}
+
+/// An [`RpcService`] that knows no methods (a bare region server).
+pub struct NoRpc;
+
+impl RpcService for NoRpc {
+    fn call(&self, method: u16, _request: &[u8]) -> Result<Vec<u8>, RpcStatus> {
+        Err(RpcStatus::new(RpcStatus::UNKNOWN_METHOD, format!("no rpc method {method} on this server")))
+    }
+}
+
+/// Limits and credentials of a region server.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// Shared secret every request must carry.
+    pub token: String,
+    /// Connections beyond this are refused with an error frame.
+    pub max_connections: usize,
+    /// A frame that stalls longer than this mid-way costs its connection; also the write timeout.
+    pub io_timeout: Duration,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        Self { token: String::new(), max_connections: 1024, io_timeout: Duration::from_secs(10) }
+    }
+}
+
+struct Metrics {
+    connections: IntGaugeVec,
+    accepted: IntCounterVec,
+    refused: IntCounterVec,
+    frame_errors: IntCounterVec,
+    batches: IntCounter,
+    /// Per op kind, in [`OpKind`] order (looked up once, not per op).
+    ops: [IntCounter; 4],
+    read_bytes: IntCounter,
+    written_bytes: IntCounter,
+    batch_seconds: Histogram,
+    rpc_requests: IntCounterVec,
+    rpc_seconds: HistogramVec,
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
+    use racekv_telemetry::{register, LATENCY_BUCKETS_SECONDS};
+    Metrics {
+        connections: register(IntGaugeVec::new(Opts::new("racekv_softnic_connections", "Open connections to the region server"), &["listener"]).unwrap()),
+        accepted: register(IntCounterVec::new(Opts::new("racekv_softnic_connections_accepted_total", "Connections accepted"), &["listener"]).unwrap()),
+        refused: register(IntCounterVec::new(Opts::new("racekv_softnic_connections_refused_total", "Connections refused"), &["reason"]).unwrap()),
+        frame_errors: register(IntCounterVec::new(Opts::new("racekv_softnic_frame_errors_total", "Connections closed for a bad frame or I/O error"), &["reason"]).unwrap()),
+        batches: register(IntCounter::new("racekv_softnic_batches_total", "One-sided batches executed").unwrap()),
+        ops: {
+            let ops = register(IntCounterVec::new(Opts::new("racekv_softnic_ops_total", "One-sided ops executed"), &["op"]).unwrap());
+            ["read", "write", "cas", "faa"].map(|op| ops.with_label_values(&[op]))
+        },
+        read_bytes: register(IntCounter::new("racekv_softnic_read_bytes_total", "Bytes returned by READs").unwrap()),
+        written_bytes: register(IntCounter::new("racekv_softnic_written_bytes_total", "Bytes stored by WRITEs").unwrap()),
+        batch_seconds: register(Histogram::with_opts(HistogramOpts::new("racekv_softnic_batch_seconds", "Time to execute one batch against the region").buckets(LATENCY_BUCKETS_SECONDS.to_vec())).unwrap()),
+        rpc_requests: register(IntCounterVec::new(Opts::new("racekv_rpc_server_requests_total", "RPCs served"), &["method", "status"]).unwrap()),
+        rpc_seconds: register(HistogramVec::new(HistogramOpts::new("racekv_rpc_server_seconds", "Time to serve one RPC").buckets(LATENCY_BUCKETS_SECONDS.to_vec()), &["method"]).unwrap()),
+    }
+});
+
+/// A socket the server loop can serve.
+trait ServerStream: Read + Write + AsFd + Send + 'static {
+    fn listener(&self) -> &'static str;
+    fn try_clone_stream(&self) -> io::Result<Self>
+    where
+        Self: Sized;
+    fn shutdown_both(&self);
+    /// Sends `bytes` with `fd` attached (Unix sockets only).
+    fn send_with_fd(&mut self, bytes: &[u8], fd: BorrowedFd<'_>) -> io::Result<()>;
+    fn set_timeouts(&self, read: Duration, write: Duration) -> io::Result<()>;
+}
+
+impl ServerStream for TcpStream {
+    fn listener(&self) -> &'static str {
+        "tcp"
+    }
+    fn try_clone_stream(&self) -> io::Result<Self> {
+        self.try_clone()
+    }
+    fn shutdown_both(&self) {
+        let _ = self.shutdown(Shutdown::Both);
+    }
+    fn send_with_fd(&mut self, _bytes: &[u8], _fd: BorrowedFd<'_>) -> io::Result<()> {
+        Err(io::Error::new(io::ErrorKind::Unsupported, "file descriptors travel only over Unix sockets"))
+    }
+    fn set_timeouts(&self, read: Duration, write: Duration) -> io::Result<()> {
+        self.set_nodelay(true)?;
+        self.set_read_timeout(Some(read))?;
+        self.set_write_timeout(Some(write))
+    }
+}
+
+impl ServerStream for UnixStream {
+    fn listener(&self) -> &'static str {
+        "unix"
+    }
+    fn try_clone_stream(&self) -> io::Result<Self> {
+        self.try_clone()
+    }
+    fn shutdown_both(&self) {
+        let _ = self.shutdown(Shutdown::Both);
+    }
+    fn send_with_fd(&mut self, bytes: &[u8], fd: BorrowedFd<'_>) -> io::Result<()> {
+        crate::fdpass::send_with_fd(self, bytes, fd)
+    }
+    fn set_timeouts(&self, read: Duration, write: Duration) -> io::Result<()> {
+        self.set_read_timeout(Some(read))?;
+        self.set_write_timeout(Some(write))
+    }
+}
+
+struct Shared {
+    region: Arc<Region>,
+    region_file: Option<File>,
+    rpc: Arc<dyn RpcService>,
+    options: ServerOptions,
+    token: [u8; TOKEN_BYTES],
+    instance: u64,
+    stopping: AtomicBool,
+    live: AtomicUsize,
+    next_conn: AtomicU64,
+    /// Open connections, so shutdown can unblock their threads.
+    conns: Mutex<HashMap<u64, Box<dyn Fn() + Send>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// A running region server; stops (closing every connection) on [`RegionServer::shutdown`]
+/// or drop.
+pub struct RegionServer {
+    shared: Arc<Shared>,
+    endpoints: Vec<Endpoint>,
+    unix_paths: Vec<PathBuf>,
+}
+
+impl RegionServer {
+    /// Serves `region` on every endpoint in `listen` (tcp and shm endpoints; port 0 picks a
+    /// free port). `region_file` is the file backing the region; shm endpoints need it.
+    pub fn start(
+        region: Arc<Region>,
+        region_file: Option<File>,
+        rpc: Arc<dyn RpcService>,
+        options: ServerOptions,
+        listen: &[Endpoint],
+    ) -> io::Result<Self> {
+        let shared = Arc::new(Shared {
+            region,
+            region_file,
+            rpc,
+            token: wire::token_digest(&options.token),
+            options,
+            instance: random_u64(),
+            stopping: AtomicBool::new(false),
+            live: AtomicUsize::new(0),
+            next_conn: AtomicU64::new(0),
+            conns: Mutex::new(HashMap::new()),
+            threads: Mutex::new(Vec::new()),
+        });
+        let mut server = Self { shared: Arc::clone(&shared), endpoints: Vec::new(), unix_paths: Vec::new() };
+        for endpoint in listen {
+            match endpoint {
+                Endpoint::Tcp(addr) => {
+                    let listener = TcpListener::bind(addr.as_str())?;
+                    let bound = listener.local_addr()?;
+                    server.endpoints.push(Endpoint::Tcp(bound.to_string()));
+                    server.spawn_acceptor(listener, |l| l.accept().map(|(s, _)| s))?;
+                }
+                Endpoint::Shm(path) => {
+                    if shared.region_file.is_none() {
+                        return Err(io::Error::new(io::ErrorKind::InvalidInput, "an shm endpoint needs a file-backed region"));
+                    }
+                    if path.exists() {
+                        // A socket left by a killed server; refuse if something still answers.
+                        if UnixStream::connect(path).is_ok() {
+                            return Err(io::Error::new(io::ErrorKind::AddrInUse, format!("{} is served by another process", path.display())));
+                        }
+                        std::fs::remove_file(path)?;
+                    }
+                    let listener = UnixListener::bind(path)?;
+                    server.unix_paths.push(path.clone());
+                    server.endpoints.push(endpoint.clone());
+                    server.spawn_acceptor(listener, |l| l.accept().map(|(s, _)| s))?;
+                }
+                other => {
+                    return Err(io::Error::new(io::ErrorKind::Unsupported, format!("this server does not serve {other}")));
+                }
+            }
+        }
+        Ok(server)
+    }
+
+    /// Where the server listens (bound addresses, so port 0 is resolved).
+    pub fn endpoints(&self) -> &[Endpoint] {
+        &self.endpoints
+    }
+
+    /// Random per start; clients see it in the hello reply.
+    pub fn instance(&self) -> u64 {
+        self.shared.instance
+    }
+
+    /// Number of open client connections.
+    pub fn connections(&self) -> usize {
+        self.shared.live.load(Ordering::Relaxed)
+    }
+
+    fn spawn_acceptor<L, S>(&self, listener: L, accept: fn(&L) -> io::Result<S>) -> io::Result<()>
+    where
+        L: AsFd + Send + 'static,
+        S: ServerStream,
+    {
+        let shared = Arc::clone(&self.shared);
+        let handle = std::thread::Builder::new().name("region-accept".into()).spawn(move || {
+            while !shared.stopping.load(Ordering::Acquire) {
+                let mut fds = [nix::poll::PollFd::new(listener.as_fd(), nix::poll::PollFlags::POLLIN)];
+                match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(50u16)) {
+                    Ok(0) => continue,
+                    Ok(_) => {}
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    Err(e) => {
+                        tracing::error!("region server: poll on listener failed: {e}");
+                        return;
+                    }
+                }
+                match accept(&listener) {
+                    Ok(stream) => admit(&shared, stream),
+                    Err(e) => tracing::warn!("region server: accept failed: {e}"),
+                }
+            }
+        })?;
+        self.shared.threads.lock().push(handle);
+        Ok(())
+    }
+
+    /// Stops accepting, closes every connection and waits for their threads.
+    pub fn shutdown(&mut self) {
+        self.shared.stopping.store(true, Ordering::Release);
+        for close in self.shared.conns.lock().values() {
+            close();
+        }
+        let threads: Vec<_> = std::mem::take(&mut *self.shared.threads.lock());
+        for thread in threads {
+            let _ = thread.join();
+        }
+        for path in self.unix_paths.drain(..) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+impl Drop for RegionServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn random_u64() -> u64 {
+    let mut bytes = [0u8; 8];
+    if File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)).is_err() {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        return xxhash_rust::xxh3::xxh3_64(&nanos.to_le_bytes()) ^ u64::from(std::process::id());
+    }
+    u64::from_le_bytes(bytes)
+}
+
+fn admit<S: ServerStream>(shared: &Arc<Shared>, mut stream: S) {
+    let listener = stream.listener();
+    if shared.live.load(Ordering::Acquire) >= shared.options.max_connections {
+        METRICS.refused.with_label_values(&["too_many_connections"]).inc();
+        let mut out = Vec::new();
+        wire::encode_error(&mut out, 0, error_code::TOO_MANY_CONNECTIONS, &format!("connection limit of {} reached", shared.options.max_connections));
+        let _ = stream.set_timeouts(POLL_INTERVAL, Duration::from_millis(100));
+        let _ = stream.write_all(&out);
+        return;
+    }
+    let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
+    let closer = match stream.try_clone_stream() {
+        Ok(clone) => clone,
+        Err(e) => {
+            tracing::warn!("region server: cannot clone a connection handle: {e}");
+            return;
+        }
+    };
+    shared.conns.lock().insert(id, Box::new(move || closer.shutdown_both()));
+    shared.live.fetch_add(1, Ordering::AcqRel);
+    METRICS.connections.with_label_values(&[listener]).inc();
+    METRICS.accepted.with_label_values(&[listener]).inc();
+    let conn_shared = Arc::clone(shared);
+    let spawned = std::thread::Builder::new().name(format!("region-conn-{id}")).spawn(move || {
+        if let Err(reason) = serve(&conn_shared, stream) {
+            METRICS.frame_errors.with_label_values(&[reason]).inc();
+        }
+        conn_shared.conns.lock().remove(&id);
+        conn_shared.live.fetch_sub(1, Ordering::AcqRel);
+        METRICS.connections.with_label_values(&[listener]).dec();
+    });
+    match spawned {
+        Ok(handle) => {
+            let mut threads = shared.threads.lock();
+            threads.retain(|t| !t.is_finished());
+            threads.push(handle);
+        }
+        Err(e) => {
+            tracing::error!("region server: cannot spawn a connection thread: {e}");
+            if let Some(close) = shared.conns.lock().remove(&id) {
+                close();
+            }
+            shared.live.fetch_sub(1, Ordering::AcqRel);
+            METRICS.connections.with_label_values(&[listener]).dec();
+        }
+    }
+}
+
+/// Refuses the connection with an error frame; returns the metric reason.
+fn refuse<S: ServerStream>(stream: &mut S, out: &mut Vec<u8>, request_id: u64, code: u16, message: &str, reason: &'static str) -> Result<(), &'static str> {
+    out.clear();
+    wire::encode_error(out, request_id, code, message);
+    let _ = stream.write_all(out);
+    stream.shutdown_both();
+    Err(reason)
+}
+
+/// Serves one connection until it closes. Returns the reason when it ends badly.
+fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static str> {
+    if stream.set_timeouts(POLL_INTERVAL.max(Duration::from_millis(50)), shared.options.io_timeout).is_err() {
+        return Err("io");
+    }
+    let mut body = Vec::new();
+    let mut out = Vec::with_capacity(4096);
+    let mut batch = Batch::new();
+    let mut greeted = false;
+    let mut idle_since = Instant::now();
+    loop {
+        if shared.stopping.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let header = match read_frame(&mut stream, &mut body, shared.options.io_timeout) {
+            Ok(FrameRead::Frame(header)) => header,
+            Ok(FrameRead::Idle) => {
+                if !greeted && idle_since.elapsed() > shared.options.io_timeout {
+                    return refuse(&mut stream, &mut out, 0, error_code::MALFORMED, "no hello within the I/O timeout", "hello_timeout");
+                }
+                continue;
+            }
+            Ok(FrameRead::Closed) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                return refuse(&mut stream, &mut out, 0, error_code::MALFORMED, &e.to_string(), "malformed");
+            }
+            Err(_) => return Err("io"),
+        };
+        idle_since = Instant::now();
+        out.clear();
+        match (header.kind, greeted) {
+            (Kind::Hello, false) => {
+                let token = match wire::decode_hello(&body) {
+                    Ok(token) => token,
+                    Err(e) => return refuse(&mut stream, &mut out, 0, error_code::MALFORMED, &e.to_string(), "malformed"),
+                };
+                if !wire::token_matches(&token, &shared.token) {
+                    return refuse(&mut stream, &mut out, 0, error_code::AUTH, "bad token", "auth");
+                }
+                greeted = true;
+                let send_fd = stream.listener() == "unix";
+                let flags = if send_fd { wire::HELLO_FLAG_REGION_FD } else { 0 };
+                wire::encode_hello_ok(&mut out, &wire::HelloOk { region_len: shared.region.len(), instance: shared.instance, flags });
+                let sent = match (&shared.region_file, send_fd) {
+                    (Some(file), true) => stream.send_with_fd(&out, file.as_fd()),
+                    (None, true) => Err(io::Error::new(io::ErrorKind::Unsupported, "no region file")),
+                    (_, false) => stream.write_all(&out),
+                };
+                sent.map_err(|_| "io")?;
+            }
+            (_, false) => {
+                return refuse(&mut stream, &mut out, header.request_id, error_code::MALFORMED, "the first frame must be hello", "malformed");
+            }
+            (Kind::Batch, true) => {
+                let token = match wire::decode_batch(&body, &mut batch) {
+                    Ok(token) => token,
+                    Err(e) => return refuse(&mut stream, &mut out, header.request_id, error_code::MALFORMED, &e.to_string(), "malformed"),
+                };
+                if !wire::token_matches(&token, &shared.token) {
+                    return refuse(&mut stream, &mut out, header.request_id, error_code::AUTH, "bad token", "auth");
+                }
+                let started = Instant::now();
+                shared.region.apply(&mut batch);
+                METRICS.batch_seconds.observe(started.elapsed().as_secs_f64());
+                record_batch(&batch);
+                wire::encode_batch_result(&mut out, header.request_id, &batch);
+                stream.write_all(&out).map_err(|_| "io")?;
+            }
+            (Kind::RpcRequest, true) => {
+                let (token, method, payload) = match wire::decode_rpc_request(&body) {
+                    Ok(parts) => parts,
+                    Err(e) => return refuse(&mut stream, &mut out, header.request_id, error_code::MALFORMED, &e.to_string(), "malformed"),
+                };
+                if !wire::token_matches(&token, &shared.token) {
+                    return refuse(&mut stream, &mut out, header.request_id, error_code::AUTH, "bad token", "auth");
+                }
+                let started = Instant::now();
+                let name = shared.rpc.method_name(method);
+                let result = shared.rpc.call(method, payload);
+                METRICS.rpc_seconds.with_label_values(&[name]).observe(started.elapsed().as_secs_f64());
+                match result {
+                    Ok(response) => {
+                        METRICS.rpc_requests.with_label_values(&[name, "ok"]).inc();
+                        wire::encode_rpc_response(&mut out, header.request_id, 0, &response);
+                    }
+                    Err(status) => {
+                        METRICS.rpc_requests.with_label_values(&[name, "error"]).inc();
+                        wire::encode_rpc_response(&mut out, header.request_id, status.code.max(1), status.message.as_bytes());
+                    }
+                }
+                stream.write_all(&out).map_err(|_| "io")?;
+            }
+            (kind, true) => {
+                return refuse(&mut stream, &mut out, header.request_id, error_code::UNSUPPORTED, &format!("a client may not send {kind:?} frames"), "malformed");
+            }
+        }
+    }
+}
+
+fn record_batch(batch: &Batch) {
+    METRICS.batches.inc();
+    let (read, written) = batch.byte_totals();
+    METRICS.read_bytes.inc_by(read);
+    METRICS.written_bytes.inc_by(written);
+    for op in batch.ops() {
+        METRICS.ops[op.kind as usize - OpKind::Read as usize].inc();
+    }
+}

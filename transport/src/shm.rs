@@ -1,0 +1,190 @@
+//! The shm backend: the region is a shared mapping on this host.
+//!
+//! Connecting sends hello over the server's Unix socket; the reply carries the region's file
+//! descriptor, which we map. From then on every op is a CPU load, store or atomic on the
+//! mapping (no system call, no server involvement). The socket stays open for RPC and as a
+//! liveness signal: a watcher thread notices when the server closes it, and from then on
+//! `execute` fails with `ConnectionLost` instead of writing into an orphaned region.
+
+use std::cell::RefCell;
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::thread::JoinHandle;
+
+use prometheus::local::LocalIntCounter;
+use prometheus::IntCounter;
+
+use crate::batch::Batch;
+use crate::error::TransportError;
+use crate::fdpass::recv_with_fd;
+use crate::mux::{error_frame, Mux};
+use crate::region::Region;
+use crate::stream::{read_body, POLL_INTERVAL};
+use crate::tcp::rpc_result;
+use crate::wire::{self, Kind, HEADER_BYTES, TOKEN_BYTES};
+use crate::{ConnectOptions, Connection, TransportKind};
+
+static BATCHES: LazyLock<IntCounter> = LazyLock::new(|| {
+    racekv_telemetry::register(IntCounter::new("racekv_transport_shm_batches_total", "Batches executed on shared mappings").unwrap())
+});
+
+thread_local! {
+    /// Counting each batch on a shared atomic would bounce one cache line between every
+    /// worker thread; count per thread and publish every 1024 batches (and at thread exit).
+    static LOCAL_BATCHES: RefCell<(LocalIntCounter, u32)> = RefCell::new((BATCHES.local(), 0));
+}
+
+fn count_batch() {
+    LOCAL_BATCHES.with(|cell| {
+        let mut local = cell.borrow_mut();
+        local.0.inc();
+        local.1 += 1;
+        if local.1 >= 1024 {
+            local.0.flush();
+            local.1 = 0;
+        }
+    });
+}
+
+/// A connection over a shared mapping. Any number of threads may share it.
+pub struct ShmConnection {
+    region: Region,
+    mux: Mux<UnixStream>,
+    token: [u8; TOKEN_BYTES],
+    hello: wire::HelloOk,
+    lost: Arc<AtomicBool>,
+    control: UnixStream,
+    watcher: Option<JoinHandle<()>>,
+}
+
+impl ShmConnection {
+    /// Connects to the region server's Unix socket at `path`, authenticates and maps the region.
+    pub fn connect(path: &Path, options: &ConnectOptions) -> Result<Self, TransportError> {
+        let endpoint = format!("shm:{}", path.display());
+        let fail = |reason: String| TransportError::Connect { endpoint: endpoint.clone(), reason };
+        let mut stream = UnixStream::connect(path).map_err(|e| fail(e.to_string()))?;
+        stream.set_write_timeout(Some(options.timeout)).map_err(|e| fail(e.to_string()))?;
+        stream.set_read_timeout(Some(options.timeout)).map_err(|e| fail(e.to_string()))?;
+        let token = wire::token_digest(&options.token);
+        let mut out = Vec::new();
+        wire::encode_hello(&mut out, &token);
+        stream.write_all(&out).map_err(|e| fail(e.to_string()))?;
+
+        // The descriptor rides on the first bytes of the reply.
+        let mut header = [0u8; HEADER_BYTES];
+        let mut got = 0;
+        let mut region_fd = None;
+        while got < HEADER_BYTES {
+            let (n, fd) = recv_with_fd(&stream, &mut header[got..]).map_err(|e| fail(e.to_string()))?;
+            if n == 0 {
+                return Err(fail("closed during hello".into()));
+            }
+            got += n;
+            region_fd = region_fd.or(fd);
+        }
+        let header = wire::decode_header(&header).map_err(|e| TransportError::Protocol(e.to_string()))?;
+        let mut body = Vec::new();
+        read_body(&mut stream, &mut body, header.body_len as usize, options.timeout).map_err(|e| fail(e.to_string()))?;
+        let hello = match header.kind {
+            Kind::HelloOk => wire::decode_hello_ok(&body).map_err(|e| TransportError::Protocol(e.to_string()))?,
+            Kind::Error => return Err(error_frame(&body, &endpoint)),
+            other => return Err(TransportError::Protocol(format!("{endpoint} answered hello with {other:?}"))),
+        };
+        let region_fd = match region_fd {
+            Some(fd) if hello.flags & wire::HELLO_FLAG_REGION_FD != 0 => fd,
+            _ => return Err(fail("the server did not pass its region (is it a tcp-only server?)".into())),
+        };
+        let region = Region::map_file(&File::from(region_fd), hello.region_len).map_err(|e| fail(format!("mapping the region: {e}")))?;
+
+        stream.set_read_timeout(Some(POLL_INTERVAL)).map_err(|e| fail(e.to_string()))?;
+        let lost = Arc::new(AtomicBool::new(false));
+        let watch = stream.try_clone().map_err(|e| fail(e.to_string()))?;
+        let watcher_lost = Arc::clone(&lost);
+        let watcher = std::thread::Builder::new()
+            .name("shm-liveness".into())
+            .spawn(move || watch_peer(&watch, &watcher_lost))
+            .map_err(|e| fail(e.to_string()))?;
+        let control = stream.try_clone().map_err(|e| fail(e.to_string()))?;
+        let read_half = stream.try_clone().map_err(|e| fail(e.to_string()))?;
+        Ok(Self {
+            region,
+            mux: Mux::new(stream, read_half, options.timeout, endpoint),
+            token,
+            hello,
+            lost,
+            control,
+            watcher: Some(watcher),
+        })
+    }
+}
+
+/// Blocks until the peer hangs up (or we shut the socket down), then raises `lost`.
+fn watch_peer(stream: &UnixStream, lost: &AtomicBool) {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    // nix has no name for POLLRDHUP (Linux: the peer shut down its writing half).
+    let rdhup = PollFlags::from_bits_retain(libc::POLLRDHUP);
+    loop {
+        let mut fds = [PollFd::new(stream.as_fd(), rdhup)];
+        match poll(&mut fds, PollTimeout::NONE) {
+            // We only asked for hang-up events (POLLHUP and POLLERR always come too), so any
+            // ready descriptor means the peer is gone. (nix cannot decode POLLRDHUP in revents.)
+            Ok(n) if n > 0 => break,
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => break,
+        }
+    }
+    lost.store(true, Ordering::Release);
+}
+
+impl Drop for ShmConnection {
+    fn drop(&mut self) {
+        let _ = self.control.shutdown(std::net::Shutdown::Both);
+        if let Some(watcher) = self.watcher.take() {
+            let _ = watcher.join();
+        }
+    }
+}
+
+impl Connection for ShmConnection {
+    fn execute(&self, batch: &mut Batch) -> Result<(), TransportError> {
+        if self.lost.load(Ordering::Acquire) {
+            return Err(TransportError::ConnectionLost {
+                reason: "the region server closed its control socket".into(),
+                maybe_executed: false,
+            });
+        }
+        batch.validate(self.hello.region_len)?;
+        self.region.apply(batch);
+        count_batch();
+        batch.first_failure()
+    }
+
+    fn call(&self, method: u16, request: &[u8]) -> Result<Vec<u8>, TransportError> {
+        if request.len() > wire::MAX_RPC_BYTES {
+            return Err(TransportError::InvalidBatch(format!("rpc request of {} B exceeds {} B", request.len(), wire::MAX_RPC_BYTES)));
+        }
+        let (kind, body) = self.mux.request(|out, id| wire::encode_rpc_request(out, id, &self.token, method, request))?;
+        rpc_result(method, kind, &body)
+    }
+
+    fn region_len(&self) -> u64 {
+        self.hello.region_len
+    }
+
+    fn kind(&self) -> TransportKind {
+        TransportKind::Shm
+    }
+
+    fn instance(&self) -> u64 {
+        self.hello.instance
+    }
+
+    fn is_healthy(&self) -> bool {
+        !self.lost.load(Ordering::Acquire) && !self.mux.is_broken()
+    }
+}

@@ -1,0 +1,541 @@
+//! The frame format spoken over tcp and Unix sockets (one-sided batches, RPC, hello).
+//!
+//! Every frame is a 24-byte header followed by `body_len` bytes. All integers are
+//! little-endian. Every field read from the network is checked here, before anything acts on
+//! it; a malformed frame is a [`WireError`] and costs the sender its connection, nothing more.
+//!
+//! ```text
+//! header: magic u32 | version u8 | kind u8 | flags u16 | request_id u64 | body_len u32 | zero u32
+//! Hello        : token[16] | protocol u32 | zero u32
+//! HelloOk      : region_len u64 | instance u64 | flags u32 | zero u32
+//! Batch        : token[16] | op_count u16 | zero[6] | op_count x {kind u8 | zero[3] | len u32 |
+//!                offset u64 | arg0 u64 | arg1 u64} | write payloads, in op order
+//! BatchResult  : op_count u16 | zero[6] | op_count x {status u8 | zero[7] | value u64} |
+//!                bytes of every successful READ, in op order
+//! RpcRequest   : token[16] | method u16 | zero[6] | payload
+//! RpcResponse  : status u16 | zero[6] | payload (a UTF-8 message when status != 0)
+//! Error        : code u16 | zero[6] | UTF-8 message
+//! ```
+
+use crate::batch::{Batch, OpKind, Outcome, MAX_BATCH_BYTES, MAX_BATCH_OPS, MAX_OP_BYTES};
+use crate::error::OpError;
+
+pub const MAGIC: u32 = u32::from_le_bytes(*b"RKV1");
+pub const VERSION: u8 = 1;
+pub const HEADER_BYTES: usize = 24;
+pub const TOKEN_BYTES: usize = 16;
+const OP_BYTES: usize = 32;
+const RESULT_BYTES: usize = 16;
+const BATCH_PREFIX: usize = TOKEN_BYTES + 8;
+/// Largest RPC payload either way.
+pub const MAX_RPC_BYTES: usize = 4 << 20;
+/// Largest body of any frame: a full batch of ops plus its payload.
+pub const MAX_BODY_BYTES: usize = BATCH_PREFIX + MAX_BATCH_OPS * OP_BYTES + MAX_BATCH_BYTES as usize;
+
+/// Frame kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    Hello = 1,
+    HelloOk = 2,
+    Batch = 3,
+    BatchResult = 4,
+    RpcRequest = 5,
+    RpcResponse = 6,
+    Error = 7,
+}
+
+impl Kind {
+    fn from_code(code: u8) -> Option<Self> {
+        Some(match code {
+            1 => Kind::Hello,
+            2 => Kind::HelloOk,
+            3 => Kind::Batch,
+            4 => Kind::BatchResult,
+            5 => Kind::RpcRequest,
+            6 => Kind::RpcResponse,
+            7 => Kind::Error,
+            _ => return None,
+        })
+    }
+}
+
+/// Error frame codes.
+pub mod error_code {
+    pub const MALFORMED: u16 = 1;
+    pub const AUTH: u16 = 2;
+    pub const TOO_MANY_CONNECTIONS: u16 = 3;
+    pub const UNSUPPORTED: u16 = 4;
+}
+
+/// A malformed frame.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed frame: {0}")]
+pub struct WireError(pub String);
+
+fn bad(msg: impl Into<String>) -> WireError {
+    WireError(msg.into())
+}
+
+/// A decoded frame header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub kind: Kind,
+    pub request_id: u64,
+    pub body_len: u32,
+}
+
+/// Little-endian cursor over untrusted bytes; every read is bounds-checked.
+pub struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(bytes: &'a [u8]) -> Self {
+        Self { bytes, pos: 0 }
+    }
+
+    pub fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
+        let end = self.pos.checked_add(n).filter(|&end| end <= self.bytes.len());
+        let end = end.ok_or_else(|| bad(format!("needs {n} bytes at {}, has {}", self.pos, self.bytes.len())))?;
+        let out = &self.bytes[self.pos..end];
+        self.pos = end;
+        Ok(out)
+    }
+
+    pub fn u8(&mut self) -> Result<u8, WireError> {
+        Ok(self.take(1)?[0])
+    }
+
+    pub fn u16(&mut self) -> Result<u16, WireError> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
+    }
+
+    pub fn u32(&mut self) -> Result<u32, WireError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+    }
+
+    pub fn u64(&mut self) -> Result<u64, WireError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+    }
+
+    /// Skips `n` bytes that must be zero (reserved fields stay zero so they can gain meaning).
+    pub fn zeros(&mut self, n: usize) -> Result<(), WireError> {
+        if self.take(n)?.iter().any(|&b| b != 0) {
+            return Err(bad("reserved bytes are not zero"));
+        }
+        Ok(())
+    }
+
+    pub fn token(&mut self) -> Result<[u8; TOKEN_BYTES], WireError> {
+        Ok(self.take(TOKEN_BYTES)?.try_into().expect("token bytes"))
+    }
+
+    pub fn rest(&mut self) -> &'a [u8] {
+        let out = &self.bytes[self.pos..];
+        self.pos = self.bytes.len();
+        out
+    }
+
+    pub fn remaining(&self) -> usize {
+        self.bytes.len() - self.pos
+    }
+
+    pub fn finish(&self) -> Result<(), WireError> {
+        if self.remaining() != 0 {
+            return Err(bad(format!("{} trailing bytes", self.remaining())));
+        }
+        Ok(())
+    }
+}
+
+/// The digest of a shared-secret token, as frames carry it.
+pub fn token_digest(token: &str) -> [u8; TOKEN_BYTES] {
+    xxhash_rust::xxh3::xxh3_128(token.as_bytes()).to_le_bytes()
+}
+
+/// Compares token digests without an early exit.
+pub fn token_matches(a: &[u8; TOKEN_BYTES], b: &[u8; TOKEN_BYTES]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Appends a header for a body of `body_len` bytes.
+pub fn put_header(out: &mut Vec<u8>, kind: Kind, request_id: u64, body_len: usize) {
+    debug_assert!(body_len <= MAX_BODY_BYTES);
+    out.extend_from_slice(&MAGIC.to_le_bytes());
+    out.push(VERSION);
+    out.push(kind as u8);
+    out.extend_from_slice(&0u16.to_le_bytes());
+    out.extend_from_slice(&request_id.to_le_bytes());
+    out.extend_from_slice(&(body_len as u32).to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+}
+
+/// Decodes and checks a header.
+pub fn decode_header(bytes: &[u8; HEADER_BYTES]) -> Result<Header, WireError> {
+    let mut r = Reader::new(bytes);
+    if r.u32()? != MAGIC {
+        return Err(bad("bad magic (not a racekv peer?)"));
+    }
+    let version = r.u8()?;
+    if version != VERSION {
+        return Err(bad(format!("protocol version {version}, expected {VERSION}")));
+    }
+    let kind = r.u8()?;
+    let kind = Kind::from_code(kind).ok_or_else(|| bad(format!("unknown frame kind {kind}")))?;
+    r.zeros(2)?;
+    let request_id = r.u64()?;
+    let body_len = r.u32()?;
+    r.zeros(4)?;
+    if body_len as usize > MAX_BODY_BYTES {
+        return Err(bad(format!("body of {body_len} bytes exceeds the limit of {MAX_BODY_BYTES}")));
+    }
+    Ok(Header { kind, request_id, body_len })
+}
+
+// ---- hello ----
+
+pub const PROTOCOL: u32 = 1;
+
+pub fn encode_hello(out: &mut Vec<u8>, token: &[u8; TOKEN_BYTES]) {
+    put_header(out, Kind::Hello, 0, TOKEN_BYTES + 8);
+    out.extend_from_slice(token);
+    out.extend_from_slice(&PROTOCOL.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+}
+
+pub fn decode_hello(body: &[u8]) -> Result<[u8; TOKEN_BYTES], WireError> {
+    let mut r = Reader::new(body);
+    let token = r.token()?;
+    let protocol = r.u32()?;
+    if protocol != PROTOCOL {
+        return Err(bad(format!("protocol {protocol}, expected {PROTOCOL}")));
+    }
+    r.zeros(4)?;
+    r.finish()?;
+    Ok(token)
+}
+
+/// What a server says about its region in reply to hello.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HelloOk {
+    pub region_len: u64,
+    /// Random per server start: a changed instance means the server restarted.
+    pub instance: u64,
+    /// Bit 0: the region's file descriptor rides along (SCM_RIGHTS, Unix sockets only).
+    pub flags: u32,
+}
+
+pub const HELLO_FLAG_REGION_FD: u32 = 1;
+
+pub fn encode_hello_ok(out: &mut Vec<u8>, ok: &HelloOk) {
+    put_header(out, Kind::HelloOk, 0, 24);
+    out.extend_from_slice(&ok.region_len.to_le_bytes());
+    out.extend_from_slice(&ok.instance.to_le_bytes());
+    out.extend_from_slice(&ok.flags.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+}
+
+pub fn decode_hello_ok(body: &[u8]) -> Result<HelloOk, WireError> {
+    let mut r = Reader::new(body);
+    let ok = HelloOk { region_len: r.u64()?, instance: r.u64()?, flags: r.u32()? };
+    r.zeros(4)?;
+    r.finish()?;
+    Ok(ok)
+}
+
+// ---- batches ----
+
+/// Encodes `batch` as a Batch frame.
+pub fn encode_batch(out: &mut Vec<u8>, request_id: u64, token: &[u8; TOKEN_BYTES], batch: &Batch) {
+    let (_, written) = batch.byte_totals();
+    let body_len = BATCH_PREFIX + batch.len() * OP_BYTES + written as usize;
+    out.reserve(HEADER_BYTES + body_len);
+    put_header(out, Kind::Batch, request_id, body_len);
+    out.extend_from_slice(token);
+    out.extend_from_slice(&(batch.len() as u16).to_le_bytes());
+    out.extend_from_slice(&[0u8; 6]);
+    for op in batch.ops() {
+        out.push(op.kind as u8);
+        out.extend_from_slice(&[0u8; 3]);
+        out.extend_from_slice(&op.len.to_le_bytes());
+        out.extend_from_slice(&op.offset.to_le_bytes());
+        out.extend_from_slice(&op.arg0.to_le_bytes());
+        out.extend_from_slice(&op.arg1.to_le_bytes());
+    }
+    for (index, op) in batch.ops().iter().enumerate() {
+        if op.kind == OpKind::Write {
+            out.extend_from_slice(batch.write_payload(index));
+        }
+    }
+}
+
+/// Decodes a Batch frame body into `batch` (cleared first); returns the token it carried.
+pub fn decode_batch(body: &[u8], batch: &mut Batch) -> Result<[u8; TOKEN_BYTES], WireError> {
+    batch.clear();
+    let mut r = Reader::new(body);
+    let token = r.token()?;
+    let count = r.u16()? as usize;
+    r.zeros(6)?;
+    if count == 0 || count > MAX_BATCH_OPS {
+        return Err(bad(format!("batch of {count} ops; allowed 1..={MAX_BATCH_OPS}")));
+    }
+    let mut ops = Reader::new(r.take(count * OP_BYTES)?);
+    let mut payload = Reader::new(r.rest());
+    let mut read_total = 0u64;
+    for _ in 0..count {
+        let code = ops.u8()?;
+        ops.zeros(3)?;
+        let len = ops.u32()?;
+        let offset = ops.u64()?;
+        let arg0 = ops.u64()?;
+        let arg1 = ops.u64()?;
+        let kind = OpKind::from_code(code).ok_or_else(|| bad(format!("unknown op kind {code}")))?;
+        if u64::from(len) > MAX_OP_BYTES {
+            return Err(bad(format!("op of {len} bytes exceeds {MAX_OP_BYTES}")));
+        }
+        match kind {
+            OpKind::Read => {
+                read_total += u64::from(len);
+                if read_total > MAX_BATCH_BYTES {
+                    return Err(bad(format!("batch reads more than {MAX_BATCH_BYTES} bytes")));
+                }
+                batch.read(offset, len);
+            }
+            OpKind::Write => {
+                batch.write(offset, payload.take(len as usize)?);
+            }
+            OpKind::Cas | OpKind::Faa => {
+                if len != 8 {
+                    return Err(bad(format!("atomic of {len} bytes; atomics are 8 bytes")));
+                }
+                if kind == OpKind::Cas {
+                    batch.cas(offset, arg0, arg1);
+                } else {
+                    if arg1 != 0 {
+                        return Err(bad("FAA with a non-zero second argument"));
+                    }
+                    batch.faa(offset, arg0);
+                }
+            }
+        }
+    }
+    payload.finish()?;
+    Ok(token)
+}
+
+/// Encodes the outcomes (and read bytes) of an executed batch as a BatchResult frame.
+pub fn encode_batch_result(out: &mut Vec<u8>, request_id: u64, batch: &Batch) {
+    let read_bytes: usize = batch
+        .ops()
+        .iter()
+        .filter(|op| op.kind == OpKind::Read && matches!(op.outcome, Outcome::Done(_)))
+        .map(|op| op.len as usize)
+        .sum();
+    let body_len = 8 + batch.len() * RESULT_BYTES + read_bytes;
+    out.reserve(HEADER_BYTES + body_len);
+    put_header(out, Kind::BatchResult, request_id, body_len);
+    out.extend_from_slice(&(batch.len() as u16).to_le_bytes());
+    out.extend_from_slice(&[0u8; 6]);
+    for op in batch.ops() {
+        let (status, value) = match op.outcome {
+            Outcome::Done(v) => (0u8, v),
+            Outcome::Failed(e) => (e.code(), 0),
+            Outcome::Pending => (OpError::NotExecuted.code(), 0),
+        };
+        out.push(status);
+        out.extend_from_slice(&[0u8; 7]);
+        out.extend_from_slice(&value.to_le_bytes());
+    }
+    for (index, op) in batch.ops().iter().enumerate() {
+        if op.kind == OpKind::Read && matches!(op.outcome, Outcome::Done(_)) {
+            let start = out.len();
+            out.resize(start + op.len as usize, 0);
+            out[start..].copy_from_slice(batch.read_bytes_of(index));
+        }
+    }
+}
+
+/// Applies a BatchResult body to the batch that was sent. Failed ops map back to [`OpError`]s
+/// with the details the client knows (offset, length, region size).
+pub fn decode_batch_result(body: &[u8], batch: &mut Batch, region_len: u64) -> Result<(), WireError> {
+    let mut r = Reader::new(body);
+    let count = r.u16()? as usize;
+    r.zeros(6)?;
+    if count != batch.len() {
+        return Err(bad(format!("result for {count} ops, batch has {}", batch.len())));
+    }
+    let mut statuses = Reader::new(r.take(count * RESULT_BYTES)?);
+    let mut data = Reader::new(r.rest());
+    for index in 0..count {
+        let status = statuses.u8()?;
+        statuses.zeros(7)?;
+        let value = statuses.u64()?;
+        let op = batch.ops()[index];
+        if status == 0 {
+            if op.kind == OpKind::Read {
+                let bytes = data.take(op.len as usize)?;
+                batch.read_target(index).copy_from_slice(bytes);
+            }
+            batch.complete(index, value);
+        } else {
+            let error = match status {
+                1 => OpError::OutOfBounds { offset: op.offset, len: u64::from(op.len), region_len },
+                2 => OpError::Misaligned { offset: op.offset },
+                3 => OpError::BadLength { len: u64::from(op.len), max: MAX_OP_BYTES },
+                4 => OpError::NotExecuted,
+                other => OpError::Remote(other),
+            };
+            // Keep per-op statuses exactly as reported (the server already flushed the rest).
+            batch.set_failed(index, error);
+        }
+    }
+    data.finish()
+}
+
+// ---- rpc and errors ----
+
+pub fn encode_rpc_request(out: &mut Vec<u8>, request_id: u64, token: &[u8; TOKEN_BYTES], method: u16, payload: &[u8]) {
+    put_header(out, Kind::RpcRequest, request_id, TOKEN_BYTES + 8 + payload.len());
+    out.extend_from_slice(token);
+    out.extend_from_slice(&method.to_le_bytes());
+    out.extend_from_slice(&[0u8; 6]);
+    out.extend_from_slice(payload);
+}
+
+/// Returns (token, method, payload).
+pub fn decode_rpc_request(body: &[u8]) -> Result<([u8; TOKEN_BYTES], u16, &[u8]), WireError> {
+    let mut r = Reader::new(body);
+    let token = r.token()?;
+    let method = r.u16()?;
+    r.zeros(6)?;
+    let payload = r.rest();
+    if payload.len() > MAX_RPC_BYTES {
+        return Err(bad(format!("rpc payload of {} bytes exceeds {MAX_RPC_BYTES}", payload.len())));
+    }
+    Ok((token, method, payload))
+}
+
+/// `status` 0 is success; otherwise `payload` is the error message.
+pub fn encode_rpc_response(out: &mut Vec<u8>, request_id: u64, status: u16, payload: &[u8]) {
+    let payload = &payload[..payload.len().min(MAX_RPC_BYTES)];
+    put_header(out, Kind::RpcResponse, request_id, 8 + payload.len());
+    out.extend_from_slice(&status.to_le_bytes());
+    out.extend_from_slice(&[0u8; 6]);
+    out.extend_from_slice(payload);
+}
+
+/// Returns (status, payload).
+pub fn decode_rpc_response(body: &[u8]) -> Result<(u16, &[u8]), WireError> {
+    let mut r = Reader::new(body);
+    let status = r.u16()?;
+    r.zeros(6)?;
+    let payload = r.rest();
+    if payload.len() > MAX_RPC_BYTES {
+        return Err(bad("rpc response too large"));
+    }
+    Ok((status, payload))
+}
+
+pub fn encode_error(out: &mut Vec<u8>, request_id: u64, code: u16, message: &str) {
+    let message = &message.as_bytes()[..message.len().min(4096)];
+    put_header(out, Kind::Error, request_id, 8 + message.len());
+    out.extend_from_slice(&code.to_le_bytes());
+    out.extend_from_slice(&[0u8; 6]);
+    out.extend_from_slice(message);
+}
+
+/// Returns (code, message).
+pub fn decode_error(body: &[u8]) -> Result<(u16, String), WireError> {
+    let mut r = Reader::new(body);
+    let code = r.u16()?;
+    r.zeros(6)?;
+    Ok((code, String::from_utf8_lossy(r.rest()).into_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn header_of(frame: &[u8]) -> Header {
+        decode_header(frame[..HEADER_BYTES].try_into().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn batch_round_trips() {
+        let token = token_digest("secret");
+        let mut b = Batch::new();
+        b.read(64, 5);
+        b.write(128, b"abc");
+        b.cas(8, 1, 2);
+        b.faa(16, 9);
+        let mut frame = Vec::new();
+        encode_batch(&mut frame, 42, &token, &b);
+        let h = header_of(&frame);
+        assert_eq!((h.kind, h.request_id), (Kind::Batch, 42));
+        let mut server = Batch::new();
+        let got = decode_batch(&frame[HEADER_BYTES..], &mut server).unwrap();
+        assert_eq!(got, token);
+        assert_eq!(server.len(), 4);
+        assert_eq!(server.write_payload(1), b"abc");
+        // Execute on the server side and send results back.
+        server.read_target(0).copy_from_slice(b"hello");
+        server.complete(0, 0);
+        server.complete(1, 0);
+        server.complete(2, 1);
+        server.fail_from(3, OpError::Misaligned { offset: 16 });
+        let mut reply = Vec::new();
+        encode_batch_result(&mut reply, 42, &server);
+        decode_batch_result(&reply[HEADER_BYTES..], &mut b, 4096).unwrap();
+        assert_eq!(b.ops()[0].outcome, Outcome::Done(0));
+        assert_eq!(b.ops()[2].outcome, Outcome::Done(1));
+        assert!(matches!(b.ops()[3].outcome, Outcome::Failed(OpError::Misaligned { .. })));
+        assert_eq!(b.read_bytes_of(0), b"hello");
+    }
+
+    #[test]
+    fn rejects_oversized_and_garbage_headers() {
+        let mut frame = Vec::new();
+        put_header(&mut frame, Kind::Batch, 1, 0);
+        frame[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode_header(frame[..24].try_into().unwrap()).is_err());
+        assert!(decode_header(&[0xAB; 24]).is_err());
+    }
+
+    #[test]
+    fn rejects_truncated_batches() {
+        let token = token_digest("t");
+        let mut b = Batch::new();
+        b.write(0, &[7; 100]);
+        let mut frame = Vec::new();
+        encode_batch(&mut frame, 1, &token, &b);
+        let body = &frame[HEADER_BYTES..];
+        let mut server = Batch::new();
+        for cut in 0..body.len() {
+            assert!(decode_batch(&body[..cut], &mut server).is_err(), "cut at {cut}");
+        }
+    }
+
+    proptest! {
+        /// No input makes a decoder panic; it either decodes or reports an error.
+        #[test]
+        fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let mut b = Batch::new();
+            let _ = decode_batch(&bytes, &mut b);
+            let _ = decode_hello(&bytes);
+            let _ = decode_hello_ok(&bytes);
+            let _ = decode_rpc_request(&bytes);
+            let _ = decode_rpc_response(&bytes);
+            let _ = decode_error(&bytes);
+            if bytes.len() >= HEADER_BYTES {
+                let _ = decode_header(bytes[..HEADER_BYTES].try_into().unwrap());
+            }
+            let mut sent = Batch::new();
+            sent.read(0, 4);
+            sent.cas(8, 0, 1);
+            let _ = decode_batch_result(&bytes, &mut sent, 4096);
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! The software NIC against hostile or broken peers: each bad frame costs only its own
+//! connection; the server keeps serving everyone else and the region is untouched.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::Duration;
+
+use racekv_transport::tcp::TcpConnection;
+use racekv_transport::wire::{self, Kind, HEADER_BYTES};
+use racekv_transport::{Batch, ConnectOptions, Connection, Endpoint, NoRpc, OpError, Region, RegionServer, ServerOptions, TransportError};
+
+const TOKEN: &str = "hostile-test";
+const REGION: u64 = 64 * 1024;
+
+fn server() -> (RegionServer, String, Arc<Region>) {
+    let region = Arc::new(Region::anonymous(REGION).unwrap());
+    let options = ServerOptions { token: TOKEN.into(), io_timeout: Duration::from_millis(500), ..Default::default() };
+    let server = RegionServer::start(Arc::clone(&region), None, Arc::new(NoRpc), options, &[Endpoint::Tcp("127.0.0.1:0".into())]).unwrap();
+    let Endpoint::Tcp(addr) = server.endpoints()[0].clone() else { unreachable!() };
+    (server, addr, region)
+}
+
+fn good_client(addr: &str) -> TcpConnection {
+    TcpConnection::connect(addr, &ConnectOptions { token: TOKEN.into(), timeout: Duration::from_secs(2) }).unwrap()
+}
+
+fn raw(addr: &str) -> TcpStream {
+    let s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    s
+}
+
+/// Reads until the server closes; returns the kind of the first frame it sent, if any.
+fn response_kind(stream: &mut TcpStream) -> Option<Kind> {
+    let mut all = Vec::new();
+    let _ = stream.read_to_end(&mut all);
+    if all.len() < HEADER_BYTES {
+        return None;
+    }
+    wire::decode_header(all[..HEADER_BYTES].try_into().unwrap()).ok().map(|h| h.kind)
+}
+
+fn hello_frame(token: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    wire::encode_hello(&mut out, &wire::token_digest(token));
+    out
+}
+
+fn assert_still_serving(addr: &str, region: &Region) {
+    let client = good_client(addr);
+    let mut b = Batch::new();
+    b.write(8, b"survived");
+    let r = b.read(8, 8);
+    client.execute(&mut b).unwrap();
+    assert_eq!(b.read_result(r).unwrap(), b"survived");
+    let mut check = [0u8; 8];
+    region.read(8, &mut check).unwrap();
+    assert_eq!(&check, b"survived");
+}
+
+#[test]
+fn garbage_gets_an_error_and_a_close() {
+    let (_server, addr, region) = server();
+    let mut s = raw(&addr);
+    s.write_all(&[0x5A; 100]).unwrap();
+    assert_eq!(response_kind(&mut s), Some(Kind::Error));
+    assert_still_serving(&addr, &region);
+}
+
+#[test]
+fn oversized_body_claim_is_refused_without_allocating() {
+    let (_server, addr, region) = server();
+    let mut s = raw(&addr);
+    let mut frame = hello_frame(TOKEN);
+    s.write_all(&frame).unwrap();
+    let mut ok = vec![0u8; HEADER_BYTES + 24];
+    s.read_exact(&mut ok).unwrap();
+    frame.clear();
+    wire::put_header(&mut frame, Kind::Batch, 1, 0);
+    frame[16..20].copy_from_slice(&(1u32 << 31).to_le_bytes());
+    s.write_all(&frame).unwrap();
+    assert_eq!(response_kind(&mut s), Some(Kind::Error));
+    assert_still_serving(&addr, &region);
+}
+
+#[test]
+fn half_frame_then_silence_times_out_only_that_connection() {
+    let (_server, addr, region) = server();
+    let mut s = raw(&addr);
+    let frame = hello_frame(TOKEN);
+    s.write_all(&frame[..10]).unwrap();
+    // The rest never comes; meanwhile others are served.
+    assert_still_serving(&addr, &region);
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest); // the server gives up after its I/O timeout and closes
+    assert_still_serving(&addr, &region);
+}
+
+#[test]
+fn wrong_token_is_refused() {
+    let (_server, addr, region) = server();
+    let mut s = raw(&addr);
+    s.write_all(&hello_frame("guess")).unwrap();
+    assert_eq!(response_kind(&mut s), Some(Kind::Error));
+    let err = TcpConnection::connect(&addr, &ConnectOptions { token: "guess".into(), timeout: Duration::from_secs(2) });
+    assert!(matches!(err, Err(TransportError::AuthRefused { .. })), "{:?}", err.err());
+    assert_still_serving(&addr, &region);
+}
+
+#[test]
+fn batch_before_hello_is_refused() {
+    let (_server, addr, region) = server();
+    let mut s = raw(&addr);
+    let mut b = Batch::new();
+    b.write(0, b"sneaky!!");
+    let mut frame = Vec::new();
+    wire::encode_batch(&mut frame, 1, &wire::token_digest(TOKEN), &b);
+    s.write_all(&frame).unwrap();
+    assert_eq!(response_kind(&mut s), Some(Kind::Error));
+    let mut check = [0u8; 8];
+    region.read(0, &mut check).unwrap();
+    assert_eq!(check, [0; 8], "an unauthenticated write reached the region");
+    assert_still_serving(&addr, &region);
+}
+
+#[test]
+fn truncated_batch_bodies_are_refused() {
+    let (_server, addr, region) = server();
+    let mut b = Batch::new();
+    b.write(0, &[9; 64]);
+    b.cas(64, 0, 1);
+    let mut frame = Vec::new();
+    wire::encode_batch(&mut frame, 7, &wire::token_digest(TOKEN), &b);
+    // Claim fewer body bytes than the ops need: the body decodes short.
+    let body_len = (frame.len() - HEADER_BYTES - 10) as u32;
+    frame[16..20].copy_from_slice(&body_len.to_le_bytes());
+    frame.truncate(frame.len() - 10);
+    let mut s = raw(&addr);
+    s.write_all(&hello_frame(TOKEN)).unwrap();
+    let mut ok = vec![0u8; HEADER_BYTES + 24];
+    s.read_exact(&mut ok).unwrap();
+    s.write_all(&frame).unwrap();
+    assert_eq!(response_kind(&mut s), Some(Kind::Error));
+    let mut check = [0u8; 8];
+    region.read(64, &mut check).unwrap();
+    assert_eq!(check, [0; 8]);
+    assert_still_serving(&addr, &region);
+}
+
+#[test]
+fn the_server_checks_bounds_itself() {
+    let (_server, addr, region) = server();
+    let client = good_client(&addr);
+    let mut b = Batch::new();
+    b.write(0, b"first op");
+    b.read(REGION - 4, 8);
+    b.faa(16, 5);
+    // Skip the client-side checks: the server must catch it.
+    match client.execute_unchecked(&mut b) {
+        Err(TransportError::Op { index: 1, error: OpError::OutOfBounds { .. } }) => {}
+        other => panic!("expected an out-of-bounds failure at op 1, got {other:?}"),
+    }
+    let mut b2 = Batch::new();
+    b2.cas(13, 0, 1);
+    assert!(matches!(client.execute_unchecked(&mut b2), Err(TransportError::Op { index: 0, error: OpError::Misaligned { .. } })));
+    assert!(client.is_healthy());
+    let mut word = [0u8; 8];
+    region.read(16, &mut word).unwrap();
+    assert_eq!(word, [0; 8], "an op after the failing one ran");
+    assert_still_serving(&addr, &region);
+}
+
+#[test]
+fn connection_limit_refuses_extra_clients() {
+    let region = Arc::new(Region::anonymous(REGION).unwrap());
+    let options = ServerOptions { token: TOKEN.into(), max_connections: 2, ..Default::default() };
+    let server = RegionServer::start(region, None, Arc::new(NoRpc), options, &[Endpoint::Tcp("127.0.0.1:0".into())]).unwrap();
+    let Endpoint::Tcp(addr) = server.endpoints()[0].clone() else { unreachable!() };
+    let _a = good_client(&addr);
+    let _b = good_client(&addr);
+    std::thread::sleep(Duration::from_millis(50));
+    let third = TcpConnection::connect(&addr, &ConnectOptions { token: TOKEN.into(), timeout: Duration::from_secs(2) });
+    assert!(third.is_err(), "a third connection was accepted over the limit of 2");
+}
