@@ -17,8 +17,8 @@ use prometheus::{Encoder, TextEncoder};
 
 /// Histogram buckets for latencies, in seconds: 1 µs .. 1 s, roughly 1-2-5 per decade.
 pub const LATENCY_BUCKETS_SECONDS: &[f64] = &[
-    1e-6, 2e-6, 5e-6, 10e-6, 20e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3,
-    20e-3, 50e-3, 100e-3, 200e-3, 500e-3, 1.0,
+    1e-6, 2e-6, 5e-6, 10e-6, 20e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 20e-3,
+    50e-3, 100e-3, 200e-3, 500e-3, 1.0,
 ];
 
 /// Histogram buckets for sizes, in bytes: 8 B .. 16 MiB, powers of 4.
@@ -87,7 +87,11 @@ impl MetricsServer {
                 }
             })
             .context("spawning the metrics thread")?;
-        Ok(Self { server, addr, thread: Some(thread) })
+        Ok(Self {
+            server,
+            addr,
+            thread: Some(thread),
+        })
     }
 
     /// The bound address (useful when started on port 0).
@@ -111,7 +115,9 @@ pub fn init_logging() {
     let filter = std::env::var("RACEKV_LOG")
         .ok()
         .map(EnvFilter::new)
-        .unwrap_or_else(|| EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")));
+        .unwrap_or_else(|| {
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"))
+        });
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -132,7 +138,8 @@ mod tests {
 
     #[test]
     fn metrics_endpoint_serves_registered_series() {
-        let counter = register(prometheus::IntCounter::new("telemetry_test_total", "test").unwrap());
+        let counter =
+            register(prometheus::IntCounter::new("telemetry_test_total", "test").unwrap());
         counter.inc_by(3);
         let server = MetricsServer::start("127.0.0.1:0".parse().unwrap()).unwrap();
         let mut stream = std::net::TcpStream::connect(server.addr()).unwrap();

@@ -22,7 +22,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts};
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
+};
 
 use crate::batch::{Batch, OpKind};
 use crate::error::RpcStatus;
@@ -47,7 +49,10 @@ pub struct NoRpc;
 
 impl RpcService for NoRpc {
     fn call(&self, method: u16, _request: &[u8]) -> Result<Vec<u8>, RpcStatus> {
-        Err(RpcStatus::new(RpcStatus::UNKNOWN_METHOD, format!("no rpc method {method} on this server")))
+        Err(RpcStatus::new(
+            RpcStatus::UNKNOWN_METHOD,
+            format!("no rpc method {method} on this server"),
+        ))
     }
 }
 
@@ -64,7 +69,11 @@ pub struct ServerOptions {
 
 impl Default for ServerOptions {
     fn default() -> Self {
-        Self { token: String::new(), max_connections: 1024, io_timeout: Duration::from_secs(10) }
+        Self {
+            token: String::new(),
+            max_connections: 1024,
+            io_timeout: Duration::from_secs(10),
+        }
     }
 }
 
@@ -86,20 +95,94 @@ struct Metrics {
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     use racekv_telemetry::{register, LATENCY_BUCKETS_SECONDS};
     Metrics {
-        connections: register(IntGaugeVec::new(Opts::new("racekv_softnic_connections", "Open connections to the region server"), &["listener"]).unwrap()),
-        accepted: register(IntCounterVec::new(Opts::new("racekv_softnic_connections_accepted_total", "Connections accepted"), &["listener"]).unwrap()),
-        refused: register(IntCounterVec::new(Opts::new("racekv_softnic_connections_refused_total", "Connections refused"), &["reason"]).unwrap()),
-        frame_errors: register(IntCounterVec::new(Opts::new("racekv_softnic_frame_errors_total", "Connections closed for a bad frame or I/O error"), &["reason"]).unwrap()),
-        batches: register(IntCounter::new("racekv_softnic_batches_total", "One-sided batches executed").unwrap()),
+        connections: register(
+            IntGaugeVec::new(
+                Opts::new(
+                    "racekv_softnic_connections",
+                    "Open connections to the region server",
+                ),
+                &["listener"],
+            )
+            .unwrap(),
+        ),
+        accepted: register(
+            IntCounterVec::new(
+                Opts::new(
+                    "racekv_softnic_connections_accepted_total",
+                    "Connections accepted",
+                ),
+                &["listener"],
+            )
+            .unwrap(),
+        ),
+        refused: register(
+            IntCounterVec::new(
+                Opts::new(
+                    "racekv_softnic_connections_refused_total",
+                    "Connections refused",
+                ),
+                &["reason"],
+            )
+            .unwrap(),
+        ),
+        frame_errors: register(
+            IntCounterVec::new(
+                Opts::new(
+                    "racekv_softnic_frame_errors_total",
+                    "Connections closed for a bad frame or I/O error",
+                ),
+                &["reason"],
+            )
+            .unwrap(),
+        ),
+        batches: register(
+            IntCounter::new("racekv_softnic_batches_total", "One-sided batches executed").unwrap(),
+        ),
         ops: {
-            let ops = register(IntCounterVec::new(Opts::new("racekv_softnic_ops_total", "One-sided ops executed"), &["op"]).unwrap());
+            let ops = register(
+                IntCounterVec::new(
+                    Opts::new("racekv_softnic_ops_total", "One-sided ops executed"),
+                    &["op"],
+                )
+                .unwrap(),
+            );
             ["read", "write", "cas", "faa"].map(|op| ops.with_label_values(&[op]))
         },
-        read_bytes: register(IntCounter::new("racekv_softnic_read_bytes_total", "Bytes returned by READs").unwrap()),
-        written_bytes: register(IntCounter::new("racekv_softnic_written_bytes_total", "Bytes stored by WRITEs").unwrap()),
-        batch_seconds: register(Histogram::with_opts(HistogramOpts::new("racekv_softnic_batch_seconds", "Time to execute one batch against the region").buckets(LATENCY_BUCKETS_SECONDS.to_vec())).unwrap()),
-        rpc_requests: register(IntCounterVec::new(Opts::new("racekv_rpc_server_requests_total", "RPCs served"), &["method", "status"]).unwrap()),
-        rpc_seconds: register(HistogramVec::new(HistogramOpts::new("racekv_rpc_server_seconds", "Time to serve one RPC").buckets(LATENCY_BUCKETS_SECONDS.to_vec()), &["method"]).unwrap()),
+        read_bytes: register(
+            IntCounter::new("racekv_softnic_read_bytes_total", "Bytes returned by READs").unwrap(),
+        ),
+        written_bytes: register(
+            IntCounter::new(
+                "racekv_softnic_written_bytes_total",
+                "Bytes stored by WRITEs",
+            )
+            .unwrap(),
+        ),
+        batch_seconds: register(
+            Histogram::with_opts(
+                HistogramOpts::new(
+                    "racekv_softnic_batch_seconds",
+                    "Time to execute one batch against the region",
+                )
+                .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
+            )
+            .unwrap(),
+        ),
+        rpc_requests: register(
+            IntCounterVec::new(
+                Opts::new("racekv_rpc_server_requests_total", "RPCs served"),
+                &["method", "status"],
+            )
+            .unwrap(),
+        ),
+        rpc_seconds: register(
+            HistogramVec::new(
+                HistogramOpts::new("racekv_rpc_server_seconds", "Time to serve one RPC")
+                    .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
+                &["method"],
+            )
+            .unwrap(),
+        ),
     }
 });
 
@@ -126,7 +209,10 @@ impl ServerStream for TcpStream {
         let _ = self.shutdown(Shutdown::Both);
     }
     fn send_with_fd(&mut self, _bytes: &[u8], _fd: BorrowedFd<'_>) -> io::Result<()> {
-        Err(io::Error::new(io::ErrorKind::Unsupported, "file descriptors travel only over Unix sockets"))
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "file descriptors travel only over Unix sockets",
+        ))
     }
     fn set_timeouts(&self, read: Duration, write: Duration) -> io::Result<()> {
         self.set_nodelay(true)?;
@@ -200,7 +286,11 @@ impl RegionServer {
             conns: Mutex::new(HashMap::new()),
             threads: Mutex::new(Vec::new()),
         });
-        let mut server = Self { shared: Arc::clone(&shared), endpoints: Vec::new(), unix_paths: Vec::new() };
+        let mut server = Self {
+            shared: Arc::clone(&shared),
+            endpoints: Vec::new(),
+            unix_paths: Vec::new(),
+        };
         for endpoint in listen {
             match endpoint {
                 Endpoint::Tcp(addr) => {
@@ -211,12 +301,18 @@ impl RegionServer {
                 }
                 Endpoint::Shm(path) => {
                     if shared.region_file.is_none() {
-                        return Err(io::Error::new(io::ErrorKind::InvalidInput, "an shm endpoint needs a file-backed region"));
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidInput,
+                            "an shm endpoint needs a file-backed region",
+                        ));
                     }
                     if path.exists() {
                         // A socket left by a killed server; refuse if something still answers.
                         if UnixStream::connect(path).is_ok() {
-                            return Err(io::Error::new(io::ErrorKind::AddrInUse, format!("{} is served by another process", path.display())));
+                            return Err(io::Error::new(
+                                io::ErrorKind::AddrInUse,
+                                format!("{} is served by another process", path.display()),
+                            ));
                         }
                         std::fs::remove_file(path)?;
                     }
@@ -226,7 +322,10 @@ impl RegionServer {
                     server.spawn_acceptor(listener, |l| l.accept().map(|(s, _)| s))?;
                 }
                 other => {
-                    return Err(io::Error::new(io::ErrorKind::Unsupported, format!("this server does not serve {other}")));
+                    return Err(io::Error::new(
+                        io::ErrorKind::Unsupported,
+                        format!("this server does not serve {other}"),
+                    ));
                 }
             }
         }
@@ -254,24 +353,29 @@ impl RegionServer {
         S: ServerStream,
     {
         let shared = Arc::clone(&self.shared);
-        let handle = std::thread::Builder::new().name("region-accept".into()).spawn(move || {
-            while !shared.stopping.load(Ordering::Acquire) {
-                let mut fds = [nix::poll::PollFd::new(listener.as_fd(), nix::poll::PollFlags::POLLIN)];
-                match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(50u16)) {
-                    Ok(0) => continue,
-                    Ok(_) => {}
-                    Err(nix::errno::Errno::EINTR) => continue,
-                    Err(e) => {
-                        tracing::error!("region server: poll on listener failed: {e}");
-                        return;
+        let handle = std::thread::Builder::new()
+            .name("region-accept".into())
+            .spawn(move || {
+                while !shared.stopping.load(Ordering::Acquire) {
+                    let mut fds = [nix::poll::PollFd::new(
+                        listener.as_fd(),
+                        nix::poll::PollFlags::POLLIN,
+                    )];
+                    match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(50u16)) {
+                        Ok(0) => continue,
+                        Ok(_) => {}
+                        Err(nix::errno::Errno::EINTR) => continue,
+                        Err(e) => {
+                            tracing::error!("region server: poll on listener failed: {e}");
+                            return;
+                        }
+                    }
+                    match accept(&listener) {
+                        Ok(stream) => admit(&shared, stream),
+                        Err(e) => tracing::warn!("region server: accept failed: {e}"),
                     }
                 }
-                match accept(&listener) {
-                    Ok(stream) => admit(&shared, stream),
-                    Err(e) => tracing::warn!("region server: accept failed: {e}"),
-                }
-            }
-        })?;
+            })?;
         self.shared.threads.lock().push(handle);
         Ok(())
     }
@@ -300,8 +404,14 @@ impl Drop for RegionServer {
 
 fn random_u64() -> u64 {
     let mut bytes = [0u8; 8];
-    if File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)).is_err() {
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    if File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .is_err()
+    {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
         return xxhash_rust::xxh3::xxh3_64(&nanos.to_le_bytes()) ^ u64::from(std::process::id());
     }
     u64::from_le_bytes(bytes)
@@ -310,9 +420,20 @@ fn random_u64() -> u64 {
 fn admit<S: ServerStream>(shared: &Arc<Shared>, mut stream: S) {
     let listener = stream.listener();
     if shared.live.load(Ordering::Acquire) >= shared.options.max_connections {
-        METRICS.refused.with_label_values(&["too_many_connections"]).inc();
+        METRICS
+            .refused
+            .with_label_values(&["too_many_connections"])
+            .inc();
         let mut out = Vec::new();
-        wire::encode_error(&mut out, 0, error_code::TOO_MANY_CONNECTIONS, &format!("connection limit of {} reached", shared.options.max_connections));
+        wire::encode_error(
+            &mut out,
+            0,
+            error_code::TOO_MANY_CONNECTIONS,
+            &format!(
+                "connection limit of {} reached",
+                shared.options.max_connections
+            ),
+        );
         let _ = stream.set_timeouts(POLL_INTERVAL, Duration::from_millis(100));
         let _ = stream.write_all(&out);
         return;
@@ -325,19 +446,24 @@ fn admit<S: ServerStream>(shared: &Arc<Shared>, mut stream: S) {
             return;
         }
     };
-    shared.conns.lock().insert(id, Box::new(move || closer.shutdown_both()));
+    shared
+        .conns
+        .lock()
+        .insert(id, Box::new(move || closer.shutdown_both()));
     shared.live.fetch_add(1, Ordering::AcqRel);
     METRICS.connections.with_label_values(&[listener]).inc();
     METRICS.accepted.with_label_values(&[listener]).inc();
     let conn_shared = Arc::clone(shared);
-    let spawned = std::thread::Builder::new().name(format!("region-conn-{id}")).spawn(move || {
-        if let Err(reason) = serve(&conn_shared, stream) {
-            METRICS.frame_errors.with_label_values(&[reason]).inc();
-        }
-        conn_shared.conns.lock().remove(&id);
-        conn_shared.live.fetch_sub(1, Ordering::AcqRel);
-        METRICS.connections.with_label_values(&[listener]).dec();
-    });
+    let spawned = std::thread::Builder::new()
+        .name(format!("region-conn-{id}"))
+        .spawn(move || {
+            if let Err(reason) = serve(&conn_shared, stream) {
+                METRICS.frame_errors.with_label_values(&[reason]).inc();
+            }
+            conn_shared.conns.lock().remove(&id);
+            conn_shared.live.fetch_sub(1, Ordering::AcqRel);
+            METRICS.connections.with_label_values(&[listener]).dec();
+        });
     match spawned {
         Ok(handle) => {
             let mut threads = shared.threads.lock();
@@ -356,7 +482,14 @@ fn admit<S: ServerStream>(shared: &Arc<Shared>, mut stream: S) {
 }
 
 /// Refuses the connection with an error frame; returns the metric reason.
-fn refuse<S: ServerStream>(stream: &mut S, out: &mut Vec<u8>, request_id: u64, code: u16, message: &str, reason: &'static str) -> Result<(), &'static str> {
+fn refuse<S: ServerStream>(
+    stream: &mut S,
+    out: &mut Vec<u8>,
+    request_id: u64,
+    code: u16,
+    message: &str,
+    reason: &'static str,
+) -> Result<(), &'static str> {
     out.clear();
     wire::encode_error(out, request_id, code, message);
     let _ = stream.write_all(out);
@@ -366,7 +499,13 @@ fn refuse<S: ServerStream>(stream: &mut S, out: &mut Vec<u8>, request_id: u64, c
 
 /// Serves one connection until it closes. Returns the reason when it ends badly.
 fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static str> {
-    if stream.set_timeouts(POLL_INTERVAL.max(Duration::from_millis(50)), shared.options.io_timeout).is_err() {
+    if stream
+        .set_timeouts(
+            POLL_INTERVAL.max(Duration::from_millis(50)),
+            shared.options.io_timeout,
+        )
+        .is_err()
+    {
         return Err("io");
     }
     let mut body = Vec::new();
@@ -382,13 +521,27 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
             Ok(FrameRead::Frame(header)) => header,
             Ok(FrameRead::Idle) => {
                 if !greeted && idle_since.elapsed() > shared.options.io_timeout {
-                    return refuse(&mut stream, &mut out, 0, error_code::MALFORMED, "no hello within the I/O timeout", "hello_timeout");
+                    return refuse(
+                        &mut stream,
+                        &mut out,
+                        0,
+                        error_code::MALFORMED,
+                        "no hello within the I/O timeout",
+                        "hello_timeout",
+                    );
                 }
                 continue;
             }
             Ok(FrameRead::Closed) => return Ok(()),
             Err(e) if e.kind() == io::ErrorKind::InvalidData => {
-                return refuse(&mut stream, &mut out, 0, error_code::MALFORMED, &e.to_string(), "malformed");
+                return refuse(
+                    &mut stream,
+                    &mut out,
+                    0,
+                    error_code::MALFORMED,
+                    &e.to_string(),
+                    "malformed",
+                );
             }
             Err(_) => return Err("io"),
         };
@@ -398,36 +551,90 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
             (Kind::Hello, false) => {
                 let token = match wire::decode_hello(&body) {
                     Ok(token) => token,
-                    Err(e) => return refuse(&mut stream, &mut out, 0, error_code::MALFORMED, &e.to_string(), "malformed"),
+                    Err(e) => {
+                        return refuse(
+                            &mut stream,
+                            &mut out,
+                            0,
+                            error_code::MALFORMED,
+                            &e.to_string(),
+                            "malformed",
+                        )
+                    }
                 };
                 if !wire::token_matches(&token, &shared.token) {
-                    return refuse(&mut stream, &mut out, 0, error_code::AUTH, "bad token", "auth");
+                    return refuse(
+                        &mut stream,
+                        &mut out,
+                        0,
+                        error_code::AUTH,
+                        "bad token",
+                        "auth",
+                    );
                 }
                 greeted = true;
                 let send_fd = stream.listener() == "unix";
-                let flags = if send_fd { wire::HELLO_FLAG_REGION_FD } else { 0 };
-                wire::encode_hello_ok(&mut out, &wire::HelloOk { region_len: shared.region.len(), instance: shared.instance, flags });
+                let flags = if send_fd {
+                    wire::HELLO_FLAG_REGION_FD
+                } else {
+                    0
+                };
+                wire::encode_hello_ok(
+                    &mut out,
+                    &wire::HelloOk {
+                        region_len: shared.region.len(),
+                        instance: shared.instance,
+                        flags,
+                    },
+                );
                 let sent = match (&shared.region_file, send_fd) {
                     (Some(file), true) => stream.send_with_fd(&out, file.as_fd()),
-                    (None, true) => Err(io::Error::new(io::ErrorKind::Unsupported, "no region file")),
+                    (None, true) => {
+                        Err(io::Error::new(io::ErrorKind::Unsupported, "no region file"))
+                    }
                     (_, false) => stream.write_all(&out),
                 };
                 sent.map_err(|_| "io")?;
             }
             (_, false) => {
-                return refuse(&mut stream, &mut out, header.request_id, error_code::MALFORMED, "the first frame must be hello", "malformed");
+                return refuse(
+                    &mut stream,
+                    &mut out,
+                    header.request_id,
+                    error_code::MALFORMED,
+                    "the first frame must be hello",
+                    "malformed",
+                );
             }
             (Kind::Batch, true) => {
                 let token = match wire::decode_batch(&body, &mut batch) {
                     Ok(token) => token,
-                    Err(e) => return refuse(&mut stream, &mut out, header.request_id, error_code::MALFORMED, &e.to_string(), "malformed"),
+                    Err(e) => {
+                        return refuse(
+                            &mut stream,
+                            &mut out,
+                            header.request_id,
+                            error_code::MALFORMED,
+                            &e.to_string(),
+                            "malformed",
+                        )
+                    }
                 };
                 if !wire::token_matches(&token, &shared.token) {
-                    return refuse(&mut stream, &mut out, header.request_id, error_code::AUTH, "bad token", "auth");
+                    return refuse(
+                        &mut stream,
+                        &mut out,
+                        header.request_id,
+                        error_code::AUTH,
+                        "bad token",
+                        "auth",
+                    );
                 }
                 let started = Instant::now();
                 shared.region.apply(&mut batch);
-                METRICS.batch_seconds.observe(started.elapsed().as_secs_f64());
+                METRICS
+                    .batch_seconds
+                    .observe(started.elapsed().as_secs_f64());
                 record_batch(&batch);
                 wire::encode_batch_result(&mut out, header.request_id, &batch);
                 stream.write_all(&out).map_err(|_| "io")?;
@@ -435,29 +642,63 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
             (Kind::RpcRequest, true) => {
                 let (token, method, payload) = match wire::decode_rpc_request(&body) {
                     Ok(parts) => parts,
-                    Err(e) => return refuse(&mut stream, &mut out, header.request_id, error_code::MALFORMED, &e.to_string(), "malformed"),
+                    Err(e) => {
+                        return refuse(
+                            &mut stream,
+                            &mut out,
+                            header.request_id,
+                            error_code::MALFORMED,
+                            &e.to_string(),
+                            "malformed",
+                        )
+                    }
                 };
                 if !wire::token_matches(&token, &shared.token) {
-                    return refuse(&mut stream, &mut out, header.request_id, error_code::AUTH, "bad token", "auth");
+                    return refuse(
+                        &mut stream,
+                        &mut out,
+                        header.request_id,
+                        error_code::AUTH,
+                        "bad token",
+                        "auth",
+                    );
                 }
                 let started = Instant::now();
                 let name = shared.rpc.method_name(method);
                 let result = shared.rpc.call(method, payload);
-                METRICS.rpc_seconds.with_label_values(&[name]).observe(started.elapsed().as_secs_f64());
+                METRICS
+                    .rpc_seconds
+                    .with_label_values(&[name])
+                    .observe(started.elapsed().as_secs_f64());
                 match result {
                     Ok(response) => {
                         METRICS.rpc_requests.with_label_values(&[name, "ok"]).inc();
                         wire::encode_rpc_response(&mut out, header.request_id, 0, &response);
                     }
                     Err(status) => {
-                        METRICS.rpc_requests.with_label_values(&[name, "error"]).inc();
-                        wire::encode_rpc_response(&mut out, header.request_id, status.code.max(1), status.message.as_bytes());
+                        METRICS
+                            .rpc_requests
+                            .with_label_values(&[name, "error"])
+                            .inc();
+                        wire::encode_rpc_response(
+                            &mut out,
+                            header.request_id,
+                            status.code.max(1),
+                            status.message.as_bytes(),
+                        );
                     }
                 }
                 stream.write_all(&out).map_err(|_| "io")?;
             }
             (kind, true) => {
-                return refuse(&mut stream, &mut out, header.request_id, error_code::UNSUPPORTED, &format!("a client may not send {kind:?} frames"), "malformed");
+                return refuse(
+                    &mut stream,
+                    &mut out,
+                    header.request_id,
+                    error_code::UNSUPPORTED,
+                    &format!("a client may not send {kind:?} frames"),
+                    "malformed",
+                );
             }
         }
     }

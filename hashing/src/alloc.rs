@@ -1,0 +1,310 @@
+//! Client-side allocation of KV blocks.
+//!
+//! Blocks come from heap chunks the memnode hands out (one RPC per chunk), carved in 64 B
+//! units. A block a client replaces or deletes is freed into a grace queue first: it may be
+//! reused only after `grace_period`, longer than any operation that could still be reading
+//! it. (Readers also verify key and checksum, so a late reader sees a mismatch and re-reads,
+//! never a wrong value; the grace period keeps that rare and protects CAS from ABA.)
+//!
+//! Each client has its own lists (no locks on the hot path). A client that goes away hands
+//! its lists and the rest of its chunk to the [`FreePool`] it shares with its siblings.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::error::Error;
+use crate::layout::{BLOCK_UNIT_BYTES, MAX_BLOCK_UNITS};
+
+/// Where chunks come from (the memnode, through its RPC).
+pub trait ChunkSource: Send + Sync {
+    /// A fresh heap chunk: (offset, bytes). Offsets and sizes are multiples of 64.
+    fn chunk(&self) -> Result<(u64, u64), Error>;
+}
+
+const CLASSES: usize = MAX_BLOCK_UNITS as usize + 1;
+/// Blocks moved from the shared pool to a client at once.
+const POOL_REFILL_BLOCKS: usize = 64;
+
+#[derive(Default)]
+struct PoolInner {
+    free: Vec<Vec<u64>>,
+    pending: VecDeque<(Instant, u64, u8)>,
+    ranges: Vec<(u64, u64)>,
+}
+
+/// Free blocks and chunk remainders left by clients that went away.
+#[derive(Default)]
+pub struct FreePool {
+    inner: Mutex<PoolInner>,
+}
+
+impl FreePool {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn take_blocks(&self, units: u8, out: &mut Vec<u64>, grace: Duration) -> bool {
+        let mut inner = self.inner.lock();
+        let now = Instant::now();
+        while let Some(&(at, block, u)) = inner.pending.front() {
+            if now.duration_since(at) < grace {
+                break;
+            }
+            inner.pending.pop_front();
+            ensure_classes(&mut inner.free);
+            inner.free[u as usize].push(block);
+        }
+        ensure_classes(&mut inner.free);
+        let list = &mut inner.free[units as usize];
+        let n = list.len().min(POOL_REFILL_BLOCKS);
+        out.extend(list.drain(list.len() - n..));
+        n > 0
+    }
+
+    fn take_range(&self) -> Option<(u64, u64)> {
+        self.inner.lock().ranges.pop()
+    }
+
+    /// Bytes held by the pool (free, in grace, and chunk remainders).
+    pub fn bytes(&self) -> u64 {
+        let inner = self.inner.lock();
+        let free: u64 = inner
+            .free
+            .iter()
+            .enumerate()
+            .map(|(u, l)| u as u64 * BLOCK_UNIT_BYTES * l.len() as u64)
+            .sum();
+        let pending: u64 = inner
+            .pending
+            .iter()
+            .map(|&(_, _, u)| u64::from(u) * BLOCK_UNIT_BYTES)
+            .sum();
+        let ranges: u64 = inner.ranges.iter().map(|&(a, b)| b - a).sum();
+        free + pending + ranges
+    }
+}
+
+fn ensure_classes(free: &mut Vec<Vec<u64>>) {
+    if free.len() < CLASSES {
+        free.resize_with(CLASSES, Vec::new);
+    }
+}
+
+/// One client's allocator.
+pub struct BlockAllocator {
+    source: Arc<dyn ChunkSource>,
+    pool: Arc<FreePool>,
+    grace: Duration,
+    cursor: u64,
+    end: u64,
+    free: Vec<Vec<u64>>,
+    pending: VecDeque<(Instant, u64, u8)>,
+    /// Bytes in `free` and `pending`, for statistics.
+    held_bytes: u64,
+}
+
+impl BlockAllocator {
+    pub fn new(source: Arc<dyn ChunkSource>, pool: Arc<FreePool>, grace: Duration) -> Self {
+        let mut free = Vec::new();
+        ensure_classes(&mut free);
+        Self {
+            source,
+            pool,
+            grace,
+            cursor: 0,
+            end: 0,
+            free,
+            pending: VecDeque::new(),
+            held_bytes: 0,
+        }
+    }
+
+    /// A block of `units` x 64 B.
+    pub fn alloc(&mut self, units: u8) -> Result<u64, Error> {
+        assert!(units >= 1, "blocks are at least one unit");
+        self.reclaim(Instant::now());
+        if let Some(block) = self.free[units as usize].pop() {
+            self.held_bytes -= u64::from(units) * BLOCK_UNIT_BYTES;
+            return Ok(block);
+        }
+        let mut refill = std::mem::take(&mut self.free[units as usize]);
+        let refilled = self.pool.take_blocks(units, &mut refill, self.grace);
+        self.free[units as usize] = refill;
+        if refilled {
+            let block = self.free[units as usize].pop().expect("refilled");
+            self.held_bytes +=
+                (self.free[units as usize].len() as u64) * u64::from(units) * BLOCK_UNIT_BYTES;
+            return Ok(block);
+        }
+        let bytes = u64::from(units) * BLOCK_UNIT_BYTES;
+        if self.end - self.cursor < bytes {
+            self.next_chunk()?;
+        }
+        let block = self.cursor;
+        self.cursor += bytes;
+        debug_assert!(self.cursor <= self.end);
+        Ok(block)
+    }
+
+    fn next_chunk(&mut self) -> Result<(), Error> {
+        // Keep the remainder of the old chunk as one free block (it is under 255 units).
+        let rest = self.end - self.cursor;
+        if rest >= BLOCK_UNIT_BYTES {
+            let units = (rest / BLOCK_UNIT_BYTES).min(MAX_BLOCK_UNITS);
+            self.free[units as usize].push(self.cursor);
+            self.held_bytes += units * BLOCK_UNIT_BYTES;
+        }
+        let (start, end) = match self.pool.take_range() {
+            Some(range) => range,
+            None => {
+                let (offset, bytes) = self.source.chunk()?;
+                assert!(
+                    offset % BLOCK_UNIT_BYTES == 0
+                        && bytes % BLOCK_UNIT_BYTES == 0
+                        && bytes >= MAX_BLOCK_UNITS * BLOCK_UNIT_BYTES
+                );
+                (offset, offset + bytes)
+            }
+        };
+        self.cursor = start;
+        self.end = end;
+        Ok(())
+    }
+
+    /// Frees a block other clients may still be reading: reusable after the grace period.
+    pub fn retire(&mut self, block: u64, units: u8) {
+        self.pending.push_back((Instant::now(), block, units));
+        self.held_bytes += u64::from(units) * BLOCK_UNIT_BYTES;
+    }
+
+    /// Frees a block that was never published (no slot ever pointed to it): reusable now.
+    pub fn release_unpublished(&mut self, block: u64, units: u8) {
+        self.free[units as usize].push(block);
+        self.held_bytes += u64::from(units) * BLOCK_UNIT_BYTES;
+    }
+
+    fn reclaim(&mut self, now: Instant) {
+        while let Some(&(at, block, units)) = self.pending.front() {
+            if now.duration_since(at) < self.grace {
+                break;
+            }
+            self.pending.pop_front();
+            self.free[units as usize].push(block);
+        }
+    }
+
+    /// Bytes this client holds free or in grace.
+    pub fn held_bytes(&self) -> u64 {
+        self.held_bytes
+    }
+}
+
+impl Drop for BlockAllocator {
+    fn drop(&mut self) {
+        let mut inner = self.pool.inner.lock();
+        ensure_classes(&mut inner.free);
+        for (units, list) in self.free.iter_mut().enumerate() {
+            inner.free[units].append(list);
+        }
+        inner.pending.extend(self.pending.drain(..));
+        if self.end > self.cursor {
+            inner.ranges.push((self.cursor, self.end));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    struct Bump(AtomicU64);
+    impl ChunkSource for Bump {
+        fn chunk(&self) -> Result<(u64, u64), Error> {
+            Ok((self.0.fetch_add(1 << 16, Ordering::Relaxed), 1 << 16))
+        }
+    }
+
+    fn allocator(grace_ms: u64) -> (BlockAllocator, Arc<Bump>, Arc<FreePool>) {
+        let source = Arc::new(Bump(AtomicU64::new(1 << 20)));
+        let pool = Arc::new(FreePool::new());
+        (
+            BlockAllocator::new(
+                source.clone(),
+                pool.clone(),
+                Duration::from_millis(grace_ms),
+            ),
+            source,
+            pool,
+        )
+    }
+
+    #[test]
+    fn blocks_never_overlap() {
+        let (mut a, _, _) = allocator(0);
+        let mut spans = Vec::new();
+        for i in 0..5_000u64 {
+            let units = (i % 7 + 1) as u8;
+            spans.push((a.alloc(units).unwrap(), units as u64 * 64));
+        }
+        spans.sort();
+        for w in spans.windows(2) {
+            assert!(w[0].0 + w[0].1 <= w[1].0, "{w:?}");
+        }
+    }
+
+    #[test]
+    fn retired_blocks_wait_out_the_grace_period() {
+        let (mut a, _, _) = allocator(50);
+        let b = a.alloc(2).unwrap();
+        a.retire(b, 2);
+        assert_ne!(a.alloc(2).unwrap(), b, "reused inside the grace period");
+        std::thread::sleep(Duration::from_millis(60));
+        assert_eq!(a.alloc(2).unwrap(), b, "not reused after the grace period");
+        let u = a.alloc(3).unwrap();
+        a.release_unpublished(u, 3);
+        assert_eq!(
+            a.alloc(3).unwrap(),
+            u,
+            "unpublished blocks are reusable at once"
+        );
+    }
+
+    #[test]
+    fn steady_updates_stop_asking_for_chunks() {
+        let (mut a, source, _) = allocator(0);
+        let mut live = Vec::new();
+        for _ in 0..1_000 {
+            live.push(a.alloc(1).unwrap());
+        }
+        let chunks_before = source.0.load(Ordering::Relaxed);
+        for i in 0..100_000 {
+            let at = i % live.len();
+            let old = live[at];
+            live[at] = a.alloc(1).unwrap();
+            a.retire(old, 1);
+        }
+        assert_eq!(
+            source.0.load(Ordering::Relaxed),
+            chunks_before,
+            "memory grew under a steady update load"
+        );
+    }
+
+    #[test]
+    fn a_departing_client_leaves_its_memory_to_the_pool() {
+        let (mut a, source, pool) = allocator(0);
+        let block = a.alloc(4).unwrap();
+        a.release_unpublished(block, 4);
+        drop(a);
+        let mut b = BlockAllocator::new(source, pool.clone(), Duration::ZERO);
+        assert_eq!(b.alloc(4).unwrap(), block);
+        assert!(
+            pool.bytes() > 0,
+            "the first client's chunk remainder went missing"
+        );
+    }
+}

@@ -1,0 +1,83 @@
+//! Formatting a fresh region and reading back a formatted one.
+
+use racekv_transport::{Batch, Connection};
+
+use crate::directory::read_word;
+use crate::error::Error;
+use crate::layout::{sb, BucketHeader, DirEntry, Layout, SUPERBLOCK_BYTES};
+
+/// Whether the region behind `conn` holds a racekv superblock (any version).
+pub fn is_formatted(conn: &dyn Connection) -> Result<bool, Error> {
+    let mut b = Batch::new();
+    let magic = b.read(sb::MAGIC, 8);
+    conn.execute(&mut b)?;
+    Ok(read_word(b.read_result(magic)?) != 0)
+}
+
+/// Reads and checks the layout of a formatted region.
+pub fn read_layout(conn: &dyn Connection) -> Result<Layout, Error> {
+    let mut b = Batch::new();
+    let r = b.read(0, SUPERBLOCK_BYTES as u32);
+    conn.execute(&mut b)?;
+    let layout = Layout::decode(b.read_result(r)?)?;
+    if layout.region_len != conn.region_len() {
+        return Err(Error::Corrupt(format!(
+            "the superblock describes a region of {} B but the region is {} B (was --region-bytes changed? it cannot change after formatting)",
+            layout.region_len,
+            conn.region_len()
+        )));
+    }
+    Ok(layout)
+}
+
+/// Formats an empty region: superblock, one subtable at depth 0, and its directory entry.
+/// The magic and layout are written last, so a crash mid-way leaves an unformatted region.
+pub fn format(conn: &dyn Connection, layout: &Layout) -> Result<(), Error> {
+    layout.check()?;
+    if layout.region_len != conn.region_len() {
+        return Err(Error::Corrupt(format!(
+            "layout for {} B on a region of {} B",
+            layout.region_len,
+            conn.region_len()
+        )));
+    }
+    let first = layout.heap_offset;
+    let mut b = Batch::new();
+    // The subtable's bucket headers are (depth 0, suffix 0): all zero, like fresh memory;
+    // write them anyway so formatting does not depend on the region being zeroed.
+    let header = BucketHeader {
+        local_depth: 0,
+        suffix: 0,
+    }
+    .encode()
+    .to_le_bytes();
+    for bucket in 0..layout.buckets_per_subtable() {
+        b.write(first + bucket * 64, &header);
+        if b.len() == racekv_transport::MAX_BATCH_OPS {
+            conn.execute(&mut b)?;
+            b.clear();
+        }
+    }
+    let entry = DirEntry {
+        subtable: first,
+        local_depth: 0,
+        locked: false,
+    };
+    b.write(layout.dir_entry_offset(0), &entry.encode().to_le_bytes());
+    for (offset, value) in [
+        (sb::GLOBAL_DEPTH, 0),
+        (sb::HEAP_TOP, first + layout.subtable_bytes()),
+        (sb::SPLIT_STATE, 0),
+        (sb::ITEM_COUNT, 0),
+        (sb::SUBTABLES, 1),
+        (sb::CHUNKS, 0),
+        (sb::FREE_CHUNKS, 0),
+    ] {
+        b.write(offset, &u64::to_le_bytes(value));
+    }
+    conn.execute(&mut b)?;
+    b.clear();
+    b.write(0, &layout.encode());
+    conn.execute(&mut b)?;
+    Ok(())
+}

@@ -1,0 +1,559 @@
+//! Where everything lives in a memnode's region, and how each word is encoded.
+//!
+//! ```text
+//! region: | superblock (4 KiB) | directory (2^max_global_depth x 8 B, reserved) | heap ... |
+//! heap:   subtables (allocated by the memnode on split) and KV chunks (handed to clients)
+//! subtable: groups of 3 buckets [main0 | overflow | main1], 192 B per group
+//! bucket (64 B): header {local depth u32 | suffix u32} + 7 slots of 8 B
+//! slot (8 B):  fingerprint 8 | length 8 (64 B units) | tag 6 | block offset / 64 42
+//! directory entry (8 B): lock 1 | unused 7 | local depth 8 | subtable offset 48
+//! KV block: key_len u16 | zero u16 | value_len u32 | checksum u64 | key | value | pad to 64 B
+//! ```
+//!
+//! A combined bucket is a main bucket plus its overflow neighbour, contiguous, so one READ of
+//! 128 B fetches 14 slots. Every key has two combined buckets (4 buckets, 28 slots).
+
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+pub const SUPERBLOCK_BYTES: u64 = 4096;
+pub const BUCKET_BYTES: u64 = 64;
+pub const SLOTS_PER_BUCKET: usize = 7;
+pub const BUCKETS_PER_GROUP: u64 = 3;
+pub const GROUP_BYTES: u64 = BUCKET_BYTES * BUCKETS_PER_GROUP;
+pub const COMBINED_BUCKET_BYTES: u64 = 2 * BUCKET_BYTES;
+/// KV blocks are sized in 64 B units; a slot's length field holds 1..=255 units.
+pub const BLOCK_UNIT_BYTES: u64 = 64;
+pub const MAX_BLOCK_UNITS: u64 = 255;
+pub const BLOCK_HEADER_BYTES: usize = 16;
+/// Largest key + value that fits a block.
+pub const MAX_KV_BYTES: usize = (MAX_BLOCK_UNITS * BLOCK_UNIT_BYTES) as usize - BLOCK_HEADER_BYTES;
+/// Directory depth limit (a 2^30-entry directory is 8 GiB).
+pub const MAX_GLOBAL_DEPTH_LIMIT: u32 = 30;
+
+pub const MAGIC: u64 = u64::from_le_bytes(*b"RACEKV\0\x01");
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Byte offsets of superblock words. The first 64 B are the immutable layout (with its own
+/// checksum); the rest are words the memnode updates.
+pub mod sb {
+    pub const MAGIC: u64 = 0;
+    pub const VERSION: u64 = 8;
+    pub const REGION_LEN: u64 = 16;
+    pub const DIRECTORY_OFFSET: u64 = 24;
+    pub const DEPTHS: u64 = 32; // max_global_depth u32 | groups_per_subtable u32
+    pub const HEAP_OFFSET: u64 = 40;
+    pub const CHUNK_BYTES: u64 = 48;
+    pub const LAYOUT_CHECKSUM: u64 = 56;
+    /// Current global depth (written by the memnode only, after the entries it covers).
+    pub const GLOBAL_DEPTH: u64 = 64;
+    /// Next free heap byte (memnode only).
+    pub const HEAP_TOP: u64 = 72;
+    /// Split journal: state (0 idle, 1 in progress), then the split's parameters.
+    pub const SPLIT_STATE: u64 = 80;
+    pub const SPLIT_OLD: u64 = 88;
+    pub const SPLIT_NEW: u64 = 96;
+    pub const SPLIT_DEPTH: u64 = 104;
+    pub const SPLIT_SUFFIX: u64 = 112;
+    /// Number of keys, maintained by clients with FAA (may lag in-flight operations).
+    pub const ITEM_COUNT: u64 = 120;
+    /// Subtables allocated so far (memnode only).
+    pub const SUBTABLES: u64 = 128;
+    /// Chunks handed out so far (memnode only).
+    pub const CHUNKS: u64 = 136;
+    /// Head of the free-chunk list (memnode only; 0 = empty). A free chunk's first word
+    /// holds the next free chunk's offset.
+    pub const FREE_CHUNKS: u64 = 144;
+    pub const LAYOUT_BYTES: usize = 56;
+}
+
+/// The immutable shape of a region, fixed when the memnode formats it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Layout {
+    pub region_len: u64,
+    pub directory_offset: u64,
+    pub max_global_depth: u32,
+    /// Power of two.
+    pub groups_per_subtable: u32,
+    pub heap_offset: u64,
+    pub chunk_bytes: u64,
+}
+
+/// Why a layout or an on-region structure cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct LayoutError(pub String);
+
+impl Layout {
+    /// Chooses a layout for a region of `region_len` bytes: the directory is reserved large
+    /// enough to address every subtable the heap could hold.
+    pub fn for_region(
+        region_len: u64,
+        groups_per_subtable: u32,
+        chunk_bytes: u64,
+    ) -> Result<Self, LayoutError> {
+        if !groups_per_subtable.is_power_of_two() || !(4..=1 << 20).contains(&groups_per_subtable) {
+            return Err(LayoutError(format!(
+                "groups per subtable must be a power of two in 4..=2^20, not {groups_per_subtable}"
+            )));
+        }
+        if chunk_bytes < 4096 || chunk_bytes % 4096 != 0 {
+            return Err(LayoutError(format!(
+                "chunk size must be a multiple of 4096 B, not {chunk_bytes}"
+            )));
+        }
+        let subtable_bytes = u64::from(groups_per_subtable) * GROUP_BYTES;
+        let mut max_global_depth = 0u32;
+        loop {
+            let dir_bytes = round_up(8u64 << max_global_depth, 4096);
+            let heap = region_len.saturating_sub(SUPERBLOCK_BYTES + dir_bytes);
+            if (heap / subtable_bytes) <= (1u64 << max_global_depth)
+                || max_global_depth == MAX_GLOBAL_DEPTH_LIMIT
+            {
+                break;
+            }
+            max_global_depth += 1;
+        }
+        let heap_offset = SUPERBLOCK_BYTES + round_up(8u64 << max_global_depth, 4096);
+        let layout = Self {
+            region_len,
+            directory_offset: SUPERBLOCK_BYTES,
+            max_global_depth,
+            groups_per_subtable,
+            heap_offset,
+            chunk_bytes,
+        };
+        layout.check()?;
+        Ok(layout)
+    }
+
+    /// Checks internal consistency (also of layouts read back from a region).
+    pub fn check(&self) -> Result<(), LayoutError> {
+        let fail = |m: String| Err(LayoutError(m));
+        if self.region_len % 4096 != 0 || self.region_len >= 1 << 48 {
+            return fail(format!(
+                "region length {} is not a multiple of 4096 below 2^48",
+                self.region_len
+            ));
+        }
+        if self.directory_offset != SUPERBLOCK_BYTES {
+            return fail(format!(
+                "directory at {}, expected {SUPERBLOCK_BYTES}",
+                self.directory_offset
+            ));
+        }
+        if self.max_global_depth > MAX_GLOBAL_DEPTH_LIMIT {
+            return fail(format!(
+                "max global depth {} exceeds {MAX_GLOBAL_DEPTH_LIMIT}",
+                self.max_global_depth
+            ));
+        }
+        if !self.groups_per_subtable.is_power_of_two() {
+            return fail(format!(
+                "groups per subtable {} is not a power of two",
+                self.groups_per_subtable
+            ));
+        }
+        let dir_end = self.directory_offset + (8u64 << self.max_global_depth);
+        if self.heap_offset < dir_end || self.heap_offset % 4096 != 0 {
+            return fail(format!(
+                "heap offset {} overlaps the directory (ends {dir_end}) or is unaligned",
+                self.heap_offset
+            ));
+        }
+        if self.heap_offset + self.subtable_bytes() + self.chunk_bytes > self.region_len {
+            return fail(format!(
+                "region of {} B is too small: it needs room for the directory, one subtable ({} B) and one chunk ({} B) after {} B",
+                self.region_len,
+                self.subtable_bytes(),
+                self.chunk_bytes,
+                self.heap_offset
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn subtable_bytes(&self) -> u64 {
+        u64::from(self.groups_per_subtable) * GROUP_BYTES
+    }
+
+    pub fn buckets_per_subtable(&self) -> u64 {
+        u64::from(self.groups_per_subtable) * BUCKETS_PER_GROUP
+    }
+
+    pub fn slots_per_subtable(&self) -> u64 {
+        self.buckets_per_subtable() * SLOTS_PER_BUCKET as u64
+    }
+
+    /// Region offset of directory entry `index`.
+    pub fn dir_entry_offset(&self, index: u64) -> u64 {
+        debug_assert!(index < 1 << self.max_global_depth);
+        self.directory_offset + index * 8
+    }
+
+    /// Serializes the immutable part of the superblock (with its checksum).
+    pub fn encode(&self) -> [u8; 64] {
+        let mut out = [0u8; 64];
+        out[0..8].copy_from_slice(&MAGIC.to_le_bytes());
+        out[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out[16..24].copy_from_slice(&self.region_len.to_le_bytes());
+        out[24..32].copy_from_slice(&self.directory_offset.to_le_bytes());
+        out[32..36].copy_from_slice(&self.max_global_depth.to_le_bytes());
+        out[36..40].copy_from_slice(&self.groups_per_subtable.to_le_bytes());
+        out[40..48].copy_from_slice(&self.heap_offset.to_le_bytes());
+        out[48..56].copy_from_slice(&self.chunk_bytes.to_le_bytes());
+        let checksum = xxh3_64_with_seed(&out[..sb::LAYOUT_BYTES], 0x5B);
+        out[56..64].copy_from_slice(&checksum.to_le_bytes());
+        out
+    }
+
+    /// Parses and checks the immutable part of a superblock read from a region.
+    pub fn decode(bytes: &[u8]) -> Result<Self, LayoutError> {
+        if bytes.len() < 64 {
+            return Err(LayoutError("superblock shorter than 64 bytes".into()));
+        }
+        let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().expect("8 bytes"));
+        let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().expect("4 bytes"));
+        if u64_at(0) != MAGIC {
+            return Err(LayoutError(
+                "no racekv superblock (bad magic): not a racekv region, or never formatted".into(),
+            ));
+        }
+        if u32_at(8) != FORMAT_VERSION {
+            return Err(LayoutError(format!(
+                "region format version {}, this build reads {FORMAT_VERSION}",
+                u32_at(8)
+            )));
+        }
+        if xxh3_64_with_seed(&bytes[..sb::LAYOUT_BYTES], 0x5B) != u64_at(56) {
+            return Err(LayoutError(
+                "superblock layout checksum mismatch (corrupt region?)".into(),
+            ));
+        }
+        let layout = Self {
+            region_len: u64_at(16),
+            directory_offset: u64_at(24),
+            max_global_depth: u32_at(32),
+            groups_per_subtable: u32_at(36),
+            heap_offset: u64_at(40),
+            chunk_bytes: u64_at(48),
+        };
+        layout.check()?;
+        Ok(layout)
+    }
+}
+
+pub fn round_up(value: u64, to: u64) -> u64 {
+    value.div_ceil(to) * to
+}
+
+/// Mask of the low `depth` bits.
+pub fn depth_mask(depth: u32) -> u64 {
+    if depth >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << depth) - 1
+    }
+}
+
+// ---- directory entries ----
+
+const OFFSET_BITS: u64 = (1 << 48) - 1;
+const LOCK_BIT: u64 = 1 << 63;
+
+/// A directory entry: which subtable serves a suffix, at what local depth, and whether a
+/// split of it is in progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirEntry {
+    pub subtable: u64,
+    pub local_depth: u32,
+    pub locked: bool,
+}
+
+impl DirEntry {
+    pub fn encode(&self) -> u64 {
+        debug_assert_eq!(self.subtable & !OFFSET_BITS, 0);
+        debug_assert!(self.local_depth <= MAX_GLOBAL_DEPTH_LIMIT);
+        self.subtable | (u64::from(self.local_depth) << 48) | if self.locked { LOCK_BIT } else { 0 }
+    }
+
+    pub fn decode(word: u64) -> Self {
+        Self {
+            subtable: word & OFFSET_BITS,
+            local_depth: ((word >> 48) & 0xFF) as u32,
+            locked: word & LOCK_BIT != 0,
+        }
+    }
+
+    /// Whether the word can be a published entry of a table with `layout`.
+    pub fn is_valid(&self, layout: &Layout) -> bool {
+        self.subtable >= layout.heap_offset
+            && self.subtable + layout.subtable_bytes() <= layout.region_len
+            && self.subtable % BUCKET_BYTES == 0
+            && self.local_depth <= layout.max_global_depth
+    }
+}
+
+// ---- bucket headers ----
+
+/// Every bucket says which keys it holds: those whose directory hash ends in `suffix` at
+/// `local_depth` bits. Clients compare it with the key to detect a stale directory cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketHeader {
+    pub local_depth: u32,
+    pub suffix: u32,
+}
+
+impl BucketHeader {
+    pub fn encode(&self) -> u64 {
+        u64::from(self.local_depth) | (u64::from(self.suffix) << 32)
+    }
+
+    pub fn decode(word: u64) -> Self {
+        Self {
+            local_depth: word as u32,
+            suffix: (word >> 32) as u32,
+        }
+    }
+
+    /// Whether a key with directory hash `dir_hash` belongs in this bucket.
+    pub fn admits(&self, dir_hash: u64) -> bool {
+        self.local_depth <= MAX_GLOBAL_DEPTH_LIMIT
+            && (dir_hash & depth_mask(self.local_depth)) == u64::from(self.suffix)
+    }
+}
+
+// ---- slots ----
+
+const SLOT_POINTER_BITS: u32 = 42;
+const SLOT_TAG_BITS: u32 = 6;
+
+/// A slot, the unit of CAS. All zero is empty; a used slot always has length >= 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot {
+    pub fingerprint: u8,
+    /// Block length in 64 B units (1..=255).
+    pub units: u8,
+    /// Bumped per write by the writer: a block reused at the same address still gives a
+    /// different slot word, so a delayed CAS cannot succeed against it (ABA).
+    pub tag: u8,
+    /// Region offset of the KV block (64 B aligned).
+    pub block: u64,
+}
+
+impl Slot {
+    pub fn encode(&self) -> u64 {
+        debug_assert!(self.units >= 1);
+        debug_assert_eq!(self.block % BLOCK_UNIT_BYTES, 0);
+        debug_assert!(self.block >> 6 < 1 << SLOT_POINTER_BITS);
+        (u64::from(self.fingerprint) << 56)
+            | (u64::from(self.units) << 48)
+            | (u64::from(self.tag & ((1 << SLOT_TAG_BITS) - 1)) << SLOT_POINTER_BITS)
+            | (self.block >> 6)
+    }
+
+    /// None for an empty slot (or one with a zero length, which no writer produces).
+    pub fn decode(word: u64) -> Option<Self> {
+        let units = ((word >> 48) & 0xFF) as u8;
+        if word == 0 || units == 0 {
+            return None;
+        }
+        Some(Self {
+            fingerprint: (word >> 56) as u8,
+            units,
+            tag: ((word >> SLOT_POINTER_BITS) & ((1 << SLOT_TAG_BITS) - 1)) as u8,
+            block: (word & ((1 << SLOT_POINTER_BITS) - 1)) << 6,
+        })
+    }
+
+    pub fn block_bytes(&self) -> u64 {
+        u64::from(self.units) * BLOCK_UNIT_BYTES
+    }
+}
+
+// ---- KV blocks ----
+
+/// Units needed for a block holding `key_len + value_len` bytes, or None if too large.
+pub fn block_units(key_len: usize, value_len: usize) -> Option<u8> {
+    let bytes = BLOCK_HEADER_BYTES
+        .checked_add(key_len)?
+        .checked_add(value_len)? as u64;
+    let units = bytes.div_ceil(BLOCK_UNIT_BYTES);
+    (units <= MAX_BLOCK_UNITS).then_some(units as u8)
+}
+
+fn block_checksum(len_word: u64, key_and_value: &[u8]) -> u64 {
+    xxh3_64_with_seed(key_and_value, len_word)
+}
+
+/// Writes a KV block for `key` and `value` into `out` (cleared first, padded to 64 B units).
+pub fn encode_block(out: &mut Vec<u8>, key: &[u8], value: &[u8]) -> u8 {
+    let units = block_units(key.len(), value.len()).expect("caller checked the size");
+    assert!(!key.is_empty() && key.len() <= u16::MAX as usize);
+    out.clear();
+    let len_word = (key.len() as u64) | ((value.len() as u64) << 32);
+    out.extend_from_slice(&len_word.to_le_bytes());
+    out.extend_from_slice(&[0u8; 8]);
+    out.extend_from_slice(key);
+    out.extend_from_slice(value);
+    let checksum = block_checksum(len_word, &out[BLOCK_HEADER_BYTES..]);
+    out[8..16].copy_from_slice(&checksum.to_le_bytes());
+    out.resize(units as usize * BLOCK_UNIT_BYTES as usize, 0);
+    units
+}
+
+/// A block read back from the region, checked: lengths in bounds and the checksum matching.
+/// Returns (key, value), or None if the bytes are not a whole, valid block (torn, reused,
+/// or garbage), in which case the reader must re-read.
+pub fn decode_block(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
+    if bytes.len() < BLOCK_HEADER_BYTES {
+        return None;
+    }
+    let len_word = u64::from_le_bytes(bytes[0..8].try_into().ok()?);
+    let key_len = (len_word & 0xFFFF) as usize;
+    let zero = (len_word >> 16) & 0xFFFF;
+    let value_len = (len_word >> 32) as usize;
+    if key_len == 0 || zero != 0 {
+        return None;
+    }
+    let end = BLOCK_HEADER_BYTES
+        .checked_add(key_len)?
+        .checked_add(value_len)?;
+    if end > bytes.len() {
+        return None;
+    }
+    let checksum = u64::from_le_bytes(bytes[8..16].try_into().ok()?);
+    if block_checksum(len_word, &bytes[BLOCK_HEADER_BYTES..end]) != checksum {
+        return None;
+    }
+    Some((
+        &bytes[BLOCK_HEADER_BYTES..BLOCK_HEADER_BYTES + key_len],
+        &bytes[BLOCK_HEADER_BYTES + key_len..end],
+    ))
+}
+
+// ---- subtable geometry ----
+
+/// One of a key's two combined buckets: its region offset and which of its two buckets is
+/// the main one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CombinedBucket {
+    /// Offset of the first of its two (contiguous) buckets.
+    pub offset: u64,
+    /// 0: [main | overflow]; 1: [overflow | main].
+    pub side: u8,
+}
+
+impl CombinedBucket {
+    /// Offset of bucket `i` (0 or 1) of this combined bucket.
+    pub fn bucket(&self, i: usize) -> u64 {
+        debug_assert!(i < 2);
+        self.offset + i as u64 * BUCKET_BYTES
+    }
+
+    /// Index (0 or 1) of the main bucket within the combined bucket.
+    pub fn main_index(&self) -> usize {
+        self.side as usize
+    }
+}
+
+/// Combined bucket (`group`, `side`) of the subtable at `subtable`.
+pub fn combined_bucket(subtable: u64, groups: u32, group: u64, side: u8) -> CombinedBucket {
+    debug_assert!(group < u64::from(groups) && side < 2);
+    CombinedBucket {
+        offset: subtable + group * GROUP_BYTES + u64::from(side) * BUCKET_BYTES,
+        side,
+    }
+}
+
+/// Offset of slot `slot` in the bucket at `bucket`.
+pub fn slot_offset(bucket: u64, slot: usize) -> u64 {
+    debug_assert!(slot < SLOTS_PER_BUCKET);
+    bucket + 8 + slot as u64 * 8
+}
+
+/// Splits a 64 B bucket image into its header and slot words.
+pub fn parse_bucket(bytes: &[u8]) -> (BucketHeader, [u64; SLOTS_PER_BUCKET]) {
+    debug_assert_eq!(bytes.len(), BUCKET_BYTES as usize);
+    let word = |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+    let header = BucketHeader::decode(word(0));
+    let mut slots = [0u64; SLOTS_PER_BUCKET];
+    for (i, s) in slots.iter_mut().enumerate() {
+        *s = word(i + 1);
+    }
+    (header, slots)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn layout_round_trips_and_rejects_corruption() {
+        let layout = Layout::for_region(64 << 20, 256, 1 << 20).unwrap();
+        assert!(layout.max_global_depth >= 10, "{layout:?}");
+        let bytes = layout.encode();
+        assert_eq!(Layout::decode(&bytes).unwrap(), layout);
+        let mut bad = bytes;
+        bad[20] ^= 1;
+        assert!(Layout::decode(&bad).is_err());
+        assert!(Layout::decode(&[0u8; 64]).is_err());
+        assert!(
+            Layout::for_region(16 << 10, 256, 1 << 20).is_err(),
+            "too small a region must be refused"
+        );
+    }
+
+    #[test]
+    fn directory_covers_the_whole_heap() {
+        for region in [1u64 << 20, 64 << 20, 1 << 30] {
+            let l = Layout::for_region(region, 64, 64 << 10).unwrap();
+            let subtables = (l.region_len - l.heap_offset) / l.subtable_bytes();
+            assert!(subtables <= 1 << l.max_global_depth, "{l:?}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn slots_round_trip(fp in any::<u8>(), units in 1u8.., tag in 0u8..64, block in (0u64..(1 << 42)).prop_map(|b| b << 6)) {
+            let s = Slot { fingerprint: fp, units, tag, block };
+            prop_assert_eq!(Slot::decode(s.encode()), Some(s));
+            prop_assert_ne!(s.encode(), 0);
+        }
+
+        #[test]
+        fn dir_entries_round_trip(subtable in (0u64..(1 << 42)).prop_map(|b| b << 6), depth in 0u32..=30, locked in any::<bool>()) {
+            let e = DirEntry { subtable, local_depth: depth, locked };
+            prop_assert_eq!(DirEntry::decode(e.encode()), e);
+        }
+
+        #[test]
+        fn blocks_round_trip_and_detect_damage(key in proptest::collection::vec(any::<u8>(), 1..100), value in proptest::collection::vec(any::<u8>(), 0..300), flip in any::<usize>()) {
+            let mut out = Vec::new();
+            let units = encode_block(&mut out, &key, &value);
+            prop_assert_eq!(out.len(), units as usize * 64);
+            let (k, v) = decode_block(&out).unwrap();
+            prop_assert_eq!(k, &key[..]);
+            prop_assert_eq!(v, &value[..]);
+            let used = BLOCK_HEADER_BYTES + key.len() + value.len();
+            let at = flip % used;
+            out[at] ^= 0x40;
+            prop_assert!(decode_block(&out).is_none(), "a flipped bit at {} went unnoticed", at);
+        }
+
+        #[test]
+        fn decode_block_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = decode_block(&bytes);
+            let _ = Layout::decode(&bytes);
+        }
+    }
+
+    #[test]
+    fn size_limits() {
+        assert_eq!(block_units(1, 0), Some(1));
+        assert_eq!(block_units(8, 40), Some(1));
+        assert_eq!(block_units(8, 41), Some(2));
+        assert!(block_units(1, MAX_KV_BYTES - 1).is_some());
+        assert!(block_units(1, MAX_KV_BYTES).is_none());
+    }
+}

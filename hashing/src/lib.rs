@@ -1,0 +1,33 @@
+//! The RACE hash table (Zuo et al., USENIX ATC'21) over racekv's one-sided transports.
+//!
+//! * [`layout`]: where everything lives in a memnode's region and how words are encoded.
+//! * [`table`]: the client protocols ([`Table`], [`TableClient`]): search, upsert, delete,
+//!   compare-and-swap, each a few one-sided round trips.
+//! * [`split`]: the memnode-side split that grows the table, with its invariants.
+//! * [`service`]: the memnode's RPC methods (metadata, chunk allocation, split, stats).
+//! * [`directory`], [`alloc`], [`heap`], [`format`]: the directory cache, client-side block
+//!   allocation with a grace period, the memnode's heap, and formatting a region.
+//!
+//! This crate opens no sockets and starts no threads: it runs on any
+//! [`racekv_transport::Connection`].
+
+pub mod alloc;
+pub mod directory;
+mod epoch_cell;
+pub mod error;
+pub mod format;
+pub mod hash;
+pub mod heap;
+pub mod layout;
+mod probe;
+pub mod rpc;
+pub mod service;
+pub mod split;
+pub mod table;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use error::Error;
+pub use layout::{Layout, MAX_KV_BYTES};
+pub use service::{TableService, TableStats};
+pub use table::{ClientStats, PutMode, PutOutcome, Table, TableClient, TableOptions};

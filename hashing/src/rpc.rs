@@ -1,0 +1,124 @@
+//! The memnode's RPC methods and their messages (little-endian, fixed-size, checked).
+
+use racekv_transport::wire::{Reader, WireError};
+use racekv_transport::{Connection, RpcStatus, TransportError};
+
+use crate::error::Error;
+use crate::layout::Layout;
+
+/// Method ids.
+pub mod method {
+    /// -> the 64-byte encoded [`crate::layout::Layout`].
+    pub const METADATA: u16 = 1;
+    /// -> a heap chunk (offset u64, bytes u64).
+    pub const ALLOC_CHUNK: u16 = 2;
+    /// (dir_hash u64, observed depth u32, zero u32, observed subtable u64) -> outcome u8.
+    pub const SPLIT: u16 = 3;
+    /// -> JSON [`crate::service::TableStats`].
+    pub const STATS: u16 = 4;
+}
+
+/// Status codes beyond the transport's generic ones.
+pub mod status {
+    pub const OUT_OF_MEMORY: u16 = 100;
+    pub const TABLE_FULL: u16 = 101;
+    pub const NOT_READY: u16 = 102;
+}
+
+pub fn method_name(method: u16) -> &'static str {
+    match method {
+        method::METADATA => "metadata",
+        method::ALLOC_CHUNK => "alloc_chunk",
+        method::SPLIT => "split",
+        method::STATS => "stats",
+        _ => "unknown",
+    }
+}
+
+/// Maps a memnode RPC failure to the table's error.
+pub fn map_error(e: TransportError) -> Error {
+    match e {
+        TransportError::Rpc { status, .. } => match status.code {
+            status::OUT_OF_MEMORY => Error::OutOfMemory(status.message),
+            status::TABLE_FULL => Error::TableFull(status.message),
+            _ => Error::Remote(status.to_string()),
+        },
+        other => Error::Transport(other),
+    }
+}
+
+pub fn bad_request(e: WireError) -> RpcStatus {
+    RpcStatus::new(RpcStatus::BAD_REQUEST, e.to_string())
+}
+
+/// Asks the memnode for its layout.
+pub fn metadata(conn: &dyn Connection) -> Result<Layout, Error> {
+    let reply = conn.call(method::METADATA, &[]).map_err(map_error)?;
+    Ok(Layout::decode(&reply)?)
+}
+
+/// A split request: the key's directory hash and what the client saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitRequest {
+    pub dir_hash: u64,
+    pub observed_depth: u32,
+    pub observed_subtable: u64,
+}
+
+impl SplitRequest {
+    pub fn encode(&self) -> [u8; 24] {
+        let mut out = [0u8; 24];
+        out[0..8].copy_from_slice(&self.dir_hash.to_le_bytes());
+        out[8..12].copy_from_slice(&self.observed_depth.to_le_bytes());
+        out[16..24].copy_from_slice(&self.observed_subtable.to_le_bytes());
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
+        let mut r = Reader::new(bytes);
+        let dir_hash = r.u64()?;
+        let observed_depth = r.u32()?;
+        r.zeros(4)?;
+        let observed_subtable = r.u64()?;
+        r.finish()?;
+        Ok(Self {
+            dir_hash,
+            observed_depth,
+            observed_subtable,
+        })
+    }
+}
+
+pub fn encode_chunk(offset: u64, bytes: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16);
+    out.extend_from_slice(&offset.to_le_bytes());
+    out.extend_from_slice(&bytes.to_le_bytes());
+    out
+}
+
+pub fn decode_chunk(reply: &[u8]) -> Result<(u64, u64), WireError> {
+    let mut r = Reader::new(reply);
+    let chunk = (r.u64()?, r.u64()?);
+    r.finish()?;
+    Ok(chunk)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn split_requests_round_trip(dir_hash in any::<u64>(), depth in any::<u32>(), subtable in any::<u64>()) {
+            let r = SplitRequest { dir_hash, observed_depth: depth, observed_subtable: subtable };
+            prop_assert_eq!(SplitRequest::decode(&r.encode()).unwrap(), r);
+        }
+
+        #[test]
+        fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let _ = SplitRequest::decode(&bytes);
+            let _ = decode_chunk(&bytes);
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! The memnode's RPC methods over the table: metadata, chunk allocation, split, statistics.
+//! A pure handler: the memnode daemon owns the sockets and threads.
+
+use std::sync::{Arc, OnceLock};
+
+use racekv_transport::{Batch, Connection, RpcService, RpcStatus};
+
+use crate::directory::read_word;
+use crate::error::Error;
+use crate::heap::{Heap, HeapUsage};
+use crate::layout::{sb, Layout};
+use crate::rpc::{self, method, status, SplitRequest};
+use crate::split::{SplitOutcome, Splitter};
+
+/// Statistics of one memnode's table.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+pub struct TableStats {
+    pub layout: Layout,
+    pub global_depth: u32,
+    /// Keys stored (clients maintain it with FAA; it trails operations in flight).
+    pub items: u64,
+    /// Slots in all subtables.
+    pub slots: u64,
+    pub load_factor: f64,
+    pub heap: HeapUsage,
+}
+
+struct Ready {
+    conn: Arc<dyn Connection>,
+    heap: Arc<Heap>,
+    splitter: Splitter,
+}
+
+/// Serves the table's RPCs once [`TableService::attach`] gave it a loopback connection.
+pub struct TableService {
+    layout: Layout,
+    ready: OnceLock<Ready>,
+}
+
+impl TableService {
+    pub fn new(layout: Layout) -> Self {
+        Self {
+            layout,
+            ready: OnceLock::new(),
+        }
+    }
+
+    /// Gives the service the connection it uses for its own region work: a loopback of the
+    /// transport clients use (see design.md, "Atomicity on real NICs").
+    pub fn attach(&self, conn: Arc<dyn Connection>) {
+        let heap = Arc::new(Heap::new(Arc::clone(&conn), self.layout));
+        let splitter = Splitter::new(Arc::clone(&conn), self.layout, Arc::clone(&heap));
+        let _ = self.ready.set(Ready {
+            conn,
+            heap,
+            splitter,
+        });
+    }
+
+    fn ready(&self) -> Result<&Ready, RpcStatus> {
+        self.ready
+            .get()
+            .ok_or_else(|| RpcStatus::new(status::NOT_READY, "the memnode is still starting"))
+    }
+
+    pub fn stats(&self) -> Result<TableStats, Error> {
+        let ready = self
+            .ready
+            .get()
+            .ok_or_else(|| Error::Remote("the memnode is still starting".into()))?;
+        table_stats(&*ready.conn, &self.layout, &ready.heap)
+    }
+}
+
+/// Reads the statistics through `conn`.
+pub fn table_stats(
+    conn: &dyn Connection,
+    layout: &Layout,
+    heap: &Heap,
+) -> Result<TableStats, Error> {
+    let mut b = Batch::new();
+    let gd = b.read(sb::GLOBAL_DEPTH, 8);
+    let items = b.read(sb::ITEM_COUNT, 8);
+    conn.execute(&mut b)?;
+    let heap = heap.usage()?;
+    let slots = heap.subtables * layout.slots_per_subtable();
+    // The count is a sum of signed deltas; a momentary negative reads as a huge u64.
+    let items = read_word(b.read_result(items)?);
+    let items = if items > u64::MAX / 2 { 0 } else { items };
+    Ok(TableStats {
+        layout: *layout,
+        global_depth: read_word(b.read_result(gd)?) as u32,
+        items,
+        slots,
+        load_factor: if slots == 0 {
+            0.0
+        } else {
+            items as f64 / slots as f64
+        },
+        heap,
+    })
+}
+
+fn failure(e: Error) -> RpcStatus {
+    match e {
+        Error::OutOfMemory(m) => RpcStatus::new(status::OUT_OF_MEMORY, m),
+        Error::TableFull(m) => RpcStatus::new(status::TABLE_FULL, m),
+        other => RpcStatus::new(RpcStatus::FAILED, other.to_string()),
+    }
+}
+
+impl RpcService for TableService {
+    fn call(&self, method: u16, request: &[u8]) -> Result<Vec<u8>, RpcStatus> {
+        match method {
+            method::METADATA => Ok(self.layout.encode().to_vec()),
+            method::ALLOC_CHUNK => {
+                let (offset, bytes) = self.ready()?.heap.alloc_chunk().map_err(failure)?;
+                Ok(rpc::encode_chunk(offset, bytes))
+            }
+            method::SPLIT => {
+                let req = SplitRequest::decode(request).map_err(rpc::bad_request)?;
+                match self.ready()?.splitter.split(&req).map_err(failure)? {
+                    SplitOutcome::AlreadyDone => Ok(vec![0]),
+                    SplitOutcome::Split { .. } => Ok(vec![1]),
+                }
+            }
+            method::STATS => {
+                let stats = self.stats().map_err(failure)?;
+                Ok(serde_json::to_vec(&stats).expect("stats serialize"))
+            }
+            other => Err(RpcStatus::new(
+                RpcStatus::UNKNOWN_METHOD,
+                format!("the memnode has no rpc method {other}"),
+            )),
+        }
+    }
+
+    fn method_name(&self, method: u16) -> &'static str {
+        rpc::method_name(method)
+    }
+}

@@ -1,0 +1,528 @@
+//! Splitting a full subtable, done by the memnode through a loopback connection of the same
+//! transport (NIC atomics are atomic only against other NIC atomics).
+//!
+//! Invariants (design.md, and the bugs of public implementations it lists):
+//! 1. A bucket's header is CASed to the new depth before its slots are read, in the same
+//!    batch. A client whose CAS lands in a bucket after that sees the new header when it
+//!    re-reads, and corrects itself (see `table.rs`); one whose CAS landed before is seen here.
+//! 2. A move copies the slot word into the new subtable, then CASes the old slot to 0. If
+//!    that CAS fails a client changed the slot: the move is redone with the new word (0
+//!    included), so no update or delete is lost.
+//! 3. Entries go slot for slot: bucket b slot j of the old subtable moves to bucket b slot j
+//!    of the new one, which only ever receives that slot's key, so a move never needs room.
+//! 4. The directory is published last; until then clients that find a changed header wait.
+//! 5. A journal in the superblock names the split in progress; every step is idempotent, so
+//!    a memnode restarted mid-split finishes it before serving.
+
+use std::sync::{Arc, LazyLock};
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use prometheus::{Histogram, HistogramOpts, IntCounter};
+use racekv_transport::{Batch, Connection, MAX_BATCH_OPS};
+
+use crate::directory::read_word;
+use crate::error::Error;
+use crate::hash::KeyHash;
+use crate::heap::Heap;
+use crate::layout::{
+    decode_block, depth_mask, parse_bucket, sb, slot_offset, BucketHeader, DirEntry, Layout, Slot,
+    BUCKET_BYTES, SLOTS_PER_BUCKET,
+};
+use crate::rpc::SplitRequest;
+
+struct Metrics {
+    splits: IntCounter,
+    split_seconds: Histogram,
+    moved: IntCounter,
+    misplaced: IntCounter,
+    doublings: IntCounter,
+    slow_path: IntCounter,
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
+    use racekv_telemetry::{register, LATENCY_BUCKETS_SECONDS};
+    Metrics {
+        splits: register(IntCounter::new("racekv_split_total", "Subtable splits completed").unwrap()),
+        split_seconds: register(Histogram::with_opts(HistogramOpts::new("racekv_split_seconds", "Time to split one subtable").buckets(LATENCY_BUCKETS_SECONDS.to_vec())).unwrap()),
+        moved: register(IntCounter::new("racekv_split_moved_entries_total", "Entries moved to new subtables").unwrap()),
+        misplaced: register(IntCounter::new("racekv_split_misplaced_entries_total", "Entries found in a subtable they do not belong to (left by a client that died mid-insert) and removed").unwrap()),
+        doublings: register(IntCounter::new("racekv_split_directory_doublings_total", "Times the global depth grew").unwrap()),
+        slow_path: register(IntCounter::new("racekv_split_slot_retries_total", "Slots re-processed because a client changed them during the move").unwrap()),
+    }
+});
+
+/// Buckets processed per round of batches (3 round trips per round).
+const BUCKETS_PER_ROUND: u64 = 16;
+/// Attempts to settle one contended slot before declaring the table corrupt.
+const MAX_SLOT_ATTEMPTS: u32 = 10_000;
+
+/// What a split request came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SplitOutcome {
+    /// Someone split it already (the client's view was stale); just refresh and retry.
+    AlreadyDone,
+    Split {
+        new_subtable: u64,
+        local_depth: u32,
+    },
+}
+
+pub struct Splitter {
+    conn: Arc<dyn Connection>,
+    layout: Layout,
+    heap: Arc<Heap>,
+    /// One split at a time per memnode.
+    batch: Mutex<Batch>,
+}
+
+#[derive(Clone, Copy)]
+struct Job {
+    old: u64,
+    new: u64,
+    depth: u32,
+    suffix: u64,
+}
+
+enum Fate {
+    Stay,
+    Move,
+    Misplaced,
+}
+
+impl Job {
+    fn fate(&self, dir_hash: u64) -> Fate {
+        if dir_hash & depth_mask(self.depth) != self.suffix {
+            Fate::Misplaced
+        } else if (dir_hash >> self.depth) & 1 == 1 {
+            Fate::Move
+        } else {
+            Fate::Stay
+        }
+    }
+}
+
+impl Splitter {
+    pub fn new(conn: Arc<dyn Connection>, layout: Layout, heap: Arc<Heap>) -> Self {
+        Self {
+            conn,
+            layout,
+            heap,
+            batch: Mutex::new(Batch::new()),
+        }
+    }
+
+    fn read_words(&self, b: &mut Batch, offsets: &[u64]) -> Result<Vec<u64>, Error> {
+        b.clear();
+        let ids: Vec<_> = offsets.iter().map(|&o| b.read(o, 8)).collect();
+        self.conn.execute(b)?;
+        ids.into_iter()
+            .map(|id| Ok(read_word(b.read_result(id)?)))
+            .collect()
+    }
+
+    fn write_words(&self, b: &mut Batch, words: &[(u64, u64)]) -> Result<(), Error> {
+        for chunk in words.chunks(MAX_BATCH_OPS) {
+            b.clear();
+            for &(offset, value) in chunk {
+                b.write(offset, &value.to_le_bytes());
+            }
+            self.conn.execute(b)?;
+        }
+        Ok(())
+    }
+
+    /// Splits the subtable the client saw for `req.dir_hash`, unless that already happened.
+    pub fn split(&self, req: &SplitRequest) -> Result<SplitOutcome, Error> {
+        self.split_until(req, u64::MAX)
+    }
+
+    /// Like [`Splitter::split`], but stops dead after `rounds` rounds of buckets, leaving the
+    /// journal set and the directory locked, as a crash would. For crash-recovery tests.
+    #[cfg(feature = "testing")]
+    pub fn split_then_crash(&self, req: &SplitRequest, rounds: u64) -> Result<SplitOutcome, Error> {
+        self.split_until(req, rounds)
+    }
+
+    fn split_until(&self, req: &SplitRequest, rounds: u64) -> Result<SplitOutcome, Error> {
+        let mut b = self.batch.lock();
+        let global_depth = self.read_words(&mut b, &[sb::GLOBAL_DEPTH])?[0] as u32;
+        let index = req.dir_hash & depth_mask(global_depth);
+        let entry =
+            DirEntry::decode(self.read_words(&mut b, &[self.layout.dir_entry_offset(index)])?[0]);
+        if entry.subtable != req.observed_subtable || entry.local_depth != req.observed_depth {
+            return Ok(SplitOutcome::AlreadyDone);
+        }
+        if entry.locked || !entry.is_valid(&self.layout) {
+            return Err(Error::Corrupt(format!(
+                "directory entry {index} is {entry:?} outside a split"
+            )));
+        }
+        let depth = entry.local_depth;
+        if depth >= self.layout.max_global_depth {
+            return Err(Error::TableFull(format!(
+                "the subtable for this key is at the maximum depth {depth}; the region's directory cannot grow (use a larger region)"
+            )));
+        }
+        let started = Instant::now();
+        if depth == global_depth {
+            self.double(&mut b, global_depth)?;
+        }
+        let new = self.heap.alloc_subtable()?;
+        let job = Job {
+            old: entry.subtable,
+            new,
+            depth,
+            suffix: req.dir_hash & depth_mask(depth),
+        };
+        // Journal: parameters first, the state word last.
+        self.write_words(
+            &mut b,
+            &[
+                (sb::SPLIT_OLD, job.old),
+                (sb::SPLIT_NEW, job.new),
+                (sb::SPLIT_DEPTH, u64::from(depth)),
+                (sb::SPLIT_SUFFIX, job.suffix),
+            ],
+        )?;
+        self.write_words(&mut b, &[(sb::SPLIT_STATE, 1)])?;
+        if !self.run(&mut b, job, rounds)? {
+            return Ok(SplitOutcome::Split {
+                new_subtable: new,
+                local_depth: depth + 1,
+            });
+        }
+        self.write_words(&mut b, &[(sb::SPLIT_STATE, 0)])?;
+        METRICS.splits.inc();
+        METRICS
+            .split_seconds
+            .observe(started.elapsed().as_secs_f64());
+        tracing::debug!(old = job.old, new = job.new, depth, "split subtable");
+        Ok(SplitOutcome::Split {
+            new_subtable: new,
+            local_depth: depth + 1,
+        })
+    }
+
+    /// Finishes a split a previous run of the memnode left half done. Returns whether there was one.
+    pub fn recover(&self) -> Result<bool, Error> {
+        let mut b = self.batch.lock();
+        let w = self.read_words(
+            &mut b,
+            &[
+                sb::SPLIT_STATE,
+                sb::SPLIT_OLD,
+                sb::SPLIT_NEW,
+                sb::SPLIT_DEPTH,
+                sb::SPLIT_SUFFIX,
+            ],
+        )?;
+        match w[0] {
+            0 => Ok(false),
+            1 => {
+                let job = Job {
+                    old: w[1],
+                    new: w[2],
+                    depth: w[3] as u32,
+                    suffix: w[4],
+                };
+                let sane = job.depth < self.layout.max_global_depth
+                    && job.suffix <= depth_mask(job.depth)
+                    && [job.old, job.new].iter().all(|&s| {
+                        DirEntry {
+                            subtable: s,
+                            local_depth: 0,
+                            locked: false,
+                        }
+                        .is_valid(&self.layout)
+                    });
+                if !sane {
+                    return Err(Error::Corrupt(format!(
+                        "split journal holds old={} new={} depth={} suffix={}",
+                        job.old, job.new, job.depth, job.suffix
+                    )));
+                }
+                tracing::warn!(
+                    old = job.old,
+                    new = job.new,
+                    depth = job.depth,
+                    "finishing a split interrupted by a crash"
+                );
+                self.run(&mut b, job, u64::MAX)?;
+                self.write_words(&mut b, &[(sb::SPLIT_STATE, 0)])?;
+                Ok(true)
+            }
+            other => Err(Error::Corrupt(format!("split journal state {other}"))),
+        }
+    }
+
+    /// Copies directory entries [0, 2^gd) to [2^gd, 2^(gd+1)), then raises the global depth.
+    fn double(&self, b: &mut Batch, global_depth: u32) -> Result<(), Error> {
+        if global_depth >= self.layout.max_global_depth {
+            return Err(Error::TableFull(format!(
+                "the directory is at its maximum depth {global_depth}"
+            )));
+        }
+        let count = 1u64 << global_depth;
+        let per_round = (racekv_transport::MAX_OP_BYTES / 8).min(1 << 20);
+        let mut next = 0;
+        while next < count {
+            let n = per_round.min(count - next);
+            b.clear();
+            let r = b.read(self.layout.dir_entry_offset(next), (n * 8) as u32);
+            self.conn.execute(b)?;
+            let entries = b.read_result(r)?.to_vec();
+            b.clear();
+            b.write(self.layout.dir_entry_offset(count + next), &entries);
+            self.conn.execute(b)?;
+            next += n;
+        }
+        self.write_words(b, &[(sb::GLOBAL_DEPTH, u64::from(global_depth + 1))])?;
+        METRICS.doublings.inc();
+        Ok(())
+    }
+
+    /// Directory indices that point at the subtable being split.
+    fn entry_indices(&self, b: &mut Batch, job: &Job) -> Result<Vec<u64>, Error> {
+        let global_depth = self.read_words(b, &[sb::GLOBAL_DEPTH])?[0] as u32;
+        if global_depth <= job.depth {
+            return Err(Error::Corrupt(format!(
+                "global depth {global_depth} not above the split depth {}",
+                job.depth
+            )));
+        }
+        Ok((job.suffix..1u64 << global_depth)
+            .step_by(1 << job.depth)
+            .collect())
+    }
+
+    /// Runs (or re-runs) a split. Returns false if it stopped after `rounds` (tests only).
+    fn run(&self, b: &mut Batch, job: Job, rounds: u64) -> Result<bool, Error> {
+        let buckets = self.layout.buckets_per_subtable();
+        let new_header = BucketHeader {
+            local_depth: job.depth + 1,
+            suffix: (job.suffix | 1 << job.depth) as u32,
+        }
+        .encode();
+        let old_before = BucketHeader {
+            local_depth: job.depth,
+            suffix: job.suffix as u32,
+        }
+        .encode();
+        let old_after = BucketHeader {
+            local_depth: job.depth + 1,
+            suffix: job.suffix as u32,
+        }
+        .encode();
+
+        // The new subtable's headers (its slots are zero, or hold copies from a crashed run).
+        let headers: Vec<_> = (0..buckets)
+            .map(|i| (job.new + i * BUCKET_BYTES, new_header))
+            .collect();
+        self.write_words(b, &headers)?;
+
+        // Lock the entries that point at the old subtable.
+        let indices = self.entry_indices(b, &job)?;
+        let locked: Vec<_> = indices
+            .iter()
+            .map(|&i| {
+                (
+                    self.layout.dir_entry_offset(i),
+                    DirEntry {
+                        subtable: job.old,
+                        local_depth: job.depth,
+                        locked: true,
+                    }
+                    .encode(),
+                )
+            })
+            .collect();
+        self.write_words(b, &locked)?;
+
+        let mut first = 0;
+        let mut round = 0;
+        while first < buckets {
+            if round == rounds {
+                return Ok(false);
+            }
+            let n = BUCKETS_PER_ROUND.min(buckets - first);
+            self.split_buckets(b, &job, first, n, old_before, old_after)?;
+            first += n;
+            round += 1;
+        }
+
+        // Publish: the halves at depth + 1, unlocked.
+        let published: Vec<_> = indices
+            .iter()
+            .map(|&i| {
+                let subtable = if (i >> job.depth) & 1 == 1 {
+                    job.new
+                } else {
+                    job.old
+                };
+                (
+                    self.layout.dir_entry_offset(i),
+                    DirEntry {
+                        subtable,
+                        local_depth: job.depth + 1,
+                        locked: false,
+                    }
+                    .encode(),
+                )
+            })
+            .collect();
+        self.write_words(b, &published)?;
+        Ok(true)
+    }
+
+    fn split_buckets(
+        &self,
+        b: &mut Batch,
+        job: &Job,
+        first: u64,
+        n: u64,
+        old_before: u64,
+        old_after: u64,
+    ) -> Result<(), Error> {
+        // Round 1: claim each bucket for the new depth, then read its slots (in that order).
+        b.clear();
+        let mut reads = Vec::with_capacity(n as usize);
+        for i in first..first + n {
+            let bucket = job.old + i * BUCKET_BYTES;
+            let cas = b.cas(bucket, old_before, old_after);
+            reads.push((i, cas, b.read(bucket, BUCKET_BYTES as u32)));
+        }
+        self.conn.execute(b)?;
+        let mut occupied = Vec::new();
+        for &(i, cas, read) in &reads {
+            let old = b.result(cas)?;
+            if old != old_before && old != old_after {
+                return Err(Error::Corrupt(format!(
+                    "bucket {i} of subtable {} has header {old:#x} during a split",
+                    job.old
+                )));
+            }
+            let (_, slots) = parse_bucket(b.read_result(read)?);
+            for (j, &word) in slots.iter().enumerate() {
+                if let Some(slot) = Slot::decode(word) {
+                    occupied.push((i, j, word, slot));
+                }
+            }
+        }
+        if occupied.is_empty() {
+            return Ok(());
+        }
+        // Round 2: read the blocks to learn each key's hash.
+        b.clear();
+        let blocks: Vec<_> = occupied
+            .iter()
+            .map(|&(_, _, _, slot)| b.read(slot.block, slot.block_bytes() as u32))
+            .collect();
+        self.conn.execute(b)?;
+        let mut moves = Vec::new();
+        let mut removals = Vec::new();
+        let mut slow = Vec::new();
+        for (k, &(i, j, word, _)) in occupied.iter().enumerate() {
+            let old_slot = slot_offset(job.old + i * BUCKET_BYTES, j);
+            let new_slot = slot_offset(job.new + i * BUCKET_BYTES, j);
+            match decode_block(b.read_result(blocks[k])?) {
+                None => slow.push((old_slot, new_slot)),
+                Some((key, _)) => {
+                    match job.fate(KeyHash::of(key, self.layout.groups_per_subtable).dir) {
+                        Fate::Stay => {}
+                        Fate::Move => moves.push((old_slot, new_slot, word)),
+                        Fate::Misplaced => removals.push((old_slot, new_slot, word)),
+                    }
+                }
+            }
+        }
+        // Round 3: copy, then clear the old slot (at most 2 x 112 ops per round).
+        if !moves.is_empty() || !removals.is_empty() {
+            b.clear();
+            let mut cases = Vec::new();
+            for &(old_slot, new_slot, word) in &moves {
+                b.write(new_slot, &word.to_le_bytes());
+                cases.push((b.cas(old_slot, word, 0), old_slot, new_slot, true));
+            }
+            for &(old_slot, new_slot, word) in &removals {
+                cases.push((b.cas(old_slot, word, 0), old_slot, new_slot, false));
+            }
+            self.conn.execute(b)?;
+            for (cas, old_slot, new_slot, is_move) in cases {
+                if b.cas_succeeded(cas)? {
+                    if is_move {
+                        METRICS.moved.inc();
+                    } else {
+                        self.removed_misplaced(b)?;
+                    }
+                } else {
+                    // A client changed the slot meanwhile: judge its new word on the slow path.
+                    slow.push((old_slot, new_slot));
+                }
+            }
+        }
+        for (old_slot, new_slot) in slow {
+            self.settle_slot(b, job, old_slot, new_slot)?;
+        }
+        Ok(())
+    }
+
+    fn removed_misplaced(&self, b: &mut Batch) -> Result<(), Error> {
+        METRICS.misplaced.inc();
+        b.clear();
+        b.faa(sb::ITEM_COUNT, u64::MAX); // -1
+        self.conn.execute(b)?;
+        Ok(())
+    }
+
+    /// Moves one slot that clients are changing, one round trip at a time, until its fate
+    /// is settled: the new subtable's copy of the slot ends equal to what belongs there.
+    fn settle_slot(
+        &self,
+        b: &mut Batch,
+        job: &Job,
+        old_slot: u64,
+        new_slot: u64,
+    ) -> Result<(), Error> {
+        METRICS.slow_path.inc();
+        for _ in 0..MAX_SLOT_ATTEMPTS {
+            let word = self.read_words(b, &[old_slot])?[0];
+            let Some(slot) = Slot::decode(word) else {
+                return self.write_words(b, &[(new_slot, 0)]);
+            };
+            b.clear();
+            let r = b.read(slot.block, slot.block_bytes() as u32);
+            self.conn.execute(b)?;
+            let Some((key, _)) = decode_block(b.read_result(r)?) else {
+                continue; // the slot changed and its old block was reused: look again
+            };
+            match job.fate(KeyHash::of(key, self.layout.groups_per_subtable).dir) {
+                Fate::Stay => return self.write_words(b, &[(new_slot, 0)]),
+                Fate::Move => {
+                    b.clear();
+                    b.write(new_slot, &word.to_le_bytes());
+                    let cas = b.cas(old_slot, word, 0);
+                    self.conn.execute(b)?;
+                    if b.cas_succeeded(cas)? {
+                        METRICS.moved.inc();
+                        return Ok(());
+                    }
+                }
+                Fate::Misplaced => {
+                    b.clear();
+                    let cas = b.cas(old_slot, word, 0);
+                    self.conn.execute(b)?;
+                    if b.cas_succeeded(cas)? {
+                        self.removed_misplaced(b)?;
+                    }
+                }
+            }
+        }
+        Err(Error::Corrupt(format!(
+            "slot at {old_slot} kept changing for {MAX_SLOT_ATTEMPTS} attempts during a split"
+        )))
+    }
+}
+
+// Round 3 of a round issues up to two ops per slot.
+const _: () = assert!(BUCKETS_PER_ROUND as usize * SLOTS_PER_BUCKET * 2 <= MAX_BATCH_OPS);

@@ -1,0 +1,1012 @@
+//! The client protocols: search, upsert/insert/update, delete and compare-and-swap, over
+//! one-sided operations on a memnode's region.
+//!
+//! Round trips, uncontended: search 1 (no fingerprint match) or 2; insert 2 (3 when a
+//! fingerprint collides); update and delete 3. Writes go out of place: the new KV block is
+//! written in the same batch as the first bucket read, then one CAS swings the slot.
+//!
+//! Races handled here (the memnode-side half is in `split.rs`):
+//! * Duplicate keys: two inserts of one key can land in different empty slots. After an
+//!   insert CAS the client re-reads the buckets (same batch); if other copies exist, the
+//!   copy at the lowest slot address wins, losers are CASed to 0. Readers also prefer the
+//!   lowest address, so everyone agrees which copy is current.
+//! * Stale directory: every bucket read checks each header's (depth, suffix) against the
+//!   key; a mismatch re-reads the directory entry (or the whole directory if it grew).
+//! * Insert racing a split: if the re-read shows the bucket was re-assigned to a deeper
+//!   split that excludes the key, the insert CASes its slot back to 0 and retries; if that
+//!   CAS fails, the splitter has already moved the entry, and the insert stands.
+//! * Reuse of freed blocks: blocks are reused only after a grace period, and every block
+//!   read is checked (key and checksum) before its value is used.
+
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+use prometheus::local::{LocalHistogram, LocalIntCounter};
+use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts};
+use racekv_transport::{Batch, Connection, ReadId};
+
+use crate::alloc::{BlockAllocator, ChunkSource, FreePool};
+use crate::directory::{CachedEntry, DirectoryCache};
+use crate::error::Error;
+use crate::hash::KeyHash;
+use crate::layout::{
+    block_units, decode_block, encode_block, sb, Layout, Slot, COMBINED_BUCKET_BYTES,
+};
+use crate::probe::Probe;
+use crate::rpc::{self, method, SplitRequest};
+
+/// Tunables of table clients.
+#[derive(Debug, Clone, Copy)]
+pub struct TableOptions {
+    /// How long a freed block waits before reuse: longer than any operation in flight.
+    pub grace_period: Duration,
+    /// An operation that keeps retrying (contention, a split in progress) gives up after this.
+    pub op_timeout: Duration,
+}
+
+impl Default for TableOptions {
+    fn default() -> Self {
+        Self {
+            grace_period: Duration::from_millis(10),
+            op_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Counts one client's protocol work.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    pub ops: u64,
+    pub round_trips: u64,
+    pub cas_failures: u64,
+    pub stale_directory: u64,
+    pub split_requests: u64,
+    pub torn_reads: u64,
+    /// Extra bucket reads that confirmed a key's absence after fingerprint collisions.
+    pub absence_checks: u64,
+}
+
+/// The outcome of a put.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutOutcome {
+    Inserted,
+    Updated,
+    /// The condition did not hold (insert-if-absent found the key, update found none, or a
+    /// compare-and-swap saw another value).
+    NotApplied,
+}
+
+/// How a put treats an existing key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutMode {
+    Upsert,
+    InsertOnly,
+    UpdateOnly,
+}
+
+#[derive(Clone, Copy)]
+enum Cond<'a> {
+    Any,
+    Absent,
+    Present,
+    Equals(Option<&'a [u8]>),
+}
+
+const OPS: [&str; 6] = ["get", "put", "insert", "update", "delete", "cas"];
+const RESULTS: [&str; 3] = ["ok", "not_applied", "error"];
+
+struct Metrics {
+    ops: IntCounterVec,
+    op_seconds: HistogramVec,
+    round_trips: IntCounter,
+    cas_failures: IntCounter,
+    stale: IntCounter,
+    splits: IntCounter,
+    torn: IntCounter,
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
+    use racekv_telemetry::{register, LATENCY_BUCKETS_SECONDS};
+    Metrics {
+        ops: register(
+            IntCounterVec::new(
+                Opts::new(
+                    "racekv_table_operations_total",
+                    "Table operations by kind and result",
+                ),
+                &["op", "result"],
+            )
+            .unwrap(),
+        ),
+        op_seconds: register(
+            HistogramVec::new(
+                HistogramOpts::new(
+                    "racekv_table_operation_seconds",
+                    "Latency of table operations (sampled 1 in 16)",
+                )
+                .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
+                &["op"],
+            )
+            .unwrap(),
+        ),
+        round_trips: register(
+            IntCounter::new(
+                "racekv_table_round_trips_total",
+                "Batches sent by table operations",
+            )
+            .unwrap(),
+        ),
+        cas_failures: register(
+            IntCounter::new(
+                "racekv_table_cas_failures_total",
+                "Slot CASes that lost a race and were retried",
+            )
+            .unwrap(),
+        ),
+        stale: register(
+            IntCounter::new(
+                "racekv_table_stale_directory_total",
+                "Bucket reads that found the directory cache stale",
+            )
+            .unwrap(),
+        ),
+        splits: register(
+            IntCounter::new(
+                "racekv_table_split_requests_total",
+                "Splits requested because a key's buckets were full",
+            )
+            .unwrap(),
+        ),
+        torn: register(
+            IntCounter::new(
+                "racekv_table_torn_reads_total",
+                "Block reads that failed their checksum (reused under the reader) and were retried",
+            )
+            .unwrap(),
+        ),
+    }
+});
+
+/// Per-client copies of the metrics, published every [`FLUSH_EVERY_OPS`] operations.
+struct LocalMetrics {
+    ops: Vec<LocalIntCounter>,
+    op_seconds: Vec<LocalHistogram>,
+    round_trips: LocalIntCounter,
+    cas_failures: LocalIntCounter,
+    stale: LocalIntCounter,
+    splits: LocalIntCounter,
+    torn: LocalIntCounter,
+    since_flush: u32,
+}
+
+const FLUSH_EVERY_OPS: u32 = 256;
+const SAMPLE_EVERY_OPS: u64 = 16;
+
+impl LocalMetrics {
+    fn new() -> Self {
+        let m = &*METRICS;
+        Self {
+            ops: OPS
+                .iter()
+                .flat_map(|op| {
+                    RESULTS
+                        .iter()
+                        .map(move |r| m.ops.with_label_values(&[op, r]).local())
+                })
+                .collect(),
+            op_seconds: OPS
+                .iter()
+                .map(|op| m.op_seconds.with_label_values(&[op]).local())
+                .collect(),
+            round_trips: m.round_trips.local(),
+            cas_failures: m.cas_failures.local(),
+            stale: m.stale.local(),
+            splits: m.splits.local(),
+            torn: m.torn.local(),
+            since_flush: 0,
+        }
+    }
+
+    fn flush(&mut self) {
+        self.ops.iter().for_each(|c| c.flush());
+        self.op_seconds.iter().for_each(|h| h.flush());
+        for c in [
+            &self.round_trips,
+            &self.cas_failures,
+            &self.stale,
+            &self.splits,
+            &self.torn,
+        ] {
+            c.flush();
+        }
+        self.since_flush = 0;
+    }
+}
+
+/// A table on one memnode, shared by all its clients in this process.
+pub struct Table {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    layout: Layout,
+    directory: DirectoryCache,
+    chunks: Arc<dyn ChunkSource>,
+    pool: Arc<FreePool>,
+    options: TableOptions,
+}
+
+/// Gets KV chunks from the memnode by RPC.
+pub struct RpcChunkSource {
+    conn: Arc<dyn Connection>,
+}
+
+impl RpcChunkSource {
+    pub fn new(conn: Arc<dyn Connection>) -> Self {
+        Self { conn }
+    }
+}
+
+impl ChunkSource for RpcChunkSource {
+    fn chunk(&self) -> Result<(u64, u64), Error> {
+        let reply = self
+            .conn
+            .call(method::ALLOC_CHUNK, &[])
+            .map_err(rpc::map_error)?;
+        let (offset, bytes) =
+            rpc::decode_chunk(&reply).map_err(|e| Error::Remote(e.to_string()))?;
+        let end = offset
+            .checked_add(bytes)
+            .filter(|&end| end <= self.conn.region_len());
+        if end.is_none() || offset % 64 != 0 || bytes % 64 != 0 || bytes < 255 * 64 {
+            return Err(Error::Remote(format!(
+                "the memnode handed out a bad chunk ({offset}, {bytes} B)"
+            )));
+        }
+        Ok((offset, bytes))
+    }
+}
+
+impl Table {
+    /// Opens the table of the memnode behind `conn`: its layout by RPC, then its directory.
+    pub fn open(conn: Arc<dyn Connection>, options: TableOptions) -> Result<Self, Error> {
+        let layout = rpc::metadata(&*conn)?;
+        if layout.region_len != conn.region_len() {
+            return Err(Error::Corrupt(format!(
+                "metadata says {} B, the connection maps {} B",
+                layout.region_len,
+                conn.region_len()
+            )));
+        }
+        let chunks = Arc::new(RpcChunkSource::new(Arc::clone(&conn)));
+        Self::open_with(&*conn, layout, chunks, options)
+    }
+
+    /// Opens with a known layout and chunk source (a daemon that prefetches chunks).
+    pub fn open_with(
+        conn: &dyn Connection,
+        layout: Layout,
+        chunks: Arc<dyn ChunkSource>,
+        options: TableOptions,
+    ) -> Result<Self, Error> {
+        let directory = DirectoryCache::load(conn, layout)?;
+        Ok(Self {
+            shared: Arc::new(Shared {
+                layout,
+                directory,
+                chunks,
+                pool: Arc::new(FreePool::new()),
+                options,
+            }),
+        })
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.shared.layout
+    }
+
+    pub fn directory(&self) -> &DirectoryCache {
+        &self.shared.directory
+    }
+
+    /// Bytes held by departed clients' free lists.
+    pub fn pooled_bytes(&self) -> u64 {
+        self.shared.pool.bytes()
+    }
+
+    /// A client doing its operations over `conn` (one per thread; clients are cheap).
+    pub fn client(&self, conn: Arc<dyn Connection>) -> TableClient {
+        let s = &self.shared;
+        TableClient {
+            alloc: BlockAllocator::new(
+                Arc::clone(&s.chunks),
+                Arc::clone(&s.pool),
+                s.options.grace_period,
+            ),
+            shared: Arc::clone(s),
+            conn,
+            batch: Batch::new(),
+            block: Vec::with_capacity(256),
+            value: Vec::new(),
+            cands: Vec::with_capacity(28),
+            copies: Vec::with_capacity(4),
+            others: Vec::with_capacity(28),
+            tag: 0,
+            count_delta: 0,
+            stats: ClientStats::default(),
+            metrics: LocalMetrics::new(),
+        }
+    }
+}
+
+impl Clone for Table {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// Bounds the retries of one operation: spins first, then sleeps, then gives up.
+struct Attempts {
+    started: Option<Instant>,
+    retries: u32,
+    timeout: Duration,
+}
+
+impl Attempts {
+    fn new(timeout: Duration) -> Self {
+        Self {
+            started: None,
+            retries: 0,
+            timeout,
+        }
+    }
+
+    fn retry(&mut self, what: &'static str) -> Result<(), Error> {
+        let started = *self.started.get_or_insert_with(Instant::now);
+        self.retries += 1;
+        if started.elapsed() > self.timeout {
+            return Err(Error::Timeout {
+                waited_ms: self.timeout.as_millis() as u64,
+                what,
+            });
+        }
+        match self.retries {
+            0..=4 => std::hint::spin_loop(),
+            5..=16 => std::thread::yield_now(),
+            n => std::thread::sleep(Duration::from_micros(1 << (n - 16).min(10))),
+        }
+        Ok(())
+    }
+}
+
+/// A slot holding a copy of the key.
+#[derive(Debug, Clone, Copy)]
+struct KeyCopy {
+    slot: u64,
+    word: u64,
+}
+
+/// Who is responsible for a put's new block when the operation ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BlockState {
+    /// No slot ever pointed to it: reusable at once.
+    Unpublished,
+    /// A slot points to it: it is the key's value now.
+    InSlot,
+    /// A slot pointed to it and no longer does: readers may still see it (grace period).
+    VisibleNotInSlot,
+    /// Another client removed our copy and retired the block itself.
+    RetiredByOther,
+}
+
+/// A new block written for a put.
+#[derive(Debug, Clone, Copy)]
+struct NewBlock {
+    block: u64,
+    units: u8,
+    word: u64,
+}
+
+enum Verified {
+    Done,
+    /// A block failed its checks: it changed under us; look again.
+    Torn,
+}
+
+/// One worker's handle on a table: not shared between threads, reuses its buffers.
+pub struct TableClient {
+    shared: Arc<Shared>,
+    conn: Arc<dyn Connection>,
+    alloc: BlockAllocator,
+    batch: Batch,
+    block: Vec<u8>,
+    /// The current value found by the last verification (for compare-and-swap).
+    value: Vec<u8>,
+    cands: Vec<(u64, u64)>,
+    copies: Vec<KeyCopy>,
+    others: Vec<(u64, u64)>,
+    tag: u8,
+    /// Item-count changes not yet added to the superblock (sent with the next batch).
+    count_delta: i64,
+    stats: ClientStats,
+    metrics: LocalMetrics,
+}
+
+impl TableClient {
+    pub fn stats(&self) -> ClientStats {
+        self.stats
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.shared.layout
+    }
+
+    /// The value of `key`, if present.
+    pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        let mut out = Vec::new();
+        Ok(self.get_into(key, &mut out)?.then_some(out))
+    }
+
+    /// Puts the value of `key` into `out` (cleared first); returns whether the key exists.
+    pub fn get_into(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, Error> {
+        let sample = self.begin();
+        let result = self.search(key, out);
+        self.end(0, sample, result, |&found| found)
+    }
+
+    /// Sets `key` to `value` (insert or replace).
+    pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<PutOutcome, Error> {
+        self.put_with(key, value, PutMode::Upsert)
+    }
+
+    /// Sets `key` to `value` if `mode` allows it.
+    pub fn put_with(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        mode: PutMode,
+    ) -> Result<PutOutcome, Error> {
+        let (kind, cond) = match mode {
+            PutMode::Upsert => (1, Cond::Any),
+            PutMode::InsertOnly => (2, Cond::Absent),
+            PutMode::UpdateOnly => (3, Cond::Present),
+        };
+        let sample = self.begin();
+        let result = self.mutate(key, Some(value), cond);
+        self.end(kind, sample, result, |o| *o != PutOutcome::NotApplied)
+    }
+
+    /// Removes `key`; returns whether it was there.
+    pub fn delete(&mut self, key: &[u8]) -> Result<bool, Error> {
+        let sample = self.begin();
+        let result = self
+            .mutate(key, None, Cond::Any)
+            .map(|o| o != PutOutcome::NotApplied);
+        self.end(4, sample, result, |&d| d)
+    }
+
+    /// Atomically replaces the value of `key` with `new` (None deletes) if it currently is
+    /// `expected` (None: absent). Returns whether it did.
+    pub fn compare_and_swap(
+        &mut self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<bool, Error> {
+        let sample = self.begin();
+        let result = match new {
+            // Absent -> absent: true exactly when the key is absent.
+            None if expected.is_none() => self.search(key, &mut Vec::new()).map(|found| !found),
+            _ => self
+                .mutate(key, new, Cond::Equals(expected))
+                .map(|o| o != PutOutcome::NotApplied),
+        };
+        self.end(5, sample, result, |&d| d)
+    }
+
+    /// Sends any pending item-count change now (it otherwise rides on the next batch).
+    pub fn flush(&mut self) -> Result<(), Error> {
+        if self.count_delta != 0 {
+            self.batch.clear();
+            self.batch.faa(sb::ITEM_COUNT, self.count_delta as u64);
+            self.count_delta = 0;
+            self.conn.execute(&mut self.batch)?;
+        }
+        self.metrics.flush();
+        Ok(())
+    }
+
+    // ---- bookkeeping ----
+
+    fn begin(&mut self) -> Option<Instant> {
+        self.stats.ops += 1;
+        (self.stats.ops % SAMPLE_EVERY_OPS == 0).then(Instant::now)
+    }
+
+    fn end<T>(
+        &mut self,
+        op: usize,
+        sample: Option<Instant>,
+        result: Result<T, Error>,
+        applied: impl FnOnce(&T) -> bool,
+    ) -> Result<T, Error> {
+        let outcome = match &result {
+            Ok(v) if applied(v) => 0,
+            Ok(_) => 1,
+            Err(_) => 2,
+        };
+        self.metrics.ops[op * RESULTS.len() + outcome].inc();
+        if let Some(started) = sample {
+            self.metrics.op_seconds[op].observe(started.elapsed().as_secs_f64());
+        }
+        self.metrics.since_flush += 1;
+        if self.metrics.since_flush >= FLUSH_EVERY_OPS {
+            self.metrics.flush();
+        }
+        result
+    }
+
+    fn execute(&mut self) -> Result<(), Error> {
+        self.stats.round_trips += 1;
+        self.metrics.round_trips.inc();
+        self.conn.execute(&mut self.batch)?;
+        Ok(())
+    }
+
+    fn check_key(key: &[u8], value_len: usize) -> Result<u8, Error> {
+        if key.is_empty() {
+            return Err(Error::EmptyKey);
+        }
+        if key.len() > u16::MAX as usize {
+            return Err(Error::TooLarge {
+                key: key.len(),
+                value: value_len,
+            });
+        }
+        block_units(key.len(), value_len).ok_or(Error::TooLarge {
+            key: key.len(),
+            value: value_len,
+        })
+    }
+
+    fn hash(&self, key: &[u8]) -> KeyHash {
+        KeyHash::of(key, self.shared.layout.groups_per_subtable)
+    }
+
+    // ---- directory ----
+
+    /// The cached directory entry for the key, waiting out a split in progress.
+    fn entry(&mut self, hash: &KeyHash, attempts: &mut Attempts) -> Result<CachedEntry, Error> {
+        loop {
+            let cached = self.shared.directory.lookup(hash.dir);
+            if !cached.entry.locked && cached.entry.is_valid(&self.shared.layout) {
+                return Ok(cached);
+            }
+            attempts.retry("waiting for a split of the key's subtable")?;
+            self.refresh(hash)?;
+        }
+    }
+
+    fn refresh(&mut self, hash: &KeyHash) -> Result<(), Error> {
+        self.stats.round_trips += 1;
+        self.shared
+            .directory
+            .refresh(&*self.conn, &mut self.batch, hash.dir)?;
+        Ok(())
+    }
+
+    fn stale(&mut self, hash: &KeyHash, attempts: &mut Attempts) -> Result<(), Error> {
+        self.stats.stale_directory += 1;
+        self.metrics.stale.inc();
+        attempts.retry("the directory kept changing")?;
+        self.refresh(hash)
+    }
+
+    // ---- reading ----
+
+    /// READs the key's two combined buckets (after `write`, if any: the new block goes out
+    /// in the same doorbell). Also carries any pending item-count change.
+    fn probe(
+        &mut self,
+        hash: &KeyHash,
+        subtable: u64,
+        write: Option<&NewBlock>,
+    ) -> Result<Probe, Error> {
+        self.batch.clear();
+        if let Some(new) = write {
+            self.batch.write(new.block, &self.block);
+        }
+        if self.count_delta != 0 {
+            self.batch.faa(sb::ITEM_COUNT, self.count_delta as u64);
+            self.count_delta = 0;
+        }
+        let cbs = hash.combined_buckets(subtable, self.shared.layout.groups_per_subtable);
+        let r0 = self.batch.read(cbs[0].offset, COMBINED_BUCKET_BYTES as u32);
+        let r1 = self.batch.read(cbs[1].offset, COMBINED_BUCKET_BYTES as u32);
+        self.execute()?;
+        Ok(Probe::parse(
+            &cbs,
+            self.batch.read_result(r0)?,
+            self.batch.read_result(r1)?,
+        ))
+    }
+
+    /// READs the blocks of `self.cands` and sorts them into copies of `key` (lowest slot
+    /// first; the first one's value lands in `value_out`) and other keys.
+    fn verify(&mut self, key: &[u8], value_out: Option<&mut Vec<u8>>) -> Result<Verified, Error> {
+        self.copies.clear();
+        self.others.clear();
+        if self.cands.is_empty() {
+            return Ok(Verified::Done);
+        }
+        self.batch.clear();
+        let mut reads: [Option<ReadId>; 28] = [None; 28];
+        for (i, &(_, word)) in self.cands.iter().enumerate() {
+            let slot = Slot::decode(word).expect("candidates are used slots");
+            reads[i] = Some(self.batch.read(slot.block, slot.block_bytes() as u32));
+        }
+        self.execute()?;
+        let mut torn = false;
+        let mut best: Option<(u64, ReadId)> = None;
+        for (i, &(slot, word)) in self.cands.iter().enumerate() {
+            let read = reads[i].expect("read issued");
+            match decode_block(self.batch.read_result(read)?) {
+                None => torn = true,
+                Some((k, _)) if k == key => {
+                    self.copies.push(KeyCopy { slot, word });
+                    if best.is_none_or(|(s, _)| slot < s) {
+                        best = Some((slot, read));
+                    }
+                }
+                Some(_) => self.others.push((slot, word)),
+            }
+        }
+        if torn {
+            self.stats.torn_reads += 1;
+            self.metrics.torn.inc();
+            return Ok(Verified::Torn);
+        }
+        self.copies.sort_by_key(|c| c.slot);
+        if let (Some(out), Some((_, read))) = (value_out, best) {
+            let (_, value) = decode_block(self.batch.read_result(read)?).expect("verified above");
+            out.clear();
+            out.extend_from_slice(value);
+        }
+        Ok(Verified::Done)
+    }
+
+    fn search(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, Error> {
+        Self::check_key(key, 0)?;
+        let hash = self.hash(key);
+        let mut attempts = Attempts::new(self.shared.options.op_timeout);
+        loop {
+            let entry = self.entry(&hash, &mut attempts)?;
+            let probe = self.probe(&hash, entry.entry.subtable, None)?;
+            if !probe.admits(hash.dir) {
+                self.stale(&hash, &mut attempts)?;
+                continue;
+            }
+            probe.candidates(hash.fingerprint, &mut self.cands);
+            if self.cands.is_empty() {
+                return Ok(false);
+            }
+            match self.verify(key, Some(out))? {
+                Verified::Torn => attempts.retry("a block kept changing under a read")?,
+                Verified::Done if !self.copies.is_empty() => return Ok(true),
+                Verified::Done => {
+                    if self.others_unchanged(&hash, entry.entry.subtable)? {
+                        return Ok(false);
+                    }
+                    attempts.retry("the key's buckets kept changing")?;
+                }
+            }
+        }
+    }
+
+    /// After fingerprint matches turned out to hold other keys, a key is absent only if
+    /// those slots still hold the same words: a block freed and reused under the read can
+    /// hold any key (the grace period makes that rare, this makes it harmless). One extra
+    /// round trip, and only when fingerprints collided.
+    fn others_unchanged(&mut self, hash: &KeyHash, subtable: u64) -> Result<bool, Error> {
+        if self.others.is_empty() {
+            return Ok(true);
+        }
+        self.stats.absence_checks += 1;
+        let probe = self.probe(hash, subtable, None)?;
+        let unchanged = probe.admits(hash.dir)
+            && self
+                .others
+                .iter()
+                .all(|&(slot, word)| probe.word_at(slot) == Some(word));
+        Ok(unchanged)
+    }
+
+    // ---- writing ----
+
+    fn next_word(&mut self, hash: &KeyHash, block: u64, units: u8) -> u64 {
+        self.tag = self.tag.wrapping_add(1);
+        Slot {
+            fingerprint: hash.fingerprint,
+            units,
+            tag: self.tag,
+            block,
+        }
+        .encode()
+    }
+
+    /// CASes each (slot, word) to 0 in one batch; retires the blocks of those that swung.
+    /// Returns how many did.
+    fn remove_copies(&mut self, copies: &[(u64, u64)]) -> Result<usize, Error> {
+        if copies.is_empty() {
+            return Ok(0);
+        }
+        self.batch.clear();
+        let ids: Vec<_> = copies
+            .iter()
+            .map(|&(slot, word)| self.batch.cas(slot, word, 0))
+            .collect();
+        self.execute()?;
+        let mut removed = 0;
+        for (i, &(_, word)) in copies.iter().enumerate() {
+            if self.batch.cas_succeeded(ids[i])? {
+                self.retire_word(word);
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    fn retire_word(&mut self, word: u64) {
+        let slot = Slot::decode(word).expect("a used slot");
+        self.alloc.retire(slot.block, slot.units);
+        self.count_delta -= 1;
+    }
+
+    fn mutate(
+        &mut self,
+        key: &[u8],
+        value: Option<&[u8]>,
+        cond: Cond<'_>,
+    ) -> Result<PutOutcome, Error> {
+        let hash = self.hash(key);
+        let new = match value {
+            Some(value) => {
+                let units = Self::check_key(key, value.len())?;
+                let block = self.alloc.alloc(units)?;
+                encode_block(&mut self.block, key, value);
+                Some(NewBlock {
+                    block,
+                    units,
+                    word: self.next_word(&hash, block, units),
+                })
+            }
+            None => {
+                Self::check_key(key, 0)?;
+                None
+            }
+        };
+        let mut state = BlockState::Unpublished;
+        let result = self.mutate_loop(key, &hash, new.as_ref(), cond, &mut state);
+        if let Some(new) = new {
+            match state {
+                BlockState::Unpublished => self.alloc.release_unpublished(new.block, new.units),
+                BlockState::VisibleNotInSlot => self.alloc.retire(new.block, new.units),
+                BlockState::InSlot | BlockState::RetiredByOther => {}
+            }
+        }
+        result
+    }
+
+    fn mutate_loop(
+        &mut self,
+        key: &[u8],
+        hash: &KeyHash,
+        new: Option<&NewBlock>,
+        cond: Cond<'_>,
+        state: &mut BlockState,
+    ) -> Result<PutOutcome, Error> {
+        let mut attempts = Attempts::new(self.shared.options.op_timeout);
+        let mut written = false;
+        loop {
+            let entry = self.entry(hash, &mut attempts)?;
+            let probe = self.probe(hash, entry.entry.subtable, new.filter(|_| !written))?;
+            written = true;
+            if !probe.admits(hash.dir) {
+                self.stale(hash, &mut attempts)?;
+                continue;
+            }
+            probe.candidates(hash.fingerprint, &mut self.cands);
+            let mut current = std::mem::take(&mut self.value);
+            let verified = self.verify(key, Some(&mut current));
+            self.value = current;
+            if let Verified::Torn = verified? {
+                attempts.retry("a block kept changing under a read")?;
+                continue;
+            }
+            let exists = !self.copies.is_empty();
+            // An upsert that misjudges absence is settled by duplicate resolution after its
+            // CAS; everything else acting on "absent" must be sure of it.
+            let absence_matters = new.is_none() || !matches!(cond, Cond::Any);
+            if !exists && absence_matters && !self.others_unchanged(hash, entry.entry.subtable)? {
+                attempts.retry("the key's buckets kept changing")?;
+                continue;
+            }
+            let allowed = match cond {
+                Cond::Any => true,
+                Cond::Absent => !exists,
+                Cond::Present => exists,
+                Cond::Equals(None) => !exists,
+                Cond::Equals(Some(expected)) => exists && self.value == expected,
+            };
+            if !allowed {
+                return Ok(PutOutcome::NotApplied);
+            }
+            if exists {
+                match self.replace(new)? {
+                    Some(outcome) => {
+                        if new.is_some() {
+                            *state = BlockState::InSlot;
+                        }
+                        return Ok(outcome);
+                    }
+                    None => {
+                        attempts.retry("the key kept changing under an update")?;
+                        continue;
+                    }
+                }
+            }
+            let Some(new) = new else {
+                return Ok(PutOutcome::NotApplied); // deleting an absent key
+            };
+            let Some(free) = probe.free_slot() else {
+                self.request_split(hash, &entry)?;
+                attempts.retry("the table kept filling up")?;
+                continue;
+            };
+            match self.insert_at(key, hash, free, new, cond, &entry, state)? {
+                Some(outcome) => return Ok(outcome),
+                None => attempts.retry("inserts kept racing")?,
+            }
+        }
+    }
+
+    /// Swings the canonical copy to `new` (or to 0 to delete) and removes any duplicates, in
+    /// one batch. None when the canonical CAS lost a race.
+    fn replace(&mut self, new: Option<&NewBlock>) -> Result<Option<PutOutcome>, Error> {
+        let canonical = self.copies[0];
+        self.batch.clear();
+        let swing = self
+            .batch
+            .cas(canonical.slot, canonical.word, new.map_or(0, |n| n.word));
+        let dups: Vec<_> = self.copies[1..]
+            .iter()
+            .map(|c| (self.batch.cas(c.slot, c.word, 0), c.word))
+            .collect();
+        self.execute()?;
+        for (id, word) in dups {
+            if self.batch.cas_succeeded(id)? {
+                self.retire_word(word);
+            }
+        }
+        if !self.batch.cas_succeeded(swing)? {
+            self.stats.cas_failures += 1;
+            self.metrics.cas_failures.inc();
+            return Ok(None);
+        }
+        let old = Slot::decode(canonical.word).expect("a used slot");
+        self.alloc.retire(old.block, old.units);
+        if new.is_none() {
+            self.count_delta -= 1;
+        }
+        Ok(Some(PutOutcome::Updated))
+    }
+
+    /// CASes `new` into the empty slot `free`, then settles split races and duplicates.
+    /// None when the CAS lost, or the insert had to be undone: retry.
+    #[allow(clippy::too_many_arguments)]
+    fn insert_at(
+        &mut self,
+        key: &[u8],
+        hash: &KeyHash,
+        free: u64,
+        new: &NewBlock,
+        cond: Cond<'_>,
+        entry: &CachedEntry,
+        state: &mut BlockState,
+    ) -> Result<Option<PutOutcome>, Error> {
+        let cbs =
+            hash.combined_buckets(entry.entry.subtable, self.shared.layout.groups_per_subtable);
+        self.batch.clear();
+        let cas = self.batch.cas(free, 0, new.word);
+        let r0 = self.batch.read(cbs[0].offset, COMBINED_BUCKET_BYTES as u32);
+        let r1 = self.batch.read(cbs[1].offset, COMBINED_BUCKET_BYTES as u32);
+        self.execute()?;
+        if !self.batch.cas_succeeded(cas)? {
+            self.stats.cas_failures += 1;
+            self.metrics.cas_failures.inc();
+            return Ok(None);
+        }
+        *state = BlockState::InSlot;
+        self.count_delta += 1;
+        let after = Probe::parse(
+            &cbs,
+            self.batch.read_result(r0)?,
+            self.batch.read_result(r1)?,
+        );
+        if !after.admits_slot(free, hash.dir) {
+            // A split re-assigned the bucket; the key belongs elsewhere now.
+            self.batch.clear();
+            let undo = self.batch.cas(free, new.word, 0);
+            self.execute()?;
+            if self.batch.cas_succeeded(undo)? {
+                *state = BlockState::VisibleNotInSlot;
+                self.count_delta -= 1;
+                self.refresh(hash)?;
+                return Ok(None);
+            }
+            return Ok(Some(PutOutcome::Inserted)); // the splitter moved it for us
+        }
+        // Copies inserted concurrently by others: fingerprint matches we have not already
+        // identified as other keys.
+        let known = std::mem::take(&mut self.others);
+        after.candidates(hash.fingerprint, &mut self.cands);
+        self.cands
+            .retain(|&(slot, word)| slot != free && !known.contains(&(slot, word)));
+        self.others = known;
+        if self.cands.is_empty() {
+            return Ok(Some(PutOutcome::Inserted));
+        }
+        if let Verified::Torn = self.verify(key, None)? {
+            // A candidate changed under us: whatever copies exist, readers and later
+            // writers settle on the lowest address, so the insert stands.
+            return Ok(Some(PutOutcome::Inserted));
+        }
+        if self.copies.iter().all(|c| c.slot > free) {
+            // Ours is the lowest address: it wins; remove the others.
+            let losers: Vec<_> = self.copies.iter().map(|c| (c.slot, c.word)).collect();
+            self.remove_copies(&losers)?;
+            return Ok(Some(PutOutcome::Inserted));
+        }
+        // Another copy wins: remove ours, unless its owner already did (and retired it).
+        self.batch.clear();
+        let undo = self.batch.cas(free, new.word, 0);
+        self.execute()?;
+        if self.batch.cas_succeeded(undo)? {
+            self.count_delta -= 1;
+            *state = BlockState::VisibleNotInSlot;
+        } else {
+            *state = BlockState::RetiredByOther;
+        }
+        Ok(Some(match cond {
+            Cond::Absent | Cond::Equals(None) => PutOutcome::NotApplied,
+            _ => PutOutcome::Updated,
+        }))
+    }
+
+    fn request_split(&mut self, hash: &KeyHash, entry: &CachedEntry) -> Result<(), Error> {
+        self.stats.split_requests += 1;
+        self.metrics.splits.inc();
+        let req = SplitRequest {
+            dir_hash: hash.dir,
+            observed_depth: entry.entry.local_depth,
+            observed_subtable: entry.entry.subtable,
+        };
+        self.conn
+            .call(method::SPLIT, &req.encode())
+            .map_err(rpc::map_error)?;
+        self.refresh(hash)
+    }
+}
+
+impl Drop for TableClient {
+    fn drop(&mut self) {
+        if let Err(e) = self.flush() {
+            tracing::warn!(
+                "could not send a pending item-count change of {}: {e}",
+                self.count_delta
+            );
+        }
+    }
+}

@@ -1,0 +1,553 @@
+//! The table's test suite, run on every transport this build has.
+//!
+//! Each case runs against an in-process memnode (`TestMemnode`) whose subtables are tiny, so
+//! tables split early and often.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use racekv_hashing::rpc::SplitRequest;
+use racekv_hashing::testing::{scan, TestMemnode, Via};
+use racekv_hashing::{Error, PutMode, PutOutcome, TableOptions, MAX_KV_BYTES};
+
+const MIB: u64 = 1 << 20;
+
+fn options(grace_ms: u64) -> TableOptions {
+    TableOptions {
+        grace_period: Duration::from_millis(grace_ms),
+        op_timeout: Duration::from_secs(30),
+    }
+}
+
+/// Checks the whole table: no key twice, nothing misplaced, and exactly `expected`.
+fn assert_table_holds(memnode: &TestMemnode, expected: &HashMap<Vec<u8>, Vec<u8>>) {
+    let items = scan(&*memnode.connect(), &memnode.layout());
+    let mut seen = HashSet::new();
+    for item in &items {
+        assert!(
+            item.admitted,
+            "key {:?} sits in a bucket that does not admit it",
+            item.key
+        );
+        assert!(
+            seen.insert(item.key.clone()),
+            "key {:?} appears twice",
+            String::from_utf8_lossy(&item.key)
+        );
+        match expected.get(&item.key) {
+            Some(v) => assert_eq!(
+                &item.value,
+                v,
+                "key {:?}",
+                String::from_utf8_lossy(&item.key)
+            ),
+            None => panic!(
+                "key {:?} is in the table but should not be (deleted key came back?)",
+                String::from_utf8_lossy(&item.key)
+            ),
+        }
+    }
+    assert_eq!(
+        items.len(),
+        expected.len(),
+        "table holds {} keys, expected {}",
+        items.len(),
+        expected.len()
+    );
+}
+
+pub fn basic_operations(via: Via) {
+    let memnode = TestMemnode::start(via, 8 * MIB, 16);
+    let table = memnode.table(options(10));
+    let mut c = table.client(memnode.connect());
+    assert_eq!(c.get(b"missing").unwrap(), None);
+    assert_eq!(c.put(b"k", b"v1").unwrap(), PutOutcome::Inserted);
+    assert_eq!(c.get(b"k").unwrap().as_deref(), Some(&b"v1"[..]));
+    assert_eq!(c.put(b"k", b"v2").unwrap(), PutOutcome::Updated);
+    assert_eq!(c.get(b"k").unwrap().as_deref(), Some(&b"v2"[..]));
+    assert_eq!(
+        c.put_with(b"k", b"nx", PutMode::InsertOnly).unwrap(),
+        PutOutcome::NotApplied
+    );
+    assert_eq!(
+        c.put_with(b"new", b"xx", PutMode::UpdateOnly).unwrap(),
+        PutOutcome::NotApplied
+    );
+    assert_eq!(c.get(b"new").unwrap(), None);
+    assert_eq!(
+        c.put_with(b"new", b"nx", PutMode::InsertOnly).unwrap(),
+        PutOutcome::Inserted
+    );
+    assert_eq!(
+        c.put_with(b"new", b"xx", PutMode::UpdateOnly).unwrap(),
+        PutOutcome::Updated
+    );
+    assert_eq!(c.get(b"new").unwrap().as_deref(), Some(&b"xx"[..]));
+    // compare-and-swap on the value
+    assert!(!c
+        .compare_and_swap(b"k", Some(b"wrong"), Some(b"v3"))
+        .unwrap());
+    assert!(c.compare_and_swap(b"k", Some(b"v2"), Some(b"v3")).unwrap());
+    assert!(!c
+        .compare_and_swap(b"absent", Some(b"x"), Some(b"y"))
+        .unwrap());
+    assert!(c.compare_and_swap(b"absent", None, Some(b"y")).unwrap());
+    assert!(!c.compare_and_swap(b"absent", None, Some(b"z")).unwrap());
+    assert!(c.compare_and_swap(b"absent", Some(b"y"), None).unwrap());
+    assert_eq!(c.get(b"absent").unwrap(), None);
+    // delete
+    assert!(c.delete(b"k").unwrap());
+    assert!(!c.delete(b"k").unwrap());
+    assert_eq!(c.get(b"k").unwrap(), None);
+    // sizes
+    assert!(matches!(c.put(b"", b"v"), Err(Error::EmptyKey)));
+    let big = vec![7u8; MAX_KV_BYTES - 3];
+    assert_eq!(c.put(b"big", &big).unwrap(), PutOutcome::Inserted);
+    assert_eq!(c.get(b"big").unwrap().unwrap(), big);
+    assert!(matches!(
+        c.put(b"big", &vec![1u8; MAX_KV_BYTES]),
+        Err(Error::TooLarge { .. })
+    ));
+    assert_eq!(
+        c.get(b"big").unwrap().unwrap(),
+        big,
+        "a refused put must not change the value"
+    );
+    assert_eq!(c.put(b"empty-value", b"").unwrap(), PutOutcome::Inserted);
+    assert_eq!(c.get(b"empty-value").unwrap().as_deref(), Some(&b""[..]));
+    let binary: Vec<u8> = (0..=255).collect();
+    c.put(&binary, &binary).unwrap();
+    assert_eq!(c.get(&binary).unwrap().unwrap(), binary);
+    c.flush().unwrap();
+    assert_eq!(memnode.stats().items, 4, "{:?}", memnode.stats());
+}
+
+pub fn grows_through_splits(via: Via) {
+    let memnode = TestMemnode::start(via, 32 * MIB, 4);
+    let table = memnode.table(options(10));
+    let mut c = table.client(memnode.connect());
+    let n = 5_000u32;
+    let mut model = HashMap::new();
+    for i in 0..n {
+        let (k, v) = (
+            format!("key-{i}").into_bytes(),
+            format!("value-{i}").into_bytes(),
+        );
+        assert_eq!(c.put(&k, &v).unwrap(), PutOutcome::Inserted, "key {i}");
+        model.insert(k, v);
+    }
+    let stats = memnode.stats();
+    assert!(
+        stats.global_depth >= 5,
+        "expected many splits, got {stats:?}"
+    );
+    for i in (0..n).step_by(2) {
+        assert!(c.delete(format!("key-{i}").as_bytes()).unwrap());
+        model.remove(format!("key-{i}").as_bytes());
+    }
+    for i in 0..n {
+        let got = c.get(format!("key-{i}").as_bytes()).unwrap();
+        assert_eq!(
+            got,
+            model.get(format!("key-{i}").as_bytes()).cloned(),
+            "key {i}"
+        );
+    }
+    c.flush().unwrap();
+    assert_eq!(memnode.stats().items, model.len() as u64);
+    assert_table_holds(&memnode, &model);
+    assert!(c.stats().split_requests > 0);
+}
+
+/// Single-threaded random operations against a HashMap model (a fixed seed per transport;
+/// the proptest version runs in-process below).
+pub fn matches_a_hashmap_model(via: Via) {
+    let memnode = TestMemnode::start(via, 16 * MIB, 4);
+    let table = memnode.table(options(0));
+    let mut c = table.client(memnode.connect());
+    let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+    let mut rng = 0x1234_5678_9abc_def0u64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    for step in 0..6_000 {
+        let key = format!("k{}", next() % 700).into_bytes();
+        let value = vec![(next() % 251) as u8; (next() % 300) as usize];
+        match next() % 6 {
+            0 | 1 => {
+                let expected = if model.contains_key(&key) {
+                    PutOutcome::Updated
+                } else {
+                    PutOutcome::Inserted
+                };
+                assert_eq!(c.put(&key, &value).unwrap(), expected, "step {step}");
+                model.insert(key, value);
+            }
+            2 => {
+                let applied = c.put_with(&key, &value, PutMode::InsertOnly).unwrap()
+                    != PutOutcome::NotApplied;
+                assert_eq!(applied, !model.contains_key(&key), "step {step}");
+                model.entry(key).or_insert(value);
+            }
+            3 => assert_eq!(
+                c.delete(&key).unwrap(),
+                model.remove(&key).is_some(),
+                "step {step}"
+            ),
+            4 => {
+                let expected = model.get(&key).cloned();
+                let swapped = c
+                    .compare_and_swap(&key, expected.as_deref(), Some(&value))
+                    .unwrap();
+                assert!(swapped, "step {step}: CAS with the current value failed");
+                model.insert(key, value);
+            }
+            _ => assert_eq!(
+                c.get(&key).unwrap(),
+                model.get(&key).cloned(),
+                "step {step}"
+            ),
+        }
+    }
+    c.flush().unwrap();
+    assert_eq!(memnode.stats().items, model.len() as u64);
+    assert_table_holds(&memnode, &model);
+}
+
+/// One operation of the concurrent history.
+#[derive(Debug, Clone)]
+struct Event {
+    key: u32,
+    kind: EventKind,
+    start: u64,
+    end: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum EventKind {
+    Put(u64),
+    Delete,
+    Get(Option<u64>),
+}
+
+/// Checks each key's history: every read returns a value some write could have left there
+/// (written before the read ended, not definitely overwritten before it began), and the
+/// final state is one the last writes could have left.
+fn check_history(events: &[Event], final_state: &HashMap<u32, Option<u64>>) {
+    let mut by_key: BTreeMap<u32, Vec<&Event>> = BTreeMap::new();
+    for e in events {
+        by_key.entry(e.key).or_default().push(e);
+    }
+    for (key, evs) in by_key {
+        let writes: Vec<(&Event, Option<u64>)> = evs
+            .iter()
+            .filter_map(|e| match e.kind {
+                EventKind::Put(v) => Some((*e, Some(v))),
+                EventKind::Delete => Some((*e, None)),
+                EventKind::Get(_) => None,
+            })
+            .collect();
+        // "Possible" writes for an observation at [start, end]: value-matching writes (or the
+        // initial absent state) not superseded by a write that both started after them and
+        // ended before the observation started.
+        let possible = |value: Option<u64>, obs_start: u64, obs_end: u64| -> bool {
+            let initial_ok = value.is_none() && !writes.iter().any(|(w, _)| w.end < obs_start);
+            initial_ok
+                || writes.iter().any(|(w, v)| {
+                    *v == value
+                        && w.start < obs_end
+                        && !writes
+                            .iter()
+                            .any(|(w2, _)| w2.start > w.end && w2.end < obs_start)
+                })
+        };
+        for e in &evs {
+            if let EventKind::Get(v) = e.kind {
+                assert!(
+                    possible(v, e.start, e.end),
+                    "key {key}: read at [{}, {}] returned {v:?}, which no write could have left",
+                    e.start,
+                    e.end
+                );
+            }
+        }
+        let last = u64::MAX;
+        let final_value = final_state.get(&key).copied().flatten();
+        assert!(
+            possible(final_value, last, last),
+            "key {key}: final value {final_value:?} is not one the last writes could leave"
+        );
+    }
+}
+
+/// Eight threads mix get/upsert/delete over a small shared key set while filler inserts keep
+/// the table splitting; then the history and the whole table are checked.
+pub fn stress_with_splits(via: Via) {
+    const THREADS: usize = 8;
+    const HOT_KEYS: u32 = 24;
+    let ops_per_thread = if matches!(via, Via::Local) {
+        6_000
+    } else {
+        2_500
+    };
+    let memnode = TestMemnode::start(via, 64 * MIB, 4);
+    let table = memnode.table(options(5));
+    let clock = Instant::now();
+    let now = || clock.elapsed().as_nanos() as u64;
+    let barrier = Barrier::new(THREADS);
+    let results: Vec<(Vec<Event>, Vec<Vec<u8>>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (table, barrier, memnode) = (&table, &barrier, &memnode);
+                s.spawn(move || {
+                    let mut c = table.client(memnode.connect());
+                    let mut events = Vec::new();
+                    let mut fillers = Vec::new();
+                    let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 + 1);
+                    barrier.wait();
+                    for seq in 0..ops_per_thread as u64 {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        let key = (rng % u64::from(HOT_KEYS)) as u32;
+                        let name = format!("hot-{key}");
+                        let start = now();
+                        let kind = match rng >> 32 & 7 {
+                            0 | 1 => {
+                                let filler = format!("fill-{t}-{seq}").into_bytes();
+                                c.put(&filler, &filler).unwrap();
+                                fillers.push(filler);
+                                continue;
+                            }
+                            2 | 3 | 4 => {
+                                let v = (t as u64) << 32 | seq;
+                                c.put(name.as_bytes(), &v.to_le_bytes()).unwrap();
+                                EventKind::Put(v)
+                            }
+                            5 => {
+                                c.delete(name.as_bytes()).unwrap();
+                                EventKind::Delete
+                            }
+                            _ => EventKind::Get(
+                                c.get(name.as_bytes())
+                                    .unwrap()
+                                    .map(|v| u64::from_le_bytes(v.try_into().unwrap())),
+                            ),
+                        };
+                        events.push(Event {
+                            key,
+                            kind,
+                            start,
+                            end: now(),
+                        });
+                    }
+                    c.flush().unwrap();
+                    (events, fillers)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let stats = memnode.stats();
+    assert!(
+        stats.global_depth >= 3,
+        "the stress test should have split the table: {stats:?}"
+    );
+    let mut c = table.client(memnode.connect());
+    let mut final_state = HashMap::new();
+    let mut expected = HashMap::new();
+    for key in 0..HOT_KEYS {
+        let name = format!("hot-{key}").into_bytes();
+        let v = c.get(&name).unwrap();
+        if let Some(v) = &v {
+            expected.insert(name, v.clone());
+        }
+        final_state.insert(key, v.map(|v| u64::from_le_bytes(v.try_into().unwrap())));
+    }
+    let events: Vec<Event> = results
+        .iter()
+        .flat_map(|(e, _)| e.iter().cloned())
+        .collect();
+    check_history(&events, &final_state);
+    for (_, fillers) in &results {
+        for f in fillers {
+            assert_eq!(
+                c.get(f).unwrap().as_deref(),
+                Some(&f[..]),
+                "acknowledged filler {:?} lost",
+                String::from_utf8_lossy(f)
+            );
+            expected.insert(f.clone(), f.clone());
+        }
+    }
+    assert_table_holds(&memnode, &expected);
+    assert_eq!(
+        memnode.stats().items,
+        expected.len() as u64,
+        "item count drifted"
+    );
+}
+
+/// With no grace period, blocks are reused as fast as possible; readers must still never
+/// return a value that was not written for the key they asked for.
+pub fn readers_survive_block_reuse(via: Via) {
+    let memnode = TestMemnode::start(via, 16 * MIB, 16);
+    let table = memnode.table(options(0));
+    const KEYS: u64 = 16;
+    let stop = AtomicBool::new(false);
+    let reads = AtomicU64::new(0);
+    let mut c = table.client(memnode.connect());
+    for k in 0..KEYS {
+        c.put(
+            format!("key-{k}").as_bytes(),
+            format!("key-{k}/init").as_bytes(),
+        )
+        .unwrap();
+    }
+    std::thread::scope(|s| {
+        for w in 0..3 {
+            let (table, memnode, stop) = (&table, &memnode, &stop);
+            s.spawn(move || {
+                let mut c = table.client(memnode.connect());
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let k = i % KEYS;
+                    // Varying sizes make blocks of one size class serve different keys.
+                    let pad = "x".repeat((i % 3) as usize * 20);
+                    c.put(
+                        format!("key-{k}").as_bytes(),
+                        format!("key-{k}/{w}/{i}{pad}").as_bytes(),
+                    )
+                    .unwrap();
+                    i += 1;
+                }
+            });
+        }
+        for _ in 0..4 {
+            let (table, memnode, stop, reads) = (&table, &memnode, &stop, &reads);
+            s.spawn(move || {
+                let mut c = table.client(memnode.connect());
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let k = i % KEYS;
+                    let v = c
+                        .get(format!("key-{k}").as_bytes())
+                        .unwrap()
+                        .expect("keys are never deleted here");
+                    let v = String::from_utf8(v).unwrap();
+                    assert!(
+                        v.starts_with(&format!("key-{k}/")),
+                        "read key-{k} and got {v:?}"
+                    );
+                    reads.fetch_add(1, Ordering::Relaxed);
+                    i += 1;
+                }
+            });
+        }
+        let until = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < until && reads.load(Ordering::Relaxed) < 200_000 {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert!(
+        reads.load(Ordering::Relaxed) > 1_000,
+        "too few reads to mean anything"
+    );
+}
+
+/// A memnode that dies mid-split (journal set, directory locked, some buckets moved)
+/// finishes the split when it restarts, losing and duplicating nothing.
+pub fn split_interrupted_by_a_crash_is_finished_on_restart(via: Via) {
+    let memnode = TestMemnode::start(via, 16 * MIB, 16);
+    let table = memnode.table(options(0));
+    let mut c = table.client(memnode.connect());
+    let mut model = HashMap::new();
+    for i in 0..400 {
+        let (k, v) = (
+            format!("key-{i}").into_bytes(),
+            format!("v{i}").into_bytes(),
+        );
+        c.put(&k, &v).unwrap();
+        model.insert(k, v);
+    }
+    c.flush().unwrap();
+    let entry = table.directory().lookup(
+        racekv_hashing::hash::KeyHash::of(b"key-0", memnode.layout().groups_per_subtable).dir,
+    );
+    let req = SplitRequest {
+        dir_hash: racekv_hashing::hash::KeyHash::of(b"key-0", memnode.layout().groups_per_subtable)
+            .dir,
+        observed_depth: entry.entry.local_depth,
+        observed_subtable: entry.entry.subtable,
+    };
+    let splitter = memnode.local_splitter();
+    splitter.split_then_crash(&req, 1).unwrap();
+    // "Restart": the journal is found and the split completed.
+    assert!(
+        splitter.recover().unwrap(),
+        "no split in progress was found"
+    );
+    assert!(!splitter.recover().unwrap(), "the journal was not cleared");
+    let table = memnode.table(options(0));
+    let mut c = table.client(memnode.connect());
+    for (k, v) in &model {
+        assert_eq!(c.get(k).unwrap().as_ref(), Some(v));
+    }
+    assert_table_holds(&memnode, &model);
+}
+
+/// Operations fail with a clear connection error when the memnode goes away.
+pub fn memnode_loss_is_a_clear_error(via: Via) {
+    let mut memnode = TestMemnode::start(via, 8 * MIB, 16);
+    let table = memnode.table(options(10));
+    let mut c = table.client(memnode.connect());
+    c.put(b"a", b"1").unwrap();
+    memnode.stop();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        match c.get(b"a") {
+            Err(e) if e.is_transient() => break,
+            Ok(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            other => panic!("expected a connection failure, got {other:?}"),
+        }
+    }
+}
+
+macro_rules! table_suite {
+    ($via:expr; $($case:ident),*) => {
+        $(
+            #[test]
+            fn $case() {
+                super::$case($via);
+            }
+        )*
+    };
+    ($via:expr) => {
+        table_suite!($via; basic_operations, grows_through_splits, matches_a_hashmap_model,
+            stress_with_splits, readers_survive_block_reuse,
+            split_interrupted_by_a_crash_is_finished_on_restart);
+    };
+}
+
+mod local {
+    use super::*;
+    table_suite!(Via::Local);
+}
+
+mod shm {
+    use super::*;
+    table_suite!(Via::Transport(racekv_transport::TransportKind::Shm));
+    table_suite!(Via::Transport(racekv_transport::TransportKind::Shm); memnode_loss_is_a_clear_error);
+}
+
+mod tcp {
+    use super::*;
+    table_suite!(Via::Transport(racekv_transport::TransportKind::Tcp));
+    table_suite!(Via::Transport(racekv_transport::TransportKind::Tcp); memnode_loss_is_a_clear_error);
+}
