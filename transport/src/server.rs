@@ -347,6 +347,12 @@ impl RegionServer {
         self.shared.live.load(Ordering::Relaxed)
     }
 
+    /// A function reporting the open connections, for a metrics thread to hold.
+    pub fn connections_handle(&self) -> impl Fn() -> usize + Send + 'static {
+        let shared = Arc::clone(&self.shared);
+        move || shared.live.load(Ordering::Relaxed)
+    }
+
     fn spawn_acceptor<L, S>(&self, listener: L, accept: fn(&L) -> io::Result<S>) -> io::Result<()>
     where
         L: AsFd + Send + 'static,

@@ -1,0 +1,180 @@
+//! The memnode's configuration: defaults, then a TOML file, then `RACEKV_MEMNODE_*`
+//! environment variables, then command-line flags (each layer overrides the one before).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+use crate::bytes::serde_bytes;
+
+/// Everything a memnode needs to run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MemnodeConfig {
+    /// Size of the region (the table, its directory and all KV data).
+    #[serde(with = "serde_bytes")]
+    pub region_bytes: u64,
+    /// Back the region with this file so a restart reopens the table. Without it the region
+    /// is anonymous shared memory and lives as long as the process.
+    pub data_file: Option<PathBuf>,
+    /// Back an anonymous region with huge pages (needs vm.nr_hugepages reserved).
+    pub huge_pages: bool,
+    /// Unix socket for same-host clients (the shm transport).
+    pub listen_shm: Option<PathBuf>,
+    /// host:port for the tcp transport (the software NIC).
+    pub listen_tcp: Option<String>,
+    /// host:port of the verbs control channel (needs an RDMA device and the `rdma` build).
+    pub listen_verbs: Option<String>,
+    /// Shared secret every client request must carry.
+    pub token: String,
+    /// Where to serve Prometheus metrics (`/metrics`); unset disables it.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Bucket groups per subtable (power of two; 3 buckets of 7 slots each).
+    pub groups_per_subtable: u32,
+    /// Bytes per KV chunk handed to a client.
+    #[serde(with = "serde_bytes")]
+    pub chunk_bytes: u64,
+    pub max_connections: usize,
+    /// A connection that stalls mid-frame this long is closed.
+    pub io_timeout_ms: u64,
+    /// How often a data file is flushed to disk (msync); 0 leaves it to the kernel.
+    pub sync_interval_ms: u64,
+}
+
+/// The token used when none is configured: fine on loopback, refused elsewhere.
+pub const DEV_TOKEN: &str = "racekv-dev-token";
+
+impl Default for MemnodeConfig {
+    fn default() -> Self {
+        Self {
+            region_bytes: 1 << 30,
+            data_file: None,
+            huge_pages: false,
+            listen_shm: None,
+            listen_tcp: Some("127.0.0.1:7400".into()),
+            listen_verbs: None,
+            token: DEV_TOKEN.into(),
+            metrics_addr: Some("127.0.0.1:9400".parse().expect("static address")),
+            groups_per_subtable: 256,
+            chunk_bytes: 1 << 20,
+            max_connections: 1024,
+            io_timeout_ms: 10_000,
+            sync_interval_ms: 1_000,
+        }
+    }
+}
+
+impl MemnodeConfig {
+    /// Loads defaults, then `file` (if given), then the environment.
+    pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
+        let mut builder =
+            config::Config::builder().add_source(config::Config::try_from(&Self::default())?);
+        if let Some(path) = file {
+            builder = builder.add_source(
+                config::File::from(path)
+                    .format(config::FileFormat::Toml)
+                    .required(true),
+            );
+        }
+        builder = builder.add_source(
+            config::Environment::with_prefix("RACEKV_MEMNODE")
+                .prefix_separator("_")
+                .separator("__")
+                .try_parsing(true),
+        );
+        let cfg: Self = builder
+            .build()
+            .and_then(|c| c.try_deserialize())
+            .with_context(|| match file {
+                Some(p) => format!(
+                    "reading the memnode configuration from {} and RACEKV_MEMNODE_*",
+                    p.display()
+                ),
+                None => "reading the memnode configuration from RACEKV_MEMNODE_*".into(),
+            })?;
+        Ok(cfg)
+    }
+
+    /// Checks what can be checked before anything starts.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.listen_shm.is_some() || self.listen_tcp.is_some() || self.listen_verbs.is_some(),
+            "no listener configured: set listen_shm, listen_tcp or listen_verbs"
+        );
+        anyhow::ensure!(
+            self.region_bytes % 4096 == 0,
+            "region_bytes ({}) must be a multiple of 4096",
+            self.region_bytes
+        );
+        anyhow::ensure!(!self.token.is_empty(), "token must not be empty");
+        anyhow::ensure!(
+            self.max_connections > 0,
+            "max_connections must be at least 1"
+        );
+        anyhow::ensure!(
+            !(self.huge_pages && self.data_file.is_some()),
+            "huge_pages applies to anonymous regions; a data_file region uses the page cache"
+        );
+        let exposed = |addr: &Option<String>| addr.as_deref().is_some_and(|a| !is_loopback(a));
+        if self.token == DEV_TOKEN && (exposed(&self.listen_tcp) || exposed(&self.listen_verbs)) {
+            anyhow::bail!("refusing to listen beyond loopback with the built-in development token: set `token` (or RACEKV_MEMNODE_TOKEN)");
+        }
+        Ok(())
+    }
+}
+
+fn is_loopback(addr: &str) -> bool {
+    let host = addr
+        .rsplit_once(':')
+        .map_or(addr, |(h, _)| h)
+        .trim_matches(|c| c == '[' || c == ']');
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_override_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("memnode.toml");
+        std::fs::write(
+            &file,
+            "region_bytes = \"64MiB\"\nlisten_tcp = \"127.0.0.1:7777\"\n",
+        )
+        .unwrap();
+        let cfg = MemnodeConfig::load(Some(&file)).unwrap();
+        assert_eq!(cfg.region_bytes, 64 << 20);
+        assert_eq!(cfg.listen_tcp.as_deref(), Some("127.0.0.1:7777"));
+        assert_eq!(
+            cfg.chunk_bytes,
+            1 << 20,
+            "untouched keys keep their defaults"
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("memnode.toml");
+        std::fs::write(&file, "region_byte = 5\n").unwrap();
+        assert!(MemnodeConfig::load(Some(&file)).is_err());
+    }
+
+    #[test]
+    fn dev_token_stays_on_loopback() {
+        let mut cfg = MemnodeConfig::default();
+        cfg.validate().unwrap();
+        cfg.listen_tcp = Some("0.0.0.0:7400".into());
+        assert!(cfg.validate().is_err());
+        cfg.token = "a real secret".into();
+        cfg.validate().unwrap();
+        assert!(is_loopback("[::1]:5") && is_loopback("localhost:1") && !is_loopback("10.0.0.1:1"));
+    }
+}

@@ -1,0 +1,363 @@
+//! The racekv memory node: one region holding a RACE table, served to compute nodes.
+//!
+//! [`Memnode::start`] maps the region (a data file, so a restart reopens the table, or an
+//! anonymous memfd), formats it or reopens it (finishing a split a crash interrupted),
+//! serves it on the configured transports, and answers the table's RPCs (metadata, chunk
+//! allocation, split, stats) through a loopback connection of the transport clients use.
+//!
+//! Durability: a write is in the region once its batch completes. With a data file that
+//! means the kernel's page cache: it survives the memnode process dying (even SIGKILL) and
+//! reaches the disk within `sync_interval_ms` (msync) or at a clean shutdown. It does not
+//! survive a machine crash inside that interval.
+
+pub mod bytes;
+pub mod config;
+
+use std::fs::{File, OpenOptions};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use prometheus::{Gauge, IntGauge};
+use racekv_hashing::format::{format, is_formatted, read_layout};
+use racekv_hashing::heap::Heap;
+use racekv_hashing::split::Splitter;
+use racekv_hashing::{Layout, TableService, TableStats};
+use racekv_telemetry::MetricsServer;
+use racekv_transport::local::LocalConnection;
+use racekv_transport::{ConnectOptions, Connection, Endpoint, Region, RegionServer, ServerOptions};
+
+pub use config::MemnodeConfig;
+
+struct Gauges {
+    region_bytes: IntGauge,
+    heap_used_bytes: IntGauge,
+    items: IntGauge,
+    slots: IntGauge,
+    load_factor: Gauge,
+    global_depth: IntGauge,
+    subtables: IntGauge,
+    chunks: IntGauge,
+    connections: IntGauge,
+    last_sync_seconds: Gauge,
+}
+
+static GAUGES: LazyLock<Gauges> = LazyLock::new(|| {
+    use racekv_telemetry::register;
+    Gauges {
+        region_bytes: register(
+            IntGauge::new("racekv_memnode_region_bytes", "Size of the region").unwrap(),
+        ),
+        heap_used_bytes: register(
+            IntGauge::new(
+                "racekv_memnode_heap_used_bytes",
+                "Heap bytes allocated (subtables and KV chunks)",
+            )
+            .unwrap(),
+        ),
+        items: register(IntGauge::new("racekv_memnode_items", "Keys stored").unwrap()),
+        slots: register(IntGauge::new("racekv_memnode_slots", "Slots in all subtables").unwrap()),
+        load_factor: register(
+            Gauge::new("racekv_memnode_load_factor_ratio", "Keys per slot").unwrap(),
+        ),
+        global_depth: register(
+            IntGauge::new("racekv_memnode_global_depth", "Directory global depth").unwrap(),
+        ),
+        subtables: register(
+            IntGauge::new("racekv_memnode_subtables", "Subtables allocated").unwrap(),
+        ),
+        chunks: register(
+            IntGauge::new("racekv_memnode_chunks", "KV chunks handed to clients").unwrap(),
+        ),
+        connections: register(
+            IntGauge::new("racekv_memnode_connections", "Open client connections").unwrap(),
+        ),
+        last_sync_seconds: register(
+            Gauge::new(
+                "racekv_memnode_last_sync_duration_seconds",
+                "Duration of the last msync of the data file",
+            )
+            .unwrap(),
+        ),
+    }
+});
+
+/// A running memnode.
+pub struct Memnode {
+    config: MemnodeConfig,
+    region: Arc<Region>,
+    layout: Layout,
+    service: Arc<TableService>,
+    server: Option<RegionServer>,
+    metrics: Option<MetricsServer>,
+    stopping: Arc<AtomicBool>,
+    housekeeping: Option<JoinHandle<()>>,
+    /// Holds the exclusive lock on the data file while we run.
+    _lock: Option<nix::fcntl::Flock<File>>,
+}
+
+/// Opens (or creates) the data file, or makes an anonymous memfd region.
+fn open_region(cfg: &MemnodeConfig) -> anyhow::Result<(File, Option<nix::fcntl::Flock<File>>)> {
+    let Some(path) = &cfg.data_file else {
+        let file = racekv_transport::region::shared_memory_file(
+            "racekv-region",
+            cfg.region_bytes,
+            cfg.huge_pages,
+        )?;
+        return Ok((file, None));
+    };
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .with_context(|| format!("opening the data file {}", path.display()))?;
+    let lock = nix::fcntl::Flock::lock(
+        file.try_clone()?,
+        nix::fcntl::FlockArg::LockExclusiveNonblock,
+    )
+    .map_err(|(_, e)| anyhow::anyhow!("{} is in use by another memnode ({e})", path.display()))?;
+    let len = file.metadata()?.len();
+    if len == 0 {
+        file.set_len(cfg.region_bytes)
+            .with_context(|| format!("sizing {} to {} bytes", path.display(), cfg.region_bytes))?;
+    } else if len != cfg.region_bytes {
+        bail!(
+            "{} holds a region of {len} bytes but region_bytes is {}; a region cannot be resized (use region_bytes = {len})",
+            path.display(),
+            cfg.region_bytes
+        );
+    }
+    Ok((file, Some(lock)))
+}
+
+impl Memnode {
+    pub fn start(config: MemnodeConfig) -> anyhow::Result<Self> {
+        config.validate()?;
+        if config.listen_verbs.is_some()
+            && (config.listen_shm.is_some() || config.listen_tcp.is_some())
+        {
+            bail!("verbs cannot share a region with shm or tcp clients: NIC atomics are atomic only against other NIC atomics (design.md); configure verbs alone");
+        }
+        let (file, lock) = open_region(&config)?;
+        let region =
+            Arc::new(Region::map_file(&file, config.region_bytes).context("mapping the region")?);
+        GAUGES.region_bytes.set(config.region_bytes as i64);
+
+        // Format or reopen, before anyone can connect.
+        let local = LocalConnection::new(Arc::clone(&region), None);
+        let layout = if is_formatted(&local)? {
+            let layout = read_layout(&local)?;
+            let local: Arc<dyn Connection> = Arc::new(local);
+            let splitter = Splitter::new(
+                Arc::clone(&local),
+                layout,
+                Arc::new(Heap::new(Arc::clone(&local), layout)),
+            );
+            if splitter.recover()? {
+                tracing::warn!("finished a split that the previous run left in progress");
+            }
+            tracing::info!(
+                region_bytes = layout.region_len,
+                "reopened an existing table"
+            );
+            layout
+        } else {
+            let layout = Layout::for_region(
+                config.region_bytes,
+                config.groups_per_subtable,
+                config.chunk_bytes,
+            )?;
+            format(&local, &layout)?;
+            tracing::info!(
+                region_bytes = layout.region_len,
+                max_global_depth = layout.max_global_depth,
+                "formatted a new table"
+            );
+            layout
+        };
+
+        let service = Arc::new(TableService::new(layout));
+        let mut listen = Vec::new();
+        if let Some(p) = &config.listen_shm {
+            if let Some(dir) = p.parent() {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("creating {}", dir.display()))?;
+            }
+            listen.push(Endpoint::Shm(p.clone()));
+        }
+        if let Some(a) = &config.listen_tcp {
+            listen.push(Endpoint::Tcp(a.clone()));
+        }
+        if let Some(a) = &config.listen_verbs {
+            listen.push(Endpoint::Verbs(a.clone()));
+        }
+        let options = ServerOptions {
+            token: config.token.clone(),
+            max_connections: config.max_connections,
+            io_timeout: Duration::from_millis(config.io_timeout_ms),
+        };
+        let server = RegionServer::start(
+            Arc::clone(&region),
+            Some(file),
+            service.clone(),
+            options,
+            &listen,
+        )
+        .context("starting the region server")?;
+
+        // The service works on the region through a loopback of the clients' transport.
+        let loopback_endpoint = server
+            .endpoints()
+            .iter()
+            .find(|e| matches!(e, Endpoint::Verbs(_)))
+            .or_else(|| {
+                server
+                    .endpoints()
+                    .iter()
+                    .find(|e| matches!(e, Endpoint::Shm(_)))
+            })
+            .or_else(|| server.endpoints().first())
+            .expect("at least one listener")
+            .clone();
+        let loopback = racekv_transport::connect(
+            &loopback_endpoint,
+            &ConnectOptions {
+                token: config.token.clone(),
+                timeout: Duration::from_secs(30),
+            },
+        )
+        .with_context(|| format!("connecting the loopback to {loopback_endpoint}"))?;
+        service.attach(loopback);
+
+        let metrics = match config.metrics_addr {
+            Some(addr) => Some(MetricsServer::start(addr)?),
+            None => None,
+        };
+        let stopping = Arc::new(AtomicBool::new(false));
+        let mut memnode = Self {
+            config,
+            region,
+            layout,
+            service,
+            server: Some(server),
+            metrics,
+            stopping,
+            housekeeping: None,
+            _lock: lock,
+        };
+        memnode.housekeeping = Some(memnode.spawn_housekeeping()?);
+        Ok(memnode)
+    }
+
+    /// Refreshes the gauges every second and flushes a data file every `sync_interval_ms`.
+    fn spawn_housekeeping(&self) -> anyhow::Result<JoinHandle<()>> {
+        let (stopping, service, region) = (
+            Arc::clone(&self.stopping),
+            Arc::clone(&self.service),
+            Arc::clone(&self.region),
+        );
+        let sync_every = (self.config.data_file.is_some() && self.config.sync_interval_ms > 0)
+            .then(|| Duration::from_millis(self.config.sync_interval_ms));
+        let connections = self.server.as_ref().map(|s| s.connections_handle());
+        Ok(std::thread::Builder::new()
+            .name("memnode-housekeeping".into())
+            .spawn(move || {
+                let mut last_stats = Instant::now() - Duration::from_secs(10);
+                let mut last_sync = Instant::now();
+                while !stopping.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(50));
+                    if last_stats.elapsed() >= Duration::from_secs(1) {
+                        last_stats = Instant::now();
+                        if let Ok(stats) = service.stats() {
+                            publish(&stats);
+                        }
+                        if let Some(c) = &connections {
+                            GAUGES.connections.set(c() as i64);
+                        }
+                    }
+                    if let Some(every) = sync_every {
+                        if last_sync.elapsed() >= every {
+                            last_sync = Instant::now();
+                            if let Err(e) = region.flush() {
+                                tracing::error!("flushing the data file failed: {e}");
+                            }
+                            GAUGES
+                                .last_sync_seconds
+                                .set(last_sync.elapsed().as_secs_f64());
+                        }
+                    }
+                }
+            })?)
+    }
+
+    pub fn endpoints(&self) -> &[Endpoint] {
+        self.server.as_ref().map_or(&[], |s| s.endpoints())
+    }
+
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(|m| m.addr())
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub fn stats(&self) -> anyhow::Result<TableStats> {
+        Ok(self.service.stats()?)
+    }
+
+    /// A one-line JSON description for whoever started us (endpoints, metrics address).
+    pub fn ready_line(&self) -> String {
+        serde_json::json!({
+            "endpoints": self.endpoints().iter().map(|e| e.to_string()).collect::<Vec<_>>(),
+            "metrics": self.metrics_addr().map(|a| a.to_string()),
+            "region_bytes": self.layout.region_len,
+            "pid": std::process::id(),
+        })
+        .to_string()
+    }
+
+    /// Stops serving, flushes the region to its file, and returns.
+    pub fn shutdown(mut self) -> anyhow::Result<()> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> anyhow::Result<()> {
+        self.stopping.store(true, Ordering::Release);
+        if let Some(mut server) = self.server.take() {
+            server.shutdown();
+        }
+        if let Some(h) = self.housekeeping.take() {
+            let _ = h.join();
+        }
+        self.metrics.take();
+        if self.config.data_file.is_some() {
+            self.region.flush().context("flushing the data file")?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Memnode {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            tracing::error!("memnode shutdown: {e:#}");
+        }
+    }
+}
+
+fn publish(stats: &TableStats) {
+    let g = &*GAUGES;
+    g.heap_used_bytes.set(stats.heap.heap_used_bytes as i64);
+    g.items.set(stats.items as i64);
+    g.slots.set(stats.slots as i64);
+    g.load_factor.set(stats.load_factor);
+    g.global_depth.set(i64::from(stats.global_depth));
+    g.subtables.set(stats.heap.subtables as i64);
+    g.chunks.set(stats.heap.chunks as i64);
+}

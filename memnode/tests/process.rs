@@ -1,0 +1,306 @@
+//! The memnode as a real process: it serves, reports metrics, stops cleanly on SIGTERM, and
+//! after SIGKILL a restart on the same data file serves every acknowledged key.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use racekv_hashing::{Table, TableOptions};
+use racekv_transport::{ConnectOptions, Connection, Endpoint};
+
+const TOKEN: &str = "process-test-token";
+
+struct Running {
+    child: Child,
+    endpoints: Vec<Endpoint>,
+    metrics: Option<String>,
+}
+
+fn spawn(args: &[&str]) -> Running {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_racekv-memnode"))
+        .args(args)
+        .env("RACEKV_MEMNODE_TOKEN", TOKEN)
+        .env("RACEKV_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start racekv-memnode");
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let ready = loop {
+        match lines.next() {
+            Some(Ok(line)) if line.starts_with("READY ") => break line,
+            Some(Ok(_)) => continue,
+            _ => panic!("memnode exited before it was ready: {:?}", child.wait()),
+        }
+    };
+    let info: serde_json::Value = serde_json::from_str(&ready["READY ".len()..]).unwrap();
+    let endpoints = info["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap().parse().unwrap())
+        .collect();
+    let metrics = info["metrics"].as_str().map(String::from);
+    Running {
+        child,
+        endpoints,
+        metrics,
+    }
+}
+
+fn connect(endpoint: &Endpoint) -> Arc<dyn Connection> {
+    racekv_transport::connect(
+        endpoint,
+        &ConnectOptions {
+            token: TOKEN.into(),
+            timeout: Duration::from_secs(10),
+        },
+    )
+    .unwrap()
+}
+
+fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "memnode did not exit within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn signal(child: &Child, sig: i32) {
+    let status = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
+        .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    body
+}
+
+fn data_file_args<'a>(dir: &'a Path, file: &'a str, sock: &'a str) -> Vec<String> {
+    vec![
+        "--data-file".into(),
+        dir.join(file).display().to_string(),
+        "--listen-shm".into(),
+        dir.join(sock).display().to_string(),
+        "--listen-tcp".into(),
+        "127.0.0.1:0".into(),
+        "--metrics-addr".into(),
+        "127.0.0.1:0".into(),
+        "--region-bytes".into(),
+        "64MiB".into(),
+        "--groups-per-subtable".into(),
+        "8".into(),
+        "--chunk-bytes".into(),
+        "64KiB".into(),
+    ]
+}
+
+#[test]
+fn serves_shm_and_tcp_reports_metrics_and_stops_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let args: Vec<String> = vec![
+        "--listen-shm".into(),
+        dir.path().join("m.sock").display().to_string(),
+        "--listen-tcp".into(),
+        "127.0.0.1:0".into(),
+        "--metrics-addr".into(),
+        "127.0.0.1:0".into(),
+        "--region-bytes".into(),
+        "32MiB".into(),
+    ];
+    let mut m = spawn(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(m.endpoints.len(), 2);
+    for endpoint in &m.endpoints {
+        let conn = connect(endpoint);
+        let table = Table::open(Arc::clone(&conn), TableOptions::default()).unwrap();
+        let mut c = table.client(conn);
+        let key = format!("via-{endpoint}");
+        c.put(key.as_bytes(), b"hello").unwrap();
+        assert_eq!(
+            c.get(key.as_bytes()).unwrap().as_deref(),
+            Some(&b"hello"[..])
+        );
+    }
+    // Both transports see the same table.
+    let conn = connect(&m.endpoints[1]);
+    let table = Table::open(Arc::clone(&conn), TableOptions::default()).unwrap();
+    let mut c = table.client(conn);
+    assert!(c
+        .get(format!("via-{}", m.endpoints[0]).as_bytes())
+        .unwrap()
+        .is_some());
+    drop(c);
+    std::thread::sleep(Duration::from_millis(1200)); // one housekeeping round
+    let metrics = http_get(m.metrics.as_ref().unwrap(), "/metrics");
+    for name in [
+        "racekv_memnode_items 2",
+        "racekv_memnode_region_bytes",
+        "racekv_softnic_batches_total",
+        "racekv_rpc_server_requests_total",
+    ] {
+        assert!(metrics.contains(name), "metrics lack {name}:\n{metrics}");
+    }
+    signal(&m.child, 15);
+    let status = wait_exit(&mut m.child, Duration::from_secs(10));
+    assert!(status.success(), "SIGTERM exit: {status:?}");
+    assert!(
+        !dir.path().join("m.sock").exists(),
+        "the socket file was left behind"
+    );
+}
+
+#[test]
+fn sigkill_then_restart_serves_every_acknowledged_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = data_file_args(dir.path(), "region.dat", "m.sock");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut m = spawn(&args);
+    let endpoint = m.endpoints[0].clone();
+    // Writers run flat out (with splits, since subtables are tiny) when the kill lands.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let (endpoint, stop) = (endpoint.clone(), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let conn = connect(&endpoint);
+                let table = Table::open(Arc::clone(&conn), TableOptions::default()).unwrap();
+                let mut c = table.client(conn);
+                let mut acked = Vec::new();
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let key = format!("w{w}-k{i}");
+                    match c.put(key.as_bytes(), format!("value of {key}").as_bytes()) {
+                        Ok(_) => acked.push(key),
+                        Err(_) => break, // the memnode is gone
+                    }
+                    i += 1;
+                }
+                acked
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    signal(&m.child, 9);
+    let status = wait_exit(&mut m.child, Duration::from_secs(10));
+    assert!(!status.success());
+    stop.store(true, Ordering::Relaxed);
+    let acked: Vec<String> = writers
+        .into_iter()
+        .flat_map(|w| w.join().unwrap())
+        .collect();
+    assert!(
+        acked.len() > 500,
+        "only {} writes before the kill",
+        acked.len()
+    );
+
+    let mut m = spawn(&args);
+    let conn = connect(&m.endpoints[0]);
+    let table = Table::open(Arc::clone(&conn), TableOptions::default()).unwrap();
+    let mut c = table.client(conn);
+    for key in &acked {
+        let got = c.get(key.as_bytes()).unwrap();
+        assert_eq!(
+            got.as_deref(),
+            Some(format!("value of {key}").as_bytes()),
+            "acknowledged key {key} lost"
+        );
+    }
+    assert!(
+        table.directory().global_depth() >= 2,
+        "the test should have split the table"
+    );
+    // And it keeps working.
+    c.put(b"after-restart", b"ok").unwrap();
+    assert_eq!(
+        c.get(b"after-restart").unwrap().as_deref(),
+        Some(&b"ok"[..])
+    );
+    signal(&m.child, 15);
+    assert!(wait_exit(&mut m.child, Duration::from_secs(10)).success());
+}
+
+#[test]
+fn refuses_a_second_memnode_on_one_data_file_and_a_resized_region() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = data_file_args(dir.path(), "region.dat", "a.sock");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut first = spawn(&args);
+    let second = Command::new(env!("CARGO_BIN_EXE_racekv-memnode"))
+        .args(data_file_args(dir.path(), "region.dat", "b.sock"))
+        .env("RACEKV_MEMNODE_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(err.contains("in use by another memnode"), "{err}");
+    signal(&first.child, 15);
+    assert!(wait_exit(&mut first.child, Duration::from_secs(10)).success());
+
+    let mut resized = data_file_args(dir.path(), "region.dat", "c.sock");
+    let at = resized.iter().position(|a| a == "64MiB").unwrap();
+    resized[at] = "128MiB".into();
+    let out = Command::new(env!("CARGO_BIN_EXE_racekv-memnode"))
+        .args(&resized)
+        .env("RACEKV_MEMNODE_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot be resized"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn wrong_token_is_refused_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("m.sock").display().to_string();
+    let mut m = spawn(&[
+        "--listen-shm",
+        &sock,
+        "--listen-tcp",
+        "127.0.0.1:0",
+        "--metrics-addr",
+        "none",
+        "--region-bytes",
+        "16MiB",
+    ]);
+    for endpoint in &m.endpoints {
+        let err = racekv_transport::connect(
+            endpoint,
+            &ConnectOptions {
+                token: "wrong".into(),
+                timeout: Duration::from_secs(5),
+            },
+        )
+        .err()
+        .unwrap();
+        assert!(
+            err.to_string().contains("authentication refused"),
+            "{endpoint}: {err}"
+        );
+    }
+    signal(&m.child, 15);
+    assert!(wait_exit(&mut m.child, Duration::from_secs(10)).success());
+}
