@@ -71,17 +71,8 @@ impl FreePool {
     /// Bytes held by the pool (free, in grace, and chunk remainders).
     pub fn bytes(&self) -> u64 {
         let inner = self.inner.lock();
-        let free: u64 = inner
-            .free
-            .iter()
-            .enumerate()
-            .map(|(u, l)| u as u64 * BLOCK_UNIT_BYTES * l.len() as u64)
-            .sum();
-        let pending: u64 = inner
-            .pending
-            .iter()
-            .map(|&(_, _, u)| u64::from(u) * BLOCK_UNIT_BYTES)
-            .sum();
+        let free: u64 = inner.free.iter().enumerate().map(|(u, l)| u as u64 * BLOCK_UNIT_BYTES * l.len() as u64).sum();
+        let pending: u64 = inner.pending.iter().map(|&(_, _, u)| u64::from(u) * BLOCK_UNIT_BYTES).sum();
         let ranges: u64 = inner.ranges.iter().map(|&(a, b)| b - a).sum();
         free + pending + ranges
     }
@@ -110,16 +101,7 @@ impl BlockAllocator {
     pub fn new(source: Arc<dyn ChunkSource>, pool: Arc<FreePool>, grace: Duration) -> Self {
         let mut free = Vec::new();
         ensure_classes(&mut free);
-        Self {
-            source,
-            pool,
-            grace,
-            cursor: 0,
-            end: 0,
-            free,
-            pending: VecDeque::new(),
-            held_bytes: 0,
-        }
+        Self { source, pool, grace, cursor: 0, end: 0, free, pending: VecDeque::new(), held_bytes: 0 }
     }
 
     /// A block of `units` x 64 B.
@@ -135,8 +117,7 @@ impl BlockAllocator {
         self.free[units as usize] = refill;
         if refilled {
             let block = self.free[units as usize].pop().expect("refilled");
-            self.held_bytes +=
-                (self.free[units as usize].len() as u64) * u64::from(units) * BLOCK_UNIT_BYTES;
+            self.held_bytes += (self.free[units as usize].len() as u64) * u64::from(units) * BLOCK_UNIT_BYTES;
             return Ok(block);
         }
         let bytes = u64::from(units) * BLOCK_UNIT_BYTES;
@@ -231,15 +212,7 @@ mod tests {
     fn allocator(grace_ms: u64) -> (BlockAllocator, Arc<Bump>, Arc<FreePool>) {
         let source = Arc::new(Bump(AtomicU64::new(1 << 20)));
         let pool = Arc::new(FreePool::new());
-        (
-            BlockAllocator::new(
-                source.clone(),
-                pool.clone(),
-                Duration::from_millis(grace_ms),
-            ),
-            source,
-            pool,
-        )
+        (BlockAllocator::new(source.clone(), pool.clone(), Duration::from_millis(grace_ms)), source, pool)
     }
 
     #[test]
@@ -266,11 +239,7 @@ mod tests {
         assert_eq!(a.alloc(2).unwrap(), b, "not reused after the grace period");
         let u = a.alloc(3).unwrap();
         a.release_unpublished(u, 3);
-        assert_eq!(
-            a.alloc(3).unwrap(),
-            u,
-            "unpublished blocks are reusable at once"
-        );
+        assert_eq!(a.alloc(3).unwrap(), u, "unpublished blocks are reusable at once");
     }
 
     #[test]
@@ -287,11 +256,7 @@ mod tests {
             live[at] = a.alloc(1).unwrap();
             a.retire(old, 1);
         }
-        assert_eq!(
-            source.0.load(Ordering::Relaxed),
-            chunks_before,
-            "memory grew under a steady update load"
-        );
+        assert_eq!(source.0.load(Ordering::Relaxed), chunks_before, "memory grew under a steady update load");
     }
 
     #[test]
@@ -302,9 +267,6 @@ mod tests {
         drop(a);
         let mut b = BlockAllocator::new(source, pool.clone(), Duration::ZERO);
         assert_eq!(b.alloc(4).unwrap(), block);
-        assert!(
-            pool.bytes() > 0,
-            "the first client's chunk remainder went missing"
-        );
+        assert!(pool.bytes() > 0, "the first client's chunk remainder went missing");
     }
 }

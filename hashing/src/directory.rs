@@ -68,12 +68,7 @@ impl DirectoryCache {
 
     /// Re-reads the entry for `dir_hash` (and the global depth; if that grew, the whole
     /// directory). Returns the fresh entry.
-    pub fn refresh(
-        &self,
-        conn: &dyn Connection,
-        batch: &mut Batch,
-        dir_hash: u64,
-    ) -> Result<CachedEntry, Error> {
+    pub fn refresh(&self, conn: &dyn Connection, batch: &mut Batch, dir_hash: u64) -> Result<CachedEntry, Error> {
         self.refreshes.fetch_add(1, Ordering::Relaxed);
         let cached = self.lookup(dir_hash);
         batch.clear();
@@ -110,10 +105,7 @@ impl DirectoryCache {
 
     /// (entry refreshes, whole reloads) so far.
     pub fn refresh_counts(&self) -> (u64, u64) {
-        (
-            self.refreshes.load(Ordering::Relaxed),
-            self.reloads.load(Ordering::Relaxed),
-        )
+        (self.refreshes.load(Ordering::Relaxed), self.reloads.load(Ordering::Relaxed))
     }
 }
 
@@ -124,11 +116,7 @@ pub(crate) fn read_word(bytes: &[u8]) -> u64 {
 /// Reads the global depth, then every entry below it. The memnode writes entries before it
 /// raises the depth, and ops in a batch run in order, so the entries read are at least as
 /// new as the depth.
-fn read_snapshot(
-    conn: &dyn Connection,
-    layout: &Layout,
-    batch: &mut Batch,
-) -> Result<Snapshot, Error> {
+fn read_snapshot(conn: &dyn Connection, layout: &Layout, batch: &mut Batch) -> Result<Snapshot, Error> {
     batch.clear();
     let gd = batch.read(sb::GLOBAL_DEPTH, 8);
     conn.execute(batch)?;
@@ -148,16 +136,8 @@ fn read_snapshot(
         batch.clear();
         let r = batch.read(layout.dir_entry_offset(next), (n * 8) as u32);
         conn.execute(batch)?;
-        entries.extend(
-            batch
-                .read_result(r)?
-                .chunks_exact(8)
-                .map(|w| AtomicU64::new(read_word(w))),
-        );
+        entries.extend(batch.read_result(r)?.chunks_exact(8).map(|w| AtomicU64::new(read_word(w))));
         next += n;
     }
-    Ok(Snapshot {
-        global_depth,
-        entries: entries.into_boxed_slice(),
-    })
+    Ok(Snapshot { global_depth, entries: entries.into_boxed_slice() })
 }

@@ -11,9 +11,7 @@ pub struct EpochCell<T: Send + Sync> {
 
 impl<T: Send + Sync> EpochCell<T> {
     pub fn new(value: T) -> Self {
-        Self {
-            current: Atomic::new(value),
-        }
+        Self { current: Atomic::new(value) }
     }
 
     /// Runs `f` on the current value.
@@ -29,9 +27,7 @@ impl<T: Send + Sync> EpochCell<T> {
     /// Installs `value`; the previous one is dropped when no reader holds it anymore.
     pub fn replace(&self, value: T) {
         let guard = epoch::pin();
-        let old = self
-            .current
-            .swap(Owned::new(value), Ordering::AcqRel, &guard);
+        let old = self.current.swap(Owned::new(value), Ordering::AcqRel, &guard);
         // SAFETY: after the swap no new reader can load `old`; readers that already did are
         // pinned, and deferred destruction waits for them.
         unsafe { guard.defer_destroy(old) };

@@ -12,9 +12,7 @@ pub enum Error {
     Op(#[from] OpError),
     #[error("keys must not be empty")]
     EmptyKey,
-    #[error(
-        "key of {key} B plus value of {value} B exceed the limit of {MAX_KV_BYTES} B per item"
-    )]
+    #[error("key of {key} B plus value of {value} B exceed the limit of {MAX_KV_BYTES} B per item")]
     TooLarge { key: usize, value: usize },
     #[error("the memnode is out of memory: {0}")]
     OutOfMemory(String),

@@ -30,9 +30,18 @@ pub fn read_layout(conn: &dyn Connection) -> Result<Layout, Error> {
     Ok(layout)
 }
 
+/// Reads the node id a formatted region was given.
+pub fn read_node_id(conn: &dyn Connection) -> Result<u64, Error> {
+    let mut b = Batch::new();
+    let id = b.read(sb::NODE_ID, 8);
+    conn.execute(&mut b)?;
+    Ok(read_word(b.read_result(id)?))
+}
+
 /// Formats an empty region: superblock, one subtable at depth 0, and its directory entry.
 /// The magic and layout are written last, so a crash mid-way leaves an unformatted region.
-pub fn format(conn: &dyn Connection, layout: &Layout) -> Result<(), Error> {
+/// `node_id` names this memnode for key placement; it must be unique in a cluster.
+pub fn format(conn: &dyn Connection, layout: &Layout, node_id: u64) -> Result<(), Error> {
     layout.check()?;
     if layout.region_len != conn.region_len() {
         return Err(Error::Corrupt(format!(
@@ -45,12 +54,7 @@ pub fn format(conn: &dyn Connection, layout: &Layout) -> Result<(), Error> {
     let mut b = Batch::new();
     // The subtable's bucket headers are (depth 0, suffix 0): all zero, like fresh memory;
     // write them anyway so formatting does not depend on the region being zeroed.
-    let header = BucketHeader {
-        local_depth: 0,
-        suffix: 0,
-    }
-    .encode()
-    .to_le_bytes();
+    let header = BucketHeader { local_depth: 0, suffix: 0 }.encode().to_le_bytes();
     for bucket in 0..layout.buckets_per_subtable() {
         b.write(first + bucket * 64, &header);
         if b.len() == racekv_transport::MAX_BATCH_OPS {
@@ -58,11 +62,7 @@ pub fn format(conn: &dyn Connection, layout: &Layout) -> Result<(), Error> {
             b.clear();
         }
     }
-    let entry = DirEntry {
-        subtable: first,
-        local_depth: 0,
-        locked: false,
-    };
+    let entry = DirEntry { subtable: first, local_depth: 0, locked: false };
     b.write(layout.dir_entry_offset(0), &entry.encode().to_le_bytes());
     for (offset, value) in [
         (sb::GLOBAL_DEPTH, 0),
@@ -72,6 +72,7 @@ pub fn format(conn: &dyn Connection, layout: &Layout) -> Result<(), Error> {
         (sb::SUBTABLES, 1),
         (sb::CHUNKS, 0),
         (sb::FREE_CHUNKS, 0),
+        (sb::NODE_ID, node_id),
     ] {
         b.write(offset, &u64::to_le_bytes(value));
     }

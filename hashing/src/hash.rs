@@ -26,17 +26,12 @@ impl KeyHash {
             // Two distinct groups give four distinct buckets.
             g2 = (g1 + 1) % u64::from(groups_per_subtable);
         }
-        Self {
-            dir: lo,
-            fingerprint: (lo >> 56) as u8,
-            choices: [(g1, s1), (g2, s2)],
-        }
+        Self { dir: lo, fingerprint: (lo >> 56) as u8, choices: [(g1, s1), (g2, s2)] }
     }
 
     /// The key's two combined buckets in the subtable at `subtable`.
     pub fn combined_buckets(&self, subtable: u64, groups_per_subtable: u32) -> [CombinedBucket; 2] {
-        self.choices
-            .map(|(group, side)| combined_bucket(subtable, groups_per_subtable, group, side))
+        self.choices.map(|(group, side)| combined_bucket(subtable, groups_per_subtable, group, side))
     }
 }
 
@@ -60,9 +55,6 @@ mod tests {
             let h = KeyHash::of(&i.to_le_bytes(), 16);
             counts[h.choices[0].0 as usize] += 1;
         }
-        assert!(
-            counts.iter().all(|&c| (9_000..11_000).contains(&c)),
-            "{counts:?}"
-        );
+        assert!(counts.iter().all(|&c| (9_000..11_000).contains(&c)), "{counts:?}");
     }
 }

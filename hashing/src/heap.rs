@@ -30,11 +30,7 @@ pub struct HeapUsage {
 
 impl Heap {
     pub fn new(conn: Arc<dyn Connection>, layout: Layout) -> Self {
-        Self {
-            conn,
-            layout,
-            lock: Mutex::new(Batch::new()),
-        }
+        Self { conn, layout, lock: Mutex::new(Batch::new()) }
     }
 
     /// Bumps the heap top by `bytes` (aligned to `align`) and counts it in `counter`.
@@ -44,16 +40,13 @@ impl Heap {
         self.conn.execute(batch)?;
         let top = read_word(batch.read_result(top)?);
         let start = round_up(top, align);
-        let end = start
-            .checked_add(bytes)
-            .filter(|&end| end <= self.layout.region_len)
-            .ok_or_else(|| {
-                Error::OutOfMemory(format!(
-                    "region of {} B has {} B left; {bytes} B requested (grow --region-bytes)",
-                    self.layout.region_len,
-                    self.layout.region_len.saturating_sub(top)
-                ))
-            })?;
+        let end = start.checked_add(bytes).filter(|&end| end <= self.layout.region_len).ok_or_else(|| {
+            Error::OutOfMemory(format!(
+                "region of {} B has {} B left; {bytes} B requested (grow --region-bytes)",
+                self.layout.region_len,
+                self.layout.region_len.saturating_sub(top)
+            ))
+        })?;
         batch.clear();
         let cas = batch.cas(sb::HEAP_TOP, top, end);
         batch.faa(counter, 1);

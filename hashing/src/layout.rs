@@ -63,6 +63,8 @@ pub mod sb {
     /// Head of the free-chunk list (memnode only; 0 = empty). A free chunk's first word
     /// holds the next free chunk's offset.
     pub const FREE_CHUNKS: u64 = 144;
+    /// Random at format time: a memnode's stable identity (clients place keys by it).
+    pub const NODE_ID: u64 = 152;
     pub const LAYOUT_BYTES: usize = 56;
 }
 
@@ -86,29 +88,21 @@ pub struct LayoutError(pub String);
 impl Layout {
     /// Chooses a layout for a region of `region_len` bytes: the directory is reserved large
     /// enough to address every subtable the heap could hold.
-    pub fn for_region(
-        region_len: u64,
-        groups_per_subtable: u32,
-        chunk_bytes: u64,
-    ) -> Result<Self, LayoutError> {
+    pub fn for_region(region_len: u64, groups_per_subtable: u32, chunk_bytes: u64) -> Result<Self, LayoutError> {
         if !groups_per_subtable.is_power_of_two() || !(4..=1 << 20).contains(&groups_per_subtable) {
             return Err(LayoutError(format!(
                 "groups per subtable must be a power of two in 4..=2^20, not {groups_per_subtable}"
             )));
         }
         if chunk_bytes < 4096 || chunk_bytes % 4096 != 0 {
-            return Err(LayoutError(format!(
-                "chunk size must be a multiple of 4096 B, not {chunk_bytes}"
-            )));
+            return Err(LayoutError(format!("chunk size must be a multiple of 4096 B, not {chunk_bytes}")));
         }
         let subtable_bytes = u64::from(groups_per_subtable) * GROUP_BYTES;
         let mut max_global_depth = 0u32;
         loop {
             let dir_bytes = round_up(8u64 << max_global_depth, 4096);
             let heap = region_len.saturating_sub(SUPERBLOCK_BYTES + dir_bytes);
-            if (heap / subtable_bytes) <= (1u64 << max_global_depth)
-                || max_global_depth == MAX_GLOBAL_DEPTH_LIMIT
-            {
+            if (heap / subtable_bytes) <= (1u64 << max_global_depth) || max_global_depth == MAX_GLOBAL_DEPTH_LIMIT {
                 break;
             }
             max_global_depth += 1;
@@ -130,28 +124,16 @@ impl Layout {
     pub fn check(&self) -> Result<(), LayoutError> {
         let fail = |m: String| Err(LayoutError(m));
         if self.region_len % 4096 != 0 || self.region_len >= 1 << 48 {
-            return fail(format!(
-                "region length {} is not a multiple of 4096 below 2^48",
-                self.region_len
-            ));
+            return fail(format!("region length {} is not a multiple of 4096 below 2^48", self.region_len));
         }
         if self.directory_offset != SUPERBLOCK_BYTES {
-            return fail(format!(
-                "directory at {}, expected {SUPERBLOCK_BYTES}",
-                self.directory_offset
-            ));
+            return fail(format!("directory at {}, expected {SUPERBLOCK_BYTES}", self.directory_offset));
         }
         if self.max_global_depth > MAX_GLOBAL_DEPTH_LIMIT {
-            return fail(format!(
-                "max global depth {} exceeds {MAX_GLOBAL_DEPTH_LIMIT}",
-                self.max_global_depth
-            ));
+            return fail(format!("max global depth {} exceeds {MAX_GLOBAL_DEPTH_LIMIT}", self.max_global_depth));
         }
         if !self.groups_per_subtable.is_power_of_two() {
-            return fail(format!(
-                "groups per subtable {} is not a power of two",
-                self.groups_per_subtable
-            ));
+            return fail(format!("groups per subtable {} is not a power of two", self.groups_per_subtable));
         }
         let dir_end = self.directory_offset + (8u64 << self.max_global_depth);
         if self.heap_offset < dir_end || self.heap_offset % 4096 != 0 {
@@ -219,15 +201,10 @@ impl Layout {
             ));
         }
         if u32_at(8) != FORMAT_VERSION {
-            return Err(LayoutError(format!(
-                "region format version {}, this build reads {FORMAT_VERSION}",
-                u32_at(8)
-            )));
+            return Err(LayoutError(format!("region format version {}, this build reads {FORMAT_VERSION}", u32_at(8))));
         }
         if xxh3_64_with_seed(&bytes[..sb::LAYOUT_BYTES], 0x5B) != u64_at(56) {
-            return Err(LayoutError(
-                "superblock layout checksum mismatch (corrupt region?)".into(),
-            ));
+            return Err(LayoutError("superblock layout checksum mismatch (corrupt region?)".into()));
         }
         let layout = Self {
             region_len: u64_at(16),
@@ -277,11 +254,7 @@ impl DirEntry {
     }
 
     pub fn decode(word: u64) -> Self {
-        Self {
-            subtable: word & OFFSET_BITS,
-            local_depth: ((word >> 48) & 0xFF) as u32,
-            locked: word & LOCK_BIT != 0,
-        }
+        Self { subtable: word & OFFSET_BITS, local_depth: ((word >> 48) & 0xFF) as u32, locked: word & LOCK_BIT != 0 }
     }
 
     /// Whether the word can be a published entry of a table with `layout`.
@@ -309,10 +282,7 @@ impl BucketHeader {
     }
 
     pub fn decode(word: u64) -> Self {
-        Self {
-            local_depth: word as u32,
-            suffix: (word >> 32) as u32,
-        }
+        Self { local_depth: word as u32, suffix: (word >> 32) as u32 }
     }
 
     /// Whether a key with directory hash `dir_hash` belongs in this bucket.
@@ -374,9 +344,7 @@ impl Slot {
 
 /// Units needed for a block holding `key_len + value_len` bytes, or None if too large.
 pub fn block_units(key_len: usize, value_len: usize) -> Option<u8> {
-    let bytes = BLOCK_HEADER_BYTES
-        .checked_add(key_len)?
-        .checked_add(value_len)? as u64;
+    let bytes = BLOCK_HEADER_BYTES.checked_add(key_len)?.checked_add(value_len)? as u64;
     let units = bytes.div_ceil(BLOCK_UNIT_BYTES);
     (units <= MAX_BLOCK_UNITS).then_some(units as u8)
 }
@@ -415,9 +383,7 @@ pub fn decode_block(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
     if key_len == 0 || zero != 0 {
         return None;
     }
-    let end = BLOCK_HEADER_BYTES
-        .checked_add(key_len)?
-        .checked_add(value_len)?;
+    let end = BLOCK_HEADER_BYTES.checked_add(key_len)?.checked_add(value_len)?;
     if end > bytes.len() {
         return None;
     }
@@ -425,10 +391,7 @@ pub fn decode_block(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
     if block_checksum(len_word, &bytes[BLOCK_HEADER_BYTES..end]) != checksum {
         return None;
     }
-    Some((
-        &bytes[BLOCK_HEADER_BYTES..BLOCK_HEADER_BYTES + key_len],
-        &bytes[BLOCK_HEADER_BYTES + key_len..end],
-    ))
+    Some((&bytes[BLOCK_HEADER_BYTES..BLOCK_HEADER_BYTES + key_len], &bytes[BLOCK_HEADER_BYTES + key_len..end]))
 }
 
 // ---- subtable geometry ----
@@ -459,10 +422,7 @@ impl CombinedBucket {
 /// Combined bucket (`group`, `side`) of the subtable at `subtable`.
 pub fn combined_bucket(subtable: u64, groups: u32, group: u64, side: u8) -> CombinedBucket {
     debug_assert!(group < u64::from(groups) && side < 2);
-    CombinedBucket {
-        offset: subtable + group * GROUP_BYTES + u64::from(side) * BUCKET_BYTES,
-        side,
-    }
+    CombinedBucket { offset: subtable + group * GROUP_BYTES + u64::from(side) * BUCKET_BYTES, side }
 }
 
 /// Offset of slot `slot` in the bucket at `bucket`.
@@ -498,10 +458,7 @@ mod tests {
         bad[20] ^= 1;
         assert!(Layout::decode(&bad).is_err());
         assert!(Layout::decode(&[0u8; 64]).is_err());
-        assert!(
-            Layout::for_region(16 << 10, 256, 1 << 20).is_err(),
-            "too small a region must be refused"
-        );
+        assert!(Layout::for_region(16 << 10, 256, 1 << 20).is_err(), "too small a region must be refused");
     }
 
     #[test]

@@ -1,8 +1,6 @@
 //! What one READ of a key's two combined buckets shows: four buckets with their headers.
 
-use crate::layout::{
-    parse_bucket, slot_offset, BucketHeader, CombinedBucket, Slot, BUCKET_BYTES, SLOTS_PER_BUCKET,
-};
+use crate::layout::{parse_bucket, slot_offset, BucketHeader, CombinedBucket, Slot, BUCKET_BYTES, SLOTS_PER_BUCKET};
 
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ProbedBucket {
@@ -22,13 +20,8 @@ pub(crate) struct Probe {
 impl Probe {
     pub fn parse(cbs: &[CombinedBucket; 2], first: &[u8], second: &[u8]) -> Self {
         let bucket = |cb: &CombinedBucket, bytes: &[u8], i: usize| {
-            let (header, slots) =
-                parse_bucket(&bytes[i * BUCKET_BYTES as usize..(i + 1) * BUCKET_BYTES as usize]);
-            ProbedBucket {
-                offset: cb.bucket(i),
-                header,
-                slots,
-            }
+            let (header, slots) = parse_bucket(&bytes[i * BUCKET_BYTES as usize..(i + 1) * BUCKET_BYTES as usize]);
+            ProbedBucket { offset: cb.bucket(i), header, slots }
         };
         Self {
             buckets: [
@@ -57,10 +50,7 @@ impl Probe {
 
     /// The word of `slot` if it lies in one of these buckets.
     pub fn word_at(&self, slot: u64) -> Option<u64> {
-        let b = self
-            .buckets
-            .iter()
-            .find(|b| (b.offset + 8..b.offset + BUCKET_BYTES).contains(&slot))?;
+        let b = self.buckets.iter().find(|b| (b.offset + 8..b.offset + BUCKET_BYTES).contains(&slot))?;
         Some(b.slots[((slot - b.offset - 8) / 8) as usize])
     }
 
@@ -79,11 +69,7 @@ impl Probe {
     /// A free slot for an insert: in the emptier combined bucket, main bucket first.
     pub fn free_slot(&self) -> Option<u64> {
         let used = |range: std::ops::Range<usize>| {
-            self.buckets[range]
-                .iter()
-                .flat_map(|b| b.slots)
-                .filter(|&w| w != 0)
-                .count()
+            self.buckets[range].iter().flat_map(|b| b.slots).filter(|&w| w != 0).count()
         };
         let first = if used(0..2) <= used(2..4) { 0 } else { 1 };
         for cb in [first, 1 - first] {

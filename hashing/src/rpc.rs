@@ -8,7 +8,7 @@ use crate::layout::Layout;
 
 /// Method ids.
 pub mod method {
-    /// -> the 64-byte encoded [`crate::layout::Layout`].
+    /// -> the 64-byte encoded [`crate::layout::Layout`], then the node id (u64).
     pub const METADATA: u16 = 1;
     /// -> a heap chunk (offset u64, bytes u64).
     pub const ALLOC_CHUNK: u16 = 2;
@@ -51,10 +51,34 @@ pub fn bad_request(e: WireError) -> RpcStatus {
     RpcStatus::new(RpcStatus::BAD_REQUEST, e.to_string())
 }
 
-/// Asks the memnode for its layout.
-pub fn metadata(conn: &dyn Connection) -> Result<Layout, Error> {
+/// What a memnode says about itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Metadata {
+    pub layout: Layout,
+    pub node_id: u64,
+}
+
+impl Metadata {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = self.layout.encode().to_vec();
+        out.extend_from_slice(&self.node_id.to_le_bytes());
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
+        if bytes.len() != 72 {
+            return Err(Error::Remote(format!("metadata of {} bytes, expected 72", bytes.len())));
+        }
+        let layout = Layout::decode(&bytes[..64])?;
+        let node_id = u64::from_le_bytes(bytes[64..72].try_into().expect("8 bytes"));
+        Ok(Self { layout, node_id })
+    }
+}
+
+/// Asks the memnode for its layout and identity.
+pub fn metadata(conn: &dyn Connection) -> Result<Metadata, Error> {
     let reply = conn.call(method::METADATA, &[]).map_err(map_error)?;
-    Ok(Layout::decode(&reply)?)
+    Metadata::decode(&reply)
 }
 
 /// A split request: the key's directory hash and what the client saw.
@@ -81,11 +105,7 @@ impl SplitRequest {
         r.zeros(4)?;
         let observed_subtable = r.u64()?;
         r.finish()?;
-        Ok(Self {
-            dir_hash,
-            observed_depth,
-            observed_subtable,
-        })
+        Ok(Self { dir_hash, observed_depth, observed_subtable })
     }
 }
 

@@ -9,7 +9,7 @@ use crate::directory::read_word;
 use crate::error::Error;
 use crate::heap::{Heap, HeapUsage};
 use crate::layout::{sb, Layout};
-use crate::rpc::{self, method, status, SplitRequest};
+use crate::rpc::{self, method, status, Metadata, SplitRequest};
 use crate::split::{SplitOutcome, Splitter};
 
 /// Statistics of one memnode's table.
@@ -34,15 +34,13 @@ struct Ready {
 /// Serves the table's RPCs once [`TableService::attach`] gave it a loopback connection.
 pub struct TableService {
     layout: Layout,
+    node_id: u64,
     ready: OnceLock<Ready>,
 }
 
 impl TableService {
-    pub fn new(layout: Layout) -> Self {
-        Self {
-            layout,
-            ready: OnceLock::new(),
-        }
+    pub fn new(layout: Layout, node_id: u64) -> Self {
+        Self { layout, node_id, ready: OnceLock::new() }
     }
 
     /// Gives the service the connection it uses for its own region work: a loopback of the
@@ -50,34 +48,21 @@ impl TableService {
     pub fn attach(&self, conn: Arc<dyn Connection>) {
         let heap = Arc::new(Heap::new(Arc::clone(&conn), self.layout));
         let splitter = Splitter::new(Arc::clone(&conn), self.layout, Arc::clone(&heap));
-        let _ = self.ready.set(Ready {
-            conn,
-            heap,
-            splitter,
-        });
+        let _ = self.ready.set(Ready { conn, heap, splitter });
     }
 
     fn ready(&self) -> Result<&Ready, RpcStatus> {
-        self.ready
-            .get()
-            .ok_or_else(|| RpcStatus::new(status::NOT_READY, "the memnode is still starting"))
+        self.ready.get().ok_or_else(|| RpcStatus::new(status::NOT_READY, "the memnode is still starting"))
     }
 
     pub fn stats(&self) -> Result<TableStats, Error> {
-        let ready = self
-            .ready
-            .get()
-            .ok_or_else(|| Error::Remote("the memnode is still starting".into()))?;
+        let ready = self.ready.get().ok_or_else(|| Error::Remote("the memnode is still starting".into()))?;
         table_stats(&*ready.conn, &self.layout, &ready.heap)
     }
 }
 
 /// Reads the statistics through `conn`.
-pub fn table_stats(
-    conn: &dyn Connection,
-    layout: &Layout,
-    heap: &Heap,
-) -> Result<TableStats, Error> {
+pub fn table_stats(conn: &dyn Connection, layout: &Layout, heap: &Heap) -> Result<TableStats, Error> {
     let mut b = Batch::new();
     let gd = b.read(sb::GLOBAL_DEPTH, 8);
     let items = b.read(sb::ITEM_COUNT, 8);
@@ -92,13 +77,14 @@ pub fn table_stats(
         global_depth: read_word(b.read_result(gd)?) as u32,
         items,
         slots,
-        load_factor: if slots == 0 {
-            0.0
-        } else {
-            items as f64 / slots as f64
-        },
+        load_factor: if slots == 0 { 0.0 } else { items as f64 / slots as f64 },
         heap,
     })
+}
+
+/// Parses the STATS reply.
+pub fn decode_stats(bytes: &[u8]) -> Option<TableStats> {
+    serde_json::from_slice(bytes).ok()
 }
 
 fn failure(e: Error) -> RpcStatus {
@@ -112,7 +98,7 @@ fn failure(e: Error) -> RpcStatus {
 impl RpcService for TableService {
     fn call(&self, method: u16, request: &[u8]) -> Result<Vec<u8>, RpcStatus> {
         match method {
-            method::METADATA => Ok(self.layout.encode().to_vec()),
+            method::METADATA => Ok(Metadata { layout: self.layout, node_id: self.node_id }.encode()),
             method::ALLOC_CHUNK => {
                 let (offset, bytes) = self.ready()?.heap.alloc_chunk().map_err(failure)?;
                 Ok(rpc::encode_chunk(offset, bytes))
@@ -128,10 +114,7 @@ impl RpcService for TableService {
                 let stats = self.stats().map_err(failure)?;
                 Ok(serde_json::to_vec(&stats).expect("stats serialize"))
             }
-            other => Err(RpcStatus::new(
-                RpcStatus::UNKNOWN_METHOD,
-                format!("the memnode has no rpc method {other}"),
-            )),
+            other => Err(RpcStatus::new(RpcStatus::UNKNOWN_METHOD, format!("the memnode has no rpc method {other}"))),
         }
     }
 

@@ -26,8 +26,8 @@ use crate::error::Error;
 use crate::hash::KeyHash;
 use crate::heap::Heap;
 use crate::layout::{
-    decode_block, depth_mask, parse_bucket, sb, slot_offset, BucketHeader, DirEntry, Layout, Slot,
-    BUCKET_BYTES, SLOTS_PER_BUCKET,
+    decode_block, depth_mask, parse_bucket, sb, slot_offset, BucketHeader, DirEntry, Layout, Slot, BUCKET_BYTES,
+    SLOTS_PER_BUCKET,
 };
 use crate::rpc::SplitRequest;
 
@@ -44,11 +44,31 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     use racekv_telemetry::{register, LATENCY_BUCKETS_SECONDS};
     Metrics {
         splits: register(IntCounter::new("racekv_split_total", "Subtable splits completed").unwrap()),
-        split_seconds: register(Histogram::with_opts(HistogramOpts::new("racekv_split_seconds", "Time to split one subtable").buckets(LATENCY_BUCKETS_SECONDS.to_vec())).unwrap()),
+        split_seconds: register(
+            Histogram::with_opts(
+                HistogramOpts::new("racekv_split_seconds", "Time to split one subtable")
+                    .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
+            )
+            .unwrap(),
+        ),
         moved: register(IntCounter::new("racekv_split_moved_entries_total", "Entries moved to new subtables").unwrap()),
-        misplaced: register(IntCounter::new("racekv_split_misplaced_entries_total", "Entries found in a subtable they do not belong to (left by a client that died mid-insert) and removed").unwrap()),
-        doublings: register(IntCounter::new("racekv_split_directory_doublings_total", "Times the global depth grew").unwrap()),
-        slow_path: register(IntCounter::new("racekv_split_slot_retries_total", "Slots re-processed because a client changed them during the move").unwrap()),
+        misplaced: register(
+            IntCounter::new(
+                "racekv_split_misplaced_entries_total",
+                "Entries found in a subtable they do not belong to (left by a client that died mid-insert) and removed",
+            )
+            .unwrap(),
+        ),
+        doublings: register(
+            IntCounter::new("racekv_split_directory_doublings_total", "Times the global depth grew").unwrap(),
+        ),
+        slow_path: register(
+            IntCounter::new(
+                "racekv_split_slot_retries_total",
+                "Slots re-processed because a client changed them during the move",
+            )
+            .unwrap(),
+        ),
     }
 });
 
@@ -104,21 +124,14 @@ impl Job {
 
 impl Splitter {
     pub fn new(conn: Arc<dyn Connection>, layout: Layout, heap: Arc<Heap>) -> Self {
-        Self {
-            conn,
-            layout,
-            heap,
-            batch: Mutex::new(Batch::new()),
-        }
+        Self { conn, layout, heap, batch: Mutex::new(Batch::new()) }
     }
 
     fn read_words(&self, b: &mut Batch, offsets: &[u64]) -> Result<Vec<u64>, Error> {
         b.clear();
         let ids: Vec<_> = offsets.iter().map(|&o| b.read(o, 8)).collect();
         self.conn.execute(b)?;
-        ids.into_iter()
-            .map(|id| Ok(read_word(b.read_result(id)?)))
-            .collect()
+        ids.into_iter().map(|id| Ok(read_word(b.read_result(id)?))).collect()
     }
 
     fn write_words(&self, b: &mut Batch, words: &[(u64, u64)]) -> Result<(), Error> {
@@ -148,15 +161,12 @@ impl Splitter {
         let mut b = self.batch.lock();
         let global_depth = self.read_words(&mut b, &[sb::GLOBAL_DEPTH])?[0] as u32;
         let index = req.dir_hash & depth_mask(global_depth);
-        let entry =
-            DirEntry::decode(self.read_words(&mut b, &[self.layout.dir_entry_offset(index)])?[0]);
+        let entry = DirEntry::decode(self.read_words(&mut b, &[self.layout.dir_entry_offset(index)])?[0]);
         if entry.subtable != req.observed_subtable || entry.local_depth != req.observed_depth {
             return Ok(SplitOutcome::AlreadyDone);
         }
         if entry.locked || !entry.is_valid(&self.layout) {
-            return Err(Error::Corrupt(format!(
-                "directory entry {index} is {entry:?} outside a split"
-            )));
+            return Err(Error::Corrupt(format!("directory entry {index} is {entry:?} outside a split")));
         }
         let depth = entry.local_depth;
         if depth >= self.layout.max_global_depth {
@@ -169,12 +179,7 @@ impl Splitter {
             self.double(&mut b, global_depth)?;
         }
         let new = self.heap.alloc_subtable()?;
-        let job = Job {
-            old: entry.subtable,
-            new,
-            depth,
-            suffix: req.dir_hash & depth_mask(depth),
-        };
+        let job = Job { old: entry.subtable, new, depth, suffix: req.dir_hash & depth_mask(depth) };
         // Journal: parameters first, the state word last.
         self.write_words(
             &mut b,
@@ -187,55 +192,29 @@ impl Splitter {
         )?;
         self.write_words(&mut b, &[(sb::SPLIT_STATE, 1)])?;
         if !self.run(&mut b, job, rounds)? {
-            return Ok(SplitOutcome::Split {
-                new_subtable: new,
-                local_depth: depth + 1,
-            });
+            return Ok(SplitOutcome::Split { new_subtable: new, local_depth: depth + 1 });
         }
         self.write_words(&mut b, &[(sb::SPLIT_STATE, 0)])?;
         METRICS.splits.inc();
-        METRICS
-            .split_seconds
-            .observe(started.elapsed().as_secs_f64());
+        METRICS.split_seconds.observe(started.elapsed().as_secs_f64());
         tracing::debug!(old = job.old, new = job.new, depth, "split subtable");
-        Ok(SplitOutcome::Split {
-            new_subtable: new,
-            local_depth: depth + 1,
-        })
+        Ok(SplitOutcome::Split { new_subtable: new, local_depth: depth + 1 })
     }
 
     /// Finishes a split a previous run of the memnode left half done. Returns whether there was one.
     pub fn recover(&self) -> Result<bool, Error> {
         let mut b = self.batch.lock();
-        let w = self.read_words(
-            &mut b,
-            &[
-                sb::SPLIT_STATE,
-                sb::SPLIT_OLD,
-                sb::SPLIT_NEW,
-                sb::SPLIT_DEPTH,
-                sb::SPLIT_SUFFIX,
-            ],
-        )?;
+        let w = self
+            .read_words(&mut b, &[sb::SPLIT_STATE, sb::SPLIT_OLD, sb::SPLIT_NEW, sb::SPLIT_DEPTH, sb::SPLIT_SUFFIX])?;
         match w[0] {
             0 => Ok(false),
             1 => {
-                let job = Job {
-                    old: w[1],
-                    new: w[2],
-                    depth: w[3] as u32,
-                    suffix: w[4],
-                };
+                let job = Job { old: w[1], new: w[2], depth: w[3] as u32, suffix: w[4] };
                 let sane = job.depth < self.layout.max_global_depth
                     && job.suffix <= depth_mask(job.depth)
-                    && [job.old, job.new].iter().all(|&s| {
-                        DirEntry {
-                            subtable: s,
-                            local_depth: 0,
-                            locked: false,
-                        }
-                        .is_valid(&self.layout)
-                    });
+                    && [job.old, job.new]
+                        .iter()
+                        .all(|&s| DirEntry { subtable: s, local_depth: 0, locked: false }.is_valid(&self.layout));
                 if !sane {
                     return Err(Error::Corrupt(format!(
                         "split journal holds old={} new={} depth={} suffix={}",
@@ -259,9 +238,7 @@ impl Splitter {
     /// Copies directory entries [0, 2^gd) to [2^gd, 2^(gd+1)), then raises the global depth.
     fn double(&self, b: &mut Batch, global_depth: u32) -> Result<(), Error> {
         if global_depth >= self.layout.max_global_depth {
-            return Err(Error::TableFull(format!(
-                "the directory is at its maximum depth {global_depth}"
-            )));
+            return Err(Error::TableFull(format!("the directory is at its maximum depth {global_depth}")));
         }
         let count = 1u64 << global_depth;
         let per_round = (racekv_transport::MAX_OP_BYTES / 8).min(1 << 20);
@@ -286,39 +263,21 @@ impl Splitter {
     fn entry_indices(&self, b: &mut Batch, job: &Job) -> Result<Vec<u64>, Error> {
         let global_depth = self.read_words(b, &[sb::GLOBAL_DEPTH])?[0] as u32;
         if global_depth <= job.depth {
-            return Err(Error::Corrupt(format!(
-                "global depth {global_depth} not above the split depth {}",
-                job.depth
-            )));
+            return Err(Error::Corrupt(format!("global depth {global_depth} not above the split depth {}", job.depth)));
         }
-        Ok((job.suffix..1u64 << global_depth)
-            .step_by(1 << job.depth)
-            .collect())
+        Ok((job.suffix..1u64 << global_depth).step_by(1 << job.depth).collect())
     }
 
     /// Runs (or re-runs) a split. Returns false if it stopped after `rounds` (tests only).
     fn run(&self, b: &mut Batch, job: Job, rounds: u64) -> Result<bool, Error> {
         let buckets = self.layout.buckets_per_subtable();
-        let new_header = BucketHeader {
-            local_depth: job.depth + 1,
-            suffix: (job.suffix | 1 << job.depth) as u32,
-        }
-        .encode();
-        let old_before = BucketHeader {
-            local_depth: job.depth,
-            suffix: job.suffix as u32,
-        }
-        .encode();
-        let old_after = BucketHeader {
-            local_depth: job.depth + 1,
-            suffix: job.suffix as u32,
-        }
-        .encode();
+        let new_header =
+            BucketHeader { local_depth: job.depth + 1, suffix: (job.suffix | 1 << job.depth) as u32 }.encode();
+        let old_before = BucketHeader { local_depth: job.depth, suffix: job.suffix as u32 }.encode();
+        let old_after = BucketHeader { local_depth: job.depth + 1, suffix: job.suffix as u32 }.encode();
 
         // The new subtable's headers (its slots are zero, or hold copies from a crashed run).
-        let headers: Vec<_> = (0..buckets)
-            .map(|i| (job.new + i * BUCKET_BYTES, new_header))
-            .collect();
+        let headers: Vec<_> = (0..buckets).map(|i| (job.new + i * BUCKET_BYTES, new_header)).collect();
         self.write_words(b, &headers)?;
 
         // Lock the entries that point at the old subtable.
@@ -328,12 +287,7 @@ impl Splitter {
             .map(|&i| {
                 (
                     self.layout.dir_entry_offset(i),
-                    DirEntry {
-                        subtable: job.old,
-                        local_depth: job.depth,
-                        locked: true,
-                    }
-                    .encode(),
+                    DirEntry { subtable: job.old, local_depth: job.depth, locked: true }.encode(),
                 )
             })
             .collect();
@@ -355,19 +309,10 @@ impl Splitter {
         let published: Vec<_> = indices
             .iter()
             .map(|&i| {
-                let subtable = if (i >> job.depth) & 1 == 1 {
-                    job.new
-                } else {
-                    job.old
-                };
+                let subtable = if (i >> job.depth) & 1 == 1 { job.new } else { job.old };
                 (
                     self.layout.dir_entry_offset(i),
-                    DirEntry {
-                        subtable,
-                        local_depth: job.depth + 1,
-                        locked: false,
-                    }
-                    .encode(),
+                    DirEntry { subtable, local_depth: job.depth + 1, locked: false }.encode(),
                 )
             })
             .collect();
@@ -414,10 +359,8 @@ impl Splitter {
         }
         // Round 2: read the blocks to learn each key's hash.
         b.clear();
-        let blocks: Vec<_> = occupied
-            .iter()
-            .map(|&(_, _, _, slot)| b.read(slot.block, slot.block_bytes() as u32))
-            .collect();
+        let blocks: Vec<_> =
+            occupied.iter().map(|&(_, _, _, slot)| b.read(slot.block, slot.block_bytes() as u32)).collect();
         self.conn.execute(b)?;
         let mut moves = Vec::new();
         let mut removals = Vec::new();
@@ -427,13 +370,11 @@ impl Splitter {
             let new_slot = slot_offset(job.new + i * BUCKET_BYTES, j);
             match decode_block(b.read_result(blocks[k])?) {
                 None => slow.push((old_slot, new_slot)),
-                Some((key, _)) => {
-                    match job.fate(KeyHash::of(key, self.layout.groups_per_subtable).dir) {
-                        Fate::Stay => {}
-                        Fate::Move => moves.push((old_slot, new_slot, word)),
-                        Fate::Misplaced => removals.push((old_slot, new_slot, word)),
-                    }
-                }
+                Some((key, _)) => match job.fate(KeyHash::of(key, self.layout.groups_per_subtable).dir) {
+                    Fate::Stay => {}
+                    Fate::Move => moves.push((old_slot, new_slot, word)),
+                    Fate::Misplaced => removals.push((old_slot, new_slot, word)),
+                },
             }
         }
         // Round 3: copy, then clear the old slot (at most 2 x 112 ops per round).
@@ -477,13 +418,7 @@ impl Splitter {
 
     /// Moves one slot that clients are changing, one round trip at a time, until its fate
     /// is settled: the new subtable's copy of the slot ends equal to what belongs there.
-    fn settle_slot(
-        &self,
-        b: &mut Batch,
-        job: &Job,
-        old_slot: u64,
-        new_slot: u64,
-    ) -> Result<(), Error> {
+    fn settle_slot(&self, b: &mut Batch, job: &Job, old_slot: u64, new_slot: u64) -> Result<(), Error> {
         METRICS.slow_path.inc();
         for _ in 0..MAX_SLOT_ATTEMPTS {
             let word = self.read_words(b, &[old_slot])?[0];
@@ -518,9 +453,7 @@ impl Splitter {
                 }
             }
         }
-        Err(Error::Corrupt(format!(
-            "slot at {old_slot} kept changing for {MAX_SLOT_ATTEMPTS} attempts during a split"
-        )))
+        Err(Error::Corrupt(format!("slot at {old_slot} kept changing for {MAX_SLOT_ATTEMPTS} attempts during a split")))
     }
 }
 

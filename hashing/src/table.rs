@@ -29,9 +29,7 @@ use crate::alloc::{BlockAllocator, ChunkSource, FreePool};
 use crate::directory::{CachedEntry, DirectoryCache};
 use crate::error::Error;
 use crate::hash::KeyHash;
-use crate::layout::{
-    block_units, decode_block, encode_block, sb, Layout, Slot, COMBINED_BUCKET_BYTES,
-};
+use crate::layout::{block_units, decode_block, encode_block, sb, Layout, Slot, COMBINED_BUCKET_BYTES};
 use crate::probe::Probe;
 use crate::rpc::{self, method, SplitRequest};
 
@@ -46,10 +44,7 @@ pub struct TableOptions {
 
 impl Default for TableOptions {
     fn default() -> Self {
-        Self {
-            grace_period: Duration::from_millis(10),
-            op_timeout: Duration::from_secs(10),
-        }
+        Self { grace_period: Duration::from_millis(10), op_timeout: Duration::from_secs(10) }
     }
 }
 
@@ -110,52 +105,32 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     Metrics {
         ops: register(
             IntCounterVec::new(
-                Opts::new(
-                    "racekv_table_operations_total",
-                    "Table operations by kind and result",
-                ),
+                Opts::new("racekv_table_operations_total", "Table operations by kind and result"),
                 &["op", "result"],
             )
             .unwrap(),
         ),
         op_seconds: register(
             HistogramVec::new(
-                HistogramOpts::new(
-                    "racekv_table_operation_seconds",
-                    "Latency of table operations (sampled 1 in 16)",
-                )
-                .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
+                HistogramOpts::new("racekv_table_operation_seconds", "Latency of table operations (sampled 1 in 16)")
+                    .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
                 &["op"],
             )
             .unwrap(),
         ),
         round_trips: register(
-            IntCounter::new(
-                "racekv_table_round_trips_total",
-                "Batches sent by table operations",
-            )
-            .unwrap(),
+            IntCounter::new("racekv_table_round_trips_total", "Batches sent by table operations").unwrap(),
         ),
         cas_failures: register(
-            IntCounter::new(
-                "racekv_table_cas_failures_total",
-                "Slot CASes that lost a race and were retried",
-            )
-            .unwrap(),
+            IntCounter::new("racekv_table_cas_failures_total", "Slot CASes that lost a race and were retried").unwrap(),
         ),
         stale: register(
-            IntCounter::new(
-                "racekv_table_stale_directory_total",
-                "Bucket reads that found the directory cache stale",
-            )
-            .unwrap(),
+            IntCounter::new("racekv_table_stale_directory_total", "Bucket reads that found the directory cache stale")
+                .unwrap(),
         ),
         splits: register(
-            IntCounter::new(
-                "racekv_table_split_requests_total",
-                "Splits requested because a key's buckets were full",
-            )
-            .unwrap(),
+            IntCounter::new("racekv_table_split_requests_total", "Splits requested because a key's buckets were full")
+                .unwrap(),
         ),
         torn: register(
             IntCounter::new(
@@ -180,6 +155,8 @@ struct LocalMetrics {
 }
 
 const FLUSH_EVERY_OPS: u32 = 256;
+/// Keys per round of `get_many` (two READs each in the first batch).
+pub const KEYS_PER_ROUND: usize = racekv_transport::MAX_BATCH_OPS / 4;
 const SAMPLE_EVERY_OPS: u64 = 16;
 
 impl LocalMetrics {
@@ -188,16 +165,9 @@ impl LocalMetrics {
         Self {
             ops: OPS
                 .iter()
-                .flat_map(|op| {
-                    RESULTS
-                        .iter()
-                        .map(move |r| m.ops.with_label_values(&[op, r]).local())
-                })
+                .flat_map(|op| RESULTS.iter().map(move |r| m.ops.with_label_values(&[op, r]).local()))
                 .collect(),
-            op_seconds: OPS
-                .iter()
-                .map(|op| m.op_seconds.with_label_values(&[op]).local())
-                .collect(),
+            op_seconds: OPS.iter().map(|op| m.op_seconds.with_label_values(&[op]).local()).collect(),
             round_trips: m.round_trips.local(),
             cas_failures: m.cas_failures.local(),
             stale: m.stale.local(),
@@ -210,13 +180,7 @@ impl LocalMetrics {
     fn flush(&mut self) {
         self.ops.iter().for_each(|c| c.flush());
         self.op_seconds.iter().for_each(|h| h.flush());
-        for c in [
-            &self.round_trips,
-            &self.cas_failures,
-            &self.stale,
-            &self.splits,
-            &self.torn,
-        ] {
+        for c in [&self.round_trips, &self.cas_failures, &self.stale, &self.splits, &self.torn] {
             c.flush();
         }
         self.since_flush = 0;
@@ -249,19 +213,11 @@ impl RpcChunkSource {
 
 impl ChunkSource for RpcChunkSource {
     fn chunk(&self) -> Result<(u64, u64), Error> {
-        let reply = self
-            .conn
-            .call(method::ALLOC_CHUNK, &[])
-            .map_err(rpc::map_error)?;
-        let (offset, bytes) =
-            rpc::decode_chunk(&reply).map_err(|e| Error::Remote(e.to_string()))?;
-        let end = offset
-            .checked_add(bytes)
-            .filter(|&end| end <= self.conn.region_len());
+        let reply = self.conn.call(method::ALLOC_CHUNK, &[]).map_err(rpc::map_error)?;
+        let (offset, bytes) = rpc::decode_chunk(&reply).map_err(|e| Error::Remote(e.to_string()))?;
+        let end = offset.checked_add(bytes).filter(|&end| end <= self.conn.region_len());
         if end.is_none() || offset % 64 != 0 || bytes % 64 != 0 || bytes < 255 * 64 {
-            return Err(Error::Remote(format!(
-                "the memnode handed out a bad chunk ({offset}, {bytes} B)"
-            )));
+            return Err(Error::Remote(format!("the memnode handed out a bad chunk ({offset}, {bytes} B)")));
         }
         Ok((offset, bytes))
     }
@@ -270,7 +226,7 @@ impl ChunkSource for RpcChunkSource {
 impl Table {
     /// Opens the table of the memnode behind `conn`: its layout by RPC, then its directory.
     pub fn open(conn: Arc<dyn Connection>, options: TableOptions) -> Result<Self, Error> {
-        let layout = rpc::metadata(&*conn)?;
+        let layout = rpc::metadata(&*conn)?.layout;
         if layout.region_len != conn.region_len() {
             return Err(Error::Corrupt(format!(
                 "metadata says {} B, the connection maps {} B",
@@ -290,15 +246,7 @@ impl Table {
         options: TableOptions,
     ) -> Result<Self, Error> {
         let directory = DirectoryCache::load(conn, layout)?;
-        Ok(Self {
-            shared: Arc::new(Shared {
-                layout,
-                directory,
-                chunks,
-                pool: Arc::new(FreePool::new()),
-                options,
-            }),
-        })
+        Ok(Self { shared: Arc::new(Shared { layout, directory, chunks, pool: Arc::new(FreePool::new()), options }) })
     }
 
     pub fn layout(&self) -> &Layout {
@@ -318,11 +266,7 @@ impl Table {
     pub fn client(&self, conn: Arc<dyn Connection>) -> TableClient {
         let s = &self.shared;
         TableClient {
-            alloc: BlockAllocator::new(
-                Arc::clone(&s.chunks),
-                Arc::clone(&s.pool),
-                s.options.grace_period,
-            ),
+            alloc: BlockAllocator::new(Arc::clone(&s.chunks), Arc::clone(&s.pool), s.options.grace_period),
             shared: Arc::clone(s),
             conn,
             batch: Batch::new(),
@@ -341,9 +285,7 @@ impl Table {
 
 impl Clone for Table {
     fn clone(&self) -> Self {
-        Self {
-            shared: Arc::clone(&self.shared),
-        }
+        Self { shared: Arc::clone(&self.shared) }
     }
 }
 
@@ -356,21 +298,14 @@ struct Attempts {
 
 impl Attempts {
     fn new(timeout: Duration) -> Self {
-        Self {
-            started: None,
-            retries: 0,
-            timeout,
-        }
+        Self { started: None, retries: 0, timeout }
     }
 
     fn retry(&mut self, what: &'static str) -> Result<(), Error> {
         let started = *self.started.get_or_insert_with(Instant::now);
         self.retries += 1;
         if started.elapsed() > self.timeout {
-            return Err(Error::Timeout {
-                waited_ms: self.timeout.as_millis() as u64,
-                what,
-            });
+            return Err(Error::Timeout { waited_ms: self.timeout.as_millis() as u64, what });
         }
         match self.retries {
             0..=4 => std::hint::spin_loop(),
@@ -456,18 +391,114 @@ impl TableClient {
         self.end(0, sample, result, |&found| found)
     }
 
+    /// Looks up many keys at once: the bucket reads of up to [`KEYS_PER_ROUND`] keys travel
+    /// in one batch and their block reads in a second, so a round costs two round trips
+    /// whatever its size. Keys that hit a rare case (stale directory, a block changing under
+    /// the read, fingerprint collisions) finish on the single-key path.
+    pub fn get_many(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, Error> {
+        let mut values = vec![None; keys.len()];
+        for (round, chunk) in keys.chunks(KEYS_PER_ROUND).enumerate() {
+            let base = round * KEYS_PER_ROUND;
+            let mut slow = Vec::new();
+            self.get_round(chunk, &mut values[base..base + chunk.len()], &mut slow)?;
+            for i in slow {
+                let mut out = Vec::new();
+                values[base + i] = self.get_into(chunk[i], &mut out)?.then_some(out);
+            }
+        }
+        Ok(values)
+    }
+
+    /// One round of [`TableClient::get_many`]; indices needing the single-key path go to `slow`.
+    fn get_round(
+        &mut self,
+        keys: &[&[u8]],
+        values: &mut [Option<Vec<u8>>],
+        slow: &mut Vec<usize>,
+    ) -> Result<(), Error> {
+        let groups = self.shared.layout.groups_per_subtable;
+        let mut probes = Vec::with_capacity(keys.len());
+        self.batch.clear();
+        for key in keys {
+            Self::check_key(key, 0)?;
+            let hash = self.hash(key);
+            let cached = self.shared.directory.lookup(hash.dir);
+            let cbs = hash.combined_buckets(cached.entry.subtable, groups);
+            let usable = !cached.entry.locked && cached.entry.is_valid(&self.shared.layout);
+            let reads = usable.then(|| {
+                (
+                    self.batch.read(cbs[0].offset, COMBINED_BUCKET_BYTES as u32),
+                    self.batch.read(cbs[1].offset, COMBINED_BUCKET_BYTES as u32),
+                )
+            });
+            probes.push((hash, cbs, reads));
+        }
+        if !self.batch.is_empty() {
+            self.execute()?;
+        }
+        // (key index, slot word) of every candidate block, in read order.
+        let mut wanted: Vec<(usize, u64)> = Vec::new();
+        for (i, (hash, cbs, reads)) in probes.iter().enumerate() {
+            let Some((r0, r1)) = reads else {
+                slow.push(i);
+                continue;
+            };
+            let probe = Probe::parse(cbs, self.batch.read_result(*r0)?, self.batch.read_result(*r1)?);
+            if !probe.admits(hash.dir) {
+                slow.push(i);
+                continue;
+            }
+            probe.candidates(hash.fingerprint, &mut self.cands);
+            wanted.extend(self.cands.iter().map(|&(_, word)| (i, word)));
+        }
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        self.batch.clear();
+        let reads: Vec<_> = wanted
+            .iter()
+            .map(|&(_, word)| {
+                let slot = Slot::decode(word).expect("candidates are used slots");
+                self.batch.read(slot.block, slot.block_bytes() as u32)
+            })
+            .collect();
+        self.execute()?;
+        // A key is settled here when exactly one copy was found and no candidate held anything
+        // else. Anything more (another key's block, which needs the absence check; a torn
+        // block; duplicate copies) goes the single-key way.
+        let mut foreign = vec![false; keys.len()];
+        let mut done = vec![false; keys.len()];
+        for (n, &(i, _)) in wanted.iter().enumerate() {
+            match decode_block(self.batch.read_result(reads[n])?) {
+                None => foreign[i] = true,
+                Some((k, v)) if k == keys[i] => {
+                    if !done[i] {
+                        values[i] = Some(v.to_vec());
+                        done[i] = true;
+                    } else {
+                        // Duplicate copies: let the single-key path pick the canonical one.
+                        foreign[i] = true;
+                    }
+                }
+                Some(_) => foreign[i] = true,
+            }
+        }
+        for i in 0..keys.len() {
+            if foreign[i] && !slow.contains(&i) {
+                values[i] = None;
+                slow.push(i);
+            }
+        }
+        Ok(())
+    }
+
     /// Sets `key` to `value` (insert or replace).
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<PutOutcome, Error> {
         self.put_with(key, value, PutMode::Upsert)
     }
 
     /// Sets `key` to `value` if `mode` allows it.
-    pub fn put_with(
-        &mut self,
-        key: &[u8],
-        value: &[u8],
-        mode: PutMode,
-    ) -> Result<PutOutcome, Error> {
+    pub fn put_with(&mut self, key: &[u8], value: &[u8], mode: PutMode) -> Result<PutOutcome, Error> {
         let (kind, cond) = match mode {
             PutMode::Upsert => (1, Cond::Any),
             PutMode::InsertOnly => (2, Cond::Absent),
@@ -481,27 +512,18 @@ impl TableClient {
     /// Removes `key`; returns whether it was there.
     pub fn delete(&mut self, key: &[u8]) -> Result<bool, Error> {
         let sample = self.begin();
-        let result = self
-            .mutate(key, None, Cond::Any)
-            .map(|o| o != PutOutcome::NotApplied);
+        let result = self.mutate(key, None, Cond::Any).map(|o| o != PutOutcome::NotApplied);
         self.end(4, sample, result, |&d| d)
     }
 
     /// Atomically replaces the value of `key` with `new` (None deletes) if it currently is
     /// `expected` (None: absent). Returns whether it did.
-    pub fn compare_and_swap(
-        &mut self,
-        key: &[u8],
-        expected: Option<&[u8]>,
-        new: Option<&[u8]>,
-    ) -> Result<bool, Error> {
+    pub fn compare_and_swap(&mut self, key: &[u8], expected: Option<&[u8]>, new: Option<&[u8]>) -> Result<bool, Error> {
         let sample = self.begin();
         let result = match new {
             // Absent -> absent: true exactly when the key is absent.
             None if expected.is_none() => self.search(key, &mut Vec::new()).map(|found| !found),
-            _ => self
-                .mutate(key, new, Cond::Equals(expected))
-                .map(|o| o != PutOutcome::NotApplied),
+            _ => self.mutate(key, new, Cond::Equals(expected)).map(|o| o != PutOutcome::NotApplied),
         };
         self.end(5, sample, result, |&d| d)
     }
@@ -560,15 +582,9 @@ impl TableClient {
             return Err(Error::EmptyKey);
         }
         if key.len() > u16::MAX as usize {
-            return Err(Error::TooLarge {
-                key: key.len(),
-                value: value_len,
-            });
+            return Err(Error::TooLarge { key: key.len(), value: value_len });
         }
-        block_units(key.len(), value_len).ok_or(Error::TooLarge {
-            key: key.len(),
-            value: value_len,
-        })
+        block_units(key.len(), value_len).ok_or(Error::TooLarge { key: key.len(), value: value_len })
     }
 
     fn hash(&self, key: &[u8]) -> KeyHash {
@@ -591,9 +607,7 @@ impl TableClient {
 
     fn refresh(&mut self, hash: &KeyHash) -> Result<(), Error> {
         self.stats.round_trips += 1;
-        self.shared
-            .directory
-            .refresh(&*self.conn, &mut self.batch, hash.dir)?;
+        self.shared.directory.refresh(&*self.conn, &mut self.batch, hash.dir)?;
         Ok(())
     }
 
@@ -608,12 +622,7 @@ impl TableClient {
 
     /// READs the key's two combined buckets (after `write`, if any: the new block goes out
     /// in the same doorbell). Also carries any pending item-count change.
-    fn probe(
-        &mut self,
-        hash: &KeyHash,
-        subtable: u64,
-        write: Option<&NewBlock>,
-    ) -> Result<Probe, Error> {
+    fn probe(&mut self, hash: &KeyHash, subtable: u64, write: Option<&NewBlock>) -> Result<Probe, Error> {
         self.batch.clear();
         if let Some(new) = write {
             self.batch.write(new.block, &self.block);
@@ -626,11 +635,7 @@ impl TableClient {
         let r0 = self.batch.read(cbs[0].offset, COMBINED_BUCKET_BYTES as u32);
         let r1 = self.batch.read(cbs[1].offset, COMBINED_BUCKET_BYTES as u32);
         self.execute()?;
-        Ok(Probe::parse(
-            &cbs,
-            self.batch.read_result(r0)?,
-            self.batch.read_result(r1)?,
-        ))
+        Ok(Probe::parse(&cbs, self.batch.read_result(r0)?, self.batch.read_result(r1)?))
     }
 
     /// READs the blocks of `self.cands` and sorts them into copies of `key` (lowest slot
@@ -715,11 +720,8 @@ impl TableClient {
         }
         self.stats.absence_checks += 1;
         let probe = self.probe(hash, subtable, None)?;
-        let unchanged = probe.admits(hash.dir)
-            && self
-                .others
-                .iter()
-                .all(|&(slot, word)| probe.word_at(slot) == Some(word));
+        let unchanged =
+            probe.admits(hash.dir) && self.others.iter().all(|&(slot, word)| probe.word_at(slot) == Some(word));
         Ok(unchanged)
     }
 
@@ -727,13 +729,7 @@ impl TableClient {
 
     fn next_word(&mut self, hash: &KeyHash, block: u64, units: u8) -> u64 {
         self.tag = self.tag.wrapping_add(1);
-        Slot {
-            fingerprint: hash.fingerprint,
-            units,
-            tag: self.tag,
-            block,
-        }
-        .encode()
+        Slot { fingerprint: hash.fingerprint, units, tag: self.tag, block }.encode()
     }
 
     /// CASes each (slot, word) to 0 in one batch; retires the blocks of those that swung.
@@ -743,10 +739,7 @@ impl TableClient {
             return Ok(0);
         }
         self.batch.clear();
-        let ids: Vec<_> = copies
-            .iter()
-            .map(|&(slot, word)| self.batch.cas(slot, word, 0))
-            .collect();
+        let ids: Vec<_> = copies.iter().map(|&(slot, word)| self.batch.cas(slot, word, 0)).collect();
         self.execute()?;
         let mut removed = 0;
         for (i, &(_, word)) in copies.iter().enumerate() {
@@ -764,23 +757,14 @@ impl TableClient {
         self.count_delta -= 1;
     }
 
-    fn mutate(
-        &mut self,
-        key: &[u8],
-        value: Option<&[u8]>,
-        cond: Cond<'_>,
-    ) -> Result<PutOutcome, Error> {
+    fn mutate(&mut self, key: &[u8], value: Option<&[u8]>, cond: Cond<'_>) -> Result<PutOutcome, Error> {
         let hash = self.hash(key);
         let new = match value {
             Some(value) => {
                 let units = Self::check_key(key, value.len())?;
                 let block = self.alloc.alloc(units)?;
                 encode_block(&mut self.block, key, value);
-                Some(NewBlock {
-                    block,
-                    units,
-                    word: self.next_word(&hash, block, units),
-                })
+                Some(NewBlock { block, units, word: self.next_word(&hash, block, units) })
             }
             None => {
                 Self::check_key(key, 0)?;
@@ -877,13 +861,8 @@ impl TableClient {
     fn replace(&mut self, new: Option<&NewBlock>) -> Result<Option<PutOutcome>, Error> {
         let canonical = self.copies[0];
         self.batch.clear();
-        let swing = self
-            .batch
-            .cas(canonical.slot, canonical.word, new.map_or(0, |n| n.word));
-        let dups: Vec<_> = self.copies[1..]
-            .iter()
-            .map(|c| (self.batch.cas(c.slot, c.word, 0), c.word))
-            .collect();
+        let swing = self.batch.cas(canonical.slot, canonical.word, new.map_or(0, |n| n.word));
+        let dups: Vec<_> = self.copies[1..].iter().map(|c| (self.batch.cas(c.slot, c.word, 0), c.word)).collect();
         self.execute()?;
         for (id, word) in dups {
             if self.batch.cas_succeeded(id)? {
@@ -916,8 +895,7 @@ impl TableClient {
         entry: &CachedEntry,
         state: &mut BlockState,
     ) -> Result<Option<PutOutcome>, Error> {
-        let cbs =
-            hash.combined_buckets(entry.entry.subtable, self.shared.layout.groups_per_subtable);
+        let cbs = hash.combined_buckets(entry.entry.subtable, self.shared.layout.groups_per_subtable);
         self.batch.clear();
         let cas = self.batch.cas(free, 0, new.word);
         let r0 = self.batch.read(cbs[0].offset, COMBINED_BUCKET_BYTES as u32);
@@ -930,11 +908,7 @@ impl TableClient {
         }
         *state = BlockState::InSlot;
         self.count_delta += 1;
-        let after = Probe::parse(
-            &cbs,
-            self.batch.read_result(r0)?,
-            self.batch.read_result(r1)?,
-        );
+        let after = Probe::parse(&cbs, self.batch.read_result(r0)?, self.batch.read_result(r1)?);
         if !after.admits_slot(free, hash.dir) {
             // A split re-assigned the bucket; the key belongs elsewhere now.
             self.batch.clear();
@@ -952,8 +926,7 @@ impl TableClient {
         // identified as other keys.
         let known = std::mem::take(&mut self.others);
         after.candidates(hash.fingerprint, &mut self.cands);
-        self.cands
-            .retain(|&(slot, word)| slot != free && !known.contains(&(slot, word)));
+        self.cands.retain(|&(slot, word)| slot != free && !known.contains(&(slot, word)));
         self.others = known;
         if self.cands.is_empty() {
             return Ok(Some(PutOutcome::Inserted));
@@ -993,9 +966,7 @@ impl TableClient {
             observed_depth: entry.entry.local_depth,
             observed_subtable: entry.entry.subtable,
         };
-        self.conn
-            .call(method::SPLIT, &req.encode())
-            .map_err(rpc::map_error)?;
+        self.conn.call(method::SPLIT, &req.encode()).map_err(rpc::map_error)?;
         self.refresh(hash)
     }
 }
@@ -1003,10 +974,7 @@ impl TableClient {
 impl Drop for TableClient {
     fn drop(&mut self) {
         if let Err(e) = self.flush() {
-            tracing::warn!(
-                "could not send a pending item-count change of {}: {e}",
-                self.count_delta
-            );
+            tracing::warn!("could not send a pending item-count change of {}: {e}", self.count_delta);
         }
     }
 }

@@ -5,9 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use racekv_transport::local::LocalConnection;
-use racekv_transport::{
-    ConnectOptions, Connection, Endpoint, Region, RegionServer, ServerOptions, TransportKind,
-};
+use racekv_transport::{ConnectOptions, Connection, Endpoint, Region, RegionServer, ServerOptions, TransportKind};
 
 use crate::format::format;
 use crate::heap::Heap;
@@ -39,12 +37,13 @@ pub struct TestMemnode {
 impl TestMemnode {
     /// A memnode with a `region_len`-byte region and small subtables, so splits come early.
     pub fn start(via: Via, region_len: u64, groups_per_subtable: u32) -> Self {
-        let file =
-            racekv_transport::region::shared_memory_file("table-test", region_len, false).unwrap();
+        let file = racekv_transport::region::shared_memory_file("table-test", region_len, false).unwrap();
         let region = Arc::new(Region::map_file(&file, region_len).unwrap());
         let layout = Layout::for_region(region_len, groups_per_subtable, 64 << 10).unwrap();
-        format(&LocalConnection::new(Arc::clone(&region), None), &layout).unwrap();
-        let service = Arc::new(TableService::new(layout));
+        static NEXT_NODE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let node_id = NEXT_NODE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format(&LocalConnection::new(Arc::clone(&region), None), &layout, node_id).unwrap();
+        let service = Arc::new(TableService::new(layout, node_id));
         let dir = tempfile::tempdir().unwrap();
         let (server, endpoint) = match via {
             Via::Local => {
@@ -57,41 +56,30 @@ impl TestMemnode {
                     TransportKind::Tcp => Endpoint::Tcp("127.0.0.1:0".into()),
                     TransportKind::Verbs => Endpoint::Verbs("127.0.0.1:0".into()),
                 };
-                let options = ServerOptions {
-                    token: TOKEN.into(),
-                    ..ServerOptions::default()
-                };
-                let server = RegionServer::start(
-                    Arc::clone(&region),
-                    Some(file),
-                    service.clone(),
-                    options,
-                    &[listen],
-                )
-                .unwrap();
+                let options = ServerOptions { token: TOKEN.into(), ..ServerOptions::default() };
+                let server =
+                    RegionServer::start(Arc::clone(&region), Some(file), service.clone(), options, &[listen]).unwrap();
                 let endpoint = server.endpoints()[0].clone();
                 service.attach(connect(&endpoint));
                 (Some(server), Some(endpoint))
             }
         };
-        Self {
-            region,
-            layout,
-            service,
-            server,
-            endpoint,
-            _dir: dir,
-        }
+        Self { region, layout, service, server, endpoint, _dir: dir }
     }
+
+    /// Where the memnode listens (None for [`Via::Local`]).
+    pub fn endpoint(&self) -> Option<&Endpoint> {
+        self.endpoint.as_ref()
+    }
+
+    /// The token clients must present.
+    pub const TOKEN: &'static str = TOKEN;
 
     /// A new client connection.
     pub fn connect(&self) -> Arc<dyn Connection> {
         match &self.endpoint {
             Some(endpoint) => connect(endpoint),
-            None => Arc::new(LocalConnection::new(
-                Arc::clone(&self.region),
-                Some(self.service.clone()),
-            )),
+            None => Arc::new(LocalConnection::new(Arc::clone(&self.region), Some(self.service.clone()))),
         }
     }
 
@@ -110,13 +98,8 @@ impl TestMemnode {
 
     /// A splitter working directly on the region (for crash tests: the "restarted memnode").
     pub fn local_splitter(&self) -> Splitter {
-        let conn: Arc<dyn Connection> =
-            Arc::new(LocalConnection::new(Arc::clone(&self.region), None));
-        Splitter::new(
-            Arc::clone(&conn),
-            self.layout,
-            Arc::new(Heap::new(conn, self.layout)),
-        )
+        let conn: Arc<dyn Connection> = Arc::new(LocalConnection::new(Arc::clone(&self.region), None));
+        Splitter::new(Arc::clone(&conn), self.layout, Arc::new(Heap::new(conn, self.layout)))
     }
 
     /// Stops serving (clients see their connections fail).
@@ -126,14 +109,8 @@ impl TestMemnode {
 }
 
 fn connect(endpoint: &Endpoint) -> Arc<dyn Connection> {
-    racekv_transport::connect(
-        endpoint,
-        &ConnectOptions {
-            token: TOKEN.into(),
-            timeout: Duration::from_secs(10),
-        },
-    )
-    .unwrap()
+    racekv_transport::connect(endpoint, &ConnectOptions { token: TOKEN.into(), timeout: Duration::from_secs(10) })
+        .unwrap()
 }
 
 /// One key found by [`scan`].
@@ -151,9 +128,7 @@ pub struct ScannedItem {
 pub fn scan(conn: &dyn Connection, layout: &Layout) -> Vec<ScannedItem> {
     use crate::directory::read_word;
     use crate::hash::KeyHash;
-    use crate::layout::{
-        decode_block, parse_bucket, sb, slot_offset, DirEntry, Slot, BUCKET_BYTES,
-    };
+    use crate::layout::{decode_block, parse_bucket, sb, slot_offset, DirEntry, Slot, BUCKET_BYTES};
     use racekv_transport::Batch;
 
     let mut b = Batch::new();
@@ -163,12 +138,8 @@ pub fn scan(conn: &dyn Connection, layout: &Layout) -> Vec<ScannedItem> {
     b.clear();
     let dir = b.read(layout.dir_entry_offset(0), 8 << gd);
     conn.execute(&mut b).unwrap();
-    let mut subtables: Vec<u64> = b
-        .read_result(dir)
-        .unwrap()
-        .chunks_exact(8)
-        .map(|w| DirEntry::decode(read_word(w)).subtable)
-        .collect();
+    let mut subtables: Vec<u64> =
+        b.read_result(dir).unwrap().chunks_exact(8).map(|w| DirEntry::decode(read_word(w)).subtable).collect();
     subtables.sort_unstable();
     subtables.dedup();
     let mut items = Vec::new();
@@ -186,8 +157,7 @@ pub fn scan(conn: &dyn Connection, layout: &Layout) -> Vec<ScannedItem> {
                 b.clear();
                 let r = b.read(slot.block, slot.block_bytes() as u32);
                 conn.execute(&mut b).unwrap();
-                let (key, value) = decode_block(b.read_result(r).unwrap())
-                    .expect("every slot points to a valid block");
+                let (key, value) = decode_block(b.read_result(r).unwrap()).expect("every slot points to a valid block");
                 let dir = KeyHash::of(key, layout.groups_per_subtable).dir;
                 items.push(ScannedItem {
                     key: key.to_vec(),

@@ -15,10 +15,7 @@ use racekv_hashing::{Error, PutMode, PutOutcome, TableOptions, MAX_KV_BYTES};
 const MIB: u64 = 1 << 20;
 
 fn options(grace_ms: u64) -> TableOptions {
-    TableOptions {
-        grace_period: Duration::from_millis(grace_ms),
-        op_timeout: Duration::from_secs(30),
-    }
+    TableOptions { grace_period: Duration::from_millis(grace_ms), op_timeout: Duration::from_secs(30) }
 }
 
 /// Checks the whole table: no key twice, nothing misplaced, and exactly `expected`.
@@ -26,36 +23,17 @@ fn assert_table_holds(memnode: &TestMemnode, expected: &HashMap<Vec<u8>, Vec<u8>
     let items = scan(&*memnode.connect(), &memnode.layout());
     let mut seen = HashSet::new();
     for item in &items {
-        assert!(
-            item.admitted,
-            "key {:?} sits in a bucket that does not admit it",
-            item.key
-        );
-        assert!(
-            seen.insert(item.key.clone()),
-            "key {:?} appears twice",
-            String::from_utf8_lossy(&item.key)
-        );
+        assert!(item.admitted, "key {:?} sits in a bucket that does not admit it", item.key);
+        assert!(seen.insert(item.key.clone()), "key {:?} appears twice", String::from_utf8_lossy(&item.key));
         match expected.get(&item.key) {
-            Some(v) => assert_eq!(
-                &item.value,
-                v,
-                "key {:?}",
-                String::from_utf8_lossy(&item.key)
-            ),
+            Some(v) => assert_eq!(&item.value, v, "key {:?}", String::from_utf8_lossy(&item.key)),
             None => panic!(
                 "key {:?} is in the table but should not be (deleted key came back?)",
                 String::from_utf8_lossy(&item.key)
             ),
         }
     }
-    assert_eq!(
-        items.len(),
-        expected.len(),
-        "table holds {} keys, expected {}",
-        items.len(),
-        expected.len()
-    );
+    assert_eq!(items.len(), expected.len(), "table holds {} keys, expected {}", items.len(), expected.len());
 }
 
 pub fn basic_operations(via: Via) {
@@ -67,32 +45,16 @@ pub fn basic_operations(via: Via) {
     assert_eq!(c.get(b"k").unwrap().as_deref(), Some(&b"v1"[..]));
     assert_eq!(c.put(b"k", b"v2").unwrap(), PutOutcome::Updated);
     assert_eq!(c.get(b"k").unwrap().as_deref(), Some(&b"v2"[..]));
-    assert_eq!(
-        c.put_with(b"k", b"nx", PutMode::InsertOnly).unwrap(),
-        PutOutcome::NotApplied
-    );
-    assert_eq!(
-        c.put_with(b"new", b"xx", PutMode::UpdateOnly).unwrap(),
-        PutOutcome::NotApplied
-    );
+    assert_eq!(c.put_with(b"k", b"nx", PutMode::InsertOnly).unwrap(), PutOutcome::NotApplied);
+    assert_eq!(c.put_with(b"new", b"xx", PutMode::UpdateOnly).unwrap(), PutOutcome::NotApplied);
     assert_eq!(c.get(b"new").unwrap(), None);
-    assert_eq!(
-        c.put_with(b"new", b"nx", PutMode::InsertOnly).unwrap(),
-        PutOutcome::Inserted
-    );
-    assert_eq!(
-        c.put_with(b"new", b"xx", PutMode::UpdateOnly).unwrap(),
-        PutOutcome::Updated
-    );
+    assert_eq!(c.put_with(b"new", b"nx", PutMode::InsertOnly).unwrap(), PutOutcome::Inserted);
+    assert_eq!(c.put_with(b"new", b"xx", PutMode::UpdateOnly).unwrap(), PutOutcome::Updated);
     assert_eq!(c.get(b"new").unwrap().as_deref(), Some(&b"xx"[..]));
     // compare-and-swap on the value
-    assert!(!c
-        .compare_and_swap(b"k", Some(b"wrong"), Some(b"v3"))
-        .unwrap());
+    assert!(!c.compare_and_swap(b"k", Some(b"wrong"), Some(b"v3")).unwrap());
     assert!(c.compare_and_swap(b"k", Some(b"v2"), Some(b"v3")).unwrap());
-    assert!(!c
-        .compare_and_swap(b"absent", Some(b"x"), Some(b"y"))
-        .unwrap());
+    assert!(!c.compare_and_swap(b"absent", Some(b"x"), Some(b"y")).unwrap());
     assert!(c.compare_and_swap(b"absent", None, Some(b"y")).unwrap());
     assert!(!c.compare_and_swap(b"absent", None, Some(b"z")).unwrap());
     assert!(c.compare_and_swap(b"absent", Some(b"y"), None).unwrap());
@@ -106,15 +68,8 @@ pub fn basic_operations(via: Via) {
     let big = vec![7u8; MAX_KV_BYTES - 3];
     assert_eq!(c.put(b"big", &big).unwrap(), PutOutcome::Inserted);
     assert_eq!(c.get(b"big").unwrap().unwrap(), big);
-    assert!(matches!(
-        c.put(b"big", &vec![1u8; MAX_KV_BYTES]),
-        Err(Error::TooLarge { .. })
-    ));
-    assert_eq!(
-        c.get(b"big").unwrap().unwrap(),
-        big,
-        "a refused put must not change the value"
-    );
+    assert!(matches!(c.put(b"big", &vec![1u8; MAX_KV_BYTES]), Err(Error::TooLarge { .. })));
+    assert_eq!(c.get(b"big").unwrap().unwrap(), big, "a refused put must not change the value");
     assert_eq!(c.put(b"empty-value", b"").unwrap(), PutOutcome::Inserted);
     assert_eq!(c.get(b"empty-value").unwrap().as_deref(), Some(&b""[..]));
     let binary: Vec<u8> = (0..=255).collect();
@@ -131,29 +86,19 @@ pub fn grows_through_splits(via: Via) {
     let n = 5_000u32;
     let mut model = HashMap::new();
     for i in 0..n {
-        let (k, v) = (
-            format!("key-{i}").into_bytes(),
-            format!("value-{i}").into_bytes(),
-        );
+        let (k, v) = (format!("key-{i}").into_bytes(), format!("value-{i}").into_bytes());
         assert_eq!(c.put(&k, &v).unwrap(), PutOutcome::Inserted, "key {i}");
         model.insert(k, v);
     }
     let stats = memnode.stats();
-    assert!(
-        stats.global_depth >= 5,
-        "expected many splits, got {stats:?}"
-    );
+    assert!(stats.global_depth >= 5, "expected many splits, got {stats:?}");
     for i in (0..n).step_by(2) {
         assert!(c.delete(format!("key-{i}").as_bytes()).unwrap());
         model.remove(format!("key-{i}").as_bytes());
     }
     for i in 0..n {
         let got = c.get(format!("key-{i}").as_bytes()).unwrap();
-        assert_eq!(
-            got,
-            model.get(format!("key-{i}").as_bytes()).cloned(),
-            "key {i}"
-        );
+        assert_eq!(got, model.get(format!("key-{i}").as_bytes()).cloned(), "key {i}");
     }
     c.flush().unwrap();
     assert_eq!(memnode.stats().items, model.len() as u64);
@@ -180,38 +125,23 @@ pub fn matches_a_hashmap_model(via: Via) {
         let value = vec![(next() % 251) as u8; (next() % 300) as usize];
         match next() % 6 {
             0 | 1 => {
-                let expected = if model.contains_key(&key) {
-                    PutOutcome::Updated
-                } else {
-                    PutOutcome::Inserted
-                };
+                let expected = if model.contains_key(&key) { PutOutcome::Updated } else { PutOutcome::Inserted };
                 assert_eq!(c.put(&key, &value).unwrap(), expected, "step {step}");
                 model.insert(key, value);
             }
             2 => {
-                let applied = c.put_with(&key, &value, PutMode::InsertOnly).unwrap()
-                    != PutOutcome::NotApplied;
+                let applied = c.put_with(&key, &value, PutMode::InsertOnly).unwrap() != PutOutcome::NotApplied;
                 assert_eq!(applied, !model.contains_key(&key), "step {step}");
                 model.entry(key).or_insert(value);
             }
-            3 => assert_eq!(
-                c.delete(&key).unwrap(),
-                model.remove(&key).is_some(),
-                "step {step}"
-            ),
+            3 => assert_eq!(c.delete(&key).unwrap(), model.remove(&key).is_some(), "step {step}"),
             4 => {
                 let expected = model.get(&key).cloned();
-                let swapped = c
-                    .compare_and_swap(&key, expected.as_deref(), Some(&value))
-                    .unwrap();
+                let swapped = c.compare_and_swap(&key, expected.as_deref(), Some(&value)).unwrap();
                 assert!(swapped, "step {step}: CAS with the current value failed");
                 model.insert(key, value);
             }
-            _ => assert_eq!(
-                c.get(&key).unwrap(),
-                model.get(&key).cloned(),
-                "step {step}"
-            ),
+            _ => assert_eq!(c.get(&key).unwrap(), model.get(&key).cloned(), "step {step}"),
         }
     }
     c.flush().unwrap();
@@ -261,9 +191,7 @@ fn check_history(events: &[Event], final_state: &HashMap<u32, Option<u64>>) {
                 || writes.iter().any(|(w, v)| {
                     *v == value
                         && w.start < obs_end
-                        && !writes
-                            .iter()
-                            .any(|(w2, _)| w2.start > w.end && w2.end < obs_start)
+                        && !writes.iter().any(|(w2, _)| w2.start > w.end && w2.end < obs_start)
                 })
         };
         for e in &evs {
@@ -290,11 +218,7 @@ fn check_history(events: &[Event], final_state: &HashMap<u32, Option<u64>>) {
 pub fn stress_with_splits(via: Via) {
     const THREADS: usize = 8;
     const HOT_KEYS: u32 = 24;
-    let ops_per_thread = if matches!(via, Via::Local) {
-        6_000
-    } else {
-        2_500
-    };
+    let ops_per_thread = if matches!(via, Via::Local) { 6_000 } else { 2_500 };
     let memnode = TestMemnode::start(via, 64 * MIB, 4);
     let table = memnode.table(options(5));
     let clock = Instant::now();
@@ -334,17 +258,10 @@ pub fn stress_with_splits(via: Via) {
                                 EventKind::Delete
                             }
                             _ => EventKind::Get(
-                                c.get(name.as_bytes())
-                                    .unwrap()
-                                    .map(|v| u64::from_le_bytes(v.try_into().unwrap())),
+                                c.get(name.as_bytes()).unwrap().map(|v| u64::from_le_bytes(v.try_into().unwrap())),
                             ),
                         };
-                        events.push(Event {
-                            key,
-                            kind,
-                            start,
-                            end: now(),
-                        });
+                        events.push(Event { key, kind, start, end: now() });
                     }
                     c.flush().unwrap();
                     (events, fillers)
@@ -354,10 +271,7 @@ pub fn stress_with_splits(via: Via) {
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let stats = memnode.stats();
-    assert!(
-        stats.global_depth >= 3,
-        "the stress test should have split the table: {stats:?}"
-    );
+    assert!(stats.global_depth >= 3, "the stress test should have split the table: {stats:?}");
     let mut c = table.client(memnode.connect());
     let mut final_state = HashMap::new();
     let mut expected = HashMap::new();
@@ -369,10 +283,7 @@ pub fn stress_with_splits(via: Via) {
         }
         final_state.insert(key, v.map(|v| u64::from_le_bytes(v.try_into().unwrap())));
     }
-    let events: Vec<Event> = results
-        .iter()
-        .flat_map(|(e, _)| e.iter().cloned())
-        .collect();
+    let events: Vec<Event> = results.iter().flat_map(|(e, _)| e.iter().cloned()).collect();
     check_history(&events, &final_state);
     for (_, fillers) in &results {
         for f in fillers {
@@ -386,11 +297,7 @@ pub fn stress_with_splits(via: Via) {
         }
     }
     assert_table_holds(&memnode, &expected);
-    assert_eq!(
-        memnode.stats().items,
-        expected.len() as u64,
-        "item count drifted"
-    );
+    assert_eq!(memnode.stats().items, expected.len() as u64, "item count drifted");
 }
 
 /// With no grace period, blocks are reused as fast as possible; readers must still never
@@ -403,11 +310,7 @@ pub fn readers_survive_block_reuse(via: Via) {
     let reads = AtomicU64::new(0);
     let mut c = table.client(memnode.connect());
     for k in 0..KEYS {
-        c.put(
-            format!("key-{k}").as_bytes(),
-            format!("key-{k}/init").as_bytes(),
-        )
-        .unwrap();
+        c.put(format!("key-{k}").as_bytes(), format!("key-{k}/init").as_bytes()).unwrap();
     }
     std::thread::scope(|s| {
         for w in 0..3 {
@@ -419,11 +322,7 @@ pub fn readers_survive_block_reuse(via: Via) {
                     let k = i % KEYS;
                     // Varying sizes make blocks of one size class serve different keys.
                     let pad = "x".repeat((i % 3) as usize * 20);
-                    c.put(
-                        format!("key-{k}").as_bytes(),
-                        format!("key-{k}/{w}/{i}{pad}").as_bytes(),
-                    )
-                    .unwrap();
+                    c.put(format!("key-{k}").as_bytes(), format!("key-{k}/{w}/{i}{pad}").as_bytes()).unwrap();
                     i += 1;
                 }
             });
@@ -435,15 +334,9 @@ pub fn readers_survive_block_reuse(via: Via) {
                 let mut i = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     let k = i % KEYS;
-                    let v = c
-                        .get(format!("key-{k}").as_bytes())
-                        .unwrap()
-                        .expect("keys are never deleted here");
+                    let v = c.get(format!("key-{k}").as_bytes()).unwrap().expect("keys are never deleted here");
                     let v = String::from_utf8(v).unwrap();
-                    assert!(
-                        v.starts_with(&format!("key-{k}/")),
-                        "read key-{k} and got {v:?}"
-                    );
+                    assert!(v.starts_with(&format!("key-{k}/")), "read key-{k} and got {v:?}");
                     reads.fetch_add(1, Ordering::Relaxed);
                     i += 1;
                 }
@@ -455,10 +348,7 @@ pub fn readers_survive_block_reuse(via: Via) {
         }
         stop.store(true, Ordering::Relaxed);
     });
-    assert!(
-        reads.load(Ordering::Relaxed) > 1_000,
-        "too few reads to mean anything"
-    );
+    assert!(reads.load(Ordering::Relaxed) > 1_000, "too few reads to mean anything");
 }
 
 /// A memnode that dies mid-split (journal set, directory locked, some buckets moved)
@@ -469,30 +359,22 @@ pub fn split_interrupted_by_a_crash_is_finished_on_restart(via: Via) {
     let mut c = table.client(memnode.connect());
     let mut model = HashMap::new();
     for i in 0..400 {
-        let (k, v) = (
-            format!("key-{i}").into_bytes(),
-            format!("v{i}").into_bytes(),
-        );
+        let (k, v) = (format!("key-{i}").into_bytes(), format!("v{i}").into_bytes());
         c.put(&k, &v).unwrap();
         model.insert(k, v);
     }
     c.flush().unwrap();
-    let entry = table.directory().lookup(
-        racekv_hashing::hash::KeyHash::of(b"key-0", memnode.layout().groups_per_subtable).dir,
-    );
+    let entry =
+        table.directory().lookup(racekv_hashing::hash::KeyHash::of(b"key-0", memnode.layout().groups_per_subtable).dir);
     let req = SplitRequest {
-        dir_hash: racekv_hashing::hash::KeyHash::of(b"key-0", memnode.layout().groups_per_subtable)
-            .dir,
+        dir_hash: racekv_hashing::hash::KeyHash::of(b"key-0", memnode.layout().groups_per_subtable).dir,
         observed_depth: entry.entry.local_depth,
         observed_subtable: entry.entry.subtable,
     };
     let splitter = memnode.local_splitter();
     splitter.split_then_crash(&req, 1).unwrap();
     // "Restart": the journal is found and the split completed.
-    assert!(
-        splitter.recover().unwrap(),
-        "no split in progress was found"
-    );
+    assert!(splitter.recover().unwrap(), "no split in progress was found");
     assert!(!splitter.recover().unwrap(), "the journal was not cleared");
     let table = memnode.table(options(0));
     let mut c = table.client(memnode.connect());
@@ -550,4 +432,35 @@ mod tcp {
     use super::*;
     table_suite!(Via::Transport(racekv_transport::TransportKind::Tcp));
     table_suite!(Via::Transport(racekv_transport::TransportKind::Tcp); memnode_loss_is_a_clear_error);
+}
+
+mod many {
+    use super::*;
+
+    /// Batched lookups agree with single lookups, including absent keys and more keys than
+    /// one round holds.
+    #[test]
+    fn get_many_matches_get() {
+        for via in [Via::Local, Via::Transport(racekv_transport::TransportKind::Tcp)] {
+            let memnode = TestMemnode::start(via, 16 * MIB, 8);
+            let table = memnode.table(options(10));
+            let mut c = table.client(memnode.connect());
+            for i in 0..3_000u32 {
+                if i % 3 != 0 {
+                    c.put(format!("k{i}").as_bytes(), format!("v{i}").as_bytes()).unwrap();
+                }
+            }
+            let names: Vec<String> = (0..3_000u32).map(|i| format!("k{i}")).collect();
+            let keys: Vec<&[u8]> = names.iter().map(|n| n.as_bytes()).collect();
+            let before = c.stats().round_trips;
+            let got = c.get_many(&keys).unwrap();
+            let trips = c.stats().round_trips - before;
+            for (i, v) in got.iter().enumerate() {
+                let expected = (i % 3 != 0).then(|| format!("v{i}").into_bytes());
+                assert_eq!(v, &expected, "key k{i}");
+            }
+            let rounds = keys.len().div_ceil(racekv_hashing::table::KEYS_PER_ROUND) as u64;
+            assert!(trips < rounds * 2 + keys.len() as u64 / 4, "{trips} round trips for {} keys", keys.len());
+        }
+    }
 }

@@ -5,23 +5,16 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, unit) = t.split_at(split);
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{text:?} is not a byte size (try 1073741824 or 1GiB)"))?;
+    let n: u64 = digits.parse().map_err(|_| format!("{text:?} is not a byte size (try 1073741824 or 1GiB)"))?;
     let shift = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 0,
         "k" | "kib" | "kb" => 10,
         "m" | "mib" | "mb" => 20,
         "g" | "gib" | "gb" => 30,
         "t" | "tib" | "tb" => 40,
-        other => {
-            return Err(format!(
-                "unknown unit {other:?} in {text:?}; use B, KiB, MiB, GiB or TiB"
-            ))
-        }
+        other => return Err(format!("unknown unit {other:?} in {text:?}; use B, KiB, MiB, GiB or TiB")),
     };
-    n.checked_mul(1 << shift)
-        .ok_or_else(|| format!("{text:?} is too large"))
+    n.checked_mul(1 << shift).ok_or_else(|| format!("{text:?} is too large"))
 }
 
 /// serde: a byte size as a number or a string with a unit.

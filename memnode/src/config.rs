@@ -31,6 +31,9 @@ pub struct MemnodeConfig {
     pub token: String,
     /// Where to serve Prometheus metrics (`/metrics`); unset disables it.
     pub metrics_addr: Option<SocketAddr>,
+    /// This memnode's identity for key placement, fixed when the region is formatted
+    /// (random if unset). Only needed to re-create a node with a known id.
+    pub node_id: Option<u64>,
     /// Bucket groups per subtable (power of two; 3 buckets of 7 slots each).
     pub groups_per_subtable: u32,
     /// Bytes per KV chunk handed to a client.
@@ -57,6 +60,7 @@ impl Default for MemnodeConfig {
             listen_verbs: None,
             token: DEV_TOKEN.into(),
             metrics_addr: Some("127.0.0.1:9400".parse().expect("static address")),
+            node_id: None,
             groups_per_subtable: 256,
             chunk_bytes: 1 << 20,
             max_connections: 1024,
@@ -69,31 +73,17 @@ impl Default for MemnodeConfig {
 impl MemnodeConfig {
     /// Loads defaults, then `file` (if given), then the environment.
     pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
-        let mut builder =
-            config::Config::builder().add_source(config::Config::try_from(&Self::default())?);
+        let mut builder = config::Config::builder().add_source(config::Config::try_from(&Self::default())?);
         if let Some(path) = file {
-            builder = builder.add_source(
-                config::File::from(path)
-                    .format(config::FileFormat::Toml)
-                    .required(true),
-            );
+            builder = builder.add_source(config::File::from(path).format(config::FileFormat::Toml).required(true));
         }
         builder = builder.add_source(
-            config::Environment::with_prefix("RACEKV_MEMNODE")
-                .prefix_separator("_")
-                .separator("__")
-                .try_parsing(true),
+            config::Environment::with_prefix("RACEKV_MEMNODE").prefix_separator("_").separator("__").try_parsing(true),
         );
-        let cfg: Self = builder
-            .build()
-            .and_then(|c| c.try_deserialize())
-            .with_context(|| match file {
-                Some(p) => format!(
-                    "reading the memnode configuration from {} and RACEKV_MEMNODE_*",
-                    p.display()
-                ),
-                None => "reading the memnode configuration from RACEKV_MEMNODE_*".into(),
-            })?;
+        let cfg: Self = builder.build().and_then(|c| c.try_deserialize()).with_context(|| match file {
+            Some(p) => format!("reading the memnode configuration from {} and RACEKV_MEMNODE_*", p.display()),
+            None => "reading the memnode configuration from RACEKV_MEMNODE_*".into(),
+        })?;
         Ok(cfg)
     }
 
@@ -109,10 +99,7 @@ impl MemnodeConfig {
             self.region_bytes
         );
         anyhow::ensure!(!self.token.is_empty(), "token must not be empty");
-        anyhow::ensure!(
-            self.max_connections > 0,
-            "max_connections must be at least 1"
-        );
+        anyhow::ensure!(self.max_connections > 0, "max_connections must be at least 1");
         anyhow::ensure!(
             !(self.huge_pages && self.data_file.is_some()),
             "huge_pages applies to anonymous regions; a data_file region uses the page cache"
@@ -126,14 +113,8 @@ impl MemnodeConfig {
 }
 
 fn is_loopback(addr: &str) -> bool {
-    let host = addr
-        .rsplit_once(':')
-        .map_or(addr, |(h, _)| h)
-        .trim_matches(|c| c == '[' || c == ']');
-    host == "localhost"
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h).trim_matches(|c| c == '[' || c == ']');
+    host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 #[cfg(test)]
@@ -144,19 +125,11 @@ mod tests {
     fn layers_override_in_order() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("memnode.toml");
-        std::fs::write(
-            &file,
-            "region_bytes = \"64MiB\"\nlisten_tcp = \"127.0.0.1:7777\"\n",
-        )
-        .unwrap();
+        std::fs::write(&file, "region_bytes = \"64MiB\"\nlisten_tcp = \"127.0.0.1:7777\"\n").unwrap();
         let cfg = MemnodeConfig::load(Some(&file)).unwrap();
         assert_eq!(cfg.region_bytes, 64 << 20);
         assert_eq!(cfg.listen_tcp.as_deref(), Some("127.0.0.1:7777"));
-        assert_eq!(
-            cfg.chunk_bytes,
-            1 << 20,
-            "untouched keys keep their defaults"
-        );
+        assert_eq!(cfg.chunk_bytes, 1 << 20, "untouched keys keep their defaults");
     }
 
     #[test]

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use prometheus::{Gauge, IntGauge};
-use racekv_hashing::format::{format, is_formatted, read_layout};
+use racekv_hashing::format::{format, is_formatted, read_layout, read_node_id};
 use racekv_hashing::heap::Heap;
 use racekv_hashing::split::Splitter;
 use racekv_hashing::{Layout, TableService, TableStats};
@@ -48,39 +48,20 @@ struct Gauges {
 static GAUGES: LazyLock<Gauges> = LazyLock::new(|| {
     use racekv_telemetry::register;
     Gauges {
-        region_bytes: register(
-            IntGauge::new("racekv_memnode_region_bytes", "Size of the region").unwrap(),
-        ),
+        region_bytes: register(IntGauge::new("racekv_memnode_region_bytes", "Size of the region").unwrap()),
         heap_used_bytes: register(
-            IntGauge::new(
-                "racekv_memnode_heap_used_bytes",
-                "Heap bytes allocated (subtables and KV chunks)",
-            )
-            .unwrap(),
+            IntGauge::new("racekv_memnode_heap_used_bytes", "Heap bytes allocated (subtables and KV chunks)").unwrap(),
         ),
         items: register(IntGauge::new("racekv_memnode_items", "Keys stored").unwrap()),
         slots: register(IntGauge::new("racekv_memnode_slots", "Slots in all subtables").unwrap()),
-        load_factor: register(
-            Gauge::new("racekv_memnode_load_factor_ratio", "Keys per slot").unwrap(),
-        ),
-        global_depth: register(
-            IntGauge::new("racekv_memnode_global_depth", "Directory global depth").unwrap(),
-        ),
-        subtables: register(
-            IntGauge::new("racekv_memnode_subtables", "Subtables allocated").unwrap(),
-        ),
-        chunks: register(
-            IntGauge::new("racekv_memnode_chunks", "KV chunks handed to clients").unwrap(),
-        ),
-        connections: register(
-            IntGauge::new("racekv_memnode_connections", "Open client connections").unwrap(),
-        ),
+        load_factor: register(Gauge::new("racekv_memnode_load_factor_ratio", "Keys per slot").unwrap()),
+        global_depth: register(IntGauge::new("racekv_memnode_global_depth", "Directory global depth").unwrap()),
+        subtables: register(IntGauge::new("racekv_memnode_subtables", "Subtables allocated").unwrap()),
+        chunks: register(IntGauge::new("racekv_memnode_chunks", "KV chunks handed to clients").unwrap()),
+        connections: register(IntGauge::new("racekv_memnode_connections", "Open client connections").unwrap()),
         last_sync_seconds: register(
-            Gauge::new(
-                "racekv_memnode_last_sync_duration_seconds",
-                "Duration of the last msync of the data file",
-            )
-            .unwrap(),
+            Gauge::new("racekv_memnode_last_sync_duration_seconds", "Duration of the last msync of the data file")
+                .unwrap(),
         ),
     }
 });
@@ -102,11 +83,7 @@ pub struct Memnode {
 /// Opens (or creates) the data file, or makes an anonymous memfd region.
 fn open_region(cfg: &MemnodeConfig) -> anyhow::Result<(File, Option<nix::fcntl::Flock<File>>)> {
     let Some(path) = &cfg.data_file else {
-        let file = racekv_transport::region::shared_memory_file(
-            "racekv-region",
-            cfg.region_bytes,
-            cfg.huge_pages,
-        )?;
+        let file = racekv_transport::region::shared_memory_file("racekv-region", cfg.region_bytes, cfg.huge_pages)?;
         return Ok((file, None));
     };
     let file = OpenOptions::new()
@@ -116,11 +93,8 @@ fn open_region(cfg: &MemnodeConfig) -> anyhow::Result<(File, Option<nix::fcntl::
         .truncate(false)
         .open(path)
         .with_context(|| format!("opening the data file {}", path.display()))?;
-    let lock = nix::fcntl::Flock::lock(
-        file.try_clone()?,
-        nix::fcntl::FlockArg::LockExclusiveNonblock,
-    )
-    .map_err(|(_, e)| anyhow::anyhow!("{} is in use by another memnode ({e})", path.display()))?;
+    let lock = nix::fcntl::Flock::lock(file.try_clone()?, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        .map_err(|(_, e)| anyhow::anyhow!("{} is in use by another memnode ({e})", path.display()))?;
     let len = file.metadata()?.len();
     if len == 0 {
         file.set_len(cfg.region_bytes)
@@ -138,55 +112,43 @@ fn open_region(cfg: &MemnodeConfig) -> anyhow::Result<(File, Option<nix::fcntl::
 impl Memnode {
     pub fn start(config: MemnodeConfig) -> anyhow::Result<Self> {
         config.validate()?;
-        if config.listen_verbs.is_some()
-            && (config.listen_shm.is_some() || config.listen_tcp.is_some())
-        {
+        if config.listen_verbs.is_some() && (config.listen_shm.is_some() || config.listen_tcp.is_some()) {
             bail!("verbs cannot share a region with shm or tcp clients: NIC atomics are atomic only against other NIC atomics (design.md); configure verbs alone");
         }
         let (file, lock) = open_region(&config)?;
-        let region =
-            Arc::new(Region::map_file(&file, config.region_bytes).context("mapping the region")?);
+        let region = Arc::new(Region::map_file(&file, config.region_bytes).context("mapping the region")?);
         GAUGES.region_bytes.set(config.region_bytes as i64);
 
         // Format or reopen, before anyone can connect.
         let local = LocalConnection::new(Arc::clone(&region), None);
-        let layout = if is_formatted(&local)? {
+        let (layout, node_id) = if is_formatted(&local)? {
             let layout = read_layout(&local)?;
             let local: Arc<dyn Connection> = Arc::new(local);
-            let splitter = Splitter::new(
-                Arc::clone(&local),
-                layout,
-                Arc::new(Heap::new(Arc::clone(&local), layout)),
-            );
+            let splitter = Splitter::new(Arc::clone(&local), layout, Arc::new(Heap::new(Arc::clone(&local), layout)));
             if splitter.recover()? {
                 tracing::warn!("finished a split that the previous run left in progress");
             }
-            tracing::info!(
-                region_bytes = layout.region_len,
-                "reopened an existing table"
-            );
-            layout
+            let node_id = read_node_id(&*local)?;
+            tracing::info!(region_bytes = layout.region_len, node_id, "reopened an existing table");
+            (layout, node_id)
         } else {
-            let layout = Layout::for_region(
-                config.region_bytes,
-                config.groups_per_subtable,
-                config.chunk_bytes,
-            )?;
-            format(&local, &layout)?;
+            let layout = Layout::for_region(config.region_bytes, config.groups_per_subtable, config.chunk_bytes)?;
+            let node_id = config.node_id.unwrap_or_else(random_node_id);
+            format(&local, &layout, node_id)?;
             tracing::info!(
                 region_bytes = layout.region_len,
                 max_global_depth = layout.max_global_depth,
+                node_id,
                 "formatted a new table"
             );
-            layout
+            (layout, node_id)
         };
 
-        let service = Arc::new(TableService::new(layout));
+        let service = Arc::new(TableService::new(layout, node_id));
         let mut listen = Vec::new();
         if let Some(p) = &config.listen_shm {
             if let Some(dir) = p.parent() {
-                std::fs::create_dir_all(dir)
-                    .with_context(|| format!("creating {}", dir.display()))?;
+                std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
             }
             listen.push(Endpoint::Shm(p.clone()));
         }
@@ -201,35 +163,21 @@ impl Memnode {
             max_connections: config.max_connections,
             io_timeout: Duration::from_millis(config.io_timeout_ms),
         };
-        let server = RegionServer::start(
-            Arc::clone(&region),
-            Some(file),
-            service.clone(),
-            options,
-            &listen,
-        )
-        .context("starting the region server")?;
+        let server = RegionServer::start(Arc::clone(&region), Some(file), service.clone(), options, &listen)
+            .context("starting the region server")?;
 
         // The service works on the region through a loopback of the clients' transport.
         let loopback_endpoint = server
             .endpoints()
             .iter()
             .find(|e| matches!(e, Endpoint::Verbs(_)))
-            .or_else(|| {
-                server
-                    .endpoints()
-                    .iter()
-                    .find(|e| matches!(e, Endpoint::Shm(_)))
-            })
+            .or_else(|| server.endpoints().iter().find(|e| matches!(e, Endpoint::Shm(_))))
             .or_else(|| server.endpoints().first())
             .expect("at least one listener")
             .clone();
         let loopback = racekv_transport::connect(
             &loopback_endpoint,
-            &ConnectOptions {
-                token: config.token.clone(),
-                timeout: Duration::from_secs(30),
-            },
+            &ConnectOptions { token: config.token.clone(), timeout: Duration::from_secs(30) },
         )
         .with_context(|| format!("connecting the loopback to {loopback_endpoint}"))?;
         service.attach(loopback);
@@ -256,43 +204,36 @@ impl Memnode {
 
     /// Refreshes the gauges every second and flushes a data file every `sync_interval_ms`.
     fn spawn_housekeeping(&self) -> anyhow::Result<JoinHandle<()>> {
-        let (stopping, service, region) = (
-            Arc::clone(&self.stopping),
-            Arc::clone(&self.service),
-            Arc::clone(&self.region),
-        );
+        let (stopping, service, region) =
+            (Arc::clone(&self.stopping), Arc::clone(&self.service), Arc::clone(&self.region));
         let sync_every = (self.config.data_file.is_some() && self.config.sync_interval_ms > 0)
             .then(|| Duration::from_millis(self.config.sync_interval_ms));
         let connections = self.server.as_ref().map(|s| s.connections_handle());
-        Ok(std::thread::Builder::new()
-            .name("memnode-housekeeping".into())
-            .spawn(move || {
-                let mut last_stats = Instant::now() - Duration::from_secs(10);
-                let mut last_sync = Instant::now();
-                while !stopping.load(Ordering::Acquire) {
-                    std::thread::sleep(Duration::from_millis(50));
-                    if last_stats.elapsed() >= Duration::from_secs(1) {
-                        last_stats = Instant::now();
-                        if let Ok(stats) = service.stats() {
-                            publish(&stats);
-                        }
-                        if let Some(c) = &connections {
-                            GAUGES.connections.set(c() as i64);
-                        }
+        Ok(std::thread::Builder::new().name("memnode-housekeeping".into()).spawn(move || {
+            let mut last_stats = Instant::now() - Duration::from_secs(10);
+            let mut last_sync = Instant::now();
+            while !stopping.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(50));
+                if last_stats.elapsed() >= Duration::from_secs(1) {
+                    last_stats = Instant::now();
+                    if let Ok(stats) = service.stats() {
+                        publish(&stats);
                     }
-                    if let Some(every) = sync_every {
-                        if last_sync.elapsed() >= every {
-                            last_sync = Instant::now();
-                            if let Err(e) = region.flush() {
-                                tracing::error!("flushing the data file failed: {e}");
-                            }
-                            GAUGES
-                                .last_sync_seconds
-                                .set(last_sync.elapsed().as_secs_f64());
-                        }
+                    if let Some(c) = &connections {
+                        GAUGES.connections.set(c() as i64);
                     }
                 }
-            })?)
+                if let Some(every) = sync_every {
+                    if last_sync.elapsed() >= every {
+                        last_sync = Instant::now();
+                        if let Err(e) = region.flush() {
+                            tracing::error!("flushing the data file failed: {e}");
+                        }
+                        GAUGES.last_sync_seconds.set(last_sync.elapsed().as_secs_f64());
+                    }
+                }
+            }
+        })?)
     }
 
     pub fn endpoints(&self) -> &[Endpoint] {
@@ -349,6 +290,14 @@ impl Drop for Memnode {
             tracing::error!("memnode shutdown: {e:#}");
         }
     }
+}
+
+/// A random, non-zero node id (from the kernel's random source).
+fn random_node_id() -> u64 {
+    use std::io::Read;
+    let mut bytes = [0u8; 8];
+    let _ = File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
+    u64::from_le_bytes(bytes).max(1)
 }
 
 fn publish(stats: &TableStats) {

@@ -79,11 +79,7 @@ fn main() -> anyhow::Result<()> {
         cfg.token = v;
     }
     if let Some(v) = args.metrics_addr {
-        cfg.metrics_addr = if v == "none" {
-            None
-        } else {
-            Some(v.parse::<SocketAddr>().context("--metrics-addr")?)
-        };
+        cfg.metrics_addr = if v == "none" { None } else { Some(v.parse::<SocketAddr>().context("--metrics-addr")?) };
     }
     if let Some(v) = args.groups_per_subtable {
         cfg.groups_per_subtable = v;
@@ -96,10 +92,7 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
 
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGINT,
-    ])?;
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])?;
     let memnode = Memnode::start(cfg)?;
     tracing::info!("memnode ready: {}", memnode.ready_line());
     // For supervisors and tests: one machine-readable line on stdout.

@@ -37,29 +37,15 @@ fn spawn(args: &[&str]) -> Running {
         }
     };
     let info: serde_json::Value = serde_json::from_str(&ready["READY ".len()..]).unwrap();
-    let endpoints = info["endpoints"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e.as_str().unwrap().parse().unwrap())
-        .collect();
+    let endpoints =
+        info["endpoints"].as_array().unwrap().iter().map(|e| e.as_str().unwrap().parse().unwrap()).collect();
     let metrics = info["metrics"].as_str().map(String::from);
-    Running {
-        child,
-        endpoints,
-        metrics,
-    }
+    Running { child, endpoints, metrics }
 }
 
 fn connect(endpoint: &Endpoint) -> Arc<dyn Connection> {
-    racekv_transport::connect(
-        endpoint,
-        &ConnectOptions {
-            token: TOKEN.into(),
-            timeout: Duration::from_secs(10),
-        },
-    )
-    .unwrap()
+    racekv_transport::connect(endpoint, &ConnectOptions { token: TOKEN.into(), timeout: Duration::from_secs(10) })
+        .unwrap()
 }
 
 fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
@@ -68,28 +54,20 @@ fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
         if let Some(status) = child.try_wait().unwrap() {
             return status;
         }
-        assert!(
-            Instant::now() < deadline,
-            "memnode did not exit within {within:?}"
-        );
+        assert!(Instant::now() < deadline, "memnode did not exit within {within:?}");
         std::thread::sleep(Duration::from_millis(20));
     }
 }
 
 fn signal(child: &Child, sig: i32) {
-    let status = Command::new("kill")
-        .arg(format!("-{sig}"))
-        .arg(child.id().to_string())
-        .status()
-        .unwrap();
+    let status = Command::new("kill").arg(format!("-{sig}")).arg(child.id().to_string()).status().unwrap();
     assert!(status.success());
 }
 
 fn http_get(addr: &str, path: &str) -> String {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
-        .unwrap();
+    s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes()).unwrap();
     let mut body = String::new();
     s.read_to_string(&mut body).unwrap();
     body
@@ -135,19 +113,13 @@ fn serves_shm_and_tcp_reports_metrics_and_stops_on_sigterm() {
         let mut c = table.client(conn);
         let key = format!("via-{endpoint}");
         c.put(key.as_bytes(), b"hello").unwrap();
-        assert_eq!(
-            c.get(key.as_bytes()).unwrap().as_deref(),
-            Some(&b"hello"[..])
-        );
+        assert_eq!(c.get(key.as_bytes()).unwrap().as_deref(), Some(&b"hello"[..]));
     }
     // Both transports see the same table.
     let conn = connect(&m.endpoints[1]);
     let table = Table::open(Arc::clone(&conn), TableOptions::default()).unwrap();
     let mut c = table.client(conn);
-    assert!(c
-        .get(format!("via-{}", m.endpoints[0]).as_bytes())
-        .unwrap()
-        .is_some());
+    assert!(c.get(format!("via-{}", m.endpoints[0]).as_bytes()).unwrap().is_some());
     drop(c);
     std::thread::sleep(Duration::from_millis(1200)); // one housekeeping round
     let metrics = http_get(m.metrics.as_ref().unwrap(), "/metrics");
@@ -162,10 +134,7 @@ fn serves_shm_and_tcp_reports_metrics_and_stops_on_sigterm() {
     signal(&m.child, 15);
     let status = wait_exit(&mut m.child, Duration::from_secs(10));
     assert!(status.success(), "SIGTERM exit: {status:?}");
-    assert!(
-        !dir.path().join("m.sock").exists(),
-        "the socket file was left behind"
-    );
+    assert!(!dir.path().join("m.sock").exists(), "the socket file was left behind");
 }
 
 #[test]
@@ -203,15 +172,8 @@ fn sigkill_then_restart_serves_every_acknowledged_key() {
     let status = wait_exit(&mut m.child, Duration::from_secs(10));
     assert!(!status.success());
     stop.store(true, Ordering::Relaxed);
-    let acked: Vec<String> = writers
-        .into_iter()
-        .flat_map(|w| w.join().unwrap())
-        .collect();
-    assert!(
-        acked.len() > 500,
-        "only {} writes before the kill",
-        acked.len()
-    );
+    let acked: Vec<String> = writers.into_iter().flat_map(|w| w.join().unwrap()).collect();
+    assert!(acked.len() > 500, "only {} writes before the kill", acked.len());
 
     let mut m = spawn(&args);
     let conn = connect(&m.endpoints[0]);
@@ -219,22 +181,12 @@ fn sigkill_then_restart_serves_every_acknowledged_key() {
     let mut c = table.client(conn);
     for key in &acked {
         let got = c.get(key.as_bytes()).unwrap();
-        assert_eq!(
-            got.as_deref(),
-            Some(format!("value of {key}").as_bytes()),
-            "acknowledged key {key} lost"
-        );
+        assert_eq!(got.as_deref(), Some(format!("value of {key}").as_bytes()), "acknowledged key {key} lost");
     }
-    assert!(
-        table.directory().global_depth() >= 2,
-        "the test should have split the table"
-    );
+    assert!(table.directory().global_depth() >= 2, "the test should have split the table");
     // And it keeps working.
     c.put(b"after-restart", b"ok").unwrap();
-    assert_eq!(
-        c.get(b"after-restart").unwrap().as_deref(),
-        Some(&b"ok"[..])
-    );
+    assert_eq!(c.get(b"after-restart").unwrap().as_deref(), Some(&b"ok"[..]));
     signal(&m.child, 15);
     assert!(wait_exit(&mut m.child, Duration::from_secs(10)).success());
 }
@@ -289,17 +241,11 @@ fn wrong_token_is_refused_with_a_clear_error() {
     for endpoint in &m.endpoints {
         let err = racekv_transport::connect(
             endpoint,
-            &ConnectOptions {
-                token: "wrong".into(),
-                timeout: Duration::from_secs(5),
-            },
+            &ConnectOptions { token: "wrong".into(), timeout: Duration::from_secs(5) },
         )
         .err()
         .unwrap();
-        assert!(
-            err.to_string().contains("authentication refused"),
-            "{endpoint}: {err}"
-        );
+        assert!(err.to_string().contains("authentication refused"), "{endpoint}: {err}");
     }
     signal(&m.child, 15);
     assert!(wait_exit(&mut m.child, Duration::from_secs(10)).success());

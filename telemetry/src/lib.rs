@@ -17,15 +17,13 @@ use prometheus::{Encoder, TextEncoder};
 
 /// Histogram buckets for latencies, in seconds: 1 µs .. 1 s, roughly 1-2-5 per decade.
 pub const LATENCY_BUCKETS_SECONDS: &[f64] = &[
-    1e-6, 2e-6, 5e-6, 10e-6, 20e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 20e-3,
-    50e-3, 100e-3, 200e-3, 500e-3, 1.0,
+    1e-6, 2e-6, 5e-6, 10e-6, 20e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 20e-3, 50e-3, 100e-3,
+    200e-3, 500e-3, 1.0,
 ];
 
 /// Histogram buckets for sizes, in bytes: 8 B .. 16 MiB, powers of 4.
-pub const SIZE_BUCKETS_BYTES: &[f64] = &[
-    8.0, 32.0, 128.0, 512.0, 2048.0, 8192.0, 32768.0, 131072.0, 524288.0, 2097152.0, 8388608.0,
-    16777216.0,
-];
+pub const SIZE_BUCKETS_BYTES: &[f64] =
+    &[8.0, 32.0, 128.0, 512.0, 2048.0, 8192.0, 32768.0, 131072.0, 524288.0, 2097152.0, 8388608.0, 16777216.0];
 
 /// Histogram buckets for small counts (batch sizes, coalescing degrees): 1 .. 256.
 pub const COUNT_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
@@ -43,9 +41,7 @@ pub fn register<C: prometheus::core::Collector + Clone + 'static>(collector: C) 
 pub fn render() -> String {
     let families = prometheus::gather();
     let mut out = Vec::with_capacity(16 * 1024);
-    TextEncoder::new()
-        .encode(&families, &mut out)
-        .expect("text encoding of gathered metrics cannot fail");
+    TextEncoder::new().encode(&families, &mut out).expect("text encoding of gathered metrics cannot fail");
     String::from_utf8(out).expect("prometheus text format is UTF-8")
 }
 
@@ -62,10 +58,7 @@ impl MetricsServer {
         let server = tiny_http::Server::http(addr)
             .map_err(|e| anyhow::anyhow!("{e}"))
             .with_context(|| format!("binding the metrics endpoint on {addr}"))?;
-        let addr = server
-            .server_addr()
-            .to_ip()
-            .context("metrics endpoint is not an IP socket")?;
+        let addr = server.server_addr().to_ip().context("metrics endpoint is not an IP socket")?;
         let server = Arc::new(server);
         let serving = Arc::clone(&server);
         let thread = std::thread::Builder::new()
@@ -87,11 +80,7 @@ impl MetricsServer {
                 }
             })
             .context("spawning the metrics thread")?;
-        Ok(Self {
-            server,
-            addr,
-            thread: Some(thread),
-        })
+        Ok(Self { server, addr, thread: Some(thread) })
     }
 
     /// The bound address (useful when started on port 0).
@@ -115,13 +104,8 @@ pub fn init_logging() {
     let filter = std::env::var("RACEKV_LOG")
         .ok()
         .map(EnvFilter::new)
-        .unwrap_or_else(|| {
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"))
-        });
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .unwrap_or_else(|| EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }
 
 #[cfg(test)]
@@ -138,8 +122,7 @@ mod tests {
 
     #[test]
     fn metrics_endpoint_serves_registered_series() {
-        let counter =
-            register(prometheus::IntCounter::new("telemetry_test_total", "test").unwrap());
+        let counter = register(prometheus::IntCounter::new("telemetry_test_total", "test").unwrap());
         counter.inc_by(3);
         let server = MetricsServer::start("127.0.0.1:0".parse().unwrap()).unwrap();
         let mut stream = std::net::TcpStream::connect(server.addr()).unwrap();

@@ -109,17 +109,8 @@ impl Batch {
     /// READ `len` bytes at `offset`.
     pub fn read(&mut self, offset: u64, len: u32) -> ReadId {
         let buf_at = u32::try_from(self.read_bytes.len()).unwrap_or(u32::MAX);
-        self.read_bytes
-            .resize(self.read_bytes.len().saturating_add(len as usize), 0);
-        ReadId(self.push(Op {
-            kind: OpKind::Read,
-            offset,
-            len,
-            buf_at,
-            arg0: 0,
-            arg1: 0,
-            outcome: Outcome::Pending,
-        }))
+        self.read_bytes.resize(self.read_bytes.len().saturating_add(len as usize), 0);
+        ReadId(self.push(Op { kind: OpKind::Read, offset, len, buf_at, arg0: 0, arg1: 0, outcome: Outcome::Pending }))
     }
 
     /// WRITE `data` at `offset`.
@@ -127,15 +118,7 @@ impl Batch {
         let buf_at = u32::try_from(self.write_bytes.len()).unwrap_or(u32::MAX);
         self.write_bytes.extend_from_slice(data);
         let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
-        OpId(self.push(Op {
-            kind: OpKind::Write,
-            offset,
-            len,
-            buf_at,
-            arg0: 0,
-            arg1: 0,
-            outcome: Outcome::Pending,
-        }))
+        OpId(self.push(Op { kind: OpKind::Write, offset, len, buf_at, arg0: 0, arg1: 0, outcome: Outcome::Pending }))
     }
 
     /// CAS the 8-byte word at `offset` from `expected` to `new`.
@@ -284,11 +267,7 @@ impl Batch {
 
     /// Turns the first failed op into an error (call after execution).
     pub fn first_failure(&self) -> Result<(), TransportError> {
-        match self
-            .ops
-            .iter()
-            .position(|op| matches!(op.outcome, Outcome::Failed(_)))
-        {
+        match self.ops.iter().position(|op| matches!(op.outcome, Outcome::Failed(_))) {
             None => Ok(()),
             Some(index) => match self.ops[index].outcome {
                 Outcome::Failed(error) => Err(TransportError::Op { index, error }),
@@ -303,10 +282,7 @@ pub fn check_op(kind: OpKind, offset: u64, len: u64, region_len: u64) -> Result<
     match kind {
         OpKind::Read | OpKind::Write => {
             if len == 0 || len > MAX_OP_BYTES {
-                return Err(OpError::BadLength {
-                    len,
-                    max: MAX_OP_BYTES,
-                });
+                return Err(OpError::BadLength { len, max: MAX_OP_BYTES });
             }
         }
         OpKind::Cas | OpKind::Faa => {
@@ -318,11 +294,7 @@ pub fn check_op(kind: OpKind, offset: u64, len: u64, region_len: u64) -> Result<
     }
     match offset.checked_add(len) {
         Some(end) if end <= region_len => Ok(()),
-        _ => Err(OpError::OutOfBounds {
-            offset,
-            len,
-            region_len,
-        }),
+        _ => Err(OpError::OutOfBounds { offset, len, region_len }),
     }
 }
 
@@ -355,10 +327,7 @@ mod tests {
         let last = b.faa(8, 1);
         b.fail_from(1, OpError::Misaligned { offset: 3 });
         assert_eq!(b.result(last), Err(OpError::NotExecuted));
-        assert!(matches!(
-            b.first_failure(),
-            Err(TransportError::Op { index: 1, .. })
-        ));
+        assert!(matches!(b.first_failure(), Err(TransportError::Op { index: 1, .. })));
     }
 
     #[test]
@@ -372,9 +341,6 @@ mod tests {
         for _ in 0..=MAX_BATCH_OPS {
             b.faa(0, 1);
         }
-        assert!(matches!(
-            b.validate(64),
-            Err(TransportError::InvalidBatch(_))
-        ));
+        assert!(matches!(b.validate(64), Err(TransportError::InvalidBatch(_))));
     }
 }

@@ -47,18 +47,12 @@ impl crate::RpcService for TestRpc {
     fn call(&self, method: u16, request: &[u8]) -> Result<Vec<u8>, RpcStatus> {
         match method {
             rpc::ECHO => Ok(request.to_vec()),
-            rpc::FAIL => Err(RpcStatus::new(
-                RpcStatus::FAILED,
-                String::from_utf8_lossy(request),
-            )),
+            rpc::FAIL => Err(RpcStatus::new(RpcStatus::FAILED, String::from_utf8_lossy(request))),
             rpc::SLOW_ECHO => {
                 std::thread::sleep(Duration::from_millis(20));
                 Ok(request.to_vec())
             }
-            other => Err(RpcStatus::new(
-                RpcStatus::UNKNOWN_METHOD,
-                format!("no method {other}"),
-            )),
+            other => Err(RpcStatus::new(RpcStatus::UNKNOWN_METHOD, format!("no method {other}"))),
         }
     }
 }
@@ -66,24 +60,14 @@ impl crate::RpcService for TestRpc {
 const REGION: u64 = 1 << 20;
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (seed.wrapping_mul(31).wrapping_add(i as u64 * 7) % 251) as u8)
-        .collect()
+    (0..len).map(|i| (seed.wrapping_mul(31).wrapping_add(i as u64 * 7) % 251) as u8).collect()
 }
 
 pub fn data_round_trips(f: &dyn Fixture) {
     let served = f.serve(REGION);
     let conn = served.connect();
     assert_eq!(conn.region_len(), REGION);
-    for (offset, len) in [
-        (0u64, 8usize),
-        (8, 1),
-        (13, 5),
-        (100, 1000),
-        (4093, 7),
-        (REGION - 3, 3),
-        (64, 4096),
-    ] {
+    for (offset, len) in [(0u64, 8usize), (8, 1), (13, 5), (100, 1000), (4093, 7), (REGION - 3, 3), (64, 4096)] {
         let data = pattern(offset, len);
         let mut b = Batch::new();
         b.write(offset, &data);
@@ -91,11 +75,7 @@ pub fn data_round_trips(f: &dyn Fixture) {
         let mut b = Batch::new();
         let r = b.read(offset, len as u32);
         conn.execute(&mut b).unwrap();
-        assert_eq!(
-            b.read_result(r).unwrap(),
-            &data[..],
-            "offset {offset} len {len}"
-        );
+        assert_eq!(b.read_result(r).unwrap(), &data[..], "offset {offset} len {len}");
     }
     // Unaligned writes leave their neighbours alone.
     let mut b = Batch::new();
@@ -133,10 +113,7 @@ pub fn ordering_within_a_batch(f: &dyn Fixture) {
     assert_eq!(b.read_result(r3).unwrap(), &109u64.to_le_bytes());
     assert_eq!(b.read_result(r4).unwrap(), &[0, 0, 1, 2, 3, 0]);
     // Every op got its own completion.
-    assert!(b
-        .ops()
-        .iter()
-        .all(|op| matches!(op.outcome, Outcome::Done(_))));
+    assert!(b.ops().iter().all(|op| matches!(op.outcome, Outcome::Done(_))));
 }
 
 pub fn faa_wraps(f: &dyn Fixture) {
@@ -195,10 +172,7 @@ pub fn cas_is_atomic_under_contention(f: &dyn Fixture) {
             }
         }
     });
-    assert_eq!(
-        read_u64(&*served.connect(), 128),
-        THREADS as u64 * PER_THREAD
-    );
+    assert_eq!(read_u64(&*served.connect(), 128), THREADS as u64 * PER_THREAD);
 }
 
 pub fn faa_is_atomic_under_contention(f: &dyn Fixture) {
@@ -213,15 +187,9 @@ pub fn faa_is_atomic_under_contention(f: &dyn Fixture) {
             seen.push(b.result(a).unwrap());
         }
         // Each FAA saw a distinct old value, increasing within one thread.
-        assert!(
-            seen.windows(2).all(|w| w[0] < w[1]),
-            "thread {t} saw non-increasing values"
-        );
+        assert!(seen.windows(2).all(|w| w[0] < w[1]), "thread {t} saw non-increasing values");
     });
-    assert_eq!(
-        read_u64(&*served.connect(), 256),
-        THREADS as u64 * PER_THREAD
-    );
+    assert_eq!(read_u64(&*served.connect(), 256), THREADS as u64 * PER_THREAD);
 }
 
 /// A CAS spin lock around a READ, then WRITE, of a counter: only atomic CAS plus ordering
@@ -245,20 +213,14 @@ pub fn cas_lock_protects_read_modify_write(f: &dyn Fixture) {
                     b.write(COUNTER, &(value + 1).to_le_bytes());
                     let unlock = b.cas(LOCK, me, 0);
                     conn.execute(&mut b).unwrap();
-                    assert!(
-                        b.cas_succeeded(unlock).unwrap(),
-                        "lock stolen from thread {t}"
-                    );
+                    assert!(b.cas_succeeded(unlock).unwrap(), "lock stolen from thread {t}");
                     break;
                 }
                 std::thread::yield_now();
             }
         }
     });
-    assert_eq!(
-        read_u64(&*served.connect(), COUNTER),
-        THREADS as u64 * PER_THREAD
-    );
+    assert_eq!(read_u64(&*served.connect(), COUNTER), THREADS as u64 * PER_THREAD);
 }
 
 pub fn bad_ops_fail_alone(f: &dyn Fixture) {
@@ -322,15 +284,8 @@ pub fn bad_ops_fail_alone(f: &dyn Fixture) {
         // A batch with an invalid op is rejected whole: neither neighbour ran.
         assert_eq!(b.result(before), Err(OpError::NotExecuted), "case {i}");
         assert_eq!(b.result(after), Err(OpError::NotExecuted), "case {i}");
-        assert_eq!(
-            read_u64(&*conn, 1024),
-            0,
-            "case {i}: part of a rejected batch reached the region"
-        );
-        assert!(
-            conn.is_healthy(),
-            "case {i}: connection unhealthy after a bad op"
-        );
+        assert_eq!(read_u64(&*conn, 1024), 0, "case {i}: part of a rejected batch reached the region");
+        assert!(conn.is_healthy(), "case {i}: connection unhealthy after a bad op");
     }
 }
 
@@ -338,17 +293,11 @@ pub fn batch_limits_are_enforced(f: &dyn Fixture) {
     let served = f.serve(REGION);
     let conn = served.connect();
     let mut b = Batch::new();
-    assert!(
-        matches!(conn.execute(&mut b), Err(TransportError::InvalidBatch(_))),
-        "empty batch"
-    );
+    assert!(matches!(conn.execute(&mut b), Err(TransportError::InvalidBatch(_))), "empty batch");
     for _ in 0..=MAX_BATCH_OPS {
         b.faa(0, 1);
     }
-    assert!(
-        matches!(conn.execute(&mut b), Err(TransportError::InvalidBatch(_))),
-        "too many ops"
-    );
+    assert!(matches!(conn.execute(&mut b), Err(TransportError::InvalidBatch(_))), "too many ops");
     b.clear();
     for i in 0..MAX_BATCH_OPS {
         b.faa(0, i as u64);
@@ -403,11 +352,7 @@ pub fn threads_share_one_connection(f: &dyn Fixture) {
                     let r = b.read(offset, 48);
                     let c = b.faa(8, 1);
                     conn.execute(&mut b).unwrap();
-                    assert_eq!(
-                        b.read_result(r).unwrap(),
-                        &data[..],
-                        "thread {t} round {round} got another's bytes"
-                    );
+                    assert_eq!(b.read_result(r).unwrap(), &data[..], "thread {t} round {round} got another's bytes");
                     b.result(c).unwrap();
                     if round % 50 == 0 {
                         let reply = conn.call(rpc::ECHO, &data).unwrap();
@@ -435,10 +380,7 @@ pub fn rpc_round_trips(f: &dyn Fixture) {
         }
         other => panic!("expected an rpc error, got {other:?}"),
     }
-    assert!(matches!(
-        conn.call(999, b""),
-        Err(TransportError::Rpc { .. })
-    ));
+    assert!(matches!(conn.call(999, b""), Err(TransportError::Rpc { .. })));
     // Slow calls from several threads all get their own answers.
     std::thread::scope(|s| {
         for t in 0..4u8 {
@@ -462,22 +404,13 @@ pub fn connection_loss_fails_fast(f: &dyn Fixture) {
         b.read(0, 8);
         match conn.execute(&mut b) {
             Err(e) if e.is_connection_failure() => break,
-            Ok(()) if started.elapsed() < Duration::from_secs(2) => {
-                std::thread::sleep(Duration::from_millis(1))
-            }
+            Ok(()) if started.elapsed() < Duration::from_secs(2) => std::thread::sleep(Duration::from_millis(1)),
             other => panic!("after the server died, expected a connection failure, got {other:?}"),
         }
     }
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "took {:?} to notice",
-        started.elapsed()
-    );
+    assert!(started.elapsed() < Duration::from_secs(2), "took {:?} to notice", started.elapsed());
     assert!(!conn.is_healthy());
-    assert!(conn
-        .call(rpc::ECHO, b"x")
-        .unwrap_err()
-        .is_connection_failure());
+    assert!(conn.call(rpc::ECHO, b"x").unwrap_err().is_connection_failure());
 }
 
 /// Expands to one `#[test]` per conformance case for `$fixture` (an expression implementing
@@ -511,12 +444,8 @@ pub mod fixtures {
         kind: crate::TransportKind,
     }
 
-    pub const SHM: ServerFixture = ServerFixture {
-        kind: crate::TransportKind::Shm,
-    };
-    pub const TCP: ServerFixture = ServerFixture {
-        kind: crate::TransportKind::Tcp,
-    };
+    pub const SHM: ServerFixture = ServerFixture { kind: crate::TransportKind::Shm };
+    pub const TCP: ServerFixture = ServerFixture { kind: crate::TransportKind::Tcp };
 
     const TOKEN: &str = "conformance-token";
 
@@ -537,28 +466,16 @@ pub mod fixtures {
                 }
                 _ => (Endpoint::Tcp("127.0.0.1:0".into()), None),
             };
-            let options = ServerOptions {
-                token: TOKEN.into(),
-                ..ServerOptions::default()
-            };
-            let server =
-                RegionServer::start(region, Some(file), Arc::new(TestRpc), options, &[listen])
-                    .unwrap();
+            let options = ServerOptions { token: TOKEN.into(), ..ServerOptions::default() };
+            let server = RegionServer::start(region, Some(file), Arc::new(TestRpc), options, &[listen]).unwrap();
             let endpoint = server.endpoints()[0].clone();
-            Box::new(ServedRegion {
-                server: Some(server),
-                endpoint,
-                _dir: dir,
-            })
+            Box::new(ServedRegion { server: Some(server), endpoint, _dir: dir })
         }
     }
 
     impl Served for ServedRegion {
         fn connect(&self) -> Arc<dyn Connection> {
-            let options = ConnectOptions {
-                token: TOKEN.into(),
-                timeout: Duration::from_secs(5),
-            };
+            let options = ConnectOptions { token: TOKEN.into(), timeout: Duration::from_secs(5) };
             crate::connect(&self.endpoint, &options).unwrap()
         }
 

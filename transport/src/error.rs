@@ -7,11 +7,7 @@ use std::fmt;
 pub enum OpError {
     /// `offset + len` lies outside the region.
     #[error("access [{offset}, +{len}) is outside the region of {region_len} bytes")]
-    OutOfBounds {
-        offset: u64,
-        len: u64,
-        region_len: u64,
-    },
+    OutOfBounds { offset: u64, len: u64, region_len: u64 },
     /// CAS and FAA need an 8-byte aligned offset.
     #[error("atomic at offset {offset} is not 8-byte aligned")]
     Misaligned { offset: u64 },
@@ -49,10 +45,7 @@ pub enum TransportError {
     /// The connection is gone. When `maybe_executed` is true the request was sent and may
     /// have been carried out: the caller must re-read before retrying anything non-idempotent.
     #[error("connection lost ({reason}){}", if *.maybe_executed { "; the request may have executed" } else { "" })]
-    ConnectionLost {
-        reason: String,
-        maybe_executed: bool,
-    },
+    ConnectionLost { reason: String, maybe_executed: bool },
     /// No answer within the connection's timeout; the request may have executed.
     #[error("timed out after {waited_ms} ms waiting for the remote side")]
     Timeout { waited_ms: u64 },
@@ -76,10 +69,7 @@ pub enum TransportError {
 impl TransportError {
     /// True when retrying on a new connection may succeed.
     pub fn is_connection_failure(&self) -> bool {
-        matches!(
-            self,
-            TransportError::ConnectionLost { .. } | TransportError::Timeout { .. }
-        )
+        matches!(self, TransportError::ConnectionLost { .. } | TransportError::Timeout { .. })
     }
 }
 
@@ -101,10 +91,7 @@ impl RpcStatus {
     pub const OVERLOADED: u16 = 4;
 
     pub fn new(code: u16, message: impl Into<String>) -> Self {
-        Self {
-            code,
-            message: message.into(),
-        }
+        Self { code, message: message.into() }
     }
 }
 

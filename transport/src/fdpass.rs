@@ -7,21 +7,11 @@ use std::os::unix::net::UnixStream;
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags, UnixAddr};
 
 /// Sends all of `bytes`, with `fd` attached to the first segment.
-pub(crate) fn send_with_fd(
-    stream: &mut UnixStream,
-    bytes: &[u8],
-    fd: BorrowedFd<'_>,
-) -> io::Result<()> {
+pub(crate) fn send_with_fd(stream: &mut UnixStream, bytes: &[u8], fd: BorrowedFd<'_>) -> io::Result<()> {
     let fds = [fd.as_raw_fd()];
     let cmsg = [ControlMessage::ScmRights(&fds)];
-    let sent = sendmsg::<UnixAddr>(
-        stream.as_raw_fd(),
-        &[IoSlice::new(bytes)],
-        &cmsg,
-        MsgFlags::empty(),
-        None,
-    )
-    .map_err(io::Error::from)?;
+    let sent = sendmsg::<UnixAddr>(stream.as_raw_fd(), &[IoSlice::new(bytes)], &cmsg, MsgFlags::empty(), None)
+        .map_err(io::Error::from)?;
     if sent < bytes.len() {
         use std::io::Write;
         stream.write_all(&bytes[sent..])?;
@@ -31,19 +21,11 @@ pub(crate) fn send_with_fd(
 
 /// Receives up to `buf.len()` bytes and at most one attached descriptor.
 /// Extra descriptors (a confused or hostile peer) are closed, never leaked.
-pub(crate) fn recv_with_fd(
-    stream: &UnixStream,
-    buf: &mut [u8],
-) -> io::Result<(usize, Option<OwnedFd>)> {
+pub(crate) fn recv_with_fd(stream: &UnixStream, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
     let mut cmsg_space = nix::cmsg_space!([RawFd; 4]);
     let mut iov = [IoSliceMut::new(buf)];
-    let msg = recvmsg::<UnixAddr>(
-        stream.as_raw_fd(),
-        &mut iov,
-        Some(&mut cmsg_space),
-        MsgFlags::MSG_CMSG_CLOEXEC,
-    )
-    .map_err(io::Error::from)?;
+    let msg = recvmsg::<UnixAddr>(stream.as_raw_fd(), &mut iov, Some(&mut cmsg_space), MsgFlags::MSG_CMSG_CLOEXEC)
+        .map_err(io::Error::from)?;
     let mut received = None;
     for cmsg in msg.cmsgs().map_err(io::Error::from)? {
         if let ControlMessageOwned::ScmRights(fds) = cmsg {

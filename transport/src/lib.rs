@@ -32,9 +32,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use batch::{
-    Batch, OpId, OpKind, Outcome, ReadId, MAX_BATCH_BYTES, MAX_BATCH_OPS, MAX_OP_BYTES,
-};
+pub use batch::{Batch, OpId, OpKind, Outcome, ReadId, MAX_BATCH_BYTES, MAX_BATCH_OPS, MAX_OP_BYTES};
 pub use error::{OpError, RpcStatus, TransportError};
 pub use region::Region;
 pub use server::{NoRpc, RegionServer, RpcService, ServerOptions};
@@ -70,9 +68,7 @@ impl std::str::FromStr for TransportKind {
             "shm" => Ok(TransportKind::Shm),
             "tcp" => Ok(TransportKind::Tcp),
             "verbs" => Ok(TransportKind::Verbs),
-            other => Err(format!(
-                "unknown transport {other:?}; use shm, tcp or verbs"
-            )),
+            other => Err(format!("unknown transport {other:?}; use shm, tcp or verbs")),
         }
     }
 }
@@ -109,29 +105,20 @@ impl fmt::Display for Endpoint {
 impl std::str::FromStr for Endpoint {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let (scheme, rest) = s.split_once(':').ok_or_else(|| {
-            format!("endpoint {s:?} needs a scheme: shm:/path, tcp:host:port or verbs:host:port")
-        })?;
+        let (scheme, rest) = s
+            .split_once(':')
+            .ok_or_else(|| format!("endpoint {s:?} needs a scheme: shm:/path, tcp:host:port or verbs:host:port"))?;
         if rest.is_empty() {
             return Err(format!("endpoint {s:?} has nothing after {scheme}:"));
         }
         match scheme {
             "shm" => Ok(Endpoint::Shm(PathBuf::from(rest))),
             "tcp" | "verbs" => {
-                let (_, port) = rest
-                    .rsplit_once(':')
-                    .ok_or_else(|| format!("endpoint {s:?} needs host:port"))?;
-                port.parse::<u16>()
-                    .map_err(|_| format!("endpoint {s:?} has a bad port {port:?}"))?;
-                Ok(if scheme == "tcp" {
-                    Endpoint::Tcp(rest.to_string())
-                } else {
-                    Endpoint::Verbs(rest.to_string())
-                })
+                let (_, port) = rest.rsplit_once(':').ok_or_else(|| format!("endpoint {s:?} needs host:port"))?;
+                port.parse::<u16>().map_err(|_| format!("endpoint {s:?} has a bad port {port:?}"))?;
+                Ok(if scheme == "tcp" { Endpoint::Tcp(rest.to_string()) } else { Endpoint::Verbs(rest.to_string()) })
             }
-            other => Err(format!(
-                "unknown endpoint scheme {other:?} in {s:?}; use shm, tcp or verbs"
-            )),
+            other => Err(format!("unknown endpoint scheme {other:?} in {s:?}; use shm, tcp or verbs")),
         }
     }
 }
@@ -147,10 +134,7 @@ pub struct ConnectOptions {
 
 impl Default for ConnectOptions {
     fn default() -> Self {
-        Self {
-            token: String::new(),
-            timeout: Duration::from_secs(5),
-        }
+        Self { token: String::new(), timeout: Duration::from_secs(5) }
     }
 }
 
@@ -171,10 +155,7 @@ pub trait Connection: Send + Sync {
 }
 
 /// Connects to `endpoint` with the backend its scheme names.
-pub fn connect(
-    endpoint: &Endpoint,
-    options: &ConnectOptions,
-) -> Result<Arc<dyn Connection>, TransportError> {
+pub fn connect(endpoint: &Endpoint, options: &ConnectOptions) -> Result<Arc<dyn Connection>, TransportError> {
     match endpoint {
         Endpoint::Shm(path) => Ok(Arc::new(shm::ShmConnection::connect(path, options)?)),
         Endpoint::Tcp(addr) => Ok(Arc::new(tcp::TcpConnection::connect(addr, options)?)),
@@ -183,21 +164,16 @@ pub fn connect(
 }
 
 #[cfg(not(feature = "rdma"))]
-fn verbs_connect(
-    addr: &str,
-    _options: &ConnectOptions,
-) -> Result<Arc<dyn Connection>, TransportError> {
+fn verbs_connect(addr: &str, _options: &ConnectOptions) -> Result<Arc<dyn Connection>, TransportError> {
     Err(TransportError::Connect {
         endpoint: format!("verbs:{addr}"),
-        reason: "this build has no RDMA support (rebuild with `--features rdma`); use an shm: or tcp: endpoint instead".into(),
+        reason: "this build has no RDMA support (rebuild with `--features rdma`); use an shm: or tcp: endpoint instead"
+            .into(),
     })
 }
 
 #[cfg(feature = "rdma")]
-fn verbs_connect(
-    addr: &str,
-    _options: &ConnectOptions,
-) -> Result<Arc<dyn Connection>, TransportError> {
+fn verbs_connect(addr: &str, _options: &ConnectOptions) -> Result<Arc<dyn Connection>, TransportError> {
     Err(TransportError::Connect {
         endpoint: format!("verbs:{addr}"),
         reason: "the verbs backend is not built yet".into(),

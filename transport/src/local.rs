@@ -30,12 +30,11 @@ impl Connection for LocalConnection {
     }
 
     fn call(&self, method: u16, request: &[u8]) -> Result<Vec<u8>, TransportError> {
-        let service = self.service.as_ref().ok_or_else(|| {
-            TransportError::Protocol("no rpc service on a local connection".into())
-        })?;
-        service
-            .call(method, request)
-            .map_err(|status| TransportError::Rpc { method, status })
+        let service = self
+            .service
+            .as_ref()
+            .ok_or_else(|| TransportError::Protocol("no rpc service on a local connection".into()))?;
+        service.call(method, request).map_err(|status| TransportError::Rpc { method, status })
     }
 
     fn region_len(&self) -> u64 {

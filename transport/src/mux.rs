@@ -65,10 +65,7 @@ impl<S: Read + Write> Mux<S> {
     }
 
     fn lost(&self, maybe_executed: bool) -> TransportError {
-        TransportError::ConnectionLost {
-            reason: self.broken_reason.lock().clone(),
-            maybe_executed,
-        }
+        TransportError::ConnectionLost { reason: self.broken_reason.lock().clone(), maybe_executed }
     }
 
     /// Marks the connection broken and fails every pending request.
@@ -92,18 +89,12 @@ impl<S: Read + Write> Mux<S> {
 
     /// Sends the frame `encode` writes (given the request id) and waits for its response.
     /// Returns the response's kind and body; an Error frame becomes a [`TransportError`].
-    pub(crate) fn request(
-        &self,
-        encode: impl FnOnce(&mut Vec<u8>, u64),
-    ) -> Result<(Kind, Vec<u8>), TransportError> {
+    pub(crate) fn request(&self, encode: impl FnOnce(&mut Vec<u8>, u64)) -> Result<(Kind, Vec<u8>), TransportError> {
         if self.is_broken() {
             return Err(self.lost(false));
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let waiter = Arc::new(Waiter {
-            state: Mutex::new(State::Waiting),
-            ready: Condvar::new(),
-        });
+        let waiter = Arc::new(Waiter { state: Mutex::new(State::Waiting), ready: Condvar::new() });
         self.pending.lock().insert(id, Arc::clone(&waiter));
         {
             let mut guard = self.writer.lock();
@@ -134,9 +125,7 @@ impl<S: Read + Write> Mux<S> {
             if now >= deadline {
                 drop(state);
                 self.pending.lock().remove(&id);
-                return Err(TransportError::Timeout {
-                    waited_ms: self.timeout.as_millis() as u64,
-                });
+                return Err(TransportError::Timeout { waited_ms: self.timeout.as_millis() as u64 });
             }
             if let Some(reader) = self.reader.try_lock() {
                 drop(state);
@@ -154,10 +143,7 @@ impl<S: Read + Write> Mux<S> {
     /// stream breaks; then hands the reader role to another waiter.
     fn lead(&self, mut reader: MutexGuard<'_, (S, Vec<u8>)>, own: &Arc<Waiter>, deadline: Instant) {
         loop {
-            if !matches!(*own.state.lock(), State::Waiting)
-                || Instant::now() >= deadline
-                || self.is_broken()
-            {
+            if !matches!(*own.state.lock(), State::Waiting) || Instant::now() >= deadline || self.is_broken() {
                 break;
             }
             let (stream, body) = &mut *reader;
@@ -170,8 +156,7 @@ impl<S: Read + Write> Mux<S> {
                 Ok(FrameRead::Frame(header)) => {
                     let body = std::mem::take(body);
                     if header.kind == Kind::Error && header.request_id == 0 {
-                        let (_, message) = wire::decode_error(&body)
-                            .unwrap_or((0, "unreadable error frame".into()));
+                        let (_, message) = wire::decode_error(&body).unwrap_or((0, "unreadable error frame".into()));
                         self.break_with(format!("peer closed the connection: {message}"));
                         break;
                     }
@@ -200,12 +185,8 @@ impl<S: Read + Write> Mux<S> {
 /// Turns an Error frame into the matching transport error.
 pub(crate) fn error_frame(body: &[u8], peer: &str) -> TransportError {
     match wire::decode_error(body) {
-        Ok((wire::error_code::AUTH, _)) => TransportError::AuthRefused {
-            peer: peer.to_string(),
-        },
-        Ok((_, message)) => {
-            TransportError::Protocol(format!("{peer} refused the request: {message}"))
-        }
+        Ok((wire::error_code::AUTH, _)) => TransportError::AuthRefused { peer: peer.to_string() },
+        Ok((_, message)) => TransportError::Protocol(format!("{peer} refused the request: {message}")),
         Err(e) => TransportError::Protocol(format!("{peer} sent an unreadable error frame: {e}")),
     }
 }

@@ -57,10 +57,7 @@ impl Region {
     pub fn anonymous(len: u64) -> std::io::Result<Self> {
         Self::check_len(len)?;
         let map = MmapOptions::new().len(len as usize).map_anon()?;
-        Ok(Self {
-            map: MmapRaw::from(map),
-            len,
-        })
+        Ok(Self { map: MmapRaw::from(map), len })
     }
 
     fn check_len(len: u64) -> std::io::Result<()> {
@@ -158,16 +155,9 @@ impl Region {
     /// Compare-and-swap of the aligned word at `offset`; returns the old value.
     pub fn compare_and_swap(&self, offset: u64, expected: u64, new: u64) -> Result<u64, OpError> {
         check_op(OpKind::Cas, offset, 8, self.len)?;
-        Ok(
-            match self.word(offset).compare_exchange(
-                expected,
-                new,
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-            ) {
-                Ok(old) | Err(old) => old,
-            },
-        )
+        Ok(match self.word(offset).compare_exchange(expected, new, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(old) | Err(old) => old,
+        })
     }
 
     /// Wrapping fetch-and-add of the aligned word at `offset`; returns the old value.
@@ -196,9 +186,7 @@ impl Region {
             let op = batch.ops()[index];
             let outcome = match op.kind {
                 OpKind::Read => self.read(op.offset, batch.read_target(index)).map(|()| 0),
-                OpKind::Write => self
-                    .write(op.offset, batch.write_payload(index))
-                    .map(|()| 0),
+                OpKind::Write => self.write(op.offset, batch.write_payload(index)).map(|()| 0),
                 OpKind::Cas => self.compare_and_swap(op.offset, op.arg0, op.arg1),
                 OpKind::Faa => self.fetch_add(op.offset, op.arg0),
             };
@@ -292,13 +280,7 @@ mod tests {
         assert_eq!(region.compare_and_swap(8, 0, 7).unwrap(), 5);
         assert_eq!(region.fetch_add(8, 3).unwrap(), 5);
         assert_eq!(region.load_u64(8).unwrap(), 8);
-        assert!(matches!(
-            region.fetch_add(4, 1),
-            Err(OpError::Misaligned { .. })
-        ));
-        assert!(matches!(
-            region.compare_and_swap(4096, 0, 1),
-            Err(OpError::OutOfBounds { .. })
-        ));
+        assert!(matches!(region.fetch_add(4, 1), Err(OpError::Misaligned { .. })));
+        assert!(matches!(region.compare_and_swap(4096, 0, 1), Err(OpError::OutOfBounds { .. })));
     }
 }

@@ -22,9 +22,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
-};
+use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts};
 
 use crate::batch::{Batch, OpKind};
 use crate::error::RpcStatus;
@@ -49,10 +47,7 @@ pub struct NoRpc;
 
 impl RpcService for NoRpc {
     fn call(&self, method: u16, _request: &[u8]) -> Result<Vec<u8>, RpcStatus> {
-        Err(RpcStatus::new(
-            RpcStatus::UNKNOWN_METHOD,
-            format!("no rpc method {method} on this server"),
-        ))
+        Err(RpcStatus::new(RpcStatus::UNKNOWN_METHOD, format!("no rpc method {method} on this server")))
     }
 }
 
@@ -69,11 +64,7 @@ pub struct ServerOptions {
 
 impl Default for ServerOptions {
     fn default() -> Self {
-        Self {
-            token: String::new(),
-            max_connections: 1024,
-            io_timeout: Duration::from_secs(10),
-        }
+        Self { token: String::new(), max_connections: 1024, io_timeout: Duration::from_secs(10) }
     }
 }
 
@@ -97,83 +88,53 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     Metrics {
         connections: register(
             IntGaugeVec::new(
-                Opts::new(
-                    "racekv_softnic_connections",
-                    "Open connections to the region server",
-                ),
+                Opts::new("racekv_softnic_connections", "Open connections to the region server"),
                 &["listener"],
             )
             .unwrap(),
         ),
         accepted: register(
             IntCounterVec::new(
-                Opts::new(
-                    "racekv_softnic_connections_accepted_total",
-                    "Connections accepted",
-                ),
+                Opts::new("racekv_softnic_connections_accepted_total", "Connections accepted"),
                 &["listener"],
             )
             .unwrap(),
         ),
         refused: register(
             IntCounterVec::new(
-                Opts::new(
-                    "racekv_softnic_connections_refused_total",
-                    "Connections refused",
-                ),
+                Opts::new("racekv_softnic_connections_refused_total", "Connections refused"),
                 &["reason"],
             )
             .unwrap(),
         ),
         frame_errors: register(
             IntCounterVec::new(
-                Opts::new(
-                    "racekv_softnic_frame_errors_total",
-                    "Connections closed for a bad frame or I/O error",
-                ),
+                Opts::new("racekv_softnic_frame_errors_total", "Connections closed for a bad frame or I/O error"),
                 &["reason"],
             )
             .unwrap(),
         ),
-        batches: register(
-            IntCounter::new("racekv_softnic_batches_total", "One-sided batches executed").unwrap(),
-        ),
+        batches: register(IntCounter::new("racekv_softnic_batches_total", "One-sided batches executed").unwrap()),
         ops: {
             let ops = register(
-                IntCounterVec::new(
-                    Opts::new("racekv_softnic_ops_total", "One-sided ops executed"),
-                    &["op"],
-                )
-                .unwrap(),
+                IntCounterVec::new(Opts::new("racekv_softnic_ops_total", "One-sided ops executed"), &["op"]).unwrap(),
             );
             ["read", "write", "cas", "faa"].map(|op| ops.with_label_values(&[op]))
         },
-        read_bytes: register(
-            IntCounter::new("racekv_softnic_read_bytes_total", "Bytes returned by READs").unwrap(),
-        ),
+        read_bytes: register(IntCounter::new("racekv_softnic_read_bytes_total", "Bytes returned by READs").unwrap()),
         written_bytes: register(
-            IntCounter::new(
-                "racekv_softnic_written_bytes_total",
-                "Bytes stored by WRITEs",
-            )
-            .unwrap(),
+            IntCounter::new("racekv_softnic_written_bytes_total", "Bytes stored by WRITEs").unwrap(),
         ),
         batch_seconds: register(
             Histogram::with_opts(
-                HistogramOpts::new(
-                    "racekv_softnic_batch_seconds",
-                    "Time to execute one batch against the region",
-                )
-                .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
+                HistogramOpts::new("racekv_softnic_batch_seconds", "Time to execute one batch against the region")
+                    .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
             )
             .unwrap(),
         ),
         rpc_requests: register(
-            IntCounterVec::new(
-                Opts::new("racekv_rpc_server_requests_total", "RPCs served"),
-                &["method", "status"],
-            )
-            .unwrap(),
+            IntCounterVec::new(Opts::new("racekv_rpc_server_requests_total", "RPCs served"), &["method", "status"])
+                .unwrap(),
         ),
         rpc_seconds: register(
             HistogramVec::new(
@@ -209,10 +170,7 @@ impl ServerStream for TcpStream {
         let _ = self.shutdown(Shutdown::Both);
     }
     fn send_with_fd(&mut self, _bytes: &[u8], _fd: BorrowedFd<'_>) -> io::Result<()> {
-        Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            "file descriptors travel only over Unix sockets",
-        ))
+        Err(io::Error::new(io::ErrorKind::Unsupported, "file descriptors travel only over Unix sockets"))
     }
     fn set_timeouts(&self, read: Duration, write: Duration) -> io::Result<()> {
         self.set_nodelay(true)?;
@@ -286,11 +244,7 @@ impl RegionServer {
             conns: Mutex::new(HashMap::new()),
             threads: Mutex::new(Vec::new()),
         });
-        let mut server = Self {
-            shared: Arc::clone(&shared),
-            endpoints: Vec::new(),
-            unix_paths: Vec::new(),
-        };
+        let mut server = Self { shared: Arc::clone(&shared), endpoints: Vec::new(), unix_paths: Vec::new() };
         for endpoint in listen {
             match endpoint {
                 Endpoint::Tcp(addr) => {
@@ -359,29 +313,24 @@ impl RegionServer {
         S: ServerStream,
     {
         let shared = Arc::clone(&self.shared);
-        let handle = std::thread::Builder::new()
-            .name("region-accept".into())
-            .spawn(move || {
-                while !shared.stopping.load(Ordering::Acquire) {
-                    let mut fds = [nix::poll::PollFd::new(
-                        listener.as_fd(),
-                        nix::poll::PollFlags::POLLIN,
-                    )];
-                    match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(50u16)) {
-                        Ok(0) => continue,
-                        Ok(_) => {}
-                        Err(nix::errno::Errno::EINTR) => continue,
-                        Err(e) => {
-                            tracing::error!("region server: poll on listener failed: {e}");
-                            return;
-                        }
-                    }
-                    match accept(&listener) {
-                        Ok(stream) => admit(&shared, stream),
-                        Err(e) => tracing::warn!("region server: accept failed: {e}"),
+        let handle = std::thread::Builder::new().name("region-accept".into()).spawn(move || {
+            while !shared.stopping.load(Ordering::Acquire) {
+                let mut fds = [nix::poll::PollFd::new(listener.as_fd(), nix::poll::PollFlags::POLLIN)];
+                match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(50u16)) {
+                    Ok(0) => continue,
+                    Ok(_) => {}
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    Err(e) => {
+                        tracing::error!("region server: poll on listener failed: {e}");
+                        return;
                     }
                 }
-            })?;
+                match accept(&listener) {
+                    Ok(stream) => admit(&shared, stream),
+                    Err(e) => tracing::warn!("region server: accept failed: {e}"),
+                }
+            }
+        })?;
         self.shared.threads.lock().push(handle);
         Ok(())
     }
@@ -410,14 +359,9 @@ impl Drop for RegionServer {
 
 fn random_u64() -> u64 {
     let mut bytes = [0u8; 8];
-    if File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .is_err()
-    {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
+    if File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)).is_err() {
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
         return xxhash_rust::xxh3::xxh3_64(&nanos.to_le_bytes()) ^ u64::from(std::process::id());
     }
     u64::from_le_bytes(bytes)
@@ -426,19 +370,13 @@ fn random_u64() -> u64 {
 fn admit<S: ServerStream>(shared: &Arc<Shared>, mut stream: S) {
     let listener = stream.listener();
     if shared.live.load(Ordering::Acquire) >= shared.options.max_connections {
-        METRICS
-            .refused
-            .with_label_values(&["too_many_connections"])
-            .inc();
+        METRICS.refused.with_label_values(&["too_many_connections"]).inc();
         let mut out = Vec::new();
         wire::encode_error(
             &mut out,
             0,
             error_code::TOO_MANY_CONNECTIONS,
-            &format!(
-                "connection limit of {} reached",
-                shared.options.max_connections
-            ),
+            &format!("connection limit of {} reached", shared.options.max_connections),
         );
         let _ = stream.set_timeouts(POLL_INTERVAL, Duration::from_millis(100));
         let _ = stream.write_all(&out);
@@ -452,24 +390,19 @@ fn admit<S: ServerStream>(shared: &Arc<Shared>, mut stream: S) {
             return;
         }
     };
-    shared
-        .conns
-        .lock()
-        .insert(id, Box::new(move || closer.shutdown_both()));
+    shared.conns.lock().insert(id, Box::new(move || closer.shutdown_both()));
     shared.live.fetch_add(1, Ordering::AcqRel);
     METRICS.connections.with_label_values(&[listener]).inc();
     METRICS.accepted.with_label_values(&[listener]).inc();
     let conn_shared = Arc::clone(shared);
-    let spawned = std::thread::Builder::new()
-        .name(format!("region-conn-{id}"))
-        .spawn(move || {
-            if let Err(reason) = serve(&conn_shared, stream) {
-                METRICS.frame_errors.with_label_values(&[reason]).inc();
-            }
-            conn_shared.conns.lock().remove(&id);
-            conn_shared.live.fetch_sub(1, Ordering::AcqRel);
-            METRICS.connections.with_label_values(&[listener]).dec();
-        });
+    let spawned = std::thread::Builder::new().name(format!("region-conn-{id}")).spawn(move || {
+        if let Err(reason) = serve(&conn_shared, stream) {
+            METRICS.frame_errors.with_label_values(&[reason]).inc();
+        }
+        conn_shared.conns.lock().remove(&id);
+        conn_shared.live.fetch_sub(1, Ordering::AcqRel);
+        METRICS.connections.with_label_values(&[listener]).dec();
+    });
     match spawned {
         Ok(handle) => {
             let mut threads = shared.threads.lock();
@@ -505,13 +438,7 @@ fn refuse<S: ServerStream>(
 
 /// Serves one connection until it closes. Returns the reason when it ends badly.
 fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static str> {
-    if stream
-        .set_timeouts(
-            POLL_INTERVAL.max(Duration::from_millis(50)),
-            shared.options.io_timeout,
-        )
-        .is_err()
-    {
+    if stream.set_timeouts(POLL_INTERVAL.max(Duration::from_millis(50)), shared.options.io_timeout).is_err() {
         return Err("io");
     }
     let mut body = Vec::new();
@@ -540,14 +467,7 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
             }
             Ok(FrameRead::Closed) => return Ok(()),
             Err(e) if e.kind() == io::ErrorKind::InvalidData => {
-                return refuse(
-                    &mut stream,
-                    &mut out,
-                    0,
-                    error_code::MALFORMED,
-                    &e.to_string(),
-                    "malformed",
-                );
+                return refuse(&mut stream, &mut out, 0, error_code::MALFORMED, &e.to_string(), "malformed");
             }
             Err(_) => return Err("io"),
         };
@@ -558,46 +478,22 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
                 let token = match wire::decode_hello(&body) {
                     Ok(token) => token,
                     Err(e) => {
-                        return refuse(
-                            &mut stream,
-                            &mut out,
-                            0,
-                            error_code::MALFORMED,
-                            &e.to_string(),
-                            "malformed",
-                        )
+                        return refuse(&mut stream, &mut out, 0, error_code::MALFORMED, &e.to_string(), "malformed")
                     }
                 };
                 if !wire::token_matches(&token, &shared.token) {
-                    return refuse(
-                        &mut stream,
-                        &mut out,
-                        0,
-                        error_code::AUTH,
-                        "bad token",
-                        "auth",
-                    );
+                    return refuse(&mut stream, &mut out, 0, error_code::AUTH, "bad token", "auth");
                 }
                 greeted = true;
                 let send_fd = stream.listener() == "unix";
-                let flags = if send_fd {
-                    wire::HELLO_FLAG_REGION_FD
-                } else {
-                    0
-                };
+                let flags = if send_fd { wire::HELLO_FLAG_REGION_FD } else { 0 };
                 wire::encode_hello_ok(
                     &mut out,
-                    &wire::HelloOk {
-                        region_len: shared.region.len(),
-                        instance: shared.instance,
-                        flags,
-                    },
+                    &wire::HelloOk { region_len: shared.region.len(), instance: shared.instance, flags },
                 );
                 let sent = match (&shared.region_file, send_fd) {
                     (Some(file), true) => stream.send_with_fd(&out, file.as_fd()),
-                    (None, true) => {
-                        Err(io::Error::new(io::ErrorKind::Unsupported, "no region file"))
-                    }
+                    (None, true) => Err(io::Error::new(io::ErrorKind::Unsupported, "no region file")),
                     (_, false) => stream.write_all(&out),
                 };
                 sent.map_err(|_| "io")?;
@@ -627,20 +523,11 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
                     }
                 };
                 if !wire::token_matches(&token, &shared.token) {
-                    return refuse(
-                        &mut stream,
-                        &mut out,
-                        header.request_id,
-                        error_code::AUTH,
-                        "bad token",
-                        "auth",
-                    );
+                    return refuse(&mut stream, &mut out, header.request_id, error_code::AUTH, "bad token", "auth");
                 }
                 let started = Instant::now();
                 shared.region.apply(&mut batch);
-                METRICS
-                    .batch_seconds
-                    .observe(started.elapsed().as_secs_f64());
+                METRICS.batch_seconds.observe(started.elapsed().as_secs_f64());
                 record_batch(&batch);
                 wire::encode_batch_result(&mut out, header.request_id, &batch);
                 stream.write_all(&out).map_err(|_| "io")?;
@@ -660,32 +547,19 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
                     }
                 };
                 if !wire::token_matches(&token, &shared.token) {
-                    return refuse(
-                        &mut stream,
-                        &mut out,
-                        header.request_id,
-                        error_code::AUTH,
-                        "bad token",
-                        "auth",
-                    );
+                    return refuse(&mut stream, &mut out, header.request_id, error_code::AUTH, "bad token", "auth");
                 }
                 let started = Instant::now();
                 let name = shared.rpc.method_name(method);
                 let result = shared.rpc.call(method, payload);
-                METRICS
-                    .rpc_seconds
-                    .with_label_values(&[name])
-                    .observe(started.elapsed().as_secs_f64());
+                METRICS.rpc_seconds.with_label_values(&[name]).observe(started.elapsed().as_secs_f64());
                 match result {
                     Ok(response) => {
                         METRICS.rpc_requests.with_label_values(&[name, "ok"]).inc();
                         wire::encode_rpc_response(&mut out, header.request_id, 0, &response);
                     }
                     Err(status) => {
-                        METRICS
-                            .rpc_requests
-                            .with_label_values(&[name, "error"])
-                            .inc();
+                        METRICS.rpc_requests.with_label_values(&[name, "error"]).inc();
                         wire::encode_rpc_response(
                             &mut out,
                             header.request_id,

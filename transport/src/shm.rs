@@ -31,11 +31,7 @@ use crate::{ConnectOptions, Connection, TransportKind};
 
 static BATCHES: LazyLock<IntCounter> = LazyLock::new(|| {
     racekv_telemetry::register(
-        IntCounter::new(
-            "racekv_transport_shm_batches_total",
-            "Batches executed on shared mappings",
-        )
-        .unwrap(),
+        IntCounter::new("racekv_transport_shm_batches_total", "Batches executed on shared mappings").unwrap(),
     )
 });
 
@@ -72,17 +68,10 @@ impl ShmConnection {
     /// Connects to the region server's Unix socket at `path`, authenticates and maps the region.
     pub fn connect(path: &Path, options: &ConnectOptions) -> Result<Self, TransportError> {
         let endpoint = format!("shm:{}", path.display());
-        let fail = |reason: String| TransportError::Connect {
-            endpoint: endpoint.clone(),
-            reason,
-        };
+        let fail = |reason: String| TransportError::Connect { endpoint: endpoint.clone(), reason };
         let mut stream = UnixStream::connect(path).map_err(|e| fail(e.to_string()))?;
-        stream
-            .set_write_timeout(Some(options.timeout))
-            .map_err(|e| fail(e.to_string()))?;
-        stream
-            .set_read_timeout(Some(options.timeout))
-            .map_err(|e| fail(e.to_string()))?;
+        stream.set_write_timeout(Some(options.timeout)).map_err(|e| fail(e.to_string()))?;
+        stream.set_read_timeout(Some(options.timeout)).map_err(|e| fail(e.to_string()))?;
         let token = wire::token_digest(&options.token);
         let mut out = Vec::new();
         wire::encode_hello(&mut out, &token);
@@ -93,49 +82,30 @@ impl ShmConnection {
         let mut got = 0;
         let mut region_fd = None;
         while got < HEADER_BYTES {
-            let (n, fd) =
-                recv_with_fd(&stream, &mut header[got..]).map_err(|e| fail(e.to_string()))?;
+            let (n, fd) = recv_with_fd(&stream, &mut header[got..]).map_err(|e| fail(e.to_string()))?;
             if n == 0 {
                 return Err(fail("closed during hello".into()));
             }
             got += n;
             region_fd = region_fd.or(fd);
         }
-        let header =
-            wire::decode_header(&header).map_err(|e| TransportError::Protocol(e.to_string()))?;
+        let header = wire::decode_header(&header).map_err(|e| TransportError::Protocol(e.to_string()))?;
         let mut body = Vec::new();
-        read_body(
-            &mut stream,
-            &mut body,
-            header.body_len as usize,
-            options.timeout,
-        )
-        .map_err(|e| fail(e.to_string()))?;
+        read_body(&mut stream, &mut body, header.body_len as usize, options.timeout)
+            .map_err(|e| fail(e.to_string()))?;
         let hello = match header.kind {
-            Kind::HelloOk => {
-                wire::decode_hello_ok(&body).map_err(|e| TransportError::Protocol(e.to_string()))?
-            }
+            Kind::HelloOk => wire::decode_hello_ok(&body).map_err(|e| TransportError::Protocol(e.to_string()))?,
             Kind::Error => return Err(error_frame(&body, &endpoint)),
-            other => {
-                return Err(TransportError::Protocol(format!(
-                    "{endpoint} answered hello with {other:?}"
-                )))
-            }
+            other => return Err(TransportError::Protocol(format!("{endpoint} answered hello with {other:?}"))),
         };
         let region_fd = match region_fd {
             Some(fd) if hello.flags & wire::HELLO_FLAG_REGION_FD != 0 => fd,
-            _ => {
-                return Err(fail(
-                    "the server did not pass its region (is it a tcp-only server?)".into(),
-                ))
-            }
+            _ => return Err(fail("the server did not pass its region (is it a tcp-only server?)".into())),
         };
         let region = Region::map_file(&File::from(region_fd), hello.region_len)
             .map_err(|e| fail(format!("mapping the region: {e}")))?;
 
-        stream
-            .set_read_timeout(Some(POLL_INTERVAL))
-            .map_err(|e| fail(e.to_string()))?;
+        stream.set_read_timeout(Some(POLL_INTERVAL)).map_err(|e| fail(e.to_string()))?;
         let lost = Arc::new(AtomicBool::new(false));
         let watch = stream.try_clone().map_err(|e| fail(e.to_string()))?;
         let watcher_lost = Arc::clone(&lost);
@@ -206,9 +176,8 @@ impl Connection for ShmConnection {
                 wire::MAX_RPC_BYTES
             )));
         }
-        let (kind, body) = self
-            .mux
-            .request(|out, id| wire::encode_rpc_request(out, id, &self.token, method, request))?;
+        let (kind, body) =
+            self.mux.request(|out, id| wire::encode_rpc_request(out, id, &self.token, method, request))?;
         rpc_result(method, kind, &body)
     }
 

@@ -23,10 +23,7 @@ pub(crate) enum FrameRead {
 }
 
 fn is_timeout(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-    )
+    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
 }
 
 /// Fills `buf` completely; a stall longer than `stall_limit` in the middle is an error.
@@ -35,12 +32,7 @@ fn read_full<R: Read>(r: &mut R, buf: &mut [u8], stall_limit: Duration) -> io::R
     let mut last_progress = Instant::now();
     while filled < buf.len() {
         match r.read(&mut buf[filled..]) {
-            Ok(0) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "peer closed mid-frame",
-                ))
-            }
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed mid-frame")),
             Ok(n) => {
                 filled += n;
                 last_progress = Instant::now();
@@ -48,10 +40,7 @@ fn read_full<R: Read>(r: &mut R, buf: &mut [u8], stall_limit: Duration) -> io::R
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) if is_timeout(&e) => {
                 if last_progress.elapsed() > stall_limit {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "peer stalled mid-frame",
-                    ));
+                    return Err(io::Error::new(io::ErrorKind::TimedOut, "peer stalled mid-frame"));
                 }
             }
             Err(e) => return Err(e),
@@ -63,11 +52,7 @@ fn read_full<R: Read>(r: &mut R, buf: &mut [u8], stall_limit: Duration) -> io::R
 /// Reads one frame into `body`. Returns [`FrameRead::Idle`] when nothing arrives within the
 /// socket's read timeout; once a frame has started, waits up to `stall_limit` for the rest.
 /// A malformed header is an `InvalidData` error.
-pub(crate) fn read_frame<R: Read>(
-    r: &mut R,
-    body: &mut Vec<u8>,
-    stall_limit: Duration,
-) -> io::Result<FrameRead> {
+pub(crate) fn read_frame<R: Read>(r: &mut R, body: &mut Vec<u8>, stall_limit: Duration) -> io::Result<FrameRead> {
     let mut header = [0u8; HEADER_BYTES];
     let first = loop {
         match r.read(&mut header) {
@@ -79,19 +64,13 @@ pub(crate) fn read_frame<R: Read>(
         }
     };
     read_full(r, &mut header[first..], stall_limit)?;
-    let header =
-        wire::decode_header(&header).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    let header = wire::decode_header(&header).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
     read_body(r, body, header.body_len as usize, stall_limit)?;
     Ok(FrameRead::Frame(header))
 }
 
 /// Reads exactly `len` body bytes, growing `body` chunk by chunk.
-pub(crate) fn read_body<R: Read>(
-    r: &mut R,
-    body: &mut Vec<u8>,
-    len: usize,
-    stall_limit: Duration,
-) -> io::Result<()> {
+pub(crate) fn read_body<R: Read>(r: &mut R, body: &mut Vec<u8>, len: usize, stall_limit: Duration) -> io::Result<()> {
     body.clear();
     while body.len() < len {
         let start = body.len();

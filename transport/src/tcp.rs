@@ -23,26 +23,15 @@ struct Metrics {
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     use racekv_telemetry::{register, LATENCY_BUCKETS_SECONDS};
     Metrics {
-        batches: register(
-            IntCounter::new(
-                "racekv_transport_tcp_batches_total",
-                "Batches sent over tcp",
-            )
-            .unwrap(),
-        ),
+        batches: register(IntCounter::new("racekv_transport_tcp_batches_total", "Batches sent over tcp").unwrap()),
         batch_seconds: register(
             Histogram::with_opts(
-                HistogramOpts::new(
-                    "racekv_transport_tcp_batch_seconds",
-                    "Round trip of one tcp batch",
-                )
-                .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
+                HistogramOpts::new("racekv_transport_tcp_batch_seconds", "Round trip of one tcp batch")
+                    .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
             )
             .unwrap(),
         ),
-        rpcs: register(
-            IntCounter::new("racekv_transport_tcp_rpcs_total", "RPCs sent over tcp").unwrap(),
-        ),
+        rpcs: register(IntCounter::new("racekv_transport_tcp_rpcs_total", "RPCs sent over tcp").unwrap()),
     }
 });
 
@@ -55,47 +44,24 @@ pub(crate) fn hello<S: Read + Write>(
 ) -> Result<wire::HelloOk, TransportError> {
     let mut out = Vec::new();
     wire::encode_hello(&mut out, token);
-    stream
-        .write_all(&out)
-        .map_err(|e| TransportError::Connect {
-            endpoint: peer.into(),
-            reason: e.to_string(),
-        })?;
+    stream.write_all(&out).map_err(|e| TransportError::Connect { endpoint: peer.into(), reason: e.to_string() })?;
     let started = Instant::now();
     let mut body = Vec::new();
     loop {
         match read_frame(stream, &mut body, timeout) {
             Ok(FrameRead::Frame(h)) if h.kind == Kind::HelloOk => {
-                return wire::decode_hello_ok(&body)
-                    .map_err(|e| TransportError::Protocol(e.to_string()));
+                return wire::decode_hello_ok(&body).map_err(|e| TransportError::Protocol(e.to_string()));
             }
-            Ok(FrameRead::Frame(h)) if h.kind == Kind::Error => {
-                return Err(error_frame(&body, peer))
-            }
+            Ok(FrameRead::Frame(h)) if h.kind == Kind::Error => return Err(error_frame(&body, peer)),
             Ok(FrameRead::Frame(h)) => {
-                return Err(TransportError::Protocol(format!(
-                    "{peer} answered hello with {:?}",
-                    h.kind
-                )))
+                return Err(TransportError::Protocol(format!("{peer} answered hello with {:?}", h.kind)))
             }
             Ok(FrameRead::Idle) if started.elapsed() < timeout => continue,
-            Ok(FrameRead::Idle) => {
-                return Err(TransportError::Timeout {
-                    waited_ms: timeout.as_millis() as u64,
-                })
-            }
+            Ok(FrameRead::Idle) => return Err(TransportError::Timeout { waited_ms: timeout.as_millis() as u64 }),
             Ok(FrameRead::Closed) => {
-                return Err(TransportError::Connect {
-                    endpoint: peer.into(),
-                    reason: "closed during hello".into(),
-                })
+                return Err(TransportError::Connect { endpoint: peer.into(), reason: "closed during hello".into() })
             }
-            Err(e) => {
-                return Err(TransportError::Connect {
-                    endpoint: peer.into(),
-                    reason: e.to_string(),
-                })
-            }
+            Err(e) => return Err(TransportError::Connect { endpoint: peer.into(), reason: e.to_string() }),
         }
     }
 }
@@ -103,19 +69,13 @@ pub(crate) fn hello<S: Read + Write>(
 /// Maps an RPC response frame to the caller's result.
 pub(crate) fn rpc_result(method: u16, kind: Kind, body: &[u8]) -> Result<Vec<u8>, TransportError> {
     if kind != Kind::RpcResponse {
-        return Err(TransportError::Protocol(format!(
-            "rpc answered with a {kind:?} frame"
-        )));
+        return Err(TransportError::Protocol(format!("rpc answered with a {kind:?} frame")));
     }
-    let (status, payload) =
-        wire::decode_rpc_response(body).map_err(|e| TransportError::Protocol(e.to_string()))?;
+    let (status, payload) = wire::decode_rpc_response(body).map_err(|e| TransportError::Protocol(e.to_string()))?;
     if status == 0 {
         Ok(payload.to_vec())
     } else {
-        Err(TransportError::Rpc {
-            method,
-            status: RpcStatus::new(status, String::from_utf8_lossy(payload)),
-        })
+        Err(TransportError::Rpc { method, status: RpcStatus::new(status, String::from_utf8_lossy(payload)) })
     }
 }
 
@@ -129,54 +89,33 @@ pub struct TcpConnection {
 impl TcpConnection {
     /// Connects to `addr` (`host:port`) and authenticates.
     pub fn connect(addr: &str, options: &ConnectOptions) -> Result<Self, TransportError> {
-        let fail = |reason: String| TransportError::Connect {
-            endpoint: format!("tcp:{addr}"),
-            reason,
-        };
-        let target = addr
-            .to_socket_addrs()
-            .map_err(|e| fail(e.to_string()))?
-            .next()
-            .ok_or_else(|| fail("no address".into()))?;
-        let mut stream = TcpStream::connect_timeout(&target, options.timeout)
-            .map_err(|e| fail(e.to_string()))?;
+        let fail = |reason: String| TransportError::Connect { endpoint: format!("tcp:{addr}"), reason };
+        let target =
+            addr.to_socket_addrs().map_err(|e| fail(e.to_string()))?.next().ok_or_else(|| fail("no address".into()))?;
+        let mut stream = TcpStream::connect_timeout(&target, options.timeout).map_err(|e| fail(e.to_string()))?;
         stream.set_nodelay(true).map_err(|e| fail(e.to_string()))?;
-        stream
-            .set_read_timeout(Some(POLL_INTERVAL))
-            .map_err(|e| fail(e.to_string()))?;
-        stream
-            .set_write_timeout(Some(options.timeout))
-            .map_err(|e| fail(e.to_string()))?;
+        stream.set_read_timeout(Some(POLL_INTERVAL)).map_err(|e| fail(e.to_string()))?;
+        stream.set_write_timeout(Some(options.timeout)).map_err(|e| fail(e.to_string()))?;
         let token = wire::token_digest(&options.token);
         let hello = hello(&mut stream, &token, options.timeout, addr)?;
         let read_half = stream.try_clone().map_err(|e| fail(e.to_string()))?;
-        Ok(Self {
-            mux: Mux::new(stream, read_half, options.timeout, format!("tcp:{addr}")),
-            token,
-            hello,
-        })
+        Ok(Self { mux: Mux::new(stream, read_half, options.timeout, format!("tcp:{addr}")), token, hello })
     }
 
     /// Sends `batch` without the local checks, so tests can prove the server's own checks.
     #[doc(hidden)]
     pub fn execute_unchecked(&self, batch: &mut Batch) -> Result<(), TransportError> {
         let started = Instant::now();
-        let (kind, body) = self
-            .mux
-            .request(|out, id| wire::encode_batch(out, id, &self.token, batch))?;
+        let (kind, body) = self.mux.request(|out, id| wire::encode_batch(out, id, &self.token, batch))?;
         if kind != Kind::BatchResult {
-            return Err(TransportError::Protocol(format!(
-                "batch answered with a {kind:?} frame"
-            )));
+            return Err(TransportError::Protocol(format!("batch answered with a {kind:?} frame")));
         }
         if let Err(e) = wire::decode_batch_result(&body, batch, self.hello.region_len) {
             self.mux.break_with(format!("bad batch result: {e}"));
             return Err(TransportError::Protocol(e.to_string()));
         }
         METRICS.batches.inc();
-        METRICS
-            .batch_seconds
-            .observe(started.elapsed().as_secs_f64());
+        METRICS.batch_seconds.observe(started.elapsed().as_secs_f64());
         batch.first_failure()
     }
 }
@@ -196,9 +135,8 @@ impl Connection for TcpConnection {
             )));
         }
         METRICS.rpcs.inc();
-        let (kind, body) = self
-            .mux
-            .request(|out, id| wire::encode_rpc_request(out, id, &self.token, method, request))?;
+        let (kind, body) =
+            self.mux.request(|out, id| wire::encode_rpc_request(out, id, &self.token, method, request))?;
         rpc_result(method, kind, &body)
     }
 

@@ -30,8 +30,7 @@ const BATCH_PREFIX: usize = TOKEN_BYTES + 8;
 /// Largest RPC payload either way.
 pub const MAX_RPC_BYTES: usize = 4 << 20;
 /// Largest body of any frame: a full batch of ops plus its payload.
-pub const MAX_BODY_BYTES: usize =
-    BATCH_PREFIX + MAX_BATCH_OPS * OP_BYTES + MAX_BATCH_BYTES as usize;
+pub const MAX_BODY_BYTES: usize = BATCH_PREFIX + MAX_BATCH_OPS * OP_BYTES + MAX_BATCH_BYTES as usize;
 
 /// Frame kinds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,17 +97,8 @@ impl<'a> Reader<'a> {
     }
 
     pub fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
-        let end = self
-            .pos
-            .checked_add(n)
-            .filter(|&end| end <= self.bytes.len());
-        let end = end.ok_or_else(|| {
-            bad(format!(
-                "needs {n} bytes at {}, has {}",
-                self.pos,
-                self.bytes.len()
-            ))
-        })?;
+        let end = self.pos.checked_add(n).filter(|&end| end <= self.bytes.len());
+        let end = end.ok_or_else(|| bad(format!("needs {n} bytes at {}, has {}", self.pos, self.bytes.len())))?;
         let out = &self.bytes[self.pos..end];
         self.pos = end;
         Ok(out)
@@ -119,21 +109,15 @@ impl<'a> Reader<'a> {
     }
 
     pub fn u16(&mut self) -> Result<u16, WireError> {
-        Ok(u16::from_le_bytes(
-            self.take(2)?.try_into().expect("2 bytes"),
-        ))
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
     }
 
     pub fn u32(&mut self) -> Result<u32, WireError> {
-        Ok(u32::from_le_bytes(
-            self.take(4)?.try_into().expect("4 bytes"),
-        ))
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
     }
 
     pub fn u64(&mut self) -> Result<u64, WireError> {
-        Ok(u64::from_le_bytes(
-            self.take(8)?.try_into().expect("8 bytes"),
-        ))
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
 
     /// Skips `n` bytes that must be zero (reserved fields stay zero so they can gain meaning).
@@ -196,9 +180,7 @@ pub fn decode_header(bytes: &[u8; HEADER_BYTES]) -> Result<Header, WireError> {
     }
     let version = r.u8()?;
     if version != VERSION {
-        return Err(bad(format!(
-            "protocol version {version}, expected {VERSION}"
-        )));
+        return Err(bad(format!("protocol version {version}, expected {VERSION}")));
     }
     let kind = r.u8()?;
     let kind = Kind::from_code(kind).ok_or_else(|| bad(format!("unknown frame kind {kind}")))?;
@@ -207,15 +189,9 @@ pub fn decode_header(bytes: &[u8; HEADER_BYTES]) -> Result<Header, WireError> {
     let body_len = r.u32()?;
     r.zeros(4)?;
     if body_len as usize > MAX_BODY_BYTES {
-        return Err(bad(format!(
-            "body of {body_len} bytes exceeds the limit of {MAX_BODY_BYTES}"
-        )));
+        return Err(bad(format!("body of {body_len} bytes exceeds the limit of {MAX_BODY_BYTES}")));
     }
-    Ok(Header {
-        kind,
-        request_id,
-        body_len,
-    })
+    Ok(Header { kind, request_id, body_len })
 }
 
 // ---- hello ----
@@ -263,11 +239,7 @@ pub fn encode_hello_ok(out: &mut Vec<u8>, ok: &HelloOk) {
 
 pub fn decode_hello_ok(body: &[u8]) -> Result<HelloOk, WireError> {
     let mut r = Reader::new(body);
-    let ok = HelloOk {
-        region_len: r.u64()?,
-        instance: r.u64()?,
-        flags: r.u32()?,
-    };
+    let ok = HelloOk { region_len: r.u64()?, instance: r.u64()?, flags: r.u32()? };
     r.zeros(4)?;
     r.finish()?;
     Ok(ok)
@@ -307,9 +279,7 @@ pub fn decode_batch(body: &[u8], batch: &mut Batch) -> Result<[u8; TOKEN_BYTES],
     let count = r.u16()? as usize;
     r.zeros(6)?;
     if count == 0 || count > MAX_BATCH_OPS {
-        return Err(bad(format!(
-            "batch of {count} ops; allowed 1..={MAX_BATCH_OPS}"
-        )));
+        return Err(bad(format!("batch of {count} ops; allowed 1..={MAX_BATCH_OPS}")));
     }
     let mut ops = Reader::new(r.take(count * OP_BYTES)?);
     let mut payload = Reader::new(r.rest());
@@ -329,9 +299,7 @@ pub fn decode_batch(body: &[u8], batch: &mut Batch) -> Result<[u8; TOKEN_BYTES],
             OpKind::Read => {
                 read_total += u64::from(len);
                 if read_total > MAX_BATCH_BYTES {
-                    return Err(bad(format!(
-                        "batch reads more than {MAX_BATCH_BYTES} bytes"
-                    )));
+                    return Err(bad(format!("batch reads more than {MAX_BATCH_BYTES} bytes")));
                 }
                 batch.read(offset, len);
             }
@@ -391,19 +359,12 @@ pub fn encode_batch_result(out: &mut Vec<u8>, request_id: u64, batch: &Batch) {
 
 /// Applies a BatchResult body to the batch that was sent. Failed ops map back to [`OpError`]s
 /// with the details the client knows (offset, length, region size).
-pub fn decode_batch_result(
-    body: &[u8],
-    batch: &mut Batch,
-    region_len: u64,
-) -> Result<(), WireError> {
+pub fn decode_batch_result(body: &[u8], batch: &mut Batch, region_len: u64) -> Result<(), WireError> {
     let mut r = Reader::new(body);
     let count = r.u16()? as usize;
     r.zeros(6)?;
     if count != batch.len() {
-        return Err(bad(format!(
-            "result for {count} ops, batch has {}",
-            batch.len()
-        )));
+        return Err(bad(format!("result for {count} ops, batch has {}", batch.len())));
     }
     let mut statuses = Reader::new(r.take(count * RESULT_BYTES)?);
     let mut data = Reader::new(r.rest());
@@ -420,16 +381,9 @@ pub fn decode_batch_result(
             batch.complete(index, value);
         } else {
             let error = match status {
-                1 => OpError::OutOfBounds {
-                    offset: op.offset,
-                    len: u64::from(op.len),
-                    region_len,
-                },
+                1 => OpError::OutOfBounds { offset: op.offset, len: u64::from(op.len), region_len },
                 2 => OpError::Misaligned { offset: op.offset },
-                3 => OpError::BadLength {
-                    len: u64::from(op.len),
-                    max: MAX_OP_BYTES,
-                },
+                3 => OpError::BadLength { len: u64::from(op.len), max: MAX_OP_BYTES },
                 4 => OpError::NotExecuted,
                 other => OpError::Remote(other),
             };
@@ -442,19 +396,8 @@ pub fn decode_batch_result(
 
 // ---- rpc and errors ----
 
-pub fn encode_rpc_request(
-    out: &mut Vec<u8>,
-    request_id: u64,
-    token: &[u8; TOKEN_BYTES],
-    method: u16,
-    payload: &[u8],
-) {
-    put_header(
-        out,
-        Kind::RpcRequest,
-        request_id,
-        TOKEN_BYTES + 8 + payload.len(),
-    );
+pub fn encode_rpc_request(out: &mut Vec<u8>, request_id: u64, token: &[u8; TOKEN_BYTES], method: u16, payload: &[u8]) {
+    put_header(out, Kind::RpcRequest, request_id, TOKEN_BYTES + 8 + payload.len());
     out.extend_from_slice(token);
     out.extend_from_slice(&method.to_le_bytes());
     out.extend_from_slice(&[0u8; 6]);
@@ -469,10 +412,7 @@ pub fn decode_rpc_request(body: &[u8]) -> Result<([u8; TOKEN_BYTES], u16, &[u8])
     r.zeros(6)?;
     let payload = r.rest();
     if payload.len() > MAX_RPC_BYTES {
-        return Err(bad(format!(
-            "rpc payload of {} bytes exceeds {MAX_RPC_BYTES}",
-            payload.len()
-        )));
+        return Err(bad(format!("rpc payload of {} bytes exceeds {MAX_RPC_BYTES}", payload.len())));
     }
     Ok((token, method, payload))
 }
@@ -551,10 +491,7 @@ mod tests {
         decode_batch_result(&reply[HEADER_BYTES..], &mut b, 4096).unwrap();
         assert_eq!(b.ops()[0].outcome, Outcome::Done(0));
         assert_eq!(b.ops()[2].outcome, Outcome::Done(1));
-        assert!(matches!(
-            b.ops()[3].outcome,
-            Outcome::Failed(OpError::Misaligned { .. })
-        ));
+        assert!(matches!(b.ops()[3].outcome, Outcome::Failed(OpError::Misaligned { .. })));
         assert_eq!(b.read_bytes_of(0), b"hello");
     }
 
@@ -577,10 +514,7 @@ mod tests {
         let body = &frame[HEADER_BYTES..];
         let mut server = Batch::new();
         for cut in 0..body.len() {
-            assert!(
-                decode_batch(&body[..cut], &mut server).is_err(),
-                "cut at {cut}"
-            );
+            assert!(decode_batch(&body[..cut], &mut server).is_err(), "cut at {cut}");
         }
     }
 

@@ -9,8 +9,7 @@ use std::time::Duration;
 use racekv_transport::tcp::TcpConnection;
 use racekv_transport::wire::{self, Kind, HEADER_BYTES};
 use racekv_transport::{
-    Batch, ConnectOptions, Connection, Endpoint, NoRpc, OpError, Region, RegionServer,
-    ServerOptions, TransportError,
+    Batch, ConnectOptions, Connection, Endpoint, NoRpc, OpError, Region, RegionServer, ServerOptions, TransportError,
 };
 
 const TOKEN: &str = "hostile-test";
@@ -18,11 +17,7 @@ const REGION: u64 = 64 * 1024;
 
 fn server() -> (RegionServer, String, Arc<Region>) {
     let region = Arc::new(Region::anonymous(REGION).unwrap());
-    let options = ServerOptions {
-        token: TOKEN.into(),
-        io_timeout: Duration::from_millis(500),
-        ..Default::default()
-    };
+    let options = ServerOptions { token: TOKEN.into(), io_timeout: Duration::from_millis(500), ..Default::default() };
     let server = RegionServer::start(
         Arc::clone(&region),
         None,
@@ -31,21 +26,12 @@ fn server() -> (RegionServer, String, Arc<Region>) {
         &[Endpoint::Tcp("127.0.0.1:0".into())],
     )
     .unwrap();
-    let Endpoint::Tcp(addr) = server.endpoints()[0].clone() else {
-        unreachable!()
-    };
+    let Endpoint::Tcp(addr) = server.endpoints()[0].clone() else { unreachable!() };
     (server, addr, region)
 }
 
 fn good_client(addr: &str) -> TcpConnection {
-    TcpConnection::connect(
-        addr,
-        &ConnectOptions {
-            token: TOKEN.into(),
-            timeout: Duration::from_secs(2),
-        },
-    )
-    .unwrap()
+    TcpConnection::connect(addr, &ConnectOptions { token: TOKEN.into(), timeout: Duration::from_secs(2) }).unwrap()
 }
 
 fn raw(addr: &str) -> TcpStream {
@@ -61,9 +47,7 @@ fn response_kind(stream: &mut TcpStream) -> Option<Kind> {
     if all.len() < HEADER_BYTES {
         return None;
     }
-    wire::decode_header(all[..HEADER_BYTES].try_into().unwrap())
-        .ok()
-        .map(|h| h.kind)
+    wire::decode_header(all[..HEADER_BYTES].try_into().unwrap()).ok().map(|h| h.kind)
 }
 
 fn hello_frame(token: &str) -> Vec<u8> {
@@ -128,18 +112,8 @@ fn wrong_token_is_refused() {
     let mut s = raw(&addr);
     s.write_all(&hello_frame("guess")).unwrap();
     assert_eq!(response_kind(&mut s), Some(Kind::Error));
-    let err = TcpConnection::connect(
-        &addr,
-        &ConnectOptions {
-            token: "guess".into(),
-            timeout: Duration::from_secs(2),
-        },
-    );
-    assert!(
-        matches!(err, Err(TransportError::AuthRefused { .. })),
-        "{:?}",
-        err.err()
-    );
+    let err = TcpConnection::connect(&addr, &ConnectOptions { token: "guess".into(), timeout: Duration::from_secs(2) });
+    assert!(matches!(err, Err(TransportError::AuthRefused { .. })), "{:?}", err.err());
     assert_still_serving(&addr, &region);
 }
 
@@ -193,20 +167,14 @@ fn the_server_checks_bounds_itself() {
     b.faa(16, 5);
     // Skip the client-side checks: the server must catch it.
     match client.execute_unchecked(&mut b) {
-        Err(TransportError::Op {
-            index: 1,
-            error: OpError::OutOfBounds { .. },
-        }) => {}
+        Err(TransportError::Op { index: 1, error: OpError::OutOfBounds { .. } }) => {}
         other => panic!("expected an out-of-bounds failure at op 1, got {other:?}"),
     }
     let mut b2 = Batch::new();
     b2.cas(13, 0, 1);
     assert!(matches!(
         client.execute_unchecked(&mut b2),
-        Err(TransportError::Op {
-            index: 0,
-            error: OpError::Misaligned { .. }
-        })
+        Err(TransportError::Op { index: 0, error: OpError::Misaligned { .. } })
     ));
     assert!(client.is_healthy());
     let mut word = [0u8; 8];
@@ -218,34 +186,13 @@ fn the_server_checks_bounds_itself() {
 #[test]
 fn connection_limit_refuses_extra_clients() {
     let region = Arc::new(Region::anonymous(REGION).unwrap());
-    let options = ServerOptions {
-        token: TOKEN.into(),
-        max_connections: 2,
-        ..Default::default()
-    };
-    let server = RegionServer::start(
-        region,
-        None,
-        Arc::new(NoRpc),
-        options,
-        &[Endpoint::Tcp("127.0.0.1:0".into())],
-    )
-    .unwrap();
-    let Endpoint::Tcp(addr) = server.endpoints()[0].clone() else {
-        unreachable!()
-    };
+    let options = ServerOptions { token: TOKEN.into(), max_connections: 2, ..Default::default() };
+    let server =
+        RegionServer::start(region, None, Arc::new(NoRpc), options, &[Endpoint::Tcp("127.0.0.1:0".into())]).unwrap();
+    let Endpoint::Tcp(addr) = server.endpoints()[0].clone() else { unreachable!() };
     let _a = good_client(&addr);
     let _b = good_client(&addr);
     std::thread::sleep(Duration::from_millis(50));
-    let third = TcpConnection::connect(
-        &addr,
-        &ConnectOptions {
-            token: TOKEN.into(),
-            timeout: Duration::from_secs(2),
-        },
-    );
-    assert!(
-        third.is_err(),
-        "a third connection was accepted over the limit of 2"
-    );
+    let third = TcpConnection::connect(&addr, &ConnectOptions { token: TOKEN.into(), timeout: Duration::from_secs(2) });
+    assert!(third.is_err(), "a third connection was accepted over the limit of 2");
 }

@@ -1,0 +1,48 @@
+//! What can go wrong for an application.
+
+use std::time::Duration;
+
+use racekv_hashing::Error as TableError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("keys must not be empty")]
+    EmptyKey,
+    #[error("key of {key} B plus value of {value} B exceed the limit of {max} B per item")]
+    TooLarge { key: usize, value: usize, max: usize },
+    #[error("memnode {endpoint} is unavailable: {reason}")]
+    Unavailable { endpoint: String, reason: String },
+    #[error("operation on memnode {endpoint} timed out after {after:?}")]
+    Timeout { endpoint: String, after: Duration },
+    #[error("memnode {endpoint} is out of space: {reason}")]
+    OutOfSpace { endpoint: String, reason: String },
+    #[error("bad configuration: {0}")]
+    Config(String),
+    #[error("memnode {endpoint}: {reason}")]
+    Internal { endpoint: String, reason: String },
+}
+
+impl ClientError {
+    pub(crate) fn from_table(endpoint: &str, e: TableError, timeout: Duration) -> Self {
+        let endpoint = endpoint.to_string();
+        match e {
+            TableError::EmptyKey => ClientError::EmptyKey,
+            TableError::TooLarge { key, value } => {
+                ClientError::TooLarge { key, value, max: racekv_hashing::MAX_KV_BYTES }
+            }
+            TableError::Timeout { .. } => ClientError::Timeout { endpoint, after: timeout },
+            TableError::OutOfMemory(reason) | TableError::TableFull(reason) => {
+                ClientError::OutOfSpace { endpoint, reason }
+            }
+            TableError::Transport(t) if t.is_connection_failure() => {
+                ClientError::Unavailable { endpoint, reason: t.to_string() }
+            }
+            other => ClientError::Internal { endpoint, reason: other.to_string() },
+        }
+    }
+
+    /// True when the same call may succeed later (the memnode restarted, a timeout).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, ClientError::Unavailable { .. } | ClientError::Timeout { .. })
+    }
+}

@@ -1,0 +1,98 @@
+//! The client against several in-process memnodes on real transports.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use racekv_client::{Client, ClientError};
+use racekv_hashing::testing::{TestMemnode, Via};
+use racekv_transport::TransportKind;
+
+fn cluster(n: usize, kind: TransportKind) -> (Vec<TestMemnode>, Client) {
+    let memnodes: Vec<_> = (0..n).map(|_| TestMemnode::start(Via::Transport(kind), 16 << 20, 16)).collect();
+    let client = Client::builder()
+        .memnodes(memnodes.iter().map(|m| m.endpoint().unwrap().to_string()))
+        .token(TestMemnode::TOKEN)
+        .timeout(Duration::from_secs(5))
+        .connect()
+        .unwrap();
+    (memnodes, client)
+}
+
+#[test]
+fn keys_spread_over_memnodes_and_every_operation_works() {
+    let (memnodes, client) = cluster(3, TransportKind::Tcp);
+    let mut model = HashMap::new();
+    for i in 0..3_000u32 {
+        let (k, v) = (format!("key-{i}"), format!("value-{i}"));
+        client.put(k.as_bytes(), v.as_bytes()).unwrap();
+        model.insert(k, v);
+    }
+    for m in &memnodes {
+        let items = m.stats().items;
+        assert!((700..1_300).contains(&items), "uneven spread: {items} of 3000 on one memnode");
+    }
+    assert_eq!(client.len().unwrap(), 3_000);
+    assert!(!client.insert(b"key-1", b"x").unwrap());
+    assert!(client.insert(b"fresh", b"x").unwrap());
+    assert!(client.update(b"fresh", b"y").unwrap());
+    assert!(!client.update(b"never", b"y").unwrap());
+    assert!(client.compare_and_swap(b"fresh", Some(b"y"), Some(b"z")).unwrap());
+    assert!(!client.compare_and_swap(b"fresh", Some(b"y"), Some(b"w")).unwrap());
+    assert!(client.delete(b"fresh").unwrap());
+    let names: Vec<String> = (0..3_100u32).map(|i| format!("key-{i}")).collect();
+    let keys: Vec<&[u8]> = names.iter().map(|n| n.as_bytes()).collect();
+    let values = client.multi_get(&keys).unwrap();
+    for (name, value) in names.iter().zip(values) {
+        assert_eq!(value.map(|v| String::from_utf8(v).unwrap()), model.get(name).cloned(), "{name}");
+    }
+    let pairs: Vec<(Vec<u8>, Vec<u8>)> =
+        (0..500u32).map(|i| (format!("mp-{i}").into_bytes(), vec![i as u8; 10])).collect();
+    let refs: Vec<(&[u8], &[u8])> = pairs.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+    client.multi_put(&refs).unwrap();
+    for (k, v) in &pairs {
+        assert_eq!(client.get(k).unwrap().as_ref(), Some(v));
+    }
+}
+
+#[test]
+fn threads_share_a_client() {
+    let (_memnodes, client) = cluster(2, TransportKind::Shm);
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let client = client.clone();
+            s.spawn(move || {
+                for i in 0..500 {
+                    let key = format!("t{t}-{i}");
+                    client.put(key.as_bytes(), key.as_bytes()).unwrap();
+                    assert_eq!(client.get(key.as_bytes()).unwrap().as_deref(), Some(key.as_bytes()));
+                }
+            });
+        }
+    });
+    assert_eq!(client.len().unwrap(), 4_000);
+}
+
+#[test]
+fn errors_are_typed_and_clear() {
+    let (mut memnodes, client) = cluster(1, TransportKind::Tcp);
+    assert!(matches!(client.put(b"", b"x"), Err(ClientError::EmptyKey)));
+    assert!(matches!(client.put(b"k", &vec![0u8; 20_000]), Err(ClientError::TooLarge { .. })));
+    memnodes[0].stop();
+    let err = (0..50).find_map(|_| {
+        std::thread::sleep(Duration::from_millis(20));
+        client.get(b"k").err()
+    });
+    let err = err.expect("operations kept succeeding after the memnode stopped");
+    assert!(err.is_transient(), "{err}");
+    assert!(err.to_string().contains("unavailable"), "{err}");
+}
+
+#[test]
+fn the_same_memnode_twice_is_refused() {
+    let m = TestMemnode::start(Via::Transport(TransportKind::Tcp), 16 << 20, 16);
+    let endpoint = m.endpoint().unwrap().to_string();
+    let err =
+        Client::builder().memnode(&endpoint).memnode(&endpoint).token(TestMemnode::TOKEN).connect().err().unwrap();
+    assert!(matches!(err, ClientError::Config(_)), "{err}");
+    assert!(Client::builder().connect().is_err(), "no memnodes must be an error");
+}
