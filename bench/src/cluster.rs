@@ -1,0 +1,76 @@
+//! A memnode inside the benchmark process (or an external one), and connections to it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use racekv_hashing::{Table, TableOptions, TableStats};
+use racekv_memnode::{Memnode, MemnodeConfig};
+use racekv_transport::{ConnectOptions, Connection, Endpoint, TransportKind};
+
+/// Where the benchmark's memnode is.
+pub struct BenchMemnode {
+    memnode: Option<Memnode>,
+    endpoint: Endpoint,
+    token: String,
+    _dir: tempfile::TempDir,
+}
+
+impl BenchMemnode {
+    /// Starts an in-process memnode serving `transport`, or uses `external` if given.
+    pub fn start(
+        transport: TransportKind,
+        region_bytes: u64,
+        groups_per_subtable: u32,
+        external: Option<&str>,
+        token: &str,
+        huge_pages: bool,
+    ) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        if let Some(endpoint) = external {
+            let endpoint = endpoint.parse().map_err(anyhow::Error::msg)?;
+            return Ok(Self { memnode: None, endpoint, token: token.into(), _dir: dir });
+        }
+        let mut cfg = MemnodeConfig {
+            region_bytes,
+            groups_per_subtable,
+            metrics_addr: None,
+            token: token.into(),
+            listen_tcp: None,
+            huge_pages,
+            ..MemnodeConfig::default()
+        };
+        match transport {
+            TransportKind::Shm => cfg.listen_shm = Some(dir.path().join("memnode.sock")),
+            TransportKind::Tcp => cfg.listen_tcp = Some("127.0.0.1:0".into()),
+            TransportKind::Verbs => cfg.listen_verbs = Some("127.0.0.1:0".into()),
+        }
+        let memnode = Memnode::start(cfg).context("starting the benchmark's memnode")?;
+        let endpoint = memnode.endpoints()[0].clone();
+        Ok(Self { memnode: Some(memnode), endpoint, token: token.into(), _dir: dir })
+    }
+
+    pub fn connect(&self) -> anyhow::Result<Arc<dyn Connection>> {
+        let options = ConnectOptions { token: self.token.clone(), timeout: Duration::from_secs(30) };
+        racekv_transport::connect(&self.endpoint, &options).with_context(|| format!("connecting to {}", self.endpoint))
+    }
+
+    pub fn table(&self, options: TableOptions) -> anyhow::Result<(Table, Arc<dyn Connection>)> {
+        let conn = self.connect()?;
+        Ok((Table::open(Arc::clone(&conn), options)?, conn))
+    }
+
+    /// Table statistics by RPC.
+    pub fn stats(&self) -> anyhow::Result<TableStats> {
+        let reply = self.connect()?.call(racekv_hashing::rpc::method::STATS, &[])?;
+        racekv_hashing::service::decode_stats(&reply).context("unreadable stats")
+    }
+
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    pub fn is_in_process(&self) -> bool {
+        self.memnode.is_some()
+    }
+}

@@ -1,0 +1,15 @@
+//! Benchmarks behind `racekv bench <name>`. Each returns a serializable report; the CLI
+//! prints it as one JSON object with `--json`.
+//!
+//! * [`ops`]: get/put throughput, latency, round trips and CAS retries per operation, with a
+//!   same-run memory-latency baseline for shm (the limit a GET of three dependent misses
+//!   can reach on this machine).
+//! * [`loadfactor`]: how full one subtable gets before the first split.
+//! * [`churn`]: heap bytes before and after many updates of a fixed key set.
+
+pub mod churn;
+pub mod cluster;
+pub mod loadfactor;
+pub mod membaseline;
+pub mod ops;
+pub mod report;

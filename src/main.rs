@@ -1,0 +1,168 @@
+//! `racekv`: run a local cluster, read and write keys, inspect a cluster, run benchmarks.
+
+mod up;
+
+use std::io::Write;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use racekv_bench::{churn, loadfactor, ops};
+use racekv_client::Client;
+
+/// racekv: a disaggregated key-value store (RACE hashing over one-sided operations).
+#[derive(Debug, Parser)]
+#[command(name = "racekv", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Start a local cluster on this machine and keep it running until Ctrl-C.
+    Up(up::UpArgs),
+    /// Print the value of a key.
+    Get {
+        key: String,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Set a key to a value.
+    Put {
+        key: String,
+        value: String,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Delete a key.
+    Del {
+        key: String,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Show each memnode's capacity, use and load factor.
+    Status {
+        #[command(flatten)]
+        target: Target,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a benchmark.
+    #[command(subcommand)]
+    Bench(Bench),
+}
+
+#[derive(Debug, Subcommand)]
+enum Bench {
+    /// Table operations: throughput, latency, round trips, CAS retries.
+    Ops(ops::OpsArgs),
+    /// Load factor of one subtable at its first split.
+    Loadfactor(loadfactor::LoadFactorArgs),
+    /// Heap bytes before and after many updates of a fixed key set.
+    Churn(churn::ChurnArgs),
+}
+
+/// Which cluster to talk to.
+#[derive(Debug, Args)]
+struct Target {
+    /// Memnode endpoints (comma-separated): shm:/path, tcp:host:port or verbs:host:port.
+    #[arg(long = "memnode", env = "RACEKV_MEMNODES", value_delimiter = ',', default_value = "tcp:127.0.0.1:7400")]
+    memnodes: Vec<String>,
+    /// The memnodes' shared secret.
+    #[arg(long, env = "RACEKV_TOKEN", default_value = "racekv-dev-token", hide_env_values = true)]
+    token: String,
+}
+
+impl Target {
+    fn client(&self) -> anyhow::Result<Client> {
+        Client::builder()
+            .memnodes(self.memnodes.iter().cloned())
+            .token(self.token.clone())
+            .connect()
+            .with_context(|| format!("connecting to {} (is `racekv up` running?)", self.memnodes.join(", ")))
+    }
+}
+
+fn print<T: serde::Serialize + std::fmt::Debug>(report: &T, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(report)?);
+    } else {
+        println!("{}", serde_json::to_string_pretty(report)?);
+    }
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    racekv_telemetry::init_logging();
+    match Cli::parse().command {
+        Command::Up(args) => up::run(args),
+        Command::Get { key, target } => match target.client()?.get(key.as_bytes())? {
+            Some(value) => {
+                std::io::stdout().write_all(&value)?;
+                println!();
+                Ok(())
+            }
+            None => {
+                eprintln!("(not found)");
+                std::process::exit(1);
+            }
+        },
+        Command::Put { key, value, target } => {
+            target.client()?.put(key.as_bytes(), value.as_bytes())?;
+            println!("OK");
+            Ok(())
+        }
+        Command::Del { key, target } => {
+            let existed = target.client()?.delete(key.as_bytes())?;
+            println!("{}", if existed { "deleted" } else { "(not found)" });
+            Ok(())
+        }
+        Command::Status { target, json } => status(&target.client()?, json),
+        Command::Bench(Bench::Ops(args)) => print(&ops::run(&args)?, args.json),
+        Command::Bench(Bench::Loadfactor(args)) => print(&loadfactor::run(&args)?, args.json),
+        Command::Bench(Bench::Churn(args)) => print(&churn::run(&args)?, args.json),
+    }
+}
+
+fn status(client: &Client, json: bool) -> anyhow::Result<()> {
+    let stats = client.stats();
+    if json {
+        let value: Vec<_> = stats
+            .iter()
+            .map(|(ep, s)| match s {
+                Ok(s) => serde_json::json!({"memnode": ep, "stats": s}),
+                Err(e) => serde_json::json!({"memnode": ep, "error": e.to_string()}),
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&value)?);
+        return Ok(());
+    }
+    println!("{:<34} {:>12} {:>12} {:>10} {:>8} {:>6}", "MEMNODE", "REGION", "HEAP USED", "KEYS", "LOAD", "DEPTH");
+    for (endpoint, s) in stats {
+        match s {
+            Ok(s) => println!(
+                "{:<34} {:>12} {:>12} {:>10} {:>7.1}% {:>6}",
+                endpoint,
+                human(s.layout.region_len),
+                human(s.heap.heap_used_bytes),
+                s.items,
+                s.load_factor * 100.0,
+                s.global_depth
+            ),
+            Err(e) => println!("{endpoint:<34} unavailable: {e}"),
+        }
+    }
+    Ok(())
+}
+
+fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}

@@ -1,0 +1,105 @@
+//! `racekv up`: a local cluster in this process, until Ctrl-C.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use racekv_memnode::bytes::parse_bytes;
+use racekv_memnode::{Memnode, MemnodeConfig};
+
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// Number of memnodes.
+    #[arg(long, default_value_t = 1)]
+    memnodes: usize,
+    /// Region size of each memnode, e.g. 1GiB.
+    #[arg(long, default_value = "256MiB", value_parser = parse_bytes)]
+    region_bytes: u64,
+    /// Keep each memnode's region in <DIR>/memnode-<i>.region, so the data outlives `up`.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// First tcp port; memnode i listens on base + i.
+    #[arg(long, default_value_t = 7400)]
+    base_port: u16,
+    /// Prometheus endpoint (`none` to turn it off).
+    #[arg(long, default_value = "127.0.0.1:9400")]
+    metrics_addr: String,
+    /// The memnodes' shared secret.
+    #[arg(long, env = "RACEKV_TOKEN", default_value = racekv_memnode::config::DEV_TOKEN, hide_env_values = true)]
+    token: String,
+}
+
+/// A directory for this user's sockets.
+fn runtime_dir() -> PathBuf {
+    std::env::var_os("XDG_RUNTIME_DIR")
+        .map(|d| PathBuf::from(d).join("racekv"))
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("racekv-{}", nix_uid())))
+}
+
+fn nix_uid() -> u32 {
+    std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m)).unwrap_or(0)
+}
+
+pub fn run(args: UpArgs) -> anyhow::Result<()> {
+    anyhow::ensure!((1..=64).contains(&args.memnodes), "--memnodes must be within 1..=64");
+    let run_dir = runtime_dir();
+    std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
+    if let Some(dir) = &args.data_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let metrics_addr: Option<SocketAddr> = match args.metrics_addr.as_str() {
+        "none" => None,
+        a => Some(a.parse().context("--metrics-addr")?),
+    };
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])?;
+    let mut memnodes = Vec::new();
+    for i in 0..args.memnodes {
+        let cfg = MemnodeConfig {
+            region_bytes: args.region_bytes,
+            data_file: args.data_dir.as_ref().map(|d| d.join(format!("memnode-{i}.region"))),
+            listen_shm: Some(run_dir.join(format!("memnode-{i}.sock"))),
+            listen_tcp: Some(format!("127.0.0.1:{}", args.base_port + i as u16)),
+            // One process, one registry: the first memnode serves everyone's metrics.
+            metrics_addr: if i == 0 { metrics_addr } else { None },
+            token: args.token.clone(),
+            ..MemnodeConfig::default()
+        };
+        memnodes.push(Memnode::start(cfg).with_context(|| format!("starting memnode {i}"))?);
+    }
+    let tcp: Vec<String> = memnodes
+        .iter()
+        .map(|m| m.endpoints().iter().find(|e| e.to_string().starts_with("tcp:")).unwrap().to_string())
+        .collect();
+    println!("racekv is up: {} memnode(s), {} each", memnodes.len(), human(args.region_bytes));
+    for (i, m) in memnodes.iter().enumerate() {
+        let eps: Vec<String> = m.endpoints().iter().map(|e| e.to_string()).collect();
+        println!("  memnode {i}: {}", eps.join("  "));
+    }
+    if let Some(addr) = metrics_addr {
+        println!("  metrics:   http://{addr}/metrics");
+    }
+    if let Some(dir) = &args.data_dir {
+        println!("  data:      {} (kept after Ctrl-C)", dir.display());
+    }
+    println!();
+    println!("try:  racekv --help, or from another shell:");
+    println!("      RACEKV_MEMNODES={} racekv put hello world", tcp.join(","));
+    println!("      RACEKV_MEMNODES={} racekv get hello", tcp.join(","));
+    println!("Ctrl-C stops the cluster.");
+    let signal = signals.forever().next();
+    println!("stopping (signal {signal:?})");
+    for m in memnodes {
+        m.shutdown()?;
+    }
+    println!("stopped cleanly");
+    Ok(())
+}
+
+fn human(bytes: u64) -> String {
+    if bytes >= 1 << 30 && bytes % (1 << 30) == 0 {
+        format!("{} GiB", bytes >> 30)
+    } else {
+        format!("{} MiB", bytes >> 20)
+    }
+}
