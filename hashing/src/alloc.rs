@@ -20,9 +20,21 @@ use crate::layout::{BLOCK_UNIT_BYTES, MAX_BLOCK_UNITS};
 
 /// Where chunks come from (the memnode, through its RPC).
 pub trait ChunkSource: Send + Sync {
-    /// A fresh heap chunk: (offset, bytes). Offsets and sizes are multiples of 64.
-    fn chunk(&self) -> Result<(u64, u64), Error>;
+    /// A heap chunk of about `preferred` bytes: (offset, bytes). Offsets and sizes are
+    /// multiples of 64 and at least [`MIN_CHUNK_BYTES`]; the size may differ from the wish.
+    fn chunk(&self, preferred: u64) -> Result<(u64, u64), Error>;
+    /// Hands unused ranges back (a client going away). Best effort.
+    fn give_back(&self, ranges: &[(u64, u64)]) {
+        let _ = ranges;
+    }
 }
+
+/// No chunk is smaller: it must hold the largest block.
+pub const MIN_CHUNK_BYTES: u64 = 16 * 1024;
+/// A client's first chunk; each next one doubles, up to the memnode's chunk size. Small
+/// first chunks keep short-lived clients (one command, one function call) from pinning
+/// a whole chunk each.
+pub const FIRST_CHUNK_BYTES: u64 = 64 * 1024;
 
 const CLASSES: usize = MAX_BLOCK_UNITS as usize + 1;
 /// Blocks moved from the shared pool to a client at once.
@@ -68,6 +80,14 @@ impl FreePool {
         self.inner.lock().ranges.pop()
     }
 
+    /// Takes every chunk remainder of at least `min_bytes` out of the pool.
+    pub fn drain_ranges(&self, min_bytes: u64) -> Vec<(u64, u64)> {
+        let mut inner = self.inner.lock();
+        let (keep, give): (Vec<_>, Vec<_>) = inner.ranges.drain(..).partition(|&(a, b)| b - a < min_bytes);
+        inner.ranges = keep;
+        give.into_iter().map(|(a, b)| (a, b - a)).collect()
+    }
+
     /// Bytes held by the pool (free, in grace, and chunk remainders).
     pub fn bytes(&self) -> u64 {
         let inner = self.inner.lock();
@@ -89,6 +109,8 @@ pub struct BlockAllocator {
     source: Arc<dyn ChunkSource>,
     pool: Arc<FreePool>,
     grace: Duration,
+    /// Size to ask for next time.
+    next_request: u64,
     cursor: u64,
     end: u64,
     free: Vec<Vec<u64>>,
@@ -101,7 +123,17 @@ impl BlockAllocator {
     pub fn new(source: Arc<dyn ChunkSource>, pool: Arc<FreePool>, grace: Duration) -> Self {
         let mut free = Vec::new();
         ensure_classes(&mut free);
-        Self { source, pool, grace, cursor: 0, end: 0, free, pending: VecDeque::new(), held_bytes: 0 }
+        Self {
+            source,
+            pool,
+            grace,
+            next_request: FIRST_CHUNK_BYTES,
+            cursor: 0,
+            end: 0,
+            free,
+            pending: VecDeque::new(),
+            held_bytes: 0,
+        }
     }
 
     /// A block of `units` x 64 B.
@@ -141,12 +173,13 @@ impl BlockAllocator {
         let (start, end) = match self.pool.take_range() {
             Some(range) => range,
             None => {
-                let (offset, bytes) = self.source.chunk()?;
+                let (offset, bytes) = self.source.chunk(self.next_request)?;
                 assert!(
                     offset % BLOCK_UNIT_BYTES == 0
                         && bytes % BLOCK_UNIT_BYTES == 0
                         && bytes >= MAX_BLOCK_UNITS * BLOCK_UNIT_BYTES
                 );
+                self.next_request = self.next_request.saturating_mul(2);
                 (offset, offset + bytes)
             }
         };
@@ -204,7 +237,7 @@ mod tests {
 
     struct Bump(AtomicU64);
     impl ChunkSource for Bump {
-        fn chunk(&self) -> Result<(u64, u64), Error> {
+        fn chunk(&self, _preferred: u64) -> Result<(u64, u64), Error> {
             Ok((self.0.fetch_add(1 << 16, Ordering::Relaxed), 1 << 16))
         }
     }

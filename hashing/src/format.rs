@@ -73,6 +73,7 @@ pub fn format(conn: &dyn Connection, layout: &Layout, node_id: u64) -> Result<()
         (sb::CHUNKS, 0),
         (sb::FREE_CHUNKS, 0),
         (sb::NODE_ID, node_id),
+        (sb::FREE_BYTES, 0),
     ] {
         b.write(offset, &u64::to_le_bytes(value));
     }

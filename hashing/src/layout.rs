@@ -65,6 +65,8 @@ pub mod sb {
     pub const FREE_CHUNKS: u64 = 144;
     /// Random at format time: a memnode's stable identity (clients place keys by it).
     pub const NODE_ID: u64 = 152;
+    /// Bytes on the free-chunk list (memnode only).
+    pub const FREE_BYTES: u64 = 160;
     pub const LAYOUT_BYTES: usize = 56;
 }
 

@@ -10,12 +10,14 @@ use crate::layout::Layout;
 pub mod method {
     /// -> the 64-byte encoded [`crate::layout::Layout`], then the node id (u64).
     pub const METADATA: u16 = 1;
-    /// -> a heap chunk (offset u64, bytes u64).
+    /// (preferred bytes u64, optional) -> a heap chunk (offset u64, bytes u64).
     pub const ALLOC_CHUNK: u16 = 2;
     /// (dir_hash u64, observed depth u32, zero u32, observed subtable u64) -> outcome u8.
     pub const SPLIT: u16 = 3;
     /// -> JSON [`crate::service::TableStats`].
     pub const STATS: u16 = 4;
+    /// (count x (offset u64, bytes u64)) -> (): unused chunk ranges a client gives back.
+    pub const RETURN_RANGES: u16 = 5;
 }
 
 /// Status codes beyond the transport's generic ones.
@@ -31,6 +33,7 @@ pub fn method_name(method: u16) -> &'static str {
         method::ALLOC_CHUNK => "alloc_chunk",
         method::SPLIT => "split",
         method::STATS => "stats",
+        method::RETURN_RANGES => "return_ranges",
         _ => "unknown",
     }
 }
@@ -123,6 +126,36 @@ pub fn decode_chunk(reply: &[u8]) -> Result<(u64, u64), WireError> {
     Ok(chunk)
 }
 
+/// Ranges per RETURN_RANGES call.
+pub const MAX_RANGES_PER_CALL: usize = 4096;
+
+pub fn encode_ranges(ranges: &[(u64, u64)]) -> Vec<u8> {
+    ranges.iter().flat_map(|&(offset, bytes)| offset.to_le_bytes().into_iter().chain(bytes.to_le_bytes())).collect()
+}
+
+pub fn decode_ranges(bytes: &[u8]) -> Result<Vec<(u64, u64)>, WireError> {
+    if bytes.len() % 16 != 0 || bytes.len() / 16 > MAX_RANGES_PER_CALL {
+        return Err(WireError(format!("{} bytes is not a list of at most {MAX_RANGES_PER_CALL} ranges", bytes.len())));
+    }
+    let mut r = Reader::new(bytes);
+    let mut out = Vec::with_capacity(bytes.len() / 16);
+    while r.remaining() > 0 {
+        out.push((r.u64()?, r.u64()?));
+    }
+    Ok(out)
+}
+
+/// The preferred size in an ALLOC_CHUNK request (empty: the memnode's default).
+pub fn decode_chunk_request(bytes: &[u8]) -> Result<Option<u64>, WireError> {
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    let mut r = Reader::new(bytes);
+    let preferred = r.u64()?;
+    r.finish()?;
+    Ok(Some(preferred))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -139,6 +172,13 @@ mod tests {
         fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
             let _ = SplitRequest::decode(&bytes);
             let _ = decode_chunk(&bytes);
+            let _ = decode_ranges(&bytes);
+            let _ = decode_chunk_request(&bytes);
+        }
+
+        #[test]
+        fn ranges_round_trip(ranges in proptest::collection::vec((any::<u64>(), any::<u64>()), 0..50)) {
+            prop_assert_eq!(decode_ranges(&encode_ranges(&ranges)).unwrap(), ranges);
         }
     }
 }

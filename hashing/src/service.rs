@@ -40,6 +40,7 @@ pub struct TableService {
 
 impl TableService {
     pub fn new(layout: Layout, node_id: u64) -> Self {
+        crate::split::register_metrics();
         Self { layout, node_id, ready: OnceLock::new() }
     }
 
@@ -100,8 +101,15 @@ impl RpcService for TableService {
         match method {
             method::METADATA => Ok(Metadata { layout: self.layout, node_id: self.node_id }.encode()),
             method::ALLOC_CHUNK => {
-                let (offset, bytes) = self.ready()?.heap.alloc_chunk().map_err(failure)?;
+                let preferred = rpc::decode_chunk_request(request).map_err(rpc::bad_request)?;
+                let (offset, bytes) =
+                    self.ready()?.heap.alloc_chunk(preferred.unwrap_or(self.layout.chunk_bytes)).map_err(failure)?;
                 Ok(rpc::encode_chunk(offset, bytes))
+            }
+            method::RETURN_RANGES => {
+                let ranges = rpc::decode_ranges(request).map_err(rpc::bad_request)?;
+                self.ready()?.heap.return_ranges(&ranges).map_err(failure)?;
+                Ok(Vec::new())
             }
             method::SPLIT => {
                 let req = SplitRequest::decode(request).map_err(rpc::bad_request)?;

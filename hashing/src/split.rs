@@ -122,6 +122,11 @@ impl Job {
     }
 }
 
+/// Registers the split metrics now, so they are exported (at zero) before the first split.
+pub fn register_metrics() {
+    LazyLock::force(&METRICS);
+}
+
 impl Splitter {
     pub fn new(conn: Arc<dyn Connection>, layout: Layout, heap: Arc<Heap>) -> Self {
         Self { conn, layout, heap, batch: Mutex::new(Batch::new()) }

@@ -212,14 +212,23 @@ impl RpcChunkSource {
 }
 
 impl ChunkSource for RpcChunkSource {
-    fn chunk(&self) -> Result<(u64, u64), Error> {
-        let reply = self.conn.call(method::ALLOC_CHUNK, &[]).map_err(rpc::map_error)?;
+    fn chunk(&self, preferred: u64) -> Result<(u64, u64), Error> {
+        let reply = self.conn.call(method::ALLOC_CHUNK, &preferred.to_le_bytes()).map_err(rpc::map_error)?;
         let (offset, bytes) = rpc::decode_chunk(&reply).map_err(|e| Error::Remote(e.to_string()))?;
         let end = offset.checked_add(bytes).filter(|&end| end <= self.conn.region_len());
-        if end.is_none() || offset % 64 != 0 || bytes % 64 != 0 || bytes < 255 * 64 {
+        if end.is_none() || offset % 64 != 0 || bytes % 64 != 0 || bytes < crate::alloc::MIN_CHUNK_BYTES {
             return Err(Error::Remote(format!("the memnode handed out a bad chunk ({offset}, {bytes} B)")));
         }
         Ok((offset, bytes))
+    }
+
+    fn give_back(&self, ranges: &[(u64, u64)]) {
+        for batch in ranges.chunks(rpc::MAX_RANGES_PER_CALL) {
+            if let Err(e) = self.conn.call(method::RETURN_RANGES, &rpc::encode_ranges(batch)) {
+                tracing::debug!("could not return {} unused ranges to the memnode: {e}", batch.len());
+                return;
+            }
+        }
     }
 }
 
@@ -279,6 +288,16 @@ impl Table {
             count_delta: 0,
             stats: ClientStats::default(),
             metrics: LocalMetrics::new(),
+        }
+    }
+}
+
+impl Drop for Shared {
+    /// The last handle on the table is going: hand unused chunk remainders back.
+    fn drop(&mut self) {
+        let ranges = self.pool.drain_ranges(crate::alloc::MIN_CHUNK_BYTES);
+        if !ranges.is_empty() {
+            self.chunks.give_back(&ranges);
         }
     }
 }
@@ -352,9 +371,11 @@ enum Verified {
 
 /// One worker's handle on a table: not shared between threads, reuses its buffers.
 pub struct TableClient {
+    // Field order is drop order: the allocator hands its leftovers to the shared pool before
+    // the last `Arc<Shared>` (whose drop gives the pool's ranges back) can go.
+    alloc: BlockAllocator,
     shared: Arc<Shared>,
     conn: Arc<dyn Connection>,
-    alloc: BlockAllocator,
     batch: Batch,
     block: Vec<u8>,
     /// The current value found by the last verification (for compare-and-swap).

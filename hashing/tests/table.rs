@@ -464,3 +464,41 @@ mod many {
         }
     }
 }
+
+mod short_lived_clients {
+    use super::*;
+
+    /// Clients that come and go (one command, one request) give their unused chunk space
+    /// back, and later clients reuse it instead of growing the heap.
+    #[test]
+    fn give_back_their_chunks() {
+        for via in [Via::Local, Via::Transport(racekv_transport::TransportKind::Tcp)] {
+            let memnode = TestMemnode::start(via, 64 * MIB, 64);
+            let round = |base: u32| {
+                for i in 0..40u32 {
+                    let table = memnode.table(options(1));
+                    let mut c = table.client(memnode.connect());
+                    c.put(format!("k{}", base + i).as_bytes(), b"v").unwrap();
+                }
+            };
+            round(0);
+            let first = memnode.stats().heap;
+            assert!(first.heap_free_bytes > 0, "nothing was given back: {first:?}");
+            round(1_000);
+            round(2_000);
+            let last = memnode.stats().heap;
+            let grown = (last.heap_used_bytes + last.heap_free_bytes) - (first.heap_used_bytes + first.heap_free_bytes);
+            assert!(
+                grown < 2 * racekv_hashing::alloc::FIRST_CHUNK_BYTES,
+                "the heap grew by {grown} B over 80 short-lived clients: given-back space was not reused ({first:?} -> {last:?})"
+            );
+            let table = memnode.table(options(1));
+            let mut c = table.client(memnode.connect());
+            for base in [0u32, 1_000, 2_000] {
+                for i in 0..40u32 {
+                    assert_eq!(c.get(format!("k{}", base + i).as_bytes()).unwrap().as_deref(), Some(&b"v"[..]));
+                }
+            }
+        }
+    }
+}

@@ -117,7 +117,7 @@ impl Memnode {
         }
         let (file, lock) = open_region(&config)?;
         let region = Arc::new(Region::map_file(&file, config.region_bytes).context("mapping the region")?);
-        GAUGES.region_bytes.set(config.region_bytes as i64);
+        GAUGES.region_bytes.set(config.region_bytes as i64); // also registers every gauge
 
         // Format or reopen, before anyone can connect.
         let local = LocalConnection::new(Arc::clone(&region), None);

@@ -231,6 +231,11 @@ impl RegionServer {
         options: ServerOptions,
         listen: &[Endpoint],
     ) -> io::Result<Self> {
+        // Export every series from the start, at zero, so dashboards and alerts see them.
+        for reason in ["malformed", "auth", "io", "hello_timeout"] {
+            METRICS.frame_errors.with_label_values(&[reason]);
+        }
+        METRICS.refused.with_label_values(&["too_many_connections"]);
         let shared = Arc::new(Shared {
             region,
             region_file,
