@@ -97,7 +97,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
 }
 
 fn human(bytes: u64) -> String {
-    if bytes >= 1 << 30 && bytes % (1 << 30) == 0 {
+    if bytes >= 1 << 30 && bytes.is_multiple_of(1 << 30) {
         format!("{} GiB", bytes >> 30)
     } else {
         format!("{} MiB", bytes >> 20)

@@ -96,7 +96,7 @@ impl Layout {
                 "groups per subtable must be a power of two in 4..=2^20, not {groups_per_subtable}"
             )));
         }
-        if chunk_bytes < 4096 || chunk_bytes % 4096 != 0 {
+        if chunk_bytes < 4096 || !chunk_bytes.is_multiple_of(4096) {
             return Err(LayoutError(format!("chunk size must be a multiple of 4096 B, not {chunk_bytes}")));
         }
         let subtable_bytes = u64::from(groups_per_subtable) * GROUP_BYTES;
@@ -125,7 +125,7 @@ impl Layout {
     /// Checks internal consistency (also of layouts read back from a region).
     pub fn check(&self) -> Result<(), LayoutError> {
         let fail = |m: String| Err(LayoutError(m));
-        if self.region_len % 4096 != 0 || self.region_len >= 1 << 48 {
+        if !self.region_len.is_multiple_of(4096) || self.region_len >= 1 << 48 {
             return fail(format!("region length {} is not a multiple of 4096 below 2^48", self.region_len));
         }
         if self.directory_offset != SUPERBLOCK_BYTES {
@@ -138,7 +138,7 @@ impl Layout {
             return fail(format!("groups per subtable {} is not a power of two", self.groups_per_subtable));
         }
         let dir_end = self.directory_offset + (8u64 << self.max_global_depth);
-        if self.heap_offset < dir_end || self.heap_offset % 4096 != 0 {
+        if self.heap_offset < dir_end || !self.heap_offset.is_multiple_of(4096) {
             return fail(format!(
                 "heap offset {} overlaps the directory (ends {dir_end}) or is unaligned",
                 self.heap_offset
@@ -263,7 +263,7 @@ impl DirEntry {
     pub fn is_valid(&self, layout: &Layout) -> bool {
         self.subtable >= layout.heap_offset
             && self.subtable + layout.subtable_bytes() <= layout.region_len
-            && self.subtable % BUCKET_BYTES == 0
+            && self.subtable.is_multiple_of(BUCKET_BYTES)
             && self.local_depth <= layout.max_global_depth
     }
 }

@@ -74,7 +74,7 @@ impl Probe {
         let first = if used(0..2) <= used(2..4) { 0 } else { 1 };
         for cb in [first, 1 - first] {
             let main = self.mains[cb];
-            let overflow = if main % 2 == 0 { main + 1 } else { main - 1 };
+            let overflow = if main.is_multiple_of(2) { main + 1 } else { main - 1 };
             for index in [main, overflow] {
                 let b = &self.buckets[index];
                 if let Some(j) = b.slots.iter().position(|&w| w == 0) {

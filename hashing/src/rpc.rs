@@ -134,7 +134,7 @@ pub fn encode_ranges(ranges: &[(u64, u64)]) -> Vec<u8> {
 }
 
 pub fn decode_ranges(bytes: &[u8]) -> Result<Vec<(u64, u64)>, WireError> {
-    if bytes.len() % 16 != 0 || bytes.len() / 16 > MAX_RANGES_PER_CALL {
+    if !bytes.len().is_multiple_of(16) || bytes.len() / 16 > MAX_RANGES_PER_CALL {
         return Err(WireError(format!("{} bytes is not a list of at most {MAX_RANGES_PER_CALL} ranges", bytes.len())));
     }
     let mut r = Reader::new(bytes);

@@ -565,7 +565,7 @@ impl TableClient {
 
     fn begin(&mut self) -> Option<Instant> {
         self.stats.ops += 1;
-        (self.stats.ops % SAMPLE_EVERY_OPS == 0).then(Instant::now)
+        self.stats.ops.is_multiple_of(SAMPLE_EVERY_OPS).then(Instant::now)
     }
 
     fn end<T>(

@@ -248,7 +248,7 @@ pub fn stress_with_splits(via: Via) {
                                 fillers.push(filler);
                                 continue;
                             }
-                            2 | 3 | 4 => {
+                            2..=4 => {
                                 let v = (t as u64) << 32 | seq;
                                 c.put(name.as_bytes(), &v.to_le_bytes()).unwrap();
                                 EventKind::Put(v)

@@ -94,7 +94,7 @@ impl MemnodeConfig {
             "no listener configured: set listen_shm, listen_tcp or listen_verbs"
         );
         anyhow::ensure!(
-            self.region_bytes % 4096 == 0,
+            self.region_bytes.is_multiple_of(4096),
             "region_bytes ({}) must be a multiple of 4096",
             self.region_bytes
         );

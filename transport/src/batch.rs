@@ -286,7 +286,7 @@ pub fn check_op(kind: OpKind, offset: u64, len: u64, region_len: u64) -> Result<
             }
         }
         OpKind::Cas | OpKind::Faa => {
-            if offset % 8 != 0 {
+            if !offset.is_multiple_of(8) {
                 return Err(OpError::Misaligned { offset });
             }
             debug_assert_eq!(len, 8);

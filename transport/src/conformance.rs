@@ -226,7 +226,9 @@ pub fn cas_lock_protects_read_modify_write(f: &dyn Fixture) {
 pub fn bad_ops_fail_alone(f: &dyn Fixture) {
     let served = f.serve(REGION);
     let conn = served.connect();
-    let cases: Vec<(Box<dyn Fn(&mut Batch)>, fn(&OpError) -> bool)> = vec![
+    /// Adds one bad op to a batch; says whether an error is the expected one.
+    type Case = (Box<dyn Fn(&mut Batch)>, fn(&OpError) -> bool);
+    let cases: Vec<Case> = vec![
         (
             Box::new(|b| {
                 b.read(REGION - 4, 8);

@@ -61,7 +61,7 @@ impl Region {
     }
 
     fn check_len(len: u64) -> std::io::Result<()> {
-        if len == 0 || len % REGION_ALIGN_BYTES != 0 || usize::try_from(len).is_err() {
+        if len == 0 || !len.is_multiple_of(REGION_ALIGN_BYTES) || usize::try_from(len).is_err() {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
                 format!("region length {len} must be a non-zero multiple of {REGION_ALIGN_BYTES}"),
@@ -102,7 +102,7 @@ impl Region {
     /// Copies `buf.len()` bytes starting at `offset` into `buf`.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), OpError> {
         check_op(OpKind::Read, offset, buf.len() as u64, self.len)?;
-        if offset % 8 == 0 && buf.len() % 8 == 0 {
+        if offset.is_multiple_of(8) && buf.len().is_multiple_of(8) {
             // The common case (buckets, blocks, directory): whole words, a fixed-size copy
             // each, so a read stays a short run of independent loads the CPU can overlap.
             for (i, chunk) in buf.chunks_exact_mut(8).enumerate() {
@@ -247,8 +247,7 @@ pub fn shared_memory_file(name: &str, len: u64, huge_pages: bool) -> std::io::Re
         flags |= MFdFlags::MFD_HUGETLB;
     }
     let fd = memfd_create(name, flags).map_err(|e| {
-        std::io::Error::new(
-            std::io::ErrorKind::Other,
+        std::io::Error::other(
             if huge_pages {
                 format!("memfd_create with huge pages failed ({e}); reserve huge pages (vm.nr_hugepages) or turn huge pages off")
             } else {

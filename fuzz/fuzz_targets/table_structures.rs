@@ -1,0 +1,38 @@
+//! Fuzzes what the table reads back from a region or receives by RPC: KV blocks, the
+//! superblock layout, slot and directory words, and the memnode's RPC messages.
+//!
+//! Beyond "no panic": a block that decodes has lengths inside the bytes read; a layout that
+//! decodes passes its own consistency check and re-encodes to the same bytes.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use racekv_hashing::layout::{decode_block, BucketHeader, DirEntry, Layout, Slot};
+use racekv_hashing::rpc::{decode_chunk, decode_chunk_request, decode_ranges, encode_ranges, Metadata, SplitRequest};
+
+fuzz_target!(|data: &[u8]| {
+    if let Some((key, value)) = decode_block(data) {
+        assert!(!key.is_empty());
+        assert!(16 + key.len() + value.len() <= data.len());
+    }
+    if let Ok(layout) = Layout::decode(data) {
+        layout.check().unwrap();
+        assert_eq!(&layout.encode()[..], &data[..64]);
+    }
+    for word in data.chunks_exact(8).map(|w| u64::from_le_bytes(w.try_into().unwrap())) {
+        if let Some(slot) = Slot::decode(word) {
+            assert!(slot.units >= 1 && slot.block % 64 == 0);
+        }
+        let entry = DirEntry::decode(word);
+        assert_eq!(DirEntry::decode(entry.encode()), entry);
+        let _ = BucketHeader::decode(word).admits(word.rotate_left(17));
+    }
+    if let Ok(req) = SplitRequest::decode(data) {
+        assert_eq!(&req.encode()[..], data);
+    }
+    if let Ok(ranges) = decode_ranges(data) {
+        assert_eq!(encode_ranges(&ranges), data);
+    }
+    let _ = decode_chunk(data);
+    let _ = decode_chunk_request(data);
+    let _ = Metadata::decode(data);
+});
