@@ -438,7 +438,7 @@ pub mod fixtures {
                 crate::TransportKind::Verbs => (Endpoint::Verbs("127.0.0.1:0".into()), None),
             };
             let options = ServerOptions { token: TOKEN.into(), ..ServerOptions::default() };
-            let server = RegionServer::start(region, Some(file), Arc::new(TestRpc), options, &[listen.clone()])
+            let server = RegionServer::start(region, Some(file), Arc::new(TestRpc), options, std::slice::from_ref(&listen))
                 .unwrap_or_else(|e| panic!("fixture cannot serve {listen}: {e}"));
             let endpoint = server.endpoints()[0].clone();
             Box::new(ServedRegion { server: Some(server), endpoint, _dir: dir })

@@ -15,7 +15,7 @@ use racekv_transport::{
 };
 
 const TOKEN: &str = "verbs-test";
-const REGION: u64 = 256 * 1024;
+const REGION: u64 = 1 << 20;
 
 fn options() -> ConnectOptions {
     ConnectOptions {

@@ -138,7 +138,11 @@ fn pick_gid(ctx: &Context, port: u8, table_len: u32) -> Result<u32, VerbsError> 
         }
         let v2 = ctx.gid_type(port, index).is_some_and(|t| t.contains("v2"));
         let score = u8::from(is_ipv4_mapped(&gid)) * 2 + u8::from(v2);
-        if best.map_or(true, |(s, _)| score > s) {
+        let better = match best {
+            Some((best_score, _)) => score > best_score,
+            None => true,
+        };
+        if better {
             best = Some((score, index));
         }
     }
