@@ -50,8 +50,6 @@ marker "SOFT-ROCE-READY uptime=$(cut -d' ' -f1 /proc/uptime)s"
 
 passed=0
 failed=0
-# Per-binary limit; run-tests.sh sets it in tests.sh.
-test_timeout=${RACEKV_TEST_TIMEOUT:-1200}
 mkdir -p /tmp/bin /tmp/work
 
 run_test() {
@@ -60,6 +58,8 @@ run_test() {
     cp "/mnt/host/bin/$name" "/tmp/bin/$name" && chmod +x "/tmp/bin/$name"
     marker "START $name $*"
     local t0 t1 rc status
+    # Per-binary limit: tests.sh (sourced below) sets it before its first run_test.
+    local test_timeout=${RACEKV_TEST_TIMEOUT:-1200}
     t0=$(date +%s.%N)
     (cd /tmp/work && timeout --signal=KILL "$test_timeout" "/tmp/bin/$name" "$@")
     rc=$?

@@ -273,6 +273,9 @@ impl RegionServer {
     /// endpoints; port 0 picks a free port). `region_file` is the file backing the region; shm
     /// endpoints need it. A verbs endpoint registers the whole region with the RDMA device
     /// here, once; without a device this fails with an error that names the alternatives.
+    /// Serving verbs next to tcp or shm mixes NIC atomics with CPU atomics on one region, and
+    /// real NICs (atomic_cap HCA) are atomic only with respect to themselves: do that only when
+    /// the two kinds of client never race on the same words (tests, migrations).
     pub fn start(
         region: Arc<Region>,
         region_file: Option<File>,
@@ -284,6 +287,9 @@ impl RegionServer {
             Some(endpoint) => Some(register_verbs(&region, endpoint)?),
             None => None,
         };
+        if verbs.is_some() && listen.iter().any(|e| !matches!(e, Endpoint::Verbs(_))) {
+            tracing::warn!("region server: verbs and non-verbs endpoints on one region; NIC and CPU atomics are not atomic with respect to each other");
+        }
         let shared = Arc::new(Shared {
             region,
             region_file,
