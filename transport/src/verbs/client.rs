@@ -173,6 +173,8 @@ enum Waited {
         completion: WorkCompletion,
     },
     TimedOut,
+    /// `ibv_poll_cq` itself failed.
+    PollFailed(String),
 }
 
 /// A verbs connection; many threads may share it (see the module docs).
@@ -402,6 +404,10 @@ impl VerbsConnection {
                     true,
                 ))
             }
+            Waited::PollFailed(reason) => {
+                let _ = data.qp.to_error();
+                Err(self.fail_connection(reason, true))
+            }
             Waited::TimedOut => {
                 let _ = data.qp.to_error();
                 self.fail_connection(
@@ -504,10 +510,7 @@ impl VerbsConnection {
                     continue;
                 }
                 Ok(_) => {}
-                Err(e) => {
-                    tracing::error!("{}: {e}", self.endpoint);
-                    return Waited::TimedOut;
-                }
+                Err(e) => return Waited::PollFailed(e.to_string()),
             }
             for wc in &data.completions {
                 if !wc.status.is_success() {
