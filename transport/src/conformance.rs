@@ -1,5 +1,9 @@
 //! The conformance suite every backend must pass (shm, tcp, and verbs in the Soft-RoCE VM).
 //!
+//! The verbs fixture (feature `rdma`) needs an RDMA device: without one its tests fail with
+//! the "no RDMA device found" error, on purpose, rather than pass without testing anything.
+//! Run them in the VM (`ops/vm/run-cargo-tests.sh`).
+//!
 //! A backend provides a [`Fixture`]: something that serves a fresh zeroed region with the
 //! [`TestRpc`] service and hands out connections to it. [`conformance_suite!`] then expands
 //! to one `#[test]` per case, so a failure names the backend and the case.
@@ -441,13 +445,16 @@ pub mod fixtures {
     use super::*;
     use crate::{ConnectOptions, Endpoint, Region, RegionServer, ServerOptions};
 
-    /// shm or tcp, served by a [`RegionServer`] over a memfd region.
+    /// shm, tcp or verbs, served by a [`RegionServer`] over a memfd region.
     pub struct ServerFixture {
         kind: crate::TransportKind,
     }
 
     pub const SHM: ServerFixture = ServerFixture { kind: crate::TransportKind::Shm };
     pub const TCP: ServerFixture = ServerFixture { kind: crate::TransportKind::Tcp };
+    /// Needs an RDMA device (Soft-RoCE will do); fails loudly without one.
+    #[cfg(feature = "rdma")]
+    pub const VERBS: ServerFixture = ServerFixture { kind: crate::TransportKind::Verbs };
 
     const TOKEN: &str = "conformance-token";
 
@@ -466,10 +473,12 @@ pub mod fixtures {
                     let dir = tempfile::tempdir().unwrap();
                     (Endpoint::Shm(dir.path().join("region.sock")), Some(dir))
                 }
-                _ => (Endpoint::Tcp("127.0.0.1:0".into()), None),
+                crate::TransportKind::Tcp => (Endpoint::Tcp("127.0.0.1:0".into()), None),
+                crate::TransportKind::Verbs => (Endpoint::Verbs("127.0.0.1:0".into()), None),
             };
             let options = ServerOptions { token: TOKEN.into(), ..ServerOptions::default() };
-            let server = RegionServer::start(region, Some(file), Arc::new(TestRpc), options, &[listen]).unwrap();
+            let server = RegionServer::start(region, Some(file), Arc::new(TestRpc), options, std::slice::from_ref(&listen))
+                .unwrap_or_else(|e| panic!("fixture cannot serve {listen}: {e}"));
             let endpoint = server.endpoints()[0].clone();
             Box::new(ServedRegion { server: Some(server), endpoint, _dir: dir })
         }
@@ -478,7 +487,7 @@ pub mod fixtures {
     impl Served for ServedRegion {
         fn connect(&self) -> Arc<dyn Connection> {
             let options = ConnectOptions { token: TOKEN.into(), timeout: Duration::from_secs(5) };
-            crate::connect(&self.endpoint, &options).unwrap()
+            crate::connect(&self.endpoint, &options).unwrap_or_else(|e| panic!("cannot connect to {}: {e}", self.endpoint))
         }
 
         fn kill(&mut self) {

@@ -8,7 +8,9 @@
 //!   atomics. The owner is not involved in data operations.
 //! * [`tcp`]: any host; a software NIC in the owner ([`server::RegionServer`]) executes each
 //!   batch against the region. It knows nothing of what the region holds.
-//! * `verbs` (feature `rdma`): RDMA RC queue pairs through rdma-sys.
+//! * `verbs` (feature `rdma`): RDMA RC queue pairs through rdma-sys; the region server
+//!   registers the region with the NIC once and the NIC executes each batch. Without an RDMA
+//!   device it fails with an error naming the alternatives (shm, tcp, Soft-RoCE).
 //!
 //! Every backend passes the same [`conformance`] suite (feature `conformance`).
 
@@ -22,6 +24,8 @@ pub mod server;
 pub mod shm;
 mod stream;
 pub mod tcp;
+#[cfg(feature = "rdma")]
+pub mod verbs;
 pub mod wire;
 
 #[cfg(feature = "conformance")]
@@ -173,11 +177,8 @@ fn verbs_connect(addr: &str, _options: &ConnectOptions) -> Result<Arc<dyn Connec
 }
 
 #[cfg(feature = "rdma")]
-fn verbs_connect(addr: &str, _options: &ConnectOptions) -> Result<Arc<dyn Connection>, TransportError> {
-    Err(TransportError::Connect {
-        endpoint: format!("verbs:{addr}"),
-        reason: "the verbs backend is not built yet".into(),
-    })
+fn verbs_connect(addr: &str, options: &ConnectOptions) -> Result<Arc<dyn Connection>, TransportError> {
+    Ok(Arc::new(verbs::VerbsConnection::connect(addr, options)?))
 }
 
 #[cfg(test)]

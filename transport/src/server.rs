@@ -4,6 +4,10 @@
 //! The same connection loop serves TCP and Unix sockets. On a Unix socket the hello reply
 //! carries the region's file descriptor (SCM_RIGHTS), which is how the shm backend maps the
 //! region; after that, shm clients use the socket only for RPC and to notice a server exit.
+//! A `verbs:` endpoint (feature `rdma`) is a TCP control channel served by the same loop: the
+//! region is registered with the NIC once at start, and after hello each client exchanges
+//! queue-pair details (VerbsConnect/VerbsAccept) and gets its own RC queue pair, kept until
+//! its control connection closes; batches then travel on the queue pair, RPCs on the channel.
 //!
 //! The software NIC knows nothing of what lives in the region: it bounds-checks and executes.
 //! Malformed, truncated, oversized or unauthenticated frames get an Error frame and cost
@@ -198,9 +202,96 @@ impl ServerStream for UnixStream {
     }
 }
 
+/// The control channel of a verbs client: a TCP stream that may carry the QP exchange and
+/// RPC, but no batches.
+#[cfg(feature = "rdma")]
+struct VerbsControl(TcpStream);
+
+#[cfg(feature = "rdma")]
+impl Read for VerbsControl {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read(buf)
+    }
+}
+
+#[cfg(feature = "rdma")]
+impl Write for VerbsControl {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.0.flush()
+    }
+}
+
+#[cfg(feature = "rdma")]
+impl AsFd for VerbsControl {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
+#[cfg(feature = "rdma")]
+impl ServerStream for VerbsControl {
+    fn listener(&self) -> &'static str {
+        "verbs"
+    }
+    fn try_clone_stream(&self) -> io::Result<Self> {
+        self.0.try_clone().map(VerbsControl)
+    }
+    fn shutdown_both(&self) {
+        self.0.shutdown_both();
+    }
+    fn send_with_fd(&mut self, bytes: &[u8], fd: BorrowedFd<'_>) -> io::Result<()> {
+        self.0.send_with_fd(bytes, fd)
+    }
+    fn set_timeouts(&self, read: Duration, write: Duration) -> io::Result<()> {
+        self.0.set_timeouts(read, write)
+    }
+}
+
+#[cfg(feature = "rdma")]
+type VerbsHost = crate::verbs::VerbsHost;
+/// Stands in for the verbs host in builds without RDMA support (never constructed).
+#[cfg(not(feature = "rdma"))]
+enum VerbsHost {}
+
+/// Registers the region with the RDMA device for `endpoint`.
+#[cfg(feature = "rdma")]
+fn register_verbs(region: &Arc<Region>, endpoint: &Endpoint) -> io::Result<VerbsHost> {
+    VerbsHost::register(Arc::clone(region)).map_err(|e| {
+        let kind = if e.is_no_device() { io::ErrorKind::NotFound } else { io::ErrorKind::Other };
+        io::Error::new(kind, format!("cannot serve {endpoint}: {e}"))
+    })
+}
+
+#[cfg(not(feature = "rdma"))]
+fn register_verbs(_region: &Arc<Region>, endpoint: &Endpoint) -> io::Result<VerbsHost> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!("cannot serve {endpoint}: this build has no RDMA support (rebuild with `--features rdma`); serve an shm: or tcp: endpoint instead"),
+    ))
+}
+
+/// Answers a VerbsConnect: creates the client's queue pair (kept alive by the returned value
+/// until the connection ends) and encodes the VerbsAccept reply into `out`.
+#[cfg(feature = "rdma")]
+fn accept_verbs(host: &VerbsHost, client: &wire::QpInfo, out: &mut Vec<u8>) -> Result<crate::verbs::ServerQp, String> {
+    let (qp, accept) = host.accept(client).map_err(|e| e.to_string())?;
+    wire::encode_verbs_accept(out, &accept);
+    Ok(qp)
+}
+
+#[cfg(not(feature = "rdma"))]
+fn accept_verbs(host: &VerbsHost, _client: &wire::QpInfo, _out: &mut Vec<u8>) -> Result<(), String> {
+    match *host {}
+}
+
 struct Shared {
     region: Arc<Region>,
     region_file: Option<File>,
+    /// The region's registration with the NIC, when a `verbs:` endpoint is served.
+    verbs: Option<VerbsHost>,
     rpc: Arc<dyn RpcService>,
     options: ServerOptions,
     token: [u8; TOKEN_BYTES],
@@ -222,8 +313,13 @@ pub struct RegionServer {
 }
 
 impl RegionServer {
-    /// Serves `region` on every endpoint in `listen` (tcp and shm endpoints; port 0 picks a
-    /// free port). `region_file` is the file backing the region; shm endpoints need it.
+    /// Serves `region` on every endpoint in `listen` (tcp, shm and, with feature `rdma`, verbs
+    /// endpoints; port 0 picks a free port). `region_file` is the file backing the region; shm
+    /// endpoints need it. A verbs endpoint registers the whole region with the RDMA device
+    /// here, once; without a device this fails with an error that names the alternatives.
+    /// Serving verbs next to tcp or shm mixes NIC atomics with CPU atomics on one region, and
+    /// real NICs (atomic_cap HCA) are atomic only with respect to themselves: do that only when
+    /// the two kinds of client never race on the same words (tests, migrations).
     pub fn start(
         region: Arc<Region>,
         region_file: Option<File>,
@@ -236,9 +332,17 @@ impl RegionServer {
             METRICS.frame_errors.with_label_values(&[reason]);
         }
         METRICS.refused.with_label_values(&["too_many_connections"]);
+        let verbs = match listen.iter().find(|e| matches!(e, Endpoint::Verbs(_))) {
+            Some(endpoint) => Some(register_verbs(&region, endpoint)?),
+            None => None,
+        };
+        if verbs.is_some() && listen.iter().any(|e| !matches!(e, Endpoint::Verbs(_))) {
+            tracing::warn!("region server: verbs and non-verbs endpoints on one region; NIC and CPU atomics are not atomic with respect to each other");
+        }
         let shared = Arc::new(Shared {
             region,
             region_file,
+            verbs,
             rpc,
             token: wire::token_digest(&options.token),
             options,
@@ -280,12 +384,15 @@ impl RegionServer {
                     server.endpoints.push(endpoint.clone());
                     server.spawn_acceptor(listener, |l| l.accept().map(|(s, _)| s))?;
                 }
-                other => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::Unsupported,
-                        format!("this server does not serve {other}"),
-                    ));
+                #[cfg(feature = "rdma")]
+                Endpoint::Verbs(addr) => {
+                    let listener = TcpListener::bind(addr.as_str())?;
+                    let bound = listener.local_addr()?;
+                    server.endpoints.push(Endpoint::Verbs(bound.to_string()));
+                    server.spawn_acceptor(listener, |l| l.accept().map(|(s, _)| VerbsControl(s)))?;
                 }
+                #[cfg(not(feature = "rdma"))]
+                Endpoint::Verbs(_) => unreachable!("register_verbs refused it"),
             }
         }
         Ok(server)
@@ -450,6 +557,8 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
     let mut out = Vec::with_capacity(4096);
     let mut batch = Batch::new();
     let mut greeted = false;
+    // A verbs client's queue pair on this side; destroyed when this connection ends.
+    let mut queue_pair = None;
     let mut idle_since = Instant::now();
     loop {
         if shared.stopping.load(Ordering::Acquire) {
@@ -512,6 +621,33 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
                     "the first frame must be hello",
                     "malformed",
                 );
+            }
+            (Kind::Batch, true) if stream.listener() == "verbs" => {
+                return refuse(&mut stream, &mut out, header.request_id, error_code::UNSUPPORTED, "a verbs control channel carries no batches: post them on the queue pair", "malformed");
+            }
+            (Kind::VerbsConnect, true) => {
+                let (token, client) = match wire::decode_verbs_connect(&body) {
+                    Ok(parts) => parts,
+                    Err(e) => return refuse(&mut stream, &mut out, header.request_id, error_code::MALFORMED, &e.to_string(), "malformed"),
+                };
+                if !wire::token_matches(&token, &shared.token) {
+                    return refuse(&mut stream, &mut out, header.request_id, error_code::AUTH, "bad token", "auth");
+                }
+                let host = match (&shared.verbs, stream.listener()) {
+                    (Some(host), "verbs") => host,
+                    _ => return refuse(&mut stream, &mut out, header.request_id, error_code::UNSUPPORTED, "this endpoint does not serve verbs", "malformed"),
+                };
+                if queue_pair.is_some() {
+                    return refuse(&mut stream, &mut out, header.request_id, error_code::MALFORMED, "one queue pair per control connection", "malformed");
+                }
+                match accept_verbs(host, &client, &mut out) {
+                    Ok(qp) => queue_pair = Some(qp),
+                    Err(message) => {
+                        tracing::warn!("region server: cannot set up a verbs client: {message}");
+                        return refuse(&mut stream, &mut out, header.request_id, error_code::SETUP_FAILED, &message, "verbs_setup");
+                    }
+                }
+                stream.write_all(&out).map_err(|_| "io")?;
             }
             (Kind::Batch, true) => {
                 let token = match wire::decode_batch(&body, &mut batch) {

@@ -127,8 +127,9 @@ impl ShmConnection {
     }
 }
 
-/// Blocks until the peer hangs up (or we shut the socket down), then raises `lost`.
-fn watch_peer(stream: &UnixStream, lost: &AtomicBool) {
+/// Blocks until the peer hangs up (or we shut the socket down), then raises `lost`. Also
+/// watches the verbs backend's control channel (a TCP stream).
+pub(crate) fn watch_peer(stream: &impl AsFd, lost: &AtomicBool) {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     // nix has no name for POLLRDHUP (Linux: the peer shut down its writing half).
     let rdhup = PollFlags::from_bits_retain(libc::POLLRDHUP);

@@ -1,4 +1,5 @@
-//! The frame format spoken over tcp and Unix sockets (one-sided batches, RPC, hello).
+//! The frame format spoken over tcp and Unix sockets (one-sided batches, RPC, hello), and on
+//! the verbs backend's control channel (hello, the queue-pair exchange, RPC).
 //!
 //! Every frame is a 24-byte header followed by `body_len` bytes. All integers are
 //! little-endian. Every field read from the network is checked here, before anything acts on
@@ -15,7 +16,22 @@
 //! RpcRequest   : token[16] | method u16 | zero[6] | payload
 //! RpcResponse  : status u16 | zero[6] | payload (a UTF-8 message when status != 0)
 //! Error        : code u16 | zero[6] | UTF-8 message
+//! VerbsConnect : token[16] | QpInfo                       (client -> server, verbs only)
+//! VerbsAccept  : QpInfo | rkey u32 | zero u32 | base_addr u64 | region_len u64
+//! QpInfo       : qpn u32 | psn u32 | lid u16 | mtu u8 | rd_atomic u8 | zero u32 | gid[16]
 //! ```
+//!
+//! The verbs control channel is a TCP connection to a `verbs:` listener: Hello/HelloOk as on
+//! tcp, then exactly one VerbsConnect. The server creates an RC queue pair for the client,
+//! brings it to RTS against the client's QpInfo and answers VerbsAccept with its own QpInfo
+//! plus the rkey, base address and length of the region's single memory region; the client
+//! then brings its queue pair to RTS. From then on one-sided ops travel on the queue pair and
+//! the control channel carries only RPC (a Batch frame there is refused). In QpInfo, `qpn`
+//! and `psn` are 24-bit, `mtu` is an `ibv_mtu` code (1 = 256 B .. 5 = 4096 B), `lid` is 0 on
+//! RoCE, `gid` is the sender's GID in network order and `rd_atomic` is the number of
+//! outstanding RDMA READ/atomic requests the sender can handle: the client's wanted initiator
+//! depth in VerbsConnect, the server's responder resources in VerbsAccept (the client never
+//! goes above it).
 
 use crate::batch::{Batch, OpKind, Outcome, MAX_BATCH_BYTES, MAX_BATCH_OPS, MAX_OP_BYTES};
 use crate::error::OpError;
@@ -43,6 +59,8 @@ pub enum Kind {
     RpcRequest = 5,
     RpcResponse = 6,
     Error = 7,
+    VerbsConnect = 8,
+    VerbsAccept = 9,
 }
 
 impl Kind {
@@ -55,6 +73,8 @@ impl Kind {
             5 => Kind::RpcRequest,
             6 => Kind::RpcResponse,
             7 => Kind::Error,
+            8 => Kind::VerbsConnect,
+            9 => Kind::VerbsAccept,
             _ => return None,
         })
     }
@@ -66,6 +86,8 @@ pub mod error_code {
     pub const AUTH: u16 = 2;
     pub const TOO_MANY_CONNECTIONS: u16 = 3;
     pub const UNSUPPORTED: u16 = 4;
+    /// The server could not set up the client's queue pair (verbs).
+    pub const SETUP_FAILED: u16 = 5;
 }
 
 /// A malformed frame.
@@ -454,6 +476,100 @@ pub fn decode_error(body: &[u8]) -> Result<(u16, String), WireError> {
     Ok((code, String::from_utf8_lossy(r.rest()).into_owned()))
 }
 
+// ---- verbs queue-pair exchange ----
+
+const QP_INFO_BYTES: usize = 32;
+/// Largest 24-bit value (QP numbers and packet sequence numbers are 24-bit).
+const MAX_24BIT: u32 = (1 << 24) - 1;
+
+/// One end of an RC queue pair, as the other end needs it to connect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpInfo {
+    pub qpn: u32,
+    pub psn: u32,
+    pub lid: u16,
+    /// An `ibv_mtu` code: 1 (256 B) ..= 5 (4096 B).
+    pub mtu: u8,
+    /// Outstanding RDMA READ/atomic requests: wanted initiator depth (client) or responder
+    /// resources (server).
+    pub rd_atomic: u8,
+    /// The sender's GID, network byte order.
+    pub gid: [u8; 16],
+}
+
+fn put_qp_info(out: &mut Vec<u8>, info: &QpInfo) {
+    out.extend_from_slice(&info.qpn.to_le_bytes());
+    out.extend_from_slice(&info.psn.to_le_bytes());
+    out.extend_from_slice(&info.lid.to_le_bytes());
+    out.push(info.mtu);
+    out.push(info.rd_atomic);
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&info.gid);
+}
+
+fn read_qp_info(r: &mut Reader<'_>) -> Result<QpInfo, WireError> {
+    let info = QpInfo { qpn: r.u32()?, psn: r.u32()?, lid: r.u16()?, mtu: r.u8()?, rd_atomic: r.u8()?, gid: [0; 16] };
+    r.zeros(4)?;
+    let gid = r.take(16)?.try_into().expect("16 bytes");
+    if info.qpn > MAX_24BIT || info.psn > MAX_24BIT {
+        return Err(bad(format!("qpn {:#x} or psn {:#x} exceeds 24 bits", info.qpn, info.psn)));
+    }
+    if !(1..=5).contains(&info.mtu) {
+        return Err(bad(format!("mtu code {} is not 1..=5", info.mtu)));
+    }
+    if info.rd_atomic == 0 {
+        return Err(bad("rd_atomic is 0"));
+    }
+    Ok(QpInfo { gid, ..info })
+}
+
+pub fn encode_verbs_connect(out: &mut Vec<u8>, token: &[u8; TOKEN_BYTES], info: &QpInfo) {
+    put_header(out, Kind::VerbsConnect, 0, TOKEN_BYTES + QP_INFO_BYTES);
+    out.extend_from_slice(token);
+    put_qp_info(out, info);
+}
+
+/// Returns (token, the client's queue pair).
+pub fn decode_verbs_connect(body: &[u8]) -> Result<([u8; TOKEN_BYTES], QpInfo), WireError> {
+    let mut r = Reader::new(body);
+    let token = r.token()?;
+    let info = read_qp_info(&mut r)?;
+    r.finish()?;
+    Ok((token, info))
+}
+
+/// The server's answer to VerbsConnect: its queue pair and the region's memory region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VerbsAccept {
+    pub qp: QpInfo,
+    pub rkey: u32,
+    /// Virtual address of region offset 0 in the server's memory region.
+    pub base_addr: u64,
+    pub region_len: u64,
+}
+
+pub fn encode_verbs_accept(out: &mut Vec<u8>, accept: &VerbsAccept) {
+    put_header(out, Kind::VerbsAccept, 0, QP_INFO_BYTES + 24);
+    put_qp_info(out, &accept.qp);
+    out.extend_from_slice(&accept.rkey.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&accept.base_addr.to_le_bytes());
+    out.extend_from_slice(&accept.region_len.to_le_bytes());
+}
+
+pub fn decode_verbs_accept(body: &[u8]) -> Result<VerbsAccept, WireError> {
+    let mut r = Reader::new(body);
+    let qp = read_qp_info(&mut r)?;
+    let rkey = r.u32()?;
+    r.zeros(4)?;
+    let accept = VerbsAccept { qp, rkey, base_addr: r.u64()?, region_len: r.u64()? };
+    r.finish()?;
+    if accept.base_addr.checked_add(accept.region_len).is_none() {
+        return Err(bad("region end overflows the address space"));
+    }
+    Ok(accept)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -518,6 +634,36 @@ mod tests {
         }
     }
 
+    #[test]
+    fn verbs_exchange_round_trips_and_checks_fields() {
+        let token = token_digest("t");
+        let info = QpInfo { qpn: 0x11, psn: 0xABCDEF, lid: 0, mtu: 3, rd_atomic: 16, gid: [7; 16] };
+        let mut frame = Vec::new();
+        encode_verbs_connect(&mut frame, &token, &info);
+        assert_eq!(header_of(&frame).kind, Kind::VerbsConnect);
+        assert_eq!(decode_verbs_connect(&frame[HEADER_BYTES..]).unwrap(), (token, info));
+        let accept = VerbsAccept { qp: info, rkey: 0x1234, base_addr: 0x7f00_0000_0000, region_len: 1 << 20 };
+        let mut frame = Vec::new();
+        encode_verbs_accept(&mut frame, &accept);
+        assert_eq!(header_of(&frame).kind, Kind::VerbsAccept);
+        assert_eq!(decode_verbs_accept(&frame[HEADER_BYTES..]).unwrap(), accept);
+        let bad_infos = [
+            QpInfo { qpn: 1 << 24, ..info },
+            QpInfo { psn: u32::MAX, ..info },
+            QpInfo { mtu: 0, ..info },
+            QpInfo { mtu: 6, ..info },
+            QpInfo { rd_atomic: 0, ..info },
+        ];
+        for bad_info in bad_infos {
+            let mut frame = Vec::new();
+            encode_verbs_connect(&mut frame, &token, &bad_info);
+            assert!(decode_verbs_connect(&frame[HEADER_BYTES..]).is_err(), "{bad_info:?}");
+        }
+        let mut frame = Vec::new();
+        encode_verbs_accept(&mut frame, &VerbsAccept { base_addr: u64::MAX, ..accept });
+        assert!(decode_verbs_accept(&frame[HEADER_BYTES..]).is_err());
+    }
+
     proptest! {
         /// No input makes a decoder panic; it either decodes or reports an error.
         #[test]
@@ -529,6 +675,8 @@ mod tests {
             let _ = decode_rpc_request(&bytes);
             let _ = decode_rpc_response(&bytes);
             let _ = decode_error(&bytes);
+            let _ = decode_verbs_connect(&bytes);
+            let _ = decode_verbs_accept(&bytes);
             if bytes.len() >= HEADER_BYTES {
                 let _ = decode_header(bytes[..HEADER_BYTES].try_into().unwrap());
             }

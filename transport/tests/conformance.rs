@@ -7,3 +7,10 @@ mod shm {
 mod tcp {
     racekv_transport::conformance_suite!(racekv_transport::conformance::fixtures::TCP);
 }
+
+/// Needs an RDMA device: run in the Soft-RoCE VM (ops/vm/run-cargo-tests.sh). Without one
+/// these fail with "no RDMA device found", never pass vacuously.
+#[cfg(feature = "rdma")]
+mod verbs {
+    racekv_transport::conformance_suite!(racekv_transport::conformance::fixtures::VERBS);
+}
