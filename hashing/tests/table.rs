@@ -434,6 +434,13 @@ mod tcp {
     table_suite!(Via::Transport(racekv_transport::TransportKind::Tcp); memnode_loss_is_a_clear_error);
 }
 
+#[cfg(feature = "rdma")]
+mod verbs {
+    use super::*;
+    table_suite!(Via::Transport(racekv_transport::TransportKind::Verbs));
+    table_suite!(Via::Transport(racekv_transport::TransportKind::Verbs); memnode_loss_is_a_clear_error);
+}
+
 mod many {
     use super::*;
 

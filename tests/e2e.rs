@@ -1,0 +1,116 @@
+//! End to end: a memnode and clients on one transport, writers racing splits, readers beside
+//! them; then every acknowledged write must be there. Runs on shm and tcp everywhere and on
+//! verbs in an `rdma` build (the Soft-RoCE VM, ops/vm).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use racekv_client::Client;
+use racekv_memnode::{Memnode, MemnodeConfig};
+use racekv_transport::TransportKind;
+
+const TOKEN: &str = "e2e-token";
+
+fn memnode(kind: TransportKind, dir: &std::path::Path) -> Memnode {
+    let mut cfg = MemnodeConfig {
+        region_bytes: 64 << 20,
+        groups_per_subtable: 8,
+        listen_tcp: None,
+        metrics_addr: None,
+        token: TOKEN.into(),
+        ..MemnodeConfig::default()
+    };
+    match kind {
+        TransportKind::Shm => cfg.listen_shm = Some(dir.join("memnode.sock")),
+        TransportKind::Tcp => cfg.listen_tcp = Some("127.0.0.1:0".into()),
+        TransportKind::Verbs => cfg.listen_verbs = Some("127.0.0.1:0".into()),
+    }
+    Memnode::start(cfg).expect("memnode starts")
+}
+
+fn concurrent_upserts_during_splits(kind: TransportKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let m = memnode(kind, dir.path());
+    let client = Client::builder()
+        .memnode(m.endpoints()[0].to_string())
+        .token(TOKEN)
+        .timeout(Duration::from_secs(30))
+        .connect()
+        .unwrap();
+    const WRITERS: u32 = 4;
+    const ROUNDS: u32 = 400;
+    let stop = AtomicBool::new(false);
+    let finals: Vec<Vec<(String, String)>> = std::thread::scope(|s| {
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                let (client, stop) = (client.clone(), &stop);
+                s.spawn(move || {
+                    let mut i = 0u32;
+                    while !stop.load(Ordering::Relaxed) {
+                        // Hot keys: written by their owner only, so any value read must be one
+                        // the owner wrote for that key.
+                        let (w, k) = (i % WRITERS, i % 16);
+                        if let Some(v) = client.get(format!("hot-{w}-{k}").as_bytes()).unwrap() {
+                            let v = String::from_utf8(v).unwrap();
+                            assert!(v.starts_with(&format!("hot-{w}-{k}=")), "read {v:?} for hot-{w}-{k}");
+                        }
+                        i += 1;
+                    }
+                })
+            })
+            .collect();
+        let writers: Vec<_> = (0..WRITERS)
+            .map(|w| {
+                let client = client.clone();
+                s.spawn(move || {
+                    let mut last = Vec::new();
+                    for r in 0..ROUNDS {
+                        // A fresh key every round keeps the table splitting...
+                        let fresh = format!("fresh-{w}-{r}");
+                        client.put(fresh.as_bytes(), fresh.as_bytes()).unwrap();
+                        last.push((fresh.clone(), fresh));
+                        // ...while the same 16 hot keys are upserted over and over.
+                        let hot = format!("hot-{w}-{}", r % 16);
+                        let value = format!("{hot}={r}");
+                        client.put(hot.as_bytes(), value.as_bytes()).unwrap();
+                        if r + 16 >= ROUNDS {
+                            last.push((hot, value));
+                        }
+                    }
+                    last
+                })
+            })
+            .collect();
+        let finals = writers.into_iter().map(|h| h.join().unwrap()).collect();
+        stop.store(true, Ordering::Relaxed);
+        for r in readers {
+            r.join().unwrap();
+        }
+        finals
+    });
+    let stats = m.stats().unwrap();
+    assert!(stats.global_depth >= 3, "the table should have split repeatedly: {stats:?}");
+    let mut expected = 0;
+    for (key, value) in finals.iter().flatten() {
+        assert_eq!(client.get(key.as_bytes()).unwrap().as_deref(), Some(value.as_bytes()), "acknowledged write to {key} lost");
+        expected += 1;
+    }
+    assert_eq!(client.len().unwrap(), expected as u64, "item count");
+    assert!(expected as u32 == WRITERS * (ROUNDS + 16));
+}
+
+#[test]
+fn shm_concurrent_upserts_during_splits() {
+    concurrent_upserts_during_splits(TransportKind::Shm);
+}
+
+#[test]
+fn tcp_concurrent_upserts_during_splits() {
+    concurrent_upserts_during_splits(TransportKind::Tcp);
+}
+
+#[cfg(feature = "rdma")]
+#[test]
+fn verbs_concurrent_upserts_during_splits() {
+    concurrent_upserts_during_splits(TransportKind::Verbs);
+}
