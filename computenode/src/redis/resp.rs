@@ -38,7 +38,9 @@ pub struct Limits {
     /// Longest inline command line: the bytes before its `\n`, a `\r` included (Redis: 64 KiB).
     pub max_inline_bytes: usize,
     /// Most memory one command may occupy once parsed: its argument bytes plus
-    /// [`ARG_OVERHEAD_BYTES`] per argument. Checked as each argument header arrives.
+    /// [`ARG_OVERHEAD_BYTES`] per argument (vector growth may add up to as much again).
+    /// Checked as each argument header arrives. Default 4 MiB: an MSET of about 250 values
+    /// of 16 KiB, far beyond what a table of small values needs in one command.
     pub max_command_bytes: usize,
 }
 
@@ -48,7 +50,7 @@ impl Default for Limits {
             max_bulk_bytes: 1 << 20,
             max_array_len: 1 << 20,
             max_inline_bytes: 64 << 10,
-            max_command_bytes: 16 << 20,
+            max_command_bytes: 4 << 20,
         }
     }
 }
@@ -251,6 +253,9 @@ pub struct Parser {
     state: State,
     /// The array command being assembled.
     partial: Command,
+    /// How many bytes after `pos` are known to hold no `\n` (an inline line still arriving),
+    /// so a line trickling in byte by byte is scanned once, not once per byte.
+    inline_scanned: usize,
     failed: Option<ProtocolError>,
 }
 
@@ -263,6 +268,7 @@ impl Parser {
             pos: 0,
             state: State::Idle,
             partial: Command::new(),
+            inline_scanned: 0,
             failed: None,
         }
     }
@@ -414,12 +420,19 @@ impl Parser {
     fn inline(&mut self) -> Result<Option<Command>, ProtocolError> {
         let rest = &self.buf[self.pos..];
         let window = &rest[..rest.len().min(self.limits.max_inline_bytes + 1)];
-        let Some(newline) = window.iter().position(|&b| b == b'\n') else {
+        let start = self.inline_scanned.min(window.len());
+        let Some(newline) = window[start..]
+            .iter()
+            .position(|&b| b == b'\n')
+            .map(|i| start + i)
+        else {
             if rest.len() > self.limits.max_inline_bytes {
                 return Err(ProtocolError::InlineTooLong);
             }
+            self.inline_scanned = window.len();
             return Ok(None);
         };
+        self.inline_scanned = 0;
         let mut line = &rest[..newline];
         if let Some(stripped) = line.strip_suffix(b"\r") {
             line = stripped;

@@ -50,7 +50,8 @@ const LINGER_MAX_BYTES: usize = 4 << 20;
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
     /// Connections beyond this are refused with `-ERR max number of clients reached`.
-    /// Each connection holds a thread and up to about [`Limits::max_buffered_bytes`] of input.
+    /// Each connection holds a thread and, at worst, about
+    /// `limits.max_buffered_bytes(READ_CHUNK_BYTES)` of input (5 MiB with default limits).
     pub max_clients: usize,
     /// Close a connection from which nothing arrives for this long (`None`: never, like
     /// Redis' default `timeout 0`). Also bounds a request that stalls half-way.
@@ -375,5 +376,18 @@ fn linger(stream: &mut TcpStream, buf: &mut [u8]) {
             Ok(0) | Err(_) => return,
             Ok(n) => discarded += n,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_per_connection_memory_bound_is_as_documented() {
+        let bound = ServerOptions::default()
+            .limits
+            .max_buffered_bytes(READ_CHUNK_BYTES);
+        assert!(bound > 5 << 20 && bound < 6 << 20, "{bound}");
     }
 }
