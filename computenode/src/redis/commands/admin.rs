@@ -1,0 +1,287 @@
+//! Connection and server commands: PING, ECHO, INFO, COMMAND, CLIENT, CONFIG, HELLO,
+//! SELECT, QUIT. Just enough for redis-cli, redis-benchmark and client libraries to start
+//! and for people to inspect the server; everything else is refused by name.
+
+use super::{
+    arity_error, fail, lookup, unsupported_subcommand, Client, CmdResult, CommandSpec, COMMANDS,
+};
+use crate::redis::info::{self, REDIS_COMPAT_VERSION};
+use crate::redis::reply::Reply;
+use crate::redis::resp::{parse_i64, Command};
+
+pub(super) fn ping(_c: &mut Client, cmd: &Command) -> CmdResult {
+    match cmd.len() {
+        1 => Ok(Reply::Status("PONG".into())),
+        2 => Ok(Reply::Bulk(cmd.arg(1).to_vec())),
+        _ => Ok(arity_error("ping")),
+    }
+}
+
+pub(super) fn echo(_c: &mut Client, cmd: &Command) -> CmdResult {
+    Ok(Reply::Bulk(cmd.arg(1).to_vec()))
+}
+
+pub(super) fn quit(c: &mut Client, _cmd: &Command) -> CmdResult {
+    c.closing = true;
+    Ok(Reply::ok())
+}
+
+/// racekv has one keyspace: `SELECT 0` is accepted (clients send it by habit), others refused.
+pub(super) fn select(_c: &mut Client, cmd: &Command) -> CmdResult {
+    match parse_i64(cmd.arg(1)) {
+        Some(0) => Ok(Reply::ok()),
+        Some(_) => Err(fail("ERR DB index is out of range")),
+        None => Err(fail("ERR value is not an integer or out of range")),
+    }
+}
+
+pub(super) fn info(c: &mut Client, cmd: &Command) -> CmdResult {
+    let sections: Vec<&[u8]> = cmd.args().skip(1).collect();
+    let store = &mut c.store;
+    let text = info::render(&c.stats, &sections, || store.info())?;
+    Ok(Reply::Bulk(text.into_bytes()))
+}
+
+/// The Redis 7 `COMMAND INFO` entry of `spec`: name, arity, flags, key positions, then empty
+/// ACL categories, tips, key specs and subcommands.
+fn command_info(spec: &CommandSpec) -> Reply {
+    Reply::Array(vec![
+        Reply::bulk_str(spec.name),
+        Reply::Integer(i64::from(spec.arity)),
+        Reply::Array(
+            spec.flags
+                .iter()
+                .map(|f| Reply::Status((*f).into()))
+                .collect(),
+        ),
+        Reply::Integer(i64::from(spec.first_key)),
+        Reply::Integer(i64::from(spec.last_key)),
+        Reply::Integer(i64::from(spec.key_step)),
+        Reply::Array(vec![]),
+        Reply::Array(vec![]),
+        Reply::Array(vec![]),
+        Reply::Array(vec![]),
+    ])
+}
+
+/// `COMMAND`, `COMMAND COUNT|INFO|LIST|DOCS`. DOCS answers an empty array: redis-cli then
+/// starts without per-command hints.
+pub(super) fn command(_c: &mut Client, cmd: &Command) -> CmdResult {
+    let Some(sub) = cmd.get(1) else {
+        return Ok(Reply::Array(COMMANDS.iter().map(command_info).collect()));
+    };
+    let upper = sub.to_ascii_uppercase();
+    match upper.as_slice() {
+        b"COUNT" if cmd.len() == 2 => Ok(Reply::Integer(COMMANDS.len() as i64)),
+        b"COUNT" => Ok(arity_error("command|count")),
+        b"DOCS" => Ok(Reply::Array(vec![])),
+        b"LIST" if cmd.len() == 2 => Ok(Reply::Array(
+            COMMANDS.iter().map(|c| Reply::bulk_str(c.name)).collect(),
+        )),
+        b"INFO" if cmd.len() == 2 => Ok(Reply::Array(COMMANDS.iter().map(command_info).collect())),
+        b"INFO" => Ok(Reply::Array(
+            cmd.args()
+                .skip(2)
+                .map(|name| lookup(name).map_or(Reply::Nil, |(_, spec)| command_info(spec)))
+                .collect(),
+        )),
+        _ => Err(unsupported_subcommand("COMMAND", sub)),
+    }
+}
+
+/// Redis' rule for client names: printable ASCII without spaces.
+fn valid_client_name(name: &[u8]) -> bool {
+    name.iter().all(|&b| (b'!'..=b'~').contains(&b))
+}
+
+fn set_name(c: &mut Client, name: &[u8]) -> Result<(), super::Failure> {
+    if !valid_client_name(name) {
+        return Err(fail(
+            "ERR Client names cannot contain spaces, newlines or special characters.",
+        ));
+    }
+    c.name = if name.is_empty() {
+        None
+    } else {
+        Some(name.to_vec())
+    };
+    Ok(())
+}
+
+/// `CLIENT SETNAME|GETNAME|ID|SETINFO`; other subcommands are refused by name.
+pub(super) fn client(c: &mut Client, cmd: &Command) -> CmdResult {
+    let sub = cmd.arg(1);
+    let upper = sub.to_ascii_uppercase();
+    match (upper.as_slice(), cmd.len()) {
+        (b"SETNAME", 3) => {
+            set_name(c, cmd.arg(2))?;
+            Ok(Reply::ok())
+        }
+        (b"SETNAME", _) => Ok(arity_error("client|setname")),
+        (b"GETNAME", 2) => Ok(c.name.clone().map_or(Reply::Nil, Reply::Bulk)),
+        (b"GETNAME", _) => Ok(arity_error("client|getname")),
+        (b"ID", 2) => Ok(Reply::Integer(c.id as i64)),
+        // Client libraries (redis-rs, redis-py, ...) announce themselves on connect.
+        (b"SETINFO", 4) => {
+            let value = cmd.arg(3);
+            if !valid_client_name(value) {
+                return Err(fail("ERR lib-name and lib-ver cannot contain spaces, newlines or special characters."));
+            }
+            let attribute = cmd.arg(2).to_ascii_uppercase();
+            match attribute.as_slice() {
+                b"LIB-NAME" => c.lib_name = Some(value.to_vec()),
+                b"LIB-VER" => c.lib_ver = Some(value.to_vec()),
+                _ => {
+                    return Err(fail(format!(
+                        "ERR Unrecognized option '{}'",
+                        String::from_utf8_lossy(cmd.arg(2))
+                    )))
+                }
+            }
+            Ok(Reply::ok())
+        }
+        (b"SETINFO", _) => Ok(arity_error("client|setinfo")),
+        (b"ID", _) => Ok(arity_error("client|id")),
+        _ => Err(unsupported_subcommand("CLIENT", sub)),
+    }
+}
+
+/// `CONFIG GET pattern [pattern ...]` over the few read-only parameters that describe racekv
+/// in Redis terms (redis-benchmark asks for `save` and `appendonly`); nothing can be set.
+pub(super) fn config(c: &mut Client, cmd: &Command) -> CmdResult {
+    let sub = cmd.arg(1);
+    if !sub.eq_ignore_ascii_case(b"GET") {
+        return Err(unsupported_subcommand("CONFIG", sub));
+    }
+    if cmd.len() < 3 {
+        return Ok(arity_error("config|get"));
+    }
+    let timeout = c.stats.idle_timeout().map_or(0, |t| t.as_secs().max(1));
+    let params: [(&str, String); 5] = [
+        ("maxclients", c.stats.max_clients().to_string()),
+        ("timeout", timeout.to_string()),
+        ("databases", "1".into()),
+        // No RDB snapshots or AOF: durability is the memory nodes' business.
+        ("save", String::new()),
+        ("appendonly", "no".into()),
+    ];
+    let mut out = Vec::new();
+    for (name, value) in &params {
+        if cmd
+            .args()
+            .skip(2)
+            .any(|pattern| glob_match(&pattern.to_ascii_lowercase(), name.as_bytes()))
+        {
+            out.push(Reply::bulk_str(name));
+            out.push(Reply::bulk_str(value));
+        }
+    }
+    Ok(Reply::Array(out))
+}
+
+/// Glob matching with `*` and `?` (enough for `CONFIG GET`; no character classes).
+fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
+    let (mut p, mut t) = (0, 0);
+    // Where the last `*` was, and the text position it currently absorbs up to.
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        match pattern.get(p) {
+            Some(b'*') => {
+                star = Some((p, t));
+                p += 1;
+            }
+            Some(&b) if b == b'?' || b == text[t] => {
+                p += 1;
+                t += 1;
+            }
+            _ => match star {
+                Some((sp, st)) => {
+                    p = sp + 1;
+                    t = st + 1;
+                    star = Some((sp, st + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    pattern[p.min(pattern.len())..].iter().all(|&b| b == b'*')
+}
+
+/// `HELLO [2 [AUTH user pass] [SETNAME name]]`: RESP2 only (`HELLO 3` gets `NOPROTO`, and
+/// clients fall back to RESP2), no authentication.
+pub(super) fn hello(c: &mut Client, cmd: &Command) -> CmdResult {
+    if let Some(version) = cmd.get(1) {
+        match parse_i64(version) {
+            Some(2) => {}
+            Some(_) => {
+                return Err(fail(
+                    "NOPROTO sorry, this protocol version is not supported",
+                ))
+            }
+            None => {
+                return Err(fail(
+                    "ERR Protocol version is not an integer or out of range",
+                ))
+            }
+        }
+    }
+    let mut new_name = None;
+    let mut i = 2;
+    while i < cmd.len() {
+        let option = cmd.arg(i).to_ascii_uppercase();
+        match option.as_slice() {
+            b"AUTH" if i + 2 < cmd.len() => {
+                return Err(fail(
+                    "ERR HELLO AUTH is not supported by racekv: it has no users or passwords",
+                ));
+            }
+            b"SETNAME" if i + 1 < cmd.len() => {
+                new_name = Some(cmd.arg(i + 1));
+                i += 2;
+            }
+            _ => {
+                return Err(fail(format!(
+                    "ERR Syntax error in HELLO option '{}'",
+                    String::from_utf8_lossy(cmd.arg(i))
+                )))
+            }
+        }
+    }
+    if let Some(name) = new_name {
+        set_name(c, name)?;
+    }
+    Ok(Reply::Array(vec![
+        Reply::bulk_str("server"),
+        Reply::bulk_str("redis"),
+        Reply::bulk_str("version"),
+        Reply::bulk_str(REDIS_COMPAT_VERSION),
+        Reply::bulk_str("proto"),
+        Reply::Integer(2),
+        Reply::bulk_str("id"),
+        Reply::Integer(c.id as i64),
+        Reply::bulk_str("mode"),
+        Reply::bulk_str("standalone"),
+        Reply::bulk_str("role"),
+        Reply::bulk_str("master"),
+        Reply::bulk_str("modules"),
+        Reply::Array(vec![]),
+    ]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob_match;
+
+    #[test]
+    fn glob_matches_stars_and_question_marks() {
+        assert!(glob_match(b"*", b"maxclients"));
+        assert!(glob_match(b"max*", b"maxclients"));
+        assert!(glob_match(b"*clients", b"maxclients"));
+        assert!(glob_match(b"m?xc*s", b"maxclients"));
+        assert!(glob_match(b"save", b"save"));
+        assert!(!glob_match(b"sav", b"save"));
+        assert!(!glob_match(b"*x", b"save"));
+        assert!(glob_match(b"a*b*c", b"aXbYbZc"));
+        assert!(!glob_match(b"", b"a"));
+    }
+}

@@ -1,0 +1,123 @@
+//! `MemStore`: a TEST DOUBLE of [`KvStore`], a `Mutex<HashMap>`.
+//!
+//! It exists only so the protocol layer (parser, commands, server) can be tested without the
+//! RACE table; it is compiled for this crate's unit tests and, through the `test-support`
+//! feature, for its integration tests and examples. It has none of racekv's properties
+//! (no memory nodes, no one-sided operations, one global lock) and must not be deployed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::store::{KvSession, KvStore, PutMode, StoreError, StoreErrorKind};
+
+/// In-memory test double of the storage trait. Cloning shares the same map.
+#[derive(Clone, Default)]
+pub struct MemStore {
+    map: Arc<Mutex<HashMap<Vec<u8>, Vec<u8>>>>,
+    max_value_bytes: Option<usize>,
+}
+
+impl MemStore {
+    /// An empty store without size limits.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// An empty store that refuses values longer than `max_value_bytes`, to exercise the
+    /// front end's error mapping the way the RACE table's block size limit will.
+    pub fn with_max_value_bytes(max_value_bytes: usize) -> Self {
+        Self {
+            max_value_bytes: Some(max_value_bytes),
+            ..Self::default()
+        }
+    }
+
+    /// A copy of the value of `key`, for assertions.
+    pub fn peek(&self, key: &[u8]) -> Option<Vec<u8>> {
+        self.map.lock().get(key).cloned()
+    }
+}
+
+impl KvStore for MemStore {
+    fn session(&self) -> Result<Box<dyn KvSession>, StoreError> {
+        Ok(Box::new(self.clone()))
+    }
+}
+
+impl MemStore {
+    fn check_value(&self, value: &[u8]) -> Result<(), StoreError> {
+        match self.max_value_bytes {
+            Some(max) if value.len() > max => Err(StoreError::new(
+                StoreErrorKind::ValueTooLarge,
+                format!("{} bytes, limit {max}", value.len()),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl KvSession for MemStore {
+    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.map.lock().get(key).cloned())
+    }
+
+    fn put(&mut self, key: &[u8], value: &[u8], mode: PutMode) -> Result<bool, StoreError> {
+        self.check_value(value)?;
+        let mut map = self.map.lock();
+        let present = map.contains_key(key);
+        let apply = match mode {
+            PutMode::Upsert => true,
+            PutMode::InsertOnly => !present,
+            PutMode::UpdateOnly => present,
+        };
+        if apply {
+            map.insert(key.to_vec(), value.to_vec());
+        }
+        Ok(apply)
+    }
+
+    fn delete(&mut self, key: &[u8]) -> Result<bool, StoreError> {
+        Ok(self.map.lock().remove(key).is_some())
+    }
+
+    fn compare_and_swap(
+        &mut self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: &[u8],
+    ) -> Result<bool, StoreError> {
+        self.check_value(new)?;
+        let mut map = self.map.lock();
+        if map.get(key).map(Vec::as_slice) != expected {
+            return Ok(false);
+        }
+        map.insert(key.to_vec(), new.to_vec());
+        Ok(true)
+    }
+
+    fn multi_get(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let map = self.map.lock();
+        Ok(keys.iter().map(|k| map.get(*k).cloned()).collect())
+    }
+
+    fn multi_put(&mut self, pairs: &[(&[u8], &[u8])]) -> Result<(), StoreError> {
+        for (_, value) in pairs {
+            self.check_value(value)?;
+        }
+        let mut map = self.map.lock();
+        for (key, value) in pairs {
+            map.insert(key.to_vec(), value.to_vec());
+        }
+        Ok(())
+    }
+
+    fn len(&mut self) -> Result<u64, StoreError> {
+        Ok(self.map.lock().len() as u64)
+    }
+
+    fn info(&mut self) -> Result<String, StoreError> {
+        Ok("storage_backend:memstore-test-double\n".to_string())
+    }
+}

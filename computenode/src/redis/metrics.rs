@@ -1,0 +1,133 @@
+//! Prometheus metrics of the Redis front end, registered once on the default registry.
+//!
+//! Label values are bounded: commands are the names in the command table plus `unknown`,
+//! reasons are static strings.
+
+use std::sync::LazyLock;
+
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+};
+use racekv_telemetry::{register, LATENCY_BUCKETS_SECONDS};
+
+pub(crate) struct Metrics {
+    pub connected_clients: IntGauge,
+    pub connections: IntCounter,
+    pub connections_rejected: IntCounterVec,
+    pub connections_closed: IntCounterVec,
+    pub commands: IntCounterVec,
+    pub command_seconds: HistogramVec,
+    pub protocol_errors: IntCounterVec,
+    pub store_errors: IntCounterVec,
+    pub received_bytes: IntCounter,
+    pub sent_bytes: IntCounter,
+}
+
+pub(crate) static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
+    connected_clients: register(
+        IntGauge::new(
+            "racekv_redis_connected_clients",
+            "Redis client connections open now",
+        )
+        .unwrap(),
+    ),
+    connections: register(
+        IntCounter::new(
+            "racekv_redis_connections_total",
+            "Redis client connections accepted",
+        )
+        .unwrap(),
+    ),
+    connections_rejected: register(
+        IntCounterVec::new(
+            Opts::new(
+                "racekv_redis_connections_rejected_total",
+                "Redis client connections refused",
+            ),
+            &["reason"],
+        )
+        .unwrap(),
+    ),
+    connections_closed: register(
+        IntCounterVec::new(
+            Opts::new(
+                "racekv_redis_connections_closed_total",
+                "Redis client connections closed, by why",
+            ),
+            &["reason"],
+        )
+        .unwrap(),
+    ),
+    commands: register(
+        IntCounterVec::new(
+            Opts::new(
+                "racekv_redis_commands_total",
+                "Redis commands executed, by command and result (ok, error)",
+            ),
+            &["command", "result"],
+        )
+        .unwrap(),
+    ),
+    command_seconds: register(
+        HistogramVec::new(
+            HistogramOpts::new(
+                "racekv_redis_command_duration_seconds",
+                "Time to execute one Redis command, storage included",
+            )
+            .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
+            &["command"],
+        )
+        .unwrap(),
+    ),
+    protocol_errors: register(
+        IntCounterVec::new(
+            Opts::new(
+                "racekv_redis_protocol_errors_total",
+                "Malformed Redis requests (each closes its connection)",
+            ),
+            &["reason"],
+        )
+        .unwrap(),
+    ),
+    store_errors: register(
+        IntCounterVec::new(
+            Opts::new(
+                "racekv_redis_store_errors_total",
+                "Storage errors returned to Redis clients, by kind",
+            ),
+            &["kind"],
+        )
+        .unwrap(),
+    ),
+    received_bytes: register(
+        IntCounter::new(
+            "racekv_redis_received_bytes_total",
+            "Bytes received from Redis clients",
+        )
+        .unwrap(),
+    ),
+    sent_bytes: register(
+        IntCounter::new(
+            "racekv_redis_sent_bytes_total",
+            "Bytes sent to Redis clients",
+        )
+        .unwrap(),
+    ),
+});
+
+/// The series of one command, looked up once instead of per call.
+pub(crate) struct CommandMetrics {
+    pub ok: IntCounter,
+    pub error: IntCounter,
+    pub seconds: Histogram,
+}
+
+impl CommandMetrics {
+    pub fn new(command: &str) -> Self {
+        Self {
+            ok: METRICS.commands.with_label_values(&[command, "ok"]),
+            error: METRICS.commands.with_label_values(&[command, "error"]),
+            seconds: METRICS.command_seconds.with_label_values(&[command]),
+        }
+    }
+}

@@ -1,0 +1,40 @@
+//! The Redis protocol (RESP2) front end: lets redis-cli, redis-benchmark and any Redis client
+//! library use racekv.
+//!
+//! Layers, each usable and tested on its own:
+//! * [`store`]: the storage trait ([`KvStore`] hands out one [`KvSession`] per connection).
+//!   The front end is generic over it; the RACE table implementation comes from elsewhere.
+//! * [`resp`]: incremental parser of untrusted request bytes with explicit [`Limits`], and
+//!   encoders; [`reply`]: replies.
+//! * [`commands`]: the command table and the per-connection [`Client`] executing commands.
+//! * [`server`]: TCP listener, one thread per connection, pipelining, limits, shutdown.
+//! * [`info`]: per-server counters and `INFO` text; prometheus metrics are `racekv_redis_*`.
+//!
+//! ```no_run
+//! # #[cfg(feature = "test-support")] {
+//! use std::sync::Arc;
+//! use racekv_computenode::redis::{MemStore, RedisServer, ServerOptions};
+//! let server = RedisServer::start("127.0.0.1:0", Arc::new(MemStore::new()), ServerOptions::default()).unwrap();
+//! println!("redis-cli -p {}", server.local_addr().port());
+//! # }
+//! ```
+
+pub mod commands;
+pub mod info;
+mod inline;
+#[cfg(any(test, feature = "test-support"))]
+mod memstore;
+mod metrics;
+pub mod reply;
+pub mod resp;
+pub mod server;
+pub mod store;
+
+pub use commands::Client;
+pub use info::ServerStats;
+#[cfg(any(test, feature = "test-support"))]
+pub use memstore::MemStore;
+pub use reply::Reply;
+pub use resp::{Command, Limits, Parser, ProtocolError};
+pub use server::{RedisServer, ServerOptions};
+pub use store::{KvSession, KvStore, PutMode, StoreError, StoreErrorKind};

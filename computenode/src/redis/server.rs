@@ -1,0 +1,393 @@
+//! The TCP server: accepts Redis clients and runs one [`Client`] per connection.
+//!
+//! Threading: one blocking OS thread per connection, plus one accepting thread. The storage
+//! trait is blocking and a session belongs to one connection, so a thread per connection
+//! calls it directly with no executor hand-off (an async runtime would need `spawn_blocking`
+//! around every storage call, which is the same threads with more machinery). Backpressure is
+//! free: a client that does not read its replies blocks only its own thread, up to
+//! `write_timeout`. The cost, a stack per client, is bounded by `max_clients`.
+//!
+//! Per read: every complete command in the buffer is executed, the replies are gathered and
+//! written with one `write` (pipelining), so a pipelined batch costs one syscall each way.
+//!
+//! A malformed request gets `-ERR Protocol error: ...` and closes that connection only.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::commands::Client;
+use super::info::ServerStats;
+use super::metrics::METRICS;
+use super::reply::Reply;
+use super::resp::{Limits, Parser};
+use super::store::KvStore;
+
+/// Bytes read from a socket at a time; also the most the parser buffers beyond one command.
+pub const READ_CHUNK_BYTES: usize = 16 << 10;
+
+/// Replies gathered beyond this are written before executing the next command of the same
+/// read, so a read full of large `MGET`s cannot pile up unbounded output.
+pub const MAX_PENDING_REPLY_BYTES: usize = 1 << 20;
+
+/// How often the accepting thread looks up for a shutdown request.
+const ACCEPT_POLL: Duration = Duration::from_millis(50);
+
+/// After an error reply, how long and how much we keep reading (and discarding) before
+/// closing: closing a socket with unread input sends a TCP reset, which can destroy the
+/// error reply before the client reads it.
+const LINGER: Duration = Duration::from_millis(200);
+const LINGER_MAX_BYTES: usize = 4 << 20;
+
+/// Limits and timeouts of a Redis server.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// Connections beyond this are refused with `-ERR max number of clients reached`.
+    /// Each connection holds a thread and, at worst, about
+    /// `limits.max_buffered_bytes(READ_CHUNK_BYTES)` of input (5 MiB with default limits).
+    pub max_clients: usize,
+    /// Close a connection from which nothing arrives for this long (`None`: never, like
+    /// Redis' default `timeout 0`). Also bounds a request that stalls half-way.
+    pub idle_timeout: Option<Duration>,
+    /// Close a connection whose client does not take its replies for this long.
+    pub write_timeout: Duration,
+    /// What one connection may make the parser hold.
+    pub limits: Limits,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        Self {
+            max_clients: 1024,
+            idle_timeout: None,
+            write_timeout: Duration::from_secs(30),
+            limits: Limits::default(),
+        }
+    }
+}
+
+struct Shared {
+    store: Arc<dyn KvStore>,
+    options: ServerOptions,
+    stats: Arc<ServerStats>,
+    stopping: AtomicBool,
+    next_id: AtomicU64,
+    /// A handle on every open connection, so shutdown can unblock its thread.
+    open: Mutex<HashMap<u64, TcpStream>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// A running Redis front end; stops (closing every connection) on [`RedisServer::shutdown`]
+/// or drop.
+pub struct RedisServer {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+impl RedisServer {
+    /// Binds `addr` (port 0 picks a free port) and serves `store` on background threads.
+    pub fn start(
+        addr: impl ToSocketAddrs,
+        store: Arc<dyn KvStore>,
+        options: ServerOptions,
+    ) -> io::Result<Self> {
+        let listener = TcpListener::bind(addr)?;
+        let addr = listener.local_addr()?;
+        let stats = Arc::new(ServerStats::new(
+            addr.port(),
+            options.max_clients,
+            options.idle_timeout,
+        ));
+        let shared = Arc::new(Shared {
+            store,
+            options,
+            stats,
+            stopping: AtomicBool::new(false),
+            next_id: AtomicU64::new(1),
+            open: Mutex::new(HashMap::new()),
+            threads: Mutex::new(Vec::new()),
+        });
+        let accepting = Arc::clone(&shared);
+        let acceptor = std::thread::Builder::new()
+            .name("redis-accept".into())
+            .spawn(move || accept_loop(&accepting, &listener))?;
+        tracing::info!("redis front end listening on {addr}");
+        Ok(Self {
+            shared,
+            addr,
+            acceptor: Some(acceptor),
+        })
+    }
+
+    /// The bound address (port 0 resolved).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// This server's counters (what `INFO` reports).
+    pub fn stats(&self) -> &ServerStats {
+        &self.shared.stats
+    }
+
+    /// Stops accepting, closes every connection and waits for their threads. A command
+    /// already executing finishes in storage; its reply is lost with the connection.
+    pub fn shutdown(&mut self) {
+        self.shared.stopping.store(true, Ordering::Release);
+        let Some(acceptor) = self.acceptor.take() else {
+            return;
+        };
+        // After the acceptor is gone no connection can be added behind our back.
+        let _ = acceptor.join();
+        for stream in self.shared.open.lock().values() {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+        let threads = std::mem::take(&mut *self.shared.threads.lock());
+        for thread in threads {
+            let _ = thread.join();
+        }
+        tracing::info!("redis front end on {} stopped", self.addr);
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
+    while !shared.stopping.load(Ordering::Acquire) {
+        let mut fds = [nix::poll::PollFd::new(
+            listener.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        match nix::poll::poll(
+            &mut fds,
+            nix::poll::PollTimeout::from(ACCEPT_POLL.as_millis() as u16),
+        ) {
+            Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::error!(
+                    "redis front end: poll on the listener failed, no longer accepting: {e}"
+                );
+                return;
+            }
+        }
+        match listener.accept() {
+            Ok((stream, peer)) => admit(shared, stream, peer),
+            // E.g. EMFILE: keep serving the clients we have; poll paces the retries.
+            Err(e) => tracing::warn!("redis front end: accept failed: {e}"),
+        }
+    }
+}
+
+fn admit(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
+    if !shared.stats.try_admit() {
+        METRICS
+            .connections_rejected
+            .with_label_values(&["max_clients"])
+            .inc();
+        refuse(stream, b"-ERR max number of clients reached\r\n");
+        return;
+    }
+    METRICS.connections.inc();
+    METRICS.connected_clients.inc();
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    match stream.try_clone() {
+        Ok(handle) => {
+            shared.open.lock().insert(id, handle);
+        }
+        Err(e) => {
+            tracing::warn!("redis front end: cannot clone a connection handle: {e}");
+            release(shared, id, "io_error");
+            return;
+        }
+    }
+    let conn_shared = Arc::clone(shared);
+    let spawned = std::thread::Builder::new()
+        .name(format!("redis-conn-{id}"))
+        .spawn(move || {
+            let reason = serve(&conn_shared, stream, id);
+            tracing::debug!("redis client {id} ({peer}) closed: {reason}");
+            release(&conn_shared, id, reason);
+        });
+    match spawned {
+        Ok(handle) => {
+            let mut threads = shared.threads.lock();
+            threads.retain(|t| !t.is_finished());
+            threads.push(handle);
+        }
+        Err(e) => {
+            tracing::error!("redis front end: cannot spawn a connection thread: {e}");
+            if let Some(stream) = shared.open.lock().get(&id) {
+                let _ = stream.shutdown(Shutdown::Both);
+            }
+            release(shared, id, "io_error");
+        }
+    }
+}
+
+fn release(shared: &Shared, id: u64, reason: &'static str) {
+    shared.open.lock().remove(&id);
+    shared.stats.client_gone();
+    METRICS.connected_clients.dec();
+    METRICS
+        .connections_closed
+        .with_label_values(&[reason])
+        .inc();
+}
+
+/// Answers a connection we will not serve, without blocking the accepting thread: the reply
+/// fits an empty socket buffer, and whatever the client already sent is drained so the close
+/// is a FIN, not a reset that could destroy the reply.
+fn refuse(mut stream: TcpStream, reply: &[u8]) {
+    let _ = stream.set_nonblocking(true);
+    let _ = stream.write_all(reply);
+    let _ = stream.shutdown(Shutdown::Write);
+    let mut sink = [0u8; 4096];
+    for _ in 0..16 {
+        match stream.read(&mut sink) {
+            Ok(n) if n > 0 => {}
+            _ => break,
+        }
+    }
+}
+
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+/// Serves one connection until it ends; returns why it ended (a metric label).
+fn serve(shared: &Shared, mut stream: TcpStream, id: u64) -> &'static str {
+    let options = &shared.options;
+    let configured = stream
+        .set_nodelay(true)
+        .and_then(|()| stream.set_read_timeout(options.idle_timeout.filter(|t| !t.is_zero())))
+        .and_then(|()| stream.set_write_timeout(Some(options.write_timeout)));
+    if configured.is_err() {
+        return "io_error";
+    }
+    let session = match shared.store.session() {
+        Ok(session) => session,
+        Err(e) => {
+            tracing::warn!("redis front end: no storage session for a new client: {e}");
+            let mut out = Vec::new();
+            Reply::Error(e.to_resp_error().into()).encode(&mut out);
+            let _ = stream.write_all(&out);
+            return "session_error";
+        }
+    };
+    let mut client = Client::new(id, session, Arc::clone(&shared.stats));
+    let mut parser = Parser::new(options.limits);
+    let mut chunk = vec![0u8; READ_CHUNK_BYTES];
+    let mut out = Vec::with_capacity(READ_CHUNK_BYTES);
+    loop {
+        if shared.stopping.load(Ordering::Acquire) {
+            return "shutdown";
+        }
+        let n = match stream.read(&mut chunk) {
+            Ok(0) if shared.stopping.load(Ordering::Acquire) => return "shutdown",
+            Ok(0) if parser.has_partial_command() => return "peer_closed_mid_command",
+            Ok(0) => return "peer_closed",
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if is_timeout(&e) => return "idle_timeout",
+            Err(_) => {
+                return if shared.stopping.load(Ordering::Acquire) {
+                    "shutdown"
+                } else {
+                    "io_error"
+                }
+            }
+        };
+        METRICS.received_bytes.inc_by(n as u64);
+        parser.feed(&chunk[..n]);
+        let mut sent = 0;
+        let mut ending = None;
+        loop {
+            match parser.next_command() {
+                Ok(Some(cmd)) => {
+                    client.execute(&cmd).encode(&mut out);
+                    if client.wants_close() {
+                        ending = Some("client_quit");
+                        break;
+                    }
+                    if out.len() >= MAX_PENDING_REPLY_BYTES {
+                        if stream.write_all(&out).is_err() {
+                            return "io_error";
+                        }
+                        sent += out.len();
+                        out.clear();
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    METRICS
+                        .protocol_errors
+                        .with_label_values(&[e.reason()])
+                        .inc();
+                    shared.stats.protocol_error();
+                    tracing::debug!("redis client {id}: protocol error: {e}");
+                    Reply::Error(format!("ERR Protocol error: {e}").into()).encode(&mut out);
+                    ending = Some("protocol_error");
+                    break;
+                }
+            }
+        }
+        let written = stream.write_all(&out);
+        sent += out.len();
+        out.clear();
+        shared.stats.add_io(n as u64, sent as u64);
+        METRICS.sent_bytes.inc_by(sent as u64);
+        if written.is_err() {
+            return "io_error";
+        }
+        if let Some(reason) = ending {
+            linger(&mut stream, &mut chunk);
+            return reason;
+        }
+    }
+}
+
+/// Half-closes and discards input for a moment, so the client reads our last reply before
+/// it sees the connection end (see [`LINGER`]).
+fn linger(stream: &mut TcpStream, buf: &mut [u8]) {
+    let _ = stream.shutdown(Shutdown::Write);
+    let deadline = Instant::now() + LINGER;
+    let mut discarded = 0;
+    while discarded < LINGER_MAX_BYTES {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+            return;
+        }
+        match stream.read(buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => discarded += n,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_per_connection_memory_bound_is_as_documented() {
+        let bound = ServerOptions::default()
+            .limits
+            .max_buffered_bytes(READ_CHUNK_BYTES);
+        assert!(bound > 5 << 20 && bound < 6 << 20, "{bound}");
+    }
+}

@@ -1,0 +1,179 @@
+//! The storage interface the Redis front end is written against.
+//!
+//! The front end knows nothing of the RACE table: it drives one [`KvSession`] per client
+//! connection, obtained from a shared [`KvStore`]. The real implementation (workers over the
+//! RACE table through pre-initialized connections) lives elsewhere; `MemStore` (feature
+//! `test-support`) is an in-memory test double for the protocol layer's own tests.
+//!
+//! Contract every implementation keeps:
+//! * Keys and values are arbitrary bytes (empty included). Limits on their sizes are the
+//!   store's: it reports them as [`StoreErrorKind::KeyTooLarge`] / [`StoreErrorKind::ValueTooLarge`].
+//! * A session is used by one thread at a time and never shared (`Send`, not `Sync`), so an
+//!   implementation may keep per-connection state (a borrowed connection, caches, buffers)
+//!   without locking.
+//! * Every call is blocking: it returns once the operation is complete (or has failed).
+//! * A failed call may or may not have taken effect when the error kind is
+//!   [`StoreErrorKind::Timeout`] or [`StoreErrorKind::Unavailable`]; the front end reports the
+//!   error to the client and does not retry writes on its own.
+
+use std::fmt;
+
+/// How a put treats an existing key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutMode {
+    /// Insert or overwrite (plain `SET`).
+    Upsert,
+    /// Only when the key is absent (`SET ... NX`, `SETNX`).
+    InsertOnly,
+    /// Only when the key is present (`SET ... XX`).
+    UpdateOnly,
+}
+
+/// What went wrong in the store, coarse enough to choose a client-facing reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreErrorKind {
+    /// The key exceeds what the store can hold.
+    KeyTooLarge,
+    /// The value exceeds what the store can hold (the RACE table's KV blocks are small).
+    ValueTooLarge,
+    /// No room left for the write (memory nodes full).
+    Full,
+    /// The storage backend cannot be reached right now (memory node down, no connection).
+    Unavailable,
+    /// The backend did not answer in time; a write may or may not have been applied.
+    Timeout,
+    /// Anything else (a bug, corrupted data, ...).
+    Other,
+}
+
+impl StoreErrorKind {
+    /// Stable lower-case name, for logs and metric labels.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            StoreErrorKind::KeyTooLarge => "key_too_large",
+            StoreErrorKind::ValueTooLarge => "value_too_large",
+            StoreErrorKind::Full => "full",
+            StoreErrorKind::Unavailable => "unavailable",
+            StoreErrorKind::Timeout => "timeout",
+            StoreErrorKind::Other => "other",
+        }
+    }
+}
+
+impl fmt::Display for StoreErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A failed storage operation: a [`StoreErrorKind`] plus a human-readable detail.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{kind}: {message}")]
+pub struct StoreError {
+    /// What went wrong.
+    pub kind: StoreErrorKind,
+    /// Detail for the client and the logs (e.g. "value of 20000 bytes, limit 16320").
+    pub message: String,
+}
+
+impl StoreError {
+    /// An error of `kind` with `message`.
+    pub fn new(kind: StoreErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// The RESP error line (without the leading `-` and trailing CRLF) a client receives.
+    ///
+    /// The first word is the error code clients dispatch on: `OOM` for a full store (as
+    /// Redis reports `maxmemory`), `TRYAGAIN` for conditions that may clear by themselves,
+    /// `ERR` otherwise.
+    pub fn to_resp_error(&self) -> String {
+        let (code, what) = match self.kind {
+            StoreErrorKind::KeyTooLarge => ("ERR", "key too large"),
+            StoreErrorKind::ValueTooLarge => ("ERR", "value too large"),
+            StoreErrorKind::Full => ("OOM", "storage is full"),
+            StoreErrorKind::Unavailable => ("TRYAGAIN", "storage unavailable"),
+            StoreErrorKind::Timeout => (
+                "TRYAGAIN",
+                "storage timed out, the write may have been applied",
+            ),
+            StoreErrorKind::Other => ("ERR", "storage error"),
+        };
+        if self.message.is_empty() {
+            format!("{code} {what}")
+        } else {
+            format!("{code} {what}: {}", self.message)
+        }
+    }
+}
+
+/// One storage session (one per client connection; not shared between threads).
+// `len` is DBSIZE; an `is_empty` would be one more method for every implementation to write
+// and nothing here needs it.
+#[allow(clippy::len_without_is_empty)]
+pub trait KvSession: Send {
+    /// The value of `key`, or `None` when absent.
+    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// Writes `value` under `key` as `mode` allows.
+    /// Returns whether the write was applied (false: NX found the key / XX did not).
+    fn put(&mut self, key: &[u8], value: &[u8], mode: PutMode) -> Result<bool, StoreError>;
+
+    /// Removes `key`; returns whether it was present.
+    fn delete(&mut self, key: &[u8]) -> Result<bool, StoreError>;
+
+    /// Atomically replace the value if it currently equals `expected` (None = absent).
+    /// Returns whether the swap happened.
+    fn compare_and_swap(
+        &mut self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: &[u8],
+    ) -> Result<bool, StoreError>;
+
+    /// The values of `keys`, in order (`None` for absent keys). Not atomic across keys.
+    fn multi_get(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError>;
+
+    /// Upserts every pair, in order (a later pair with the same key wins). Not atomic across
+    /// keys: on error, a prefix may have been applied.
+    fn multi_put(&mut self, pairs: &[(&[u8], &[u8])]) -> Result<(), StoreError>;
+
+    /// Number of keys (DBSIZE). May be approximate under concurrent writes.
+    fn len(&mut self) -> Result<u64, StoreError>;
+
+    /// Extra `key:value` lines for INFO (cluster/memnode/worker details), one per line,
+    /// without a section header; lines end in `\n` or `\r\n` (the front end normalizes).
+    fn info(&mut self) -> Result<String, StoreError>;
+}
+
+/// A store that hands out sessions; shared by every connection of a server.
+pub trait KvStore: Send + Sync + 'static {
+    /// A new session for one client connection. Called on the connection's own thread, so
+    /// it may block (e.g. to attach a pre-initialized connection).
+    fn session(&self) -> Result<Box<dyn KvSession>, StoreError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resp_errors_name_the_condition_and_keep_the_detail() {
+        let e = StoreError::new(StoreErrorKind::ValueTooLarge, "20000 bytes, limit 16320");
+        assert_eq!(
+            e.to_resp_error(),
+            "ERR value too large: 20000 bytes, limit 16320"
+        );
+        assert_eq!(
+            StoreError::new(StoreErrorKind::Full, "").to_resp_error(),
+            "OOM storage is full"
+        );
+        assert!(StoreError::new(StoreErrorKind::Unavailable, "memnode 2")
+            .to_resp_error()
+            .starts_with("TRYAGAIN "));
+        assert_eq!(e.to_string(), "value_too_large: 20000 bytes, limit 16320");
+    }
+}
