@@ -33,8 +33,9 @@ build_started=$(date +%s)
 (cd "$root" && cargo test --no-run --message-format=json "${cargo_args[@]}") >"$json"
 echo "run-cargo-tests: built in $(( $(date +%s) - build_started )) s"
 
-# Test executables: compiler-artifact lines with a non-null "executable".
-mapfile -t binaries < <(grep '"reason":"compiler-artifact"' "$json" | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | sort -u)
+# Test executables: compiler artifacts built in the test profile with a non-null
+# "executable" (not the package's own binaries, which cargo also builds for integration tests).
+mapfile -t binaries < <(grep '"reason":"compiler-artifact"' "$json" | grep '"test":true' | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | sort -u)
 [[ ${#binaries[@]} -gt 0 ]] || { echo "run-cargo-tests: cargo built no test binary" >&2; exit 2; }
 
 spec=()
