@@ -92,7 +92,11 @@ fn concurrent_upserts_during_splits(kind: TransportKind) {
     assert!(stats.global_depth >= 3, "the table should have split repeatedly: {stats:?}");
     let mut expected = 0;
     for (key, value) in finals.iter().flatten() {
-        assert_eq!(client.get(key.as_bytes()).unwrap().as_deref(), Some(value.as_bytes()), "acknowledged write to {key} lost");
+        assert_eq!(
+            client.get(key.as_bytes()).unwrap().as_deref(),
+            Some(value.as_bytes()),
+            "acknowledged write to {key} lost"
+        );
         expected += 1;
     }
     assert_eq!(client.len().unwrap(), expected as u64, "item count");

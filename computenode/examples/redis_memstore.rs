@@ -14,19 +14,10 @@ use racekv_computenode::redis::{MemStore, RedisServer, ServerOptions};
 
 fn main() -> std::io::Result<()> {
     racekv_telemetry::init_logging();
-    let addr = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| "127.0.0.1:6380".into());
-    let server = RedisServer::start(
-        addr.as_str(),
-        Arc::new(MemStore::new()),
-        ServerOptions::default(),
-    )?;
+    let addr = std::env::args().nth(1).unwrap_or_else(|| "127.0.0.1:6380".into());
+    let server = RedisServer::start(addr.as_str(), Arc::new(MemStore::new()), ServerOptions::default())?;
     println!("serving MemStore (test double) on {}", server.local_addr());
-    match std::env::var("RACEKV_EXAMPLE_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-    {
+    match std::env::var("RACEKV_EXAMPLE_SECONDS").ok().and_then(|s| s.parse().ok()) {
         Some(seconds) => std::thread::sleep(Duration::from_secs(seconds)),
         None => loop {
             std::thread::park();

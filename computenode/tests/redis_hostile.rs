@@ -40,10 +40,7 @@ impl Bystander {
             let mut done = 0u64;
             // Bounded: stops when told, or after 200k increments at most.
             while !stopping.load(Ordering::Relaxed) && done < 200_000 {
-                let n: u64 = cmd("INCR")
-                    .arg("bystander")
-                    .query(&mut con)
-                    .expect("bystander INCR");
+                let n: u64 = cmd("INCR").arg("bystander").query(&mut con).expect("bystander INCR");
                 done += 1;
                 assert_eq!(n, done);
             }
@@ -62,79 +59,41 @@ impl Bystander {
 fn hostile_connections_fail_alone() {
     let (server, store) = common::start(ServerOptions::default());
     // Connected before the attacks, used synchronously after each one.
-    let mut good = redis::Client::open(format!("redis://{}/", server.local_addr()))
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut good = redis::Client::open(format!("redis://{}/", server.local_addr())).unwrap().get_connection().unwrap();
     let bystander = Bystander::start(&server);
     let mut check = |label: &str| {
-        cmd("SET")
-            .arg("good")
-            .arg(label)
-            .query::<()>(&mut good)
-            .unwrap();
-        assert_eq!(
-            cmd("GET").arg("good").query::<String>(&mut good).unwrap(),
-            label
-        );
+        cmd("SET").arg("good").arg(label).query::<()>(&mut good).unwrap();
+        assert_eq!(cmd("GET").arg("good").query::<String>(&mut good).unwrap(), label);
     };
 
     let closing_cases: Vec<(&str, Vec<u8>, String)> = vec![
-        (
-            "negative array length",
-            b"*-5\r\n".to_vec(),
-            protocol_error("invalid multibulk length"),
-        ),
+        ("negative array length", b"*-5\r\n".to_vec(), protocol_error("invalid multibulk length")),
         (
             "array length 2^40",
             b"*1099511627776\r\n".to_vec(),
             protocol_error("invalid multibulk length 1099511627776: more than 1048576 arguments"),
         ),
-        (
-            "array length not a number",
-            b"*\x01\xfe garbage\r\n".to_vec(),
-            protocol_error("invalid multibulk length"),
-        ),
+        ("array length not a number", b"*\x01\xfe garbage\r\n".to_vec(), protocol_error("invalid multibulk length")),
         (
             "huge bulk length",
             b"*1\r\n$999999999999\r\n".to_vec(),
             protocol_error("invalid bulk length 999999999999: more than 1048576 bytes"),
         ),
-        (
-            "negative bulk length",
-            b"*1\r\n$-3\r\n".to_vec(),
-            protocol_error("invalid bulk length"),
-        ),
-        (
-            "not a bulk string",
-            b"*1\r\n:1\r\n".to_vec(),
-            protocol_error("expected '$', got ':'"),
-        ),
+        ("negative bulk length", b"*1\r\n$-3\r\n".to_vec(), protocol_error("invalid bulk length")),
+        ("not a bulk string", b"*1\r\n:1\r\n".to_vec(), protocol_error("expected '$', got ':'")),
         (
             "bad CRLF after bulk data",
             b"*1\r\n$4\r\nPINGxx".to_vec(),
             protocol_error("expected CRLF after 4 bytes of bulk data"),
         ),
-        (
-            "CR without LF",
-            b"*1\rX".to_vec(),
-            protocol_error("expected '\\n' after '\\r' in a count line"),
-        ),
-        (
-            "unbalanced quotes",
-            b"SET \"k v\r\n".to_vec(),
-            protocol_error("unbalanced quotes in request"),
-        ),
+        ("CR without LF", b"*1\rX".to_vec(), protocol_error("expected '\\n' after '\\r' in a count line")),
+        ("unbalanced quotes", b"SET \"k v\r\n".to_vec(), protocol_error("unbalanced quotes in request")),
         (
             "count line without end",
             [b"*".as_slice(), &[b'9'; 100]].concat(),
             protocol_error("too big mbulk count string"),
         ),
-        (
-            "inline line of 1 MiB without newline",
-            vec![b'a'; 1 << 20],
-            protocol_error("too big inline request"),
-        ),
+        ("inline line of 1 MiB without newline", vec![b'a'; 1 << 20], protocol_error("too big inline request")),
         (
             "good commands first, then garbage",
             b"PING\r\n*1\r\n$4\r\nECHO\r\n*-5\r\nPING\r\n".to_vec(),
@@ -160,12 +119,8 @@ fn hostile_connections_fail_alone() {
     // A claimed 1 MiB argument that never arrives: the server waits without allocating it
     // and without disturbing anyone.
     let mut stalled = common::raw(&server);
-    let (reply, closed) = common::exchange(
-        &mut stalled,
-        b"*1048576\r\n$1048576\r\nxyz",
-        true,
-        Duration::from_millis(300),
-    );
+    let (reply, closed) =
+        common::exchange(&mut stalled, b"*1048576\r\n$1048576\r\nxyz", true, Duration::from_millis(300));
     assert!(reply.is_empty() && !closed);
     check("stalled claim");
     drop(stalled);
@@ -181,35 +136,19 @@ fn hostile_connections_fail_alone() {
         })
         .collect();
     let (reply, _closed) = attack(&server, &noise, false);
-    assert!(
-        reply
-            .split_terminator("\r\n")
-            .all(|line| line.starts_with("-ERR")),
-        "{reply:?}"
-    );
+    assert!(reply.split_terminator("\r\n").all(|line| line.starts_with("-ERR")), "{reply:?}");
     check("noise");
 
     let increments = bystander.finish();
     assert!(increments > 0);
-    assert_eq!(
-        store.peek(b"bystander"),
-        Some(increments.to_string().into_bytes())
-    );
-    common::eventually("hostile connections are released", || {
-        server.stats().connected_clients() == 1
-    });
+    assert_eq!(store.peek(b"bystander"), Some(increments.to_string().into_bytes()));
+    common::eventually("hostile connections are released", || server.stats().connected_clients() == 1);
 }
 
 #[test]
 fn oversized_commands_are_refused_before_they_are_buffered() {
-    let limits = Limits {
-        max_command_bytes: 1024,
-        ..Limits::default()
-    };
-    let (server, store) = common::start(ServerOptions {
-        limits,
-        ..ServerOptions::default()
-    });
+    let limits = Limits { max_command_bytes: 1024, ..Limits::default() };
+    let (server, store) = common::start(ServerOptions { limits, ..ServerOptions::default() });
     let (reply, closed) = attack(&server, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$2000\r\n", true);
     assert_eq!(reply, protocol_error("command larger than 1024 bytes"));
     assert!(closed);
@@ -224,18 +163,12 @@ fn pipelined_commands_get_all_replies_in_order() {
     let mut expected = Vec::new();
     for i in 0..1000 {
         batch.extend_from_slice(format!("SET k{i} {i}\r\n").as_bytes());
-        batch.extend_from_slice(
-            format!("*2\r\n$3\r\nGET\r\n${}\r\nk{i}\r\n", format!("k{i}").len()).as_bytes(),
-        );
-        expected
-            .extend_from_slice(format!("+OK\r\n${}\r\n{i}\r\n", i.to_string().len()).as_bytes());
+        batch.extend_from_slice(format!("*2\r\n$3\r\nGET\r\n${}\r\nk{i}\r\n", format!("k{i}").len()).as_bytes());
+        expected.extend_from_slice(format!("+OK\r\n${}\r\n{i}\r\n", i.to_string().len()).as_bytes());
     }
     let (reply, closed) = common::exchange(&mut stream, &batch, false, WAIT);
     assert!(closed);
-    assert_eq!(
-        String::from_utf8_lossy(&reply),
-        String::from_utf8_lossy(&expected)
-    );
+    assert_eq!(String::from_utf8_lossy(&reply), String::from_utf8_lossy(&expected));
 }
 
 #[test]

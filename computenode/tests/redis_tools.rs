@@ -22,11 +22,7 @@ fn cli(bin: &Path, port: u16, args: &[&str], input: &[u8]) -> String {
     child.stdin.take().unwrap().write_all(input).unwrap();
     let out = child.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "redis-cli {args:?} failed: {stdout} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "redis-cli {args:?} failed: {stdout} {}", String::from_utf8_lossy(&out.stderr));
     stdout
 }
 
@@ -49,8 +45,7 @@ fn redis_cli_runs_string_commands() {
     assert_eq!(run(&["DEL", "a", "b", "missing"]), "2\n");
     assert_eq!(run(&["DBSIZE"]), "2\n");
     assert!(run(&["INCR", "greeting"]).starts_with("ERR value is not an integer or out of range"));
-    assert!(run(&["FLUSHALL"])
-        .starts_with("ERR unknown command 'FLUSHALL', with args beginning with: "));
+    assert!(run(&["FLUSHALL"]).starts_with("ERR unknown command 'FLUSHALL', with args beginning with: "));
     assert!(run(&["INFO"]).contains("redis_version:7.0.0-compatible (racekv "));
 }
 
@@ -60,8 +55,7 @@ fn redis_cli_reads_commands_from_stdin() {
         return;
     };
     let (server, _store) = common::start(ServerOptions::default());
-    let script =
-        b"SET k 5\nINCRBY k 37\nGET k\nSET \"quoted key\" \"a b\"\nGET \"quoted key\"\nPING\n";
+    let script = b"SET k 5\nINCRBY k 37\nGET k\nSET \"quoted key\" \"a b\"\nGET \"quoted key\"\nPING\n";
     let out = cli(&bin, server.local_addr().port(), &[], script);
     assert_eq!(out, "OK\n42\n42\nOK\na b\nPONG\n");
 }
@@ -74,10 +68,7 @@ fn redis_cli_pipe_mode_sends_a_pipelined_batch() {
     let (server, store) = common::start(ServerOptions::default());
     let mut input = Vec::new();
     for i in 0..2000 {
-        resp::encode_command(
-            &RespCommand::from_args(["SET", &format!("k{i}"), &format!("v{i}")]),
-            &mut input,
-        );
+        resp::encode_command(&RespCommand::from_args(["SET", &format!("k{i}"), &format!("v{i}")]), &mut input);
     }
     // redis-cli --pipe also passes hand-written inline commands through.
     input.extend_from_slice(b"INCRBY counter 5\r\nINCRBY counter 5\r\n");
@@ -94,40 +85,17 @@ fn redis_benchmark_completes_without_errors() {
     };
     let (server, _store) = common::start(ServerOptions::default());
     let out = Command::new(bin)
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &server.local_addr().port().to_string(),
-        ])
+        .args(["-h", "127.0.0.1", "-p", &server.local_addr().port().to_string()])
         .args(["-t", "get,set", "-n", "20000", "-q"])
         .stdin(Stdio::null())
         .output()
         .expect("run redis-benchmark");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{text}");
-    let finals: Vec<&str> = text
-        .split(['\r', '\n'])
-        .filter(|l| l.contains("requests per second"))
-        .collect();
-    assert!(
-        finals.iter().any(|l| l.starts_with("SET:"))
-            && finals.iter().any(|l| l.starts_with("GET:")),
-        "{text}"
-    );
-    assert!(
-        !text.to_ascii_lowercase().contains("error") && !text.contains("WARN"),
-        "{text}"
-    );
+    let finals: Vec<&str> = text.split(['\r', '\n']).filter(|l| l.contains("requests per second")).collect();
+    assert!(finals.iter().any(|l| l.starts_with("SET:")) && finals.iter().any(|l| l.starts_with("GET:")), "{text}");
+    assert!(!text.to_ascii_lowercase().contains("error") && !text.contains("WARN"), "{text}");
     // Every request reached the command layer (plus redis-benchmark's own CONFIG GETs).
-    assert!(
-        server.stats().total_commands_processed() >= 40_000,
-        "{}",
-        server.stats().total_commands_processed()
-    );
+    assert!(server.stats().total_commands_processed() >= 40_000, "{}", server.stats().total_commands_processed());
     assert_eq!(server.stats().protocol_errors(), 0);
 }

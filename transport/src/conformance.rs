@@ -477,8 +477,9 @@ pub mod fixtures {
                 crate::TransportKind::Verbs => (Endpoint::Verbs("127.0.0.1:0".into()), None),
             };
             let options = ServerOptions { token: TOKEN.into(), ..ServerOptions::default() };
-            let server = RegionServer::start(region, Some(file), Arc::new(TestRpc), options, std::slice::from_ref(&listen))
-                .unwrap_or_else(|e| panic!("fixture cannot serve {listen}: {e}"));
+            let server =
+                RegionServer::start(region, Some(file), Arc::new(TestRpc), options, std::slice::from_ref(&listen))
+                    .unwrap_or_else(|e| panic!("fixture cannot serve {listen}: {e}"));
             let endpoint = server.endpoints()[0].clone();
             Box::new(ServedRegion { server: Some(server), endpoint, _dir: dir })
         }
@@ -487,7 +488,8 @@ pub mod fixtures {
     impl Served for ServedRegion {
         fn connect(&self) -> Arc<dyn Connection> {
             let options = ConnectOptions { token: TOKEN.into(), timeout: Duration::from_secs(5) };
-            crate::connect(&self.endpoint, &options).unwrap_or_else(|e| panic!("cannot connect to {}: {e}", self.endpoint))
+            crate::connect(&self.endpoint, &options)
+                .unwrap_or_else(|e| panic!("cannot connect to {}: {e}", self.endpoint))
         }
 
         fn kill(&mut self) {

@@ -623,28 +623,67 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
                 );
             }
             (Kind::Batch, true) if stream.listener() == "verbs" => {
-                return refuse(&mut stream, &mut out, header.request_id, error_code::UNSUPPORTED, "a verbs control channel carries no batches: post them on the queue pair", "malformed");
+                return refuse(
+                    &mut stream,
+                    &mut out,
+                    header.request_id,
+                    error_code::UNSUPPORTED,
+                    "a verbs control channel carries no batches: post them on the queue pair",
+                    "malformed",
+                );
             }
             (Kind::VerbsConnect, true) => {
                 let (token, client) = match wire::decode_verbs_connect(&body) {
                     Ok(parts) => parts,
-                    Err(e) => return refuse(&mut stream, &mut out, header.request_id, error_code::MALFORMED, &e.to_string(), "malformed"),
+                    Err(e) => {
+                        return refuse(
+                            &mut stream,
+                            &mut out,
+                            header.request_id,
+                            error_code::MALFORMED,
+                            &e.to_string(),
+                            "malformed",
+                        )
+                    }
                 };
                 if !wire::token_matches(&token, &shared.token) {
                     return refuse(&mut stream, &mut out, header.request_id, error_code::AUTH, "bad token", "auth");
                 }
                 let host = match (&shared.verbs, stream.listener()) {
                     (Some(host), "verbs") => host,
-                    _ => return refuse(&mut stream, &mut out, header.request_id, error_code::UNSUPPORTED, "this endpoint does not serve verbs", "malformed"),
+                    _ => {
+                        return refuse(
+                            &mut stream,
+                            &mut out,
+                            header.request_id,
+                            error_code::UNSUPPORTED,
+                            "this endpoint does not serve verbs",
+                            "malformed",
+                        )
+                    }
                 };
                 if queue_pair.is_some() {
-                    return refuse(&mut stream, &mut out, header.request_id, error_code::MALFORMED, "one queue pair per control connection", "malformed");
+                    return refuse(
+                        &mut stream,
+                        &mut out,
+                        header.request_id,
+                        error_code::MALFORMED,
+                        "one queue pair per control connection",
+                        "malformed",
+                    );
                 }
                 match accept_verbs(host, &client, &mut out) {
                     Ok(qp) => queue_pair = Some(qp),
                     Err(message) => {
                         tracing::warn!("region server: cannot set up a verbs client: {message}");
-                        return refuse(&mut stream, &mut out, header.request_id, error_code::SETUP_FAILED, &message, "verbs_setup");
+                        return refuse(
+                            &mut stream,
+                            &mut out,
+                            header.request_id,
+                            error_code::SETUP_FAILED,
+                            &message,
+                            "verbs_setup",
+                        );
                     }
                 }
                 stream.write_all(&out).map_err(|_| "io")?;

@@ -10,35 +10,23 @@ use std::time::{Duration, Instant};
 use racekv_transport::tcp::TcpConnection;
 use racekv_transport::verbs::{self, VerbsConnection};
 use racekv_transport::{
-    Batch, ConnectOptions, Connection, Endpoint, NoRpc, Region, RegionServer, ServerOptions,
-    TransportError,
+    Batch, ConnectOptions, Connection, Endpoint, NoRpc, Region, RegionServer, ServerOptions, TransportError,
 };
 
 const TOKEN: &str = "verbs-test";
 const REGION: u64 = 1 << 20;
 
 fn options() -> ConnectOptions {
-    ConnectOptions {
-        token: TOKEN.into(),
-        timeout: Duration::from_secs(10),
-    }
+    ConnectOptions { token: TOKEN.into(), timeout: Duration::from_secs(10) }
 }
 
 /// A region server with a verbs and a tcp endpoint; returns (server, verbs addr, tcp addr).
 fn server() -> (RegionServer, String, String) {
     let region = Arc::new(Region::anonymous(REGION).unwrap());
-    let listen = [
-        Endpoint::Verbs("127.0.0.1:0".into()),
-        Endpoint::Tcp("127.0.0.1:0".into()),
-    ];
-    let options = ServerOptions {
-        token: TOKEN.into(),
-        ..Default::default()
-    };
-    let server = RegionServer::start(region, None, Arc::new(NoRpc), options, &listen)
-        .unwrap_or_else(|e| panic!("{e}"));
-    let (Endpoint::Verbs(verbs), Endpoint::Tcp(tcp)) =
-        (server.endpoints()[0].clone(), server.endpoints()[1].clone())
+    let listen = [Endpoint::Verbs("127.0.0.1:0".into()), Endpoint::Tcp("127.0.0.1:0".into())];
+    let options = ServerOptions { token: TOKEN.into(), ..Default::default() };
+    let server = RegionServer::start(region, None, Arc::new(NoRpc), options, &listen).unwrap_or_else(|e| panic!("{e}"));
+    let (Endpoint::Verbs(verbs), Endpoint::Tcp(tcp)) = (server.endpoints()[0].clone(), server.endpoints()[1].clone())
     else {
         panic!("unexpected endpoints {:?}", server.endpoints())
     };
@@ -46,8 +34,7 @@ fn server() -> (RegionServer, String, String) {
 }
 
 fn connect(addr: &str) -> VerbsConnection {
-    VerbsConnection::connect(addr, &options())
-        .unwrap_or_else(|e| panic!("cannot connect to verbs:{addr}: {e}"))
+    VerbsConnection::connect(addr, &options()).unwrap_or_else(|e| panic!("cannot connect to verbs:{addr}: {e}"))
 }
 
 fn read_u64(conn: &dyn Connection, offset: u64) -> u64 {
@@ -60,19 +47,12 @@ fn read_u64(conn: &dyn Connection, offset: u64) -> u64 {
 #[test]
 fn devices_lists_an_active_port_with_a_gid() {
     let devices = verbs::devices().unwrap();
-    assert!(
-        !devices.is_empty(),
-        "no RDMA device found; {}",
-        verbs::NO_DEVICE_HINT
-    );
+    assert!(!devices.is_empty(), "no RDMA device found; {}", verbs::NO_DEVICE_HINT);
     for d in &devices {
         eprint!("{d}");
     }
     assert!(
-        devices
-            .iter()
-            .flat_map(|d| &d.ports)
-            .any(|p| p.active && !p.gids.is_empty() && p.mtu >= 256),
+        devices.iter().flat_map(|d| &d.ports).any(|p| p.active && !p.gids.is_empty() && p.mtu >= 256),
         "no active port with a GID: {devices:?}"
     );
 }
@@ -90,37 +70,18 @@ fn remote_access_error_fails_the_connection_not_the_server() {
     b.read(REGION + 4096, 64); // past the end of the region and of its MR
     let after = b.faa(64, 100);
     let started = Instant::now();
-    let error = conn
-        .execute_unchecked(&mut b)
-        .expect_err("the NIC must refuse an access outside the MR");
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "took {:?}",
-        started.elapsed()
-    );
+    let error = conn.execute_unchecked(&mut b).expect_err("the NIC must refuse an access outside the MR");
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
     match &error {
-        TransportError::ConnectionLost {
-            reason,
-            maybe_executed,
-        } => {
-            assert!(
-                reason.contains("IBV_WC_REM_ACCESS_ERR"),
-                "reason does not name the status: {reason}"
-            );
-            assert!(
-                reason.contains("op 2"),
-                "reason does not name the failed op: {reason}"
-            );
+        TransportError::ConnectionLost { reason, maybe_executed } => {
+            assert!(reason.contains("IBV_WC_REM_ACCESS_ERR"), "reason does not name the status: {reason}");
+            assert!(reason.contains("op 2"), "reason does not name the failed op: {reason}");
             assert!(*maybe_executed);
         }
         other => panic!("expected ConnectionLost, got {other:?}"),
     }
     assert!(error.is_connection_failure());
-    assert_eq!(
-        b.result(before),
-        Ok(7),
-        "ops before the failed one completed"
-    );
+    assert_eq!(b.result(before), Ok(7), "ops before the failed one completed");
     assert!(b.result(after).is_err(), "ops after the failed one did not");
     assert!(!conn.is_healthy());
 
@@ -129,10 +90,9 @@ fn remote_access_error_fails_the_connection_not_the_server() {
     b.read(0, 8);
     let started = Instant::now();
     match conn.execute(&mut b) {
-        Err(TransportError::ConnectionLost {
-            reason,
-            maybe_executed: false,
-        }) => assert!(reason.contains("IBV_WC_REM_ACCESS_ERR"), "{reason}"),
+        Err(TransportError::ConnectionLost { reason, maybe_executed: false }) => {
+            assert!(reason.contains("IBV_WC_REM_ACCESS_ERR"), "{reason}")
+        }
         other => panic!("expected an immediate ConnectionLost, got {other:?}"),
     }
     assert!(started.elapsed() < Duration::from_millis(100));
@@ -140,11 +100,7 @@ fn remote_access_error_fails_the_connection_not_the_server() {
     // The server is fine: a new connection works and sees what the failed batch did first.
     let fresh = connect(&addr);
     assert!(fresh.is_healthy());
-    assert_eq!(
-        read_u64(&fresh, 64),
-        8,
-        "the WRITE and FAA before the bad READ took effect"
-    );
+    assert_eq!(read_u64(&fresh, 64), 8, "the WRITE and FAA before the bad READ took effect");
     let mut b = Batch::new();
     let c = b.cas(64, 8, 9);
     fresh.execute(&mut b).unwrap();
@@ -155,11 +111,7 @@ fn remote_access_error_fails_the_connection_not_the_server() {
     while server.connections() > 0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert_eq!(
-        server.connections(),
-        0,
-        "the server keeps closed clients' queue pairs"
-    );
+    assert_eq!(server.connections(), 0, "the server keeps closed clients' queue pairs");
 }
 
 /// Writes just under, at and over the inline limit (inline versus staged through the
@@ -170,15 +122,7 @@ fn writes_around_the_inline_limit() {
     let conn = connect(&addr);
     let inline = conn.max_inline_data() as usize;
     eprintln!("max inline data: {inline} B");
-    let sizes = [
-        1,
-        inline.saturating_sub(1).max(1),
-        inline.max(1),
-        inline + 1,
-        4096,
-        65 * 1024,
-        200 * 1024,
-    ];
+    let sizes = [1, inline.saturating_sub(1).max(1), inline.max(1), inline + 1, 4096, 65 * 1024, 200 * 1024];
     let mut b = Batch::new();
     let mut at = 0u64;
     let mut expect = Vec::new();
@@ -193,11 +137,7 @@ fn writes_around_the_inline_limit() {
         let mut b = Batch::new();
         let r = b.read(*offset, data.len() as u32);
         conn.execute(&mut b).unwrap();
-        assert!(
-            b.read_result(r).unwrap() == &data[..],
-            "write of {} B at {offset} did not land intact",
-            data.len()
-        );
+        assert!(b.read_result(r).unwrap() == &data[..], "write of {} B at {offset} did not land intact", data.len());
     }
 }
 
@@ -206,13 +146,10 @@ fn writes_around_the_inline_limit() {
 #[test]
 fn endpoints_keep_to_their_roles() {
     let (_server, verbs_addr, tcp_addr) = server();
-    let sneaky =
-        TcpConnection::connect(&verbs_addr, &options()).expect("hello is the same on both");
+    let sneaky = TcpConnection::connect(&verbs_addr, &options()).expect("hello is the same on both");
     let mut b = Batch::new();
     b.read(0, 8);
-    let error = sneaky
-        .execute(&mut b)
-        .expect_err("a batch over the verbs control channel must be refused");
+    let error = sneaky.execute(&mut b).expect_err("a batch over the verbs control channel must be refused");
     assert!(error.to_string().contains("no batches"), "{error}");
     match VerbsConnection::connect(&tcp_addr, &options()) {
         Err(TransportError::Connect { reason, .. }) => {
@@ -221,12 +158,6 @@ fn endpoints_keep_to_their_roles() {
         Err(other) => panic!("expected a Connect error, got {other:?}"),
         Ok(_) => panic!("a tcp endpoint handed out a queue pair"),
     }
-    let bad_token = ConnectOptions {
-        token: "wrong".into(),
-        ..options()
-    };
-    assert!(matches!(
-        VerbsConnection::connect(&verbs_addr, &bad_token),
-        Err(TransportError::AuthRefused { .. })
-    ));
+    let bad_token = ConnectOptions { token: "wrong".into(), ..options() };
+    assert!(matches!(VerbsConnection::connect(&verbs_addr, &bad_token), Err(TransportError::AuthRefused { .. })));
 }

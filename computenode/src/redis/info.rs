@@ -102,10 +102,8 @@ impl ServerStats {
     }
 
     pub(crate) fn add_io(&self, input_bytes: u64, output_bytes: u64) {
-        self.net_input_bytes
-            .fetch_add(input_bytes, Ordering::Relaxed);
-        self.net_output_bytes
-            .fetch_add(output_bytes, Ordering::Relaxed);
+        self.net_input_bytes.fetch_add(input_bytes, Ordering::Relaxed);
+        self.net_output_bytes.fetch_add(output_bytes, Ordering::Relaxed);
     }
 
     pub(crate) fn protocol_error(&self) {
@@ -125,17 +123,10 @@ pub(crate) fn render(
     mut storage: impl FnMut() -> Result<String, StoreError>,
 ) -> Result<String, StoreError> {
     let everything = sections.is_empty()
-        || sections.iter().any(|s| {
-            [b"default".as_slice(), b"all", b"everything"]
-                .iter()
-                .any(|all| s.eq_ignore_ascii_case(all))
-        });
-    let wanted = |name: &str| {
-        everything
-            || sections
-                .iter()
-                .any(|s| s.eq_ignore_ascii_case(name.as_bytes()))
-    };
+        || sections
+            .iter()
+            .any(|s| [b"default".as_slice(), b"all", b"everything"].iter().any(|all| s.eq_ignore_ascii_case(all)));
+    let wanted = |name: &str| everything || sections.iter().any(|s| s.eq_ignore_ascii_case(name.as_bytes()));
     let mut out = String::new();
     for name in SECTIONS.into_iter().filter(|name| wanted(name)) {
         if !out.is_empty() {
@@ -190,11 +181,7 @@ pub(crate) fn render(
             }
             _ => {
                 out.push_str("# Storage\r\n");
-                for line in storage()?
-                    .lines()
-                    .map(|l| l.trim_end_matches('\r'))
-                    .filter(|l| !l.is_empty())
-                {
+                for line in storage()?.lines().map(|l| l.trim_end_matches('\r')).filter(|l| !l.is_empty()) {
                     out.push_str(line);
                     out.push_str("\r\n");
                 }
@@ -229,18 +216,9 @@ mod tests {
     #[test]
     fn sections_can_be_selected_and_storage_is_asked_only_when_needed() {
         let stats = ServerStats::new(1, 1, None);
-        let text = render(&stats, &[b"CLIENTS"], || {
-            panic!("storage info not requested")
-        })
-        .unwrap();
-        assert!(
-            text.starts_with("# Clients\r\n") && !text.contains("# Server"),
-            "{text}"
-        );
-        assert_eq!(
-            render(&stats, &[b"nosuchsection"], || unreachable!()).unwrap(),
-            ""
-        );
+        let text = render(&stats, &[b"CLIENTS"], || panic!("storage info not requested")).unwrap();
+        assert!(text.starts_with("# Clients\r\n") && !text.contains("# Server"), "{text}");
+        assert_eq!(render(&stats, &[b"nosuchsection"], || unreachable!()).unwrap(), "");
     }
 
     #[test]

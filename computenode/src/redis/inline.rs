@@ -34,10 +34,8 @@ pub(crate) fn split_args(line: &[u8], max_command_bytes: usize) -> Result<Comman
                 match c {
                     None => return Err(ProtocolError::UnbalancedQuotes),
                     Some(b'\\') if line.get(i + 1) == Some(&b'x') => {
-                        match (
-                            line.get(i + 2).and_then(|&b| hex_value(b)),
-                            line.get(i + 3).and_then(|&b| hex_value(b)),
-                        ) {
+                        match (line.get(i + 2).and_then(|&b| hex_value(b)), line.get(i + 3).and_then(|&b| hex_value(b)))
+                        {
                             (Some(hi), Some(lo)) => {
                                 arg.push(hi * 16 + lo);
                                 i += 3;
@@ -103,9 +101,7 @@ pub(crate) fn split_args(line: &[u8], max_command_bytes: usize) -> Result<Comman
             i += 1;
         }
         if cmd.charged_bytes() + arg.len() + ARG_OVERHEAD_BYTES > max_command_bytes {
-            return Err(ProtocolError::CommandTooLarge {
-                max: max_command_bytes,
-            });
+            return Err(ProtocolError::CommandTooLarge { max: max_command_bytes });
         }
         cmd.push(&arg);
     }
@@ -136,20 +132,14 @@ mod tests {
     use super::*;
 
     fn split(line: &str) -> Result<Vec<String>, ProtocolError> {
-        split_args(line.as_bytes(), usize::MAX).map(|cmd| {
-            cmd.args()
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect()
-        })
+        split_args(line.as_bytes(), usize::MAX)
+            .map(|cmd| cmd.args().map(|a| String::from_utf8_lossy(a).into_owned()).collect())
     }
 
     #[test]
     fn splits_like_sdssplitargs() {
         assert_eq!(split("  set  k v ").unwrap(), ["set", "k", "v"]);
-        assert_eq!(
-            split(r#"set k "a b\n\x41\"""#).unwrap(),
-            ["set", "k", "a b\nA\""]
-        );
+        assert_eq!(split(r#"set k "a b\n\x41\"""#).unwrap(), ["set", "k", "a b\nA\""]);
         assert_eq!(split(r"set k 'it\'s'").unwrap(), ["set", "k", "it's"]);
         assert_eq!(split(r#"echo """#).unwrap(), ["echo", ""]);
         assert_eq!(split(r#"echo "\xZZ""#).unwrap(), ["echo", "xZZ"]);
@@ -161,23 +151,14 @@ mod tests {
 
     #[test]
     fn unbalanced_quotes_are_refused() {
-        for line in [
-            r#"get "k"#,
-            r#"get "k"x"#,
-            "get 'k",
-            "get 'k'x",
-            r#"get "k\"#,
-        ] {
+        for line in [r#"get "k"#, r#"get "k"x"#, "get 'k", "get 'k'x", r#"get "k\"#] {
             assert_eq!(split(line), Err(ProtocolError::UnbalancedQuotes), "{line}");
         }
     }
 
     #[test]
     fn oversized_inline_commands_are_refused() {
-        assert_eq!(
-            split_args(b"set k v", 3 + 1 + 1 + 3 * ARG_OVERHEAD_BYTES).map(|c| c.len()),
-            Ok(3)
-        );
+        assert_eq!(split_args(b"set k v", 3 + 1 + 1 + 3 * ARG_OVERHEAD_BYTES).map(|c| c.len()), Ok(3));
         assert!(split_args(b"set k vv", 3 + 1 + 1 + 3 * ARG_OVERHEAD_BYTES).is_err());
     }
 }

@@ -28,10 +28,7 @@ impl MemStore {
     /// An empty store that refuses values longer than `max_value_bytes`, to exercise the
     /// front end's error mapping the way the RACE table's block size limit will.
     pub fn with_max_value_bytes(max_value_bytes: usize) -> Self {
-        Self {
-            max_value_bytes: Some(max_value_bytes),
-            ..Self::default()
-        }
+        Self { max_value_bytes: Some(max_value_bytes), ..Self::default() }
     }
 
     /// A copy of the value of `key`, for assertions.
@@ -49,10 +46,9 @@ impl KvStore for MemStore {
 impl MemStore {
     fn check_value(&self, value: &[u8]) -> Result<(), StoreError> {
         match self.max_value_bytes {
-            Some(max) if value.len() > max => Err(StoreError::new(
-                StoreErrorKind::ValueTooLarge,
-                format!("{} bytes, limit {max}", value.len()),
-            )),
+            Some(max) if value.len() > max => {
+                Err(StoreError::new(StoreErrorKind::ValueTooLarge, format!("{} bytes, limit {max}", value.len())))
+            }
             _ => Ok(()),
         }
     }
@@ -82,12 +78,7 @@ impl KvSession for MemStore {
         Ok(self.map.lock().remove(key).is_some())
     }
 
-    fn compare_and_swap(
-        &mut self,
-        key: &[u8],
-        expected: Option<&[u8]>,
-        new: &[u8],
-    ) -> Result<bool, StoreError> {
+    fn compare_and_swap(&mut self, key: &[u8], expected: Option<&[u8]>, new: &[u8]) -> Result<bool, StoreError> {
         self.check_value(new)?;
         let mut map = self.map.lock();
         if map.get(key).map(Vec::as_slice) != expected {

@@ -5,9 +5,7 @@
 
 use std::sync::LazyLock;
 
-use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
-};
+use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts};
 use racekv_telemetry::{register, LATENCY_BUCKETS_SECONDS};
 
 pub(crate) struct Metrics {
@@ -25,45 +23,28 @@ pub(crate) struct Metrics {
 
 pub(crate) static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     connected_clients: register(
-        IntGauge::new(
-            "racekv_redis_connected_clients",
-            "Redis client connections open now",
-        )
-        .unwrap(),
+        IntGauge::new("racekv_redis_connected_clients", "Redis client connections open now").unwrap(),
     ),
     connections: register(
-        IntCounter::new(
-            "racekv_redis_connections_total",
-            "Redis client connections accepted",
-        )
-        .unwrap(),
+        IntCounter::new("racekv_redis_connections_total", "Redis client connections accepted").unwrap(),
     ),
     connections_rejected: register(
         IntCounterVec::new(
-            Opts::new(
-                "racekv_redis_connections_rejected_total",
-                "Redis client connections refused",
-            ),
+            Opts::new("racekv_redis_connections_rejected_total", "Redis client connections refused"),
             &["reason"],
         )
         .unwrap(),
     ),
     connections_closed: register(
         IntCounterVec::new(
-            Opts::new(
-                "racekv_redis_connections_closed_total",
-                "Redis client connections closed, by why",
-            ),
+            Opts::new("racekv_redis_connections_closed_total", "Redis client connections closed, by why"),
             &["reason"],
         )
         .unwrap(),
     ),
     commands: register(
         IntCounterVec::new(
-            Opts::new(
-                "racekv_redis_commands_total",
-                "Redis commands executed, by command and result (ok, error)",
-            ),
+            Opts::new("racekv_redis_commands_total", "Redis commands executed, by command and result (ok, error)"),
             &["command", "result"],
         )
         .unwrap(),
@@ -81,38 +62,22 @@ pub(crate) static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     ),
     protocol_errors: register(
         IntCounterVec::new(
-            Opts::new(
-                "racekv_redis_protocol_errors_total",
-                "Malformed Redis requests (each closes its connection)",
-            ),
+            Opts::new("racekv_redis_protocol_errors_total", "Malformed Redis requests (each closes its connection)"),
             &["reason"],
         )
         .unwrap(),
     ),
     store_errors: register(
         IntCounterVec::new(
-            Opts::new(
-                "racekv_redis_store_errors_total",
-                "Storage errors returned to Redis clients, by kind",
-            ),
+            Opts::new("racekv_redis_store_errors_total", "Storage errors returned to Redis clients, by kind"),
             &["kind"],
         )
         .unwrap(),
     ),
     received_bytes: register(
-        IntCounter::new(
-            "racekv_redis_received_bytes_total",
-            "Bytes received from Redis clients",
-        )
-        .unwrap(),
+        IntCounter::new("racekv_redis_received_bytes_total", "Bytes received from Redis clients").unwrap(),
     ),
-    sent_bytes: register(
-        IntCounter::new(
-            "racekv_redis_sent_bytes_total",
-            "Bytes sent to Redis clients",
-        )
-        .unwrap(),
-    ),
+    sent_bytes: register(IntCounter::new("racekv_redis_sent_bytes_total", "Bytes sent to Redis clients").unwrap()),
 });
 
 /// The series of one command, looked up once instead of per call.

@@ -74,10 +74,7 @@ impl Reply {
 /// from a client (an unknown command's name) cannot break the framing.
 fn line(out: &mut Vec<u8>, prefix: u8, text: &str) {
     out.push(prefix);
-    out.extend(
-        text.bytes()
-            .map(|b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
-    );
+    out.extend(text.bytes().map(|b| if b == b'\r' || b == b'\n' { b' ' } else { b }));
     out.extend_from_slice(b"\r\n");
 }
 
@@ -94,19 +91,12 @@ mod tests {
     #[test]
     fn encodes_every_kind() {
         assert_eq!(encoded(&Reply::ok()), "+OK\r\n");
-        assert_eq!(
-            encoded(&Reply::error("ERR bad\r\nthing")),
-            "-ERR bad  thing\r\n"
-        );
+        assert_eq!(encoded(&Reply::error("ERR bad\r\nthing")), "-ERR bad  thing\r\n");
         assert_eq!(encoded(&Reply::Integer(-3)), ":-3\r\n");
         assert_eq!(encoded(&Reply::bulk_str("a\r\nb")), "$4\r\na\r\nb\r\n");
         assert_eq!(encoded(&Reply::Nil), "$-1\r\n");
         assert_eq!(
-            encoded(&Reply::Array(vec![
-                Reply::Integer(1),
-                Reply::Nil,
-                Reply::Array(vec![])
-            ])),
+            encoded(&Reply::Array(vec![Reply::Integer(1), Reply::Nil, Reply::Array(vec![])])),
             "*3\r\n:1\r\n$-1\r\n*0\r\n"
         );
     }

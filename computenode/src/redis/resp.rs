@@ -46,12 +46,7 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Self {
-            max_bulk_bytes: 1 << 20,
-            max_array_len: 1 << 20,
-            max_inline_bytes: 64 << 10,
-            max_command_bytes: 4 << 20,
-        }
+        Self { max_bulk_bytes: 1 << 20, max_array_len: 1 << 20, max_inline_bytes: 64 << 10, max_command_bytes: 4 << 20 }
     }
 }
 
@@ -61,9 +56,7 @@ impl Limits {
     /// the partial command, plus the largest unit the parser waits for whole (a bulk string
     /// with its CRLF, an inline line, a count line), plus one chunk.
     pub fn max_buffered_bytes(&self, feed_chunk_bytes: usize) -> usize {
-        let largest_unit = (self.max_bulk_bytes + 2)
-            .max(self.max_inline_bytes + 1)
-            .max(MAX_COUNT_LINE_BYTES);
+        let largest_unit = (self.max_bulk_bytes + 2).max(self.max_inline_bytes + 1).max(MAX_COUNT_LINE_BYTES);
         self.max_command_bytes + largest_unit + feed_chunk_bytes
     }
 }
@@ -119,9 +112,7 @@ impl ProtocolError {
             ProtocolError::InvalidBulkLength => "invalid_bulk_length",
             ProtocolError::BulkTooLong { .. } => "bulk_too_long",
             ProtocolError::ExpectedBulk(_) => "expected_bulk",
-            ProtocolError::MultibulkCountTooLong | ProtocolError::BulkCountTooLong => {
-                "count_line_too_long"
-            }
+            ProtocolError::MultibulkCountTooLong | ProtocolError::BulkCountTooLong => "count_line_too_long",
             ProtocolError::MissingLineFeed => "missing_line_feed",
             ProtocolError::MissingBulkTerminator { .. } => "missing_bulk_terminator",
             ProtocolError::InlineTooLong => "inline_too_long",
@@ -198,8 +189,7 @@ impl Command {
 
     /// Argument `i`. Panics past the end, like slice indexing.
     pub fn arg(&self, i: usize) -> &[u8] {
-        self.get(i)
-            .unwrap_or_else(|| panic!("argument {i} of a {}-argument command", self.len()))
+        self.get(i).unwrap_or_else(|| panic!("argument {i} of a {}-argument command", self.len()))
     }
 
     /// Every argument, in order.
@@ -220,9 +210,7 @@ impl Command {
 
 impl fmt::Debug for Command {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_list()
-            .entries(self.args().map(String::from_utf8_lossy))
-            .finish()
+        f.debug_list().entries(self.args().map(String::from_utf8_lossy)).finish()
     }
 }
 
@@ -336,9 +324,7 @@ impl Parser {
                             other => return Ok(other),
                         }
                     }
-                    let Some((line, used)) =
-                        count_line(rest, ProtocolError::MultibulkCountTooLong)?
-                    else {
+                    let Some((line, used)) = count_line(rest, ProtocolError::MultibulkCountTooLong)? else {
                         return Ok(None);
                     };
                     let count = parse_i64(line).ok_or(ProtocolError::InvalidMultibulkLength)?;
@@ -355,9 +341,7 @@ impl Parser {
                         }
                         n => {
                             self.partial.clear();
-                            self.state = State::Header {
-                                remaining: n as usize,
-                            };
+                            self.state = State::Header { remaining: n as usize };
                         }
                     }
                 }
@@ -368,8 +352,7 @@ impl Parser {
                     if first != b'$' {
                         return Err(ProtocolError::ExpectedBulk(first));
                     }
-                    let Some((line, used)) = count_line(rest, ProtocolError::BulkCountTooLong)?
-                    else {
+                    let Some((line, used)) = count_line(rest, ProtocolError::BulkCountTooLong)? else {
                         return Ok(None);
                     };
                     let len = parse_i64(line).ok_or(ProtocolError::InvalidBulkLength)?;
@@ -377,20 +360,13 @@ impl Parser {
                         return Err(ProtocolError::InvalidBulkLength);
                     }
                     if len as u64 > self.limits.max_bulk_bytes as u64 {
-                        return Err(ProtocolError::BulkTooLong {
-                            len: len as u64,
-                            max: self.limits.max_bulk_bytes,
-                        });
+                        return Err(ProtocolError::BulkTooLong { len: len as u64, max: self.limits.max_bulk_bytes });
                     }
                     let len = len as usize;
                     // Checked before the data arrives, so an oversized command is refused
                     // before it is buffered (and at the same point however it is split).
-                    if self.partial.charged_bytes() + len + ARG_OVERHEAD_BYTES
-                        > self.limits.max_command_bytes
-                    {
-                        return Err(ProtocolError::CommandTooLarge {
-                            max: self.limits.max_command_bytes,
-                        });
+                    if self.partial.charged_bytes() + len + ARG_OVERHEAD_BYTES > self.limits.max_command_bytes {
+                        return Err(ProtocolError::CommandTooLarge { max: self.limits.max_command_bytes });
                     }
                     self.pos += used;
                     self.state = State::Bulk { remaining, len };
@@ -408,9 +384,7 @@ impl Parser {
                         self.state = State::Idle;
                         return Ok(Some(std::mem::take(&mut self.partial)));
                     }
-                    self.state = State::Header {
-                        remaining: remaining - 1,
-                    };
+                    self.state = State::Header { remaining: remaining - 1 };
                 }
             }
         }
@@ -421,11 +395,7 @@ impl Parser {
         let rest = &self.buf[self.pos..];
         let window = &rest[..rest.len().min(self.limits.max_inline_bytes + 1)];
         let start = self.inline_scanned.min(window.len());
-        let Some(newline) = window[start..]
-            .iter()
-            .position(|&b| b == b'\n')
-            .map(|i| start + i)
-        else {
+        let Some(newline) = window[start..].iter().position(|&b| b == b'\n').map(|i| start + i) else {
             if rest.len() > self.limits.max_inline_bytes {
                 return Err(ProtocolError::InlineTooLong);
             }
@@ -445,10 +415,7 @@ impl Parser {
 
 /// Finds the CRLF ending a count line that starts at `rest[0]` (`*` or `$`). Returns the
 /// digits and the bytes used including CRLF, or `None` when the line is not complete yet.
-fn count_line(
-    rest: &[u8],
-    too_long: ProtocolError,
-) -> Result<Option<(&[u8], usize)>, ProtocolError> {
+fn count_line(rest: &[u8], too_long: ProtocolError) -> Result<Option<(&[u8], usize)>, ProtocolError> {
     let window = &rest[..rest.len().min(MAX_COUNT_LINE_BYTES)];
     match window.iter().position(|&b| b == b'\r') {
         // Decided on the content alone (where the CR is), never on how much has arrived.
@@ -544,25 +511,16 @@ mod tests {
 
     #[test]
     fn parses_arrays_and_inline_commands() {
-        assert_eq!(
-            parse_one(b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"),
-            Ok(Some(cmd(&["GET", "k"])))
-        );
+        assert_eq!(parse_one(b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"), Ok(Some(cmd(&["GET", "k"]))));
         assert_eq!(parse_one(b"*1\r\n$0\r\n\r\n"), Ok(Some(cmd(&[""]))));
-        assert_eq!(
-            parse_one(b"SET k  \"a b\"\r\n"),
-            Ok(Some(cmd(&["SET", "k", "a b"])))
-        );
+        assert_eq!(parse_one(b"SET k  \"a b\"\r\n"), Ok(Some(cmd(&["SET", "k", "a b"]))));
         assert_eq!(parse_one(b"PING\n"), Ok(Some(cmd(&["PING"]))));
         assert_eq!(parse_one(b"*2\r\n$3\r\nGET\r\n$1\r\n"), Ok(None));
     }
 
     #[test]
     fn skips_empty_commands_like_redis() {
-        let (cmds, err) = parse_all(
-            Limits::default(),
-            &[b"*0\r\n*-1\r\n\r\n   \r\n*1\r\n$4\r\nPING\r\n"],
-        );
+        let (cmds, err) = parse_all(Limits::default(), &[b"*0\r\n*-1\r\n\r\n   \r\n*1\r\n$4\r\nPING\r\n"]);
         assert_eq!(err, None);
         assert_eq!(cmds, vec![cmd(&["PING"])]);
     }
@@ -585,51 +543,22 @@ mod tests {
             (b"*+1\r\n", ProtocolError::InvalidMultibulkLength),
             (b"*01\r\n", ProtocolError::InvalidMultibulkLength),
             (b"*\r\n", ProtocolError::InvalidMultibulkLength),
-            (
-                b"*99999999999999999999\r\n",
-                ProtocolError::InvalidMultibulkLength,
-            ),
-            (
-                b"*1099511627776\r\n",
-                ProtocolError::MultibulkTooLong {
-                    len: 1 << 40,
-                    max: 1 << 20,
-                },
-            ),
+            (b"*99999999999999999999\r\n", ProtocolError::InvalidMultibulkLength),
+            (b"*1099511627776\r\n", ProtocolError::MultibulkTooLong { len: 1 << 40, max: 1 << 20 }),
             (b"*1\r\n$-1\r\n", ProtocolError::InvalidBulkLength),
             (b"*1\r\n$x\r\n", ProtocolError::InvalidBulkLength),
-            (
-                b"*1\r\n$999999999999\r\n",
-                ProtocolError::BulkTooLong {
-                    len: 999_999_999_999,
-                    max: 1 << 20,
-                },
-            ),
+            (b"*1\r\n$999999999999\r\n", ProtocolError::BulkTooLong { len: 999_999_999_999, max: 1 << 20 }),
             (b"*1\r\n:5\r\n", ProtocolError::ExpectedBulk(b':')),
-            (
-                b"*1\r\n$1\r\nab\r\n",
-                ProtocolError::MissingBulkTerminator { len: 1 },
-            ),
+            (b"*1\r\n$1\r\nab\r\n", ProtocolError::MissingBulkTerminator { len: 1 }),
             (b"*1\rX", ProtocolError::MissingLineFeed),
             (b"GET \"k\r\n", ProtocolError::UnbalancedQuotes),
             (b"GET \"k\"x\r\n", ProtocolError::UnbalancedQuotes),
         ];
         for (input, expected) in cases {
-            assert_eq!(
-                parse_one(input).as_ref(),
-                Err(expected),
-                "input {:?}",
-                String::from_utf8_lossy(input)
-            );
+            assert_eq!(parse_one(input).as_ref(), Err(expected), "input {:?}", String::from_utf8_lossy(input));
         }
-        assert_eq!(
-            ProtocolError::ExpectedBulk(0).to_string(),
-            "expected '$', got '\\x00'"
-        );
-        assert_eq!(
-            ProtocolError::InvalidBulkLength.to_string(),
-            "invalid bulk length"
-        );
+        assert_eq!(ProtocolError::ExpectedBulk(0).to_string(), "expected '$', got '\\x00'");
+        assert_eq!(ProtocolError::InvalidBulkLength.to_string(), "invalid bulk length");
     }
 
     #[test]
@@ -644,40 +573,25 @@ mod tests {
 
     #[test]
     fn inline_lines_are_bounded_by_content_not_by_buffering() {
-        let limits = Limits {
-            max_inline_bytes: 16,
-            ..Limits::default()
-        };
+        let limits = Limits { max_inline_bytes: 16, ..Limits::default() };
         let line = [b"ECHO ".as_slice(), &[b'a'; 10], b"\r\n"].concat(); // 16 bytes (CR included) + LF
         assert_eq!(parse_all(limits, &[&line]).0.len(), 1);
         let line = [b"ECHO ".as_slice(), &[b'a'; 12], b"\n"].concat(); // 17 bytes
-        assert_eq!(
-            parse_all(limits, &[&line]).1,
-            Some(ProtocolError::InlineTooLong)
-        );
+        assert_eq!(parse_all(limits, &[&line]).1, Some(ProtocolError::InlineTooLong));
         // Without a newline, refused as soon as the bound is passed.
-        assert_eq!(
-            parse_all(limits, &[&[b'x'; 17]]).1,
-            Some(ProtocolError::InlineTooLong)
-        );
+        assert_eq!(parse_all(limits, &[&[b'x'; 17]]).1, Some(ProtocolError::InlineTooLong));
         assert_eq!(parse_all(limits, &[&[b'x'; 16]]), (vec![], None));
     }
 
     #[test]
     fn command_size_is_checked_before_the_data_arrives() {
-        let limits = Limits {
-            max_command_bytes: 100,
-            ..Limits::default()
-        };
+        let limits = Limits { max_command_bytes: 100, ..Limits::default() };
         // 3 args: 3 + 8, 50 + 8, then a 40-byte header: 69 + 48 > 100.
         let head = b"*3\r\n$3\r\nSET\r\n$50\r\n";
         let mut input = head.to_vec();
         input.extend_from_slice(&[b'k'; 50]);
         input.extend_from_slice(b"\r\n$40\r\n");
-        assert_eq!(
-            parse_all(limits, &[&input]).1,
-            Some(ProtocolError::CommandTooLarge { max: 100 })
-        );
+        assert_eq!(parse_all(limits, &[&input]).1, Some(ProtocolError::CommandTooLarge { max: 100 }));
     }
 
     #[test]
@@ -702,24 +616,13 @@ mod tests {
         assert_eq!(parse_i64(b"0"), Some(0));
         assert_eq!(parse_i64(b"-9223372036854775808"), Some(i64::MIN));
         assert_eq!(parse_i64(b"9223372036854775807"), Some(i64::MAX));
-        for bad in [
-            &b"9223372036854775808"[..],
-            b"-",
-            b"",
-            b"-0",
-            b"007",
-            b" 1",
-            b"1 ",
-            b"+1",
-            b"1e3",
-        ] {
+        for bad in [&b"9223372036854775808"[..], b"-", b"", b"-0", b"007", b" 1", b"1 ", b"+1", b"1e3"] {
             assert_eq!(parse_i64(bad), None, "{:?}", String::from_utf8_lossy(bad));
         }
     }
 
     fn arb_command() -> impl Strategy<Value = Command> {
-        proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 1..8)
-            .prop_map(Command::from_args)
+        proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 1..8).prop_map(Command::from_args)
     }
 
     /// Cuts `bytes` at the given fractions (sorted, deduplicated).

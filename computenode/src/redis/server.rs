@@ -94,18 +94,10 @@ pub struct RedisServer {
 
 impl RedisServer {
     /// Binds `addr` (port 0 picks a free port) and serves `store` on background threads.
-    pub fn start(
-        addr: impl ToSocketAddrs,
-        store: Arc<dyn KvStore>,
-        options: ServerOptions,
-    ) -> io::Result<Self> {
+    pub fn start(addr: impl ToSocketAddrs, store: Arc<dyn KvStore>, options: ServerOptions) -> io::Result<Self> {
         let listener = TcpListener::bind(addr)?;
         let addr = listener.local_addr()?;
-        let stats = Arc::new(ServerStats::new(
-            addr.port(),
-            options.max_clients,
-            options.idle_timeout,
-        ));
+        let stats = Arc::new(ServerStats::new(addr.port(), options.max_clients, options.idle_timeout));
         let shared = Arc::new(Shared {
             store,
             options,
@@ -120,11 +112,7 @@ impl RedisServer {
             .name("redis-accept".into())
             .spawn(move || accept_loop(&accepting, &listener))?;
         tracing::info!("redis front end listening on {addr}");
-        Ok(Self {
-            shared,
-            addr,
-            acceptor: Some(acceptor),
-        })
+        Ok(Self { shared, addr, acceptor: Some(acceptor) })
     }
 
     /// The bound address (port 0 resolved).
@@ -165,20 +153,12 @@ impl Drop for RedisServer {
 
 fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
     while !shared.stopping.load(Ordering::Acquire) {
-        let mut fds = [nix::poll::PollFd::new(
-            listener.as_fd(),
-            nix::poll::PollFlags::POLLIN,
-        )];
-        match nix::poll::poll(
-            &mut fds,
-            nix::poll::PollTimeout::from(ACCEPT_POLL.as_millis() as u16),
-        ) {
+        let mut fds = [nix::poll::PollFd::new(listener.as_fd(), nix::poll::PollFlags::POLLIN)];
+        match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(ACCEPT_POLL.as_millis() as u16)) {
             Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
             Ok(_) => {}
             Err(e) => {
-                tracing::error!(
-                    "redis front end: poll on the listener failed, no longer accepting: {e}"
-                );
+                tracing::error!("redis front end: poll on the listener failed, no longer accepting: {e}");
                 return;
             }
         }
@@ -192,10 +172,7 @@ fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
 
 fn admit(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     if !shared.stats.try_admit() {
-        METRICS
-            .connections_rejected
-            .with_label_values(&["max_clients"])
-            .inc();
+        METRICS.connections_rejected.with_label_values(&["max_clients"]).inc();
         refuse(stream, b"-ERR max number of clients reached\r\n");
         return;
     }
@@ -213,13 +190,11 @@ fn admit(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         }
     }
     let conn_shared = Arc::clone(shared);
-    let spawned = std::thread::Builder::new()
-        .name(format!("redis-conn-{id}"))
-        .spawn(move || {
-            let reason = serve(&conn_shared, stream, id);
-            tracing::debug!("redis client {id} ({peer}) closed: {reason}");
-            release(&conn_shared, id, reason);
-        });
+    let spawned = std::thread::Builder::new().name(format!("redis-conn-{id}")).spawn(move || {
+        let reason = serve(&conn_shared, stream, id);
+        tracing::debug!("redis client {id} ({peer}) closed: {reason}");
+        release(&conn_shared, id, reason);
+    });
     match spawned {
         Ok(handle) => {
             let mut threads = shared.threads.lock();
@@ -240,10 +215,7 @@ fn release(shared: &Shared, id: u64, reason: &'static str) {
     shared.open.lock().remove(&id);
     shared.stats.client_gone();
     METRICS.connected_clients.dec();
-    METRICS
-        .connections_closed
-        .with_label_values(&[reason])
-        .inc();
+    METRICS.connections_closed.with_label_values(&[reason]).inc();
 }
 
 /// Answers a connection we will not serve, without blocking the accepting thread: the reply
@@ -263,10 +235,7 @@ fn refuse(mut stream: TcpStream, reply: &[u8]) {
 }
 
 fn is_timeout(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-    )
+    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
 }
 
 /// Serves one connection until it ends; returns why it ended (a metric label).
@@ -304,13 +273,7 @@ fn serve(shared: &Shared, mut stream: TcpStream, id: u64) -> &'static str {
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) if is_timeout(&e) => return "idle_timeout",
-            Err(_) => {
-                return if shared.stopping.load(Ordering::Acquire) {
-                    "shutdown"
-                } else {
-                    "io_error"
-                }
-            }
+            Err(_) => return if shared.stopping.load(Ordering::Acquire) { "shutdown" } else { "io_error" },
         };
         METRICS.received_bytes.inc_by(n as u64);
         parser.feed(&chunk[..n]);
@@ -334,10 +297,7 @@ fn serve(shared: &Shared, mut stream: TcpStream, id: u64) -> &'static str {
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    METRICS
-                        .protocol_errors
-                        .with_label_values(&[e.reason()])
-                        .inc();
+                    METRICS.protocol_errors.with_label_values(&[e.reason()]).inc();
                     shared.stats.protocol_error();
                     tracing::debug!("redis client {id}: protocol error: {e}");
                     Reply::Error(format!("ERR Protocol error: {e}").into()).encode(&mut out);
@@ -385,9 +345,7 @@ mod tests {
 
     #[test]
     fn default_per_connection_memory_bound_is_as_documented() {
-        let bound = ServerOptions::default()
-            .limits
-            .max_buffered_bytes(READ_CHUNK_BYTES);
+        let bound = ServerOptions::default().limits.max_buffered_bytes(READ_CHUNK_BYTES);
         assert!(bound > 5 << 20 && bound < 6 << 20, "{bound}");
     }
 }

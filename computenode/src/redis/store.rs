@@ -79,10 +79,7 @@ pub struct StoreError {
 impl StoreError {
     /// An error of `kind` with `message`.
     pub fn new(kind: StoreErrorKind, message: impl Into<String>) -> Self {
-        Self {
-            kind,
-            message: message.into(),
-        }
+        Self { kind, message: message.into() }
     }
 
     /// The RESP error line (without the leading `-` and trailing CRLF) a client receives.
@@ -96,10 +93,7 @@ impl StoreError {
             StoreErrorKind::ValueTooLarge => ("ERR", "value too large"),
             StoreErrorKind::Full => ("OOM", "storage is full"),
             StoreErrorKind::Unavailable => ("TRYAGAIN", "storage unavailable"),
-            StoreErrorKind::Timeout => (
-                "TRYAGAIN",
-                "storage timed out, the write may have been applied",
-            ),
+            StoreErrorKind::Timeout => ("TRYAGAIN", "storage timed out, the write may have been applied"),
             StoreErrorKind::Other => ("ERR", "storage error"),
         };
         if self.message.is_empty() {
@@ -127,12 +121,7 @@ pub trait KvSession: Send {
 
     /// Atomically replace the value if it currently equals `expected` (None = absent).
     /// Returns whether the swap happened.
-    fn compare_and_swap(
-        &mut self,
-        key: &[u8],
-        expected: Option<&[u8]>,
-        new: &[u8],
-    ) -> Result<bool, StoreError>;
+    fn compare_and_swap(&mut self, key: &[u8], expected: Option<&[u8]>, new: &[u8]) -> Result<bool, StoreError>;
 
     /// The values of `keys`, in order (`None` for absent keys). Not atomic across keys.
     fn multi_get(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError>;
@@ -163,17 +152,9 @@ mod tests {
     #[test]
     fn resp_errors_name_the_condition_and_keep_the_detail() {
         let e = StoreError::new(StoreErrorKind::ValueTooLarge, "20000 bytes, limit 16320");
-        assert_eq!(
-            e.to_resp_error(),
-            "ERR value too large: 20000 bytes, limit 16320"
-        );
-        assert_eq!(
-            StoreError::new(StoreErrorKind::Full, "").to_resp_error(),
-            "OOM storage is full"
-        );
-        assert!(StoreError::new(StoreErrorKind::Unavailable, "memnode 2")
-            .to_resp_error()
-            .starts_with("TRYAGAIN "));
+        assert_eq!(e.to_resp_error(), "ERR value too large: 20000 bytes, limit 16320");
+        assert_eq!(StoreError::new(StoreErrorKind::Full, "").to_resp_error(), "OOM storage is full");
+        assert!(StoreError::new(StoreErrorKind::Unavailable, "memnode 2").to_resp_error().starts_with("TRYAGAIN "));
         assert_eq!(e.to_string(), "value_too_large: 20000 bytes, limit 16320");
     }
 }

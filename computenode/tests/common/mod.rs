@@ -12,8 +12,7 @@ use racekv_computenode::redis::{MemStore, RedisServer, ServerOptions};
 /// A server over a fresh `MemStore` (the test double) on 127.0.0.1, port chosen by the OS.
 pub fn start(options: ServerOptions) -> (RedisServer, MemStore) {
     let store = MemStore::new();
-    let server = RedisServer::start("127.0.0.1:0", Arc::new(store.clone()), options)
-        .expect("start redis server");
+    let server = RedisServer::start("127.0.0.1:0", Arc::new(store.clone()), options).expect("start redis server");
     (server, store)
 }
 
@@ -28,29 +27,20 @@ pub fn redis_tool(name: &str) -> Option<PathBuf> {
         eprintln!("skipping: {name} not installed and RACEKV_SKIP_REDIS_TOOLS=1");
         return None;
     }
-    panic!(
-        "{name} not found: `apt-get install redis-tools`, or set RACEKV_SKIP_REDIS_TOOLS=1 to skip"
-    );
+    panic!("{name} not found: `apt-get install redis-tools`, or set RACEKV_SKIP_REDIS_TOOLS=1 to skip");
 }
 
 /// A raw connection with a read timeout, for speaking bytes directly.
 pub fn raw(server: &RedisServer) -> TcpStream {
     let stream = TcpStream::connect(server.local_addr()).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     stream
 }
 
 /// Sends `bytes` (ignoring a write cut short by the server closing), half-closes unless
 /// `keep_open`, and reads until the server closes or `timeout` passes. Returns what was read
 /// and whether the server closed.
-pub fn exchange(
-    stream: &mut TcpStream,
-    bytes: &[u8],
-    keep_open: bool,
-    timeout: Duration,
-) -> (Vec<u8>, bool) {
+pub fn exchange(stream: &mut TcpStream, bytes: &[u8], keep_open: bool, timeout: Duration) -> (Vec<u8>, bool) {
     let _ = stream.write_all(bytes);
     if !keep_open {
         let _ = stream.shutdown(Shutdown::Write);
@@ -72,12 +62,7 @@ pub fn read_until_close(stream: &mut TcpStream, timeout: Duration) -> (Vec<u8>, 
         match stream.read(&mut buf) {
             Ok(0) => return (got, true),
             Ok(n) => got.extend_from_slice(&buf[..n]),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
                 return (got, false)
             }
             // A reset also ends the connection.

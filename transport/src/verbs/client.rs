@@ -31,9 +31,7 @@ use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts};
 use super::error::VerbsError;
 use super::local::{self, LocalDevice};
 use super::memory::{Access, Buffer, MemoryRegion, ProtectionDomain};
-use super::queue::{
-    CompletionQueue, LocalSpan, QpCaps, QueuePair, RemotePath, SendList, SendPath, WorkCompletion,
-};
+use super::queue::{CompletionQueue, LocalSpan, QpCaps, QueuePair, RemotePath, SendList, SendPath, WorkCompletion};
 use super::{random_psn, MAX_RD_ATOMIC, QP_RETRY_CNT, QP_RNR_RETRY, QP_TIMEOUT};
 use crate::batch::{Batch, OpKind, MAX_BATCH_BYTES, MAX_BATCH_OPS};
 use crate::error::TransportError;
@@ -69,11 +67,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     use racekv_telemetry::{register, LATENCY_BUCKETS_SECONDS};
     Metrics {
         batches: register(
-            IntCounter::new(
-                "racekv_transport_verbs_batches_total",
-                "Batches posted on verbs queue pairs",
-            )
-            .unwrap(),
+            IntCounter::new("racekv_transport_verbs_batches_total", "Batches posted on verbs queue pairs").unwrap(),
         ),
         batch_seconds: register(
             Histogram::with_opts(
@@ -86,18 +80,11 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             .unwrap(),
         ),
         rpcs: register(
-            IntCounter::new(
-                "racekv_transport_verbs_rpcs_total",
-                "RPCs sent over verbs control channels",
-            )
-            .unwrap(),
+            IntCounter::new("racekv_transport_verbs_rpcs_total", "RPCs sent over verbs control channels").unwrap(),
         ),
         completion_errors: register(
             IntCounterVec::new(
-                Opts::new(
-                    "racekv_transport_verbs_completion_errors_total",
-                    "Work completions with an error status",
-                ),
+                Opts::new("racekv_transport_verbs_completion_errors_total", "Work completions with an error status"),
                 &["status"],
             )
             .unwrap(),
@@ -131,16 +118,10 @@ impl Staging {
     /// data. Only called with no work request in flight.
     fn ensure(&mut self, read_bytes: usize, write_bytes: usize) -> Result<(), VerbsError> {
         if self.reads.len() < ATOMIC_AREA + read_bytes {
-            self.reads = Self::buffer(
-                &self.pd,
-                ATOMIC_AREA + read_bytes.next_power_of_two().max(INITIAL_STAGING),
-            )?;
+            self.reads = Self::buffer(&self.pd, ATOMIC_AREA + read_bytes.next_power_of_two().max(INITIAL_STAGING))?;
         }
         if self.writes.len() < write_bytes {
-            self.writes = Self::buffer(
-                &self.pd,
-                write_bytes.next_power_of_two().max(INITIAL_STAGING),
-            )?;
+            self.writes = Self::buffer(&self.pd, write_bytes.next_power_of_two().max(INITIAL_STAGING))?;
         }
         Ok(())
     }
@@ -200,14 +181,8 @@ impl VerbsConnection {
     /// control channel): hello, QP exchange, both QPs to RTS.
     pub fn connect(addr: &str, options: &ConnectOptions) -> Result<Self, TransportError> {
         let endpoint = format!("verbs:{addr}");
-        let fail = |reason: String| TransportError::Connect {
-            endpoint: endpoint.clone(),
-            reason,
-        };
-        let verbs = |e: VerbsError| TransportError::Connect {
-            endpoint: endpoint.clone(),
-            reason: e.to_string(),
-        };
+        let fail = |reason: String| TransportError::Connect { endpoint: endpoint.clone(), reason };
+        let verbs = |e: VerbsError| TransportError::Connect { endpoint: endpoint.clone(), reason: e.to_string() };
 
         // Local resources first: without a device there is no point in dialling.
         let device = local::shared().map_err(verbs)?;
@@ -225,20 +200,12 @@ impl VerbsConnection {
         let staging = Staging::new(&device.pd).map_err(verbs)?;
 
         // Control channel: hello, then the QP exchange.
-        let target = addr
-            .to_socket_addrs()
-            .map_err(|e| fail(e.to_string()))?
-            .next()
-            .ok_or_else(|| fail("no address".into()))?;
-        let mut stream = TcpStream::connect_timeout(&target, options.timeout)
-            .map_err(|e| fail(e.to_string()))?;
+        let target =
+            addr.to_socket_addrs().map_err(|e| fail(e.to_string()))?.next().ok_or_else(|| fail("no address".into()))?;
+        let mut stream = TcpStream::connect_timeout(&target, options.timeout).map_err(|e| fail(e.to_string()))?;
         stream.set_nodelay(true).map_err(|e| fail(e.to_string()))?;
-        stream
-            .set_read_timeout(Some(POLL_INTERVAL))
-            .map_err(|e| fail(e.to_string()))?;
-        stream
-            .set_write_timeout(Some(options.timeout))
-            .map_err(|e| fail(e.to_string()))?;
+        stream.set_read_timeout(Some(POLL_INTERVAL)).map_err(|e| fail(e.to_string()))?;
+        stream.set_write_timeout(Some(options.timeout)).map_err(|e| fail(e.to_string()))?;
         let token = wire::token_digest(&options.token);
         let hello = hello(&mut stream, &token, options.timeout, &endpoint)?;
 
@@ -307,11 +274,7 @@ impl VerbsConnection {
             watcher: Some(watcher),
             token,
             hello,
-            remote: RemoteRegion {
-                base_addr: accept.base_addr,
-                rkey: accept.rkey,
-                len: accept.region_len,
-            },
+            remote: RemoteRegion { base_addr: accept.base_addr, rkey: accept.rkey, len: accept.region_len },
             max_inline,
             timeout: options.timeout,
             endpoint,
@@ -331,13 +294,13 @@ impl VerbsConnection {
     pub fn execute_unchecked(&self, batch: &mut Batch) -> Result<(), TransportError> {
         let count = batch.len();
         if count == 0 || count > MAX_BATCH_OPS {
-            return Err(TransportError::InvalidBatch(format!(
-                "{count} ops; a batch has 1..={MAX_BATCH_OPS}"
-            )));
+            return Err(TransportError::InvalidBatch(format!("{count} ops; a batch has 1..={MAX_BATCH_OPS}")));
         }
         let (read_bytes, written) = batch.byte_totals();
         if read_bytes > MAX_BATCH_BYTES || written > MAX_BATCH_BYTES {
-            return Err(TransportError::InvalidBatch(format!("batch reads {read_bytes} B and writes {written} B; the limit is {MAX_BATCH_BYTES} B each")));
+            return Err(TransportError::InvalidBatch(format!(
+                "batch reads {read_bytes} B and writes {written} B; the limit is {MAX_BATCH_BYTES} B each"
+            )));
         }
         self.check_usable()?;
         let started = Instant::now();
@@ -354,9 +317,7 @@ impl VerbsConnection {
             .map(|op| op.len as usize)
             .sum();
         if let Err(e) = data.staging.ensure(read_bytes as usize, staged_writes) {
-            return Err(
-                self.fail_connection(format!("cannot grow the staging buffers: {e}"), false)
-            );
+            return Err(self.fail_connection(format!("cannot grow the staging buffers: {e}"), false));
         }
         self.build(batch, data);
 
@@ -370,10 +331,7 @@ impl VerbsConnection {
         if let Err(e) = unsafe { data.qp.post_send(&mut data.list) } {
             let _ = data.qp.to_error();
             return Err(self.fail_connection(
-                format!(
-                    "ibv_post_send refused work request {}: {}",
-                    e.first_failed, e.source
-                ),
+                format!("ibv_post_send refused work request {}: {}", e.first_failed, e.source),
                 e.first_failed > 0,
             ));
         }
@@ -382,19 +340,14 @@ impl VerbsConnection {
             Waited::AllDone => {
                 self.collect(batch, data, count);
                 METRICS.batches.inc();
-                METRICS
-                    .batch_seconds
-                    .observe(started.elapsed().as_secs_f64());
+                METRICS.batch_seconds.observe(started.elapsed().as_secs_f64());
                 Ok(())
             }
             Waited::Failed { index, completion } => {
                 // Ops before `index` completed (RC completes in order): their results stand.
                 self.collect(batch, data, index);
                 let _ = data.qp.to_error();
-                METRICS
-                    .completion_errors
-                    .with_label_values(&[completion.status.name()])
-                    .inc();
+                METRICS.completion_errors.with_label_values(&[completion.status.name()]).inc();
                 let op = batch.ops()[index];
                 Err(self.fail_connection(
                     format!(
@@ -410,13 +363,8 @@ impl VerbsConnection {
             }
             Waited::TimedOut => {
                 let _ = data.qp.to_error();
-                self.fail_connection(
-                    format!("no completion within {} ms", self.timeout.as_millis()),
-                    true,
-                );
-                Err(TransportError::Timeout {
-                    waited_ms: self.timeout.as_millis() as u64,
-                })
+                self.fail_connection(format!("no completion within {} ms", self.timeout.as_millis()), true);
+                Err(TransportError::Timeout { waited_ms: self.timeout.as_millis() as u64 })
             }
         }
     }
@@ -433,20 +381,12 @@ impl VerbsConnection {
             let wr_id = index as u64;
             // Unchecked batches may overflow: let the NIC refuse the address.
             let remote = self.remote.base_addr.wrapping_add(op.offset);
-            let slot = LocalSpan {
-                addr: reads.addr() + (index * 8) as u64,
-                len: 8,
-                lkey: reads.lkey(),
-            };
+            let slot = LocalSpan { addr: reads.addr() + (index * 8) as u64, len: 8, lkey: reads.lkey() };
             match op.kind {
                 OpKind::Read => {
                     list.read(
                         wr_id,
-                        LocalSpan {
-                            addr: reads.addr() + read_at as u64,
-                            len: op.len,
-                            lkey: reads.lkey(),
-                        },
+                        LocalSpan { addr: reads.addr() + read_at as u64, len: op.len, lkey: reads.lkey() },
                         remote,
                         rkey,
                     );
@@ -457,11 +397,7 @@ impl VerbsConnection {
                     if op.len <= self.max_inline {
                         list.write(
                             wr_id,
-                            LocalSpan {
-                                addr: payload.as_ptr() as u64,
-                                len: op.len,
-                                lkey: 0,
-                            },
+                            LocalSpan { addr: payload.as_ptr() as u64, len: op.len, lkey: 0 },
                             remote,
                             rkey,
                             true,
@@ -470,11 +406,7 @@ impl VerbsConnection {
                         writes.copy_in(write_at, payload);
                         list.write(
                             wr_id,
-                            LocalSpan {
-                                addr: writes.addr() + write_at as u64,
-                                len: op.len,
-                                lkey: writes.lkey(),
-                            },
+                            LocalSpan { addr: writes.addr() + write_at as u64, len: op.len, lkey: writes.lkey() },
                             remote,
                             rkey,
                             false,
@@ -516,10 +448,7 @@ impl VerbsConnection {
                 if !wc.status.is_success() {
                     // The first error completion is the op that failed; the QP is in the error
                     // state now and the NIC touches no buffer of a later request (they flush).
-                    return Waited::Failed {
-                        index: (wc.wr_id as usize).min(count - 1),
-                        completion: *wc,
-                    };
+                    return Waited::Failed { index: (wc.wr_id as usize).min(count - 1), completion: *wc };
                 }
                 if wc.wr_id == last {
                     return Waited::AllDone;
@@ -556,10 +485,7 @@ impl VerbsConnection {
     fn check_usable(&self) -> Result<(), TransportError> {
         if self.healthy.load(Ordering::Acquire) {
             if self.control_lost.load(Ordering::Acquire) {
-                return Err(self.fail_connection(
-                    "the region server closed the control channel".into(),
-                    false,
-                ));
+                return Err(self.fail_connection("the region server closed the control channel".into(), false));
             }
             if self.mux.is_broken() {
                 return Err(self.fail_connection("the control channel broke".into(), false));
@@ -567,10 +493,7 @@ impl VerbsConnection {
             return Ok(());
         }
         let reason = self.failure.lock().clone().unwrap_or_default();
-        Err(TransportError::ConnectionLost {
-            reason,
-            maybe_executed: false,
-        })
+        Err(TransportError::ConnectionLost { reason, maybe_executed: false })
     }
 
     /// Marks the connection failed (the first reason sticks) and returns the error to report.
@@ -582,10 +505,7 @@ impl VerbsConnection {
             *slot = Some(reason.clone());
         }
         self.healthy.store(false, Ordering::Release);
-        TransportError::ConnectionLost {
-            reason,
-            maybe_executed,
-        }
+        TransportError::ConnectionLost { reason, maybe_executed }
     }
 }
 
@@ -593,11 +513,7 @@ impl VerbsConnection {
 fn create_qp(device: &LocalDevice, cq: &Arc<CompletionQueue>) -> Result<QueuePair, VerbsError> {
     let mut last_error = None;
     for inline in INLINE_WISHES {
-        let caps = QpCaps {
-            max_send_wr: SEND_QUEUE_DEPTH,
-            max_recv_wr: 1,
-            max_inline_data: inline,
-        };
+        let caps = QpCaps { max_send_wr: SEND_QUEUE_DEPTH, max_recv_wr: 1, max_inline_data: inline };
         match QueuePair::create_rc(&device.pd, cq, caps) {
             Ok(qp) => return Ok(qp),
             Err(e) => last_error = Some(e),
@@ -614,10 +530,7 @@ fn exchange(
     timeout: Duration,
     peer: &str,
 ) -> Result<VerbsAccept, TransportError> {
-    let fail = |reason: String| TransportError::Connect {
-        endpoint: peer.to_string(),
-        reason,
-    };
+    let fail = |reason: String| TransportError::Connect { endpoint: peer.to_string(), reason };
     let mut out = Vec::new();
     wire::encode_verbs_connect(&mut out, token, mine);
     stream.write_all(&out).map_err(|e| fail(e.to_string()))?;
@@ -626,32 +539,21 @@ fn exchange(
     loop {
         match read_frame(stream, &mut body, timeout) {
             Ok(FrameRead::Frame(h)) if h.kind == Kind::VerbsAccept => {
-                return wire::decode_verbs_accept(&body)
-                    .map_err(|e| TransportError::Protocol(format!("{peer}: {e}")));
+                return wire::decode_verbs_accept(&body).map_err(|e| TransportError::Protocol(format!("{peer}: {e}")));
             }
             Ok(FrameRead::Frame(h)) if h.kind == Kind::Error => {
                 return Err(match wire::decode_error(&body) {
-                    Ok((
-                        wire::error_code::SETUP_FAILED | wire::error_code::UNSUPPORTED,
-                        message,
-                    )) => fail(format!(
-                        "the server could not set up a queue pair: {message}"
-                    )),
+                    Ok((wire::error_code::SETUP_FAILED | wire::error_code::UNSUPPORTED, message)) => {
+                        fail(format!("the server could not set up a queue pair: {message}"))
+                    }
                     _ => error_frame(&body, peer),
                 });
             }
             Ok(FrameRead::Frame(h)) => {
-                return Err(TransportError::Protocol(format!(
-                    "{peer} answered the QP exchange with {:?}",
-                    h.kind
-                )))
+                return Err(TransportError::Protocol(format!("{peer} answered the QP exchange with {:?}", h.kind)))
             }
             Ok(FrameRead::Idle) if started.elapsed() < timeout => continue,
-            Ok(FrameRead::Idle) => {
-                return Err(TransportError::Timeout {
-                    waited_ms: timeout.as_millis() as u64,
-                })
-            }
+            Ok(FrameRead::Idle) => return Err(TransportError::Timeout { waited_ms: timeout.as_millis() as u64 }),
             Ok(FrameRead::Closed) => return Err(fail("closed during the QP exchange".into())),
             Err(e) => return Err(fail(e.to_string())),
         }
@@ -683,9 +585,8 @@ impl Connection for VerbsConnection {
             )));
         }
         METRICS.rpcs.inc();
-        let (kind, body) = self
-            .mux
-            .request(|out, id| wire::encode_rpc_request(out, id, &self.token, method, request))?;
+        let (kind, body) =
+            self.mux.request(|out, id| wire::encode_rpc_request(out, id, &self.token, method, request))?;
         rpc_result(method, kind, &body)
     }
 
@@ -702,8 +603,6 @@ impl Connection for VerbsConnection {
     }
 
     fn is_healthy(&self) -> bool {
-        self.healthy.load(Ordering::Acquire)
-            && !self.control_lost.load(Ordering::Acquire)
-            && !self.mux.is_broken()
+        self.healthy.load(Ordering::Acquire) && !self.control_lost.load(Ordering::Acquire) && !self.mux.is_broken()
     }
 }

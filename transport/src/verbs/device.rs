@@ -29,10 +29,7 @@ impl DeviceList {
         // pointers that we own until `ibv_free_device_list` (in Drop).
         let list = unsafe { sys::ibv_get_device_list(&mut len) };
         match NonNull::new(list) {
-            Some(list) => Ok(Self {
-                list,
-                len: usize::try_from(len).unwrap_or(0),
-            }),
+            Some(list) => Ok(Self { list, len: usize::try_from(len).unwrap_or(0) }),
             // ENOSYS here means the kernel has no RDMA support (no uverbs).
             None => Err(VerbsError::NoDevice {
                 detail: format!("ibv_get_device_list: {}", std::io::Error::last_os_error()),
@@ -121,18 +118,14 @@ impl Context {
     pub fn open(wanted: Option<&str>) -> Result<Self, VerbsError> {
         let list = DeviceList::get()?;
         if list.len == 0 {
-            return Err(VerbsError::NoDevice {
-                detail: "ibv_get_device_list returned 0 devices".into(),
-            });
+            return Err(VerbsError::NoDevice { detail: "ibv_get_device_list returned 0 devices".into() });
         }
         let names = list.names();
         if let Some(wanted) = wanted {
-            let index = names.iter().position(|n| n == wanted).ok_or_else(|| {
-                VerbsError::DeviceNotFound {
-                    wanted: wanted.to_string(),
-                    found: names.join(", "),
-                }
-            })?;
+            let index = names
+                .iter()
+                .position(|n| n == wanted)
+                .ok_or_else(|| VerbsError::DeviceNotFound { wanted: wanted.to_string(), found: names.join(", ") })?;
             return Self::open_at(&list, index);
         }
         let mut why = Vec::new();
@@ -149,10 +142,7 @@ impl Context {
             }
             why.push(format!("{}: no port is ACTIVE", ctx.name));
         }
-        Err(VerbsError::NoActivePort {
-            device: names.join(", "),
-            detail: why.join("; "),
-        })
+        Err(VerbsError::NoActivePort { device: names.join(", "), detail: why.join("; ") })
     }
 
     fn open_at(list: &DeviceList, index: usize) -> Result<Self, VerbsError> {
@@ -223,8 +213,8 @@ impl Context {
 
     /// GID `index` of `port`, in network byte order.
     pub fn gid(&self, port: u8, index: u32) -> Result<[u8; 16], VerbsError> {
-        let index = c_int::try_from(index)
-            .map_err(|_| VerbsError::Unsupported(format!("GID index {index} out of range")))?;
+        let index =
+            c_int::try_from(index).map_err(|_| VerbsError::Unsupported(format!("GID index {index} out of range")))?;
         let mut gid = MaybeUninit::<sys::ibv_gid>::zeroed();
         // SAFETY: an open context and a writable ibv_gid.
         let ret = unsafe { sys::ibv_query_gid(self.raw(), port, index, gid.as_mut_ptr()) };
@@ -238,14 +228,8 @@ impl Context {
 
     /// The GID type the kernel reports ("IB/RoCE v1" or "RoCE v2"), when sysfs has it.
     pub fn gid_type(&self, port: u8, index: u32) -> Option<String> {
-        let path = format!(
-            "/sys/class/infiniband/{}/ports/{port}/gid_attrs/types/{index}",
-            self.name
-        );
-        std::fs::read_to_string(path)
-            .ok()
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
+        let path = format!("/sys/class/infiniband/{}/ports/{port}/gid_attrs/types/{index}", self.name);
+        std::fs::read_to_string(path).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
     }
 }
 
@@ -255,11 +239,7 @@ impl Drop for Context {
         // when the last reference drops; the context is closed exactly once.
         let ret = unsafe { sys::ibv_close_device(self.raw()) };
         if ret != 0 {
-            tracing::warn!(
-                "ibv_close_device({}) failed: {}",
-                self.name,
-                std::io::Error::last_os_error()
-            );
+            tracing::warn!("ibv_close_device({}) failed: {}", self.name, std::io::Error::last_os_error());
         }
     }
 }
@@ -310,11 +290,7 @@ pub struct DeviceInfo {
 
 impl std::fmt::Display for DeviceInfo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(
-            f,
-            "{}: max_qp_wr {}, atomics {}",
-            self.name, self.max_qp_wr, self.atomic_cap
-        )?;
+        writeln!(f, "{}: max_qp_wr {}, atomics {}", self.name, self.max_qp_wr, self.atomic_cap)?;
         for p in &self.ports {
             writeln!(
                 f,
@@ -326,13 +302,7 @@ impl std::fmt::Display for DeviceInfo {
                 p.lid
             )?;
             for g in &p.gids {
-                writeln!(
-                    f,
-                    "    gid {}: {} ({})",
-                    g.index,
-                    g.gid,
-                    g.kind.as_deref().unwrap_or("type unknown")
-                )?;
+                writeln!(f, "    gid {}: {} ({})", g.index, g.gid, g.kind.as_deref().unwrap_or("type unknown"))?;
             }
         }
         Ok(())
@@ -356,11 +326,7 @@ fn describe(ctx: &Context) -> DeviceInfo {
             let gids = (0..attr.gid_tbl_len)
                 .filter_map(|index| {
                     let gid = ctx.gid(port, index).ok()?;
-                    (gid != [0; 16]).then(|| GidInfo {
-                        index,
-                        gid: format_gid(&gid),
-                        kind: ctx.gid_type(port, index),
-                    })
+                    (gid != [0; 16]).then(|| GidInfo { index, gid: format_gid(&gid), kind: ctx.gid_type(port, index) })
                 })
                 .collect();
             Some(PortInfo {
@@ -397,9 +363,7 @@ pub fn devices() -> Result<Vec<DeviceInfo>, VerbsError> {
         Err(VerbsError::NoDevice { .. }) => return Ok(Vec::new()),
         Err(e) => return Err(e),
     };
-    (0..list.len)
-        .map(|index| Context::open_at(&list, index).map(|ctx| describe(&ctx)))
-        .collect()
+    (0..list.len).map(|index| Context::open_at(&list, index).map(|ctx| describe(&ctx))).collect()
 }
 
 #[cfg(test)]
@@ -416,9 +380,6 @@ mod tests {
         assert_eq!(format_gid(&gid), "::ffff:10.77.0.1");
         gid[0] = 0xfe;
         assert!(!is_ipv4_mapped(&gid));
-        assert_eq!(
-            (mtu_bytes(1), mtu_bytes(3), mtu_bytes(5), mtu_bytes(9)),
-            (256, 1024, 4096, 0)
-        );
+        assert_eq!((mtu_bytes(1), mtu_bytes(3), mtu_bytes(5), mtu_bytes(9)), (256, 1024, 4096, 0));
     }
 }

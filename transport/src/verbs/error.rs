@@ -4,8 +4,7 @@ use std::io;
 
 /// What to do instead when there is no usable RDMA device; every "no device" message ends
 /// with it.
-pub const NO_DEVICE_HINT: &str =
-    "use an shm: endpoint (same host) or a tcp: endpoint (any host) instead, \
+pub const NO_DEVICE_HINT: &str = "use an shm: endpoint (same host) or a tcp: endpoint (any host) instead, \
      or create a Soft-RoCE device on an interface that is up: \
      `modprobe rdma_rxe && rdma link add rxe0 type rxe netdev <if>`";
 
@@ -37,25 +36,13 @@ pub enum VerbsError {
 impl VerbsError {
     /// A failed call; `ret` is the call's return value (an errno value, or -1 with errno set).
     pub(crate) fn call(call: &'static str, device: &str, ret: i32) -> Self {
-        let source = if ret > 0 {
-            io::Error::from_raw_os_error(ret)
-        } else {
-            io::Error::last_os_error()
-        };
-        VerbsError::Call {
-            call,
-            device: device.to_string(),
-            source,
-        }
+        let source = if ret > 0 { io::Error::from_raw_os_error(ret) } else { io::Error::last_os_error() };
+        VerbsError::Call { call, device: device.to_string(), source }
     }
 
     /// A call that returned a null pointer (errno says why).
     pub(crate) fn null(call: &'static str, device: &str) -> Self {
-        VerbsError::Call {
-            call,
-            device: device.to_string(),
-            source: io::Error::last_os_error(),
-        }
+        VerbsError::Call { call, device: device.to_string(), source: io::Error::last_os_error() }
     }
 
     /// True when the cause is a missing or unusable device, so the caller should switch
@@ -63,20 +50,14 @@ impl VerbsError {
     pub fn is_no_device(&self) -> bool {
         matches!(
             self,
-            VerbsError::NoDevice { .. }
-                | VerbsError::DeviceNotFound { .. }
-                | VerbsError::NoActivePort { .. }
+            VerbsError::NoDevice { .. } | VerbsError::DeviceNotFound { .. } | VerbsError::NoActivePort { .. }
         )
     }
 }
 
 impl From<VerbsError> for io::Error {
     fn from(e: VerbsError) -> Self {
-        let kind = if e.is_no_device() {
-            io::ErrorKind::NotFound
-        } else {
-            io::ErrorKind::Other
-        };
+        let kind = if e.is_no_device() { io::ErrorKind::NotFound } else { io::ErrorKind::Other };
         io::Error::new(kind, e)
     }
 }
@@ -87,23 +68,11 @@ mod tests {
 
     #[test]
     fn no_device_names_every_way_out() {
-        let text = VerbsError::NoDevice {
-            detail: "ibv_get_device_list returned 0 devices".into(),
-        }
-        .to_string();
-        for needle in [
-            "no RDMA device found",
-            "shm:",
-            "tcp:",
-            "rdma link add rxe0 type rxe netdev",
-        ] {
+        let text = VerbsError::NoDevice { detail: "ibv_get_device_list returned 0 devices".into() }.to_string();
+        for needle in ["no RDMA device found", "shm:", "tcp:", "rdma link add rxe0 type rxe netdev"] {
             assert!(text.contains(needle), "{text:?} lacks {needle:?}");
         }
-        let port = VerbsError::NoActivePort {
-            device: "rxe0".into(),
-            detail: "port 1 is DOWN".into(),
-        }
-        .to_string();
+        let port = VerbsError::NoActivePort { device: "rxe0".into(), detail: "port 1 is DOWN".into() }.to_string();
         assert!(port.contains("rxe0") && port.contains("tcp:"), "{port}");
     }
 }

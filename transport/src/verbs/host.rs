@@ -52,25 +52,12 @@ impl VerbsHost {
                 caps.max_mr_size
             )));
         }
-        let access = Access::LOCAL_WRITE
-            | Access::REMOTE_READ
-            | Access::REMOTE_WRITE
-            | Access::REMOTE_ATOMIC;
+        let access = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
         let mr = MemoryRegion::register(&device.pd, region, access)?;
         let cq = CompletionQueue::new(device.ctx(), SERVER_CQ_ENTRIES)?;
         let responder_depth = caps.max_qp_rd_atom.clamp(1, u32::from(MAX_RD_ATOMIC)) as u8;
-        tracing::info!(
-            device = device.name(),
-            bytes = mr.len(),
-            rkey = mr.rkey(),
-            "verbs: region registered"
-        );
-        Ok(Self {
-            mr,
-            cq,
-            device,
-            responder_depth,
-        })
+        tracing::info!(device = device.name(), bytes = mr.len(), rkey = mr.rkey(), "verbs: region registered");
+        Ok(Self { mr, cq, device, responder_depth })
     }
 
     /// Creates a QP for the client described by `client`, brings it to RTS and returns it
@@ -80,16 +67,9 @@ impl VerbsHost {
         let qp = QueuePair::create_rc(
             &self.device.pd,
             &self.cq,
-            QpCaps {
-                max_send_wr: 1,
-                max_recv_wr: 1,
-                max_inline_data: 0,
-            },
+            QpCaps { max_send_wr: 1, max_recv_wr: 1, max_inline_data: 0 },
         )?;
-        qp.to_init(
-            port.port,
-            Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
-        )?;
+        qp.to_init(port.port, Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)?;
         let mtu = port.mtu.min(u32::from(client.mtu));
         qp.to_rtr(&RemotePath {
             port: port.port,

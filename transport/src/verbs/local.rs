@@ -58,10 +58,7 @@ pub(crate) fn shared() -> Result<Arc<LocalDevice>, VerbsError> {
 }
 
 fn env(name: &str) -> Option<String> {
-    std::env::var(name)
-        .ok()
-        .map(|v| v.trim().to_string())
-        .filter(|v| !v.is_empty())
+    std::env::var(name).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
 }
 
 fn env_number<T: std::str::FromStr>(name: &str) -> Result<Option<T>, VerbsError> {
@@ -78,12 +75,10 @@ fn open() -> Result<LocalDevice, VerbsError> {
     let ctx = Arc::new(Context::open(env("RACEKV_RDMA_DEVICE").as_deref())?);
     let port = match env_number::<u8>("RACEKV_RDMA_PORT")? {
         Some(port) => port,
-        None => ctx
-            .first_active_port()
-            .ok_or_else(|| VerbsError::NoActivePort {
-                device: ctx.name().to_string(),
-                detail: format!("none of its {} port(s) is ACTIVE", ctx.caps().ports),
-            })?,
+        None => ctx.first_active_port().ok_or_else(|| VerbsError::NoActivePort {
+            device: ctx.name().to_string(),
+            detail: format!("none of its {} port(s) is ACTIVE", ctx.caps().ports),
+        })?,
     };
     let attr = ctx.port(port)?;
     if !attr.is_active() {
@@ -105,23 +100,11 @@ fn open() -> Result<LocalDevice, VerbsError> {
             ctx.name()
         )));
     }
-    let gid_index = u8::try_from(gid_index)
-        .map_err(|_| VerbsError::Unsupported(format!("GID index {gid_index} exceeds 255")))?;
+    let gid_index =
+        u8::try_from(gid_index).map_err(|_| VerbsError::Unsupported(format!("GID index {gid_index} exceeds 255")))?;
     let pd = ProtectionDomain::new(ctx)?;
-    let choice = PortChoice {
-        port,
-        gid_index,
-        gid,
-        lid: attr.lid,
-        mtu: attr.active_mtu,
-        roce,
-    };
-    tracing::info!(
-        device = pd.context().name(),
-        port,
-        gid_index,
-        "verbs: using RDMA device"
-    );
+    let choice = PortChoice { port, gid_index, gid, lid: attr.lid, mtu: attr.active_mtu, roce };
+    tracing::info!(device = pd.context().name(), port, gid_index, "verbs: using RDMA device");
     Ok(LocalDevice { pd, port: choice })
 }
 

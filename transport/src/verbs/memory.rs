@@ -49,11 +49,7 @@ impl Drop for ProtectionDomain {
         // SAFETY: every MR and QP in this PD holds an Arc to it, so none is left; freed once.
         let ret = unsafe { sys::ibv_dealloc_pd(self.raw()) };
         if ret != 0 {
-            tracing::warn!(
-                "ibv_dealloc_pd on {} failed: {}",
-                self.ctx.name(),
-                std::io::Error::from_raw_os_error(ret)
-            );
+            tracing::warn!("ibv_dealloc_pd on {} failed: {}", self.ctx.name(), std::io::Error::from_raw_os_error(ret));
         }
     }
 }
@@ -107,14 +103,11 @@ pub(crate) struct Buffer(MmapRaw);
 
 impl Buffer {
     pub fn new(len: usize) -> Result<Self, VerbsError> {
-        let map = MmapOptions::new()
-            .len(len.max(1))
-            .map_anon()
-            .map_err(|e| VerbsError::Call {
-                call: "mmap (staging buffer)",
-                device: "-".into(),
-                source: e,
-            })?;
+        let map = MmapOptions::new().len(len.max(1)).map_anon().map_err(|e| VerbsError::Call {
+            call: "mmap (staging buffer)",
+            device: "-".into(),
+            source: e,
+        })?;
         Ok(Self(MmapRaw::from(map)))
     }
 }
@@ -149,22 +142,11 @@ unsafe impl<M: PinnedMemory> Sync for MemoryRegion<M> {}
 
 impl<M: PinnedMemory> MemoryRegion<M> {
     /// Registers all of `memory` with `access`.
-    pub fn register(
-        pd: &Arc<ProtectionDomain>,
-        memory: M,
-        access: Access,
-    ) -> Result<Self, VerbsError> {
+    pub fn register(pd: &Arc<ProtectionDomain>, memory: M, access: Access) -> Result<Self, VerbsError> {
         // SAFETY: PinnedMemory guarantees base..base+len is mapped memory that outlives the
         // registration (it is moved into the returned value, which deregisters before
         // dropping it). The PD is alive (we keep an Arc).
-        let raw = unsafe {
-            sys::ibv_reg_mr(
-                pd.raw(),
-                memory.base().cast(),
-                memory.len(),
-                access.bits() as i32,
-            )
-        };
+        let raw = unsafe { sys::ibv_reg_mr(pd.raw(), memory.base().cast(), memory.len(), access.bits() as i32) };
         let raw = NonNull::new(raw).ok_or_else(|| {
             let mut e = VerbsError::null("ibv_reg_mr", pd.context().name());
             if let VerbsError::Call { source, .. } = &e {
@@ -179,13 +161,7 @@ impl<M: PinnedMemory> MemoryRegion<M> {
         })?;
         // SAFETY: a successful ibv_reg_mr returns a valid ibv_mr; the keys never change.
         let (lkey, rkey) = unsafe { ((*raw.as_ptr()).lkey, (*raw.as_ptr()).rkey) };
-        Ok(Self {
-            raw,
-            lkey,
-            rkey,
-            memory: ManuallyDrop::new(memory),
-            pd: Arc::clone(pd),
-        })
+        Ok(Self { raw, lkey, rkey, memory: ManuallyDrop::new(memory), pd: Arc::clone(pd) })
     }
 
     pub fn lkey(&self) -> u32 {
@@ -213,35 +189,17 @@ impl MemoryRegion<Buffer> {
     /// connection's data-path lock and completion protocol ensure it). Only raw-pointer copies
     /// touch the buffer; no Rust reference to its bytes is ever made.
     pub fn copy_out(&self, offset: usize, dst: &mut [u8]) {
-        assert!(
-            offset
-                .checked_add(dst.len())
-                .is_some_and(|end| end <= self.len()),
-            "staging read out of bounds"
-        );
+        assert!(offset.checked_add(dst.len()).is_some_and(|end| end <= self.len()), "staging read out of bounds");
         // SAFETY: bounds checked above; `dst` is a distinct Rust allocation, so they do not
         // overlap.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.memory.base().add(offset),
-                dst.as_mut_ptr(),
-                dst.len(),
-            )
-        }
+        unsafe { std::ptr::copy_nonoverlapping(self.memory.base().add(offset), dst.as_mut_ptr(), dst.len()) }
     }
 
     /// Copies `src` into the buffer at `offset` (same rule as [`Self::copy_out`]).
     pub fn copy_in(&self, offset: usize, src: &[u8]) {
-        assert!(
-            offset
-                .checked_add(src.len())
-                .is_some_and(|end| end <= self.len()),
-            "staging write out of bounds"
-        );
+        assert!(offset.checked_add(src.len()).is_some_and(|end| end <= self.len()), "staging write out of bounds");
         // SAFETY: bounds checked above; `src` is a distinct Rust allocation.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), self.memory.base().add(offset), src.len())
-        }
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.memory.base().add(offset), src.len()) }
     }
 }
 

@@ -52,10 +52,7 @@ const MAX_RD_ATOMIC: u8 = 16;
 fn random_psn() -> u32 {
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
     hasher.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0),
     );
     (hasher.finish() & 0x00FF_FFFF) as u32
 }

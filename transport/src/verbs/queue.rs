@@ -98,20 +98,9 @@ impl CompletionQueue {
     pub fn new(ctx: &Arc<Context>, entries: u32) -> Result<Arc<Self>, VerbsError> {
         let entries = entries.min(ctx.caps().max_cqe).max(1);
         // SAFETY: an open context; no completion channel (we poll), vector 0.
-        let raw = unsafe {
-            sys::ibv_create_cq(
-                ctx.raw(),
-                entries as c_int,
-                ptr::null_mut(),
-                ptr::null_mut(),
-                0,
-            )
-        };
+        let raw = unsafe { sys::ibv_create_cq(ctx.raw(), entries as c_int, ptr::null_mut(), ptr::null_mut(), 0) };
         let raw = NonNull::new(raw).ok_or_else(|| VerbsError::null("ibv_create_cq", ctx.name()))?;
-        Ok(Arc::new(Self {
-            raw,
-            ctx: Arc::clone(ctx),
-        }))
+        Ok(Arc::new(Self { raw, ctx: Arc::clone(ctx) }))
     }
 
     /// Appends the completions that are ready (at most [`POLL_BATCH`]) to `out`; returns how
@@ -120,13 +109,7 @@ impl CompletionQueue {
         let mut wcs = MaybeUninit::<[sys::ibv_wc; POLL_BATCH]>::uninit();
         // SAFETY: a live CQ and room for POLL_BATCH ibv_wc entries; the provider fills the
         // first `n` of them.
-        let n = unsafe {
-            sys::ibv_poll_cq(
-                self.raw.as_ptr(),
-                POLL_BATCH as c_int,
-                wcs.as_mut_ptr().cast(),
-            )
-        };
+        let n = unsafe { sys::ibv_poll_cq(self.raw.as_ptr(), POLL_BATCH as c_int, wcs.as_mut_ptr().cast()) };
         if n < 0 {
             return Err(VerbsError::call("ibv_poll_cq", self.ctx.name(), n));
         }
@@ -134,11 +117,7 @@ impl CompletionQueue {
         for i in 0..n {
             // SAFETY: entry i < n was written by ibv_poll_cq; we read only POD fields.
             let wc = unsafe { &*wcs.as_ptr().cast::<sys::ibv_wc>().add(i) };
-            out.push(WorkCompletion {
-                wr_id: wc.wr_id,
-                status: WcStatus(wc.status),
-                vendor_err: wc.vendor_err,
-            });
+            out.push(WorkCompletion { wr_id: wc.wr_id, status: WcStatus(wc.status), vendor_err: wc.vendor_err });
         }
         Ok(n)
     }
@@ -149,11 +128,7 @@ impl Drop for CompletionQueue {
         // SAFETY: QPs using this CQ hold an Arc to it, so none is left; destroyed once.
         let ret = unsafe { sys::ibv_destroy_cq(self.raw.as_ptr()) };
         if ret != 0 {
-            tracing::warn!(
-                "ibv_destroy_cq on {} failed: {}",
-                self.ctx.name(),
-                std::io::Error::from_raw_os_error(ret)
-            );
+            tracing::warn!("ibv_destroy_cq on {} failed: {}", self.ctx.name(), std::io::Error::from_raw_os_error(ret));
         }
     }
 }
@@ -217,11 +192,7 @@ fn mask(bits: &[sys::ibv_qp_attr_mask]) -> c_int {
 impl QueuePair {
     /// Creates an RC QP whose send and receive completions go to `cq`. `caps` are wishes; the
     /// result's [`Self::caps`] are what the device granted (inline data may come back smaller).
-    pub fn create_rc(
-        pd: &Arc<ProtectionDomain>,
-        cq: &Arc<CompletionQueue>,
-        caps: QpCaps,
-    ) -> Result<Self, VerbsError> {
+    pub fn create_rc(pd: &Arc<ProtectionDomain>, cq: &Arc<CompletionQueue>, caps: QpCaps) -> Result<Self, VerbsError> {
         let ctx = pd.context();
         // SAFETY: all-zero is a valid ibv_qp_init_attr (null pointers, zero sizes).
         let mut init: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
@@ -242,13 +213,7 @@ impl QueuePair {
             max_recv_wr: init.cap.max_recv_wr,
             max_inline_data: init.cap.max_inline_data.min(caps.max_inline_data),
         };
-        Ok(Self {
-            raw,
-            caps: granted,
-            device: ctx.name().to_string(),
-            _cq: Arc::clone(cq),
-            _pd: Arc::clone(pd),
-        })
+        Ok(Self { raw, caps: granted, device: ctx.name().to_string(), _cq: Arc::clone(cq), _pd: Arc::clone(pd) })
     }
 
     pub fn caps(&self) -> QpCaps {
@@ -290,12 +255,7 @@ impl QueuePair {
         attr.qp_access_flags = access.bits();
         self.modify(
             &mut attr,
-            &[
-                m::IBV_QP_STATE,
-                m::IBV_QP_PKEY_INDEX,
-                m::IBV_QP_PORT,
-                m::IBV_QP_ACCESS_FLAGS,
-            ],
+            &[m::IBV_QP_STATE, m::IBV_QP_PKEY_INDEX, m::IBV_QP_PORT, m::IBV_QP_ACCESS_FLAGS],
             "ibv_modify_qp(INIT)",
         )
     }
@@ -366,11 +326,7 @@ impl QueuePair {
     pub fn to_error(&self) -> Result<(), VerbsError> {
         let mut attr = Self::zeroed_attr();
         attr.qp_state = sys::ibv_qp_state::IBV_QPS_ERR;
-        self.modify(
-            &mut attr,
-            &[sys::ibv_qp_attr_mask::IBV_QP_STATE],
-            "ibv_modify_qp(ERR)",
-        )
+        self.modify(&mut attr, &[sys::ibv_qp_attr_mask::IBV_QP_STATE], "ibv_modify_qp(ERR)")
     }
 
     /// Posts every work request of `list` with one `ibv_post_send` (one doorbell).
@@ -400,10 +356,7 @@ impl QueuePair {
             // an element of `list.wrs`.
             unsafe { bad.offset_from(list.wrs.as_ptr()) }.max(0) as usize
         };
-        Err(PostError {
-            first_failed,
-            source: std::io::Error::from_raw_os_error(ret),
-        })
+        Err(PostError { first_failed, source: std::io::Error::from_raw_os_error(ret) })
     }
 }
 
@@ -412,11 +365,7 @@ impl Drop for QueuePair {
         // SAFETY: destroyed exactly once. After this the NIC no longer processes its WRs.
         let ret = unsafe { sys::ibv_destroy_qp(self.raw.as_ptr()) };
         if ret != 0 {
-            tracing::warn!(
-                "ibv_destroy_qp on {} failed: {}",
-                self.device,
-                std::io::Error::from_raw_os_error(ret)
-            );
+            tracing::warn!("ibv_destroy_qp on {} failed: {}", self.device, std::io::Error::from_raw_os_error(ret));
         }
     }
 }
@@ -465,51 +414,20 @@ impl SendList {
         wr.num_sge = c_int::from(local.len > 0);
         wr.wr = remote;
         self.wrs.push(wr);
-        self.sges.push(sys::ibv_sge {
-            addr: local.addr,
-            length: local.len,
-            lkey: local.lkey,
-        });
+        self.sges.push(sys::ibv_sge { addr: local.addr, length: local.len, lkey: local.lkey });
     }
 
     /// RDMA READ of `local.len` bytes at `remote_addr` into `local`.
     pub fn read(&mut self, wr_id: u64, local: LocalSpan, remote_addr: u64, rkey: u32) {
-        let remote = sys::wr_t {
-            rdma: sys::rdma_t { remote_addr, rkey },
-        };
-        self.push(
-            wr_id,
-            sys::ibv_wr_opcode::IBV_WR_RDMA_READ,
-            local,
-            0,
-            remote,
-        );
+        let remote = sys::wr_t { rdma: sys::rdma_t { remote_addr, rkey } };
+        self.push(wr_id, sys::ibv_wr_opcode::IBV_WR_RDMA_READ, local, 0, remote);
     }
 
     /// RDMA WRITE of `local` to `remote_addr`; `inline` copies the bytes at post time.
-    pub fn write(
-        &mut self,
-        wr_id: u64,
-        local: LocalSpan,
-        remote_addr: u64,
-        rkey: u32,
-        inline: bool,
-    ) {
-        let remote = sys::wr_t {
-            rdma: sys::rdma_t { remote_addr, rkey },
-        };
-        let flags = if inline {
-            sys::ibv_send_flags::IBV_SEND_INLINE.0
-        } else {
-            0
-        };
-        self.push(
-            wr_id,
-            sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-            local,
-            flags,
-            remote,
-        );
+    pub fn write(&mut self, wr_id: u64, local: LocalSpan, remote_addr: u64, rkey: u32, inline: bool) {
+        let remote = sys::wr_t { rdma: sys::rdma_t { remote_addr, rkey } };
+        let flags = if inline { sys::ibv_send_flags::IBV_SEND_INLINE.0 } else { 0 };
+        self.push(wr_id, sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE, local, flags, remote);
     }
 
     /// 8-byte compare-and-swap; the old value lands in `local` (8 bytes).
@@ -522,47 +440,14 @@ impl SendList {
         expected: u64,
         new: u64,
     ) {
-        let remote = sys::wr_t {
-            atomic: sys::atomic_t {
-                remote_addr,
-                compare_add: expected,
-                swap: new,
-                rkey,
-            },
-        };
-        self.push(
-            wr_id,
-            sys::ibv_wr_opcode::IBV_WR_ATOMIC_CMP_AND_SWP,
-            local,
-            0,
-            remote,
-        );
+        let remote = sys::wr_t { atomic: sys::atomic_t { remote_addr, compare_add: expected, swap: new, rkey } };
+        self.push(wr_id, sys::ibv_wr_opcode::IBV_WR_ATOMIC_CMP_AND_SWP, local, 0, remote);
     }
 
     /// 8-byte fetch-and-add; the old value lands in `local` (8 bytes).
-    pub fn fetch_and_add(
-        &mut self,
-        wr_id: u64,
-        local: LocalSpan,
-        remote_addr: u64,
-        rkey: u32,
-        addend: u64,
-    ) {
-        let remote = sys::wr_t {
-            atomic: sys::atomic_t {
-                remote_addr,
-                compare_add: addend,
-                swap: 0,
-                rkey,
-            },
-        };
-        self.push(
-            wr_id,
-            sys::ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD,
-            local,
-            0,
-            remote,
-        );
+    pub fn fetch_and_add(&mut self, wr_id: u64, local: LocalSpan, remote_addr: u64, rkey: u32, addend: u64) {
+        let remote = sys::wr_t { atomic: sys::atomic_t { remote_addr, compare_add: addend, swap: 0, rkey } };
+        self.push(wr_id, sys::ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD, local, 0, remote);
     }
 
     /// Requests a completion for the last WR (selective signaling: on RC, completions arrive
@@ -589,11 +474,7 @@ impl SendList {
             unsafe {
                 let wr = wrs.add(i);
                 (*wr).sg_list = sges.add(i);
-                (*wr).next = if i + 1 < n {
-                    wrs.add(i + 1)
-                } else {
-                    ptr::null_mut()
-                };
+                (*wr).next = if i + 1 < n { wrs.add(i + 1) } else { ptr::null_mut() };
             }
         }
         wrs

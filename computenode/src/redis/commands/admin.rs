@@ -2,9 +2,7 @@
 //! SELECT, QUIT. Just enough for redis-cli, redis-benchmark and client libraries to start
 //! and for people to inspect the server; everything else is refused by name.
 
-use super::{
-    arity_error, fail, lookup, unsupported_subcommand, Client, CmdResult, CommandSpec, COMMANDS,
-};
+use super::{arity_error, fail, lookup, unsupported_subcommand, Client, CmdResult, CommandSpec, COMMANDS};
 use crate::redis::info::{self, REDIS_COMPAT_VERSION};
 use crate::redis::reply::Reply;
 use crate::redis::resp::{parse_i64, Command};
@@ -48,12 +46,7 @@ fn command_info(spec: &CommandSpec) -> Reply {
     Reply::Array(vec![
         Reply::bulk_str(spec.name),
         Reply::Integer(i64::from(spec.arity)),
-        Reply::Array(
-            spec.flags
-                .iter()
-                .map(|f| Reply::Status((*f).into()))
-                .collect(),
-        ),
+        Reply::Array(spec.flags.iter().map(|f| Reply::Status((*f).into())).collect()),
         Reply::Integer(i64::from(spec.first_key)),
         Reply::Integer(i64::from(spec.last_key)),
         Reply::Integer(i64::from(spec.key_step)),
@@ -75,15 +68,10 @@ pub(super) fn command(_c: &mut Client, cmd: &Command) -> CmdResult {
         b"COUNT" if cmd.len() == 2 => Ok(Reply::Integer(COMMANDS.len() as i64)),
         b"COUNT" => Ok(arity_error("command|count")),
         b"DOCS" => Ok(Reply::Array(vec![])),
-        b"LIST" if cmd.len() == 2 => Ok(Reply::Array(
-            COMMANDS.iter().map(|c| Reply::bulk_str(c.name)).collect(),
-        )),
+        b"LIST" if cmd.len() == 2 => Ok(Reply::Array(COMMANDS.iter().map(|c| Reply::bulk_str(c.name)).collect())),
         b"INFO" if cmd.len() == 2 => Ok(Reply::Array(COMMANDS.iter().map(command_info).collect())),
         b"INFO" => Ok(Reply::Array(
-            cmd.args()
-                .skip(2)
-                .map(|name| lookup(name).map_or(Reply::Nil, |(_, spec)| command_info(spec)))
-                .collect(),
+            cmd.args().skip(2).map(|name| lookup(name).map_or(Reply::Nil, |(_, spec)| command_info(spec))).collect(),
         )),
         _ => Err(unsupported_subcommand("COMMAND", sub)),
     }
@@ -96,15 +84,9 @@ fn valid_client_name(name: &[u8]) -> bool {
 
 fn set_name(c: &mut Client, name: &[u8]) -> Result<(), super::Failure> {
     if !valid_client_name(name) {
-        return Err(fail(
-            "ERR Client names cannot contain spaces, newlines or special characters.",
-        ));
+        return Err(fail("ERR Client names cannot contain spaces, newlines or special characters."));
     }
-    c.name = if name.is_empty() {
-        None
-    } else {
-        Some(name.to_vec())
-    };
+    c.name = if name.is_empty() { None } else { Some(name.to_vec()) };
     Ok(())
 }
 
@@ -131,12 +113,7 @@ pub(super) fn client(c: &mut Client, cmd: &Command) -> CmdResult {
             match attribute.as_slice() {
                 b"LIB-NAME" => c.lib_name = Some(value.to_vec()),
                 b"LIB-VER" => c.lib_ver = Some(value.to_vec()),
-                _ => {
-                    return Err(fail(format!(
-                        "ERR Unrecognized option '{}'",
-                        String::from_utf8_lossy(cmd.arg(2))
-                    )))
-                }
+                _ => return Err(fail(format!("ERR Unrecognized option '{}'", String::from_utf8_lossy(cmd.arg(2))))),
             }
             Ok(Reply::ok())
         }
@@ -167,11 +144,7 @@ pub(super) fn config(c: &mut Client, cmd: &Command) -> CmdResult {
     ];
     let mut out = Vec::new();
     for (name, value) in &params {
-        if cmd
-            .args()
-            .skip(2)
-            .any(|pattern| glob_match(&pattern.to_ascii_lowercase(), name.as_bytes()))
-        {
+        if cmd.args().skip(2).any(|pattern| glob_match(&pattern.to_ascii_lowercase(), name.as_bytes())) {
             out.push(Reply::bulk_str(name));
             out.push(Reply::bulk_str(value));
         }
@@ -213,16 +186,8 @@ pub(super) fn hello(c: &mut Client, cmd: &Command) -> CmdResult {
     if let Some(version) = cmd.get(1) {
         match parse_i64(version) {
             Some(2) => {}
-            Some(_) => {
-                return Err(fail(
-                    "NOPROTO sorry, this protocol version is not supported",
-                ))
-            }
-            None => {
-                return Err(fail(
-                    "ERR Protocol version is not an integer or out of range",
-                ))
-            }
+            Some(_) => return Err(fail("NOPROTO sorry, this protocol version is not supported")),
+            None => return Err(fail("ERR Protocol version is not an integer or out of range")),
         }
     }
     let mut new_name = None;
@@ -231,19 +196,14 @@ pub(super) fn hello(c: &mut Client, cmd: &Command) -> CmdResult {
         let option = cmd.arg(i).to_ascii_uppercase();
         match option.as_slice() {
             b"AUTH" if i + 2 < cmd.len() => {
-                return Err(fail(
-                    "ERR HELLO AUTH is not supported by racekv: it has no users or passwords",
-                ));
+                return Err(fail("ERR HELLO AUTH is not supported by racekv: it has no users or passwords"));
             }
             b"SETNAME" if i + 1 < cmd.len() => {
                 new_name = Some(cmd.arg(i + 1));
                 i += 2;
             }
             _ => {
-                return Err(fail(format!(
-                    "ERR Syntax error in HELLO option '{}'",
-                    String::from_utf8_lossy(cmd.arg(i))
-                )))
+                return Err(fail(format!("ERR Syntax error in HELLO option '{}'", String::from_utf8_lossy(cmd.arg(i)))))
             }
         }
     }

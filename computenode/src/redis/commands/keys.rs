@@ -64,38 +64,24 @@ pub(super) fn del(c: &mut Client, cmd: &Command) -> CmdResult {
 pub(super) fn exists(c: &mut Client, cmd: &Command) -> CmdResult {
     let keys: Vec<&[u8]> = cmd.args().skip(1).collect();
     let values = c.store.multi_get(&keys)?;
-    Ok(Reply::Integer(
-        values.iter().filter(|v| v.is_some()).count() as i64,
-    ))
+    Ok(Reply::Integer(values.iter().filter(|v| v.is_some()).count() as i64))
 }
 
 pub(super) fn mget(c: &mut Client, cmd: &Command) -> CmdResult {
     let keys: Vec<&[u8]> = cmd.args().skip(1).collect();
     let values = c.store.multi_get(&keys)?;
     if values.len() != keys.len() {
-        return Err(fail(format!(
-            "ERR storage returned {} values for {} keys",
-            values.len(),
-            keys.len()
-        )));
+        return Err(fail(format!("ERR storage returned {} values for {} keys", values.len(), keys.len())));
     }
-    Ok(Reply::Array(
-        values
-            .into_iter()
-            .map(|v| v.map_or(Reply::Nil, Reply::Bulk))
-            .collect(),
-    ))
+    Ok(Reply::Array(values.into_iter().map(|v| v.map_or(Reply::Nil, Reply::Bulk)).collect()))
 }
 
 pub(super) fn mset(c: &mut Client, cmd: &Command) -> CmdResult {
-    if cmd.len() % 2 == 0 {
+    if cmd.len().is_multiple_of(2) {
         return Ok(arity_error("mset"));
     }
     let args: Vec<&[u8]> = cmd.args().skip(1).collect();
-    let pairs: Vec<(&[u8], &[u8])> = args
-        .chunks_exact(2)
-        .map(|pair| (pair[0], pair[1]))
-        .collect();
+    let pairs: Vec<(&[u8], &[u8])> = args.chunks_exact(2).map(|pair| (pair[0], pair[1])).collect();
     c.store.multi_put(&pairs)?;
     Ok(Reply::ok())
 }
@@ -115,9 +101,7 @@ pub(super) fn incrby(c: &mut Client, cmd: &Command) -> CmdResult {
 
 pub(super) fn decrby(c: &mut Client, cmd: &Command) -> CmdResult {
     let decrement = parse_i64(cmd.arg(2)).ok_or_else(|| fail(NOT_AN_INTEGER))?;
-    let delta = decrement
-        .checked_neg()
-        .ok_or_else(|| fail("ERR decrement would overflow"))?;
+    let delta = decrement.checked_neg().ok_or_else(|| fail("ERR decrement would overflow"))?;
     add(c, "DECRBY", cmd.arg(1), delta)
 }
 
@@ -134,20 +118,13 @@ fn add(c: &mut Client, name: &str, key: &[u8], delta: i64) -> CmdResult {
             None => 0,
             Some(bytes) => parse_i64(bytes).ok_or_else(|| fail(NOT_AN_INTEGER))?,
         };
-        let next = value
-            .checked_add(delta)
-            .ok_or_else(|| fail("ERR increment or decrement would overflow"))?;
-        if c.store
-            .compare_and_swap(key, current.as_deref(), next.to_string().as_bytes())?
-        {
+        let next = value.checked_add(delta).ok_or_else(|| fail("ERR increment or decrement would overflow"))?;
+        if c.store.compare_and_swap(key, current.as_deref(), next.to_string().as_bytes())? {
             return Ok(Reply::Integer(next));
         }
     }
     Err(Failure::Reply(
-        format!(
-            "TRYAGAIN {name} lost {MAX_INCR_ATTEMPTS} compare-and-swap races on one key; retry"
-        )
-        .into(),
+        format!("TRYAGAIN {name} lost {MAX_INCR_ATTEMPTS} compare-and-swap races on one key; retry").into(),
     ))
 }
 

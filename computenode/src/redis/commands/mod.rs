@@ -71,15 +71,7 @@ const fn spec(
     keys: (i32, i32, i32),
     handler: Handler,
 ) -> CommandSpec {
-    CommandSpec {
-        name,
-        arity,
-        flags,
-        first_key: keys.0,
-        last_key: keys.1,
-        key_step: keys.2,
-        handler,
-    }
+    CommandSpec { name, arity, flags, first_key: keys.0, last_key: keys.1, key_step: keys.2, handler }
 }
 
 const NO_KEYS: (i32, i32, i32) = (0, 0, 0);
@@ -90,102 +82,35 @@ const ALL_KEYS: (i32, i32, i32) = (1, -1, 1);
 pub(crate) static COMMANDS: &[CommandSpec] = &[
     spec("get", 2, &["readonly", "fast"], ONE_KEY, keys::get),
     spec("set", -3, &["write", "denyoom"], ONE_KEY, keys::set),
-    spec(
-        "setnx",
-        3,
-        &["write", "denyoom", "fast"],
-        ONE_KEY,
-        keys::setnx,
-    ),
+    spec("setnx", 3, &["write", "denyoom", "fast"], ONE_KEY, keys::setnx),
     spec("del", -2, &["write"], ALL_KEYS, keys::del),
     spec("exists", -2, &["readonly", "fast"], ALL_KEYS, keys::exists),
     spec("mget", -2, &["readonly", "fast"], ALL_KEYS, keys::mget),
     spec("mset", -3, &["write", "denyoom"], (1, -1, 2), keys::mset),
-    spec(
-        "incr",
-        2,
-        &["write", "denyoom", "fast"],
-        ONE_KEY,
-        keys::incr,
-    ),
-    spec(
-        "decr",
-        2,
-        &["write", "denyoom", "fast"],
-        ONE_KEY,
-        keys::decr,
-    ),
-    spec(
-        "incrby",
-        3,
-        &["write", "denyoom", "fast"],
-        ONE_KEY,
-        keys::incrby,
-    ),
-    spec(
-        "decrby",
-        3,
-        &["write", "denyoom", "fast"],
-        ONE_KEY,
-        keys::decrby,
-    ),
+    spec("incr", 2, &["write", "denyoom", "fast"], ONE_KEY, keys::incr),
+    spec("decr", 2, &["write", "denyoom", "fast"], ONE_KEY, keys::decr),
+    spec("incrby", 3, &["write", "denyoom", "fast"], ONE_KEY, keys::incrby),
+    spec("decrby", 3, &["write", "denyoom", "fast"], ONE_KEY, keys::decrby),
     spec("dbsize", 1, &["readonly", "fast"], NO_KEYS, keys::dbsize),
     spec("ping", -1, &["fast"], NO_KEYS, admin::ping),
     spec("echo", 2, &["fast"], NO_KEYS, admin::echo),
     spec("info", -1, &["loading", "stale"], NO_KEYS, admin::info),
-    spec(
-        "command",
-        -1,
-        &["loading", "stale"],
-        NO_KEYS,
-        admin::command,
-    ),
+    spec("command", -1, &["loading", "stale"], NO_KEYS, admin::command),
     spec("client", -2, &["loading", "stale"], NO_KEYS, admin::client),
-    spec(
-        "config",
-        -2,
-        &["admin", "loading", "stale"],
-        NO_KEYS,
-        admin::config,
-    ),
-    spec(
-        "hello",
-        -1,
-        &["fast", "loading", "stale", "no-auth"],
-        NO_KEYS,
-        admin::hello,
-    ),
-    spec(
-        "select",
-        2,
-        &["loading", "stale", "fast"],
-        NO_KEYS,
-        admin::select,
-    ),
-    spec(
-        "quit",
-        -1,
-        &["fast", "loading", "stale", "no-auth"],
-        NO_KEYS,
-        admin::quit,
-    ),
+    spec("config", -2, &["admin", "loading", "stale"], NO_KEYS, admin::config),
+    spec("hello", -1, &["fast", "loading", "stale", "no-auth"], NO_KEYS, admin::hello),
+    spec("select", 2, &["loading", "stale", "fast"], NO_KEYS, admin::select),
+    spec("quit", -1, &["fast", "loading", "stale", "no-auth"], NO_KEYS, admin::quit),
 ];
 
 /// Per-command series, in table order, then one for unknown commands.
 static COMMAND_METRICS: LazyLock<Vec<CommandMetrics>> = LazyLock::new(|| {
-    COMMANDS
-        .iter()
-        .map(|c| CommandMetrics::new(c.name))
-        .chain([CommandMetrics::new("unknown")])
-        .collect()
+    COMMANDS.iter().map(|c| CommandMetrics::new(c.name)).chain([CommandMetrics::new("unknown")]).collect()
 });
 
 /// The table entry for `name` (case-insensitive) and its index.
 pub(crate) fn lookup(name: &[u8]) -> Option<(usize, &'static CommandSpec)> {
-    COMMANDS
-        .iter()
-        .enumerate()
-        .find(|(_, c)| c.name.as_bytes().eq_ignore_ascii_case(name))
+    COMMANDS.iter().enumerate().find(|(_, c)| c.name.as_bytes().eq_ignore_ascii_case(name))
 }
 
 /// The state of one client connection: its storage session and what the client set.
@@ -203,15 +128,7 @@ pub struct Client {
 impl Client {
     /// A client numbered `id` (unique per server, as `CLIENT ID` reports) over `store`.
     pub fn new(id: u64, store: Box<dyn KvSession>, stats: Arc<ServerStats>) -> Self {
-        Self {
-            id,
-            store,
-            stats,
-            name: None,
-            lib_name: None,
-            lib_ver: None,
-            closing: false,
-        }
+        Self { id, store, stats, name: None, lib_name: None, lib_ver: None, closing: false }
     }
 
     /// The name set by `CLIENT SETNAME` or `HELLO ... SETNAME`.
@@ -244,10 +161,7 @@ impl Client {
                     Err(Failure::Reply(message)) => Reply::Error(message),
                     Err(Failure::Store(e)) => {
                         tracing::debug!("redis: {} failed in storage: {e}", spec.name);
-                        METRICS
-                            .store_errors
-                            .with_label_values(&[e.kind.as_str()])
-                            .inc();
+                        METRICS.store_errors.with_label_values(&[e.kind.as_str()]).inc();
                         Reply::Error(e.to_resp_error().into())
                     }
                 };
@@ -256,12 +170,7 @@ impl Client {
         };
         let metrics = &COMMAND_METRICS[metrics_index];
         metrics.seconds.observe(started.elapsed().as_secs_f64());
-        if reply.is_error() {
-            &metrics.error
-        } else {
-            &metrics.ok
-        }
-        .inc();
+        if reply.is_error() { &metrics.error } else { &metrics.ok }.inc();
         self.stats.command_done();
         reply
     }
@@ -298,11 +207,7 @@ fn unknown_command(cmd: &Command) -> Reply {
         args.push_str("' ");
     }
     Reply::Error(
-        format!(
-            "ERR unknown command '{}', with args beginning with: {args}",
-            truncated(&name, MAX_BYTES)
-        )
-        .into(),
+        format!("ERR unknown command '{}', with args beginning with: {args}", truncated(&name, MAX_BYTES)).into(),
     )
 }
 

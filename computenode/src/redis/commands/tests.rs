@@ -9,11 +9,7 @@ use crate::redis::memstore::MemStore;
 use crate::redis::store::{KvStore, PutMode, StoreErrorKind};
 
 fn client_over(store: &impl KvStore) -> Client {
-    Client::new(
-        7,
-        store.session().unwrap(),
-        Arc::new(ServerStats::new(6379, 100, None)),
-    )
+    Client::new(7, store.session().unwrap(), Arc::new(ServerStats::new(6379, 100, None)))
 }
 
 fn run(c: &mut Client, args: &[&str]) -> Reply {
@@ -36,10 +32,7 @@ fn get_set_del_round_trip_with_case_insensitive_names() {
     assert_eq!(run(&mut c, &["set", "k", "v"]), Reply::ok());
     assert_eq!(run(&mut c, &["gEt", "k"]), bulk("v"));
     assert_eq!(store.peek(b"k"), Some(b"v".to_vec()));
-    assert_eq!(
-        run(&mut c, &["DEL", "k", "k", "missing"]),
-        Reply::Integer(1)
-    );
+    assert_eq!(run(&mut c, &["DEL", "k", "k", "missing"]), Reply::Integer(1));
     assert_eq!(run(&mut c, &["GET", "k"]), Reply::Nil);
 }
 
@@ -61,26 +54,11 @@ fn set_honours_nx_and_xx() {
 fn set_refuses_unsupported_and_unknown_options() {
     let store = MemStore::new();
     let mut c = client_over(&store);
-    assert_eq!(
-        run(&mut c, &["SET", "k", "v", "ex", "10"]),
-        err("ERR SET option 'EX' is not supported by racekv")
-    );
-    assert_eq!(
-        run(&mut c, &["SET", "k", "v", "KEEPTTL"]),
-        err("ERR SET option 'KEEPTTL' is not supported by racekv")
-    );
-    assert_eq!(
-        run(&mut c, &["SET", "k", "v", "GET"]),
-        err("ERR SET option 'GET' is not supported by racekv")
-    );
-    assert_eq!(
-        run(&mut c, &["SET", "k", "v", "NX", "XX"]),
-        err("ERR syntax error")
-    );
-    assert_eq!(
-        run(&mut c, &["SET", "k", "v", "BOGUS"]),
-        err("ERR syntax error")
-    );
+    assert_eq!(run(&mut c, &["SET", "k", "v", "ex", "10"]), err("ERR SET option 'EX' is not supported by racekv"));
+    assert_eq!(run(&mut c, &["SET", "k", "v", "KEEPTTL"]), err("ERR SET option 'KEEPTTL' is not supported by racekv"));
+    assert_eq!(run(&mut c, &["SET", "k", "v", "GET"]), err("ERR SET option 'GET' is not supported by racekv"));
+    assert_eq!(run(&mut c, &["SET", "k", "v", "NX", "XX"]), err("ERR syntax error"));
+    assert_eq!(run(&mut c, &["SET", "k", "v", "BOGUS"]), err("ERR syntax error"));
     assert_eq!(store.peek(b"k"), None, "a refused SET must not write");
 }
 
@@ -89,18 +67,9 @@ fn exists_counts_duplicates_and_mget_mset_work() {
     let store = MemStore::new();
     let mut c = client_over(&store);
     assert_eq!(run(&mut c, &["MSET", "a", "1", "b", "2"]), Reply::ok());
-    assert_eq!(
-        run(&mut c, &["EXISTS", "a", "a", "zz", "b"]),
-        Reply::Integer(3)
-    );
-    assert_eq!(
-        run(&mut c, &["MGET", "a", "zz", "b"]),
-        Reply::Array(vec![bulk("1"), Reply::Nil, bulk("2")])
-    );
-    assert_eq!(
-        run(&mut c, &["MSET", "a", "1", "b"]),
-        err("ERR wrong number of arguments for 'mset' command")
-    );
+    assert_eq!(run(&mut c, &["EXISTS", "a", "a", "zz", "b"]), Reply::Integer(3));
+    assert_eq!(run(&mut c, &["MGET", "a", "zz", "b"]), Reply::Array(vec![bulk("1"), Reply::Nil, bulk("2")]));
+    assert_eq!(run(&mut c, &["MSET", "a", "1", "b"]), err("ERR wrong number of arguments for 'mset' command"));
     assert_eq!(run(&mut c, &["DBSIZE"]), Reply::Integer(2));
 }
 
@@ -120,37 +89,15 @@ fn increments_follow_redis_semantics() {
     assert_eq!(run(&mut c, &["INCR", "s"]), not_integer);
     assert_eq!(run(&mut c, &["SET", "s", " 1"]), Reply::ok());
     assert_eq!(run(&mut c, &["INCR", "s"]), not_integer);
-    assert_eq!(
-        run(&mut c, &["SET", "big", "9223372036854775808"]),
-        Reply::ok()
-    );
+    assert_eq!(run(&mut c, &["SET", "big", "9223372036854775808"]), Reply::ok());
     assert_eq!(run(&mut c, &["INCR", "big"]), not_integer);
 
-    assert_eq!(
-        run(&mut c, &["SET", "max", &i64::MAX.to_string()]),
-        Reply::ok()
-    );
-    assert_eq!(
-        run(&mut c, &["INCR", "max"]),
-        err("ERR increment or decrement would overflow")
-    );
-    assert_eq!(
-        store.peek(b"max"),
-        Some(i64::MAX.to_string().into_bytes()),
-        "overflow must not write"
-    );
-    assert_eq!(
-        run(&mut c, &["DECRBY", "n", &i64::MIN.to_string()]),
-        err("ERR decrement would overflow")
-    );
-    assert_eq!(
-        run(&mut c, &["SET", "min", &i64::MIN.to_string()]),
-        Reply::ok()
-    );
-    assert_eq!(
-        run(&mut c, &["DECR", "min"]),
-        err("ERR increment or decrement would overflow")
-    );
+    assert_eq!(run(&mut c, &["SET", "max", &i64::MAX.to_string()]), Reply::ok());
+    assert_eq!(run(&mut c, &["INCR", "max"]), err("ERR increment or decrement would overflow"));
+    assert_eq!(store.peek(b"max"), Some(i64::MAX.to_string().into_bytes()), "overflow must not write");
+    assert_eq!(run(&mut c, &["DECRBY", "n", &i64::MIN.to_string()]), err("ERR decrement would overflow"));
+    assert_eq!(run(&mut c, &["SET", "min", &i64::MIN.to_string()]), Reply::ok());
+    assert_eq!(run(&mut c, &["DECR", "min"]), err("ERR increment or decrement would overflow"));
 }
 
 /// A session whose compare-and-swap loses `losses` times (another writer got in between)
@@ -171,21 +118,12 @@ impl KvSession for Contended {
     fn delete(&mut self, key: &[u8]) -> Result<bool, StoreError> {
         self.inner.delete(key)
     }
-    fn compare_and_swap(
-        &mut self,
-        key: &[u8],
-        expected: Option<&[u8]>,
-        new: &[u8],
-    ) -> Result<bool, StoreError> {
+    fn compare_and_swap(&mut self, key: &[u8], expected: Option<&[u8]>, new: &[u8]) -> Result<bool, StoreError> {
         let calls = self.cas_calls.fetch_add(1, Ordering::SeqCst);
         if calls < self.losses {
             // The competing writer adds 10 between our read and our CAS.
-            let current = self
-                .inner
-                .get(key)?
-                .map_or(0, |v| String::from_utf8(v).unwrap().parse::<i64>().unwrap());
-            self.inner
-                .put(key, (current + 10).to_string().as_bytes(), PutMode::Upsert)?;
+            let current = self.inner.get(key)?.map_or(0, |v| String::from_utf8(v).unwrap().parse::<i64>().unwrap());
+            self.inner.put(key, (current + 10).to_string().as_bytes(), PutMode::Upsert)?;
         }
         self.inner.compare_and_swap(key, expected, new)
     }
@@ -206,11 +144,7 @@ impl KvSession for Contended {
 fn contended_client(losses: usize) -> (Client, MemStore, Arc<AtomicUsize>) {
     let inner = MemStore::new();
     let cas_calls = Arc::new(AtomicUsize::new(0));
-    let session = Contended {
-        inner: inner.clone(),
-        losses,
-        cas_calls: Arc::clone(&cas_calls),
-    };
+    let session = Contended { inner: inner.clone(), losses, cas_calls: Arc::clone(&cas_calls) };
     let client = Client::new(1, Box::new(session), Arc::new(ServerStats::new(1, 1, None)));
     (client, inner, cas_calls)
 }
@@ -229,9 +163,7 @@ fn increment_gives_up_after_a_bounded_number_of_lost_races() {
     let reply = run(&mut c, &["INCRBY", "n", "5"]);
     assert_eq!(
         reply,
-        err(&format!(
-            "TRYAGAIN INCRBY lost {MAX_INCR_ATTEMPTS} compare-and-swap races on one key; retry"
-        ))
+        err(&format!("TRYAGAIN INCRBY lost {MAX_INCR_ATTEMPTS} compare-and-swap races on one key; retry"))
     );
     assert_eq!(cas_calls.load(Ordering::SeqCst), MAX_INCR_ATTEMPTS);
 }
@@ -240,70 +172,36 @@ fn increment_gives_up_after_a_bounded_number_of_lost_races() {
 fn store_errors_become_resp_errors() {
     let store = MemStore::with_max_value_bytes(4);
     let mut c = client_over(&store);
-    assert_eq!(
-        run(&mut c, &["SET", "k", "12345"]),
-        err("ERR value too large: 5 bytes, limit 4")
-    );
-    assert_eq!(
-        run(&mut c, &["MSET", "a", "1", "b", "12345"]),
-        err("ERR value too large: 5 bytes, limit 4")
-    );
+    assert_eq!(run(&mut c, &["SET", "k", "12345"]), err("ERR value too large: 5 bytes, limit 4"));
+    assert_eq!(run(&mut c, &["MSET", "a", "1", "b", "12345"]), err("ERR value too large: 5 bytes, limit 4"));
     assert_eq!(store.peek(b"k"), None);
-    assert!(StoreError::new(StoreErrorKind::Timeout, "x")
-        .to_resp_error()
-        .starts_with("TRYAGAIN"));
+    assert!(StoreError::new(StoreErrorKind::Timeout, "x").to_resp_error().starts_with("TRYAGAIN"));
 }
 
 #[test]
 fn arity_errors_use_redis_wording() {
     let store = MemStore::new();
     let mut c = client_over(&store);
-    assert_eq!(
-        run(&mut c, &["GET"]),
-        err("ERR wrong number of arguments for 'get' command")
-    );
-    assert_eq!(
-        run(&mut c, &["get", "a", "b"]),
-        err("ERR wrong number of arguments for 'get' command")
-    );
-    assert_eq!(
-        run(&mut c, &["SET", "k"]),
-        err("ERR wrong number of arguments for 'set' command")
-    );
-    assert_eq!(
-        run(&mut c, &["PING", "a", "b"]),
-        err("ERR wrong number of arguments for 'ping' command")
-    );
-    assert_eq!(
-        run(&mut c, &["DEL"]),
-        err("ERR wrong number of arguments for 'del' command")
-    );
+    assert_eq!(run(&mut c, &["GET"]), err("ERR wrong number of arguments for 'get' command"));
+    assert_eq!(run(&mut c, &["get", "a", "b"]), err("ERR wrong number of arguments for 'get' command"));
+    assert_eq!(run(&mut c, &["SET", "k"]), err("ERR wrong number of arguments for 'set' command"));
+    assert_eq!(run(&mut c, &["PING", "a", "b"]), err("ERR wrong number of arguments for 'ping' command"));
+    assert_eq!(run(&mut c, &["DEL"]), err("ERR wrong number of arguments for 'del' command"));
 }
 
 #[test]
 fn unknown_commands_are_reported_exactly_like_redis() {
     let store = MemStore::new();
     let mut c = client_over(&store);
-    assert_eq!(
-        run(&mut c, &["FOO"]),
-        err("ERR unknown command 'FOO', with args beginning with: ")
-    );
+    assert_eq!(run(&mut c, &["FOO"]), err("ERR unknown command 'FOO', with args beginning with: "));
     assert_eq!(
         run(&mut c, &["lpush", "l", "x"]),
         err("ERR unknown command 'lpush', with args beginning with: 'l' 'x' ")
     );
     // Arguments are cut at 128 bytes in total, as Redis does.
     let long = "a".repeat(200);
-    let Reply::Error(text) = run(&mut c, &["FOO", &long, "next"]) else {
-        panic!("not an error")
-    };
-    assert_eq!(
-        text,
-        format!(
-            "ERR unknown command 'FOO', with args beginning with: '{}' ",
-            "a".repeat(128)
-        )
-    );
+    let Reply::Error(text) = run(&mut c, &["FOO", &long, "next"]) else { panic!("not an error") };
+    assert_eq!(text, format!("ERR unknown command 'FOO', with args beginning with: '{}' ", "a".repeat(128)));
 }
 
 #[test]
@@ -314,14 +212,8 @@ fn connection_commands() {
     assert_eq!(run(&mut c, &["ping", "hi"]), bulk("hi"));
     assert_eq!(run(&mut c, &["ECHO", "x y"]), bulk("x y"));
     assert_eq!(run(&mut c, &["SELECT", "0"]), Reply::ok());
-    assert_eq!(
-        run(&mut c, &["SELECT", "1"]),
-        err("ERR DB index is out of range")
-    );
-    assert_eq!(
-        run(&mut c, &["SELECT", "x"]),
-        err("ERR value is not an integer or out of range")
-    );
+    assert_eq!(run(&mut c, &["SELECT", "1"]), err("ERR DB index is out of range"));
+    assert_eq!(run(&mut c, &["SELECT", "x"]), err("ERR value is not an integer or out of range"));
     assert_eq!(run(&mut c, &["CLIENT", "GETNAME"]), Reply::Nil);
     assert_eq!(run(&mut c, &["CLIENT", "setname", "worker-1"]), Reply::ok());
     assert_eq!(run(&mut c, &["CLIENT", "GETNAME"]), bulk("worker-1"));
@@ -331,30 +223,12 @@ fn connection_commands() {
     );
     assert_eq!(c.name(), Some(b"worker-1".as_slice()));
     assert_eq!(run(&mut c, &["CLIENT", "ID"]), Reply::Integer(7));
-    assert_eq!(
-        run(&mut c, &["CLIENT", "SETINFO", "lib-name", "redis-rs"]),
-        Reply::ok()
-    );
-    assert_eq!(
-        run(&mut c, &["CLIENT", "SETINFO", "LIB-VER", "1.8.1"]),
-        Reply::ok()
-    );
-    assert_eq!(
-        c.library(),
-        (Some(b"redis-rs".as_slice()), Some(b"1.8.1".as_slice()))
-    );
-    assert_eq!(
-        run(&mut c, &["CLIENT", "SETINFO", "color", "x"]),
-        err("ERR Unrecognized option 'color'")
-    );
-    assert_eq!(
-        run(&mut c, &["CLIENT", "kill", "x"]),
-        err("ERR CLIENT subcommand 'KILL' is not supported by racekv")
-    );
-    assert_eq!(
-        run(&mut c, &["CLIENT", "SETNAME"]),
-        err("ERR wrong number of arguments for 'client|setname' command")
-    );
+    assert_eq!(run(&mut c, &["CLIENT", "SETINFO", "lib-name", "redis-rs"]), Reply::ok());
+    assert_eq!(run(&mut c, &["CLIENT", "SETINFO", "LIB-VER", "1.8.1"]), Reply::ok());
+    assert_eq!(c.library(), (Some(b"redis-rs".as_slice()), Some(b"1.8.1".as_slice())));
+    assert_eq!(run(&mut c, &["CLIENT", "SETINFO", "color", "x"]), err("ERR Unrecognized option 'color'"));
+    assert_eq!(run(&mut c, &["CLIENT", "kill", "x"]), err("ERR CLIENT subcommand 'KILL' is not supported by racekv"));
+    assert_eq!(run(&mut c, &["CLIENT", "SETNAME"]), err("ERR wrong number of arguments for 'client|setname' command"));
     assert!(!c.wants_close());
     assert_eq!(run(&mut c, &["QUIT"]), Reply::ok());
     assert!(c.wants_close());
@@ -364,28 +238,12 @@ fn connection_commands() {
 fn hello_speaks_resp2_only() {
     let store = MemStore::new();
     let mut c = client_over(&store);
-    let Reply::Array(fields) = run(&mut c, &["HELLO", "2", "SETNAME", "app"]) else {
-        panic!("not an array")
-    };
-    assert_eq!(
-        fields[0..4],
-        [
-            bulk("server"),
-            bulk("redis"),
-            bulk("version"),
-            bulk("7.0.0")
-        ]
-    );
+    let Reply::Array(fields) = run(&mut c, &["HELLO", "2", "SETNAME", "app"]) else { panic!("not an array") };
+    assert_eq!(fields[0..4], [bulk("server"), bulk("redis"), bulk("version"), bulk("7.0.0")]);
     assert_eq!(fields[5], Reply::Integer(2));
     assert_eq!(c.name(), Some(b"app".as_slice()));
-    assert_eq!(
-        run(&mut c, &["HELLO", "3"]),
-        err("NOPROTO sorry, this protocol version is not supported")
-    );
-    assert_eq!(
-        run(&mut c, &["HELLO", "x"]),
-        err("ERR Protocol version is not an integer or out of range")
-    );
+    assert_eq!(run(&mut c, &["HELLO", "3"]), err("NOPROTO sorry, this protocol version is not supported"));
+    assert_eq!(run(&mut c, &["HELLO", "x"]), err("ERR Protocol version is not an integer or out of range"));
     assert!(matches!(run(&mut c, &["HELLO"]), Reply::Array(_)));
 }
 
@@ -393,22 +251,13 @@ fn hello_speaks_resp2_only() {
 fn command_introspection_is_enough_for_redis_cli() {
     let store = MemStore::new();
     let mut c = client_over(&store);
-    assert_eq!(
-        run(&mut c, &["COMMAND", "COUNT"]),
-        Reply::Integer(COMMANDS.len() as i64)
-    );
+    assert_eq!(run(&mut c, &["COMMAND", "COUNT"]), Reply::Integer(COMMANDS.len() as i64));
     assert_eq!(run(&mut c, &["COMMAND", "DOCS"]), Reply::Array(vec![]));
-    let Reply::Array(all) = run(&mut c, &["COMMAND"]) else {
-        panic!("not an array")
-    };
+    let Reply::Array(all) = run(&mut c, &["COMMAND"]) else { panic!("not an array") };
     assert_eq!(all.len(), COMMANDS.len());
-    let Reply::Array(infos) = run(&mut c, &["command", "info", "GET", "nosuch"]) else {
-        panic!("not an array")
-    };
+    let Reply::Array(infos) = run(&mut c, &["command", "info", "GET", "nosuch"]) else { panic!("not an array") };
     assert_eq!(infos[1], Reply::Nil);
-    let Reply::Array(get) = &infos[0] else {
-        panic!("not an array")
-    };
+    let Reply::Array(get) = &infos[0] else { panic!("not an array") };
     assert_eq!(get[0..2], [bulk("get"), Reply::Integer(2)]);
     assert_eq!(
         run(&mut c, &["COMMAND", "GETKEYS", "x"]),
@@ -424,14 +273,8 @@ fn config_get_answers_read_only_parameters() {
         run(&mut c, &["CONFIG", "GET", "save", "APPENDONLY"]),
         Reply::Array(vec![bulk("save"), bulk(""), bulk("appendonly"), bulk("no")])
     );
-    assert_eq!(
-        run(&mut c, &["CONFIG", "GET", "max*"]),
-        Reply::Array(vec![bulk("maxclients"), bulk("100")])
-    );
-    assert_eq!(
-        run(&mut c, &["CONFIG", "GET", "nosuch"]),
-        Reply::Array(vec![])
-    );
+    assert_eq!(run(&mut c, &["CONFIG", "GET", "max*"]), Reply::Array(vec![bulk("maxclients"), bulk("100")]));
+    assert_eq!(run(&mut c, &["CONFIG", "GET", "nosuch"]), Reply::Array(vec![]));
     assert_eq!(
         run(&mut c, &["CONFIG", "SET", "x", "y"]),
         err("ERR CONFIG subcommand 'SET' is not supported by racekv")
@@ -443,26 +286,16 @@ fn info_reports_server_stats_and_storage_lines() {
     let store = MemStore::new();
     let mut c = client_over(&store);
     run(&mut c, &["PING"]);
-    let Reply::Bulk(text) = run(&mut c, &["INFO"]) else {
-        panic!("not a bulk")
-    };
+    let Reply::Bulk(text) = run(&mut c, &["INFO"]) else { panic!("not a bulk") };
     let text = String::from_utf8(text).unwrap();
     assert!(
-        text.contains(&format!(
-            "redis_version:7.0.0-compatible (racekv {})\r\n",
-            env!("CARGO_PKG_VERSION")
-        )),
+        text.contains(&format!("redis_version:7.0.0-compatible (racekv {})\r\n", env!("CARGO_PKG_VERSION"))),
         "{text}"
     );
     // PING before, INFO itself is counted after it runs.
     assert!(text.contains("total_commands_processed:1\r\n"), "{text}");
-    assert!(
-        text.contains("# Storage\r\nstorage_backend:memstore-test-double\r\n"),
-        "{text}"
-    );
-    let Reply::Bulk(text) = run(&mut c, &["INFO", "server"]) else {
-        panic!("not a bulk")
-    };
+    assert!(text.contains("# Storage\r\nstorage_backend:memstore-test-double\r\n"), "{text}");
+    let Reply::Bulk(text) = run(&mut c, &["INFO", "server"]) else { panic!("not a bulk") };
     assert!(!String::from_utf8(text).unwrap().contains("# Storage"));
 }
 

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs the Debian packages racekv's tests need (run as root; a no-op when all are there):
+# the real servers and tools the tests drive (redis-server, redis-tools, prometheus), the
+# RDMA development libraries for the `rdma` build, and the Soft-RoCE VM's host tools.
+set -euo pipefail
+
+packages=(
+    redis-server redis-tools prometheus curl python3 ca-certificates
+    libibverbs-dev librdmacm-dev libclang-dev pkg-config
+    qemu-system-x86 debootstrap e2fsprogs
+)
+
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [[ ${#missing[@]} -eq 0 ]]; then
+    echo "install-packages: all present"
+    exit 0
+fi
+if [[ $(id -u) -ne 0 ]]; then
+    echo "install-packages: missing ${missing[*]}; run as root: sudo $0" >&2
+    exit 1
+fi
+echo "install-packages: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# The Debian packages start their services; the tests start their own instances.
+systemctl stop redis-server prometheus 2>/dev/null || true

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# racekv's whole test run: what `.ci/run` runs and what the README calls "test it".
+#
+#   bash ops/test.sh           everything (about 30-40 minutes on 2 cores)
+#   bash ops/test.sh --quick   skip the Soft-RoCE VM suite and fuzzing
+#
+# Steps: packages; rustfmt; clippy (warnings are errors); `cargo test --workspace`; the
+# `rdma` build; the verbs suites (transport conformance, table suite, end to end) in the
+# Soft-RoCE VM; a real Prometheus scraping a real memnode; each fuzz target for a while.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+quick=0
+[[ ${1:-} == --quick ]] && quick=1
+export CARGO_TERM_COLOR=never
+started=$(date +%s)
+step() { echo; echo "=== $* (+$(( $(date +%s) - started )) s)"; }
+
+step "system packages"
+if [[ $(id -u) -eq 0 ]]; then ops/install-packages.sh; else ops/install-packages.sh || true; fi
+
+step "rustfmt"
+cargo fmt --all -- --check
+
+step "clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "cargo test --workspace"
+cargo test --workspace
+
+step "rdma build (libibverbs; no device needed)"
+cargo clippy --workspace --all-targets --features rdma -- -D warnings
+
+step "Prometheus smoke test"
+ops/prometheus/smoke-test.sh
+
+if [[ $quick -eq 1 ]]; then
+    step "quick run: skipped the Soft-RoCE VM suite and fuzzing"
+    exit 0
+fi
+
+step "verbs suites in the Soft-RoCE VM"
+ops/vm/run-cargo-tests.sh -p racekv-transport -p racekv-hashing -p racekv \
+    --features racekv-transport/rdma,racekv-hashing/rdma,racekv/rdma -- --test-threads=1
+
+step "fuzzing (60 s per target)"
+command -v cargo-fuzz > /dev/null || cargo install --locked cargo-fuzz
+(
+    cd fuzz
+    for target in wire_frames table_structures resp_parser; do
+        extra=()
+        [[ $target == resp_parser ]] && extra=(-dict=resp.dict -max_len=4096)
+        RUSTC_BOOTSTRAP=1 cargo fuzz run "$target" -- -max_total_time=60 "${extra[@]}" 2>&1 | tail -3
+    done
+)
+
+step "all passed"
