@@ -18,6 +18,10 @@ pub enum ClientError {
     OutOfSpace { endpoint: String, reason: String },
     #[error("bad configuration: {0}")]
     Config(String),
+    #[error("the computenode is overloaded: {0}")]
+    Overloaded(String),
+    #[error("protocol error: {0}")]
+    Protocol(String),
     #[error("memnode {endpoint}: {reason}")]
     Internal { endpoint: String, reason: String },
 }
@@ -43,6 +47,6 @@ impl ClientError {
 
     /// True when the same call may succeed later (the memnode restarted, a timeout).
     pub fn is_transient(&self) -> bool {
-        matches!(self, ClientError::Unavailable { .. } | ClientError::Timeout { .. })
+        matches!(self, ClientError::Unavailable { .. } | ClientError::Timeout { .. } | ClientError::Overloaded(_))
     }
 }

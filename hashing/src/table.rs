@@ -549,6 +549,14 @@ impl TableClient {
         self.end(5, sample, result, |&d| d)
     }
 
+    /// The memnode's table statistics (an RPC on this client's connection). Sends this
+    /// client's pending item-count change first.
+    pub fn table_stats(&mut self) -> Result<crate::TableStats, Error> {
+        self.flush()?;
+        let reply = self.conn.call(method::STATS, &[]).map_err(rpc::map_error)?;
+        crate::service::decode_stats(&reply).ok_or_else(|| Error::Remote("unreadable stats".into()))
+    }
+
     /// Sends any pending item-count change now (it otherwise rides on the next batch).
     pub fn flush(&mut self) -> Result<(), Error> {
         if self.count_delta != 0 {

@@ -1,0 +1,201 @@
+//! Embedded mode: this process is its own compute worker, with its own connections to every
+//! memnode. Sessions (one table client per memnode each) are pooled and lent per call.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use racekv_hashing::rpc;
+use racekv_hashing::{Table, TableClient, TableOptions};
+use racekv_transport::{ConnectOptions, Connection, Endpoint};
+
+use crate::error::ClientError;
+use crate::ring::Ring;
+use crate::session::{Session, Shards};
+
+/// Reconnect attempts to one memnode are at least this far apart.
+const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The live state of one memnode: its table and connections; replaced on reconnect.
+struct Live {
+    table: Table,
+    conns: Vec<Arc<dyn Connection>>,
+    generation: u64,
+}
+
+pub(crate) struct Memnode {
+    endpoint: Endpoint,
+    label: String,
+    node_id: u64,
+    connect: ConnectOptions,
+    table_options: TableOptions,
+    connections: usize,
+    live: RwLock<Live>,
+    next_conn: AtomicUsize,
+    last_reconnect: Mutex<Option<Instant>>,
+}
+
+fn open_live(
+    endpoint: &Endpoint,
+    label: &str,
+    connect: &ConnectOptions,
+    table_options: TableOptions,
+    n: usize,
+    generation: u64,
+) -> Result<(Live, u64), ClientError> {
+    let unavailable = |reason: String| ClientError::Unavailable { endpoint: label.to_string(), reason };
+    let mut conns = Vec::with_capacity(n);
+    for _ in 0..n {
+        conns.push(racekv_transport::connect(endpoint, connect).map_err(|e| unavailable(e.to_string()))?);
+    }
+    let meta = rpc::metadata(&*conns[0]).map_err(|e| ClientError::from_table(label, e, connect.timeout))?;
+    let chunks = Arc::new(racekv_hashing::table::RpcChunkSource::new(Arc::clone(&conns[0])));
+    let table = Table::open_with(&*conns[0], meta.layout, chunks, table_options)
+        .map_err(|e| ClientError::from_table(label, e, connect.timeout))?;
+    Ok((Live { table, conns, generation }, meta.node_id))
+}
+
+impl Memnode {
+    fn connect(endpoint: Endpoint, connect: ConnectOptions, table_options: TableOptions, connections: usize) -> Result<Self, ClientError> {
+        let label = endpoint.to_string();
+        let (live, node_id) = open_live(&endpoint, &label, &connect, table_options, connections, 0)?;
+        Ok(Self {
+            endpoint,
+            label,
+            node_id,
+            connect,
+            table_options,
+            connections,
+            live: RwLock::new(live),
+            next_conn: AtomicUsize::new(0),
+            last_reconnect: Mutex::new(None),
+        })
+    }
+
+    fn table_client(&self) -> (u64, TableClient) {
+        let live = self.live.read();
+        let conn = &live.conns[self.next_conn.fetch_add(1, Ordering::Relaxed) % live.conns.len()];
+        (live.generation, live.table.client(Arc::clone(conn)))
+    }
+
+    fn generation(&self) -> u64 {
+        self.live.read().generation
+    }
+
+    fn reconnect(&self, failed_generation: u64) {
+        {
+            let mut last = self.last_reconnect.lock();
+            if last.is_some_and(|t| t.elapsed() < RECONNECT_BACKOFF) || self.generation() != failed_generation {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        match open_live(&self.endpoint, &self.label, &self.connect, self.table_options, self.connections, failed_generation + 1) {
+            Ok((live, node_id)) if node_id == self.node_id => {
+                *self.live.write() = live;
+                tracing::info!(memnode = %self.label, "reconnected");
+            }
+            Ok((_, node_id)) => tracing::error!(
+                memnode = %self.label,
+                "the memnode now has node id {node_id}, not {}: it holds a different table; refusing to mix them",
+                self.node_id
+            ),
+            Err(e) => tracing::warn!(memnode = %self.label, "reconnect failed: {e}"),
+        }
+    }
+}
+
+/// All memnodes of an embedded client, and its idle sessions.
+pub(crate) struct Cluster {
+    memnodes: Vec<Memnode>,
+    ring: Ring,
+    timeout: Duration,
+    idle: Mutex<Vec<Session<EmbeddedShards>>>,
+}
+
+impl Cluster {
+    pub(crate) fn connect(endpoints: &[String], connect: ConnectOptions, table_options: TableOptions, connections: usize) -> Result<Arc<Self>, ClientError> {
+        if endpoints.is_empty() {
+            return Err(ClientError::Config("no memnode endpoints given".into()));
+        }
+        let mut memnodes = Vec::with_capacity(endpoints.len());
+        for text in endpoints {
+            let endpoint: Endpoint = text.parse().map_err(ClientError::Config)?;
+            memnodes.push(Memnode::connect(endpoint, connect.clone(), table_options, connections)?);
+        }
+        let ids: Vec<u64> = memnodes.iter().map(|m| m.node_id).collect();
+        for (i, id) in ids.iter().enumerate() {
+            if ids[..i].contains(id) {
+                return Err(ClientError::Config(format!(
+                    "{} and another endpoint are the same memnode (node id {id}); list each memnode once",
+                    memnodes[i].label
+                )));
+            }
+        }
+        Ok(Arc::new(Self { ring: Ring::new(&ids), memnodes, timeout: connect.timeout, idle: Mutex::new(Vec::new()) }))
+    }
+
+    /// Runs `f` on a pooled session.
+    pub(crate) fn with<R>(self: &Arc<Self>, f: impl FnOnce(&mut Session<EmbeddedShards>) -> R) -> R {
+        let mut session = self.idle.lock().pop().unwrap_or_else(|| {
+            Session::new(EmbeddedShards { cluster: Arc::clone(self), parts: (0..self.memnodes.len()).map(|_| None).collect() })
+        });
+        let result = f(&mut session);
+        self.idle.lock().push(session);
+        result
+    }
+
+    /// Sends the pending item counts idle sessions hold (so a quiescent client counts exactly).
+    pub(crate) fn flush_idle(&self) {
+        for session in self.idle.lock().iter_mut() {
+            if let Err(e) = session.flush() {
+                tracing::warn!("flushing an item count failed: {e}");
+            }
+        }
+    }
+
+    pub(crate) fn labels(&self) -> Vec<String> {
+        self.memnodes.iter().map(|m| m.label.clone()).collect()
+    }
+}
+
+/// A session's view of the embedded cluster: its own table client per memnode, rebuilt
+/// after the memnode's connections were replaced.
+pub(crate) struct EmbeddedShards {
+    cluster: Arc<Cluster>,
+    parts: Vec<Option<(u64, TableClient)>>,
+}
+
+impl Shards for EmbeddedShards {
+    fn route(&self, key: &[u8]) -> usize {
+        self.cluster.ring.shard(key)
+    }
+
+    fn count(&self) -> usize {
+        self.cluster.memnodes.len()
+    }
+
+    fn label(&self, shard: usize) -> &str {
+        &self.cluster.memnodes[shard].label
+    }
+
+    fn timeout(&self) -> Duration {
+        self.cluster.timeout
+    }
+
+    fn client(&mut self, shard: usize) -> Result<&mut TableClient, ClientError> {
+        let memnode = &self.cluster.memnodes[shard];
+        let current = memnode.generation();
+        if self.parts[shard].as_ref().is_none_or(|(generation, _)| *generation != current) {
+            self.parts[shard] = Some(memnode.table_client());
+        }
+        Ok(&mut self.parts[shard].as_mut().expect("just set").1)
+    }
+
+    fn on_transient_failure(&mut self, shard: usize) {
+        if let Some((generation, _)) = self.parts[shard].take() {
+            self.cluster.memnodes[shard].reconnect(generation);
+        }
+    }
+}

@@ -1,0 +1,423 @@
+//! Key-value requests and replies as they travel between an application and a computenode
+//! (the shared-memory ring of attached processes, and the remote mode), with a compact
+//! little-endian encoding. Decoding treats every byte as untrusted: lengths are checked
+//! against the input and against explicit limits before anything is allocated.
+//!
+//! ```text
+//! request : kind u8 | mode u8 | count u16 | then per kind:
+//!   GET/DEL     : key (u32 len + bytes)
+//!   PUT         : key, value                           (mode: 0 upsert, 1 insert, 2 update)
+//!   CAS         : key, expected (u8 present + bytes), new (u8 present + bytes)
+//!   MGET        : count x key
+//!   MPUT        : count x (key, value)
+//!   LEN         : -
+//! reply   : status u8 (0 ok, else an ErrorKind) | kind u8 | count u16 | then:
+//!   VALUE       : u8 present + bytes       DONE : u8 (0/1)      COUNT : u64
+//!   VALUES      : count x (u8 present + bytes)                  OK    : -
+//!   error       : UTF-8 message
+//! ```
+
+use racekv_hashing::PutMode;
+
+use crate::error::ClientError;
+
+/// Bytes a key or value may claim at most (the table's own limit is far lower; this bounds
+/// what a decoder will ever allocate for one field).
+pub const MAX_FIELD_BYTES: usize = 1 << 20;
+/// Keys in one MGET or MPUT.
+pub const MAX_MULTI: usize = 4096;
+/// Bytes of one encoded request or reply.
+pub const MAX_MESSAGE_BYTES: usize = 8 << 20;
+
+/// What an application asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    Get(Vec<u8>),
+    Put { key: Vec<u8>, value: Vec<u8>, mode: PutMode },
+    Delete(Vec<u8>),
+    CompareAndSwap { key: Vec<u8>, expected: Option<Vec<u8>>, new: Option<Vec<u8>> },
+    MultiGet(Vec<Vec<u8>>),
+    MultiPut(Vec<(Vec<u8>, Vec<u8>)>),
+    Len,
+}
+
+/// What comes back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// GET.
+    Value(Option<Vec<u8>>),
+    /// PUT (applied?), DEL (existed?), CAS (swapped?).
+    Done(bool),
+    /// MGET.
+    Values(Vec<Option<Vec<u8>>>),
+    /// LEN.
+    Count(u64),
+    /// MPUT.
+    Ok,
+    Error(ErrorKind, String),
+}
+
+/// Error kinds on the wire (stable codes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ErrorKind {
+    EmptyKey = 1,
+    TooLarge = 2,
+    Unavailable = 3,
+    Timeout = 4,
+    OutOfSpace = 5,
+    BadRequest = 6,
+    Internal = 7,
+    Overloaded = 8,
+}
+
+impl ErrorKind {
+    fn from_code(code: u8) -> Option<Self> {
+        Some(match code {
+            1 => ErrorKind::EmptyKey,
+            2 => ErrorKind::TooLarge,
+            3 => ErrorKind::Unavailable,
+            4 => ErrorKind::Timeout,
+            5 => ErrorKind::OutOfSpace,
+            6 => ErrorKind::BadRequest,
+            7 => ErrorKind::Internal,
+            8 => ErrorKind::Overloaded,
+            _ => return None,
+        })
+    }
+}
+
+impl Reply {
+    /// The reply for a failed operation.
+    pub fn from_error(e: &ClientError) -> Self {
+        let kind = match e {
+            ClientError::EmptyKey => ErrorKind::EmptyKey,
+            ClientError::TooLarge { .. } => ErrorKind::TooLarge,
+            ClientError::Unavailable { .. } => ErrorKind::Unavailable,
+            ClientError::Timeout { .. } => ErrorKind::Timeout,
+            ClientError::OutOfSpace { .. } => ErrorKind::OutOfSpace,
+            ClientError::Overloaded(_) => ErrorKind::Overloaded,
+            ClientError::Config(_) | ClientError::Protocol(_) => ErrorKind::BadRequest,
+            ClientError::Internal { .. } => ErrorKind::Internal,
+        };
+        Reply::Error(kind, e.to_string())
+    }
+
+    /// Turns an error reply back into a typed error (`at` names who answered).
+    pub fn into_error(kind: ErrorKind, message: String, at: &str) -> ClientError {
+        let endpoint = at.to_string();
+        match kind {
+            ErrorKind::EmptyKey => ClientError::EmptyKey,
+            ErrorKind::TooLarge => ClientError::Internal { endpoint, reason: message },
+            ErrorKind::Unavailable => ClientError::Unavailable { endpoint, reason: message },
+            ErrorKind::Timeout => ClientError::Timeout { endpoint, after: std::time::Duration::ZERO },
+            ErrorKind::OutOfSpace => ClientError::OutOfSpace { endpoint, reason: message },
+            ErrorKind::Overloaded => ClientError::Overloaded(message),
+            ErrorKind::BadRequest => ClientError::Protocol(message),
+            ErrorKind::Internal => ClientError::Internal { endpoint, reason: message },
+        }
+    }
+}
+
+/// A malformed message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed message: {0}")]
+pub struct DecodeError(pub String);
+
+fn bad(msg: impl Into<String>) -> DecodeError {
+    DecodeError(msg.into())
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.bytes.len() < n {
+            return Err(bad(format!("needs {n} more bytes, has {}", self.bytes.len())));
+        }
+        let (head, tail) = self.bytes.split_at(n);
+        self.bytes = tail;
+        Ok(head)
+    }
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, DecodeError> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
+    }
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+    }
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+    }
+    fn field(&mut self) -> Result<Vec<u8>, DecodeError> {
+        let len = self.u32()? as usize;
+        if len > MAX_FIELD_BYTES {
+            return Err(bad(format!("field of {len} bytes exceeds {MAX_FIELD_BYTES}")));
+        }
+        Ok(self.take(len)?.to_vec())
+    }
+    fn optional(&mut self) -> Result<Option<Vec<u8>>, DecodeError> {
+        match self.u8()? {
+            0 => Ok(None),
+            1 => self.field().map(Some),
+            other => Err(bad(format!("presence byte {other}"))),
+        }
+    }
+    fn finish(&self) -> Result<(), DecodeError> {
+        if self.bytes.is_empty() {
+            Ok(())
+        } else {
+            Err(bad(format!("{} trailing bytes", self.bytes.len())))
+        }
+    }
+}
+
+fn put_field(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    out.extend_from_slice(bytes);
+}
+
+fn put_optional(out: &mut Vec<u8>, bytes: Option<&[u8]>) {
+    match bytes {
+        None => out.push(0),
+        Some(b) => {
+            out.push(1);
+            put_field(out, b);
+        }
+    }
+}
+
+const GET: u8 = 1;
+const PUT: u8 = 2;
+const DEL: u8 = 3;
+const CAS: u8 = 4;
+const MGET: u8 = 5;
+const MPUT: u8 = 6;
+const LEN: u8 = 7;
+
+fn mode_code(mode: PutMode) -> u8 {
+    match mode {
+        PutMode::Upsert => 0,
+        PutMode::InsertOnly => 1,
+        PutMode::UpdateOnly => 2,
+    }
+}
+
+impl Request {
+    /// Appends the encoding to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let (kind, mode, count) = match self {
+            Request::Get(_) => (GET, 0, 0),
+            Request::Put { mode, .. } => (PUT, mode_code(*mode), 0),
+            Request::Delete(_) => (DEL, 0, 0),
+            Request::CompareAndSwap { .. } => (CAS, 0, 0),
+            Request::MultiGet(keys) => (MGET, 0, keys.len()),
+            Request::MultiPut(pairs) => (MPUT, 0, pairs.len()),
+            Request::Len => (LEN, 0, 0),
+        };
+        assert!(count <= MAX_MULTI, "at most {MAX_MULTI} keys per multi-key request");
+        out.push(kind);
+        out.push(mode);
+        out.extend_from_slice(&(count as u16).to_le_bytes());
+        match self {
+            Request::Get(key) | Request::Delete(key) => put_field(out, key),
+            Request::Put { key, value, .. } => {
+                put_field(out, key);
+                put_field(out, value);
+            }
+            Request::CompareAndSwap { key, expected, new } => {
+                put_field(out, key);
+                put_optional(out, expected.as_deref());
+                put_optional(out, new.as_deref());
+            }
+            Request::MultiGet(keys) => keys.iter().for_each(|k| put_field(out, k)),
+            Request::MultiPut(pairs) => pairs.iter().for_each(|(k, v)| {
+                put_field(out, k);
+                put_field(out, v);
+            }),
+            Request::Len => {}
+        }
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        if bytes.len() > MAX_MESSAGE_BYTES {
+            return Err(bad(format!("request of {} bytes exceeds {MAX_MESSAGE_BYTES}", bytes.len())));
+        }
+        let mut r = Reader { bytes };
+        let kind = r.u8()?;
+        let mode = r.u8()?;
+        let count = r.u16()? as usize;
+        if count > MAX_MULTI {
+            return Err(bad(format!("{count} keys exceed {MAX_MULTI}")));
+        }
+        if (mode != 0 && kind != PUT) || (count != 0 && kind != MGET && kind != MPUT) {
+            return Err(bad("mode or count set on a request that takes none"));
+        }
+        let request = match kind {
+            GET => Request::Get(r.field()?),
+            DEL => Request::Delete(r.field()?),
+            PUT => {
+                let mode = match mode {
+                    0 => PutMode::Upsert,
+                    1 => PutMode::InsertOnly,
+                    2 => PutMode::UpdateOnly,
+                    other => return Err(bad(format!("put mode {other}"))),
+                };
+                Request::Put { key: r.field()?, value: r.field()?, mode }
+            }
+            CAS => Request::CompareAndSwap { key: r.field()?, expected: r.optional()?, new: r.optional()? },
+            MGET => Request::MultiGet((0..count).map(|_| r.field()).collect::<Result<_, _>>()?),
+            MPUT => Request::MultiPut((0..count).map(|_| Ok((r.field()?, r.field()?))).collect::<Result<_, _>>()?),
+            LEN => Request::Len,
+            other => return Err(bad(format!("unknown request kind {other}"))),
+        };
+        r.finish()?;
+        Ok(request)
+    }
+}
+
+const VALUE: u8 = 1;
+const DONE: u8 = 2;
+const VALUES: u8 = 3;
+const COUNT: u8 = 4;
+const OK: u8 = 5;
+
+impl Reply {
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            Reply::Error(kind, message) => {
+                out.push(*kind as u8);
+                out.push(0);
+                out.extend_from_slice(&0u16.to_le_bytes());
+                out.extend_from_slice(&message.as_bytes()[..message.len().min(4096)]);
+            }
+            Reply::Value(v) => {
+                out.extend_from_slice(&[0, VALUE, 0, 0]);
+                put_optional(out, v.as_deref());
+            }
+            Reply::Done(b) => out.extend_from_slice(&[0, DONE, 0, 0, u8::from(*b)]),
+            Reply::Values(values) => {
+                assert!(values.len() <= MAX_MULTI);
+                out.extend_from_slice(&[0, VALUES]);
+                out.extend_from_slice(&(values.len() as u16).to_le_bytes());
+                values.iter().for_each(|v| put_optional(out, v.as_deref()));
+            }
+            Reply::Count(n) => {
+                out.extend_from_slice(&[0, COUNT, 0, 0]);
+                out.extend_from_slice(&n.to_le_bytes());
+            }
+            Reply::Ok => out.extend_from_slice(&[0, OK, 0, 0]),
+        }
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        if bytes.len() > MAX_MESSAGE_BYTES {
+            return Err(bad(format!("reply of {} bytes exceeds {MAX_MESSAGE_BYTES}", bytes.len())));
+        }
+        let mut r = Reader { bytes };
+        let status = r.u8()?;
+        let kind = r.u8()?;
+        let count = r.u16()? as usize;
+        if status != 0 {
+            let kind = ErrorKind::from_code(status).ok_or_else(|| bad(format!("error status {status}")))?;
+            return Ok(Reply::Error(kind, String::from_utf8_lossy(r.bytes).into_owned()));
+        }
+        if count > MAX_MULTI || (count != 0 && kind != VALUES) {
+            return Err(bad(format!("count {count} on reply kind {kind}")));
+        }
+        let reply = match kind {
+            VALUE => Reply::Value(r.optional()?),
+            DONE => match r.u8()? {
+                0 => Reply::Done(false),
+                1 => Reply::Done(true),
+                other => return Err(bad(format!("boolean {other}"))),
+            },
+            VALUES => Reply::Values((0..count).map(|_| r.optional()).collect::<Result<_, _>>()?),
+            COUNT => Reply::Count(r.u64()?),
+            OK => Reply::Ok,
+            other => return Err(bad(format!("unknown reply kind {other}"))),
+        };
+        r.finish()?;
+        Ok(reply)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn bytes() -> impl Strategy<Value = Vec<u8>> {
+        proptest::collection::vec(any::<u8>(), 0..40)
+    }
+
+    fn request() -> impl Strategy<Value = Request> {
+        let mode = prop_oneof![Just(PutMode::Upsert), Just(PutMode::InsertOnly), Just(PutMode::UpdateOnly)];
+        prop_oneof![
+            bytes().prop_map(Request::Get),
+            (bytes(), bytes(), mode).prop_map(|(key, value, mode)| Request::Put { key, value, mode }),
+            bytes().prop_map(Request::Delete),
+            (bytes(), proptest::option::of(bytes()), proptest::option::of(bytes()))
+                .prop_map(|(key, expected, new)| Request::CompareAndSwap { key, expected, new }),
+            proptest::collection::vec(bytes(), 0..10).prop_map(Request::MultiGet),
+            proptest::collection::vec((bytes(), bytes()), 0..10).prop_map(Request::MultiPut),
+            Just(Request::Len),
+        ]
+    }
+
+    fn reply() -> impl Strategy<Value = Reply> {
+        prop_oneof![
+            proptest::option::of(bytes()).prop_map(Reply::Value),
+            any::<bool>().prop_map(Reply::Done),
+            proptest::collection::vec(proptest::option::of(bytes()), 0..10).prop_map(Reply::Values),
+            any::<u64>().prop_map(Reply::Count),
+            Just(Reply::Ok),
+            "[a-z ]{0,30}".prop_map(|m| Reply::Error(ErrorKind::Unavailable, m)),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn requests_round_trip(req in request()) {
+            let mut out = Vec::new();
+            req.encode(&mut out);
+            prop_assert_eq!(Request::decode(&out).unwrap(), req);
+        }
+
+        #[test]
+        fn replies_round_trip(rep in reply()) {
+            let mut out = Vec::new();
+            rep.encode(&mut out);
+            prop_assert_eq!(Reply::decode(&out).unwrap(), rep);
+        }
+
+        #[test]
+        fn decoders_never_panic(junk in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = Request::decode(&junk);
+            let _ = Reply::decode(&junk);
+        }
+
+        #[test]
+        fn truncations_are_errors(req in request()) {
+            let mut out = Vec::new();
+            req.encode(&mut out);
+            for cut in 0..out.len() {
+                prop_assert!(Request::decode(&out[..cut]).is_err());
+            }
+        }
+    }
+
+    #[test]
+    fn huge_claimed_lengths_allocate_nothing() {
+        let mut msg = vec![GET, 0, 0, 0];
+        msg.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(Request::decode(&msg).is_err());
+        let mut msg = vec![MGET, 0];
+        msg.extend_from_slice(&u16::MAX.to_le_bytes());
+        assert!(Request::decode(&msg).is_err());
+    }
+}

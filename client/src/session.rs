@@ -1,0 +1,175 @@
+//! A session: one thread's way to run operations on a cluster of memnodes. It routes each
+//! key to its memnode (consistent hashing) and runs the table protocol there.
+//!
+//! Where the per-memnode table clients come from is the [`Shards`] implementation's
+//! business: the embedded client opens its own connections; a computenode worker borrows
+//! virtual connections from its daemon's pre-initialized pool.
+
+use std::time::Duration;
+
+use racekv_hashing::{PutMode, PutOutcome, TableClient, TableStats};
+
+use crate::error::ClientError;
+use crate::op::{Reply, Request};
+
+/// The memnodes a session can reach.
+pub trait Shards: Send {
+    /// Which memnode holds `key`.
+    fn route(&self, key: &[u8]) -> usize;
+    fn count(&self) -> usize;
+    /// A name for memnode `shard` in errors.
+    fn label(&self, shard: usize) -> &str;
+    /// The timeout errors report.
+    fn timeout(&self) -> Duration;
+    /// The table client for `shard` (implementations may connect or reconnect here).
+    fn client(&mut self, shard: usize) -> Result<&mut TableClient, ClientError>;
+    /// An operation on `shard` failed in a way a new connection may fix.
+    fn on_transient_failure(&mut self, shard: usize) {
+        let _ = shard;
+    }
+}
+
+/// Runs operations over some [`Shards`].
+pub struct Session<S: Shards> {
+    shards: S,
+}
+
+impl<S: Shards> Session<S> {
+    pub fn new(shards: S) -> Self {
+        Self { shards }
+    }
+
+    pub fn shards(&self) -> &S {
+        &self.shards
+    }
+
+    pub fn shards_mut(&mut self) -> &mut S {
+        &mut self.shards
+    }
+
+    fn on<R>(&mut self, shard: usize, op: impl FnOnce(&mut TableClient) -> Result<R, racekv_hashing::Error>) -> Result<R, ClientError> {
+        let result = op(self.shards.client(shard)?);
+        result.map_err(|e| {
+            let transient = e.is_transient();
+            let err = ClientError::from_table(self.shards.label(shard), e, self.shards.timeout());
+            if transient {
+                self.shards.on_transient_failure(shard);
+            }
+            err
+        })
+    }
+
+    fn on_key<R>(&mut self, key: &[u8], op: impl FnOnce(&mut TableClient) -> Result<R, racekv_hashing::Error>) -> Result<R, ClientError> {
+        let shard = self.shards.route(key);
+        self.on(shard, op)
+    }
+
+    /// The value of `key`, if any.
+    pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
+        self.on_key(key, |c| c.get(key))
+    }
+
+    /// Puts the value of `key` into `out`; returns whether it exists (no allocation when
+    /// `out` is large enough).
+    pub fn get_into(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, ClientError> {
+        self.on_key(key, |c| c.get_into(key, out))
+    }
+
+    /// Sets `key` as `mode` allows; returns whether it did.
+    pub fn put_with(&mut self, key: &[u8], value: &[u8], mode: PutMode) -> Result<bool, ClientError> {
+        self.on_key(key, |c| c.put_with(key, value, mode)).map(|o| o != PutOutcome::NotApplied)
+    }
+
+    /// Sets `key` to `value`, replacing any previous value.
+    pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), ClientError> {
+        self.put_with(key, value, PutMode::Upsert).map(|_| ())
+    }
+
+    /// Removes `key`; returns whether it had a value.
+    pub fn delete(&mut self, key: &[u8]) -> Result<bool, ClientError> {
+        self.on_key(key, |c| c.delete(key))
+    }
+
+    /// Sets `key` to `new` (None removes it) if its value is `expected` (None: absent).
+    pub fn compare_and_swap(&mut self, key: &[u8], expected: Option<&[u8]>, new: Option<&[u8]>) -> Result<bool, ClientError> {
+        self.on_key(key, |c| c.compare_and_swap(key, expected, new))
+    }
+
+    /// Values of many keys; each memnode's share goes out in batches.
+    pub fn multi_get(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, ClientError> {
+        let mut out = vec![None; keys.len()];
+        for (shard, indices) in self.group(keys.iter().copied()) {
+            let subset: Vec<&[u8]> = indices.iter().map(|&i| keys[i]).collect();
+            let values = self.on(shard, |c| c.get_many(&subset))?;
+            for (i, v) in indices.into_iter().zip(values) {
+                out[i] = v;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Sets many keys (not atomic across keys: a failure leaves the earlier ones set).
+    pub fn multi_put(&mut self, pairs: &[(&[u8], &[u8])]) -> Result<(), ClientError> {
+        for (shard, indices) in self.group(pairs.iter().map(|(k, _)| *k)) {
+            self.on(shard, |c| {
+                for &i in &indices {
+                    c.put(pairs[i].0, pairs[i].1)?;
+                }
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Each memnode's statistics (this session's pending item counts sent first).
+    pub fn stats(&mut self) -> Vec<(String, Result<TableStats, ClientError>)> {
+        (0..self.shards.count()).map(|s| (self.shards.label(s).to_string(), self.on(s, |c| c.table_stats()))).collect()
+    }
+
+    /// Keys on all memnodes.
+    pub fn len(&mut self) -> Result<u64, ClientError> {
+        self.stats().into_iter().map(|(_, s)| s.map(|s| s.items)).sum()
+    }
+
+    /// Sends pending item-count changes.
+    pub fn flush(&mut self) -> Result<(), ClientError> {
+        for s in 0..self.shards.count() {
+            self.on(s, |c| c.flush())?;
+        }
+        Ok(())
+    }
+
+    fn group<'a>(&self, keys: impl Iterator<Item = &'a [u8]>) -> Vec<(usize, Vec<usize>)> {
+        let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
+        for (i, key) in keys.enumerate() {
+            let shard = self.shards.route(key);
+            match groups.iter_mut().find(|(s, _)| *s == shard) {
+                Some((_, v)) => v.push(i),
+                None => groups.push((shard, vec![i])),
+            }
+        }
+        groups
+    }
+
+    /// Runs an encoded request (from a ring or a socket) and says how it went.
+    pub fn execute(&mut self, request: &Request) -> Reply {
+        let result = match request {
+            Request::Get(key) => self.get(key).map(Reply::Value),
+            Request::Put { key, value, mode } => self.put_with(key, value, *mode).map(Reply::Done),
+            Request::Delete(key) => self.delete(key).map(Reply::Done),
+            Request::CompareAndSwap { key, expected, new } => {
+                self.compare_and_swap(key, expected.as_deref(), new.as_deref()).map(Reply::Done)
+            }
+            Request::MultiGet(keys) => {
+                let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+                self.multi_get(&keys).map(Reply::Values)
+            }
+            Request::MultiPut(pairs) => {
+                let pairs: Vec<(&[u8], &[u8])> = pairs.iter().map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
+                self.multi_put(&pairs).map(|()| Reply::Ok)
+            }
+            Request::Len => self.len().map(Reply::Count),
+        };
+        result.unwrap_or_else(|e| Reply::from_error(&e))
+    }
+}
