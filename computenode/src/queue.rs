@@ -1,0 +1,130 @@
+//! The computenode's work queue: front ends (attached processes, remote clients) submit
+//! requests; worker threads run them and call each request's reply function exactly once.
+//!
+//! The queue is bounded: when it is full, `submit` refuses with [`Overloaded`] at once rather
+//! than queueing without limit, and the caller answers its client with an overload error.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntGauge};
+use racekv_client::op::{Reply, Request};
+
+/// Called once with a request's outcome, on a worker thread. Keep it short: it runs in the
+/// worker's time.
+pub type ReplyFn = Box<dyn FnOnce(Reply) + Send>;
+
+/// Where front ends hand requests to the daemon.
+pub trait Submit: Send + Sync {
+    /// Queues `request`; `reply` will be called exactly once with its outcome. Refuses at
+    /// once when the daemon is overloaded (the reply function is then dropped uncalled).
+    fn submit(&self, request: Request, reply: ReplyFn) -> Result<(), Overloaded>;
+}
+
+/// The queue was full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the computenode's work queue is full ({queued} requests waiting)")]
+pub struct Overloaded {
+    pub queued: usize,
+}
+
+pub(crate) struct Job {
+    pub request: Request,
+    pub reply: ReplyFn,
+    pub enqueued: Instant,
+}
+
+struct Metrics {
+    depth: IntGauge,
+    submitted: IntCounter,
+    refused: IntCounter,
+    wait_seconds: Histogram,
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
+    use racekv_telemetry::{register, LATENCY_BUCKETS_SECONDS};
+    Metrics {
+        depth: register(IntGauge::new("racekv_computenode_queue_depth", "Requests waiting for a worker").unwrap()),
+        submitted: register(IntCounter::new("racekv_computenode_queue_submitted_total", "Requests queued").unwrap()),
+        refused: register(IntCounter::new("racekv_computenode_queue_refused_total", "Requests refused because the queue was full").unwrap()),
+        wait_seconds: register(
+            Histogram::with_opts(
+                HistogramOpts::new("racekv_computenode_queue_wait_seconds", "Time requests waited in the queue for a worker")
+                    .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
+            )
+            .unwrap(),
+        ),
+    }
+});
+
+/// A bounded multi-producer, multi-consumer queue of jobs.
+pub struct WorkQueue {
+    tx: Sender<Job>,
+    rx: Receiver<Job>,
+    /// The queueing delay of the most recently dequeued job, in microseconds (the
+    /// autoscaler's signal, with the depth).
+    last_wait_us: AtomicU64,
+}
+
+impl WorkQueue {
+    pub fn new(capacity: usize) -> Self {
+        LazyLock::force(&METRICS);
+        let (tx, rx) = crossbeam_channel::bounded(capacity.max(1));
+        Self { tx, rx, last_wait_us: AtomicU64::new(0) }
+    }
+
+    /// Requests waiting.
+    pub fn depth(&self) -> usize {
+        self.rx.len()
+    }
+
+    /// How long the last dequeued request waited.
+    pub fn last_wait(&self) -> Duration {
+        Duration::from_micros(self.last_wait_us.load(Ordering::Relaxed))
+    }
+
+    /// Takes the next job, waiting up to `timeout`. None on timeout or when closed.
+    pub(crate) fn next(&self, timeout: Duration) -> Result<Job, RecvTimeoutError> {
+        let job = self.rx.recv_timeout(timeout)?;
+        let waited = job.enqueued.elapsed();
+        self.last_wait_us.store(waited.as_micros() as u64, Ordering::Relaxed);
+        METRICS.wait_seconds.observe(waited.as_secs_f64());
+        METRICS.depth.set(self.rx.len() as i64);
+        Ok(job)
+    }
+}
+
+impl Submit for WorkQueue {
+    fn submit(&self, request: Request, reply: ReplyFn) -> Result<(), Overloaded> {
+        match self.tx.try_send(Job { request, reply, enqueued: Instant::now() }) {
+            Ok(()) => {
+                METRICS.submitted.inc();
+                METRICS.depth.set(self.rx.len() as i64);
+                Ok(())
+            }
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                METRICS.refused.inc();
+                Err(Overloaded { queued: self.rx.len() })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_when_full_and_hands_out_in_order() {
+        let q = WorkQueue::new(2);
+        for i in 0..2u8 {
+            q.submit(Request::Get(vec![i]), Box::new(|_| {})).unwrap();
+        }
+        assert_eq!(q.submit(Request::Len, Box::new(|_| {})), Err(Overloaded { queued: 2 }));
+        assert_eq!(q.next(Duration::from_millis(10)).unwrap().request, Request::Get(vec![0]));
+        assert_eq!(q.next(Duration::from_millis(10)).unwrap().request, Request::Get(vec![1]));
+        assert!(q.next(Duration::from_millis(10)).is_err());
+    }
+}
