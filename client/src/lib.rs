@@ -1,13 +1,46 @@
 //! The racekv get/put library.
 //!
-//! A [`Client`] reaches one or more memnodes, spreads keys over them by consistent hashing
-//! of their node ids, and runs each operation as a few one-sided round trips on the RACE
-//! table of the memnode that owns the key. It is cheap to clone and safe to share between
-//! threads; each thread borrows a pooled table session per operation.
+//! A [`Client`] runs get/put/delete (and the rest) on racekv's RACE tables, in one of two
+//! modes, with the same methods and the same typed errors ([`ClientError`]) in both:
 //!
-//! This is the *embedded* mode: the process is its own compute worker, with its own
-//! connections. (Attaching to a local computenode daemon, and a remote mode, come with the
-//! compute tier.)
+//! * **Attached** (the default): the process hands its operations to the local computenode
+//!   daemon through a shared-memory ring ([`attach`]); the daemon's workers run them over
+//!   connections it set up in advance, so a process gets going in microseconds and holds no
+//!   memnode connections of its own. [`ClientBuilder::connect`] with no memnodes attaches to
+//!   the daemon's [`default_attach_socket`]; [`ClientBuilder::attach`] names another socket.
+//! * **Embedded**: the process is its own compute worker, with its own connections to every
+//!   memnode ([`ClientBuilder::memnode`]). Keys are spread over the memnodes by consistent
+//!   hashing of their node ids, and each operation is a few one-sided round trips on the
+//!   table of the memnode that owns the key.
+//!
+//! A client is cheap to clone and safe to share between threads; in attached mode many
+//! threads' requests are in flight on the ring at once.
+//!
+//! Attached mode, to the computenode `racekv up` started on this host:
+//!
+//! ```no_run
+//! # fn main() -> Result<(), racekv_client::ClientError> {
+//! let client = racekv_client::Client::builder().connect()?; // $XDG_RUNTIME_DIR/racekv/computenode.sock
+//! client.put(b"greeting", b"hello")?;
+//! assert_eq!(client.get(b"greeting")?.as_deref(), Some(&b"hello"[..]));
+//! # Ok(()) }
+//! ```
+//!
+//! Attached mode, to a daemon's socket named explicitly:
+//!
+//! ```no_run
+//! # fn main() -> Result<(), racekv_client::ClientError> {
+//! use std::time::Duration;
+//! let client = racekv_client::Client::builder()
+//!     .attach("/run/racekv/computenode.sock")
+//!     .timeout(Duration::from_millis(500))
+//!     .connect()?;
+//! assert_eq!(client.mode(), racekv_client::Mode::Attached);
+//! let values = client.multi_get(&[b"a", b"b"])?;
+//! # Ok(()) }
+//! ```
+//!
+//! Embedded mode, straight to the memnodes:
 //!
 //! ```no_run
 //! # fn main() -> Result<(), racekv_client::ClientError> {
@@ -21,12 +54,15 @@
 //! # Ok(()) }
 //! ```
 
+pub mod attach;
+mod attached;
 mod embedded;
 mod error;
 pub mod op;
 pub mod ring;
 pub mod session;
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,11 +81,42 @@ pub struct ClientBuilder {
     timeout: Duration,
     connections_per_memnode: usize,
     grace_period: Duration,
+    attach: Option<PathBuf>,
+    attach_spin: Duration,
 }
+
+/// Where a computenode daemon listens for attaching processes unless told otherwise:
+/// `$XDG_RUNTIME_DIR/racekv/computenode.sock`, or `/tmp/racekv-$UID/computenode.sock` when
+/// `XDG_RUNTIME_DIR` is unset (or not an absolute path).
+pub fn default_attach_socket() -> PathBuf {
+    default_attach_socket_for(std::env::var_os("XDG_RUNTIME_DIR").as_deref(), nix::unistd::geteuid().as_raw())
+}
+
+fn default_attach_socket_for(runtime_dir: Option<&std::ffi::OsStr>, uid: u32) -> PathBuf {
+    match runtime_dir.map(Path::new) {
+        Some(dir) if dir.is_absolute() => dir.join("racekv").join("computenode.sock"),
+        _ => PathBuf::from(format!("/tmp/racekv-{uid}")).join("computenode.sock"),
+    }
+}
+
+/// How a [`Client`] reaches the tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Through the local computenode daemon's shared-memory ring.
+    Attached,
+    /// With its own connections to the memnodes.
+    Embedded,
+}
+
+/// How long an attached client's waiting thread polls the ring before it sleeps, unless
+/// [`ClientBuilder::attach_spin`] says otherwise.
+pub const DEFAULT_ATTACH_SPIN: Duration = Duration::from_micros(50);
 
 impl Default for ClientBuilder {
     fn default() -> Self {
         Self {
+            attach: None,
+            attach_spin: DEFAULT_ATTACH_SPIN,
             memnodes: Vec::new(),
             token: "racekv-dev-token".into(),
             timeout: Duration::from_secs(5),
@@ -60,7 +127,22 @@ impl Default for ClientBuilder {
 }
 
 impl ClientBuilder {
-    /// Adds a memnode endpoint: `shm:/path/to.sock`, `tcp:host:port` or `verbs:host:port`.
+    /// Attached mode through the computenode daemon listening on `socket` (instead of
+    /// [`default_attach_socket`]). Not combinable with [`ClientBuilder::memnode`].
+    pub fn attach(mut self, socket: impl Into<PathBuf>) -> Self {
+        self.attach = Some(socket.into());
+        self
+    }
+
+    /// Attached mode: how long a thread waiting for its reply polls the ring before it
+    /// sleeps (lower latency for more CPU; zero sleeps at once). Default 50 µs.
+    pub fn attach_spin(mut self, spin: Duration) -> Self {
+        self.attach_spin = spin;
+        self
+    }
+
+    /// Embedded mode: adds a memnode endpoint: `shm:/path/to.sock`, `tcp:host:port` or
+    /// `verbs:host:port`.
     pub fn memnode(mut self, endpoint: impl Into<String>) -> Self {
         self.memnodes.push(endpoint.into());
         self
@@ -72,43 +154,66 @@ impl ClientBuilder {
         self
     }
 
-    /// The memnodes' shared secret.
+    /// The shared secret: the memnodes' (embedded mode), or the computenode's (attached
+    /// mode: sent as a digest; a daemon configured without a token ignores it).
     pub fn token(mut self, token: impl Into<String>) -> Self {
         self.token = token.into();
         self
     }
 
-    /// Longest wait for connecting and for any one operation.
+    /// Longest wait for connecting and for any one operation (attached mode: for the
+    /// daemon's reply; a call without a reply in time fails with [`ClientError::Timeout`]).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
     }
 
-    /// Connections opened to each memnode (operations are spread over them).
+    /// Embedded mode: connections opened to each memnode (operations are spread over them).
     pub fn connections_per_memnode(mut self, n: usize) -> Self {
         self.connections_per_memnode = n.max(1);
         self
     }
 
-    /// How long freed KV blocks wait before reuse (see `racekv_hashing::alloc`).
+    /// Embedded mode: how long freed KV blocks wait before reuse (see `racekv_hashing::alloc`).
     pub fn grace_period(mut self, grace: Duration) -> Self {
         self.grace_period = grace;
         self
     }
 
-    /// Connects to every memnode and loads their directories (embedded mode).
+    /// Connects: embedded mode when memnodes were given (connects to each and loads their
+    /// directories), attached mode otherwise (to [`ClientBuilder::attach`]'s socket, or to
+    /// [`default_attach_socket`]). When no daemon listens there, fails with
+    /// [`ClientError::Unavailable`] naming the path and the alternatives.
     pub fn connect(self) -> Result<Client, ClientError> {
-        let table_options = TableOptions { grace_period: self.grace_period, op_timeout: self.timeout };
-        let connect = ConnectOptions { token: self.token.clone(), timeout: self.timeout };
-        let cluster = embedded::Cluster::connect(&self.memnodes, connect, table_options, self.connections_per_memnode)?;
-        Ok(Client { cluster })
+        if !self.memnodes.is_empty() {
+            if let Some(path) = &self.attach {
+                return Err(ClientError::Config(format!(
+                    "both memnodes (embedded mode) and an attach socket ({}) were given; choose one",
+                    path.display()
+                )));
+            }
+            let table_options = TableOptions { grace_period: self.grace_period, op_timeout: self.timeout };
+            let connect = ConnectOptions { token: self.token.clone(), timeout: self.timeout };
+            let cluster =
+                embedded::Cluster::connect(&self.memnodes, connect, table_options, self.connections_per_memnode)?;
+            return Ok(Client { backend: Backend::Embedded(cluster) });
+        }
+        let path = self.attach.unwrap_or_else(default_attach_socket);
+        let attached = attached::Attached::connect(path, self.token, self.timeout, self.attach_spin)?;
+        Ok(Client { backend: Backend::Attached(Arc::new(attached)) })
     }
+}
+
+#[derive(Clone)]
+enum Backend {
+    Embedded(Arc<embedded::Cluster>),
+    Attached(Arc<attached::Attached>),
 }
 
 /// A handle on a racekv cluster; clone it freely.
 #[derive(Clone)]
 pub struct Client {
-    cluster: Arc<embedded::Cluster>,
+    backend: Backend,
 }
 
 impl Client {
@@ -116,66 +221,167 @@ impl Client {
         ClientBuilder::default()
     }
 
+    /// Attached or embedded.
+    pub fn mode(&self) -> Mode {
+        match &self.backend {
+            Backend::Embedded(_) => Mode::Embedded,
+            Backend::Attached(_) => Mode::Attached,
+        }
+    }
+
+    /// The daemon's socket, in attached mode.
+    pub fn attach_socket(&self) -> Option<&Path> {
+        match &self.backend {
+            Backend::Embedded(_) => None,
+            Backend::Attached(a) => Some(a.path()),
+        }
+    }
+
     /// The value of `key`, if any.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
-        self.cluster.with(|s| s.get(key))
+        match &self.backend {
+            Backend::Embedded(c) => c.with(|s| s.get(key)),
+            Backend::Attached(a) => a.get(key),
+        }
     }
 
     /// Sets `key` to `value`, replacing any previous value.
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<(), ClientError> {
-        self.cluster.with(|s| s.put(key, value))
+        match &self.backend {
+            Backend::Embedded(c) => c.with(|s| s.put(key, value)),
+            Backend::Attached(a) => a.put_with(key, value, PutMode::Upsert).map(|_| ()),
+        }
     }
 
     /// Sets `key` to `value` only if it has no value; returns whether it did.
     pub fn insert(&self, key: &[u8], value: &[u8]) -> Result<bool, ClientError> {
-        self.cluster.with(|s| s.put_with(key, value, PutMode::InsertOnly))
+        match &self.backend {
+            Backend::Embedded(c) => c.with(|s| s.put_with(key, value, PutMode::InsertOnly)),
+            Backend::Attached(a) => a.put_with(key, value, PutMode::InsertOnly),
+        }
     }
 
     /// Replaces the value of `key` only if it has one; returns whether it did.
     pub fn update(&self, key: &[u8], value: &[u8]) -> Result<bool, ClientError> {
-        self.cluster.with(|s| s.put_with(key, value, PutMode::UpdateOnly))
+        match &self.backend {
+            Backend::Embedded(c) => c.with(|s| s.put_with(key, value, PutMode::UpdateOnly)),
+            Backend::Attached(a) => a.put_with(key, value, PutMode::UpdateOnly),
+        }
     }
 
     /// Removes `key`; returns whether it had a value.
     pub fn delete(&self, key: &[u8]) -> Result<bool, ClientError> {
-        self.cluster.with(|s| s.delete(key))
+        match &self.backend {
+            Backend::Embedded(c) => c.with(|s| s.delete(key)),
+            Backend::Attached(a) => a.delete(key),
+        }
     }
 
     /// Atomically sets `key` to `new` (None removes it) if its value is `expected` (None:
     /// absent). Returns whether it did.
-    pub fn compare_and_swap(&self, key: &[u8], expected: Option<&[u8]>, new: Option<&[u8]>) -> Result<bool, ClientError> {
-        self.cluster.with(|s| s.compare_and_swap(key, expected, new))
+    pub fn compare_and_swap(
+        &self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<bool, ClientError> {
+        match &self.backend {
+            Backend::Embedded(c) => c.with(|s| s.compare_and_swap(key, expected, new)),
+            Backend::Attached(a) => a.compare_and_swap(key, expected, new),
+        }
     }
 
     /// Values of many keys; the lookups to each memnode travel in batches.
     pub fn multi_get(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, ClientError> {
-        self.cluster.with(|s| s.multi_get(keys))
+        match &self.backend {
+            Backend::Embedded(c) => c.with(|s| s.multi_get(keys)),
+            Backend::Attached(a) => a.multi_get(keys),
+        }
     }
 
     /// Sets many keys. Not atomic across keys (a failure leaves the earlier keys set).
     pub fn multi_put(&self, pairs: &[(&[u8], &[u8])]) -> Result<(), ClientError> {
-        self.cluster.with(|s| s.multi_put(pairs))
+        match &self.backend {
+            Backend::Embedded(c) => c.with(|s| s.multi_put(pairs)),
+            Backend::Attached(a) => a.multi_put(pairs),
+        }
     }
 
     /// Each memnode's endpoint and table statistics (an RPC to each). Item-count changes
     /// that idle sessions still hold are sent first, so a quiescent client counts exactly.
+    /// Attached mode: as the daemon sees them (one entry naming the socket if the daemon
+    /// cannot be asked).
     pub fn stats(&self) -> Vec<(String, Result<TableStats, ClientError>)> {
-        self.cluster.flush_idle();
-        self.cluster.with(|s| s.stats())
+        match &self.backend {
+            Backend::Embedded(c) => {
+                c.flush_idle();
+                c.with(|s| s.stats())
+            }
+            Backend::Attached(a) => match a.stats() {
+                Ok(entries) => entries
+                    .into_iter()
+                    .map(|m| {
+                        let stats =
+                            m.stats.map_err(|(kind, message)| op::Reply::into_error(kind, message, &m.endpoint));
+                        (m.endpoint, stats)
+                    })
+                    .collect(),
+                Err(e) => vec![(format!("attach:{}", a.path().display()), Err(e))],
+            },
+        }
     }
 
-    /// Endpoints of the memnodes.
+    /// Endpoints of the memnodes (attached mode: the daemon's, asked each time; empty if it
+    /// cannot be asked).
     pub fn memnodes(&self) -> Vec<String> {
-        self.cluster.labels()
+        match &self.backend {
+            Backend::Embedded(c) => c.labels(),
+            Backend::Attached(a) => match a.stats() {
+                Ok(entries) => entries.into_iter().map(|m| m.endpoint).collect(),
+                Err(e) => {
+                    tracing::warn!("asking the computenode for its memnodes failed: {e}");
+                    Vec::new()
+                }
+            },
+        }
     }
 
     /// Number of keys on all memnodes (their item counters; they trail operations in flight).
     pub fn len(&self) -> Result<u64, ClientError> {
-        self.stats().into_iter().map(|(_, s)| s.map(|s| s.items)).sum()
+        match &self.backend {
+            Backend::Embedded(_) => self.stats().into_iter().map(|(_, s)| s.map(|s| s.items)).sum(),
+            Backend::Attached(a) => a.len(),
+        }
     }
 
     /// Whether [`Client::len`] is zero.
     pub fn is_empty(&self) -> Result<bool, ClientError> {
         self.len().map(|n| n == 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn the_default_socket_lives_in_the_runtime_dir_or_a_per_user_tmp_dir() {
+        assert_eq!(
+            default_attach_socket_for(Some(OsStr::new("/run/user/1000")), 1000),
+            PathBuf::from("/run/user/1000/racekv/computenode.sock")
+        );
+        assert_eq!(default_attach_socket_for(None, 42), PathBuf::from("/tmp/racekv-42/computenode.sock"));
+        assert_eq!(
+            default_attach_socket_for(Some(OsStr::new("relative")), 7),
+            PathBuf::from("/tmp/racekv-7/computenode.sock")
+        );
+        assert!(default_attach_socket().ends_with("computenode.sock"));
+    }
+
+    #[test]
+    fn memnodes_and_an_attach_socket_do_not_mix() {
+        let err = Client::builder().memnode("tcp:127.0.0.1:1").attach("/nonexistent.sock").connect().err().unwrap();
+        assert!(matches!(err, ClientError::Config(_)), "{err:?}");
     }
 }

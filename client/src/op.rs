@@ -10,14 +10,17 @@
 //!   CAS         : key, expected (u8 present + bytes), new (u8 present + bytes)
 //!   MGET        : count x key
 //!   MPUT        : count x (key, value)
-//!   LEN         : -
+//!   LEN, STATS  : -
 //! reply   : status u8 (0 ok, else an ErrorKind) | kind u8 | count u16 | then:
 //!   VALUE       : u8 present + bytes       DONE : u8 (0/1)      COUNT : u64
 //!   VALUES      : count x (u8 present + bytes)                  OK    : -
+//!   STATS       : count x (endpoint bytes, u8 0 + stats bytes | u8 ErrorKind + message bytes)
+//!                 stats: layout [64] | global depth u32 | items u64 | slots u64 | load factor f64 |
+//!                        heap capacity, used, free, subtables, chunks u64
 //!   error       : UTF-8 message
 //! ```
 
-use racekv_hashing::PutMode;
+use racekv_hashing::{PutMode, TableStats};
 
 use crate::error::ClientError;
 
@@ -33,12 +36,22 @@ pub const MAX_MESSAGE_BYTES: usize = 8 << 20;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
     Get(Vec<u8>),
-    Put { key: Vec<u8>, value: Vec<u8>, mode: PutMode },
+    Put {
+        key: Vec<u8>,
+        value: Vec<u8>,
+        mode: PutMode,
+    },
     Delete(Vec<u8>),
-    CompareAndSwap { key: Vec<u8>, expected: Option<Vec<u8>>, new: Option<Vec<u8>> },
+    CompareAndSwap {
+        key: Vec<u8>,
+        expected: Option<Vec<u8>>,
+        new: Option<Vec<u8>>,
+    },
     MultiGet(Vec<Vec<u8>>),
     MultiPut(Vec<(Vec<u8>, Vec<u8>)>),
     Len,
+    /// Each memnode's endpoint and table statistics.
+    Stats,
 }
 
 /// What comes back.
@@ -54,8 +67,38 @@ pub enum Reply {
     Count(u64),
     /// MPUT.
     Ok,
+    /// STATS.
+    Stats(Vec<MemnodeStats>),
     Error(ErrorKind, String),
 }
+
+/// One memnode's statistics as a computenode reports them.
+#[derive(Debug, Clone)]
+pub struct MemnodeStats {
+    pub endpoint: String,
+    pub stats: Result<TableStats, (ErrorKind, String)>,
+}
+
+impl PartialEq for MemnodeStats {
+    fn eq(&self, other: &Self) -> bool {
+        let same = |a: &TableStats, b: &TableStats| {
+            a.layout == b.layout
+                && a.global_depth == b.global_depth
+                && a.items == b.items
+                && a.slots == b.slots
+                && a.load_factor.to_bits() == b.load_factor.to_bits()
+                && a.heap == b.heap
+        };
+        self.endpoint == other.endpoint
+            && match (&self.stats, &other.stats) {
+                (Ok(a), Ok(b)) => same(a, b),
+                (Err(a), Err(b)) => a == b,
+                _ => false,
+            }
+    }
+}
+
+impl Eq for MemnodeStats {}
 
 /// Error kinds on the wire (stable codes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,7 +115,7 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    fn from_code(code: u8) -> Option<Self> {
+    pub fn from_code(code: u8) -> Option<Self> {
         Some(match code {
             1 => ErrorKind::EmptyKey,
             2 => ErrorKind::TooLarge,
@@ -167,6 +210,18 @@ impl<'a> Reader<'a> {
             other => Err(bad(format!("presence byte {other}"))),
         }
     }
+    fn memnode_stats(&mut self) -> Result<MemnodeStats, DecodeError> {
+        let endpoint = String::from_utf8(self.field()?).map_err(|_| bad("endpoint is not UTF-8"))?;
+        let status = self.u8()?;
+        let body = self.field()?;
+        let stats = if status == 0 {
+            Ok(decode_stats(&body)?)
+        } else {
+            let kind = ErrorKind::from_code(status).ok_or_else(|| bad(format!("error status {status}")))?;
+            Err((kind, String::from_utf8_lossy(&body).into_owned()))
+        };
+        Ok(MemnodeStats { endpoint, stats })
+    }
     fn finish(&self) -> Result<(), DecodeError> {
         if self.bytes.is_empty() {
             Ok(())
@@ -174,6 +229,54 @@ impl<'a> Reader<'a> {
             Err(bad(format!("{} trailing bytes", self.bytes.len())))
         }
     }
+}
+
+const STATS_BYTES: usize = 64 + 4 + 8 * 8;
+
+fn encode_stats(s: &TableStats) -> Vec<u8> {
+    let mut out = Vec::with_capacity(STATS_BYTES);
+    out.extend_from_slice(&s.layout.encode());
+    out.extend_from_slice(&s.global_depth.to_le_bytes());
+    for word in [
+        s.items,
+        s.slots,
+        s.load_factor.to_bits(),
+        s.heap.heap_capacity_bytes,
+        s.heap.heap_used_bytes,
+        s.heap.heap_free_bytes,
+        s.heap.subtables,
+        s.heap.chunks,
+    ] {
+        out.extend_from_slice(&word.to_le_bytes());
+    }
+    out
+}
+
+fn decode_stats(bytes: &[u8]) -> Result<TableStats, DecodeError> {
+    if bytes.len() != STATS_BYTES {
+        return Err(bad(format!("table stats of {} bytes, expected {STATS_BYTES}", bytes.len())));
+    }
+    let layout = racekv_hashing::Layout::decode(&bytes[..64]).map_err(|e| bad(format!("table stats: {e}")))?;
+    let mut r = Reader { bytes: &bytes[64..] };
+    let global_depth = r.u32()?;
+    let mut w = [0u64; 8];
+    for word in &mut w {
+        *word = r.u64()?;
+    }
+    Ok(TableStats {
+        layout,
+        global_depth,
+        items: w[0],
+        slots: w[1],
+        load_factor: f64::from_bits(w[2]),
+        heap: racekv_hashing::heap::HeapUsage {
+            heap_capacity_bytes: w[3],
+            heap_used_bytes: w[4],
+            heap_free_bytes: w[5],
+            subtables: w[6],
+            chunks: w[7],
+        },
+    })
 }
 
 fn put_field(out: &mut Vec<u8>, bytes: &[u8]) {
@@ -198,6 +301,7 @@ const CAS: u8 = 4;
 const MGET: u8 = 5;
 const MPUT: u8 = 6;
 const LEN: u8 = 7;
+const STATS: u8 = 8;
 
 fn mode_code(mode: PutMode) -> u8 {
     match mode {
@@ -218,6 +322,7 @@ impl Request {
             Request::MultiGet(keys) => (MGET, 0, keys.len()),
             Request::MultiPut(pairs) => (MPUT, 0, pairs.len()),
             Request::Len => (LEN, 0, 0),
+            Request::Stats => (STATS, 0, 0),
         };
         assert!(count <= MAX_MULTI, "at most {MAX_MULTI} keys per multi-key request");
         out.push(kind);
@@ -239,7 +344,7 @@ impl Request {
                 put_field(out, k);
                 put_field(out, v);
             }),
-            Request::Len => {}
+            Request::Len | Request::Stats => {}
         }
     }
 
@@ -273,6 +378,7 @@ impl Request {
             MGET => Request::MultiGet((0..count).map(|_| r.field()).collect::<Result<_, _>>()?),
             MPUT => Request::MultiPut((0..count).map(|_| Ok((r.field()?, r.field()?))).collect::<Result<_, _>>()?),
             LEN => Request::Len,
+            STATS => Request::Stats,
             other => return Err(bad(format!("unknown request kind {other}"))),
         };
         r.finish()?;
@@ -285,6 +391,7 @@ const DONE: u8 = 2;
 const VALUES: u8 = 3;
 const COUNT: u8 = 4;
 const OK: u8 = 5;
+const STATS_REPLY: u8 = 6;
 
 impl Reply {
     pub fn encode(&self, out: &mut Vec<u8>) {
@@ -311,6 +418,24 @@ impl Reply {
                 out.extend_from_slice(&n.to_le_bytes());
             }
             Reply::Ok => out.extend_from_slice(&[0, OK, 0, 0]),
+            Reply::Stats(entries) => {
+                assert!(entries.len() <= MAX_MULTI);
+                out.extend_from_slice(&[0, STATS_REPLY]);
+                out.extend_from_slice(&(entries.len() as u16).to_le_bytes());
+                for entry in entries {
+                    put_field(out, entry.endpoint.as_bytes());
+                    match &entry.stats {
+                        Ok(stats) => {
+                            out.push(0);
+                            put_field(out, &encode_stats(stats));
+                        }
+                        Err((kind, message)) => {
+                            out.push(*kind as u8);
+                            put_field(out, &message.as_bytes()[..message.len().min(4096)]);
+                        }
+                    }
+                }
+            }
         }
     }
 
@@ -326,7 +451,7 @@ impl Reply {
             let kind = ErrorKind::from_code(status).ok_or_else(|| bad(format!("error status {status}")))?;
             return Ok(Reply::Error(kind, String::from_utf8_lossy(r.bytes).into_owned()));
         }
-        if count > MAX_MULTI || (count != 0 && kind != VALUES) {
+        if count > MAX_MULTI || (count != 0 && kind != VALUES && kind != STATS_REPLY) {
             return Err(bad(format!("count {count} on reply kind {kind}")));
         }
         let reply = match kind {
@@ -339,6 +464,7 @@ impl Reply {
             VALUES => Reply::Values((0..count).map(|_| r.optional()).collect::<Result<_, _>>()?),
             COUNT => Reply::Count(r.u64()?),
             OK => Reply::Ok,
+            STATS_REPLY => Reply::Stats((0..count).map(|_| r.memnode_stats()).collect::<Result<_, _>>()?),
             other => return Err(bad(format!("unknown reply kind {other}"))),
         };
         r.finish()?;
@@ -366,6 +492,7 @@ mod tests {
             proptest::collection::vec(bytes(), 0..10).prop_map(Request::MultiGet),
             proptest::collection::vec((bytes(), bytes()), 0..10).prop_map(Request::MultiPut),
             Just(Request::Len),
+            Just(Request::Stats),
         ]
     }
 
@@ -377,7 +504,31 @@ mod tests {
             any::<u64>().prop_map(Reply::Count),
             Just(Reply::Ok),
             "[a-z ]{0,30}".prop_map(|m| Reply::Error(ErrorKind::Unavailable, m)),
+            proptest::collection::vec(("[a-z:0-9]{0,20}", any::<u64>(), proptest::option::of("[a-z ]{0,20}")), 0..4)
+                .prop_map(|entries| Reply::Stats(
+                    entries
+                        .into_iter()
+                        .map(|(endpoint, items, error)| MemnodeStats {
+                            endpoint,
+                            stats: match error {
+                                Some(message) => Err((ErrorKind::Timeout, message)),
+                                None => Ok(sample_stats(items)),
+                            },
+                        })
+                        .collect()
+                )),
         ]
+    }
+
+    fn sample_stats(items: u64) -> TableStats {
+        TableStats {
+            layout: racekv_hashing::layout::Layout::for_region(16 << 20, 4, 64 << 10).unwrap(),
+            global_depth: 3,
+            items,
+            slots: 1 << 12,
+            load_factor: items as f64 / 4096.0,
+            heap: Default::default(),
+        }
     }
 
     proptest! {

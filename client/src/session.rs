@@ -10,7 +10,7 @@ use std::time::Duration;
 use racekv_hashing::{PutMode, PutOutcome, TableClient, TableStats};
 
 use crate::error::ClientError;
-use crate::op::{Reply, Request};
+use crate::op::{MemnodeStats, Reply, Request};
 
 /// The memnodes a session can reach.
 pub trait Shards: Send {
@@ -47,7 +47,11 @@ impl<S: Shards> Session<S> {
         &mut self.shards
     }
 
-    fn on<R>(&mut self, shard: usize, op: impl FnOnce(&mut TableClient) -> Result<R, racekv_hashing::Error>) -> Result<R, ClientError> {
+    fn on<R>(
+        &mut self,
+        shard: usize,
+        op: impl FnOnce(&mut TableClient) -> Result<R, racekv_hashing::Error>,
+    ) -> Result<R, ClientError> {
         let result = op(self.shards.client(shard)?);
         result.map_err(|e| {
             let transient = e.is_transient();
@@ -59,7 +63,11 @@ impl<S: Shards> Session<S> {
         })
     }
 
-    fn on_key<R>(&mut self, key: &[u8], op: impl FnOnce(&mut TableClient) -> Result<R, racekv_hashing::Error>) -> Result<R, ClientError> {
+    fn on_key<R>(
+        &mut self,
+        key: &[u8],
+        op: impl FnOnce(&mut TableClient) -> Result<R, racekv_hashing::Error>,
+    ) -> Result<R, ClientError> {
         let shard = self.shards.route(key);
         self.on(shard, op)
     }
@@ -91,7 +99,12 @@ impl<S: Shards> Session<S> {
     }
 
     /// Sets `key` to `new` (None removes it) if its value is `expected` (None: absent).
-    pub fn compare_and_swap(&mut self, key: &[u8], expected: Option<&[u8]>, new: Option<&[u8]>) -> Result<bool, ClientError> {
+    pub fn compare_and_swap(
+        &mut self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<bool, ClientError> {
         self.on_key(key, |c| c.compare_and_swap(key, expected, new))
     }
 
@@ -129,6 +142,11 @@ impl<S: Shards> Session<S> {
     /// Keys on all memnodes.
     pub fn len(&mut self) -> Result<u64, ClientError> {
         self.stats().into_iter().map(|(_, s)| s.map(|s| s.items)).sum()
+    }
+
+    /// Whether [`Session::len`] is zero.
+    pub fn is_empty(&mut self) -> Result<bool, ClientError> {
+        self.len().map(|n| n == 0)
     }
 
     /// Sends pending item-count changes.
@@ -169,6 +187,18 @@ impl<S: Shards> Session<S> {
                 self.multi_put(&pairs).map(|()| Reply::Ok)
             }
             Request::Len => self.len().map(Reply::Count),
+            Request::Stats => Ok(Reply::Stats(
+                self.stats()
+                    .into_iter()
+                    .map(|(endpoint, stats)| MemnodeStats {
+                        endpoint,
+                        stats: stats.map_err(|e| match Reply::from_error(&e) {
+                            Reply::Error(kind, message) => (kind, message),
+                            _ => unreachable!("from_error gives an error reply"),
+                        }),
+                    })
+                    .collect(),
+            )),
         };
         result.unwrap_or_else(|e| Reply::from_error(&e))
     }

@@ -16,7 +16,7 @@
 
 pub mod batch;
 pub mod error;
-mod fdpass;
+pub mod fdpass;
 pub mod local;
 mod mux;
 pub mod region;
