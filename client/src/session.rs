@@ -144,6 +144,11 @@ impl<S: Shards> Session<S> {
         self.stats().into_iter().map(|(_, s)| s.map(|s| s.items)).sum()
     }
 
+    /// Whether [`Session::len`] is zero.
+    pub fn is_empty(&mut self) -> Result<bool, ClientError> {
+        self.len().map(|n| n == 0)
+    }
+
     /// Sends pending item-count changes.
     pub fn flush(&mut self) -> Result<(), ClientError> {
         for s in 0..self.shards.count() {
