@@ -277,7 +277,7 @@ impl VirtualConnection {
             return;
         }
         let n = self.ops.fetch_add(1, Ordering::Relaxed) + 1;
-        if n % self.policy.window_ops.max(1) != 0 {
+        if !n.is_multiple_of(self.policy.window_ops.max(1)) {
             return;
         }
         let mut started = self.window_started.lock();
