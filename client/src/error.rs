@@ -27,7 +27,8 @@ pub enum ClientError {
 }
 
 impl ClientError {
-    pub(crate) fn from_table(endpoint: &str, e: TableError, timeout: Duration) -> Self {
+    /// Maps a table error from the memnode `endpoint` to what applications see.
+    pub fn from_table(endpoint: &str, e: TableError, timeout: Duration) -> Self {
         let endpoint = endpoint.to_string();
         match e {
             TableError::EmptyKey => ClientError::EmptyKey,

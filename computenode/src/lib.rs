@@ -1,8 +1,23 @@
 //! The racekv compute node: the per-host daemon that runs workers over pre-initialized
 //! connections to the memory nodes, and the front ends applications talk to.
 //!
-//! * [`queue`]: where front ends (attached processes, remote clients) submit requests.
-//! * [`redis`]: the Redis (RESP2) front end, written against a storage trait.
+//! * [`pool`]: K connections per memnode set up at start; [`pool::VirtualConnection`]s
+//!   multiplexed over them, upgraded to dedicated connections for hot workers (KRCORE).
+//! * [`cluster`]: the memnodes, their shared directory caches and prefetched chunks
+//!   ([`chunks`]), and pre-initialized sessions: [`cluster::Cluster::attach`] is a pop.
+//! * [`queue`] and [`workers`]: the bounded work queue front ends submit to, and worker
+//!   threads added by an autoscaler when it backs up.
+//! * [`redis`] (the RESP2 front end) and [`store`] (its storage: attached sessions).
+//! * [`daemon`]: [`Computenode`], which ties it together; `racekv-computenode` runs it.
 
+pub mod chunks;
+pub mod cluster;
+pub mod config;
+pub mod daemon;
+pub mod pool;
 pub mod queue;
 pub mod redis;
+pub mod store;
+pub mod workers;
+
+pub use daemon::Computenode;

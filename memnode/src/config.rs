@@ -4,7 +4,6 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use crate::bytes::serde_bytes;
@@ -71,20 +70,9 @@ impl Default for MemnodeConfig {
 }
 
 impl MemnodeConfig {
-    /// Loads defaults, then `file` (if given), then the environment.
+    /// Loads defaults, then `file` (if given), then `RACEKV_MEMNODE_*` variables.
     pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
-        let mut builder = config::Config::builder().add_source(config::Config::try_from(&Self::default())?);
-        if let Some(path) = file {
-            builder = builder.add_source(config::File::from(path).format(config::FileFormat::Toml).required(true));
-        }
-        builder = builder.add_source(
-            config::Environment::with_prefix("RACEKV_MEMNODE").prefix_separator("_").separator("__").try_parsing(true),
-        );
-        let cfg: Self = builder.build().and_then(|c| c.try_deserialize()).with_context(|| match file {
-            Some(p) => format!("reading the memnode configuration from {} and RACEKV_MEMNODE_*", p.display()),
-            None => "reading the memnode configuration from RACEKV_MEMNODE_*".into(),
-        })?;
-        Ok(cfg)
+        racekv_telemetry::load_config(file, "RACEKV_MEMNODE")
     }
 
     /// Checks what can be checked before anything starts.

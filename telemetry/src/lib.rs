@@ -1,9 +1,11 @@
-//! Observability shared by every racekv component.
+//! Process plumbing shared by every racekv daemon: observability and configuration.
 //!
 //! * [`LATENCY_BUCKETS_SECONDS`]: histogram buckets from 1 µs to 1 s, because one-sided
 //!   operations live in the microsecond range and the Prometheus defaults start at 5 ms.
-//! * [`MetricsServer`]: serves the process-wide default registry on `/metrics` (and `/healthz`).
+//! * [`MetricsServer`]: serves the process-wide default registry on `/metrics`, `/healthz`,
+//!   and optionally a JSON `/status`.
 //! * [`init_logging`]: `tracing` to stderr, filtered by `RACEKV_LOG` (or `RUST_LOG`).
+//! * [`load_config`]: defaults < TOML file < environment variables, into a serde struct.
 //!
 //! Components register their metrics once, in a `LazyLock`, on the default registry; several
 //! components in one process (tests, `racekv up`) therefore share and sum their series.
@@ -14,6 +16,8 @@ use std::thread::JoinHandle;
 
 use anyhow::Context;
 use prometheus::{Encoder, TextEncoder};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 
 /// Histogram buckets for latencies, in seconds: 1 µs .. 1 s, roughly 1-2-5 per decade.
 pub const LATENCY_BUCKETS_SECONDS: &[f64] = &[
@@ -45,7 +49,30 @@ pub fn render() -> String {
     String::from_utf8(out).expect("prometheus text format is UTF-8")
 }
 
-/// An HTTP server for `/metrics` and `/healthz`, stopped when dropped.
+/// Loads a configuration: `T::default()`, then `file` (TOML) if given, then environment
+/// variables `<PREFIX>_<FIELD>` (nested fields joined by `__`). Unknown keys are errors when
+/// `T` denies them (`#[serde(deny_unknown_fields)]`).
+pub fn load_config<T: Serialize + DeserializeOwned + Default>(
+    file: Option<&std::path::Path>,
+    env_prefix: &str,
+) -> anyhow::Result<T> {
+    let mut builder = config::Config::builder().add_source(config::Config::try_from(&T::default())?);
+    if let Some(path) = file {
+        builder = builder.add_source(config::File::from(path).format(config::FileFormat::Toml).required(true));
+    }
+    builder = builder.add_source(
+        config::Environment::with_prefix(env_prefix).prefix_separator("_").separator("__").try_parsing(true),
+    );
+    builder.build().and_then(|c| c.try_deserialize()).with_context(|| match file {
+        Some(p) => format!("reading the configuration from {} and {env_prefix}_*", p.display()),
+        None => format!("reading the configuration from {env_prefix}_*"),
+    })
+}
+
+/// Renders a JSON status document on request.
+pub type StatusFn = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// An HTTP server for `/metrics`, `/healthz` (and `/status` when given), stopped when dropped.
 pub struct MetricsServer {
     server: Arc<tiny_http::Server>,
     addr: SocketAddr,
@@ -55,6 +82,11 @@ pub struct MetricsServer {
 impl MetricsServer {
     /// Binds `addr` (port 0 picks a free port) and serves on a background thread.
     pub fn start(addr: SocketAddr) -> anyhow::Result<Self> {
+        Self::start_with_status(addr, None)
+    }
+
+    /// Like [`MetricsServer::start`], also serving `status()` as JSON on `/status`.
+    pub fn start_with_status(addr: SocketAddr, status: Option<StatusFn>) -> anyhow::Result<Self> {
         let server = tiny_http::Server::http(addr)
             .map_err(|e| anyhow::anyhow!("{e}"))
             .with_context(|| format!("binding the metrics endpoint on {addr}"))?;
@@ -72,6 +104,11 @@ impl MetricsServer {
                                 .expect("static header"),
                         ),
                         "/healthz" => tiny_http::Response::from_string("ok\n"),
+                        "/status" if status.is_some() => {
+                            tiny_http::Response::from_string(status.as_ref().expect("checked")()).with_header(
+                                "Content-Type: application/json".parse::<tiny_http::Header>().expect("static header"),
+                            )
+                        }
                         _ => tiny_http::Response::from_string("not found\n").with_status_code(404),
                     };
                     if let Err(e) = request.respond(response) {

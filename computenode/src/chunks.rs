@@ -1,0 +1,102 @@
+//! Heap chunks fetched before anyone needs them, so a freshly attached worker's first write
+//! does not wait for an allocation RPC (part of what makes attach cheap).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex};
+use racekv_hashing::alloc::ChunkSource;
+use racekv_hashing::table::RpcChunkSource;
+use racekv_hashing::Error;
+use racekv_transport::Connection;
+
+struct State {
+    ready: VecDeque<(u64, u64)>,
+    stopping: bool,
+}
+
+pub struct PrefetchingChunks {
+    rpc: RpcChunkSource,
+    target: usize,
+    chunk_bytes: u64,
+    state: Mutex<State>,
+    wanted: Condvar,
+}
+
+impl PrefetchingChunks {
+    /// Keeps `target` chunks of `chunk_bytes` ready, fetched over `conn` by a background thread.
+    pub fn start(conn: Arc<dyn Connection>, target: usize, chunk_bytes: u64) -> std::io::Result<Arc<Self>> {
+        let me = Arc::new(Self {
+            rpc: RpcChunkSource::new(conn),
+            target,
+            chunk_bytes,
+            state: Mutex::new(State { ready: VecDeque::new(), stopping: false }),
+            wanted: Condvar::new(),
+        });
+        if target > 0 {
+            let weak = Arc::downgrade(&me);
+            std::thread::Builder::new().name("chunk-prefetch".into()).spawn(move || refill(weak))?;
+        }
+        Ok(me)
+    }
+
+    /// Chunks ready now.
+    pub fn ready(&self) -> usize {
+        self.state.lock().ready.len()
+    }
+
+    pub fn stop(&self) {
+        self.state.lock().stopping = true;
+        self.wanted.notify_all();
+    }
+}
+
+fn refill(weak: std::sync::Weak<PrefetchingChunks>) {
+    loop {
+        let Some(me) = weak.upgrade() else { return };
+        {
+            let mut st = me.state.lock();
+            while st.ready.len() >= me.target && !st.stopping {
+                me.wanted.wait_for(&mut st, std::time::Duration::from_secs(1));
+                if Arc::strong_count(&me) == 1 {
+                    return; // nobody else holds the source anymore
+                }
+            }
+            if st.stopping {
+                return;
+            }
+        }
+        match me.rpc.chunk(me.chunk_bytes) {
+            Ok(chunk) => me.state.lock().ready.push_back(chunk),
+            Err(e) => {
+                tracing::warn!("prefetching a chunk failed: {e}");
+                drop(me);
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+        }
+    }
+}
+
+impl ChunkSource for PrefetchingChunks {
+    fn chunk(&self, preferred: u64) -> Result<(u64, u64), Error> {
+        let popped = self.state.lock().ready.pop_front();
+        self.wanted.notify_one();
+        match popped {
+            Some(chunk) => Ok(chunk),
+            None => self.rpc.chunk(preferred),
+        }
+    }
+
+    fn give_back(&self, ranges: &[(u64, u64)]) {
+        self.rpc.give_back(ranges);
+    }
+}
+
+impl Drop for PrefetchingChunks {
+    fn drop(&mut self) {
+        let ready: Vec<_> = self.state.get_mut().ready.drain(..).collect();
+        if !ready.is_empty() {
+            self.rpc.give_back(&ready);
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! The memnodes a computenode serves, set up once at daemon start: per memnode a pool of
+//! connections, its metadata, one shared directory cache and prefetched chunks. Workers get
+//! [`Session`]s over virtual connections; a few are kept pre-initialized so that
+//! [`Cluster::attach`] is a pop from a lock-free queue.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+use crossbeam_queue::ArrayQueue;
+use parking_lot::{Condvar, Mutex};
+use prometheus::{Histogram, HistogramOpts, IntCounter};
+use racekv_client::ring::Ring;
+use racekv_client::{ClientError, Session, Shards};
+use racekv_hashing::{Layout, Table, TableClient, TableOptions};
+use racekv_transport::{ConnectOptions, Connection, Endpoint};
+
+use crate::chunks::PrefetchingChunks;
+use crate::pool::{Pool, UpgradePolicy, Upgrader, VirtualConnection};
+
+struct Metrics {
+    attach_seconds: Histogram,
+    attaches: IntCounter,
+    cold_attaches: IntCounter,
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
+    use racekv_telemetry::{register, LATENCY_BUCKETS_SECONDS};
+    Metrics {
+        attach_seconds: register(
+            Histogram::with_opts(
+                HistogramOpts::new("racekv_computenode_attach_seconds", "Time to hand a worker a session")
+                    .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
+            )
+            .unwrap(),
+        ),
+        attaches: register(IntCounter::new("racekv_computenode_attaches_total", "Sessions handed to workers").unwrap()),
+        cold_attaches: register(
+            IntCounter::new(
+                "racekv_computenode_cold_attaches_total",
+                "Attaches that found no pre-initialized session and built one",
+            )
+            .unwrap(),
+        ),
+    }
+});
+
+/// What the cluster needs to know.
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    pub memnodes: Vec<String>,
+    pub connect: ConnectOptions,
+    pub connections_per_memnode: usize,
+    pub table: TableOptions,
+    pub upgrade: UpgradePolicy,
+    /// Pre-initialized sessions kept ready for attach.
+    pub ready_sessions: usize,
+    /// Chunks kept prefetched per memnode.
+    pub prefetch_chunks: usize,
+}
+
+/// One memnode, as the daemon holds it.
+pub struct Memnode {
+    pub label: String,
+    pub node_id: u64,
+    pub layout: Layout,
+    pub pool: Arc<Pool>,
+    pub table: Table,
+    pub chunks: Arc<PrefetchingChunks>,
+}
+
+/// All memnodes, and the ready sessions.
+pub struct Cluster {
+    memnodes: Vec<Memnode>,
+    ring: Ring,
+    options: ClusterOptions,
+    upgrader: Upgrader,
+    ready: ArrayQueue<Session<WorkerShards>>,
+    refill_wanted: (Mutex<()>, Condvar),
+    stopping: AtomicBool,
+}
+
+impl Cluster {
+    /// Connects to every memnode: the expensive setup done once, at daemon start.
+    pub fn connect(options: ClusterOptions) -> Result<Arc<Self>, ClientError> {
+        LazyLock::force(&METRICS);
+        if options.memnodes.is_empty() {
+            return Err(ClientError::Config("the computenode needs at least one memnode".into()));
+        }
+        let upgrader = Upgrader::start().map_err(|e| ClientError::Config(format!("starting the upgrader: {e}")))?;
+        let mut memnodes = Vec::with_capacity(options.memnodes.len());
+        for text in &options.memnodes {
+            let endpoint: Endpoint = text.parse().map_err(ClientError::Config)?;
+            let label = endpoint.to_string();
+            let unavailable = |e: String| ClientError::Unavailable { endpoint: label.clone(), reason: e };
+            let pool = Pool::connect(endpoint, options.connect.clone(), options.connections_per_memnode)
+                .map_err(|e| unavailable(e.to_string()))?;
+            // The daemon's own metadata and chunk traffic rides the pool like everyone's.
+            let control: Arc<dyn Connection> =
+                VirtualConnection::new(&pool, UpgradePolicy { ops_per_sec: 0, window_ops: 1 }, &upgrader);
+            let meta = racekv_hashing::rpc::metadata(&*control)
+                .map_err(|e| ClientError::from_table(&label, e, options.connect.timeout))?;
+            let chunks =
+                PrefetchingChunks::start(Arc::clone(&control), options.prefetch_chunks, meta.layout.chunk_bytes)
+                    .map_err(|e| unavailable(e.to_string()))?;
+            let table = Table::open_with(&*control, meta.layout, chunks.clone(), options.table)
+                .map_err(|e| ClientError::from_table(&label, e, options.connect.timeout))?;
+            memnodes.push(Memnode { label, node_id: meta.node_id, layout: meta.layout, pool, table, chunks });
+        }
+        let ids: Vec<u64> = memnodes.iter().map(|m| m.node_id).collect();
+        for (i, id) in ids.iter().enumerate() {
+            if ids[..i].contains(id) {
+                return Err(ClientError::Config(format!("{} is listed twice (node id {id})", memnodes[i].label)));
+            }
+        }
+        let cluster = Arc::new(Self {
+            ring: Ring::new(&ids),
+            memnodes,
+            ready: ArrayQueue::new(options.ready_sessions.max(1)),
+            options,
+            upgrader,
+            refill_wanted: (Mutex::new(()), Condvar::new()),
+            stopping: AtomicBool::new(false),
+        });
+        for _ in 0..cluster.options.ready_sessions {
+            let _ = cluster.ready.push(cluster.build_session());
+        }
+        let weak = Arc::downgrade(&cluster);
+        std::thread::Builder::new()
+            .name("session-refill".into())
+            .spawn(move || refill(weak))
+            .map_err(|e| ClientError::Config(format!("starting the session refiller: {e}")))?;
+        Ok(cluster)
+    }
+
+    pub fn memnodes(&self) -> &[Memnode] {
+        &self.memnodes
+    }
+
+    /// A new session over new virtual connections (allocates; the refiller calls it).
+    fn build_session(self: &Arc<Self>) -> Session<WorkerShards> {
+        let vconns: Vec<_> = self
+            .memnodes
+            .iter()
+            .map(|m| VirtualConnection::new(&m.pool, self.options.upgrade, &self.upgrader))
+            .collect();
+        let clients = self
+            .memnodes
+            .iter()
+            .zip(&vconns)
+            .map(|(m, vc)| m.table.client(Arc::clone(vc) as Arc<dyn Connection>))
+            .collect();
+        Session::new(WorkerShards { cluster: Arc::clone(self), clients, vconns })
+    }
+
+    /// A session for a worker: a pre-initialized one when available (no system call, no
+    /// round trip, no allocation), else built on the spot.
+    pub fn attach(self: &Arc<Self>) -> Attached {
+        let started = Instant::now();
+        let session = match self.ready.pop() {
+            Some(s) => s,
+            None => {
+                METRICS.cold_attaches.inc();
+                self.build_session()
+            }
+        };
+        self.refill_wanted.1.notify_one();
+        METRICS.attaches.inc();
+        METRICS.attach_seconds.observe(started.elapsed().as_secs_f64());
+        Attached { session: Some(session), cluster: Arc::clone(self) }
+    }
+
+    /// Sessions ready for attach now.
+    pub fn ready_sessions(&self) -> usize {
+        self.ready.len()
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.options.connect.timeout
+    }
+
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::Release);
+        self.refill_wanted.1.notify_all();
+        for m in &self.memnodes {
+            m.chunks.stop();
+        }
+    }
+}
+
+fn refill(weak: std::sync::Weak<Cluster>) {
+    loop {
+        let Some(cluster) = weak.upgrade() else { return };
+        if cluster.stopping.load(Ordering::Acquire) {
+            return;
+        }
+        while cluster.ready.len() < cluster.options.ready_sessions {
+            if cluster.ready.push(cluster.build_session()).is_err() {
+                break;
+            }
+        }
+        let (lock, cv) = &cluster.refill_wanted;
+        let mut guard = lock.lock();
+        cv.wait_for(&mut guard, Duration::from_millis(200));
+    }
+}
+
+/// A worker's session; goes back to the ready queue when dropped (if there is room).
+pub struct Attached {
+    session: Option<Session<WorkerShards>>,
+    cluster: Arc<Cluster>,
+}
+
+impl std::ops::Deref for Attached {
+    type Target = Session<WorkerShards>;
+    fn deref(&self) -> &Self::Target {
+        self.session.as_ref().expect("present until drop")
+    }
+}
+
+impl std::ops::DerefMut for Attached {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.session.as_mut().expect("present until drop")
+    }
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        if let Some(mut session) = self.session.take() {
+            // Leaving workers give up dedicated connections; the next one earns its own.
+            session.shards_mut().downgrade();
+            let _ = self.cluster.ready.push(session);
+        }
+    }
+}
+
+/// A session's memnodes: one table client per memnode, over virtual connections.
+pub struct WorkerShards {
+    cluster: Arc<Cluster>,
+    clients: Vec<TableClient>,
+    vconns: Vec<Arc<VirtualConnection>>,
+}
+
+impl WorkerShards {
+    fn downgrade(&mut self) {
+        self.vconns.iter().for_each(|vc| vc.downgrade());
+    }
+
+    /// How many of this session's virtual connections run on dedicated connections.
+    pub fn dedicated(&self) -> usize {
+        self.vconns.iter().filter(|vc| vc.is_dedicated()).count()
+    }
+}
+
+impl Shards for WorkerShards {
+    fn route(&self, key: &[u8]) -> usize {
+        self.cluster.ring.shard(key)
+    }
+
+    fn count(&self) -> usize {
+        self.clients.len()
+    }
+
+    fn label(&self, shard: usize) -> &str {
+        &self.cluster.memnodes[shard].label
+    }
+
+    fn timeout(&self) -> Duration {
+        self.cluster.options.connect.timeout
+    }
+
+    fn client(&mut self, shard: usize) -> Result<&mut TableClient, ClientError> {
+        Ok(&mut self.clients[shard])
+    }
+}

@@ -1,0 +1,121 @@
+//! The computenode's configuration: defaults < TOML file < `RACEKV_COMPUTENODE_*`
+//! environment variables < command-line flags.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::ClusterOptions;
+use crate::pool::UpgradePolicy;
+use crate::workers::ScaleOptions;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ComputenodeConfig {
+    /// Memnode endpoints (`shm:/path`, `tcp:host:port`, `verbs:host:port`).
+    pub memnodes: Vec<String>,
+    /// The memnodes' shared secret.
+    pub token: String,
+    /// Pre-initialized connections per memnode (the pool virtual connections share).
+    pub connections_per_memnode: usize,
+    /// Longest wait for connecting and for any one operation.
+    pub op_timeout_ms: u64,
+    /// How long freed KV blocks wait before reuse.
+    pub grace_period_ms: u64,
+    /// Sessions kept pre-initialized for attach.
+    pub ready_sessions: usize,
+    /// Heap chunks kept prefetched per memnode.
+    pub prefetch_chunks: usize,
+    /// A virtual connection above this many operations per second gets a dedicated
+    /// connection in the background (0 never upgrades).
+    pub upgrade_ops_per_sec: u64,
+    pub min_workers: usize,
+    pub max_workers: usize,
+    /// Add workers when this many requests wait...
+    pub scale_up_queue_depth: usize,
+    /// ...or when a request waited this long.
+    pub scale_up_wait_us: u64,
+    /// Idle workers above the minimum retire after this long.
+    pub worker_idle_ms: u64,
+    /// Requests the work queue holds before refusing (overload).
+    pub queue_capacity: usize,
+    /// Redis (RESP2) front end address; unset turns it off.
+    pub redis_addr: Option<String>,
+    pub redis_max_clients: usize,
+    /// Unix socket where local processes attach; unset turns it off.
+    pub attach_socket: Option<PathBuf>,
+    /// Prometheus `/metrics` and JSON `/status`; unset turns it off.
+    pub metrics_addr: Option<SocketAddr>,
+}
+
+impl Default for ComputenodeConfig {
+    fn default() -> Self {
+        Self {
+            memnodes: vec!["tcp:127.0.0.1:7400".into()],
+            token: "racekv-dev-token".into(),
+            connections_per_memnode: 4,
+            op_timeout_ms: 5_000,
+            grace_period_ms: 10,
+            ready_sessions: 16,
+            prefetch_chunks: 4,
+            upgrade_ops_per_sec: 20_000,
+            min_workers: 1,
+            max_workers: 64,
+            scale_up_queue_depth: 8,
+            scale_up_wait_us: 500,
+            worker_idle_ms: 2_000,
+            queue_capacity: 65_536,
+            redis_addr: Some("127.0.0.1:6380".into()),
+            redis_max_clients: 1024,
+            attach_socket: None,
+            metrics_addr: Some("127.0.0.1:9401".parse().expect("static address")),
+        }
+    }
+}
+
+impl ComputenodeConfig {
+    /// Loads defaults, then `file` (if given), then `RACEKV_COMPUTENODE_*` variables.
+    pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
+        racekv_telemetry::load_config(file, "RACEKV_COMPUTENODE")
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(!self.memnodes.is_empty(), "no memnodes configured");
+        anyhow::ensure!(self.connections_per_memnode >= 1, "connections_per_memnode must be at least 1");
+        anyhow::ensure!(
+            self.min_workers <= self.max_workers && self.max_workers >= 1,
+            "workers: need 1 <= max_workers and min_workers <= max_workers"
+        );
+        anyhow::ensure!(self.queue_capacity >= 1 && self.scale_up_queue_depth >= 1, "queue sizes must be at least 1");
+        Ok(())
+    }
+
+    pub fn cluster_options(&self) -> ClusterOptions {
+        let timeout = Duration::from_millis(self.op_timeout_ms);
+        ClusterOptions {
+            memnodes: self.memnodes.clone(),
+            connect: racekv_transport::ConnectOptions { token: self.token.clone(), timeout },
+            connections_per_memnode: self.connections_per_memnode,
+            table: racekv_hashing::TableOptions {
+                grace_period: Duration::from_millis(self.grace_period_ms),
+                op_timeout: timeout,
+            },
+            upgrade: UpgradePolicy { ops_per_sec: self.upgrade_ops_per_sec, window_ops: 4096 },
+            ready_sessions: self.ready_sessions,
+            prefetch_chunks: self.prefetch_chunks,
+        }
+    }
+
+    pub fn scale_options(&self) -> ScaleOptions {
+        ScaleOptions {
+            min_workers: self.min_workers,
+            max_workers: self.max_workers,
+            scale_up_depth: self.scale_up_queue_depth,
+            scale_up_wait: Duration::from_micros(self.scale_up_wait_us),
+            idle_retire: Duration::from_millis(self.worker_idle_ms),
+            tick: Duration::from_micros(250),
+        }
+    }
+}

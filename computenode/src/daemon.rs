@@ -1,0 +1,193 @@
+//! The computenode daemon: sets up the cluster once (pools, metadata, ready sessions),
+//! runs the workers and their autoscaler, and serves the front ends.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use racekv_client::op::Request;
+use racekv_telemetry::MetricsServer;
+use serde::Serialize;
+
+use crate::cluster::{Attached, Cluster};
+use crate::config::ComputenodeConfig;
+use crate::queue::{Overloaded, ReplyFn, Submit, WorkQueue};
+use crate::redis::{RedisServer, ServerOptions};
+use crate::store::ClusterStore;
+use crate::workers::Workers;
+
+/// What `/status` and INFO report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    pub memnodes: Vec<MemnodeStatus>,
+    pub workers: usize,
+    pub queue_depth: usize,
+    pub ready_sessions: usize,
+    pub redis_addr: Option<String>,
+    pub redis_clients: Option<usize>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct MemnodeStatus {
+    pub endpoint: String,
+    pub node_id: u64,
+    pub connections: usize,
+    pub healthy_connections: usize,
+    pub prefetched_chunks: usize,
+    pub region_bytes: u64,
+}
+
+struct Parts {
+    cluster: Arc<Cluster>,
+    queue: Arc<WorkQueue>,
+    workers: parking_lot::Mutex<Workers>,
+    redis: parking_lot::Mutex<Option<RedisServer>>,
+}
+
+impl Parts {
+    fn status(&self) -> Status {
+        let redis = self.redis.lock();
+        Status {
+            memnodes: self
+                .cluster
+                .memnodes()
+                .iter()
+                .map(|m| MemnodeStatus {
+                    endpoint: m.label.clone(),
+                    node_id: m.node_id,
+                    connections: m.pool.size(),
+                    healthy_connections: m.pool.healthy(),
+                    prefetched_chunks: m.chunks.ready(),
+                    region_bytes: m.layout.region_len,
+                })
+                .collect(),
+            workers: self.workers.lock().live(),
+            queue_depth: self.queue.depth(),
+            ready_sessions: self.cluster.ready_sessions(),
+            redis_addr: redis.as_ref().map(|r| r.local_addr().to_string()),
+            redis_clients: redis.as_ref().map(|r| r.stats().connected_clients()),
+        }
+    }
+
+    fn info_lines(&self) -> String {
+        let s = self.status();
+        let mut out = format!(
+            "racekv_memnodes:{}\r\nracekv_workers:{}\r\nracekv_queue_depth:{}\r\nracekv_ready_sessions:{}\r\n",
+            s.memnodes.len(),
+            s.workers,
+            s.queue_depth,
+            s.ready_sessions
+        );
+        for (i, m) in s.memnodes.iter().enumerate() {
+            out.push_str(&format!(
+                "racekv_memnode{i}:endpoint={},connections={},healthy={},region_bytes={}\r\n",
+                m.endpoint, m.connections, m.healthy_connections, m.region_bytes
+            ));
+        }
+        out
+    }
+}
+
+/// A running computenode.
+pub struct Computenode {
+    parts: Arc<Parts>,
+    metrics: Option<MetricsServer>,
+}
+
+impl Computenode {
+    pub fn start(config: ComputenodeConfig) -> anyhow::Result<Self> {
+        config.validate()?;
+        let cluster = Cluster::connect(config.cluster_options()).context("connecting to the memnodes")?;
+        let queue = Arc::new(WorkQueue::new(config.queue_capacity));
+        let workers = Workers::start(Arc::clone(&queue), Arc::clone(&cluster), config.scale_options())
+            .context("starting workers")?;
+        let parts = Arc::new(Parts {
+            cluster: Arc::clone(&cluster),
+            queue,
+            workers: parking_lot::Mutex::new(workers),
+            redis: parking_lot::Mutex::new(None),
+        });
+        if let Some(addr) = &config.redis_addr {
+            let weak = Arc::downgrade(&parts);
+            let info = Arc::new(move || weak.upgrade().map(|p| p.info_lines()).unwrap_or_default());
+            let store = Arc::new(ClusterStore::new(Arc::clone(&cluster), info));
+            let options = ServerOptions { max_clients: config.redis_max_clients, ..ServerOptions::default() };
+            let server = RedisServer::start(addr.as_str(), store, options)
+                .with_context(|| format!("starting the Redis front end on {addr}"))?;
+            *parts.redis.lock() = Some(server);
+        }
+        let metrics = match config.metrics_addr {
+            Some(addr) => {
+                let weak = Arc::downgrade(&parts);
+                let status = Arc::new(move || {
+                    weak.upgrade()
+                        .map(|p| serde_json::to_string(&p.status()).expect("status serializes"))
+                        .unwrap_or_default()
+                });
+                Some(MetricsServer::start_with_status(addr, Some(status))?)
+            }
+            None => None,
+        };
+        Ok(Self { parts, metrics })
+    }
+
+    /// A session over pre-initialized virtual connections, for a worker thread of this
+    /// process (KRCORE's attach).
+    pub fn attach(&self) -> Attached {
+        self.parts.cluster.attach()
+    }
+
+    /// Where front ends hand requests to the workers.
+    pub fn submitter(&self) -> Arc<dyn Submit> {
+        self.parts.queue.clone()
+    }
+
+    pub fn cluster(&self) -> &Arc<Cluster> {
+        &self.parts.cluster
+    }
+
+    pub fn status(&self) -> Status {
+        self.parts.status()
+    }
+
+    pub fn redis_addr(&self) -> Option<SocketAddr> {
+        self.parts.redis.lock().as_ref().map(|r| r.local_addr())
+    }
+
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(|m| m.addr())
+    }
+
+    /// One machine-readable line for supervisors and tests.
+    pub fn ready_line(&self) -> String {
+        serde_json::json!({
+            "redis": self.redis_addr().map(|a| a.to_string()),
+            "metrics": self.metrics_addr().map(|a| a.to_string()),
+            "memnodes": self.parts.cluster.memnodes().iter().map(|m| m.label.clone()).collect::<Vec<_>>(),
+            "pid": std::process::id(),
+        })
+        .to_string()
+    }
+
+    /// Stops the front ends, then the workers, then the cluster.
+    pub fn shutdown(self) {
+        drop(self);
+    }
+}
+
+impl Submit for Computenode {
+    fn submit(&self, request: Request, reply: ReplyFn) -> Result<(), Overloaded> {
+        self.parts.queue.submit(request, reply)
+    }
+}
+
+impl Drop for Computenode {
+    fn drop(&mut self) {
+        if let Some(mut redis) = self.parts.redis.lock().take() {
+            redis.shutdown();
+        }
+        self.parts.workers.lock().shutdown();
+        self.parts.cluster.stop();
+        self.metrics.take();
+    }
+}

@@ -1,0 +1,82 @@
+//! `racekv-computenode`: runs a compute node until SIGTERM or SIGINT.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use racekv_computenode::config::ComputenodeConfig;
+use racekv_computenode::Computenode;
+
+/// A racekv compute node: pre-initialized connections to the memnodes, autoscaled workers,
+/// and the front ends (Redis protocol, local attach).
+///
+/// Settings come from defaults, then --config (TOML), then RACEKV_COMPUTENODE_<KEY>
+/// variables, then these flags. Front-end flags take `none` to turn one off.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Memnode endpoints, comma-separated (shm:/path, tcp:host:port, verbs:host:port).
+    #[arg(long, value_delimiter = ',')]
+    memnodes: Option<Vec<String>>,
+    /// The memnodes' shared secret (prefer RACEKV_COMPUTENODE_TOKEN: flags show in `ps`).
+    #[arg(long)]
+    token: Option<String>,
+    /// Redis front end address, or `none`.
+    #[arg(long)]
+    redis_addr: Option<String>,
+    /// Prometheus /metrics and JSON /status address, or `none`.
+    #[arg(long)]
+    metrics_addr: Option<String>,
+    #[arg(long)]
+    connections_per_memnode: Option<usize>,
+    #[arg(long)]
+    min_workers: Option<usize>,
+    #[arg(long)]
+    max_workers: Option<usize>,
+    /// Print the effective configuration as JSON and exit.
+    #[arg(long)]
+    print_config: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    racekv_telemetry::init_logging();
+    let args = Args::parse();
+    let mut cfg = ComputenodeConfig::load(args.config.as_deref())?;
+    if let Some(v) = args.memnodes {
+        cfg.memnodes = v;
+    }
+    if let Some(v) = args.token {
+        cfg.token = v;
+    }
+    if let Some(v) = args.redis_addr {
+        cfg.redis_addr = (v != "none").then_some(v);
+    }
+    if let Some(v) = args.metrics_addr {
+        cfg.metrics_addr = if v == "none" { None } else { Some(v.parse::<SocketAddr>().context("--metrics-addr")?) };
+    }
+    if let Some(v) = args.connections_per_memnode {
+        cfg.connections_per_memnode = v;
+    }
+    if let Some(v) = args.min_workers {
+        cfg.min_workers = v;
+    }
+    if let Some(v) = args.max_workers {
+        cfg.max_workers = v;
+    }
+    if args.print_config {
+        println!("{}", serde_json::to_string_pretty(&cfg)?);
+        return Ok(());
+    }
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])?;
+    let node = Computenode::start(cfg)?;
+    tracing::info!("computenode ready: {}", node.ready_line());
+    println!("READY {}", node.ready_line());
+    let signal = signals.forever().next();
+    tracing::info!(?signal, "shutting down");
+    node.shutdown();
+    tracing::info!("computenode stopped cleanly");
+    Ok(())
+}

@@ -1,0 +1,332 @@
+//! Pre-initialized connections to one memnode, and the virtual connections workers use.
+//!
+//! The daemon opens K physical connections per memnode when it starts (the expensive part:
+//! connect, authenticate, and on verbs create and connect a queue pair). A worker never
+//! opens one: it gets a [`VirtualConnection`], a handle multiplexed over the pool: creating
+//! one costs no system call and no network round trip (KRCORE's virtual QP).
+//!
+//! Hybrid upgrade (KRCORE): a virtual connection whose operation rate stays above a
+//! threshold asks for a dedicated connection; a background thread builds it and switches the
+//! handle over. Operations in flight finish on the connection they started on; none fails.
+//!
+//! Failure: a physical connection that fails is replaced in the background while the pool
+//! keeps serving from the others; the operation that saw the failure reports it (it may have
+//! executed, so it is not retried blindly).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Weak};
+use std::time::Instant;
+
+use crossbeam_channel::Sender;
+use parking_lot::{Mutex, RwLock};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts};
+use racekv_transport::{Batch, ConnectOptions, Connection, Endpoint, TransportError, TransportKind};
+
+struct Metrics {
+    physical: IntGauge,
+    virtual_live: IntGauge,
+    dedicated: IntGauge,
+    upgrades: IntCounter,
+    replacements: IntCounterVec,
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
+    use racekv_telemetry::register;
+    Metrics {
+        physical: register(
+            IntGauge::new("racekv_computenode_pool_connections", "Physical connections in the pools").unwrap(),
+        ),
+        virtual_live: register(
+            IntGauge::new("racekv_computenode_virtual_connections", "Virtual connections handed to workers").unwrap(),
+        ),
+        dedicated: register(
+            IntGauge::new(
+                "racekv_computenode_dedicated_connections",
+                "Virtual connections upgraded to a dedicated physical connection",
+            )
+            .unwrap(),
+        ),
+        upgrades: register(
+            IntCounter::new("racekv_computenode_upgrades_total", "Virtual connections upgraded to dedicated ones")
+                .unwrap(),
+        ),
+        replacements: register(
+            IntCounterVec::new(
+                Opts::new("racekv_computenode_connection_replacements_total", "Failed pool connections replaced"),
+                &["result"],
+            )
+            .unwrap(),
+        ),
+    }
+});
+
+/// The physical connections to one memnode.
+pub struct Pool {
+    endpoint: Endpoint,
+    connect: ConnectOptions,
+    slots: Vec<RwLock<Arc<dyn Connection>>>,
+    /// Slots being replaced (so one failure starts one replacement).
+    replacing: Vec<AtomicBool>,
+    next: AtomicUsize,
+    region_len: u64,
+    kind: TransportKind,
+}
+
+impl Pool {
+    /// Opens `size` connections to `endpoint`.
+    pub fn connect(endpoint: Endpoint, connect: ConnectOptions, size: usize) -> Result<Arc<Self>, TransportError> {
+        LazyLock::force(&METRICS);
+        let size = size.max(1);
+        let mut slots = Vec::with_capacity(size);
+        for _ in 0..size {
+            slots.push(RwLock::new(racekv_transport::connect(&endpoint, &connect)?));
+        }
+        let first = slots[0].read().clone();
+        METRICS.physical.add(size as i64);
+        Ok(Arc::new(Self {
+            endpoint,
+            connect,
+            replacing: (0..size).map(|_| AtomicBool::new(false)).collect(),
+            slots,
+            next: AtomicUsize::new(0),
+            region_len: first.region_len(),
+            kind: first.kind(),
+        }))
+    }
+
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    pub fn size(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Healthy connections right now.
+    pub fn healthy(&self) -> usize {
+        self.slots.iter().filter(|s| s.read().is_healthy()).count()
+    }
+
+    /// A slot for a new virtual connection (round robin).
+    fn assign(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len()
+    }
+
+    /// The connection of `slot`, or of the next healthy slot if it is broken.
+    fn connection(&self, slot: usize) -> (usize, Arc<dyn Connection>) {
+        let n = self.slots.len();
+        for i in 0..n {
+            let s = (slot + i) % n;
+            let conn = self.slots[s].read();
+            if conn.is_healthy() {
+                return (s, Arc::clone(&conn));
+            }
+        }
+        (slot, Arc::clone(&self.slots[slot].read()))
+    }
+
+    /// Starts replacing `slot` in the background (once).
+    fn report_broken(self: &Arc<Self>, slot: usize) {
+        if self.replacing[slot].swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let pool = Arc::clone(self);
+        let spawned = std::thread::Builder::new().name("pool-repair".into()).spawn(move || {
+            let mut delay = std::time::Duration::from_millis(10);
+            loop {
+                match racekv_transport::connect(&pool.endpoint, &pool.connect) {
+                    Ok(conn) => {
+                        *pool.slots[slot].write() = conn;
+                        METRICS.replacements.with_label_values(&["ok"]).inc();
+                        tracing::info!(memnode = %pool.endpoint, slot, "replaced a failed connection");
+                        break;
+                    }
+                    Err(e) => {
+                        METRICS.replacements.with_label_values(&["failed"]).inc();
+                        tracing::warn!(memnode = %pool.endpoint, slot, "replacing a failed connection failed: {e}; retrying in {delay:?}");
+                        std::thread::sleep(delay);
+                        delay = (delay * 2).min(std::time::Duration::from_secs(2));
+                    }
+                }
+            }
+            pool.replacing[slot].store(false, Ordering::Release);
+        });
+        if spawned.is_err() {
+            self.replacing[slot].store(false, Ordering::Release);
+        }
+    }
+
+    /// A new physical connection just for one worker (an upgrade).
+    fn dedicated(&self) -> Result<Arc<dyn Connection>, TransportError> {
+        racekv_transport::connect(&self.endpoint, &self.connect)
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        METRICS.physical.sub(self.slots.len() as i64);
+    }
+}
+
+/// When a virtual connection asks for a dedicated one.
+#[derive(Debug, Clone, Copy)]
+pub struct UpgradePolicy {
+    /// Operations per second above which a handle is upgraded (0 disables upgrades).
+    pub ops_per_sec: u64,
+    /// The rate is measured over this many operations.
+    pub window_ops: u64,
+}
+
+/// Builds dedicated connections off the hot path, one request at a time.
+#[derive(Clone)]
+pub struct Upgrader {
+    tx: Sender<Weak<VirtualConnection>>,
+}
+
+impl Upgrader {
+    pub fn start() -> std::io::Result<Self> {
+        let (tx, rx) = crossbeam_channel::unbounded::<Weak<VirtualConnection>>();
+        std::thread::Builder::new().name("vconn-upgrader".into()).spawn(move || {
+            for weak in rx {
+                let Some(vc) = weak.upgrade() else { continue };
+                match vc.pool.dedicated() {
+                    Ok(conn) => {
+                        *vc.dedicated.write() = Some(conn);
+                        METRICS.upgrades.inc();
+                        METRICS.dedicated.inc();
+                        tracing::debug!(memnode = %vc.pool.endpoint, "upgraded a virtual connection");
+                    }
+                    Err(e) => {
+                        tracing::warn!(memnode = %vc.pool.endpoint, "upgrade failed, staying on the pool: {e}");
+                        vc.upgrade_asked.store(false, Ordering::Release);
+                    }
+                }
+            }
+        })?;
+        Ok(Self { tx })
+    }
+}
+
+/// A worker's handle on a memnode, multiplexed over the pool (or, once upgraded, on a
+/// dedicated connection).
+pub struct VirtualConnection {
+    pool: Arc<Pool>,
+    home: usize,
+    dedicated: RwLock<Option<Arc<dyn Connection>>>,
+    policy: UpgradePolicy,
+    upgrader: Upgrader,
+    upgrade_asked: AtomicBool,
+    ops: AtomicU64,
+    window_started: Mutex<Instant>,
+    me: Weak<VirtualConnection>,
+}
+
+impl VirtualConnection {
+    /// A new handle: no system call, no network round trip.
+    pub fn new(pool: &Arc<Pool>, policy: UpgradePolicy, upgrader: &Upgrader) -> Arc<Self> {
+        METRICS.virtual_live.inc();
+        Arc::new_cyclic(|me| Self {
+            home: pool.assign(),
+            pool: Arc::clone(pool),
+            dedicated: RwLock::new(None),
+            policy,
+            upgrader: upgrader.clone(),
+            upgrade_asked: AtomicBool::new(false),
+            ops: AtomicU64::new(0),
+            window_started: Mutex::new(Instant::now()),
+            me: me.clone(),
+        })
+    }
+
+    /// Whether this handle runs on its own connection now.
+    pub fn is_dedicated(&self) -> bool {
+        self.dedicated.read().is_some()
+    }
+
+    /// Drops a dedicated connection (the handle goes back to the shared pool).
+    pub fn downgrade(&self) {
+        if self.dedicated.write().take().is_some() {
+            METRICS.dedicated.dec();
+        }
+        self.upgrade_asked.store(false, Ordering::Release);
+        *self.window_started.lock() = Instant::now();
+        self.ops.store(0, Ordering::Relaxed);
+    }
+
+    fn current(&self) -> (Option<usize>, Arc<dyn Connection>) {
+        if let Some(conn) = self.dedicated.read().as_ref().filter(|c| c.is_healthy()) {
+            return (None, Arc::clone(conn));
+        }
+        let (slot, conn) = self.pool.connection(self.home);
+        (Some(slot), conn)
+    }
+
+    fn after(&self, slot: Option<usize>, failed: bool) {
+        if failed {
+            match slot {
+                Some(slot) => self.pool.report_broken(slot),
+                None => {
+                    // The dedicated connection broke: fall back to the pool.
+                    if self.dedicated.write().take().is_some() {
+                        METRICS.dedicated.dec();
+                    }
+                }
+            }
+        }
+        if self.policy.ops_per_sec == 0 || self.upgrade_asked.load(Ordering::Relaxed) {
+            return;
+        }
+        let n = self.ops.fetch_add(1, Ordering::Relaxed) + 1;
+        if !n.is_multiple_of(self.policy.window_ops.max(1)) {
+            return;
+        }
+        let mut started = self.window_started.lock();
+        let elapsed = started.elapsed();
+        *started = Instant::now();
+        let rate = self.policy.window_ops as f64 / elapsed.as_secs_f64().max(1e-9);
+        if rate >= self.policy.ops_per_sec as f64 && !self.upgrade_asked.swap(true, Ordering::AcqRel) {
+            let _ = self.upgrader.tx.send(self.me.clone());
+        }
+    }
+}
+
+impl Drop for VirtualConnection {
+    fn drop(&mut self) {
+        METRICS.virtual_live.dec();
+        if self.dedicated.get_mut().is_some() {
+            METRICS.dedicated.dec();
+        }
+    }
+}
+
+impl Connection for VirtualConnection {
+    fn execute(&self, batch: &mut Batch) -> Result<(), TransportError> {
+        let (slot, conn) = self.current();
+        let result = conn.execute(batch);
+        self.after(slot, matches!(&result, Err(e) if e.is_connection_failure()));
+        result
+    }
+
+    fn call(&self, method: u16, request: &[u8]) -> Result<Vec<u8>, TransportError> {
+        let (slot, conn) = self.current();
+        let result = conn.call(method, request);
+        self.after(slot, matches!(&result, Err(e) if e.is_connection_failure()));
+        result
+    }
+
+    fn region_len(&self) -> u64 {
+        self.pool.region_len
+    }
+
+    fn kind(&self) -> TransportKind {
+        self.pool.kind
+    }
+
+    fn instance(&self) -> u64 {
+        self.current().1.instance()
+    }
+
+    fn is_healthy(&self) -> bool {
+        self.pool.healthy() > 0
+    }
+}

@@ -1,0 +1,98 @@
+//! The Redis front end's storage: each client connection attaches a session (pre-initialized
+//! virtual connections, so a new connection costs microseconds) and runs its commands on it
+//! directly, on the connection's own thread.
+
+use std::sync::Arc;
+
+use racekv_client::{ClientError, Session};
+use racekv_hashing::PutMode as TablePutMode;
+
+use crate::cluster::{Attached, Cluster, WorkerShards};
+use crate::redis::{KvSession, KvStore, PutMode, StoreError, StoreErrorKind};
+
+/// Extra INFO lines (the daemon's view: memnodes, workers, connections).
+pub type InfoFn = Arc<dyn Fn() -> String + Send + Sync>;
+
+pub struct ClusterStore {
+    cluster: Arc<Cluster>,
+    info: InfoFn,
+}
+
+impl ClusterStore {
+    pub fn new(cluster: Arc<Cluster>, info: InfoFn) -> Self {
+        Self { cluster, info }
+    }
+}
+
+impl KvStore for ClusterStore {
+    fn session(&self) -> Result<Box<dyn KvSession>, StoreError> {
+        Ok(Box::new(RedisSession { session: self.cluster.attach(), info: Arc::clone(&self.info) }))
+    }
+}
+
+struct RedisSession {
+    session: Attached,
+    info: InfoFn,
+}
+
+fn store_error(e: ClientError) -> StoreError {
+    let kind = match &e {
+        ClientError::TooLarge { .. } => StoreErrorKind::ValueTooLarge,
+        ClientError::OutOfSpace { .. } => StoreErrorKind::Full,
+        ClientError::Unavailable { .. } | ClientError::Overloaded(_) => StoreErrorKind::Unavailable,
+        ClientError::Timeout { .. } => StoreErrorKind::Timeout,
+        ClientError::EmptyKey => {
+            return StoreError::new(StoreErrorKind::Other, "racekv keys cannot be empty");
+        }
+        ClientError::Config(_) | ClientError::Protocol(_) | ClientError::Internal { .. } => StoreErrorKind::Other,
+    };
+    StoreError::new(kind, e.to_string())
+}
+
+fn mode(m: PutMode) -> TablePutMode {
+    match m {
+        PutMode::Upsert => TablePutMode::Upsert,
+        PutMode::InsertOnly => TablePutMode::InsertOnly,
+        PutMode::UpdateOnly => TablePutMode::UpdateOnly,
+    }
+}
+
+impl RedisSession {
+    fn s(&mut self) -> &mut Session<WorkerShards> {
+        &mut self.session
+    }
+}
+
+impl KvSession for RedisSession {
+    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.s().get(key).map_err(store_error)
+    }
+
+    fn put(&mut self, key: &[u8], value: &[u8], m: PutMode) -> Result<bool, StoreError> {
+        self.s().put_with(key, value, mode(m)).map_err(store_error)
+    }
+
+    fn delete(&mut self, key: &[u8]) -> Result<bool, StoreError> {
+        self.s().delete(key).map_err(store_error)
+    }
+
+    fn compare_and_swap(&mut self, key: &[u8], expected: Option<&[u8]>, new: &[u8]) -> Result<bool, StoreError> {
+        self.s().compare_and_swap(key, expected, Some(new)).map_err(store_error)
+    }
+
+    fn multi_get(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        self.s().multi_get(keys).map_err(store_error)
+    }
+
+    fn multi_put(&mut self, pairs: &[(&[u8], &[u8])]) -> Result<(), StoreError> {
+        self.s().multi_put(pairs).map_err(store_error)
+    }
+
+    fn len(&mut self) -> Result<u64, StoreError> {
+        self.s().len().map_err(store_error)
+    }
+
+    fn info(&mut self) -> Result<String, StoreError> {
+        Ok((self.info)())
+    }
+}

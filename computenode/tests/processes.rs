@@ -1,0 +1,247 @@
+//! A real memnode process and a real computenode process, driven through the Redis front end
+//! by the real redis-cli and by a standard Redis client library (the `redis` crate).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const TOKEN: &str = "processes-token";
+
+/// A binary of another package in this workspace (cargo builds every member's binaries
+/// for `cargo test --workspace`).
+fn workspace_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is not built: run `cargo build --workspace --bins` (or `cargo test --workspace`)",
+        path.display()
+    );
+    path
+}
+
+struct Proc {
+    child: Child,
+    ready: serde_json::Value,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn(binary: &Path, args: &[String], env: &[(&str, &str)]) -> Proc {
+    let mut cmd = Command::new(binary);
+    cmd.args(args).stdout(Stdio::piped()).env("RACEKV_LOG", "warn");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    loop {
+        match lines.next() {
+            Some(Ok(line)) if line.starts_with("READY ") => {
+                return Proc { child, ready: serde_json::from_str(&line["READY ".len()..]).unwrap() };
+            }
+            Some(Ok(_)) => {}
+            _ => panic!("{} exited before it was ready: {:?}", binary.display(), child.wait()),
+        }
+    }
+}
+
+fn memnode(dir: &Path, data_file: bool) -> Proc {
+    let mut args = vec![
+        "--listen-shm".to_string(),
+        dir.join("m.sock").display().to_string(),
+        "--listen-tcp".into(),
+        "127.0.0.1:0".into(),
+        "--metrics-addr".into(),
+        "none".into(),
+        "--region-bytes".into(),
+        "64MiB".into(),
+        "--groups-per-subtable".into(),
+        "16".into(),
+    ];
+    if data_file {
+        args.extend(["--data-file".to_string(), dir.join("region.dat").display().to_string()]);
+    }
+    spawn(&workspace_binary("racekv-memnode"), &args, &[("RACEKV_MEMNODE_TOKEN", TOKEN)])
+}
+
+fn computenode(memnodes: &str) -> Proc {
+    let args = vec![
+        "--memnodes".to_string(),
+        memnodes.into(),
+        "--redis-addr".into(),
+        "127.0.0.1:0".into(),
+        "--metrics-addr".into(),
+        "127.0.0.1:0".into(),
+    ];
+    spawn(Path::new(env!("CARGO_BIN_EXE_racekv-computenode")), &args, &[("RACEKV_COMPUTENODE_TOKEN", TOKEN)])
+}
+
+/// redis-cli's output, exactly (one line per reply; a nil is an empty line).
+fn redis_cli_raw(port: &str, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .arg("-p")
+        .arg(port)
+        .args(args)
+        .output()
+        .expect("redis-cli (Debian package redis-tools) is installed");
+    assert!(out.status.success(), "redis-cli {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn redis_cli(port: &str, args: &[&str]) -> String {
+    redis_cli_raw(port, args).trim_end().to_string()
+}
+
+fn redis_port(c: &Proc) -> String {
+    c.ready["redis"].as_str().unwrap().rsplit(':').next().unwrap().to_string()
+}
+
+#[test]
+fn redis_cli_and_a_client_library_work_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = memnode(dir.path(), false);
+    let shm = m.ready["endpoints"][0].as_str().unwrap().to_string();
+    let c = computenode(&shm);
+    let port = redis_port(&c);
+    assert_eq!(redis_cli(&port, &["set", "a", "b"]), "OK");
+    assert_eq!(redis_cli(&port, &["get", "a"]), "b");
+    assert_eq!(redis_cli(&port, &["set", "a", "c", "NX"]), "");
+    assert_eq!(redis_cli(&port, &["incr", "n"]), "1");
+    assert_eq!(redis_cli(&port, &["incrby", "n", "41"]), "42");
+    assert_eq!(redis_cli(&port, &["mset", "x", "1", "y", "2"]), "OK");
+    assert_eq!(redis_cli_raw(&port, &["mget", "x", "y", "nope"]), "1\n2\n\n");
+    assert_eq!(redis_cli(&port, &["del", "x", "nope"]), "1");
+    assert_eq!(redis_cli(&port, &["exists", "y", "x"]), "1");
+    assert_eq!(redis_cli(&port, &["dbsize"]), "3");
+    assert!(redis_cli(&port, &["info"]).contains("racekv_memnodes:1"));
+    assert!(redis_cli(&port, &["set", "k", &"v".repeat(20_000)]).contains("value too large"));
+
+    // A standard client library, with concurrent connections and pipelining.
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let client = &client;
+            s.spawn(move || {
+                let mut con = client.get_connection().unwrap();
+                for i in 0..200 {
+                    let key = format!("lib-{t}-{i}");
+                    let _: () = redis::cmd("SET").arg(&key).arg(i).query(&mut con).unwrap();
+                }
+                let mut pipe = redis::pipe();
+                for i in 0..200 {
+                    pipe.cmd("GET").arg(format!("lib-{t}-{i}"));
+                }
+                let values: Vec<i64> = pipe.query(&mut con).unwrap();
+                assert_eq!(values, (0..200).collect::<Vec<_>>());
+                for _ in 0..50 {
+                    let _: i64 = redis::cmd("INCR").arg("shared-counter").query(&mut con).unwrap();
+                }
+            });
+        }
+    });
+    let mut con = client.get_connection().unwrap();
+    let counter: i64 = redis::cmd("GET").arg("shared-counter").query(&mut con).unwrap();
+    assert_eq!(counter, 200, "INCR by compare-and-swap lost updates");
+
+    // /status reports the daemon.
+    let status = http_get(c.ready["metrics"].as_str().unwrap(), "/status");
+    let status: serde_json::Value = serde_json::from_str(status.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(status["memnodes"][0]["healthy_connections"], 4);
+    assert!(status["workers"].as_u64().unwrap() >= 1);
+}
+
+fn http_get(addr: &str, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes()).unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    body
+}
+
+#[test]
+fn bad_resp_input_costs_only_its_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = memnode(dir.path(), false);
+    let c = computenode(m.ready["endpoints"][1].as_str().unwrap());
+    let port = redis_port(&c);
+    let addr = format!("127.0.0.1:{port}");
+    let mut good = TcpStream::connect(&addr).unwrap();
+    good.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    for junk in [
+        &b"*2\r\n$3\r\nGET\r\n$999999999999\r\n"[..],
+        b"*-5\r\n",
+        b"\x00\xff garbage \r\n\r\n*1\r\n$x\r\n",
+        b"*1\r\n$4\r\nPI",
+    ] {
+        let mut bad = TcpStream::connect(&addr).unwrap();
+        bad.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        bad.write_all(junk).unwrap();
+        let _ = bad.shutdown(std::net::Shutdown::Write);
+        let mut reply = Vec::new();
+        let _ = bad.read_to_end(&mut reply);
+        if !junk.ends_with(b"PI") {
+            assert!(
+                reply.starts_with(b"-ERR"),
+                "junk {:?} got {:?}",
+                String::from_utf8_lossy(junk),
+                String::from_utf8_lossy(&reply)
+            );
+        }
+        good.write_all(b"*3\r\n$3\r\nSET\r\n$4\r\nsafe\r\n$2\r\nok\r\n").unwrap();
+        let mut buf = [0u8; 5];
+        good.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"+OK\r\n");
+    }
+    assert_eq!(redis_cli(&port, &["get", "safe"]), "ok");
+}
+
+#[test]
+fn the_pool_recovers_after_the_memnode_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = memnode(dir.path(), true);
+    let tcp = m.ready["endpoints"][1].as_str().unwrap().to_string();
+    let port_of_memnode = tcp.rsplit(':').next().unwrap().to_string();
+    let c = computenode(&tcp);
+    let port = redis_port(&c);
+    assert_eq!(redis_cli(&port, &["set", "survivor", "yes"]), "OK");
+    let _ = m.child.kill();
+    let _ = m.child.wait();
+    // While it is down, commands fail with a retryable error instead of hanging.
+    let down = redis_cli(&port, &["get", "survivor"]);
+    assert!(down.starts_with("TRYAGAIN") || down.starts_with("ERR"), "{down}");
+    // The same memnode comes back on the same port and data file.
+    let mut args = vec![
+        "--data-file".to_string(),
+        dir.path().join("region.dat").display().to_string(),
+        "--listen-shm".into(),
+        dir.path().join("m.sock").display().to_string(),
+        "--listen-tcp".into(),
+        format!("127.0.0.1:{port_of_memnode}"),
+        "--metrics-addr".into(),
+        "none".into(),
+        "--region-bytes".into(),
+        "64MiB".into(),
+    ];
+    args.extend(["--groups-per-subtable".to_string(), "16".into()]);
+    let _m2 = spawn(&workspace_binary("racekv-memnode"), &args, &[("RACEKV_MEMNODE_TOKEN", TOKEN)]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = redis_cli(&port, &["get", "survivor"]);
+        if got == "yes" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the computenode never recovered (last reply {got:?})");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(redis_cli(&port, &["set", "after", "restart"]), "OK");
+    assert_eq!(redis_cli(&port, &["get", "after"]), "restart");
+}
