@@ -434,21 +434,27 @@ impl Attachment {
         stream.set_read_timeout(Some(timeout)).map_err(|e| io_error("attaching", e))?;
         stream.set_write_timeout(Some(timeout)).map_err(|e| io_error("attaching", e))?;
         let hello = Hello { token: racekv_transport::wire::token_digest(token), pid: std::process::id() };
-        stream.write_all(&hello.encode()).map_err(|e| io_error("sending hello", e))?;
+        // A daemon that refuses at once (too many clients) may close before reading the
+        // hello: then its refusal is still there to read, and says more than EPIPE.
+        let sent = stream.write_all(&hello.encode());
 
         // The descriptors ride on the frame's first bytes.
         let mut header = [0u8; FRAME_HEADER_BYTES];
         let mut got = 0;
         let mut fds: Vec<OwnedFd> = Vec::new();
         while got < header.len() {
-            let (n, more) = racekv_transport::fdpass::recv_with_fds(&stream, &mut header[got..], 3 - fds.len())
-                .map_err(|e| io_error("reading the daemon's answer", e))?;
-            if n == 0 {
-                return Err(ClientError::Unavailable {
-                    endpoint: label.to_string(),
-                    reason: "the computenode closed the socket during the handshake".into(),
-                });
-            }
+            let received = racekv_transport::fdpass::recv_with_fds(&stream, &mut header[got..], 3 - fds.len());
+            let (n, more) = match (received, sent.as_ref()) {
+                (Ok((n, more)), _) if n > 0 => (n, more),
+                (_, Err(e)) => return Err(io_error("sending hello", std::io::Error::new(e.kind(), e.to_string()))),
+                (Err(e), Ok(())) => return Err(io_error("reading the daemon's answer", e)),
+                (Ok(_), Ok(())) => {
+                    return Err(ClientError::Unavailable {
+                        endpoint: label.to_string(),
+                        reason: "the computenode closed the socket during the handshake".into(),
+                    })
+                }
+            };
             got += n;
             fds.extend(more);
         }

@@ -10,6 +10,7 @@
 //! * [`redis`] (the RESP2 front end) and [`store`] (its storage: attached sessions).
 //! * [`daemon`]: [`Computenode`], which ties it together; `racekv-computenode` runs it.
 
+pub mod attach;
 pub mod chunks;
 pub mod cluster;
 pub mod config;

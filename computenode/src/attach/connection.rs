@@ -1,0 +1,242 @@
+//! One attached client after its handshake: a thread takes requests off its ring and submits
+//! them; reply callbacks (on worker threads) write the replies back.
+
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use racekv_client::attach::handshake::goodbye;
+use racekv_client::attach::{doorbell, monotonic_ns, reply_bound, Completer, DaemonRing, Doorbell, Frame, Submission};
+use racekv_client::op::{ErrorKind, Reply};
+
+use super::metrics::METRICS;
+use super::SharedSubmit;
+
+/// The poller looks at its socket and flags at least this often even if nothing wakes it.
+const IDLE_CHECK: Duration = Duration::from_secs(1);
+
+/// Why an attachment ends.
+#[derive(Debug, Clone)]
+pub(crate) enum Ending {
+    /// The client closed its socket (exited, crashed, dropped its client).
+    Closed,
+    /// The client broke the protocol.
+    ProtocolError { reason: &'static str, message: String },
+    /// The server is shutting down.
+    Shutdown,
+}
+
+/// What the poller and the reply callbacks share.
+pub(crate) struct Conn {
+    pub peer: String,
+    completer: Completer,
+    /// Wakes the client (it waits on it).
+    to_client: Doorbell,
+    /// Wakes this connection's poller: the client rings it after submitting, and we ring it
+    /// ourselves to make the poller look at `ending` or at freed budget.
+    to_poller: Doorbell,
+    ending: Mutex<Option<Ending>>,
+    ended: AtomicBool,
+    /// Worst-case reply bytes of the requests in flight.
+    in_flight_bytes: AtomicU64,
+    /// The poller waits for budget.
+    blocked: AtomicBool,
+}
+
+impl Conn {
+    pub(crate) fn new(peer: String, completer: Completer, to_client: Doorbell, to_poller: Doorbell) -> Self {
+        Self {
+            peer,
+            completer,
+            to_client,
+            to_poller,
+            ending: Mutex::new(None),
+            ended: AtomicBool::new(false),
+            in_flight_bytes: AtomicU64::new(0),
+            blocked: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn is_ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
+    }
+
+    /// Ends the attachment (the first reason wins) and wakes its poller.
+    pub(crate) fn end(&self, ending: Ending) {
+        {
+            let mut slot = self.ending.lock();
+            if slot.is_none() {
+                *slot = Some(ending);
+            }
+        }
+        self.ended.store(true, Ordering::Release);
+        self.to_poller.ring();
+    }
+
+    /// Writes one request's reply back (from a worker thread, or from the poller when
+    /// `submit` refused) and frees its budget.
+    fn complete(&self, slot: u32, request_id: u64, cost: u64, taken: Instant, reply: Reply) {
+        let result = match &reply {
+            Reply::Error(ErrorKind::Overloaded, _) => "overloaded",
+            Reply::Error(..) => "error",
+            _ => "ok",
+        };
+        METRICS.requests.with_label_values(&[result]).inc();
+        METRICS.in_flight.dec();
+        if !self.is_ended() {
+            let mut bytes = Vec::new();
+            reply.encode(&mut bytes);
+            match self.completer.complete(slot, request_id, &bytes) {
+                Ok(true) => self.to_client.ring(),
+                Ok(false) => {}
+                Err(e) => self.end(Ending::ProtocolError { reason: e.reason(), message: e.to_string() }),
+            }
+        }
+        METRICS.request_seconds.observe(taken.elapsed().as_secs_f64());
+        self.in_flight_bytes.fetch_sub(cost, Ordering::SeqCst);
+        if self.blocked.load(Ordering::SeqCst) {
+            self.to_poller.ring();
+        }
+    }
+}
+
+/// Runs the client's ring until the attachment ends, then says goodbye (when it is the
+/// daemon that ends it) and closes the socket.
+pub(crate) fn run(
+    conn: Arc<Conn>,
+    mut ring: DaemonRing,
+    mut stream: UnixStream,
+    submit: SharedSubmit,
+    budget: u64,
+    spin: Duration,
+    stopping: &AtomicBool,
+) -> Ending {
+    let slots = ring.geometry().slots() as usize;
+    let mut pending: Option<Submission> = None;
+    let mut last_request = Instant::now();
+    let _ = stream.set_nonblocking(true);
+    loop {
+        if stopping.load(Ordering::Acquire) {
+            conn.end(Ending::Shutdown);
+        }
+        if conn.is_ended() {
+            break;
+        }
+        // Take what the client published, as far as the budget allows.
+        let mut progressed = false;
+        for _ in 0..slots {
+            let sub = match pending.take() {
+                Some(sub) => sub,
+                None => match ring.take() {
+                    Ok(Some(sub)) => sub,
+                    Ok(None) => break,
+                    Err(e) => {
+                        conn.end(Ending::ProtocolError { reason: e.reason(), message: e.to_string() });
+                        break;
+                    }
+                },
+            };
+            let cost = reply_bound(&sub.request);
+            if cost > budget {
+                conn.end(Ending::ProtocolError {
+                    reason: "over_budget",
+                    message: format!(
+                        "a request whose reply may take {cost} bytes exceeds the reply budget of {budget} bytes \
+                         (the handshake said how many keys a multi-get may carry)"
+                    ),
+                });
+                break;
+            }
+            if conn.in_flight_bytes.load(Ordering::SeqCst) + cost > budget {
+                // Wait for replies to free budget; re-check after saying so, since a reply
+                // may have freed it just before.
+                conn.blocked.store(true, Ordering::SeqCst);
+                if conn.in_flight_bytes.load(Ordering::SeqCst) + cost > budget {
+                    pending = Some(sub);
+                    break;
+                }
+            }
+            conn.blocked.store(false, Ordering::SeqCst);
+            conn.in_flight_bytes.fetch_add(cost, Ordering::SeqCst);
+            let now_ns = monotonic_ns();
+            if sub.submitted_ns != 0 && sub.submitted_ns <= now_ns && now_ns - sub.submitted_ns < 60_000_000_000 {
+                METRICS.ring_wait_seconds.observe((now_ns - sub.submitted_ns) as f64 * 1e-9);
+            }
+            METRICS.in_flight.inc();
+            progressed = true;
+            let taken = Instant::now();
+            let (slot, request_id) = (sub.slot, sub.request_id);
+            let replier = Arc::clone(&conn);
+            let reply = Box::new(move |reply: Reply| replier.complete(slot, request_id, cost, taken, reply));
+            if let Err(overloaded) = submit.submit(sub.request, reply) {
+                conn.complete(
+                    slot,
+                    request_id,
+                    cost,
+                    taken,
+                    Reply::Error(ErrorKind::Overloaded, overloaded.to_string()),
+                );
+            }
+        }
+        if conn.is_ended() {
+            break;
+        }
+        let blocked = pending.is_some();
+        if progressed {
+            last_request = Instant::now();
+            continue;
+        }
+        // Spin a little after real requests (not after spurious wake-ups: ringing our
+        // doorbell must not buy a client our CPU).
+        if !blocked && last_request.elapsed() < spin {
+            if !ring.has_submissions() {
+                std::hint::spin_loop();
+            }
+            continue;
+        }
+        ring.set_sleeping(true);
+        if (blocked || !ring.has_submissions()) && !conn.is_ended() && !stopping.load(Ordering::Acquire) {
+            let ready = doorbell::wait_readable(&[conn.to_poller.as_fd(), stream.as_fd()], Some(IDLE_CHECK))
+                .unwrap_or_else(|_| vec![false, false]);
+            if ready.get(1).copied().unwrap_or(false) && !stopping.load(Ordering::Acquire) {
+                check_socket(&conn, &mut stream);
+            }
+        }
+        ring.set_sleeping(false);
+        conn.to_poller.drain();
+    }
+    let ending = conn.ending.lock().clone().unwrap_or(Ending::Closed);
+    let farewell = match &ending {
+        Ending::Closed => None,
+        Ending::ProtocolError { message, .. } => {
+            Some(Frame::Goodbye { code: goodbye::PROTOCOL_ERROR, reason: format!("protocol error: {message}") })
+        }
+        Ending::Shutdown => {
+            Some(Frame::Goodbye { code: goodbye::SHUTDOWN, reason: "the computenode is shutting down".into() })
+        }
+    };
+    if let Some(frame) = farewell {
+        // Best effort: a frame this small fits the socket buffer of a live peer.
+        let _ = stream.write_all(&frame.encode());
+    }
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+    ending
+}
+
+/// The socket is readable: the client closed it (or died), or sent bytes it must not send.
+fn check_socket(conn: &Conn, stream: &mut UnixStream) {
+    let mut buf = [0u8; 64];
+    match stream.read(&mut buf) {
+        Ok(0) => conn.end(Ending::Closed),
+        Ok(n) => conn.end(Ending::ProtocolError {
+            reason: "unexpected_bytes",
+            message: format!("{n} unexpected bytes on the control socket after the handshake"),
+        }),
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted) => {}
+        Err(_) => conn.end(Ending::Closed),
+    }
+}
