@@ -687,7 +687,12 @@ impl Inner {
             reap.sleeper = true;
             drop(reap);
             self.ring.set_sleeping(true);
-            if self.ring.completion_tail() == self.seen_tail.load(Ordering::Acquire) && !self.is_broken() {
+            // Sleep only if, with the flag up, nothing arrived since: not a completion the
+            // daemon published (it would have seen no flag), nor ours reaped by another thread.
+            if self.ring.completion_tail() == self.seen_tail.load(Ordering::Acquire)
+                && !self.done[slot].load(Ordering::Acquire)
+                && !self.is_broken()
+            {
                 let _ = doorbell::wait_readable(&[self.from_daemon.as_fd()], Some((deadline - now).min(MAX_SLEEP)));
             }
             self.ring.set_sleeping(false);
