@@ -99,6 +99,8 @@ pub struct AttachOptions {
     /// A client must complete its hello within this.
     pub handshake_timeout: Duration,
     /// How long a client's thread polls its ring after the last request before sleeping.
+    /// Default 20 µs on hosts with more than two CPUs, else none (there it would take the
+    /// core a worker needs).
     pub spin: Duration,
 }
 
@@ -112,7 +114,11 @@ impl Default for AttachOptions {
             token: None,
             allowed_uids: AllowedUids::SameUser,
             handshake_timeout: Duration::from_secs(2),
-            spin: Duration::from_micros(20),
+            spin: if std::thread::available_parallelism().is_ok_and(|n| n.get() > 2) {
+                Duration::from_micros(20)
+            } else {
+                Duration::ZERO
+            },
         }
     }
 }

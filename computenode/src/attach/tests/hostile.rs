@@ -190,8 +190,8 @@ fn a_slot_submitted_twice_detaches() {
     ring.submit(3);
     raw.to_daemon.ring();
     assert!(raw.goodbye().contains("submitted again"));
-    assert!(metric("racekv_attach_protocol_errors_total{reason=\"slot_in_flight\"}") > before);
     h.wait_attached(0);
+    assert!(metric("racekv_attach_protocol_errors_total{reason=\"slot_in_flight\"}") > before);
     // The request it had in flight still runs, into a detached ring.
     h.start_workers(1);
     let good = h.client();

@@ -30,7 +30,7 @@ fn measure(label: &str, client: &Client) {
     ns.sort_unstable();
     let pct = |p: f64| ns[((ns.len() as f64 * p) as usize).min(ns.len() - 1)] as f64 / 1000.0;
     println!(
-        "{label:<44} mean {:>7.2} us  p50 {:>7.2}  p90 {:>7.2}  p99 {:>7.2}  p99.9 {:>8.2}",
+        "{label:<64} mean {:>7.2} us  p50 {:>7.2}  p90 {:>7.2}  p99 {:>7.2}  p99.9 {:>8.2}",
         total.as_secs_f64() * 1e6 / SAMPLES as f64,
         pct(0.5),
         pct(0.9),
@@ -42,16 +42,23 @@ fn measure(label: &str, client: &Client) {
 #[test]
 #[ignore = "a measurement: run it in release mode with --nocapture"]
 fn attached_versus_embedded_get_latency() {
-    let mut h = Harness::with(1024, 0, AttachOptions::default());
-    println!("one thread, GET of a 100-byte value, {SAMPLES} samples");
-    measure("embedded (shm)", &h.embedded());
-
-    h.workers = Some(Workers::start(&h.queue, &h.memnode, 1, true));
-    measure("attached, worker polling the queue", &h.client());
-    let spin0 = Client::builder().attach(&h.socket).attach_spin(Duration::ZERO).connect().unwrap();
-    measure("attached, polling worker, client sleeps at once", &spin0);
-    h.workers = None;
-
-    h.workers = Some(Workers::start(&h.queue, &h.memnode, 1, false));
-    measure("attached, worker parked on the queue", &h.client());
+    println!("one thread, GET of a 100-byte value, {SAMPLES} samples, {:?} CPUs", std::thread::available_parallelism());
+    for daemon_spin in [Duration::from_micros(20), Duration::ZERO] {
+        let mut h = Harness::with(1024, 0, AttachOptions { spin: daemon_spin, ..AttachOptions::default() });
+        if daemon_spin > Duration::ZERO {
+            measure("embedded (shm)", &h.embedded());
+        }
+        for polling in [false, true] {
+            h.workers = None;
+            h.workers = Some(Workers::start(&h.queue, &h.memnode, 1, polling));
+            for client_spin in [Duration::from_micros(50), Duration::ZERO] {
+                let client = Client::builder().attach(&h.socket).attach_spin(client_spin).connect().unwrap();
+                let label = format!(
+                    "attached: worker {}, client spin {client_spin:?}, daemon spin {daemon_spin:?}",
+                    if polling { "polls" } else { "parks" }
+                );
+                measure(&label, &client);
+            }
+        }
+    }
 }
