@@ -144,12 +144,18 @@ impl Cluster {
             .iter()
             .map(|m| VirtualConnection::new(&m.pool, self.options.upgrade, &self.upgrader))
             .collect();
-        let clients = self
+        let mut clients: Vec<TableClient> = self
             .memnodes
             .iter()
             .zip(&vconns)
             .map(|(m, vc)| m.table.client(Arc::clone(vc) as Arc<dyn Connection>))
             .collect();
+        for (c, m) in clients.iter_mut().zip(&self.memnodes) {
+            // Everything pre-initialized, down to the first heap chunk.
+            if let Err(e) = c.prepare() {
+                tracing::warn!(memnode = %m.label, "could not fetch a chunk for a ready session: {e}");
+            }
+        }
         Session::new(WorkerShards { cluster: Arc::clone(self), clients, vconns })
     }
 
@@ -164,7 +170,11 @@ impl Cluster {
                 self.build_session()
             }
         };
-        self.refill_wanted.1.notify_one();
+        // Wake the refiller only when the queue runs low: a wake-up is a system call, and
+        // attach must not make one.
+        if self.ready.len() < self.options.ready_sessions / 2 {
+            self.refill_wanted.1.notify_one();
+        }
         METRICS.attaches.inc();
         METRICS.attach_seconds.observe(started.elapsed().as_secs_f64());
         Attached { session: Some(session), cluster: Arc::clone(self) }

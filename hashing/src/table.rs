@@ -549,6 +549,12 @@ impl TableClient {
         self.end(5, sample, result, |&d| d)
     }
 
+    /// Gets ready ahead of need: fetches a heap chunk now, so the first write makes no
+    /// allocation RPC.
+    pub fn prepare(&mut self) -> Result<(), Error> {
+        self.alloc.reserve()
+    }
+
     /// The memnode's table statistics (an RPC on this client's connection). Sends this
     /// client's pending item-count change first.
     pub fn table_stats(&mut self) -> Result<crate::TableStats, Error> {
