@@ -239,6 +239,11 @@ impl Drop for Attached {
         if let Some(mut session) = self.session.take() {
             // Leaving workers give up dedicated connections; the next one earns its own.
             session.shards_mut().downgrade();
+            // Publish item-count changes the session still holds (one FAA, only if any),
+            // so DBSIZE does not wait for this session's next user.
+            if let Err(e) = session.flush() {
+                tracing::debug!("flushing a returning session's item count failed: {e}");
+            }
             let _ = self.cluster.ready.push(session);
         }
     }
