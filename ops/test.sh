@@ -42,6 +42,8 @@ fi
 step "verbs suites in the Soft-RoCE VM"
 ops/vm/run-cargo-tests.sh -p racekv-transport -p racekv-hashing -p racekv \
     --features racekv-transport/rdma,racekv-hashing/rdma,racekv/rdma -- --test-threads=1
+# The computenode's pool over verbs (its other suites need redis-tools, which the VM lacks).
+ops/vm/run-cargo-tests.sh -p racekv-computenode --features racekv-computenode/rdma --test verbs_pool
 
 step "fuzzing (60 s per target)"
 command -v cargo-fuzz > /dev/null || cargo install --locked cargo-fuzz

@@ -156,6 +156,13 @@ pub trait Connection: Send + Sync {
     fn instance(&self) -> u64;
     /// False once the connection is known to be unusable.
     fn is_healthy(&self) -> bool;
+    /// Sends `batch` without the local checks, so the remote side's own checks (and, on a
+    /// NIC, a queue pair going to the error state) can be provoked: fault injection for
+    /// tests. Backends that check nothing locally beyond `execute` just run `execute`.
+    #[doc(hidden)]
+    fn execute_unchecked(&self, batch: &mut Batch) -> Result<(), TransportError> {
+        self.execute(batch)
+    }
 }
 
 /// Connects to `endpoint` with the backend its scheme names.

@@ -155,4 +155,8 @@ impl Connection for TcpConnection {
     fn is_healthy(&self) -> bool {
         !self.mux.is_broken()
     }
+
+    fn execute_unchecked(&self, batch: &mut Batch) -> Result<(), TransportError> {
+        TcpConnection::execute_unchecked(self, batch)
+    }
 }

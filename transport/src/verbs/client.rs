@@ -605,4 +605,8 @@ impl Connection for VerbsConnection {
     fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::Acquire) && !self.control_lost.load(Ordering::Acquire) && !self.mux.is_broken()
     }
+
+    fn execute_unchecked(&self, batch: &mut Batch) -> Result<(), TransportError> {
+        VerbsConnection::execute_unchecked(self, batch)
+    }
 }
