@@ -1,5 +1,6 @@
 //! `racekv`: run a local cluster, read and write keys, inspect a cluster, run benchmarks.
 
+mod doctor;
 mod up;
 
 use std::io::Write;
@@ -55,6 +56,8 @@ enum Command {
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(Bench),
+    /// Check this host for RDMA devices, ports and GIDs, the memlock limit and huge pages.
+    Doctor,
 }
 
 #[derive(Debug, Subcommand)]
@@ -107,6 +110,7 @@ fn main() -> anyhow::Result<()> {
     racekv_telemetry::init_logging();
     match Cli::parse().command {
         Command::Up(args) => up::run(args),
+        Command::Doctor => doctor::run(),
         Command::Get { key, target } => match target.client()?.get(key.as_bytes())? {
             Some(value) => {
                 std::io::stdout().write_all(&value)?;
