@@ -109,8 +109,7 @@ fn huge_pages(findings: &mut Vec<Finding>) {
 
 fn shared_memory(findings: &mut Vec<Finding>) {
     match nix::sys::statvfs::statvfs("/dev/shm") {
-        Ok(s) => findings
-            .push(ok(format!("/dev/shm: {} MiB free", s.blocks_available() as u64 * s.fragment_size() as u64 >> 20))),
+        Ok(s) => findings.push(ok(format!("/dev/shm: {} MiB free", (s.blocks_available() * s.fragment_size()) >> 20))),
         Err(e) => findings.push(warn(format!("/dev/shm: {e}"), "mount a tmpfs on /dev/shm for same-host tools")),
     }
 }
