@@ -71,7 +71,7 @@ impl Connection for TornReads {
                     0
                 }
                 OpKind::Write => {
-                    one.write(op.offset, &batch.write_payload(i).to_vec());
+                    one.write(op.offset, batch.write_payload(i));
                     self.inner.execute(&mut one)?;
                     0
                 }
