@@ -57,7 +57,12 @@ fn open_live(
 }
 
 impl Memnode {
-    fn connect(endpoint: Endpoint, connect: ConnectOptions, table_options: TableOptions, connections: usize) -> Result<Self, ClientError> {
+    fn connect(
+        endpoint: Endpoint,
+        connect: ConnectOptions,
+        table_options: TableOptions,
+        connections: usize,
+    ) -> Result<Self, ClientError> {
         let label = endpoint.to_string();
         let (live, node_id) = open_live(&endpoint, &label, &connect, table_options, connections, 0)?;
         Ok(Self {
@@ -91,7 +96,14 @@ impl Memnode {
             }
             *last = Some(Instant::now());
         }
-        match open_live(&self.endpoint, &self.label, &self.connect, self.table_options, self.connections, failed_generation + 1) {
+        match open_live(
+            &self.endpoint,
+            &self.label,
+            &self.connect,
+            self.table_options,
+            self.connections,
+            failed_generation + 1,
+        ) {
             Ok((live, node_id)) if node_id == self.node_id => {
                 *self.live.write() = live;
                 tracing::info!(memnode = %self.label, "reconnected");
@@ -115,7 +127,12 @@ pub(crate) struct Cluster {
 }
 
 impl Cluster {
-    pub(crate) fn connect(endpoints: &[String], connect: ConnectOptions, table_options: TableOptions, connections: usize) -> Result<Arc<Self>, ClientError> {
+    pub(crate) fn connect(
+        endpoints: &[String],
+        connect: ConnectOptions,
+        table_options: TableOptions,
+        connections: usize,
+    ) -> Result<Arc<Self>, ClientError> {
         if endpoints.is_empty() {
             return Err(ClientError::Config("no memnode endpoints given".into()));
         }
@@ -139,7 +156,10 @@ impl Cluster {
     /// Runs `f` on a pooled session.
     pub(crate) fn with<R>(self: &Arc<Self>, f: impl FnOnce(&mut Session<EmbeddedShards>) -> R) -> R {
         let mut session = self.idle.lock().pop().unwrap_or_else(|| {
-            Session::new(EmbeddedShards { cluster: Arc::clone(self), parts: (0..self.memnodes.len()).map(|_| None).collect() })
+            Session::new(EmbeddedShards {
+                cluster: Arc::clone(self),
+                parts: (0..self.memnodes.len()).map(|_| None).collect(),
+            })
         });
         let result = f(&mut session);
         self.idle.lock().push(session);

@@ -143,7 +143,12 @@ impl Client {
 
     /// Atomically sets `key` to `new` (None removes it) if its value is `expected` (None:
     /// absent). Returns whether it did.
-    pub fn compare_and_swap(&self, key: &[u8], expected: Option<&[u8]>, new: Option<&[u8]>) -> Result<bool, ClientError> {
+    pub fn compare_and_swap(
+        &self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<bool, ClientError> {
         self.cluster.with(|s| s.compare_and_swap(key, expected, new))
     }
 

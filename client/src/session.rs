@@ -47,7 +47,11 @@ impl<S: Shards> Session<S> {
         &mut self.shards
     }
 
-    fn on<R>(&mut self, shard: usize, op: impl FnOnce(&mut TableClient) -> Result<R, racekv_hashing::Error>) -> Result<R, ClientError> {
+    fn on<R>(
+        &mut self,
+        shard: usize,
+        op: impl FnOnce(&mut TableClient) -> Result<R, racekv_hashing::Error>,
+    ) -> Result<R, ClientError> {
         let result = op(self.shards.client(shard)?);
         result.map_err(|e| {
             let transient = e.is_transient();
@@ -59,7 +63,11 @@ impl<S: Shards> Session<S> {
         })
     }
 
-    fn on_key<R>(&mut self, key: &[u8], op: impl FnOnce(&mut TableClient) -> Result<R, racekv_hashing::Error>) -> Result<R, ClientError> {
+    fn on_key<R>(
+        &mut self,
+        key: &[u8],
+        op: impl FnOnce(&mut TableClient) -> Result<R, racekv_hashing::Error>,
+    ) -> Result<R, ClientError> {
         let shard = self.shards.route(key);
         self.on(shard, op)
     }
@@ -91,7 +99,12 @@ impl<S: Shards> Session<S> {
     }
 
     /// Sets `key` to `new` (None removes it) if its value is `expected` (None: absent).
-    pub fn compare_and_swap(&mut self, key: &[u8], expected: Option<&[u8]>, new: Option<&[u8]>) -> Result<bool, ClientError> {
+    pub fn compare_and_swap(
+        &mut self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<bool, ClientError> {
         self.on_key(key, |c| c.compare_and_swap(key, expected, new))
     }
 

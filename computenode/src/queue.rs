@@ -48,11 +48,17 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     Metrics {
         depth: register(IntGauge::new("racekv_computenode_queue_depth", "Requests waiting for a worker").unwrap()),
         submitted: register(IntCounter::new("racekv_computenode_queue_submitted_total", "Requests queued").unwrap()),
-        refused: register(IntCounter::new("racekv_computenode_queue_refused_total", "Requests refused because the queue was full").unwrap()),
+        refused: register(
+            IntCounter::new("racekv_computenode_queue_refused_total", "Requests refused because the queue was full")
+                .unwrap(),
+        ),
         wait_seconds: register(
             Histogram::with_opts(
-                HistogramOpts::new("racekv_computenode_queue_wait_seconds", "Time requests waited in the queue for a worker")
-                    .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
+                HistogramOpts::new(
+                    "racekv_computenode_queue_wait_seconds",
+                    "Time requests waited in the queue for a worker",
+                )
+                .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
             )
             .unwrap(),
         ),
