@@ -7,6 +7,7 @@ set -euo pipefail
 packages=(
     redis-server redis-tools prometheus curl python3 ca-certificates
     libibverbs-dev librdmacm-dev libclang-dev pkg-config
+    libfontconfig1-dev fonts-dejavu-core
     qemu-system-x86 debootstrap e2fsprogs
 )
 

@@ -6,7 +6,7 @@ use std::io::Write;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use racekv_bench::{churn, loadfactor, ops};
+use racekv_bench::{churn, loadfactor, ops, rpc};
 use racekv_client::Client;
 
 /// racekv: a disaggregated key-value store (RACE hashing over one-sided operations).
@@ -61,6 +61,8 @@ enum Bench {
     Loadfactor(loadfactor::LoadFactorArgs),
     /// Heap bytes before and after many updates of a fixed key set.
     Churn(churn::ChurnArgs),
+    /// RPC: per-thread, lock-shared and FLOCK-coalescing connections; writes a PNG plot.
+    Rpc(rpc::RpcArgs),
 }
 
 /// Which cluster to talk to.
@@ -122,6 +124,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(Bench::Ops(args)) => print(&ops::run(&args)?, args.json),
         Command::Bench(Bench::Loadfactor(args)) => print(&loadfactor::run(&args)?, args.json),
         Command::Bench(Bench::Churn(args)) => print(&churn::run(&args)?, args.json),
+        Command::Bench(Bench::Rpc(args)) => print(&rpc::run(&args)?, args.json),
     }
 }
 

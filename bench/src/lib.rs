@@ -6,6 +6,7 @@
 //!   can reach on this machine).
 //! * [`loadfactor`]: how full one subtable gets before the first split.
 //! * [`churn`]: heap bytes before and after many updates of a fixed key set.
+//! * [`rpc`]: RPC with per-thread, lock-shared and FLOCK-coalescing connections.
 
 pub mod churn;
 pub mod cluster;
@@ -13,3 +14,4 @@ pub mod loadfactor;
 pub mod membaseline;
 pub mod ops;
 pub mod report;
+pub mod rpc;

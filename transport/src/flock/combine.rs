@@ -29,6 +29,9 @@ const SERVED: u8 = 2;
 
 /// Spins before parking (a leader usually finishes within a microsecond or two).
 const SPINS: u32 = 64;
+/// How long an answered follower sleeps between looks at its node (the leader is about to
+/// publish it and does not wake it).
+const ANSWERED_SLICE: Duration = Duration::from_micros(50);
 /// Backstop for a missed unpark (never expected).
 const PARK_SLICE: Duration = Duration::from_millis(20);
 
@@ -77,6 +80,8 @@ pub(crate) enum Joined<'a, T> {
 pub(crate) struct Leader<'a, T> {
     queue: &'a Queue<T>,
     taken: Vec<*const Node<T>>,
+    /// The first taken node is the leader's own (not waiting) rather than a follower's.
+    own_first: bool,
 }
 
 impl<T: Send> Default for Queue<T> {
@@ -108,13 +113,15 @@ impl<T: Send> Queue<T> {
                     spins += 1;
                     std::hint::spin_loop();
                 } else if answered(&node.item) {
-                    std::thread::yield_now();
+                    // The leader publishes within microseconds; sleep briefly rather than
+                    // keep a runnable thread yielding on a busy core.
+                    std::thread::park_timeout(ANSWERED_SLICE);
                 } else {
                     std::thread::park_timeout(PARK_SLICE);
                 }
             }
         }
-        Joined::Leader(Leader { queue: self, taken: vec![me] })
+        Joined::Leader(Leader { queue: self, taken: vec![me], own_first: true })
     }
 }
 
@@ -149,29 +156,63 @@ impl<'a, T: Send> Leader<'a, T> {
         self.taken.len()
     }
 
-    /// Publishes every taken follower as served and passes leadership on. `wake` says
-    /// whether served followers must be woken now (they must when their request failed to
-    /// go out; a sent request's owner is woken by whoever delivers its response).
-    pub fn finish(self, wake: bool) {
-        let last = *self.taken.last().expect("own node") as *mut Node<T>;
-        // Find the successor before anyone taken may leave (their nodes hold the chain).
-        // SAFETY: `last` is valid until published below.
-        let mut successor = unsafe { (*last).next.load(Ordering::Acquire) };
-        if successor.is_null()
-            && self.queue.tail.compare_exchange(last, ptr::null_mut(), Ordering::AcqRel, Ordering::Acquire).is_err()
-        {
-            // Someone swapped in behind `last` and is linking: wait for the link.
-            loop {
-                // SAFETY: as above.
-                successor = unsafe { (*last).next.load(Ordering::Acquire) };
-                if !successor.is_null() {
-                    break;
-                }
+    /// After a batch went out: if nobody queued behind it, releases the queue and returns
+    /// false (nothing more to do). Otherwise publishes the batch's followers as served and
+    /// takes the first queued node as the start of a new batch, which this (already
+    /// running) thread sends too: leadership stays with a running thread instead of waiting
+    /// for a parked successor to be scheduled.
+    pub fn advance(&mut self) -> bool {
+        // Let threads that were just woken (by responses) run and queue up behind us first:
+        // with more threads than cores they are runnable but not running, and the next
+        // batch is only as large as the queue.
+        std::thread::yield_now();
+        let Some(successor) = self.successor() else {
+            self.publish(false);
+            self.taken.clear();
+            return false;
+        };
+        self.publish(false);
+        self.taken.clear();
+        self.taken.push(successor);
+        self.own_first = false;
+        true
+    }
+
+    /// The node queued right behind the last taken one, or `None` after releasing the queue
+    /// (the tail was the last taken node).
+    fn successor(&self) -> Option<*mut Node<T>> {
+        let last = *self.taken.last()? as *mut Node<T>;
+        // SAFETY: `last` is valid until published.
+        let successor = unsafe { (*last).next.load(Ordering::Acquire) };
+        if !successor.is_null() {
+            return Some(successor);
+        }
+        if self.queue.tail.compare_exchange(last, ptr::null_mut(), Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            return None;
+        }
+        // Someone swapped in behind `last` and is linking: wait for the link. That thread
+        // may have been preempted between its swap and its store (more threads than cores),
+        // so yield the CPU after a short spin rather than burn our time slice.
+        let mut spins = 0u32;
+        loop {
+            // SAFETY: as above.
+            let successor = unsafe { (*last).next.load(Ordering::Acquire) };
+            if !successor.is_null() {
+                return Some(successor);
+            }
+            spins += 1;
+            if spins < SPINS {
                 std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
             }
         }
-        // Followers first (index 0 is the leader itself, which is not waiting).
-        for &node in &self.taken[1..] {
+    }
+
+    /// Marks the taken followers served (their owners may leave once they see it).
+    fn publish(&self, wake: bool) {
+        let followers = if self.own_first { &self.taken[1..] } else { &self.taken[..] };
+        for &node in followers {
             // SAFETY: waiting and valid until this store; we touch nothing after it except
             // the thread handle we cloned before.
             let thread = wake.then(|| unsafe { (*node).thread.clone() });
@@ -180,7 +221,19 @@ impl<'a, T: Send> Leader<'a, T> {
                 t.unpark();
             }
         }
-        if !successor.is_null() {
+    }
+
+    /// Publishes every taken follower as served and passes leadership on. `wake` says
+    /// whether served followers must be woken now (they must when their request failed to
+    /// go out; a sent request's owner is woken by whoever delivers its response).
+    pub fn finish(self, wake: bool) {
+        if self.taken.is_empty() {
+            return;
+        }
+        // Find the successor before anyone taken may leave (their nodes hold the chain).
+        let successor = self.successor();
+        self.publish(wake);
+        if let Some(successor) = successor {
             // SAFETY: the successor waits for exactly this store.
             let thread = unsafe { (*successor).thread.clone() };
             unsafe { (*successor).state.store(LEADER, Ordering::Release) };

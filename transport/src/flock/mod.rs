@@ -150,3 +150,10 @@ impl Channel {
         self.sender.lock().as_ref().map_or(0, |s| s.active_lanes())
     }
 }
+
+/// Messages and requests this process's senders have sent so far (from the
+/// `racekv_flock_*_total` counters): their ratio over an interval is the coalescing degree.
+pub fn sender_totals() -> (u64, u64) {
+    let m = &metrics::METRICS;
+    (m.messages.with_label_values(&["sent"]).get(), m.requests.with_label_values(&["sent"]).get())
+}

@@ -105,9 +105,10 @@ pub(crate) fn serve_lane(carrier: &mut dyn ServerCarrier, cx: &LaneContext<'_>) 
             let result = cx.rpc.call(entry.rpc, data);
             let ok = result.is_ok();
             crate::server::record_rpc(name, ok, method_started.elapsed());
+            let fits = |len: usize| len <= crate::wire::MAX_RPC_BYTES && message::message_len(1, len) <= max;
             let (status, payload) = match &result {
-                Ok(response) if response.len() <= crate::wire::MAX_RPC_BYTES => (0, &response[..]),
-                Ok(_) => (crate::RpcStatus::FAILED, &b"response exceeds the rpc size limit"[..]),
+                Ok(response) if fits(response.len()) => (0, &response[..]),
+                Ok(_) => (crate::RpcStatus::FAILED, &b"response exceeds the rpc size limit of this lane"[..]),
                 Err(status) => (status.code.max(1), status.message.as_bytes()),
             };
             if builder.count() > 0 && builder.len_with(payload.len()) > max {

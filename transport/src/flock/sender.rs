@@ -31,10 +31,12 @@ use crate::error::{RpcStatus, TransportError};
 
 /// Longest a waiter sleeps before looking at the reader role again on its own (a backstop:
 /// hand-offs wake it at once).
-const WAIT_SLICE: Duration = Duration::from_millis(10);
+const WAIT_SLICE: Duration = Duration::from_millis(2);
 /// How long a caller without credits reads or sleeps before looking again.
 const CREDIT_SLICE: Duration = Duration::from_millis(1);
 const MAX_BACKOFF: Duration = Duration::from_millis(50);
+/// Most messages one leader sends before handing leadership on.
+const LEAD_ROUNDS: usize = 8;
 
 /// What one lane's setup produced.
 pub(crate) struct LaneSetup {
@@ -54,6 +56,9 @@ enum Outcome {
 
 struct Waiter {
     done: AtomicBool,
+    /// Its request is out and its caller waits in `await_response` (where it takes the
+    /// reader role when woken), so a hand-off to it is never lost.
+    ready: AtomicBool,
     result: Mutex<Option<Outcome>>,
     seq: AtomicU32,
     slot: u16,
@@ -205,12 +210,20 @@ impl Sender {
 
     /// One RPC.
     pub fn call(&self, method: u16, request: &[u8]) -> Result<Vec<u8>, TransportError> {
+        let limit = self.lanes[0].carrier.max_message();
+        if message::message_len(1, request.len()) > limit {
+            return Err(TransportError::InvalidBatch(format!(
+                "rpc request of {} B does not fit this transport's rpc messages of {limit} B",
+                request.len()
+            )));
+        }
         let started = Instant::now();
         let deadline = started + self.timeout;
         let (slot, mapped) = self.mapping.on_call(request.len());
         let lane = self.acquire(mapped, method, deadline)?;
         let waiter = Arc::new(Waiter {
             done: AtomicBool::new(false),
+            ready: AtomicBool::new(false),
             result: Mutex::new(None),
             seq: AtomicU32::new(0),
             slot,
@@ -336,8 +349,24 @@ impl Sender {
         }
     }
 
-    /// As leader: coalesce, send one message, hand leadership on.
+    /// As leader: coalesce, send one message; while more requests queued up behind it, send
+    /// them too (up to [`LEAD_ROUNDS`] messages); then hand leadership on.
     fn lead(&self, lane: &Lane, mut leader: Leader<'_, Item>) {
+        for round in 0.. {
+            if let Err(e) = self.send_batch(lane, &mut leader) {
+                self.break_lane(lane, format!("sending failed: {e}"), "io");
+                leader.finish(true);
+                return;
+            }
+            if round + 1 >= LEAD_ROUNDS || !leader.advance() {
+                break;
+            }
+        }
+        leader.finish(false);
+    }
+
+    /// Collects behind the first taken node and sends the batch as one message.
+    fn send_batch(&self, lane: &Lane, leader: &mut Leader<'_, Item>) -> std::io::Result<()> {
         let max_bytes = lane.carrier.max_message();
         let first = leader.items().next().map_or(0, |i| i.payload().len());
         let mut bytes = message::message_len(1, first);
@@ -388,16 +417,11 @@ impl Sender {
         METRICS.degree.observe(f64::from(n));
         METRICS.messages.with_label_values(&["sent"]).inc();
         METRICS.requests.with_label_values(&["sent"]).inc_by(u64::from(n));
-        match result {
-            Ok(()) => leader.finish(false),
-            Err(e) => {
-                self.break_lane(lane, format!("sending failed: {e}"), "io");
-                leader.finish(true);
-            }
-        }
+        result
     }
 
     fn await_response(&self, lane: &Lane, waiter: &Arc<Waiter>, deadline: Instant) -> Result<Outcome, TransportError> {
+        waiter.ready.store(true, Ordering::Release);
         loop {
             if waiter.done.load(Ordering::Acquire) {
                 return Ok(waiter.result.lock().take().expect("a finished waiter has its outcome"));
@@ -454,8 +478,13 @@ impl Sender {
             }
         }
         drop(reader);
-        // Hand the role on: wake one waiter, which will take it.
-        let next = lane.pending.lock().values().next().map(|w| w.thread.clone());
+        // Hand the role on: wake one waiter that is ready to take it (one still queued
+        // behind a leader could not), or else any.
+        let next = {
+            let pending = lane.pending.lock();
+            let ready = pending.values().find(|w| w.ready.load(Ordering::Acquire));
+            ready.or_else(|| pending.values().next()).map(|w| w.thread.clone())
+        };
         if let Some(thread) = next {
             thread.unpark();
         }
