@@ -32,13 +32,12 @@
 //!   release store, the receiver polls for the canaries and, when idle, sleeps on a futex in
 //!   the shared page, so the only system call per message is the wake-up of a sleeping peer.
 //!   The socket stays open only to notice the peer going away.
-//! * **verbs** ([`verbs`], feature `rdma`): a lane is its own RC queue pair; each side
-//!   registers a ring, and a message is one RDMA WRITE into the receiver's ring, which the
-//!   receiver polls for the canaries (the NIC writes the trailing canary last). Credit
-//!   renewal travels as RDMA WRITE with immediate (to a zero-length target), so it consumes
-//!   a receive and raises a completion instead of contending with data in the ring, and the
-//!   grant comes back the same way. Sends are signaled selectively (one in
-//!   [`verbs::SIGNAL_EVERY`]), so the sender polls its CQ once per several messages.
+//! * **verbs** (planned, not built yet): a lane would be its own RC queue pair; each side
+//!   registers a ring and a message is one RDMA WRITE into the receiver's ring, polled for
+//!   the canaries like the shm ring ([`ring`] is written for both); credit renewals and
+//!   grants as RDMA WRITE with immediate so they raise a completion without contending with
+//!   the ring, and sends signaled selectively. Until then RPC on a verbs connection travels
+//!   as frames on its TCP control channel, as before.
 //!
 //! Large requests: a message holds up to [`message::MAX_MESSAGE_BYTES`], enough for one
 //! maximal RPC ([`crate::wire::MAX_RPC_BYTES`]); rings are sized for two such messages.
