@@ -7,7 +7,7 @@ use std::io::Write;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use racekv_bench::{attach, churn, loadfactor, ops, redis, spike};
+use racekv_bench::{attach, churn, loadfactor, ops, redis, rpc, spike};
 use racekv_client::Client;
 
 /// racekv: a disaggregated key-value store (RACE hashing over one-sided operations).
@@ -74,6 +74,8 @@ enum Bench {
     Spike(spike::SpikeArgs),
     /// GETs through the Redis front end vs a real redis-server, same redis-benchmark flags.
     Redis(redis::RedisArgs),
+    /// RPC: per-thread, lock-shared and FLOCK-coalescing connections; writes a PNG plot.
+    Rpc(rpc::RpcArgs),
 }
 
 /// Which cluster to talk to.
@@ -139,6 +141,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(Bench::Attach(args)) => print(&attach::run(&args)?, args.json),
         Command::Bench(Bench::Spike(args)) => print(&spike::run(&args)?, args.json),
         Command::Bench(Bench::Redis(args)) => print(&redis::run(&args)?, args.json),
+        Command::Bench(Bench::Rpc(args)) => print(&rpc::run(&args)?, args.json),
     }
 }
 

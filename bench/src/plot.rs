@@ -36,8 +36,23 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
 }
 
+/// How x values are labelled (e.g. `2^x` when x is a log2).
+pub type XFormat<'a> = &'a dyn Fn(&f64) -> String;
+
 /// Writes a line chart of `series` to `path` (PNG, 1200 x 700).
 pub fn line_chart(path: &Path, title: &str, x_label: &str, y_label: &str, series: &[Series]) -> anyhow::Result<()> {
+    line_chart_with(path, title, x_label, y_label, series, None)
+}
+
+/// Like [`line_chart`], with the x labels drawn by `x_format`.
+pub fn line_chart_with(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+    x_format: Option<XFormat<'_>>,
+) -> anyhow::Result<()> {
     register_font()?;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
@@ -56,10 +71,12 @@ pub fn line_chart(path: &Path, title: &str, x_label: &str, y_label: &str, series
         .y_label_area_size(90)
         .build_cartesian_2d(x_min..x_max, 0.0..y_max.max(1.0))
         .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let plain = |x: &f64| format!("{x}");
     chart
         .configure_mesh()
         .x_desc(x_label)
         .y_desc(y_label)
+        .x_label_formatter(x_format.unwrap_or(&plain))
         .label_style(("sans-serif", 16))
         .draw()
         .map_err(|e| anyhow::anyhow!("{e}"))?;
