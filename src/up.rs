@@ -27,6 +27,9 @@ pub struct UpArgs {
     /// Port of the Redis front end.
     #[arg(long, default_value_t = 6380)]
     redis_port: u16,
+    /// Port of the remote-client front end (`racekv_client` in remote mode).
+    #[arg(long, default_value_t = 7410)]
+    remote_port: u16,
     /// Most worker threads the computenode may scale to.
     #[arg(long, default_value_t = 64)]
     max_workers: usize,
@@ -81,6 +84,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         memnodes: shm,
         token: args.token.clone(),
         redis_addr: Some(format!("127.0.0.1:{}", args.redis_port)),
+        remote_addr: Some(format!("127.0.0.1:{}", args.remote_port)),
         max_workers: args.max_workers,
         metrics_addr,
         ..ComputenodeConfig::default()

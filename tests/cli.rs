@@ -10,7 +10,7 @@ fn free_port() -> u16 {
 
 #[test]
 fn up_serves_redis_cli_and_the_cli_then_stops_on_ctrl_c() {
-    let (redis, memnode, metrics) = (free_port(), free_port(), free_port());
+    let (redis, memnode, metrics, remote) = (free_port(), free_port(), free_port(), free_port());
     let dir = tempfile::tempdir().unwrap();
     let mut up = Command::new(env!("CARGO_BIN_EXE_racekv"))
         .args([
@@ -22,7 +22,7 @@ fn up_serves_redis_cli_and_the_cli_then_stops_on_ctrl_c() {
             "--base-port",
             &memnode.to_string(),
         ])
-        .args(["--metrics-addr", &format!("127.0.0.1:{metrics}")])
+        .args(["--metrics-addr", &format!("127.0.0.1:{metrics}"), "--remote-port", &remote.to_string()])
         .env("XDG_RUNTIME_DIR", dir.path())
         .env("RACEKV_LOG", "warn")
         .stdout(Stdio::piped())

@@ -127,6 +127,7 @@ fn through_a_computenode(kind: TransportKind) {
         memnodes: vec![m.endpoints()[0].to_string()],
         token: TOKEN.into(),
         redis_addr: None,
+        remote_addr: None,
         metrics_addr: None,
         ..Default::default()
     })

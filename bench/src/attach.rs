@@ -66,6 +66,7 @@ pub fn run(args: &AttachArgs) -> anyhow::Result<AttachReport> {
         memnodes: vec![endpoint.clone()],
         token: "bench-attach".into(),
         redis_addr: None,
+        remote_addr: None,
         metrics_addr: None,
         ready_sessions: 64,
         ..ComputenodeConfig::default()

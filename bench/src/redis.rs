@@ -144,6 +144,7 @@ pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
         memnodes: vec![memnode.endpoint().to_string()],
         token: "bench-redis".into(),
         redis_addr: Some("127.0.0.1:0".into()),
+        remote_addr: None,
         metrics_addr: None,
         ..ComputenodeConfig::default()
     })?;

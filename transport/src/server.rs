@@ -296,6 +296,8 @@ fn accept_verbs(host: &VerbsHost, _client: &wire::QpInfo, _out: &mut Vec<u8>) ->
 
 struct Shared {
     region: Arc<Region>,
+    /// An RPC-only server (see [`RegionServer::serve_rpc`]): no region to serve.
+    rpc_only: bool,
     region_file: Option<File>,
     /// The region's registration with the NIC, when a `verbs:` endpoint is served.
     verbs: Option<VerbsHost>,
@@ -335,6 +337,31 @@ impl RegionServer {
         options: ServerOptions,
         listen: &[Endpoint],
     ) -> io::Result<Self> {
+        Self::start_inner(region, region_file, rpc, options, listen, false)
+    }
+
+    /// Serves only RPCs (FLOCK lanes and RPC frames), on tcp endpoints, with no region: for
+    /// request/response services between tiers, such as a computenode's remote clients.
+    /// One-sided batches are refused; hello reports a region of 0 bytes.
+    pub fn serve_rpc(rpc: Arc<dyn RpcService>, options: ServerOptions, listen: &[Endpoint]) -> io::Result<Self> {
+        if let Some(other) = listen.iter().find(|e| !matches!(e, Endpoint::Tcp(_))) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("an RPC-only server listens on tcp endpoints, not {other}"),
+            ));
+        }
+        let placeholder = Arc::new(Region::anonymous(crate::region::REGION_ALIGN_BYTES)?);
+        Self::start_inner(placeholder, None, rpc, options, listen, true)
+    }
+
+    fn start_inner(
+        region: Arc<Region>,
+        region_file: Option<File>,
+        rpc: Arc<dyn RpcService>,
+        options: ServerOptions,
+        listen: &[Endpoint],
+        rpc_only: bool,
+    ) -> io::Result<Self> {
         // Export every series from the start, at zero, so dashboards and alerts see them.
         for reason in ["malformed", "auth", "io", "hello_timeout"] {
             METRICS.frame_errors.with_label_values(&[reason]);
@@ -349,6 +376,7 @@ impl RegionServer {
         }
         let shared = Arc::new(Shared {
             region,
+            rpc_only,
             region_file,
             verbs,
             rpc,
@@ -617,7 +645,11 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
                 let flags = if send_fd { wire::HELLO_FLAG_REGION_FD } else { 0 };
                 wire::encode_hello_ok(
                     &mut out,
-                    &wire::HelloOk { region_len: shared.region.len(), instance: shared.instance, flags },
+                    &wire::HelloOk {
+                        region_len: if shared.rpc_only { 0 } else { shared.region.len() },
+                        instance: shared.instance,
+                        flags,
+                    },
                 );
                 let sent = match (&shared.region_file, send_fd) {
                     (Some(file), true) => stream.send_with_fd(&out, file.as_fd()),
@@ -633,6 +665,16 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
                     header.request_id,
                     error_code::MALFORMED,
                     "the first frame must be hello",
+                    "malformed",
+                );
+            }
+            (Kind::Batch, true) if shared.rpc_only => {
+                return refuse(
+                    &mut stream,
+                    &mut out,
+                    header.request_id,
+                    error_code::UNSUPPORTED,
+                    "this server answers RPCs only: it has no region for one-sided operations",
                     "malformed",
                 );
             }
