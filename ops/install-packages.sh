@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(
-    redis-server redis-tools prometheus curl python3 ca-certificates
+    redis-server redis-tools prometheus curl python3 ca-certificates fonts-dejavu-core
     libibverbs-dev librdmacm-dev libclang-dev pkg-config
     qemu-system-x86 debootstrap e2fsprogs
 )

@@ -42,12 +42,14 @@ fi
 step "verbs suites in the Soft-RoCE VM"
 ops/vm/run-cargo-tests.sh -p racekv-transport -p racekv-hashing -p racekv \
     --features racekv-transport/rdma,racekv-hashing/rdma,racekv/rdma -- --test-threads=1
+# The computenode's pool over verbs (its other suites need redis-tools, which the VM lacks).
+ops/vm/run-cargo-tests.sh -p racekv-computenode --features racekv-computenode/rdma --test verbs_pool
 
 step "fuzzing (60 s per target)"
 command -v cargo-fuzz > /dev/null || cargo install --locked cargo-fuzz
 (
     cd fuzz
-    for target in wire_frames table_structures attach_ring resp_parser; do
+    for target in wire_frames table_structures flock_messages attach_ring resp_parser; do
         extra=()
         [[ $target == resp_parser ]] && extra=(-dict=resp.dict -max_len=4096)
         RUSTC_BOOTSTRAP=1 cargo fuzz run "$target" -- -max_total_time=60 "${extra[@]}" 2>&1 | tail -3

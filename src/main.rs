@@ -1,12 +1,13 @@
 //! `racekv`: run a local cluster, read and write keys, inspect a cluster, run benchmarks.
 
+mod doctor;
 mod up;
 
 use std::io::Write;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use racekv_bench::{churn, loadfactor, ops};
+use racekv_bench::{attach, churn, loadfactor, ops, redis, rpc, spike};
 use racekv_client::Client;
 
 /// racekv: a disaggregated key-value store (RACE hashing over one-sided operations).
@@ -40,10 +41,14 @@ enum Command {
         #[command(flatten)]
         target: Target,
     },
-    /// Show each memnode's capacity, use and load factor.
+    /// Show each memnode's capacity, use and load factor, and the computenode's workers and
+    /// connections.
     Status {
         #[command(flatten)]
         target: Target,
+        /// The computenode's metrics address (its JSON /status), or `none`.
+        #[arg(long, env = "RACEKV_COMPUTENODE_STATUS", default_value = "127.0.0.1:9400")]
+        computenode: String,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -51,6 +56,8 @@ enum Command {
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(Bench),
+    /// Check this host for RDMA devices, ports and GIDs, the memlock limit and huge pages.
+    Doctor,
 }
 
 #[derive(Debug, Subcommand)]
@@ -61,6 +68,14 @@ enum Bench {
     Loadfactor(loadfactor::LoadFactorArgs),
     /// Heap bytes before and after many updates of a fixed key set.
     Churn(churn::ChurnArgs),
+    /// Attach latency vs a worker building its own connections.
+    Attach(attach::AttachArgs),
+    /// KRCORE's load spike: bootstrap of N-1 new workers, virtualized vs fresh (writes a PNG).
+    Spike(spike::SpikeArgs),
+    /// GETs through the Redis front end vs a real redis-server, same redis-benchmark flags.
+    Redis(redis::RedisArgs),
+    /// RPC: per-thread, lock-shared and FLOCK-coalescing connections; writes a PNG plot.
+    Rpc(rpc::RpcArgs),
 }
 
 /// Which cluster to talk to.
@@ -97,6 +112,7 @@ fn main() -> anyhow::Result<()> {
     racekv_telemetry::init_logging();
     match Cli::parse().command {
         Command::Up(args) => up::run(args),
+        Command::Doctor => doctor::run(),
         Command::Get { key, target } => match target.client()?.get(key.as_bytes())? {
             Some(value) => {
                 std::io::stdout().write_all(&value)?;
@@ -118,24 +134,44 @@ fn main() -> anyhow::Result<()> {
             println!("{}", if existed { "deleted" } else { "(not found)" });
             Ok(())
         }
-        Command::Status { target, json } => status(&target.client()?, json),
+        Command::Status { target, json, computenode } => status(&target.client()?, &computenode, json),
         Command::Bench(Bench::Ops(args)) => print(&ops::run(&args)?, args.json),
         Command::Bench(Bench::Loadfactor(args)) => print(&loadfactor::run(&args)?, args.json),
         Command::Bench(Bench::Churn(args)) => print(&churn::run(&args)?, args.json),
+        Command::Bench(Bench::Attach(args)) => print(&attach::run(&args)?, args.json),
+        Command::Bench(Bench::Spike(args)) => print(&spike::run(&args)?, args.json),
+        Command::Bench(Bench::Redis(args)) => print(&redis::run(&args)?, args.json),
+        Command::Bench(Bench::Rpc(args)) => print(&rpc::run(&args)?, args.json),
     }
 }
 
-fn status(client: &Client, json: bool) -> anyhow::Result<()> {
+/// The computenode's `/status` document, if it answers.
+fn computenode_status(addr: &str) -> Option<serde_json::Value> {
+    use std::io::{Read, Write};
+    if addr == "none" {
+        return None;
+    }
+    let addr: std::net::SocketAddr = addr.parse().ok()?;
+    let mut s = std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(1)).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(2))).ok()?;
+    s.write_all(b"GET /status HTTP/1.0\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    serde_json::from_str(text.split("\r\n\r\n").nth(1)?).ok()
+}
+
+fn status(client: &Client, computenode: &str, json: bool) -> anyhow::Result<()> {
     let stats = client.stats();
+    let node = computenode_status(computenode);
     if json {
-        let value: Vec<_> = stats
+        let memnodes: Vec<_> = stats
             .iter()
             .map(|(ep, s)| match s {
                 Ok(s) => serde_json::json!({"memnode": ep, "stats": s}),
                 Err(e) => serde_json::json!({"memnode": ep, "error": e.to_string()}),
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&value)?);
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"memnodes": memnodes, "computenode": node}))?);
         return Ok(());
     }
     println!("{:<34} {:>12} {:>12} {:>10} {:>8} {:>6}", "MEMNODE", "REGION", "HEAP USED", "KEYS", "LOAD", "DEPTH");
@@ -152,6 +188,29 @@ fn status(client: &Client, json: bool) -> anyhow::Result<()> {
             ),
             Err(e) => println!("{endpoint:<34} unavailable: {e}"),
         }
+    }
+    match node {
+        Some(n) => {
+            println!();
+            println!(
+                "computenode: {} worker(s), queue depth {}, {} ready session(s), Redis on {} ({} client(s))",
+                n["workers"],
+                n["queue_depth"],
+                n["ready_sessions"],
+                n["redis_addr"].as_str().unwrap_or("-"),
+                n["redis_clients"]
+            );
+            for m in n["memnodes"].as_array().into_iter().flatten() {
+                println!(
+                    "  -> {:<30} {}/{} connections healthy, {} chunk(s) prefetched",
+                    m["endpoint"].as_str().unwrap_or("?"),
+                    m["healthy_connections"],
+                    m["connections"],
+                    m["prefetched_chunks"]
+                );
+            }
+        }
+        None => println!("\ncomputenode: no status at {computenode} (not running, or elsewhere: --computenode ADDR)"),
     }
     Ok(())
 }

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
+use racekv_computenode::config::ComputenodeConfig;
+use racekv_computenode::Computenode;
 use racekv_memnode::bytes::parse_bytes;
 use racekv_memnode::{Memnode, MemnodeConfig};
 
@@ -22,7 +24,16 @@ pub struct UpArgs {
     /// First tcp port; memnode i listens on base + i.
     #[arg(long, default_value_t = 7400)]
     base_port: u16,
-    /// Prometheus endpoint (`none` to turn it off).
+    /// Port of the Redis front end.
+    #[arg(long, default_value_t = 6380)]
+    redis_port: u16,
+    /// Port of the remote-client front end (`racekv_client` in remote mode).
+    #[arg(long, default_value_t = 7410)]
+    remote_port: u16,
+    /// Most worker threads the computenode may scale to.
+    #[arg(long, default_value_t = 64)]
+    max_workers: usize,
+    /// Prometheus /metrics and JSON /status (`none` to turn it off).
     #[arg(long, default_value = "127.0.0.1:9400")]
     metrics_addr: String,
     /// The memnodes' shared secret.
@@ -60,35 +71,51 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
             data_file: args.data_dir.as_ref().map(|d| d.join(format!("memnode-{i}.region"))),
             listen_shm: Some(run_dir.join(format!("memnode-{i}.sock"))),
             listen_tcp: Some(format!("127.0.0.1:{}", args.base_port + i as u16)),
-            // One process, one registry: the first memnode serves everyone's metrics.
-            metrics_addr: if i == 0 { metrics_addr } else { None },
+            // One process, one registry: the computenode serves everyone's metrics.
+            metrics_addr: None,
             token: args.token.clone(),
             ..MemnodeConfig::default()
         };
         memnodes.push(Memnode::start(cfg).with_context(|| format!("starting memnode {i}"))?);
     }
-    let tcp: Vec<String> = memnodes
-        .iter()
-        .map(|m| m.endpoints().iter().find(|e| e.to_string().starts_with("tcp:")).unwrap().to_string())
-        .collect();
-    println!("racekv is up: {} memnode(s), {} each", memnodes.len(), human(args.region_bytes));
+    let shm: Vec<String> = memnodes.iter().map(|m| m.endpoints()[0].to_string()).collect();
+    let tcp: Vec<String> = memnodes.iter().map(|m| m.endpoints()[1].to_string()).collect();
+    let computenode = Computenode::start(ComputenodeConfig {
+        memnodes: shm,
+        token: args.token.clone(),
+        redis_addr: Some(format!("127.0.0.1:{}", args.redis_port)),
+        remote_addr: Some(format!("127.0.0.1:{}", args.remote_port)),
+        max_workers: args.max_workers,
+        metrics_addr,
+        ..ComputenodeConfig::default()
+    })
+    .context("starting the computenode")?;
+    println!("racekv is up: {} memnode(s) of {} each, 1 computenode", memnodes.len(), human(args.region_bytes));
     for (i, m) in memnodes.iter().enumerate() {
         let eps: Vec<String> = m.endpoints().iter().map(|e| e.to_string()).collect();
-        println!("  memnode {i}: {}", eps.join("  "));
+        println!("  memnode {i}:   {}", eps.join("  "));
     }
-    if let Some(addr) = metrics_addr {
-        println!("  metrics:   http://{addr}/metrics");
+    let redis = computenode.redis_addr().expect("configured");
+    println!(
+        "  computenode: Redis protocol on {redis}, {} worker(s) autoscaled up to {}",
+        computenode.status().workers,
+        args.max_workers
+    );
+    if let Some(addr) = computenode.metrics_addr() {
+        println!("  metrics:     http://{addr}/metrics   status: http://{addr}/status");
     }
     if let Some(dir) = &args.data_dir {
-        println!("  data:      {} (kept after Ctrl-C)", dir.display());
+        println!("  data:        {} (kept after Ctrl-C)", dir.display());
     }
     println!();
-    println!("try:  racekv --help, or from another shell:");
-    println!("      RACEKV_MEMNODES={} racekv put hello world", tcp.join(","));
-    println!("      RACEKV_MEMNODES={} racekv get hello", tcp.join(","));
+    println!("try, from another shell:");
+    println!("  redis-cli -p {} set greeting hello", redis.port());
+    println!("  redis-cli -p {} get greeting", redis.port());
+    println!("  RACEKV_MEMNODES={} racekv get greeting", tcp.join(","));
     println!("Ctrl-C stops the cluster.");
     let signal = signals.forever().next();
     println!("stopping (signal {signal:?})");
+    computenode.shutdown();
     for m in memnodes {
         m.shutdown()?;
     }

@@ -118,3 +118,57 @@ fn tcp_concurrent_upserts_during_splits() {
 fn verbs_concurrent_upserts_during_splits() {
     concurrent_upserts_during_splits(TransportKind::Verbs);
 }
+
+/// Through a computenode: its workers' attached sessions race splits with upserts.
+fn through_a_computenode(kind: TransportKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let m = memnode(kind, dir.path());
+    let node = racekv_computenode::Computenode::start(racekv_computenode::config::ComputenodeConfig {
+        memnodes: vec![m.endpoints()[0].to_string()],
+        token: TOKEN.into(),
+        redis_addr: None,
+        remote_addr: None,
+        metrics_addr: None,
+        ..Default::default()
+    })
+    .unwrap();
+    let written: Vec<Vec<(String, String)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|w| {
+                let node = &node;
+                s.spawn(move || {
+                    let mut session = node.attach();
+                    let mut last = std::collections::HashMap::new();
+                    for r in 0..300u32 {
+                        let fresh = format!("cn-fresh-{w}-{r}");
+                        session.put(fresh.as_bytes(), fresh.as_bytes()).unwrap();
+                        last.insert(fresh.clone(), fresh);
+                        let hot = format!("cn-hot-{w}-{}", r % 8);
+                        let value = format!("{r}");
+                        session.put(hot.as_bytes(), value.as_bytes()).unwrap();
+                        last.insert(hot, value);
+                    }
+                    last.into_iter().collect()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(m.stats().unwrap().global_depth >= 3, "the table should have split");
+    let mut session = node.attach();
+    for (key, value) in written.iter().flatten() {
+        assert_eq!(session.get(key.as_bytes()).unwrap().as_deref(), Some(value.as_bytes()), "{key}");
+    }
+    assert_eq!(session.len().unwrap(), written.iter().map(Vec::len).sum::<usize>() as u64);
+}
+
+#[test]
+fn tcp_through_a_computenode() {
+    through_a_computenode(TransportKind::Tcp);
+}
+
+#[cfg(feature = "rdma")]
+#[test]
+fn verbs_through_a_computenode() {
+    through_a_computenode(TransportKind::Verbs);
+}

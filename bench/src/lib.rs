@@ -6,10 +6,19 @@
 //!   can reach on this machine).
 //! * [`loadfactor`]: how full one subtable gets before the first split.
 //! * [`churn`]: heap bytes before and after many updates of a fixed key set.
+//! * [`attach`]: a worker's wait for a session: attach vs building its own connections.
+//! * [`spike`]: KRCORE's load spike: 1 -> N workers, throughput every 100 us (PNG plot).
+//! * [`redis`]: GETs through the Redis front end vs a real redis-server, same flags, same run.
+//! * [`rpc`]: RPC with per-thread, lock-shared and FLOCK-coalescing connections.
 
+pub mod attach;
 pub mod churn;
 pub mod cluster;
 pub mod loadfactor;
 pub mod membaseline;
 pub mod ops;
+pub mod plot;
+pub mod redis;
 pub mod report;
+pub mod rpc;
+pub mod spike;

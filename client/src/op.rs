@@ -24,6 +24,9 @@ use racekv_hashing::{PutMode, TableStats};
 
 use crate::error::ClientError;
 
+/// The RPC method a computenode's remote front end answers: the request/reply of this module.
+pub const REMOTE_METHOD: u16 = 0x4B56;
+
 /// Bytes a key or value may claim at most (the table's own limit is far lower; this bounds
 /// what a decoder will ever allocate for one field).
 pub const MAX_FIELD_BYTES: usize = 1 << 20;

@@ -144,12 +144,18 @@ impl Cluster {
             .iter()
             .map(|m| VirtualConnection::new(&m.pool, self.options.upgrade, &self.upgrader))
             .collect();
-        let clients = self
+        let mut clients: Vec<TableClient> = self
             .memnodes
             .iter()
             .zip(&vconns)
             .map(|(m, vc)| m.table.client(Arc::clone(vc) as Arc<dyn Connection>))
             .collect();
+        for (c, m) in clients.iter_mut().zip(&self.memnodes) {
+            // Everything pre-initialized, down to the first heap chunk.
+            if let Err(e) = c.prepare() {
+                tracing::warn!(memnode = %m.label, "could not fetch a chunk for a ready session: {e}");
+            }
+        }
         Session::new(WorkerShards { cluster: Arc::clone(self), clients, vconns })
     }
 
@@ -164,7 +170,11 @@ impl Cluster {
                 self.build_session()
             }
         };
-        self.refill_wanted.1.notify_one();
+        // Wake the refiller only when the queue runs low: a wake-up is a system call, and
+        // attach must not make one.
+        if self.ready.len() < self.options.ready_sessions / 2 {
+            self.refill_wanted.1.notify_one();
+        }
         METRICS.attaches.inc();
         METRICS.attach_seconds.observe(started.elapsed().as_secs_f64());
         Attached { session: Some(session), cluster: Arc::clone(self) }
@@ -229,6 +239,11 @@ impl Drop for Attached {
         if let Some(mut session) = self.session.take() {
             // Leaving workers give up dedicated connections; the next one earns its own.
             session.shards_mut().downgrade();
+            // Publish item-count changes the session still holds (one FAA, only if any),
+            // so DBSIZE does not wait for this session's next user.
+            if let Err(e) = session.flush() {
+                tracing::debug!("flushing a returning session's item count failed: {e}");
+            }
             let _ = self.cluster.ready.push(session);
         }
     }

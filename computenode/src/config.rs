@@ -44,6 +44,9 @@ pub struct ComputenodeConfig {
     /// Redis (RESP2) front end address; unset turns it off.
     pub redis_addr: Option<String>,
     pub redis_max_clients: usize,
+    /// host:port for remote clients (the request/reply model over RPC); unset turns it off.
+    /// They authenticate with `token`.
+    pub remote_addr: Option<String>,
     /// Unix socket where local processes attach; unset turns it off.
     pub attach_socket: Option<PathBuf>,
     /// Prometheus `/metrics` and JSON `/status`; unset turns it off.
@@ -69,6 +72,7 @@ impl Default for ComputenodeConfig {
             queue_capacity: 65_536,
             redis_addr: Some("127.0.0.1:6380".into()),
             redis_max_clients: 1024,
+            remote_addr: Some("127.0.0.1:7410".into()),
             attach_socket: None,
             metrics_addr: Some("127.0.0.1:9401".parse().expect("static address")),
         }

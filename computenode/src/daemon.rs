@@ -25,6 +25,7 @@ pub struct Status {
     pub ready_sessions: usize,
     pub redis_addr: Option<String>,
     pub redis_clients: Option<usize>,
+    pub remote_addr: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -42,6 +43,7 @@ struct Parts {
     queue: Arc<WorkQueue>,
     workers: parking_lot::Mutex<Workers>,
     redis: parking_lot::Mutex<Option<RedisServer>>,
+    remote: parking_lot::Mutex<Option<racekv_transport::RegionServer>>,
 }
 
 impl Parts {
@@ -66,6 +68,7 @@ impl Parts {
             ready_sessions: self.cluster.ready_sessions(),
             redis_addr: redis.as_ref().map(|r| r.local_addr().to_string()),
             redis_clients: redis.as_ref().map(|r| r.stats().connected_clients()),
+            remote_addr: self.remote.lock().as_ref().map(|r| r.endpoints()[0].to_string()),
         }
     }
 
@@ -106,7 +109,13 @@ impl Computenode {
             queue,
             workers: parking_lot::Mutex::new(workers),
             redis: parking_lot::Mutex::new(None),
+            remote: parking_lot::Mutex::new(None),
         });
+        if let Some(addr) = &config.remote_addr {
+            let server = crate::remote::serve(Arc::clone(&cluster), addr, &config.token)
+                .with_context(|| format!("starting the remote front end on {addr}"))?;
+            *parts.remote.lock() = Some(server);
+        }
         if let Some(addr) = &config.redis_addr {
             let weak = Arc::downgrade(&parts);
             let info = Arc::new(move || weak.upgrade().map(|p| p.info_lines()).unwrap_or_default());
@@ -158,10 +167,16 @@ impl Computenode {
         self.metrics.as_ref().map(|m| m.addr())
     }
 
+    /// The remote front end's endpoint (`tcp:host:port`), if it runs.
+    pub fn remote_endpoint(&self) -> Option<String> {
+        self.parts.remote.lock().as_ref().map(|r| r.endpoints()[0].to_string())
+    }
+
     /// One machine-readable line for supervisors and tests.
     pub fn ready_line(&self) -> String {
         serde_json::json!({
             "redis": self.redis_addr().map(|a| a.to_string()),
+            "remote": self.remote_endpoint(),
             "metrics": self.metrics_addr().map(|a| a.to_string()),
             "memnodes": self.parts.cluster.memnodes().iter().map(|m| m.label.clone()).collect::<Vec<_>>(),
             "pid": std::process::id(),
@@ -186,6 +201,7 @@ impl Drop for Computenode {
         if let Some(mut redis) = self.parts.redis.lock().take() {
             redis.shutdown();
         }
+        self.parts.remote.lock().take();
         self.parts.workers.lock().shutdown();
         self.parts.cluster.stop();
         self.metrics.take();

@@ -27,6 +27,9 @@ struct Args {
     /// Redis front end address, or `none`.
     #[arg(long)]
     redis_addr: Option<String>,
+    /// Remote-client address (request/reply over RPC), or `none`.
+    #[arg(long)]
+    remote_addr: Option<String>,
     /// Prometheus /metrics and JSON /status address, or `none`.
     #[arg(long)]
     metrics_addr: Option<String>,
@@ -53,6 +56,9 @@ fn main() -> anyhow::Result<()> {
     }
     if let Some(v) = args.redis_addr {
         cfg.redis_addr = (v != "none").then_some(v);
+    }
+    if let Some(v) = args.remote_addr {
+        cfg.remote_addr = (v != "none").then_some(v);
     }
     if let Some(v) = args.metrics_addr {
         cfg.metrics_addr = if v == "none" { None } else { Some(v.parse::<SocketAddr>().context("--metrics-addr")?) };

@@ -156,6 +156,21 @@ impl Pool {
         }
     }
 
+    /// Sends an access outside the region on `slot`'s connection, unchecked, and replaces
+    /// the connection if that broke it (on a NIC the queue pair goes to the error state).
+    /// Fault injection for tests; returns what the access returned.
+    #[doc(hidden)]
+    pub fn inject_fault(self: &Arc<Self>, slot: usize) -> Result<(), TransportError> {
+        let conn = Arc::clone(&self.slots[slot].read());
+        let mut batch = Batch::new();
+        batch.read(self.region_len, 8);
+        let result = conn.execute_unchecked(&mut batch);
+        if !conn.is_healthy() {
+            self.report_broken(slot);
+        }
+        result
+    }
+
     /// A new physical connection just for one worker (an upgrade).
     fn dedicated(&self) -> Result<Arc<dyn Connection>, TransportError> {
         racekv_transport::connect(&self.endpoint, &self.connect)

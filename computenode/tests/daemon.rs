@@ -23,6 +23,7 @@ fn config(m: &TestMemnode) -> ComputenodeConfig {
         memnodes: vec![m.endpoint().unwrap().to_string()],
         token: TestMemnode::TOKEN.into(),
         redis_addr: None,
+        remote_addr: None,
         metrics_addr: None,
         ..ComputenodeConfig::default()
     }

@@ -79,6 +79,8 @@ fn computenode(memnodes: &str) -> Proc {
         memnodes.into(),
         "--redis-addr".into(),
         "127.0.0.1:0".into(),
+        "--remote-addr".into(),
+        "127.0.0.1:0".into(),
         "--metrics-addr".into(),
         "127.0.0.1:0".into(),
     ];

@@ -188,6 +188,15 @@ impl BlockAllocator {
         Ok(())
     }
 
+    /// Makes sure a chunk is at hand, so the next allocation makes no RPC (for clients
+    /// prepared ahead of need).
+    pub fn reserve(&mut self) -> Result<(), Error> {
+        if self.end - self.cursor < MAX_BLOCK_UNITS * BLOCK_UNIT_BYTES {
+            self.next_chunk()?;
+        }
+        Ok(())
+    }
+
     /// Frees a block other clients may still be reading: reusable after the grace period.
     pub fn retire(&mut self, block: u64, units: u8) {
         self.pending.push_back((Instant::now(), block, units));

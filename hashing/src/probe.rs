@@ -1,6 +1,47 @@
 //! What one READ of a key's two combined buckets shows: four buckets with their headers.
+//!
+//! A bucket is read word by word, header first, so a split can change the header and move
+//! a slot between those loads: the header seen first would vouch for slots it no longer
+//! governs. So every probe re-reads the four headers *after* the slots, in the same batch,
+//! and judges with those. The splitter CASes a bucket's header before it touches the
+//! bucket's slots, so a header read after the slots covers them: a key the split keeps
+//! never moves, and a key it moves no longer matches the header.
 
-use crate::layout::{parse_bucket, slot_offset, BucketHeader, CombinedBucket, Slot, BUCKET_BYTES, SLOTS_PER_BUCKET};
+use racekv_transport::{Batch, OpError, ReadId};
+
+use crate::layout::{
+    parse_bucket, slot_offset, BucketHeader, CombinedBucket, Slot, BUCKET_BYTES, COMBINED_BUCKET_BYTES,
+    SLOTS_PER_BUCKET,
+};
+
+/// The reads of one probe, queued in a batch.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ProbeReads {
+    cbs: [CombinedBucket; 2],
+    buckets: [ReadId; 2],
+    headers: [ReadId; 4],
+}
+
+impl ProbeReads {
+    /// Queues the two combined buckets, then their four headers again.
+    pub fn queue(batch: &mut Batch, cbs: [CombinedBucket; 2]) -> Self {
+        let buckets = cbs.map(|cb| batch.read(cb.offset, COMBINED_BUCKET_BYTES as u32));
+        let headers =
+            [cbs[0].bucket(0), cbs[0].bucket(1), cbs[1].bucket(0), cbs[1].bucket(1)].map(|b| batch.read(b, 8));
+        Self { cbs, buckets, headers }
+    }
+
+    /// The probe, once the batch ran.
+    pub fn parse(&self, batch: &Batch) -> Result<Probe, OpError> {
+        let mut probe =
+            Probe::parse(&self.cbs, batch.read_result(self.buckets[0])?, batch.read_result(self.buckets[1])?);
+        for (bucket, id) in probe.buckets.iter_mut().zip(self.headers) {
+            let word = u64::from_le_bytes(batch.read_result(id)?.try_into().expect("an 8-byte read"));
+            bucket.header = BucketHeader::decode(word);
+        }
+        Ok(probe)
+    }
+}
 
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ProbedBucket {
@@ -18,7 +59,7 @@ pub(crate) struct Probe {
 }
 
 impl Probe {
-    pub fn parse(cbs: &[CombinedBucket; 2], first: &[u8], second: &[u8]) -> Self {
+    fn parse(cbs: &[CombinedBucket; 2], first: &[u8], second: &[u8]) -> Self {
         let bucket = |cb: &CombinedBucket, bytes: &[u8], i: usize| {
             let (header, slots) = parse_bucket(&bytes[i * BUCKET_BYTES as usize..(i + 1) * BUCKET_BYTES as usize]);
             ProbedBucket { offset: cb.bucket(i), header, slots }

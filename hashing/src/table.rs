@@ -29,8 +29,8 @@ use crate::alloc::{BlockAllocator, ChunkSource, FreePool};
 use crate::directory::{CachedEntry, DirectoryCache};
 use crate::error::Error;
 use crate::hash::KeyHash;
-use crate::layout::{block_units, decode_block, encode_block, sb, Layout, Slot, COMBINED_BUCKET_BYTES};
-use crate::probe::Probe;
+use crate::layout::{block_units, decode_block, encode_block, sb, Layout, Slot};
+use crate::probe::{Probe, ProbeReads};
 use crate::rpc::{self, method, SplitRequest};
 
 /// Tunables of table clients.
@@ -155,8 +155,9 @@ struct LocalMetrics {
 }
 
 const FLUSH_EVERY_OPS: u32 = 256;
-/// Keys per round of `get_many` (two READs each in the first batch).
-pub const KEYS_PER_ROUND: usize = racekv_transport::MAX_BATCH_OPS / 4;
+/// Keys per round of `get_many` (six READs each in the first batch: two combined buckets,
+/// then their four headers).
+pub const KEYS_PER_ROUND: usize = racekv_transport::MAX_BATCH_OPS / 8;
 const SAMPLE_EVERY_OPS: u64 = 16;
 
 impl LocalMetrics {
@@ -446,25 +447,20 @@ impl TableClient {
             let cached = self.shared.directory.lookup(hash.dir);
             let cbs = hash.combined_buckets(cached.entry.subtable, groups);
             let usable = !cached.entry.locked && cached.entry.is_valid(&self.shared.layout);
-            let reads = usable.then(|| {
-                (
-                    self.batch.read(cbs[0].offset, COMBINED_BUCKET_BYTES as u32),
-                    self.batch.read(cbs[1].offset, COMBINED_BUCKET_BYTES as u32),
-                )
-            });
-            probes.push((hash, cbs, reads));
+            let reads = usable.then(|| ProbeReads::queue(&mut self.batch, cbs));
+            probes.push((hash, reads));
         }
         if !self.batch.is_empty() {
             self.execute()?;
         }
         // (key index, slot word) of every candidate block, in read order.
         let mut wanted: Vec<(usize, u64)> = Vec::new();
-        for (i, (hash, cbs, reads)) in probes.iter().enumerate() {
-            let Some((r0, r1)) = reads else {
+        for (i, (hash, reads)) in probes.iter().enumerate() {
+            let Some(reads) = reads else {
                 slow.push(i);
                 continue;
             };
-            let probe = Probe::parse(cbs, self.batch.read_result(*r0)?, self.batch.read_result(*r1)?);
+            let probe = reads.parse(&self.batch)?;
             if !probe.admits(hash.dir) {
                 slow.push(i);
                 continue;
@@ -547,6 +543,12 @@ impl TableClient {
             _ => self.mutate(key, new, Cond::Equals(expected)).map(|o| o != PutOutcome::NotApplied),
         };
         self.end(5, sample, result, |&d| d)
+    }
+
+    /// Gets ready ahead of need: fetches a heap chunk now, so the first write makes no
+    /// allocation RPC.
+    pub fn prepare(&mut self) -> Result<(), Error> {
+        self.alloc.reserve()
     }
 
     /// The memnode's table statistics (an RPC on this client's connection). Sends this
@@ -660,11 +662,10 @@ impl TableClient {
             self.batch.faa(sb::ITEM_COUNT, self.count_delta as u64);
             self.count_delta = 0;
         }
-        let cbs = hash.combined_buckets(subtable, self.shared.layout.groups_per_subtable);
-        let r0 = self.batch.read(cbs[0].offset, COMBINED_BUCKET_BYTES as u32);
-        let r1 = self.batch.read(cbs[1].offset, COMBINED_BUCKET_BYTES as u32);
+        let reads =
+            ProbeReads::queue(&mut self.batch, hash.combined_buckets(subtable, self.shared.layout.groups_per_subtable));
         self.execute()?;
-        Ok(Probe::parse(&cbs, self.batch.read_result(r0)?, self.batch.read_result(r1)?))
+        Ok(reads.parse(&self.batch)?)
     }
 
     /// READs the blocks of `self.cands` and sorts them into copies of `key` (lowest slot
@@ -927,8 +928,7 @@ impl TableClient {
         let cbs = hash.combined_buckets(entry.entry.subtable, self.shared.layout.groups_per_subtable);
         self.batch.clear();
         let cas = self.batch.cas(free, 0, new.word);
-        let r0 = self.batch.read(cbs[0].offset, COMBINED_BUCKET_BYTES as u32);
-        let r1 = self.batch.read(cbs[1].offset, COMBINED_BUCKET_BYTES as u32);
+        let reads = ProbeReads::queue(&mut self.batch, cbs);
         self.execute()?;
         if !self.batch.cas_succeeded(cas)? {
             self.stats.cas_failures += 1;
@@ -937,7 +937,7 @@ impl TableClient {
         }
         *state = BlockState::InSlot;
         self.count_delta += 1;
-        let after = Probe::parse(&cbs, self.batch.read_result(r0)?, self.batch.read_result(r1)?);
+        let after = reads.parse(&self.batch)?;
         if !after.admits_slot(free, hash.dir) {
             // A split re-assigned the bucket; the key belongs elsewhere now.
             self.batch.clear();

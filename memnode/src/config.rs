@@ -43,6 +43,17 @@ pub struct MemnodeConfig {
     pub io_timeout_ms: u64,
     /// How often a data file is flushed to disk (msync); 0 leaves it to the kernel.
     pub sync_interval_ms: u64,
+    /// RPC (FLOCK) credits per grant: how many requests a client lane may send before it
+    /// must renew (it renews after using half).
+    pub rpc_credits: u32,
+    /// Most active RPC lanes over all clients (FLOCK's MAX_AQP); shared out in proportion
+    /// to each client's coalescing degree and request rate, at least one per client.
+    pub rpc_max_active_lanes: usize,
+    /// Most RPC requests granted but not yet answered, over all clients.
+    pub rpc_max_outstanding: u64,
+    /// Longest backlog a lane is granted at the measured service time; beyond it credits
+    /// are refused (overload) and clients wait, then fail with a clear error.
+    pub rpc_max_queue_delay_ms: u64,
 }
 
 /// The token used when none is configured: fine on loopback, refused elsewhere.
@@ -65,6 +76,10 @@ impl Default for MemnodeConfig {
             max_connections: 1024,
             io_timeout_ms: 10_000,
             sync_interval_ms: 1_000,
+            rpc_credits: 32,
+            rpc_max_active_lanes: 256,
+            rpc_max_outstanding: 256 * 48,
+            rpc_max_queue_delay_ms: 100,
         }
     }
 }
@@ -88,6 +103,9 @@ impl MemnodeConfig {
         );
         anyhow::ensure!(!self.token.is_empty(), "token must not be empty");
         anyhow::ensure!(self.max_connections > 0, "max_connections must be at least 1");
+        anyhow::ensure!((2..=65536).contains(&self.rpc_credits), "rpc_credits must be within 2..=65536");
+        anyhow::ensure!(self.rpc_max_active_lanes > 0, "rpc_max_active_lanes must be at least 1");
+        anyhow::ensure!(self.rpc_max_outstanding > 0, "rpc_max_outstanding must be at least 1");
         anyhow::ensure!(
             !(self.huge_pages && self.data_file.is_some()),
             "huge_pages applies to anonymous regions; a data_file region uses the page cache"

@@ -162,6 +162,12 @@ impl Memnode {
             token: config.token.clone(),
             max_connections: config.max_connections,
             io_timeout: Duration::from_millis(config.io_timeout_ms),
+            flock: racekv_transport::flock::SchedulerOptions {
+                credits: config.rpc_credits,
+                max_active: config.rpc_max_active_lanes,
+                max_outstanding: config.rpc_max_outstanding,
+                max_queue_delay: Duration::from_millis(config.rpc_max_queue_delay_ms),
+            },
         };
         let server = RegionServer::start(Arc::clone(&region), Some(file), service.clone(), options, &listen)
             .context("starting the region server")?;

@@ -12,11 +12,16 @@
 //!   registers the region with the NIC once and the NIC executes each batch. Without an RDMA
 //!   device it fails with an error naming the alternatives (shm, tcp, Soft-RoCE).
 //!
+//! RPC ([`Connection::call`]) goes through [`flock`] on every backend: threads share a
+//! connection's RPC lanes, a leader coalesces concurrent requests into one message, and the
+//! region server's credit scheduler keeps the load it accepts within what it can serve.
+//!
 //! Every backend passes the same [`conformance`] suite (feature `conformance`).
 
 pub mod batch;
 pub mod error;
 pub mod fdpass;
+pub mod flock;
 pub mod local;
 mod mux;
 pub mod region;
@@ -156,19 +161,40 @@ pub trait Connection: Send + Sync {
     fn instance(&self) -> u64;
     /// False once the connection is known to be unusable.
     fn is_healthy(&self) -> bool;
+    /// Sends `batch` without the local checks, so the remote side's own checks (and, on a
+    /// NIC, a queue pair going to the error state) can be provoked: fault injection for
+    /// tests. Backends that check nothing locally beyond `execute` just run `execute`.
+    #[doc(hidden)]
+    fn execute_unchecked(&self, batch: &mut Batch) -> Result<(), TransportError> {
+        self.execute(batch)
+    }
 }
 
-/// Connects to `endpoint` with the backend its scheme names.
+/// Connects to `endpoint` with the backend its scheme names (RPC with the default
+/// [`flock::FlockOptions`]).
 pub fn connect(endpoint: &Endpoint, options: &ConnectOptions) -> Result<Arc<dyn Connection>, TransportError> {
+    connect_with(endpoint, options, &flock::FlockOptions::default())
+}
+
+/// [`connect`] with explicit settings for the connection's RPC channel.
+pub fn connect_with(
+    endpoint: &Endpoint,
+    options: &ConnectOptions,
+    rpc: &flock::FlockOptions,
+) -> Result<Arc<dyn Connection>, TransportError> {
     match endpoint {
-        Endpoint::Shm(path) => Ok(Arc::new(shm::ShmConnection::connect(path, options)?)),
-        Endpoint::Tcp(addr) => Ok(Arc::new(tcp::TcpConnection::connect(addr, options)?)),
-        Endpoint::Verbs(addr) => verbs_connect(addr, options),
+        Endpoint::Shm(path) => Ok(Arc::new(shm::ShmConnection::connect_with(path, options, rpc)?)),
+        Endpoint::Tcp(addr) => Ok(Arc::new(tcp::TcpConnection::connect_with(addr, options, rpc)?)),
+        Endpoint::Verbs(addr) => verbs_connect(addr, options, rpc),
     }
 }
 
 #[cfg(not(feature = "rdma"))]
-fn verbs_connect(addr: &str, _options: &ConnectOptions) -> Result<Arc<dyn Connection>, TransportError> {
+fn verbs_connect(
+    addr: &str,
+    _options: &ConnectOptions,
+    _rpc: &flock::FlockOptions,
+) -> Result<Arc<dyn Connection>, TransportError> {
     Err(TransportError::Connect {
         endpoint: format!("verbs:{addr}"),
         reason: "this build has no RDMA support (rebuild with `--features rdma`); use an shm: or tcp: endpoint instead"
@@ -177,8 +203,12 @@ fn verbs_connect(addr: &str, _options: &ConnectOptions) -> Result<Arc<dyn Connec
 }
 
 #[cfg(feature = "rdma")]
-fn verbs_connect(addr: &str, options: &ConnectOptions) -> Result<Arc<dyn Connection>, TransportError> {
-    Ok(Arc::new(verbs::VerbsConnection::connect(addr, options)?))
+fn verbs_connect(
+    addr: &str,
+    options: &ConnectOptions,
+    rpc: &flock::FlockOptions,
+) -> Result<Arc<dyn Connection>, TransportError> {
+    Ok(Arc::new(verbs::VerbsConnection::connect_with(addr, options, rpc)?))
 }
 
 #[cfg(test)]

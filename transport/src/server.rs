@@ -64,11 +64,18 @@ pub struct ServerOptions {
     pub max_connections: usize,
     /// A frame that stalls longer than this mid-way costs its connection; also the write timeout.
     pub io_timeout: Duration,
+    /// The FLOCK credit scheduler: credits per grant, MAX_AQP, overload limits.
+    pub flock: crate::flock::SchedulerOptions,
 }
 
 impl Default for ServerOptions {
     fn default() -> Self {
-        Self { token: String::new(), max_connections: 1024, io_timeout: Duration::from_secs(10) }
+        Self {
+            token: String::new(),
+            max_connections: 1024,
+            io_timeout: Duration::from_secs(10),
+            flock: crate::flock::SchedulerOptions::default(),
+        }
     }
 }
 
@@ -289,10 +296,13 @@ fn accept_verbs(host: &VerbsHost, _client: &wire::QpInfo, _out: &mut Vec<u8>) ->
 
 struct Shared {
     region: Arc<Region>,
+    /// An RPC-only server (see [`RegionServer::serve_rpc`]): no region to serve.
+    rpc_only: bool,
     region_file: Option<File>,
     /// The region's registration with the NIC, when a `verbs:` endpoint is served.
     verbs: Option<VerbsHost>,
     rpc: Arc<dyn RpcService>,
+    flock: crate::flock::Scheduler,
     options: ServerOptions,
     token: [u8; TOKEN_BYTES],
     instance: u64,
@@ -327,6 +337,31 @@ impl RegionServer {
         options: ServerOptions,
         listen: &[Endpoint],
     ) -> io::Result<Self> {
+        Self::start_inner(region, region_file, rpc, options, listen, false)
+    }
+
+    /// Serves only RPCs (FLOCK lanes and RPC frames), on tcp endpoints, with no region: for
+    /// request/response services between tiers, such as a computenode's remote clients.
+    /// One-sided batches are refused; hello reports a region of 0 bytes.
+    pub fn serve_rpc(rpc: Arc<dyn RpcService>, options: ServerOptions, listen: &[Endpoint]) -> io::Result<Self> {
+        if let Some(other) = listen.iter().find(|e| !matches!(e, Endpoint::Tcp(_))) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("an RPC-only server listens on tcp endpoints, not {other}"),
+            ));
+        }
+        let placeholder = Arc::new(Region::anonymous(crate::region::REGION_ALIGN_BYTES)?);
+        Self::start_inner(placeholder, None, rpc, options, listen, true)
+    }
+
+    fn start_inner(
+        region: Arc<Region>,
+        region_file: Option<File>,
+        rpc: Arc<dyn RpcService>,
+        options: ServerOptions,
+        listen: &[Endpoint],
+        rpc_only: bool,
+    ) -> io::Result<Self> {
         // Export every series from the start, at zero, so dashboards and alerts see them.
         for reason in ["malformed", "auth", "io", "hello_timeout"] {
             METRICS.frame_errors.with_label_values(&[reason]);
@@ -341,9 +376,11 @@ impl RegionServer {
         }
         let shared = Arc::new(Shared {
             region,
+            rpc_only,
             region_file,
             verbs,
             rpc,
+            flock: crate::flock::Scheduler::new(options.flock.clone()),
             token: wire::token_digest(&options.token),
             options,
             instance: random_u64(),
@@ -408,7 +445,12 @@ impl RegionServer {
         self.shared.instance
     }
 
-    /// Number of open client connections.
+    /// FLOCK lanes the credit scheduler holds active.
+    pub fn flock_active_lanes(&self) -> usize {
+        self.shared.flock.active()
+    }
+
+    /// Number of open client connections (FLOCK lanes included: each is a connection).
     pub fn connections(&self) -> usize {
         self.shared.live.load(Ordering::Relaxed)
     }
@@ -469,7 +511,7 @@ impl Drop for RegionServer {
     }
 }
 
-fn random_u64() -> u64 {
+pub(crate) fn random_u64() -> u64 {
     let mut bytes = [0u8; 8];
     if File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)).is_err() {
         let nanos =
@@ -603,7 +645,11 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
                 let flags = if send_fd { wire::HELLO_FLAG_REGION_FD } else { 0 };
                 wire::encode_hello_ok(
                     &mut out,
-                    &wire::HelloOk { region_len: shared.region.len(), instance: shared.instance, flags },
+                    &wire::HelloOk {
+                        region_len: if shared.rpc_only { 0 } else { shared.region.len() },
+                        instance: shared.instance,
+                        flags,
+                    },
                 );
                 let sent = match (&shared.region_file, send_fd) {
                     (Some(file), true) => stream.send_with_fd(&out, file.as_fd()),
@@ -619,6 +665,16 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
                     header.request_id,
                     error_code::MALFORMED,
                     "the first frame must be hello",
+                    "malformed",
+                );
+            }
+            (Kind::Batch, true) if shared.rpc_only => {
+                return refuse(
+                    &mut stream,
+                    &mut out,
+                    header.request_id,
+                    error_code::UNSUPPORTED,
+                    "this server answers RPCs only: it has no region for one-sided operations",
                     "malformed",
                 );
             }
@@ -750,6 +806,29 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
                 }
                 stream.write_all(&out).map_err(|_| "io")?;
             }
+            (Kind::FlockOpen, true) => {
+                let (token, open) = match wire::decode_flock_open(&body) {
+                    Ok(parts) => parts,
+                    Err(e) => {
+                        return refuse(
+                            &mut stream,
+                            &mut out,
+                            header.request_id,
+                            error_code::MALFORMED,
+                            &e.to_string(),
+                            "malformed",
+                        )
+                    }
+                };
+                if !wire::token_matches(&token, &shared.token) {
+                    return refuse(&mut stream, &mut out, header.request_id, error_code::AUTH, "bad token", "auth");
+                }
+                // The connection is a FLOCK lane from now on.
+                let (lane, credits) = shared.flock.open(open.sender);
+                let result = serve_flock_lane(shared, &mut stream, &open, lane, credits, &mut out);
+                shared.flock.close(lane);
+                return result;
+            }
             (kind, true) => {
                 return refuse(
                     &mut stream,
@@ -762,6 +841,78 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
             }
         }
     }
+}
+
+/// Counts one RPC served (by FLOCK's receiver or the legacy RpcRequest frame).
+pub(crate) fn record_rpc(name: &'static str, ok: bool, took: Duration) {
+    METRICS.rpc_seconds.with_label_values(&[name]).observe(took.as_secs_f64());
+    METRICS.rpc_requests.with_label_values(&[name, if ok { "ok" } else { "error" }]).inc();
+}
+
+/// Answers FlockOpen with the carrier this listener offers and serves the lane.
+fn serve_flock_lane<S: ServerStream>(
+    shared: &Shared,
+    stream: &mut S,
+    open: &wire::FlockOpen,
+    lane: crate::flock::scheduler::LaneId,
+    credits: u32,
+    out: &mut Vec<u8>,
+) -> Result<(), &'static str> {
+    use crate::flock::receiver::{serve_lane, LaneContext};
+    let key = (random_u64() as u32) | 1;
+    let batch = shared.flock.options().credits;
+    let cx = LaneContext {
+        rpc: &*shared.rpc,
+        scheduler: &shared.flock,
+        lane,
+        key,
+        initial_credits: credits,
+        stopping: &shared.stopping,
+    };
+    out.clear();
+    match stream.listener() {
+        "tcp" => {
+            if open.verbs.is_some() {
+                return refuse(stream, out, 0, error_code::MALFORMED, "a tcp lane has no queue pair", "malformed");
+            }
+            wire::encode_flock_accept(out, &wire::FlockAccept { key, credits, batch, ring_bytes: 0, verbs: None });
+            stream.write_all(out).map_err(|_| "io")?;
+            let stall = shared.options.io_timeout;
+            serve_lane(&mut crate::flock::stream::StreamCarrier { stream, stall }, &cx)
+        }
+        "unix" => {
+            if open.verbs.is_some() {
+                return refuse(stream, out, 0, error_code::MALFORMED, "an shm lane has no queue pair", "malformed");
+            }
+            let (file, mut carrier) = match crate::flock::shm::ServerRings::create() {
+                Ok(parts) => parts,
+                Err(e) => {
+                    tracing::warn!("region server: cannot create flock rings: {e}");
+                    return refuse(stream, out, 0, error_code::SETUP_FAILED, &e.to_string(), "io");
+                }
+            };
+            carrier.keyed(key, shared.options.io_timeout);
+            let ring_bytes = carrier.ring_bytes();
+            wire::encode_flock_accept(out, &wire::FlockAccept { key, credits, batch, ring_bytes, verbs: None });
+            stream.send_with_fd(out, file.as_fd()).map_err(|_| "io")?;
+            drop(file);
+            carrier.watch(stream.as_fd());
+            serve_lane(&mut carrier, &cx)
+        }
+        _ => serve_verbs_lane(shared, stream, open, &cx, credits, batch, out),
+    }
+}
+
+fn serve_verbs_lane<S: ServerStream>(
+    _shared: &Shared,
+    stream: &mut S,
+    _open: &wire::FlockOpen,
+    _cx: &crate::flock::receiver::LaneContext<'_>,
+    _credits: u32,
+    _batch: u32,
+    out: &mut Vec<u8>,
+) -> Result<(), &'static str> {
+    refuse(stream, out, 0, error_code::UNSUPPORTED, "flock lanes over verbs are not served yet", "malformed")
 }
 
 fn record_batch(batch: &Batch) {

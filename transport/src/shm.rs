@@ -2,9 +2,10 @@
 //!
 //! Connecting sends hello over the server's Unix socket; the reply carries the region's file
 //! descriptor, which we map. From then on every op is a CPU load, store or atomic on the
-//! mapping (no system call, no server involvement). The socket stays open for RPC and as a
-//! liveness signal: a watcher thread notices when the server closes it, and from then on
-//! `execute` fails with `ConnectionLost` instead of writing into an orphaned region.
+//! mapping (no system call, no server involvement). The socket stays open as a liveness
+//! signal: a watcher thread notices when the server closes it, and from then on `execute`
+//! fails with `ConnectionLost` instead of writing into an orphaned region. RPCs travel on
+//! FLOCK lanes over shared-memory rings ([`crate::flock`]), opened on the first call.
 
 use std::cell::RefCell;
 use std::fs::File;
@@ -22,11 +23,12 @@ use prometheus::IntCounter;
 use crate::batch::Batch;
 use crate::error::TransportError;
 use crate::fdpass::recv_with_fd;
-use crate::mux::{error_frame, Mux};
+use crate::flock::shm::open_shm_lane;
+use crate::flock::{Channel, FlockOptions};
+use crate::mux::error_frame;
 use crate::region::Region;
 use crate::stream::{read_body, POLL_INTERVAL};
-use crate::tcp::rpc_result;
-use crate::wire::{self, Kind, HEADER_BYTES, TOKEN_BYTES};
+use crate::wire::{self, Kind, HEADER_BYTES};
 use crate::{ConnectOptions, Connection, TransportKind};
 
 static BATCHES: LazyLock<IntCounter> = LazyLock::new(|| {
@@ -56,8 +58,7 @@ fn count_batch() {
 /// A connection over a shared mapping. Any number of threads may share it.
 pub struct ShmConnection {
     region: Region,
-    mux: Mux<UnixStream>,
-    token: [u8; TOKEN_BYTES],
+    rpc: Channel,
     hello: wire::HelloOk,
     lost: Arc<AtomicBool>,
     control: UnixStream,
@@ -67,6 +68,11 @@ pub struct ShmConnection {
 impl ShmConnection {
     /// Connects to the region server's Unix socket at `path`, authenticates and maps the region.
     pub fn connect(path: &Path, options: &ConnectOptions) -> Result<Self, TransportError> {
+        Self::connect_with(path, options, &FlockOptions::default())
+    }
+
+    /// [`Self::connect`] with explicit settings for the RPC channel.
+    pub fn connect_with(path: &Path, options: &ConnectOptions, rpc: &FlockOptions) -> Result<Self, TransportError> {
         let endpoint = format!("shm:{}", path.display());
         let fail = |reason: String| TransportError::Connect { endpoint: endpoint.clone(), reason };
         let mut stream = UnixStream::connect(path).map_err(|e| fail(e.to_string()))?;
@@ -113,15 +119,16 @@ impl ShmConnection {
             .name("shm-liveness".into())
             .spawn(move || watch_peer(&watch, &watcher_lost))
             .map_err(|e| fail(e.to_string()))?;
-        let control = stream.try_clone().map_err(|e| fail(e.to_string()))?;
-        let read_half = stream.try_clone().map_err(|e| fail(e.to_string()))?;
+        let (lane_path, lane_options) = (path.to_path_buf(), options.clone());
+        let open = move |sender, lanes: usize| {
+            (0..lanes).map(|lane| open_shm_lane(&lane_path, &lane_options, sender, lane as u16)).collect()
+        };
         Ok(Self {
             region,
-            mux: Mux::new(stream, read_half, options.timeout, endpoint),
-            token,
+            rpc: Channel::new(rpc.clone(), options.timeout, endpoint, Box::new(open)),
             hello,
             lost,
-            control,
+            control: stream,
             watcher: Some(watcher),
         })
     }
@@ -170,16 +177,13 @@ impl Connection for ShmConnection {
     }
 
     fn call(&self, method: u16, request: &[u8]) -> Result<Vec<u8>, TransportError> {
-        if request.len() > wire::MAX_RPC_BYTES {
-            return Err(TransportError::InvalidBatch(format!(
-                "rpc request of {} B exceeds {} B",
-                request.len(),
-                wire::MAX_RPC_BYTES
-            )));
+        if self.lost.load(Ordering::Acquire) {
+            return Err(TransportError::ConnectionLost {
+                reason: "the region server closed its control socket".into(),
+                maybe_executed: false,
+            });
         }
-        let (kind, body) =
-            self.mux.request(|out, id| wire::encode_rpc_request(out, id, &self.token, method, request))?;
-        rpc_result(method, kind, &body)
+        self.rpc.call(method, request)
     }
 
     fn region_len(&self) -> u64 {
@@ -195,6 +199,6 @@ impl Connection for ShmConnection {
     }
 
     fn is_healthy(&self) -> bool {
-        !self.lost.load(Ordering::Acquire) && !self.mux.is_broken()
+        !self.lost.load(Ordering::Acquire)
     }
 }

@@ -22,12 +22,12 @@ pub(crate) enum FrameRead {
     Closed,
 }
 
-fn is_timeout(e: &io::Error) -> bool {
+pub(crate) fn is_timeout(e: &io::Error) -> bool {
     matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
 }
 
 /// Fills `buf` completely; a stall longer than `stall_limit` in the middle is an error.
-fn read_full<R: Read>(r: &mut R, buf: &mut [u8], stall_limit: Duration) -> io::Result<()> {
+pub(crate) fn read_full<R: Read>(r: &mut R, buf: &mut [u8], stall_limit: Duration) -> io::Result<()> {
     let mut filled = 0;
     let mut last_progress = Instant::now();
     while filled < buf.len() {

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use prometheus::{Histogram, HistogramOpts, IntCounter};
 
 use crate::batch::Batch;
-use crate::error::{RpcStatus, TransportError};
+use crate::error::TransportError;
+use crate::flock::stream::open_tcp_lane;
+use crate::flock::{Channel, FlockOptions};
 use crate::mux::{error_frame, Mux};
 use crate::stream::{read_frame, FrameRead, POLL_INTERVAL};
 use crate::wire::{self, Kind, TOKEN_BYTES};
@@ -66,22 +68,11 @@ pub(crate) fn hello<S: Read + Write>(
     }
 }
 
-/// Maps an RPC response frame to the caller's result.
-pub(crate) fn rpc_result(method: u16, kind: Kind, body: &[u8]) -> Result<Vec<u8>, TransportError> {
-    if kind != Kind::RpcResponse {
-        return Err(TransportError::Protocol(format!("rpc answered with a {kind:?} frame")));
-    }
-    let (status, payload) = wire::decode_rpc_response(body).map_err(|e| TransportError::Protocol(e.to_string()))?;
-    if status == 0 {
-        Ok(payload.to_vec())
-    } else {
-        Err(TransportError::Rpc { method, status: RpcStatus::new(status, String::from_utf8_lossy(payload)) })
-    }
-}
-
-/// A tcp connection; many threads may share it (requests are multiplexed by id).
+/// A tcp connection; many threads may share it (batches are multiplexed by id on one
+/// stream; RPCs travel on FLOCK lanes of their own, opened on the first call).
 pub struct TcpConnection {
     mux: Mux<TcpStream>,
+    rpc: Channel,
     token: [u8; TOKEN_BYTES],
     hello: wire::HelloOk,
 }
@@ -89,6 +80,11 @@ pub struct TcpConnection {
 impl TcpConnection {
     /// Connects to `addr` (`host:port`) and authenticates.
     pub fn connect(addr: &str, options: &ConnectOptions) -> Result<Self, TransportError> {
+        Self::connect_with(addr, options, &FlockOptions::default())
+    }
+
+    /// [`Self::connect`] with explicit settings for the RPC channel.
+    pub fn connect_with(addr: &str, options: &ConnectOptions, rpc: &FlockOptions) -> Result<Self, TransportError> {
         let fail = |reason: String| TransportError::Connect { endpoint: format!("tcp:{addr}"), reason };
         let target =
             addr.to_socket_addrs().map_err(|e| fail(e.to_string()))?.next().ok_or_else(|| fail("no address".into()))?;
@@ -99,7 +95,22 @@ impl TcpConnection {
         let token = wire::token_digest(&options.token);
         let hello = hello(&mut stream, &token, options.timeout, addr)?;
         let read_half = stream.try_clone().map_err(|e| fail(e.to_string()))?;
-        Ok(Self { mux: Mux::new(stream, read_half, options.timeout, format!("tcp:{addr}")), token, hello })
+        let (lane_addr, lane_options) = (addr.to_string(), options.clone());
+        let open = move |sender, lanes: usize| {
+            (0..lanes).map(|lane| open_tcp_lane(&lane_addr, &lane_options, sender, lane as u16)).collect()
+        };
+        let peer = format!("tcp:{addr}");
+        Ok(Self {
+            mux: Mux::new(stream, read_half, options.timeout, peer.clone()),
+            rpc: Channel::new(rpc.clone(), options.timeout, peer, Box::new(open)),
+            token,
+            hello,
+        })
+    }
+
+    /// FLOCK lanes of this connection that hold credits (0 before the first call).
+    pub fn active_rpc_lanes(&self) -> usize {
+        self.rpc.active_lanes()
     }
 
     /// Sends `batch` without the local checks, so tests can prove the server's own checks.
@@ -127,17 +138,14 @@ impl Connection for TcpConnection {
     }
 
     fn call(&self, method: u16, request: &[u8]) -> Result<Vec<u8>, TransportError> {
-        if request.len() > wire::MAX_RPC_BYTES {
-            return Err(TransportError::InvalidBatch(format!(
-                "rpc request of {} B exceeds {} B",
-                request.len(),
-                wire::MAX_RPC_BYTES
-            )));
+        if self.mux.is_broken() {
+            return Err(TransportError::ConnectionLost {
+                reason: "the connection to the region server broke".into(),
+                maybe_executed: false,
+            });
         }
         METRICS.rpcs.inc();
-        let (kind, body) =
-            self.mux.request(|out, id| wire::encode_rpc_request(out, id, &self.token, method, request))?;
-        rpc_result(method, kind, &body)
+        self.rpc.call(method, request)
     }
 
     fn region_len(&self) -> u64 {
@@ -154,5 +162,9 @@ impl Connection for TcpConnection {
 
     fn is_healthy(&self) -> bool {
         !self.mux.is_broken()
+    }
+
+    fn execute_unchecked(&self, batch: &mut Batch) -> Result<(), TransportError> {
+        TcpConnection::execute_unchecked(self, batch)
     }
 }

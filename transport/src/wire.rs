@@ -19,7 +19,16 @@
 //! VerbsConnect : token[16] | QpInfo                       (client -> server, verbs only)
 //! VerbsAccept  : QpInfo | rkey u32 | zero u32 | base_addr u64 | region_len u64
 //! QpInfo       : qpn u32 | psn u32 | lid u16 | mtu u8 | rd_atomic u8 | zero u32 | gid[16]
+//! FlockOpen    : token[16] | sender u64 | lane u16 | zero[6] | [FlockVerbs]
+//! FlockAccept  : key u32 | credits u32 | batch u32 | zero u32 | ring_bytes u64 | [FlockVerbs]
+//! FlockVerbs   : QpInfo | ring_addr u64 | ring_rkey u32 | zero u32 | ring_len u64   (verbs only)
 //! ```
+//!
+//! FlockOpen turns a fresh connection (after hello) into one lane of a FLOCK sender
+//! ([`crate::flock`]): the server answers FlockAccept with the lane's canary key, its initial
+//! credits and the credits per grant; on a Unix socket the shared-memory rings' descriptor
+//! rides on the reply, on verbs both sides add their queue pair and ring. From then on the
+//! connection carries only FLOCK messages (tcp), or nothing but liveness (shm, verbs).
 //!
 //! The verbs control channel is a TCP connection to a `verbs:` listener: Hello/HelloOk as on
 //! tcp, then exactly one VerbsConnect. The server creates an RC queue pair for the client,
@@ -61,6 +70,8 @@ pub enum Kind {
     Error = 7,
     VerbsConnect = 8,
     VerbsAccept = 9,
+    FlockOpen = 10,
+    FlockAccept = 11,
 }
 
 impl Kind {
@@ -75,6 +86,8 @@ impl Kind {
             7 => Kind::Error,
             8 => Kind::VerbsConnect,
             9 => Kind::VerbsAccept,
+            10 => Kind::FlockOpen,
+            11 => Kind::FlockAccept,
             _ => return None,
         })
     }
@@ -570,6 +583,119 @@ pub fn decode_verbs_accept(body: &[u8]) -> Result<VerbsAccept, WireError> {
     Ok(accept)
 }
 
+// ---- flock lanes ----
+
+/// The verbs part of a lane handshake: a queue pair and a ring the peer may RDMA WRITE into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlockVerbs {
+    pub qp: QpInfo,
+    pub ring_addr: u64,
+    pub ring_rkey: u32,
+    pub ring_len: u64,
+}
+
+const FLOCK_VERBS_BYTES: usize = QP_INFO_BYTES + 24;
+
+fn put_flock_verbs(out: &mut Vec<u8>, v: &FlockVerbs) {
+    put_qp_info(out, &v.qp);
+    out.extend_from_slice(&v.ring_addr.to_le_bytes());
+    out.extend_from_slice(&v.ring_rkey.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&v.ring_len.to_le_bytes());
+}
+
+fn read_flock_verbs(r: &mut Reader<'_>) -> Result<Option<FlockVerbs>, WireError> {
+    match r.remaining() {
+        0 => Ok(None),
+        FLOCK_VERBS_BYTES => {
+            let qp = read_qp_info(r)?;
+            let ring_addr = r.u64()?;
+            let ring_rkey = r.u32()?;
+            r.zeros(4)?;
+            let ring_len = r.u64()?;
+            if ring_addr.checked_add(ring_len).is_none() || ring_len == 0 || ring_len % 8 != 0 {
+                return Err(bad(format!("bad ring of {ring_len} bytes at {ring_addr:#x}")));
+            }
+            Ok(Some(FlockVerbs { qp, ring_addr, ring_rkey, ring_len }))
+        }
+        n => Err(bad(format!("{n} bytes where a verbs lane description ({FLOCK_VERBS_BYTES}) or nothing belongs"))),
+    }
+}
+
+/// A client's request to open a FLOCK lane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlockOpen {
+    /// The sender (connection handle) this lane belongs to; the scheduler groups by it.
+    pub sender: u64,
+    pub lane: u16,
+    pub verbs: Option<FlockVerbs>,
+}
+
+pub fn encode_flock_open(out: &mut Vec<u8>, token: &[u8; TOKEN_BYTES], open: &FlockOpen) {
+    let extra = if open.verbs.is_some() { FLOCK_VERBS_BYTES } else { 0 };
+    put_header(out, Kind::FlockOpen, 0, TOKEN_BYTES + 16 + extra);
+    out.extend_from_slice(token);
+    out.extend_from_slice(&open.sender.to_le_bytes());
+    out.extend_from_slice(&open.lane.to_le_bytes());
+    out.extend_from_slice(&[0u8; 6]);
+    if let Some(v) = &open.verbs {
+        put_flock_verbs(out, v);
+    }
+}
+
+/// Returns (token, the request).
+pub fn decode_flock_open(body: &[u8]) -> Result<([u8; TOKEN_BYTES], FlockOpen), WireError> {
+    let mut r = Reader::new(body);
+    let token = r.token()?;
+    let sender = r.u64()?;
+    let lane = r.u16()?;
+    r.zeros(6)?;
+    let verbs = read_flock_verbs(&mut r)?;
+    r.finish()?;
+    Ok((token, FlockOpen { sender, lane, verbs }))
+}
+
+/// The server's answer: the lane's canary key and credits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlockAccept {
+    pub key: u32,
+    /// Initial credits (0: the lane starts inactive).
+    pub credits: u32,
+    /// Credits per grant (C).
+    pub batch: u32,
+    /// Bytes of each ring (shm, verbs); 0 on tcp.
+    pub ring_bytes: u64,
+    pub verbs: Option<FlockVerbs>,
+}
+
+pub fn encode_flock_accept(out: &mut Vec<u8>, accept: &FlockAccept) {
+    let extra = if accept.verbs.is_some() { FLOCK_VERBS_BYTES } else { 0 };
+    put_header(out, Kind::FlockAccept, 0, 24 + extra);
+    out.extend_from_slice(&accept.key.to_le_bytes());
+    out.extend_from_slice(&accept.credits.to_le_bytes());
+    out.extend_from_slice(&accept.batch.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&accept.ring_bytes.to_le_bytes());
+    if let Some(v) = &accept.verbs {
+        put_flock_verbs(out, v);
+    }
+}
+
+pub fn decode_flock_accept(body: &[u8]) -> Result<FlockAccept, WireError> {
+    let mut r = Reader::new(body);
+    let key = r.u32()?;
+    let credits = r.u32()?;
+    let batch = r.u32()?;
+    r.zeros(4)?;
+    let ring_bytes = r.u64()?;
+    let verbs = read_flock_verbs(&mut r)?;
+    r.finish()?;
+    if !(2..=1 << 16).contains(&batch) || credits > 1 << 20 {
+        return Err(bad(format!("credits {credits} / batch {batch} out of range")));
+    }
+    Ok(FlockAccept { key, credits, batch, ring_bytes, verbs })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -664,6 +790,27 @@ mod tests {
         assert!(decode_verbs_accept(&frame[HEADER_BYTES..]).is_err());
     }
 
+    #[test]
+    fn flock_handshake_round_trips() {
+        let token = token_digest("t");
+        let qp = QpInfo { qpn: 9, psn: 1, lid: 0, mtu: 3, rd_atomic: 1, gid: [1; 16] };
+        let verbs = FlockVerbs { qp, ring_addr: 0x1000, ring_rkey: 7, ring_len: 1 << 20 };
+        for v in [None, Some(verbs)] {
+            let open = FlockOpen { sender: 42, lane: 3, verbs: v };
+            let mut frame = Vec::new();
+            encode_flock_open(&mut frame, &token, &open);
+            assert_eq!(header_of(&frame).kind, Kind::FlockOpen);
+            assert_eq!(decode_flock_open(&frame[HEADER_BYTES..]).unwrap(), (token, open));
+            let accept = FlockAccept { key: 5, credits: 32, batch: 32, ring_bytes: 4096, verbs: v };
+            let mut frame = Vec::new();
+            encode_flock_accept(&mut frame, &accept);
+            assert_eq!(decode_flock_accept(&frame[HEADER_BYTES..]).unwrap(), accept);
+            for cut in (0..frame.len() - HEADER_BYTES).filter(|&cut| cut != 24) {
+                assert!(decode_flock_accept(&frame[HEADER_BYTES..HEADER_BYTES + cut]).is_err(), "cut {cut}");
+            }
+        }
+    }
+
     proptest! {
         /// No input makes a decoder panic; it either decodes or reports an error.
         #[test]
@@ -677,6 +824,8 @@ mod tests {
             let _ = decode_error(&bytes);
             let _ = decode_verbs_connect(&bytes);
             let _ = decode_verbs_accept(&bytes);
+            let _ = decode_flock_open(&bytes);
+            let _ = decode_flock_accept(&bytes);
             if bytes.len() >= HEADER_BYTES {
                 let _ = decode_header(bytes[..HEADER_BYTES].try_into().unwrap());
             }

@@ -196,3 +196,24 @@ fn connection_limit_refuses_extra_clients() {
     let third = TcpConnection::connect(&addr, &ConnectOptions { token: TOKEN.into(), timeout: Duration::from_secs(2) });
     assert!(third.is_err(), "a third connection was accepted over the limit of 2");
 }
+
+#[test]
+fn rpc_only_servers_answer_rpcs_and_refuse_batches() {
+    use racekv_transport::conformance::{rpc, TestRpc};
+    let options = ServerOptions { token: TOKEN.into(), ..Default::default() };
+    let server =
+        RegionServer::serve_rpc(Arc::new(TestRpc), options.clone(), &[Endpoint::Tcp("127.0.0.1:0".into())]).unwrap();
+    let conn = racekv_transport::connect(
+        &server.endpoints()[0],
+        &ConnectOptions { token: TOKEN.into(), timeout: Duration::from_secs(2) },
+    )
+    .unwrap();
+    assert_eq!(conn.region_len(), 0);
+    assert_eq!(conn.call(rpc::ECHO, b"hello").unwrap(), b"hello");
+    let mut b = Batch::new();
+    b.read(0, 8);
+    assert!(conn.execute(&mut b).is_err(), "an RPC-only server has no region to read");
+    // Only tcp endpoints make sense for it.
+    let dir = tempfile::tempdir().unwrap();
+    assert!(RegionServer::serve_rpc(Arc::new(TestRpc), options, &[Endpoint::Shm(dir.path().join("x.sock"))]).is_err());
+}

@@ -34,10 +34,10 @@ use super::memory::{Access, Buffer, MemoryRegion, ProtectionDomain};
 use super::queue::{CompletionQueue, LocalSpan, QpCaps, QueuePair, RemotePath, SendList, SendPath, WorkCompletion};
 use super::{random_psn, MAX_RD_ATOMIC, QP_RETRY_CNT, QP_RNR_RETRY, QP_TIMEOUT};
 use crate::batch::{Batch, OpKind, MAX_BATCH_BYTES, MAX_BATCH_OPS};
-use crate::error::TransportError;
+use crate::error::{RpcStatus, TransportError};
 use crate::mux::{error_frame, Mux};
 use crate::stream::{read_frame, FrameRead, POLL_INTERVAL};
-use crate::tcp::{hello, rpc_result};
+use crate::tcp::hello;
 use crate::wire::{self, Kind, QpInfo, VerbsAccept, TOKEN_BYTES};
 use crate::{ConnectOptions, Connection, TransportKind};
 
@@ -180,6 +180,17 @@ impl VerbsConnection {
     /// Connects to the region server's `verbs:` endpoint at `addr` (`host:port` of its
     /// control channel): hello, QP exchange, both QPs to RTS.
     pub fn connect(addr: &str, options: &ConnectOptions) -> Result<Self, TransportError> {
+        Self::connect_with(addr, options, &crate::flock::FlockOptions::default())
+    }
+
+    /// [`Self::connect`]; `_rpc` is accepted for symmetry with the other backends: RPC on
+    /// verbs still travels as frames on the control channel (FLOCK lanes over RDMA WRITE
+    /// are not built yet).
+    pub fn connect_with(
+        addr: &str,
+        options: &ConnectOptions,
+        _rpc: &crate::flock::FlockOptions,
+    ) -> Result<Self, TransportError> {
         let endpoint = format!("verbs:{addr}");
         let fail = |reason: String| TransportError::Connect { endpoint: endpoint.clone(), reason };
         let verbs = |e: VerbsError| TransportError::Connect { endpoint: endpoint.clone(), reason: e.to_string() };
@@ -604,5 +615,22 @@ impl Connection for VerbsConnection {
 
     fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::Acquire) && !self.control_lost.load(Ordering::Acquire) && !self.mux.is_broken()
+    }
+
+    fn execute_unchecked(&self, batch: &mut Batch) -> Result<(), TransportError> {
+        VerbsConnection::execute_unchecked(self, batch)
+    }
+}
+
+/// Maps an RPC response frame (control channel) to the caller's result.
+fn rpc_result(method: u16, kind: Kind, body: &[u8]) -> Result<Vec<u8>, TransportError> {
+    if kind != Kind::RpcResponse {
+        return Err(TransportError::Protocol(format!("rpc answered with a {kind:?} frame")));
+    }
+    let (status, payload) = wire::decode_rpc_response(body).map_err(|e| TransportError::Protocol(e.to_string()))?;
+    if status == 0 {
+        Ok(payload.to_vec())
+    } else {
+        Err(TransportError::Rpc { method, status: RpcStatus::new(status, String::from_utf8_lossy(payload)) })
     }
 }

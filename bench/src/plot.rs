@@ -1,0 +1,101 @@
+//! Line charts as PNG, for results people compare.
+//!
+//! Text needs a font: DejaVu Sans from the Debian package `fonts-dejavu-core` (installed by
+//! `ops/install-packages.sh`), loaded once at run time.
+
+use std::path::Path;
+use std::sync::Once;
+
+use anyhow::Context;
+use plotters::prelude::*;
+
+const FONT_PATHS: &[&str] =
+    &["/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/usr/share/fonts/dejavu/DejaVuSans.ttf"];
+
+fn register_font() -> anyhow::Result<()> {
+    static ONCE: Once = Once::new();
+    let mut result = Ok(());
+    ONCE.call_once(|| {
+        result = (|| {
+            let path = FONT_PATHS
+                .iter()
+                .find(|p| Path::new(p).exists())
+                .context("no DejaVu Sans font found: install fonts-dejavu-core")?;
+            let bytes: &'static [u8] = Box::leak(std::fs::read(path)?.into_boxed_slice());
+            plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
+                .map_err(|_| anyhow::anyhow!("{path} is not a usable font"))?;
+            Ok(())
+        })();
+    });
+    result
+}
+
+/// One line of a chart.
+pub struct Series {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// How x values are labelled (e.g. `2^x` when x is a log2).
+pub type XFormat<'a> = &'a dyn Fn(&f64) -> String;
+
+/// Writes a line chart of `series` to `path` (PNG, 1200 x 700).
+pub fn line_chart(path: &Path, title: &str, x_label: &str, y_label: &str, series: &[Series]) -> anyhow::Result<()> {
+    line_chart_with(path, title, x_label, y_label, series, None)
+}
+
+/// Like [`line_chart`], with the x labels drawn by `x_format`.
+pub fn line_chart_with(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+    x_format: Option<XFormat<'_>>,
+) -> anyhow::Result<()> {
+    register_font()?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let xs = series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
+    let ys = series.iter().flat_map(|s| s.points.iter().map(|p| p.1));
+    let (x_min, x_max) = xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| (a.min(x), b.max(x)));
+    let y_max = ys.fold(0.0f64, f64::max) * 1.1;
+    anyhow::ensure!(x_min.is_finite() && x_max > x_min, "nothing to plot");
+    let root = BitMapBackend::new(path, (1200, 700)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 26))
+        .margin(20)
+        .x_label_area_size(50)
+        .y_label_area_size(90)
+        .build_cartesian_2d(x_min..x_max, 0.0..y_max.max(1.0))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let plain = |x: &f64| format!("{x}");
+    chart
+        .configure_mesh()
+        .x_desc(x_label)
+        .y_desc(y_label)
+        .x_label_formatter(x_format.unwrap_or(&plain))
+        .label_style(("sans-serif", 16))
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let colors = [RED, BLUE, GREEN, MAGENTA, CYAN, BLACK];
+    for (i, s) in series.iter().enumerate() {
+        let color = colors[i % colors.len()];
+        chart
+            .draw_series(LineSeries::new(s.points.iter().copied(), color.stroke_width(2)))
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .label(s.name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 18))
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    root.present().map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+    Ok(())
+}

@@ -1,0 +1,197 @@
+//! `racekv bench redis`: GET throughput through racekv's Redis front end against a real
+//! redis-server, both driven by the real redis-benchmark with the same flags, in the same
+//! run, in alternating rounds (the machine is shared and noisy: compare the ratio).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use racekv_computenode::config::ComputenodeConfig;
+use racekv_computenode::Computenode;
+use racekv_transport::TransportKind;
+use serde::Serialize;
+
+use crate::cluster::BenchMemnode;
+use crate::report::Environment;
+
+#[derive(Debug, Clone, Args)]
+pub struct RedisArgs {
+    /// GETs per redis-benchmark run.
+    #[arg(long, default_value_t = 200_000)]
+    pub requests: u64,
+    /// redis-benchmark connections (-c).
+    #[arg(long, default_value_t = 50)]
+    pub clients: u32,
+    /// Keys (loaded before the runs, key:000000000000 .. like redis-benchmark's -r).
+    #[arg(long, default_value_t = 100_000)]
+    pub keys: u64,
+    #[arg(long, default_value_t = 64)]
+    pub value_size: usize,
+    /// Pipeline depths (-P) to compare, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,16")]
+    pub pipeline: Vec<u32>,
+    /// Alternating rounds per pipeline depth.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: u32,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PipelineResult {
+    pub pipeline: u32,
+    pub redis_server_ops_per_sec: Vec<f64>,
+    pub racekv_ops_per_sec: Vec<f64>,
+    /// Mean racekv / mean redis-server.
+    pub ratio: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RedisReport {
+    pub bench: &'static str,
+    pub redis_benchmark_flags: String,
+    pub redis_server_version: String,
+    pub results: Vec<PipelineResult>,
+    pub environment: Environment,
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A redis-server child, stopped on drop.
+struct RedisServer(Child);
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_for_port(port: u16) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        anyhow::ensure!(Instant::now() < deadline, "nothing listens on port {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// Sets every key with one pipelined connection (raw RESP).
+fn load(port: u16, keys: u64, value: &[u8]) -> anyhow::Result<()> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut line = String::new();
+    for start in (0..keys).step_by(1000) {
+        let end = (start + 1000).min(keys);
+        let mut buf = Vec::new();
+        for i in start..end {
+            let key = format!("key:{i:012}");
+            buf.extend_from_slice(
+                format!("*3\r\n$3\r\nSET\r\n${}\r\n{key}\r\n${}\r\n", key.len(), value.len()).as_bytes(),
+            );
+            buf.extend_from_slice(value);
+            buf.extend_from_slice(b"\r\n");
+        }
+        stream.write_all(&buf)?;
+        for _ in start..end {
+            line.clear();
+            reader.read_line(&mut line)?;
+            anyhow::ensure!(line == "+OK\r\n", "SET answered {line:?}");
+        }
+    }
+    Ok(())
+}
+
+/// One redis-benchmark GET run; returns requests per second.
+fn run_benchmark(port: u16, flags: &[String]) -> anyhow::Result<f64> {
+    let out = Command::new("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-t", "get", "--csv"])
+        .args(flags)
+        .output()
+        .context("running redis-benchmark (Debian package redis-tools)")?;
+    anyhow::ensure!(out.status.success(), "redis-benchmark failed: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.starts_with("\"GET\"")).with_context(|| format!("no GET line in {text:?}"))?;
+    let rps = line.split(',').nth(1).context("no rps column")?.trim_matches('"');
+    Ok(rps.parse()?)
+}
+
+pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
+    // A real redis-server, no persistence.
+    let redis_port = free_port()?;
+    let child = Command::new("redis-server")
+        .args(["--port", &redis_port.to_string(), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1"])
+        .stdout(Stdio::null())
+        .spawn()
+        .context("starting redis-server (Debian package redis-server)")?;
+    let _redis = RedisServer(child);
+    wait_for_port(redis_port)?;
+    let version = Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+
+    // racekv: a memnode and a computenode in this process, on shm.
+    let region = (args.keys * 256 + (256 << 20)).div_ceil(1 << 20) << 20;
+    let memnode = BenchMemnode::start(TransportKind::Shm, region, 256, None, "bench-redis", false)?;
+    let node = Computenode::start(ComputenodeConfig {
+        memnodes: vec![memnode.endpoint().to_string()],
+        token: "bench-redis".into(),
+        redis_addr: Some("127.0.0.1:0".into()),
+        remote_addr: None,
+        metrics_addr: None,
+        ..ComputenodeConfig::default()
+    })?;
+    let racekv_port = node.redis_addr().context("redis front end")?.port();
+
+    let value = vec![b'x'; args.value_size];
+    load(redis_port, args.keys, &value)?;
+    load(racekv_port, args.keys, &value)?;
+
+    let mut results = Vec::new();
+    let mut flags_text = String::new();
+    for &pipeline in &args.pipeline {
+        let flags: Vec<String> = vec![
+            "-n".into(),
+            args.requests.to_string(),
+            "-c".into(),
+            args.clients.to_string(),
+            "-r".into(),
+            args.keys.to_string(),
+            "-d".into(),
+            args.value_size.to_string(),
+            "-P".into(),
+            pipeline.to_string(),
+        ];
+        flags_text = flags.join(" ");
+        let (mut theirs, mut ours) = (Vec::new(), Vec::new());
+        for _ in 0..args.rounds {
+            theirs.push(run_benchmark(redis_port, &flags)?);
+            ours.push(run_benchmark(racekv_port, &flags)?);
+        }
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        results.push(PipelineResult {
+            pipeline,
+            ratio: mean(&ours) / mean(&theirs),
+            redis_server_ops_per_sec: theirs,
+            racekv_ops_per_sec: ours,
+        });
+    }
+    // Leave the server's socket clean.
+    let mut s = TcpStream::connect(("127.0.0.1", redis_port))?;
+    let _ = s.write_all(b"*1\r\n$8\r\nSHUTDOWN\r\n");
+    let _ = s.read(&mut [0u8; 64]);
+    Ok(RedisReport {
+        bench: "redis",
+        redis_benchmark_flags: format!("-t get {flags_text} (with -P from the list)"),
+        redis_server_version: version,
+        results,
+        environment: Environment::capture(),
+    })
+}

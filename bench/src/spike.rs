@@ -1,0 +1,307 @@
+//! `racekv bench spike`: KRCORE's load-spike experiment. One worker runs GETs; at the
+//! trigger, N-1 more workers start at once; throughput is sampled every 100 us from before
+//! the trigger to the plateau. Two runs:
+//!
+//! * virtualized: each new worker attaches a pre-initialized session from the computenode
+//!   (virtual connections over the daemon's pool);
+//! * fresh: each new worker does what a new process must: connect, authenticate, fetch the
+//!   metadata and the directory, and get a heap chunk (its first PUT), on the same transport.
+//!
+//! Bootstrap time = trigger to the first moment throughput reaches 90% of its plateau (as a
+//! 2 ms average: single noisy samples neither reach nor miss it). The machine is shared and
+//! noisy, so the modes alternate over several trials and each reports its median. Each new
+//! worker's time to its first completed GET is reported as well (noise-free, per worker).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use racekv_computenode::config::ComputenodeConfig;
+use racekv_computenode::Computenode;
+use racekv_transport::TransportKind;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::cluster::BenchMemnode;
+use crate::plot::{line_chart, Series};
+use crate::report::Environment;
+
+#[derive(Debug, Clone, Args)]
+pub struct SpikeArgs {
+    #[arg(long, default_value = "tcp")]
+    pub transport: TransportKind,
+    #[arg(long, default_value_t = 1)]
+    pub workers_before: usize,
+    #[arg(long, default_value_t = 24)]
+    pub workers_after: usize,
+    #[arg(long, default_value_t = 10_000)]
+    pub keys: u64,
+    /// Milliseconds sampled before the trigger.
+    #[arg(long, default_value_t = 100)]
+    pub before_ms: u64,
+    /// Milliseconds sampled after the trigger.
+    #[arg(long, default_value_t = 1_500)]
+    pub after_ms: u64,
+    /// Sampling interval.
+    #[arg(long, default_value_t = 100)]
+    pub sample_us: u64,
+    /// Trials per mode (alternating); medians are reported.
+    #[arg(long, default_value_t = 5)]
+    pub trials: u32,
+    /// Where the throughput plot goes.
+    #[arg(long, default_value = "bench-results/spike.png")]
+    pub plot: PathBuf,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SpikeRun {
+    pub mode: &'static str,
+    pub bootstrap_ms: f64,
+    pub plateau_ops_per_sec: f64,
+    pub before_ops_per_sec: f64,
+    /// From the trigger to each new worker's first completed GET: median and slowest.
+    pub first_op_p50_ms: f64,
+    pub first_op_max_ms: f64,
+    /// (ms since trigger, ops/s), one per sample.
+    #[serde(skip)]
+    pub series: Vec<(f64, f64)>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SpikeReport {
+    pub bench: &'static str,
+    pub transport: String,
+    pub workers_before: usize,
+    pub workers_after: usize,
+    pub sample_us: u64,
+    pub trials: u32,
+    /// Medians over the trials.
+    pub virtualized_bootstrap_ms: f64,
+    pub fresh_bootstrap_ms: f64,
+    /// 1 - virtualized / fresh.
+    pub bootstrap_reduction: f64,
+    pub virtualized_first_op_max_ms: f64,
+    pub fresh_first_op_max_ms: f64,
+    pub runs: Vec<SpikeRun>,
+    pub plot: String,
+    pub environment: Environment,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Virtualized,
+    Fresh,
+}
+
+pub fn run(args: &SpikeArgs) -> anyhow::Result<SpikeReport> {
+    anyhow::ensure!(
+        args.workers_after > args.workers_before && args.workers_before >= 1,
+        "need workers_after > workers_before >= 1"
+    );
+    let memnode = BenchMemnode::start(args.transport, 512 << 20, 256, None, "bench-spike", false)?;
+    let endpoint = memnode.endpoint().to_string();
+    let node = Arc::new(Computenode::start(ComputenodeConfig {
+        memnodes: vec![endpoint.clone()],
+        token: "bench-spike".into(),
+        redis_addr: None,
+        remote_addr: None,
+        metrics_addr: None,
+        ready_sessions: args.workers_after + 4,
+        upgrade_ops_per_sec: 0,
+        ..ComputenodeConfig::default()
+    })?);
+    {
+        let mut s = node.attach();
+        for k in 0..args.keys {
+            s.put(&k.to_be_bytes(), &[7u8; 64])?;
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300)); // ready sessions refilled
+    let mut runs = Vec::new();
+    for _ in 0..args.trials.max(1) {
+        for mode in [Mode::Virtualized, Mode::Fresh] {
+            runs.push(spike(args, mode, &node, &endpoint)?);
+            std::thread::sleep(Duration::from_millis(300)); // ready sessions refilled, sockets settled
+        }
+    }
+    let median = |mode: &str, f: &dyn Fn(&SpikeRun) -> f64| {
+        let mut v: Vec<f64> = runs.iter().filter(|r| r.mode == mode).map(f).collect();
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    let (v, f) = (median("virtualized", &|r| r.bootstrap_ms), median("fresh", &|r| r.bootstrap_ms));
+    // Plot the trial closest to each mode's median.
+    let typical = |mode: &str, m: f64| {
+        runs.iter()
+            .filter(|r| r.mode == mode)
+            .min_by(|a, b| (a.bootstrap_ms - m).abs().total_cmp(&(b.bootstrap_ms - m).abs()))
+            .expect("a trial")
+    };
+    let shown = [typical("virtualized", v), typical("fresh", f)];
+    line_chart(
+        &args.plot,
+        &format!(
+            "racekv load spike: {} -> {} workers over {} (throughput every {} us)",
+            args.workers_before, args.workers_after, args.transport, args.sample_us
+        ),
+        "ms since the trigger",
+        "GET ops/s",
+        &shown
+            .iter()
+            .map(|r| Series {
+                name: format!("{} (bootstrap {:.2} ms)", r.mode, r.bootstrap_ms),
+                points: r.series.clone(),
+            })
+            .collect::<Vec<_>>(),
+    )?;
+    Ok(SpikeReport {
+        bench: "spike",
+        transport: args.transport.to_string(),
+        workers_before: args.workers_before,
+        workers_after: args.workers_after,
+        sample_us: args.sample_us,
+        trials: args.trials.max(1),
+        virtualized_bootstrap_ms: v,
+        fresh_bootstrap_ms: f,
+        bootstrap_reduction: 1.0 - v / f,
+        virtualized_first_op_max_ms: median("virtualized", &|r| r.first_op_max_ms),
+        fresh_first_op_max_ms: median("fresh", &|r| r.first_op_max_ms),
+        runs,
+        plot: args.plot.display().to_string(),
+        environment: Environment::capture(),
+    })
+}
+
+/// Runs GETs until stopped; returns when its first GET completed.
+fn worker(
+    mode: Mode,
+    node: &Computenode,
+    endpoint: &str,
+    keys: u64,
+    ops: &AtomicU64,
+    stop: &AtomicBool,
+    seed: u64,
+) -> anyhow::Result<Instant> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut pending = 0;
+    let mut first: Option<Instant> = None;
+    let mut work = |get: &mut dyn FnMut(&[u8]) -> anyhow::Result<()>| -> anyhow::Result<Instant> {
+        while !stop.load(Ordering::Relaxed) {
+            get(&rng.random_range(0..keys).to_be_bytes())?;
+            first.get_or_insert_with(Instant::now);
+            pending += 1;
+            if pending == 8 {
+                ops.fetch_add(8, Ordering::Relaxed);
+                pending = 0;
+            }
+        }
+        first.ok_or_else(|| anyhow::anyhow!("the worker never completed a GET"))
+    };
+    match mode {
+        Mode::Virtualized => {
+            let mut s = node.attach();
+            s.put(format!("worker-{seed}").as_bytes(), b"x")?;
+            work(&mut |k| s.get(k).map(|_| ()).map_err(Into::into))
+        }
+        Mode::Fresh => {
+            let client = racekv_client::Client::builder()
+                .memnode(endpoint)
+                .token("bench-spike")
+                .connections_per_memnode(1)
+                .connect()?;
+            client.put(format!("worker-{seed}").as_bytes(), b"x")?;
+            work(&mut |k| client.get(k).map(|_| ()).map_err(Into::into))
+        }
+    }
+}
+
+fn spike(args: &SpikeArgs, mode: Mode, node: &Arc<Computenode>, endpoint: &str) -> anyhow::Result<SpikeRun> {
+    let ops = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let go = Arc::new(std::sync::Barrier::new(args.workers_after - args.workers_before + 1));
+    let spawn = |i: usize, gate: Option<Arc<std::sync::Barrier>>| {
+        let (ops, stop, node, endpoint, keys) =
+            (Arc::clone(&ops), Arc::clone(&stop), Arc::clone(node), endpoint.to_string(), args.keys);
+        std::thread::spawn(move || {
+            if let Some(gate) = gate {
+                gate.wait();
+            }
+            worker(mode, &node, &endpoint, keys, &ops, &stop, i as u64)
+        })
+    };
+    let mut handles: Vec<_> = (0..args.workers_before).map(|i| spawn(i, None)).collect();
+    // The new workers' threads exist and wait at the gate before the trigger.
+    handles.extend((args.workers_before..args.workers_after).map(|i| spawn(i, Some(Arc::clone(&go)))));
+    std::thread::sleep(Duration::from_millis(50));
+    let mut samples: Vec<(Instant, u64)> = Vec::new();
+    let interval = Duration::from_micros(args.sample_us);
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(args.before_ms) {
+        samples.push((Instant::now(), ops.load(Ordering::Relaxed)));
+        std::thread::sleep(interval);
+    }
+    let trigger = Instant::now();
+    go.wait();
+    while trigger.elapsed() < Duration::from_millis(args.after_ms) {
+        samples.push((Instant::now(), ops.load(Ordering::Relaxed)));
+        std::thread::sleep(interval);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut first_ops = Vec::new();
+    for (i, h) in handles.into_iter().enumerate() {
+        let first = h.join().expect("worker thread")?;
+        if i >= args.workers_before {
+            first_ops.push(first.saturating_duration_since(trigger).as_secs_f64() * 1e3);
+        }
+    }
+    first_ops.sort_by(|a, b| a.total_cmp(b));
+    // Throughput per sample interval, stamped at the interval's end.
+    let rates: Vec<(f64, f64)> = samples
+        .windows(2)
+        .map(|w| {
+            let dt = w[1].0.duration_since(w[0].0).as_secs_f64();
+            let t = if w[1].0 >= trigger {
+                w[1].0.duration_since(trigger).as_secs_f64()
+            } else {
+                -trigger.duration_since(w[1].0).as_secs_f64()
+            };
+            (t * 1e3, (w[1].1 - w[0].1) as f64 / dt)
+        })
+        .collect();
+    let per_ms = (1000 / args.sample_us.max(1)).max(1) as usize;
+    let after: Vec<(f64, f64)> = rates.iter().copied().filter(|p| p.0 >= 0.0).collect();
+    let mut tail: Vec<f64> = after[after.len() / 2..].iter().map(|p| p.1).collect();
+    tail.sort_by(|a, b| a.total_cmp(b));
+    let plateau = tail[tail.len() / 2];
+    // The first moment from which the next 2 ms average at least 90% of the plateau.
+    let hold = (2 * per_ms).min(after.len());
+    let bootstrap_ms = (0..after.len().saturating_sub(hold))
+        .find(|&i| after[i..i + hold].iter().map(|p| p.1).sum::<f64>() / hold as f64 >= 0.9 * plateau)
+        .map(|i| after[i].0 - args.sample_us as f64 / 1e3)
+        .unwrap_or(f64::NAN)
+        .max(0.0);
+    let before: Vec<f64> = rates.iter().filter(|p| p.0 < 0.0).map(|p| p.1).collect();
+    // For the plot: a 1 ms moving average.
+    let smoothed = rates
+        .iter()
+        .enumerate()
+        .map(|(i, &(t, _))| {
+            let window = &rates[i.saturating_sub(per_ms - 1)..=i];
+            (t, window.iter().map(|w| w.1).sum::<f64>() / window.len() as f64)
+        })
+        .collect();
+    Ok(SpikeRun {
+        mode: if mode == Mode::Virtualized { "virtualized" } else { "fresh" },
+        bootstrap_ms,
+        plateau_ops_per_sec: plateau,
+        before_ops_per_sec: before.iter().sum::<f64>() / before.len().max(1) as f64,
+        first_op_p50_ms: first_ops.get(first_ops.len() / 2).copied().unwrap_or(f64::NAN),
+        first_op_max_ms: first_ops.last().copied().unwrap_or(f64::NAN),
+        series: smoothed,
+    })
+}

@@ -1,0 +1,87 @@
+//! The `racekv` command as the README uses it: `racekv up`, then redis-cli and `racekv`
+//! against it, then Ctrl-C.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[test]
+fn up_serves_redis_cli_and_the_cli_then_stops_on_ctrl_c() {
+    let (redis, memnode, metrics, remote) = (free_port(), free_port(), free_port(), free_port());
+    let dir = tempfile::tempdir().unwrap();
+    let mut up = Command::new(env!("CARGO_BIN_EXE_racekv"))
+        .args([
+            "up",
+            "--region-bytes",
+            "64MiB",
+            "--redis-port",
+            &redis.to_string(),
+            "--base-port",
+            &memnode.to_string(),
+        ])
+        .args(["--metrics-addr", &format!("127.0.0.1:{metrics}"), "--remote-port", &remote.to_string()])
+        .env("XDG_RUNTIME_DIR", dir.path())
+        .env("RACEKV_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(up.stdout.take().unwrap()).lines();
+    let mut banner = String::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        banner.push_str(&line);
+        banner.push('\n');
+        if line.contains("Ctrl-C stops the cluster") {
+            break;
+        }
+    }
+    assert!(banner.contains(&format!("redis-cli -p {redis} set greeting hello")), "{banner}");
+    let cli = |args: &[&str]| {
+        let out = Command::new("redis-cli")
+            .arg("-p")
+            .arg(redis.to_string())
+            .args(args)
+            .output()
+            .expect("redis-cli (redis-tools) is installed");
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    assert_eq!(cli(&["set", "a", "b"]), "OK");
+    assert_eq!(cli(&["get", "a"]), "b");
+    let racekv = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_racekv"))
+            .args(args)
+            .env("RACEKV_MEMNODES", format!("tcp:127.0.0.1:{memnode}"))
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    assert_eq!(racekv(&["get", "a"]), (true, "b".to_string()));
+    assert_eq!(racekv(&["put", "c", "d"]), (true, "OK".to_string()));
+    assert_eq!(cli(&["get", "c"]), "d");
+    let (ok, status) = racekv(&["status", "--computenode", &format!("127.0.0.1:{metrics}")]);
+    assert!(ok && status.contains("computenode: 1 worker"), "{status}");
+    // Ctrl-C.
+    Command::new("kill").args(["-INT", &up.id().to_string()]).status().unwrap();
+    let rest: String = lines.map_while(Result::ok).collect::<Vec<_>>().join("\n");
+    let status = up.wait().unwrap();
+    assert!(status.success(), "racekv up exited with {status:?}: {rest}");
+    assert!(rest.contains("stopped cleanly"), "{rest}");
+}
+
+#[test]
+fn doctor_reports_and_names_fixes() {
+    let out = Command::new(env!("CARGO_BIN_EXE_racekv")).arg("doctor").output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("memlock limit") && text.contains("huge pages"), "{text}");
+    assert!(
+        text.lines().all(|l| l.starts_with('[')
+            || l.starts_with("       fix:")
+            || l.starts_with("racekv ")
+            || l.starts_with("the verbs")),
+        "{text}"
+    );
+}

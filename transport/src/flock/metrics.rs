@@ -1,0 +1,98 @@
+//! FLOCK's Prometheus series (`racekv_flock_*`, base units, microsecond latency buckets).
+
+use std::sync::LazyLock;
+
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts};
+
+pub(crate) struct Metrics {
+    /// Requests per message, as senders coalesce them.
+    pub degree: Histogram,
+    /// Messages and requests, by direction (`sent` by senders, `received` by receivers).
+    pub messages: IntCounterVec,
+    pub requests: IntCounterVec,
+    pub credits_granted: IntCounter,
+    /// Renewals the scheduler refused (credits withheld: overload, or over the active cap).
+    pub renewals_refused: IntCounter,
+    /// Calls that gave up waiting for credits (never sent).
+    pub overloaded: IntCounter,
+    /// Lanes the receivers' schedulers count as active.
+    pub active: IntGauge,
+    /// Lanes open at the receivers.
+    pub lanes: IntGauge,
+    /// Bytes of a receiver's request ring still unread when it takes a message.
+    pub ring_occupancy: Histogram,
+    /// Sender-side call latency.
+    pub call_seconds: Histogram,
+    /// Lanes closed for a bad message or I/O error, by reason.
+    pub lane_errors: IntCounterVec,
+}
+
+pub(crate) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
+    use racekv_telemetry::{register, COUNT_BUCKETS, LATENCY_BUCKETS_SECONDS, SIZE_BUCKETS_BYTES};
+    let m = Metrics {
+        degree: register(
+            Histogram::with_opts(
+                HistogramOpts::new("racekv_flock_coalescing_degree", "Requests coalesced into one FLOCK message")
+                    .buckets(COUNT_BUCKETS.to_vec()),
+            )
+            .unwrap(),
+        ),
+        messages: register(
+            IntCounterVec::new(Opts::new("racekv_flock_messages_total", "FLOCK messages"), &["direction"]).unwrap(),
+        ),
+        requests: register(
+            IntCounterVec::new(
+                Opts::new("racekv_flock_requests_total", "RPC requests carried in FLOCK messages"),
+                &["direction"],
+            )
+            .unwrap(),
+        ),
+        credits_granted: register(
+            IntCounter::new("racekv_flock_credits_granted_total", "Credits granted by receivers' schedulers").unwrap(),
+        ),
+        renewals_refused: register(
+            IntCounter::new("racekv_flock_credit_refusals_total", "Credit renewals refused by receivers' schedulers")
+                .unwrap(),
+        ),
+        overloaded: register(
+            IntCounter::new(
+                "racekv_flock_overloaded_calls_total",
+                "Calls that gave up waiting for credits (the request was never sent)",
+            )
+            .unwrap(),
+        ),
+        active: register(
+            IntGauge::new("racekv_flock_active_connections", "FLOCK lanes the scheduler holds active").unwrap(),
+        ),
+        lanes: register(IntGauge::new("racekv_flock_connections", "FLOCK lanes open at this receiver").unwrap()),
+        ring_occupancy: register(
+            Histogram::with_opts(
+                HistogramOpts::new(
+                    "racekv_flock_ring_occupancy_bytes",
+                    "Unread bytes in a receiver's request ring when it takes a message",
+                )
+                .buckets(SIZE_BUCKETS_BYTES.to_vec()),
+            )
+            .unwrap(),
+        ),
+        call_seconds: register(
+            Histogram::with_opts(
+                HistogramOpts::new("racekv_flock_call_seconds", "One RPC through FLOCK, as the caller sees it")
+                    .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
+            )
+            .unwrap(),
+        ),
+        lane_errors: register(
+            IntCounterVec::new(
+                Opts::new("racekv_flock_lane_errors_total", "FLOCK lanes closed for an error"),
+                &["reason"],
+            )
+            .unwrap(),
+        ),
+    };
+    for d in ["sent", "received"] {
+        m.messages.with_label_values(&[d]);
+        m.requests.with_label_values(&[d]);
+    }
+    m
+});

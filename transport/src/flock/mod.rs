@@ -1,0 +1,158 @@
+//! FLOCK: RPC over connections shared by threads, with coalescing and credit scheduling
+//! (after Monga et al., SOSP'21). Every [`crate::Connection::call`] goes through it.
+//!
+//! Pieces, in the order a request meets them:
+//! * [`mapping`]: the calling thread's slot (its thread id on the wire) and the lane it is
+//!   mapped to: threads are sorted by the median size of their recent requests and cut into
+//!   one group per active lane, so large requests do not block small ones.
+//! * credits ([`sender`]): a request needs one credit of its lane. Each lane starts with what
+//!   the receiver grants at setup (C = 32 by default) and asks for more after using half.
+//! * [`combine`]: an MCS-style queue per lane. The thread at its head is the leader: it
+//!   coalesces everyone queued behind it into one [`message`] (header with length, count and
+//!   canary; per request size, thread id, sequence and rpc id; data; trailing canary), sends
+//!   it with one write, and passes leadership on.
+//! * the receiver ([`receiver`], run by the region server, one loop per lane) checks both
+//!   canaries and every field, dispatches each request to the [`crate::RpcService`], and
+//!   coalesces the responses into one message the same way; responses carry the receiver's
+//!   ring head back, and the answer to a credit renewal.
+//! * the [`scheduler`] (one per region server) grants or refuses credits: it caps the active
+//!   lanes at MAX_AQP, shares them in proportion to each sender's reported coalescing degree
+//!   and request rate, leaves dormant senders one, and refuses credits when granting would
+//!   queue more than the server can serve in `max_queue_delay` (overload).
+//! * back at the sender, a waiting caller holds the lane's reader role, delivers every
+//!   response of a message to its caller and hands the role on ([`sender`]).
+//!
+//! How each transport carries FLOCK messages, and why:
+//! * **tcp** ([`stream`]): a lane is a dedicated TCP connection to the region server; each
+//!   message is one `write` on the stream, with TCP_NODELAY. The socket is the ring: TCP
+//!   orders and flow-controls the bytes, so the acknowledged head is 0, and coalescing pays
+//!   off as fewer system calls and wake-ups per request on both sides.
+//! * **shm** ([`shm`]): a lane is a pair of rings in a memfd the server creates and passes
+//!   over the Unix socket; a message is one copy into the peer's ring published with a
+//!   release store, the receiver polls for the canaries and, when idle, sleeps on a futex in
+//!   the shared page, so the only system call per message is the wake-up of a sleeping peer.
+//!   The socket stays open only to notice the peer going away.
+//! * **verbs** (planned, not built yet): a lane would be its own RC queue pair; each side
+//!   registers a ring and a message is one RDMA WRITE into the receiver's ring, polled for
+//!   the canaries like the shm ring ([`ring`] is written for both); credit renewals and
+//!   grants as RDMA WRITE with immediate so they raise a completion without contending with
+//!   the ring, and sends signaled selectively. Until then RPC on a verbs connection travels
+//!   as frames on its TCP control channel, as before.
+//!
+//! Large requests: a message holds up to [`message::MAX_MESSAGE_BYTES`], enough for one
+//! maximal RPC ([`crate::wire::MAX_RPC_BYTES`]); rings are sized for two such messages.
+//! Coalescing stops at the carrier's message limit or [`FlockOptions::max_coalesce`].
+
+pub(crate) mod combine;
+pub(crate) mod mapping;
+pub mod message;
+mod metrics;
+pub(crate) mod receiver;
+pub(crate) mod ring;
+pub mod scheduler;
+pub(crate) mod sender;
+pub(crate) mod shm;
+pub(crate) mod stream;
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+pub use scheduler::{Scheduler, SchedulerOptions, SenderStats};
+
+use crate::error::TransportError;
+use sender::{LaneSetup, Sender};
+
+/// Sender-side settings of a connection's RPC channel.
+#[derive(Debug, Clone)]
+pub struct FlockOptions {
+    /// Lanes (connections to the receiver) per sender; the receiver's scheduler decides how
+    /// many are active. At most 64.
+    pub lanes: usize,
+    /// Most requests a leader coalesces into one message.
+    pub max_coalesce: usize,
+}
+
+impl Default for FlockOptions {
+    fn default() -> Self {
+        Self { lanes: 2, max_coalesce: 64 }
+    }
+}
+
+/// The sender's end of a lane.
+pub(crate) trait ClientCarrier: Send + Sync {
+    /// Writes one whole message. One caller at a time (the lane's send lock).
+    fn send(&self, message: &[u8]) -> io::Result<()>;
+    /// Waits about one poll interval for the next message and fills `buf` with exactly it
+    /// (its header canary must be `expect`); `Ok(false)` when nothing came. One caller at a
+    /// time (the reader role).
+    fn recv(&self, buf: &mut Vec<u8>, expect: u32) -> io::Result<bool>;
+    /// The receiver's ring head, as a response acknowledged it.
+    fn acked(&self, _head: u64) {}
+    /// Largest message this carrier takes.
+    fn max_message(&self) -> usize;
+    /// Closes the lane and unblocks anyone in `recv` or `send`.
+    fn shutdown(&self);
+}
+
+type OpenLanes = dyn Fn(u64, usize) -> Result<Vec<LaneSetup>, TransportError> + Send + Sync;
+
+/// A connection's RPC channel: a sender opened on first use (so connections that never
+/// call cost nothing more), replaced when every lane of it has failed.
+pub(crate) struct Channel {
+    sender: Mutex<Option<Arc<Sender>>>,
+    open: Box<OpenLanes>,
+    options: FlockOptions,
+    timeout: Duration,
+    peer: String,
+}
+
+impl Channel {
+    pub fn new(options: FlockOptions, timeout: Duration, peer: String, open: Box<OpenLanes>) -> Self {
+        let options = FlockOptions { lanes: options.lanes.clamp(1, 64), max_coalesce: options.max_coalesce.max(1) };
+        Self { sender: Mutex::new(None), open, options, timeout, peer }
+    }
+
+    fn sender(&self) -> Result<Arc<Sender>, TransportError> {
+        let mut slot = self.sender.lock();
+        if let Some(s) = slot.as_ref().filter(|s| !s.is_broken()) {
+            return Ok(Arc::clone(s));
+        }
+        let id = crate::server::random_u64();
+        let lanes = (self.open)(id, self.options.lanes).map_err(|e| match e {
+            TransportError::Connect { endpoint, reason } => TransportError::ConnectionLost {
+                reason: format!("cannot open an rpc lane to {endpoint}: {reason}"),
+                maybe_executed: false,
+            },
+            other => other,
+        })?;
+        let sender = Arc::new(Sender::new(id, lanes, self.options.clone(), self.timeout, self.peer.clone()));
+        *slot = Some(Arc::clone(&sender));
+        Ok(sender)
+    }
+
+    pub fn call(&self, method: u16, request: &[u8]) -> Result<Vec<u8>, TransportError> {
+        if request.len() > crate::wire::MAX_RPC_BYTES {
+            return Err(TransportError::InvalidBatch(format!(
+                "rpc request of {} B exceeds {} B",
+                request.len(),
+                crate::wire::MAX_RPC_BYTES
+            )));
+        }
+        self.sender()?.call(method, request)
+    }
+
+    /// Lanes of the current sender that hold credits (0 before the first call).
+    pub fn active_lanes(&self) -> usize {
+        self.sender.lock().as_ref().map_or(0, |s| s.active_lanes())
+    }
+}
+
+/// Messages and requests this process's senders have sent so far (from the
+/// `racekv_flock_*_total` counters): their ratio over an interval is the coalescing degree.
+pub fn sender_totals() -> (u64, u64) {
+    let m = &metrics::METRICS;
+    (m.messages.with_label_values(&["sent"]).get(), m.requests.with_label_values(&["sent"]).get())
+}
