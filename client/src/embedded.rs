@@ -118,11 +118,17 @@ impl Memnode {
     }
 }
 
-/// All memnodes of an embedded client, and its idle sessions.
-pub(crate) struct Cluster {
+/// All memnodes of an embedded client. Sessions share it.
+pub(crate) struct Core {
     memnodes: Vec<Memnode>,
     ring: Ring,
     timeout: Duration,
+}
+
+/// The memnodes and the idle sessions. Sessions hold the [`Core`], not this, so the last
+/// `Client` to go drops the idle sessions (they send their pending item counts as they go).
+pub(crate) struct Cluster {
+    core: Arc<Core>,
     idle: Mutex<Vec<Session<EmbeddedShards>>>,
 }
 
@@ -150,15 +156,16 @@ impl Cluster {
                 )));
             }
         }
-        Ok(Arc::new(Self { ring: Ring::new(&ids), memnodes, timeout: connect.timeout, idle: Mutex::new(Vec::new()) }))
+        let core = Arc::new(Core { ring: Ring::new(&ids), memnodes, timeout: connect.timeout });
+        Ok(Arc::new(Self { core, idle: Mutex::new(Vec::new()) }))
     }
 
     /// Runs `f` on a pooled session.
     pub(crate) fn with<R>(self: &Arc<Self>, f: impl FnOnce(&mut Session<EmbeddedShards>) -> R) -> R {
         let mut session = self.idle.lock().pop().unwrap_or_else(|| {
             Session::new(EmbeddedShards {
-                cluster: Arc::clone(self),
-                parts: (0..self.memnodes.len()).map(|_| None).collect(),
+                core: Arc::clone(&self.core),
+                parts: (0..self.core.memnodes.len()).map(|_| None).collect(),
             })
         });
         let result = f(&mut session);
@@ -176,36 +183,36 @@ impl Cluster {
     }
 
     pub(crate) fn labels(&self) -> Vec<String> {
-        self.memnodes.iter().map(|m| m.label.clone()).collect()
+        self.core.memnodes.iter().map(|m| m.label.clone()).collect()
     }
 }
 
 /// A session's view of the embedded cluster: its own table client per memnode, rebuilt
 /// after the memnode's connections were replaced.
 pub(crate) struct EmbeddedShards {
-    cluster: Arc<Cluster>,
+    core: Arc<Core>,
     parts: Vec<Option<(u64, TableClient)>>,
 }
 
 impl Shards for EmbeddedShards {
     fn route(&self, key: &[u8]) -> usize {
-        self.cluster.ring.shard(key)
+        self.core.ring.shard(key)
     }
 
     fn count(&self) -> usize {
-        self.cluster.memnodes.len()
+        self.core.memnodes.len()
     }
 
     fn label(&self, shard: usize) -> &str {
-        &self.cluster.memnodes[shard].label
+        &self.core.memnodes[shard].label
     }
 
     fn timeout(&self) -> Duration {
-        self.cluster.timeout
+        self.core.timeout
     }
 
     fn client(&mut self, shard: usize) -> Result<&mut TableClient, ClientError> {
-        let memnode = &self.cluster.memnodes[shard];
+        let memnode = &self.core.memnodes[shard];
         let current = memnode.generation();
         if self.parts[shard].as_ref().is_none_or(|(generation, _)| *generation != current) {
             self.parts[shard] = Some(memnode.table_client());
@@ -215,7 +222,7 @@ impl Shards for EmbeddedShards {
 
     fn on_transient_failure(&mut self, shard: usize) {
         if let Some((generation, _)) = self.parts[shard].take() {
-            self.cluster.memnodes[shard].reconnect(generation);
+            self.core.memnodes[shard].reconnect(generation);
         }
     }
 }

@@ -101,3 +101,18 @@ fn the_same_memnode_twice_is_refused() {
         Ok(c) => assert_eq!(c.mode(), racekv_client::Mode::Attached),
     }
 }
+
+#[test]
+fn a_dropped_client_publishes_its_item_count() {
+    // A short-lived process (one CLI command) must leave the count right: its sessions,
+    // with their pending item-count changes, go when the client goes.
+    let (memnodes, client) = cluster(1, TransportKind::Tcp);
+    for i in 0..10 {
+        client.put(format!("k{i}").as_bytes(), b"v").unwrap();
+    }
+    let other = client.clone();
+    drop(client);
+    other.put(b"k10", b"v").unwrap();
+    drop(other);
+    assert_eq!(memnodes[0].stats().items, 11, "a dropped client left its item count unpublished");
+}
