@@ -78,24 +78,40 @@ enum Bench {
     Rpc(rpc::RpcArgs),
 }
 
-/// Which cluster to talk to.
+/// Which cluster to talk to, and how: attached to the local computenode (the default),
+/// embedded (`--memnode`: this process connects to the memnodes itself) or remote
+/// (`--remote`: a computenode on another host).
 #[derive(Debug, Args)]
 struct Target {
-    /// Memnode endpoints (comma-separated): shm:/path, tcp:host:port or verbs:host:port.
-    #[arg(long = "memnode", env = "RACEKV_MEMNODES", value_delimiter = ',', default_value = "tcp:127.0.0.1:7400")]
+    /// Embedded mode: memnode endpoints (comma-separated): shm:/path, tcp:host:port or verbs:host:port.
+    #[arg(long = "memnode", env = "RACEKV_MEMNODES", value_delimiter = ',')]
     memnodes: Vec<String>,
-    /// The memnodes' shared secret.
+    /// Attached mode through this computenode socket (default: the local daemon's).
+    #[arg(long, env = "RACEKV_ATTACH")]
+    attach: Option<std::path::PathBuf>,
+    /// Remote mode through a computenode's remote front end (host:port).
+    #[arg(long, env = "RACEKV_REMOTE")]
+    remote: Option<String>,
+    /// The shared secret.
     #[arg(long, env = "RACEKV_TOKEN", default_value = "racekv-dev-token", hide_env_values = true)]
     token: String,
 }
 
 impl Target {
     fn client(&self) -> anyhow::Result<Client> {
-        Client::builder()
-            .memnodes(self.memnodes.iter().cloned())
-            .token(self.token.clone())
-            .connect()
-            .with_context(|| format!("connecting to {} (is `racekv up` running?)", self.memnodes.join(", ")))
+        let mut builder = Client::builder().token(self.token.clone());
+        let target = if let Some(remote) = &self.remote {
+            builder = builder.remote(remote.clone());
+            format!("the computenode at {remote}")
+        } else if !self.memnodes.is_empty() {
+            builder = builder.memnodes(self.memnodes.iter().cloned());
+            self.memnodes.join(", ")
+        } else {
+            let socket = self.attach.clone().unwrap_or_else(racekv_client::default_attach_socket);
+            builder = builder.attach(&socket);
+            format!("the computenode at {}", socket.display())
+        };
+        builder.connect().with_context(|| format!("connecting to {target} (is `racekv up` running?)"))
     }
 }
 

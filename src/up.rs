@@ -41,15 +41,10 @@ pub struct UpArgs {
     token: String,
 }
 
-/// A directory for this user's sockets.
+/// This user's directory for racekv's sockets: where the computenode's attach socket
+/// lives by default (so local clients find it), and the memnodes' sockets beside it.
 fn runtime_dir() -> PathBuf {
-    std::env::var_os("XDG_RUNTIME_DIR")
-        .map(|d| PathBuf::from(d).join("racekv"))
-        .unwrap_or_else(|| std::env::temp_dir().join(format!("racekv-{}", nix_uid())))
-}
-
-fn nix_uid() -> u32 {
-    std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m)).unwrap_or(0)
+    racekv_client::default_attach_socket().parent().map(PathBuf::from).unwrap_or_else(std::env::temp_dir)
 }
 
 pub fn run(args: UpArgs) -> anyhow::Result<()> {
@@ -111,7 +106,8 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     println!("try, from another shell:");
     println!("  redis-cli -p {} set greeting hello", redis.port());
     println!("  redis-cli -p {} get greeting", redis.port());
-    println!("  RACEKV_MEMNODES={} racekv get greeting", tcp.join(","));
+    println!("  racekv get greeting        (attaches to this computenode)");
+    println!("  RACEKV_MEMNODES={} racekv get greeting   (embedded: own connections)", tcp.join(","));
     println!("Ctrl-C stops the cluster.");
     let signal = signals.forever().next();
     println!("stopping (signal {signal:?})");

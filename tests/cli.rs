@@ -60,6 +60,28 @@ fn up_serves_redis_cli_and_the_cli_then_stops_on_ctrl_c() {
     };
     assert_eq!(racekv(&["get", "a"]), (true, "b".to_string()));
     assert_eq!(racekv(&["put", "c", "d"]), (true, "OK".to_string()));
+    // With no memnodes named, the CLI attaches to the local computenode (its default socket
+    // lives in XDG_RUNTIME_DIR), and --remote goes through the remote front end.
+    let other_mode = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_racekv"))
+            .args(args)
+            .env("XDG_RUNTIME_DIR", dir.path())
+            .env_remove("RACEKV_MEMNODES")
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).trim().to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (ok, value, err) = other_mode(&["get", "c"]);
+    assert!(ok && value == "d", "attached get: {value} {err}");
+    let (ok, value, err) = other_mode(&["--version"]);
+    assert!(ok, "{value} {err}");
+    let (ok, _, err) = other_mode(&["put", "e", "f", "--remote", &format!("127.0.0.1:{remote}")]);
+    assert!(ok, "remote put: {err}");
+    assert_eq!(cli(&["get", "e"]), "f");
     assert_eq!(cli(&["get", "c"]), "d");
     let (ok, status) = racekv(&["status", "--computenode", &format!("127.0.0.1:{metrics}")]);
     assert!(ok && status.contains("computenode: 1 worker"), "{status}");

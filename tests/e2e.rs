@@ -128,6 +128,7 @@ fn through_a_computenode(kind: TransportKind) {
         token: TOKEN.into(),
         redis_addr: None,
         remote_addr: None,
+        attach_socket: None,
         metrics_addr: None,
         ..Default::default()
     })

@@ -67,6 +67,7 @@ pub fn run(args: &AttachArgs) -> anyhow::Result<AttachReport> {
         token: "bench-attach".into(),
         redis_addr: None,
         remote_addr: None,
+        attach_socket: None,
         metrics_addr: None,
         ready_sessions: 64,
         ..ComputenodeConfig::default()

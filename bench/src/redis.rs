@@ -145,6 +145,7 @@ pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
         token: "bench-redis".into(),
         redis_addr: Some("127.0.0.1:0".into()),
         remote_addr: None,
+        attach_socket: None,
         metrics_addr: None,
         ..ComputenodeConfig::default()
     })?;

@@ -110,6 +110,7 @@ pub fn run(args: &SpikeArgs) -> anyhow::Result<SpikeReport> {
         token: "bench-spike".into(),
         redis_addr: None,
         remote_addr: None,
+        attach_socket: None,
         metrics_addr: None,
         ready_sessions: args.workers_after + 4,
         upgrade_ops_per_sec: 0,

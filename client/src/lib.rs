@@ -59,6 +59,7 @@ mod attached;
 mod embedded;
 mod error;
 pub mod op;
+mod remote;
 pub mod ring;
 pub mod session;
 
@@ -76,6 +77,7 @@ pub use session::{Session, Shards};
 /// Settings for [`Client`]; start from [`Client::builder`].
 #[derive(Debug, Clone)]
 pub struct ClientBuilder {
+    remote: Option<String>,
     memnodes: Vec<String>,
     token: String,
     timeout: Duration,
@@ -106,6 +108,8 @@ pub enum Mode {
     Attached,
     /// With its own connections to the memnodes.
     Embedded,
+    /// Through a computenode on another host, by RPC.
+    Remote,
 }
 
 /// How long an attached client's waiting thread polls the ring before it sleeps, unless
@@ -124,6 +128,7 @@ pub fn default_attach_spin() -> Duration {
 impl Default for ClientBuilder {
     fn default() -> Self {
         Self {
+            remote: None,
             attach: None,
             attach_spin: default_attach_spin(),
             memnodes: Vec::new(),
@@ -140,6 +145,13 @@ impl ClientBuilder {
     /// [`default_attach_socket`]). Not combinable with [`ClientBuilder::memnode`].
     pub fn attach(mut self, socket: impl Into<PathBuf>) -> Self {
         self.attach = Some(socket.into());
+        self
+    }
+
+    /// Remote mode through the computenode at `addr` (`host:port` of its remote front end,
+    /// e.g. `127.0.0.1:7410`). Not combinable with memnodes or an attach socket.
+    pub fn remote(mut self, addr: impl Into<String>) -> Self {
+        self.remote = Some(addr.into());
         self
     }
 
@@ -195,6 +207,16 @@ impl ClientBuilder {
     /// [`default_attach_socket`]). When no daemon listens there, fails with
     /// [`ClientError::Unavailable`] naming the path and the alternatives.
     pub fn connect(self) -> Result<Client, ClientError> {
+        if let Some(addr) = &self.remote {
+            if !self.memnodes.is_empty() || self.attach.is_some() {
+                return Err(ClientError::Config(
+                    "a remote computenode and memnodes or an attach socket were given; choose one".into(),
+                ));
+            }
+            let remote =
+                remote::Remote::connect(addr, ConnectOptions { token: self.token.clone(), timeout: self.timeout })?;
+            return Ok(Client { backend: Backend::Remote(Arc::new(remote)) });
+        }
         if !self.memnodes.is_empty() {
             if let Some(path) = &self.attach {
                 return Err(ClientError::Config(format!(
@@ -218,6 +240,7 @@ impl ClientBuilder {
 enum Backend {
     Embedded(Arc<embedded::Cluster>),
     Attached(Arc<attached::Attached>),
+    Remote(Arc<remote::Remote>),
 }
 
 /// A handle on a racekv cluster; clone it freely.
@@ -236,13 +259,14 @@ impl Client {
         match &self.backend {
             Backend::Embedded(_) => Mode::Embedded,
             Backend::Attached(_) => Mode::Attached,
+            Backend::Remote(_) => Mode::Remote,
         }
     }
 
     /// The daemon's socket, in attached mode.
     pub fn attach_socket(&self) -> Option<&Path> {
         match &self.backend {
-            Backend::Embedded(_) => None,
+            Backend::Embedded(_) | Backend::Remote(_) => None,
             Backend::Attached(a) => Some(a.path()),
         }
     }
@@ -252,6 +276,7 @@ impl Client {
         match &self.backend {
             Backend::Embedded(c) => c.with(|s| s.get(key)),
             Backend::Attached(a) => a.get(key),
+            Backend::Remote(r) => r.get(key),
         }
     }
 
@@ -260,6 +285,7 @@ impl Client {
         match &self.backend {
             Backend::Embedded(c) => c.with(|s| s.put(key, value)),
             Backend::Attached(a) => a.put_with(key, value, PutMode::Upsert).map(|_| ()),
+            Backend::Remote(r) => r.put_with(key, value, PutMode::Upsert).map(|_| ()),
         }
     }
 
@@ -268,6 +294,7 @@ impl Client {
         match &self.backend {
             Backend::Embedded(c) => c.with(|s| s.put_with(key, value, PutMode::InsertOnly)),
             Backend::Attached(a) => a.put_with(key, value, PutMode::InsertOnly),
+            Backend::Remote(r) => r.put_with(key, value, PutMode::InsertOnly),
         }
     }
 
@@ -276,6 +303,7 @@ impl Client {
         match &self.backend {
             Backend::Embedded(c) => c.with(|s| s.put_with(key, value, PutMode::UpdateOnly)),
             Backend::Attached(a) => a.put_with(key, value, PutMode::UpdateOnly),
+            Backend::Remote(r) => r.put_with(key, value, PutMode::UpdateOnly),
         }
     }
 
@@ -284,6 +312,7 @@ impl Client {
         match &self.backend {
             Backend::Embedded(c) => c.with(|s| s.delete(key)),
             Backend::Attached(a) => a.delete(key),
+            Backend::Remote(r) => r.delete(key),
         }
     }
 
@@ -298,6 +327,7 @@ impl Client {
         match &self.backend {
             Backend::Embedded(c) => c.with(|s| s.compare_and_swap(key, expected, new)),
             Backend::Attached(a) => a.compare_and_swap(key, expected, new),
+            Backend::Remote(r) => r.compare_and_swap(key, expected, new),
         }
     }
 
@@ -306,6 +336,7 @@ impl Client {
         match &self.backend {
             Backend::Embedded(c) => c.with(|s| s.multi_get(keys)),
             Backend::Attached(a) => a.multi_get(keys),
+            Backend::Remote(r) => r.multi_get(keys),
         }
     }
 
@@ -314,6 +345,7 @@ impl Client {
         match &self.backend {
             Backend::Embedded(c) => c.with(|s| s.multi_put(pairs)),
             Backend::Attached(a) => a.multi_put(pairs),
+            Backend::Remote(r) => r.multi_put(pairs),
         }
     }
 
@@ -322,37 +354,40 @@ impl Client {
     /// Attached mode: as the daemon sees them (one entry naming the socket if the daemon
     /// cannot be asked).
     pub fn stats(&self) -> Vec<(String, Result<TableStats, ClientError>)> {
-        match &self.backend {
+        let (label, entries) = match &self.backend {
             Backend::Embedded(c) => {
                 c.flush_idle();
-                c.with(|s| s.stats())
+                return c.with(|s| s.stats());
             }
-            Backend::Attached(a) => match a.stats() {
-                Ok(entries) => entries
-                    .into_iter()
-                    .map(|m| {
-                        let stats =
-                            m.stats.map_err(|(kind, message)| op::Reply::into_error(kind, message, &m.endpoint));
-                        (m.endpoint, stats)
-                    })
-                    .collect(),
-                Err(e) => vec![(format!("attach:{}", a.path().display()), Err(e))],
-            },
+            Backend::Attached(a) => (format!("attach:{}", a.path().display()), a.stats()),
+            Backend::Remote(r) => (r.label().to_string(), r.stats()),
+        };
+        match entries {
+            Ok(entries) => entries
+                .into_iter()
+                .map(|m| {
+                    let stats = m.stats.map_err(|(kind, message)| op::Reply::into_error(kind, message, &m.endpoint));
+                    (m.endpoint, stats)
+                })
+                .collect(),
+            Err(e) => vec![(label, Err(e))],
         }
     }
 
-    /// Endpoints of the memnodes (attached mode: the daemon's, asked each time; empty if it
-    /// cannot be asked).
+    /// Endpoints of the memnodes (attached and remote modes: the daemon's, asked each time;
+    /// empty if it cannot be asked).
     pub fn memnodes(&self) -> Vec<String> {
-        match &self.backend {
-            Backend::Embedded(c) => c.labels(),
-            Backend::Attached(a) => match a.stats() {
-                Ok(entries) => entries.into_iter().map(|m| m.endpoint).collect(),
-                Err(e) => {
-                    tracing::warn!("asking the computenode for its memnodes failed: {e}");
-                    Vec::new()
-                }
-            },
+        let entries = match &self.backend {
+            Backend::Embedded(c) => return c.labels(),
+            Backend::Attached(a) => a.stats(),
+            Backend::Remote(r) => r.stats(),
+        };
+        match entries {
+            Ok(entries) => entries.into_iter().map(|m| m.endpoint).collect(),
+            Err(e) => {
+                tracing::warn!("asking the computenode for its memnodes failed: {e}");
+                Vec::new()
+            }
         }
     }
 
@@ -361,6 +396,7 @@ impl Client {
         match &self.backend {
             Backend::Embedded(_) => self.stats().into_iter().map(|(_, s)| s.map(|s| s.items)).sum(),
             Backend::Attached(a) => a.len(),
+            Backend::Remote(r) => r.len(),
         }
     }
 

@@ -149,6 +149,15 @@ impl<S: Shards> Session<S> {
         self.len().map(|n| n == 0)
     }
 
+    /// Publishes pending item-count changes (a round trip per memnode that has one, nothing
+    /// otherwise): for sessions going idle, so counts do not wait for their next operation.
+    pub fn publish_counts(&mut self) -> Result<(), ClientError> {
+        for s in 0..self.shards.count() {
+            self.on(s, |c| c.publish_count())?;
+        }
+        Ok(())
+    }
+
     /// Sends pending item-count changes.
     pub fn flush(&mut self) -> Result<(), ClientError> {
         for s in 0..self.shards.count() {

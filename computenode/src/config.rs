@@ -47,7 +47,9 @@ pub struct ComputenodeConfig {
     /// host:port for remote clients (the request/reply model over RPC); unset turns it off.
     /// They authenticate with `token`.
     pub remote_addr: Option<String>,
-    /// Unix socket where local processes attach; unset turns it off.
+    /// Unix socket where local processes attach (a shared-memory ring each; only this
+    /// user's processes and root may). Default: where clients look for it,
+    /// `racekv_client::default_attach_socket()`. Unset turns it off.
     pub attach_socket: Option<PathBuf>,
     /// Prometheus `/metrics` and JSON `/status`; unset turns it off.
     pub metrics_addr: Option<SocketAddr>,
@@ -73,7 +75,7 @@ impl Default for ComputenodeConfig {
             redis_addr: Some("127.0.0.1:6380".into()),
             redis_max_clients: 1024,
             remote_addr: Some("127.0.0.1:7410".into()),
-            attach_socket: None,
+            attach_socket: Some(racekv_client::default_attach_socket()),
             metrics_addr: Some("127.0.0.1:9401".parse().expect("static address")),
         }
     }

@@ -26,6 +26,8 @@ pub struct Status {
     pub redis_addr: Option<String>,
     pub redis_clients: Option<usize>,
     pub remote_addr: Option<String>,
+    pub attach_socket: Option<String>,
+    pub attached_clients: Option<usize>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -44,11 +46,14 @@ struct Parts {
     workers: parking_lot::Mutex<Workers>,
     redis: parking_lot::Mutex<Option<RedisServer>>,
     remote: parking_lot::Mutex<Option<racekv_transport::RegionServer>>,
+    attach: parking_lot::Mutex<Option<crate::attach::AttachServer>>,
 }
 
 impl Parts {
     fn status(&self) -> Status {
+        // Each lock once: parking_lot mutexes are not reentrant.
         let redis = self.redis.lock();
+        let attach = self.attach.lock();
         Status {
             memnodes: self
                 .cluster
@@ -69,6 +74,8 @@ impl Parts {
             redis_addr: redis.as_ref().map(|r| r.local_addr().to_string()),
             redis_clients: redis.as_ref().map(|r| r.stats().connected_clients()),
             remote_addr: self.remote.lock().as_ref().map(|r| r.endpoints()[0].to_string()),
+            attach_socket: attach.as_ref().map(|a| a.socket_path().display().to_string()),
+            attached_clients: attach.as_ref().map(|a| a.attached_clients()),
         }
     }
 
@@ -110,7 +117,14 @@ impl Computenode {
             workers: parking_lot::Mutex::new(workers),
             redis: parking_lot::Mutex::new(None),
             remote: parking_lot::Mutex::new(None),
+            attach: parking_lot::Mutex::new(None),
         });
+        if let Some(path) = &config.attach_socket {
+            let submit: Arc<dyn Submit> = parts.queue.clone();
+            let server = crate::attach::AttachServer::start(path, submit, crate::attach::AttachOptions::default())
+                .with_context(|| format!("starting the attach socket {}", path.display()))?;
+            *parts.attach.lock() = Some(server);
+        }
         if let Some(addr) = &config.remote_addr {
             let server = crate::remote::serve(Arc::clone(&cluster), addr, &config.token)
                 .with_context(|| format!("starting the remote front end on {addr}"))?;
@@ -177,6 +191,7 @@ impl Computenode {
         serde_json::json!({
             "redis": self.redis_addr().map(|a| a.to_string()),
             "remote": self.remote_endpoint(),
+            "attach": self.parts.attach.lock().as_ref().map(|a| a.socket_path().display().to_string()),
             "metrics": self.metrics_addr().map(|a| a.to_string()),
             "memnodes": self.parts.cluster.memnodes().iter().map(|m| m.label.clone()).collect::<Vec<_>>(),
             "pid": std::process::id(),
@@ -202,6 +217,9 @@ impl Drop for Computenode {
             redis.shutdown();
         }
         self.parts.remote.lock().take();
+        if let Some(mut attach) = self.parts.attach.lock().take() {
+            attach.shutdown();
+        }
         self.parts.workers.lock().shutdown();
         self.parts.cluster.stop();
         self.metrics.take();

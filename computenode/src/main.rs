@@ -27,6 +27,9 @@ struct Args {
     /// Redis front end address, or `none`.
     #[arg(long)]
     redis_addr: Option<String>,
+    /// Unix socket local processes attach to, or `none`.
+    #[arg(long)]
+    attach_socket: Option<String>,
     /// Remote-client address (request/reply over RPC), or `none`.
     #[arg(long)]
     remote_addr: Option<String>,
@@ -56,6 +59,9 @@ fn main() -> anyhow::Result<()> {
     }
     if let Some(v) = args.redis_addr {
         cfg.redis_addr = (v != "none").then_some(v);
+    }
+    if let Some(v) = args.attach_socket {
+        cfg.attach_socket = (v != "none").then(|| PathBuf::from(v));
     }
     if let Some(v) = args.remote_addr {
         cfg.remote_addr = (v != "none").then_some(v);

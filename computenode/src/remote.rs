@@ -44,6 +44,9 @@ impl RpcService for KvService {
         })?;
         let mut session = self.idle.lock().pop().unwrap_or_else(|| self.cluster.attach());
         let reply = session.execute(&request);
+        if let Err(e) = session.publish_counts() {
+            tracing::debug!("publishing a remote session's item count failed: {e}");
+        }
         self.idle.lock().push(session);
         REQUESTS.with_label_values(&[if matches!(reply, Reply::Error(..)) { "error" } else { "ok" }]).inc();
         let mut out = Vec::new();

@@ -95,4 +95,10 @@ impl KvSession for RedisSession {
     fn info(&mut self) -> Result<String, StoreError> {
         Ok((self.info)())
     }
+
+    fn idle(&mut self) {
+        if let Err(e) = self.s().publish_counts() {
+            tracing::debug!("publishing an idle Redis session's item count failed: {e}");
+        }
+    }
 }

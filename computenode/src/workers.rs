@@ -172,6 +172,12 @@ fn work(shared: &Shared) {
                 (job.reply)(reply);
                 METRICS.service_seconds.observe(started.elapsed().as_secs_f64());
                 idle_since = Instant::now();
+                if shared.queue.depth() == 0 {
+                    // Going idle: publish item-count changes now, not with the next job.
+                    if let Err(e) = session.publish_counts() {
+                        tracing::debug!("publishing a worker's item count failed: {e}");
+                    }
+                }
             }
             Err(RecvTimeoutError::Timeout) => {
                 if idle_since.elapsed() < shared.options.idle_retire {

@@ -24,6 +24,7 @@ fn config(m: &TestMemnode) -> ComputenodeConfig {
         token: TestMemnode::TOKEN.into(),
         redis_addr: None,
         remote_addr: None,
+        attach_socket: None,
         metrics_addr: None,
         ..ComputenodeConfig::default()
     }

@@ -81,6 +81,8 @@ fn computenode(memnodes: &str) -> Proc {
         "127.0.0.1:0".into(),
         "--remote-addr".into(),
         "127.0.0.1:0".into(),
+        "--attach-socket".into(),
+        "none".into(),
         "--metrics-addr".into(),
         "127.0.0.1:0".into(),
     ];

@@ -21,6 +21,7 @@ fn a_broken_queue_pair_is_replaced_while_the_pool_keeps_serving() {
         connections_per_memnode: 4,
         redis_addr: None,
         remote_addr: None,
+        attach_socket: None,
         metrics_addr: None,
         upgrade_ops_per_sec: 0,
         ..ComputenodeConfig::default()

@@ -559,14 +559,21 @@ impl TableClient {
         crate::service::decode_stats(&reply).ok_or_else(|| Error::Remote("unreadable stats".into()))
     }
 
-    /// Sends any pending item-count change now (it otherwise rides on the next batch).
-    pub fn flush(&mut self) -> Result<(), Error> {
+    /// Sends any pending item-count change now (one FAA; nothing when there is none). It
+    /// otherwise rides on the next batch: call this when the client goes idle.
+    pub fn publish_count(&mut self) -> Result<(), Error> {
         if self.count_delta != 0 {
             self.batch.clear();
             self.batch.faa(sb::ITEM_COUNT, self.count_delta as u64);
             self.count_delta = 0;
             self.conn.execute(&mut self.batch)?;
         }
+        Ok(())
+    }
+
+    /// Sends the pending item-count change and publishes this client's metric counts.
+    pub fn flush(&mut self) -> Result<(), Error> {
+        self.publish_count()?;
         self.metrics.flush();
         Ok(())
     }

@@ -318,6 +318,9 @@ fn serve(shared: &Shared, mut stream: TcpStream, id: u64) -> &'static str {
             linger(&mut stream, &mut chunk);
             return reason;
         }
+        if !parser.has_partial_command() {
+            client.idle();
+        }
     }
 }
 

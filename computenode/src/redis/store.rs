@@ -136,6 +136,10 @@ pub trait KvSession: Send {
     /// Extra `key:value` lines for INFO (cluster/memnode/worker details), one per line,
     /// without a section header; lines end in `\n` or `\r\n` (the front end normalizes).
     fn info(&mut self) -> Result<String, StoreError>;
+
+    /// The connection has answered everything it was sent and waits for more: a moment for
+    /// deferred work (publishing counts). Errors are the store's to log.
+    fn idle(&mut self) {}
 }
 
 /// A store that hands out sessions; shared by every connection of a server.

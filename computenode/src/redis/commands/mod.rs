@@ -142,6 +142,11 @@ impl Client {
     }
 
     /// Whether the connection should close once the replies so far are written (`QUIT`).
+    /// Everything sent so far is answered: let the storage do deferred work.
+    pub fn idle(&mut self) {
+        self.store.idle();
+    }
+
     pub fn wants_close(&self) -> bool {
         self.closing
     }
