@@ -7,7 +7,7 @@ use std::io::Write;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use racekv_bench::{attach, churn, loadfactor, ops, redis, rpc, spike};
+use racekv_bench::{attach, churn, coldstart, loadfactor, ops, redis, rpc, spike};
 use racekv_client::Client;
 
 /// racekv: a disaggregated key-value store (RACE hashing over one-sided operations).
@@ -76,6 +76,8 @@ enum Bench {
     Redis(redis::RedisArgs),
     /// RPC: per-thread, lock-shared and FLOCK-coalescing connections; writes a PNG plot.
     Rpc(rpc::RpcArgs),
+    /// A new process's start to its first completed GET: attached vs embedded.
+    Coldstart(coldstart::ColdstartArgs),
 }
 
 /// Which cluster to talk to, and how: attached to the local computenode (the default),
@@ -131,6 +133,9 @@ fn main() -> anyhow::Result<()> {
         Command::Doctor => doctor::run(),
         Command::Get { key, target } => match target.client()?.get(key.as_bytes())? {
             Some(value) => {
+                if std::env::var_os(coldstart::FIRST_OP_ENV).is_some() {
+                    eprintln!("{}{}", coldstart::FIRST_OP_PREFIX, racekv_client::attach::monotonic_ns());
+                }
                 std::io::stdout().write_all(&value)?;
                 println!();
                 Ok(())
@@ -158,6 +163,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(Bench::Spike(args)) => print(&spike::run(&args)?, args.json),
         Command::Bench(Bench::Redis(args)) => print(&redis::run(&args)?, args.json),
         Command::Bench(Bench::Rpc(args)) => print(&rpc::run(&args)?, args.json),
+        Command::Bench(Bench::Coldstart(args)) => print(&coldstart::run(&args)?, args.json),
     }
 }
 

@@ -107,3 +107,20 @@ fn doctor_reports_and_names_fixes() {
         "{text}"
     );
 }
+
+/// `racekv bench coldstart` starts `racekv get` both ways; each child must read the value
+/// (the bench checks it) and report a stamp after its start.
+#[test]
+fn coldstart_bench_runs_children_in_both_modes() {
+    let out = Command::new(env!("CARGO_BIN_EXE_racekv"))
+        .args(["bench", "coldstart", "--runs", "2", "--json"])
+        .env("RACEKV_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["runs"], 2);
+    for field in ["attached_ms", "embedded_ms", "attached_p99_ms", "embedded_p99_ms"] {
+        assert!(report[field].as_f64().unwrap() > 0.0, "{field}: {report}");
+    }
+}

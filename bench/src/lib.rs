@@ -10,10 +10,12 @@
 //! * [`spike`]: KRCORE's load spike: 1 -> N workers, throughput every 100 us (PNG plot).
 //! * [`redis`]: GETs through the Redis front end vs a real redis-server, same flags, same run.
 //! * [`rpc`]: RPC with per-thread, lock-shared and FLOCK-coalescing connections.
+//! * [`coldstart`]: a new process's start to its first GET, attached vs embedded.
 
 pub mod attach;
 pub mod churn;
 pub mod cluster;
+pub mod coldstart;
 pub mod loadfactor;
 pub mod membaseline;
 pub mod ops;

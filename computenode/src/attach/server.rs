@@ -274,7 +274,7 @@ fn serve(shared: &Arc<Shared>, id: u64, mut stream: UnixStream) {
     }
     METRICS.attaches.inc();
     METRICS.clients.inc();
-    tracing::info!(client = id, peer = %conn.peer, "client attached");
+    tracing::debug!(client = id, peer = %conn.peer, "client attached");
     let ending = connection::run(
         Arc::clone(&conn),
         ring,
@@ -288,7 +288,7 @@ fn serve(shared: &Arc<Shared>, id: u64, mut stream: UnixStream) {
     match &ending {
         Ending::Closed => {
             METRICS.detaches.with_label_values(&["closed"]).inc();
-            tracing::info!(client = id, peer = %conn.peer, "client detached (it closed its socket)");
+            tracing::debug!(client = id, peer = %conn.peer, "client detached (it closed its socket)");
         }
         Ending::Shutdown => {
             METRICS.detaches.with_label_values(&["shutdown"]).inc();
