@@ -96,6 +96,13 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         computenode.status().workers,
         args.max_workers
     );
+    let status = computenode.status();
+    if let Some(socket) = &status.attach_socket {
+        println!("  attach:      {socket}   (local processes: the client library's default)");
+    }
+    if let Some(remote) = computenode.remote_endpoint() {
+        println!("  remote:      {remote}   (clients on other hosts: racekv --remote)");
+    }
     if let Some(addr) = computenode.metrics_addr() {
         println!("  metrics:     http://{addr}/metrics   status: http://{addr}/status");
     }

@@ -125,3 +125,25 @@ impl ComputenodeConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_example_parses_and_validates() {
+        let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ops/config/computenode.toml");
+        let cfg = ComputenodeConfig::load(Some(&example)).unwrap();
+        cfg.validate().unwrap();
+        assert_eq!(cfg.memnodes, ["shm:/run/racekv/memnode.sock"]);
+        assert_eq!(cfg.attach_socket.as_deref(), Some(Path::new("/run/racekv/computenode.sock")));
+    }
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("computenode.toml");
+        std::fs::write(&file, "max_worker = 5\n").unwrap();
+        assert!(ComputenodeConfig::load(Some(&file)).is_err());
+    }
+}

@@ -139,6 +139,14 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_example_parses() {
+        let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ops/config/memnode.toml");
+        let cfg = MemnodeConfig::load(Some(&example)).unwrap();
+        assert_eq!(cfg.region_bytes, 16 << 30);
+        assert_eq!(cfg.listen_tcp.as_deref(), Some("0.0.0.0:7400"));
+    }
+
+    #[test]
     fn unknown_keys_are_errors() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("memnode.toml");
