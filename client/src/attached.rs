@@ -151,10 +151,7 @@ impl Attached {
             // No stored key is this long.
             return Ok(None);
         }
-        match self.call(&Request::Get(key.to_vec()))? {
-            Reply::Value(v) => Ok(v),
-            other => Err(self.unexpected(other)),
-        }
+        self.call(&Request::Get(key.to_vec()))?.value().map_err(|r| self.unexpected(r))
     }
 
     pub(crate) fn put_with(&self, key: &[u8], value: &[u8], mode: PutMode) -> Result<bool, ClientError> {
@@ -173,10 +170,7 @@ impl Attached {
         if key.len() > MAX_KV_BYTES && !self.fits(key.len() + 8)? {
             return Ok(false);
         }
-        match self.call(&Request::Delete(key.to_vec()))? {
-            Reply::Done(existed) => Ok(existed),
-            other => Err(self.unexpected(other)),
-        }
+        self.call(&Request::Delete(key.to_vec()))?.done().map_err(|r| self.unexpected(r))
     }
 
     pub(crate) fn compare_and_swap(
@@ -211,17 +205,11 @@ impl Attached {
     }
 
     pub(crate) fn len(&self) -> Result<u64, ClientError> {
-        match self.call(&Request::Len)? {
-            Reply::Count(n) => Ok(n),
-            other => Err(self.unexpected(other)),
-        }
+        self.call(&Request::Len)?.count().map_err(|r| self.unexpected(r))
     }
 
     pub(crate) fn stats(&self) -> Result<Vec<MemnodeStats>, ClientError> {
-        match self.call(&Request::Stats)? {
-            Reply::Stats(entries) => Ok(entries),
-            other => Err(self.unexpected(other)),
-        }
+        self.call(&Request::Stats)?.stats().map_err(|r| self.unexpected(r))
     }
 
     /// Values of many keys: chunks that fit a slot and the daemon's key limit travel

@@ -149,6 +149,38 @@ impl Reply {
         Reply::Error(kind, e.to_string())
     }
 
+    /// GET's value, or the reply itself when it is anything else (for the caller's error).
+    pub fn value(self) -> Result<Option<Vec<u8>>, Reply> {
+        match self {
+            Reply::Value(v) => Ok(v),
+            other => Err(other),
+        }
+    }
+
+    /// PUT's, DEL's or CAS's outcome, or the reply itself when it is anything else.
+    pub fn done(self) -> Result<bool, Reply> {
+        match self {
+            Reply::Done(b) => Ok(b),
+            other => Err(other),
+        }
+    }
+
+    /// LEN's count, or the reply itself when it is anything else.
+    pub fn count(self) -> Result<u64, Reply> {
+        match self {
+            Reply::Count(n) => Ok(n),
+            other => Err(other),
+        }
+    }
+
+    /// STATS' entries, or the reply itself when it is anything else.
+    pub fn stats(self) -> Result<Vec<MemnodeStats>, Reply> {
+        match self {
+            Reply::Stats(entries) => Ok(entries),
+            other => Err(other),
+        }
+    }
+
     /// Turns an error reply back into a typed error (`at` names who answered).
     pub fn into_error(kind: ErrorKind, message: String, at: &str) -> ClientError {
         let endpoint = at.to_string();

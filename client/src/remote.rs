@@ -99,27 +99,20 @@ impl Remote {
     }
 
     pub(crate) fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
-        match self.call(&Request::Get(key.to_vec()))? {
-            Reply::Value(v) => Ok(v),
-            other => Err(self.unexpected(other)),
-        }
+        self.call(&Request::Get(key.to_vec()))?.value().map_err(|r| self.unexpected(r))
     }
 
     pub(crate) fn put_with(&self, key: &[u8], value: &[u8], mode: PutMode) -> Result<bool, ClientError> {
         if key.len() + value.len() > MAX_KV_BYTES {
             return Err(ClientError::TooLarge { key: key.len(), value: value.len(), max: MAX_KV_BYTES });
         }
-        match self.call(&Request::Put { key: key.to_vec(), value: value.to_vec(), mode })? {
-            Reply::Done(applied) => Ok(applied),
-            other => Err(self.unexpected(other)),
-        }
+        self.call(&Request::Put { key: key.to_vec(), value: value.to_vec(), mode })?
+            .done()
+            .map_err(|r| self.unexpected(r))
     }
 
     pub(crate) fn delete(&self, key: &[u8]) -> Result<bool, ClientError> {
-        match self.call(&Request::Delete(key.to_vec()))? {
-            Reply::Done(existed) => Ok(existed),
-            other => Err(self.unexpected(other)),
-        }
+        self.call(&Request::Delete(key.to_vec()))?.done().map_err(|r| self.unexpected(r))
     }
 
     pub(crate) fn compare_and_swap(
@@ -133,24 +126,15 @@ impl Remote {
             expected: expected.map(<[u8]>::to_vec),
             new: new.map(<[u8]>::to_vec),
         };
-        match self.call(&request)? {
-            Reply::Done(swapped) => Ok(swapped),
-            other => Err(self.unexpected(other)),
-        }
+        self.call(&request)?.done().map_err(|r| self.unexpected(r))
     }
 
     pub(crate) fn len(&self) -> Result<u64, ClientError> {
-        match self.call(&Request::Len)? {
-            Reply::Count(n) => Ok(n),
-            other => Err(self.unexpected(other)),
-        }
+        self.call(&Request::Len)?.count().map_err(|r| self.unexpected(r))
     }
 
     pub(crate) fn stats(&self) -> Result<Vec<MemnodeStats>, ClientError> {
-        match self.call(&Request::Stats)? {
-            Reply::Stats(entries) => Ok(entries),
-            other => Err(self.unexpected(other)),
-        }
+        self.call(&Request::Stats)?.stats().map_err(|r| self.unexpected(r))
     }
 
     /// Values of many keys, in requests of at most [`MAX_MULTI`] keys and the RPC size limit.
