@@ -53,6 +53,12 @@ pub mod scheduler;
 pub(crate) mod sender;
 pub(crate) mod shm;
 pub(crate) mod stream;
+#[cfg(feature = "rdma")]
+pub(crate) mod verbs;
+
+#[cfg(feature = "rdma")]
+#[doc(hidden)]
+pub use verbs::RawVerbsLane;
 
 use std::io;
 use std::sync::Arc;
@@ -91,10 +97,31 @@ pub(crate) trait ClientCarrier: Send + Sync {
     fn recv(&self, buf: &mut Vec<u8>, expect: u32) -> io::Result<bool>;
     /// The receiver's ring head, as a response acknowledged it.
     fn acked(&self, _head: u64) {}
+    /// Our own ring's head, for carriers whose receiver learns it from the `ack` of requests
+    /// (verbs); 0 elsewhere.
+    fn head(&self) -> u64 {
+        0
+    }
     /// Largest message this carrier takes.
     fn max_message(&self) -> usize;
     /// Closes the lane and unblocks anyone in `recv` or `send`.
     fn shutdown(&self);
+    /// True when credit renewals and grants travel beside the messages ([`Self::renew`],
+    /// [`Self::take_grant`]) instead of in their headers (flags RENEW and GRANT).
+    fn credit_channel(&self) -> bool {
+        false
+    }
+    /// Asks for credits on the credit channel (under the lane's send lock).
+    fn renew(&self, _degree_x16: u16, _rate_krps: u16) -> io::Result<()> {
+        Err(io::Error::new(io::ErrorKind::Unsupported, "this carrier renews credits in message headers"))
+    }
+    /// A grant (or refusal: 0) that arrived on the credit channel since the last call.
+    fn take_grant(&self) -> Option<u32> {
+        None
+    }
+    /// Tests: breaks the lane the way its transport can fail underneath (verbs: the queue
+    /// pair goes to the error state), without telling the sender.
+    fn inject_fault(&self) {}
 }
 
 type OpenLanes = dyn Fn(u64, usize) -> Result<Vec<LaneSetup>, TransportError> + Send + Sync;
@@ -147,6 +174,14 @@ impl Channel {
     /// Lanes of the current sender that hold credits (0 before the first call).
     pub fn active_lanes(&self) -> usize {
         self.sender.lock().as_ref().map_or(0, |s| s.active_lanes())
+    }
+
+    /// Tests: breaks lane `lane` of the current sender underneath it ([`ClientCarrier::inject_fault`]).
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    pub fn inject_fault(&self, lane: usize) {
+        if let Some(sender) = self.sender.lock().as_ref() {
+            sender.inject_fault(lane);
+        }
     }
 }
 
