@@ -26,9 +26,9 @@
 //! inactive until a later renewal is granted), and `ack` is the receiver's ring head (bytes
 //! of the request ring consumed), which is how a ring writer on the other side learns what it
 //! may overwrite. (On verbs, renewals and grants travel as RDMA WRITEs with immediate beside
-//! the messages instead of as these flags: `flock/verbs.rs`.) Request entries have status 0; a response
-//! entry's status is 0 for success or an [`crate::RpcStatus`] code with a UTF-8 message as
-//! its data.
+//! the messages instead of as these flags: `flock/verbs.rs`.) Request entries have status 0;
+//! a response entry's status is 0 for success or an [`crate::RpcStatus`] code with a UTF-8
+//! message as its data.
 //!
 //! Every byte comes from the peer and is untrusted: [`decode`] checks canaries, length,
 //! count, sizes, reserved bytes and limits before anything acts on the message, and never

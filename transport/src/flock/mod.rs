@@ -32,12 +32,20 @@
 //!   release store, the receiver polls for the canaries and, when idle, sleeps on a futex in
 //!   the shared page, so the only system call per message is the wake-up of a sleeping peer.
 //!   The socket stays open only to notice the peer going away.
-//! * **verbs** (planned, not built yet): a lane would be its own RC queue pair; each side
-//!   registers a ring and a message is one RDMA WRITE into the receiver's ring, polled for
-//!   the canaries like the shm ring ([`ring`] is written for both); credit renewals and
-//!   grants as RDMA WRITE with immediate so they raise a completion without contending with
-//!   the ring, and sends signaled selectively. Until then RPC on a verbs connection travels
-//!   as frames on its TCP control channel, as before.
+//! * **verbs** (`verbs`, feature `rdma`): a lane is its own RC queue pair between the sender
+//!   and the region server, set up by FlockOpen/FlockAccept over a TCP connection to the
+//!   `verbs:` listener, whose verbs parts exchange QPN, PSN, GID and MTU and each side's
+//!   registered ring (address, rkey, length). A message is one RDMA WRITE with immediate
+//!   into the receiver's ring (inline when small, else from a registered staging buffer);
+//!   the receiver polls its ring for the canaries like the shm ring ([`ring`] serves both),
+//!   and the immediate raises a receive completion that wakes a receiver sleeping on its
+//!   completion channel, so an idle lane burns no core and no wake-up is lost. Credit
+//!   renewals and grants are RDMA WRITEs with immediate beside the ring (the values ride
+//!   in the immediate), so they never queue behind requests. One work request in 16 is
+//!   signaled, plus a signaled RDMA READ of the peer's head word before waiting for room.
+//!   The receiver's head rides back on responses, the sender's on requests; a writer out
+//!   of room READs the peer's head word. The TCP connection stays open only to notice the
+//!   peer leaving. Each ring is pinned (about 8 MiB per lane and side).
 //!
 //! Large requests: a message holds up to [`message::MAX_MESSAGE_BYTES`], enough for one
 //! maximal RPC ([`crate::wire::MAX_RPC_BYTES`]); rings are sized for two such messages.

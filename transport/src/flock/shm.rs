@@ -354,18 +354,7 @@ pub(crate) fn open_shm_lane(
     use crate::TransportError;
     let peer = format!("shm:{}", path.display());
     let fail = |reason: String| TransportError::Connect { endpoint: peer.clone(), reason };
-    // A burst of lanes opening at once can fill the listener's backlog (EAGAIN): retry
-    // within the timeout rather than fail the call.
-    let started = std::time::Instant::now();
-    let mut stream = loop {
-        match UnixStream::connect(path) {
-            Ok(s) => break s,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock && started.elapsed() < options.timeout => {
-                std::thread::sleep(std::time::Duration::from_millis(2));
-            }
-            Err(e) => return Err(fail(e.to_string())),
-        }
-    };
+    let mut stream = UnixStream::connect(path).map_err(|e| fail(e.to_string()))?;
     stream.set_write_timeout(Some(options.timeout)).map_err(|e| fail(e.to_string()))?;
     stream.set_read_timeout(Some(options.timeout)).map_err(|e| fail(e.to_string()))?;
     let token = wire::token_digest(&options.token);

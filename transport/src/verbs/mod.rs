@@ -16,7 +16,9 @@
 //! Connection setup: the client opens a TCP control channel to the server's `verbs:` endpoint,
 //! says hello with its token, then exchanges QP number, PSN, LID, GID and MTU with the server
 //! (which adds the region's rkey, base address and length); the frames are in [`crate::wire`].
-//! The control channel then carries RPC, as on tcp.
+//! After that the control channel carries nothing: it is watched to notice the server going
+//! away. RPC travels on FLOCK lanes, each its own queue pair writing into registered rings
+//! (`crate::flock::verbs`, built from the `queue`, `memory` and `local` layers here).
 //!
 //! Without an RDMA device, connecting and serving fail with [`VerbsError::NoDevice`], whose
 //! message names the alternatives (shm, tcp, Soft-RoCE). Tests of this backend run in the
