@@ -606,8 +606,10 @@ impl Tx {
     }
 
     /// Copies `bytes` into the staging buffer, waiting for earlier WRITEs to release room.
+    /// A buffer of two messages plus a page always has room for one message and a wrap
+    /// marker staged next to it (before either is posted).
     fn stage(&mut self, qp: &QueuePair, bytes: &[u8], deadline: Instant) -> io::Result<LocalSpan> {
-        if bytes.len() > self.staging.mr.len() / 2 {
+        if bytes.len() > (self.staging.mr.len() - 4096) / 2 {
             self.grow(qp, bytes.len(), deadline)?;
         }
         let mut spins = 0;
@@ -626,8 +628,8 @@ impl Tx {
         }
     }
 
-    /// Replaces the staging buffer by one that holds two messages of `len` bytes, once no
-    /// work request is in flight (none can still read the old one).
+    /// Replaces the staging buffer by one that holds two messages of `len` bytes and a page,
+    /// once no work request is in flight (none can still read the old one).
     fn grow(&mut self, qp: &QueuePair, len: usize, deadline: Instant) -> io::Result<()> {
         let mut spins = 0;
         while self.retired < self.posted {
@@ -635,7 +637,7 @@ impl Tx {
             self.fence(qp)?;
             self.wait_a_little(qp, &mut spins, deadline, "work requests did not complete")?;
         }
-        let size = (2 * len).next_multiple_of(4096);
+        let size = (2 * len + 4096).next_multiple_of(4096);
         let mr = Buffer::new(size)
             .and_then(|b| MemoryRegion::register(&self.pd, b, Access::LOCAL_WRITE))
             .map_err(|e| self.fail(qp, format!("cannot grow the staging buffer to {size} bytes: {e}")))?;
