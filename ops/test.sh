@@ -40,8 +40,11 @@ if [[ $quick -eq 1 ]]; then
 fi
 
 step "verbs suites in the Soft-RoCE VM"
-ops/vm/run-cargo-tests.sh -p racekv-transport -p racekv-hashing -p racekv \
-    --features racekv-transport/rdma,racekv-hashing/rdma,racekv/rdma -- --test-threads=1
+ops/vm/run-cargo-tests.sh -p racekv-transport -p racekv-hashing \
+    --features racekv-transport/rdma,racekv-hashing/rdma -- --test-threads=1
+# The CLI's end-to-end suite over verbs (its other suites drive the host's racekv binary and
+# redis-tools, which the VM does not have).
+ops/vm/run-cargo-tests.sh -p racekv --features racekv/rdma --test e2e -- --test-threads=1
 # The computenode's pool over verbs (its other suites need redis-tools, which the VM lacks).
 ops/vm/run-cargo-tests.sh -p racekv-computenode --features racekv-computenode/rdma --test verbs_pool
 

@@ -73,6 +73,10 @@ pub struct RpcArgs {
     /// Where to write the PNG plot.
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Says where the numbers come from (e.g. "emulated (Soft-RoCE under TCG)"); shown in
+    /// the plot's title and recorded in the JSON.
+    #[arg(long)]
+    pub label: Option<String>,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -96,6 +100,7 @@ pub struct RpcReport {
     pub size: usize,
     pub seconds: f64,
     pub lanes: usize,
+    pub label: Option<String>,
     pub results: Vec<Point>,
     /// Coalescing over per-thread throughput at each thread count measured in both.
     pub speedup_vs_per_thread: Vec<(usize, f64)>,
@@ -255,6 +260,7 @@ pub fn run(args: &RpcArgs) -> anyhow::Result<RpcReport> {
         size: args.size,
         seconds: args.seconds,
         lanes: args.lanes,
+        label: args.label.clone(),
         results,
         speedup_vs_per_thread,
         plot: Some(path.display().to_string()),
@@ -277,9 +283,10 @@ fn plot(path: &Path, args: &RpcArgs, results: &[Point]) -> anyhow::Result<()> {
         })
         .collect();
     let threads = |x: &f64| format!("{}", 2f64.powf(*x).round());
+    let label = args.label.as_deref().map(|l| format!(", {l}")).unwrap_or_default();
     line_chart_with(
         path,
-        &format!("racekv bench rpc: {} B over {} (same run, same handler)", args.size, args.transport),
+        &format!("racekv bench rpc: {} B over {}{label} (same run, same handler)", args.size, args.transport),
         "threads (log scale)",
         "ops/s",
         &series,

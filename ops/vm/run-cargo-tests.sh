@@ -34,8 +34,9 @@ build_started=$(date +%s)
 echo "run-cargo-tests: built in $(( $(date +%s) - build_started )) s"
 
 # Test executables: compiler artifacts built in the test profile with a non-null
-# "executable" (not the package's own binaries, which cargo also builds for integration tests).
-mapfile -t binaries < <(grep '"reason":"compiler-artifact"' "$json" | grep '"test":true' | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | sort -u)
+# "executable" (not the package's own binaries, which cargo also builds for integration tests;
+# their *target* also says "test":true, so match the profile's flag).
+mapfile -t binaries < <(grep '"reason":"compiler-artifact"' "$json" | grep '"profile":{[^}]*"test":true' | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | sort -u)
 [[ ${#binaries[@]} -gt 0 ]] || { echo "run-cargo-tests: cargo built no test binary" >&2; exit 2; }
 
 spec=()

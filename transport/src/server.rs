@@ -7,7 +7,12 @@
 //! A `verbs:` endpoint (feature `rdma`) is a TCP control channel served by the same loop: the
 //! region is registered with the NIC once at start, and after hello each client exchanges
 //! queue-pair details (VerbsConnect/VerbsAccept) and gets its own RC queue pair, kept until
-//! its control connection closes; batches then travel on the queue pair, RPCs on the channel.
+//! its control connection closes; batches then travel on the queue pair.
+//!
+//! RPC goes through FLOCK lanes on every listener: a lane is a connection that sent
+//! FlockOpen after hello. On tcp its messages travel on that stream, on a Unix socket in
+//! shared-memory rings, on verbs as RDMA WRITEs into registered rings over the lane's own
+//! queue pair ([`crate::flock`]). The legacy RpcRequest frame is still answered.
 //!
 //! The software NIC knows nothing of what lives in the region: it bounds-checks and executes.
 //! Malformed, truncated, oversized or unauthenticated frames get an Error frame and cost
@@ -903,6 +908,48 @@ fn serve_flock_lane<S: ServerStream>(
     }
 }
 
+/// A verbs lane: the client's FlockOpen carries its queue pair and response ring; we make
+/// ours (QP and request ring), connect, answer with their description and serve the lane
+/// over RDMA, keeping this TCP connection only to notice the client leaving.
+#[cfg(feature = "rdma")]
+fn serve_verbs_lane<S: ServerStream>(
+    shared: &Shared,
+    stream: &mut S,
+    open: &wire::FlockOpen,
+    cx: &crate::flock::receiver::LaneContext<'_>,
+    credits: u32,
+    batch: u32,
+    out: &mut Vec<u8>,
+) -> Result<(), &'static str> {
+    let Some(peer) = open.verbs else {
+        return refuse(
+            stream,
+            out,
+            0,
+            error_code::MALFORMED,
+            "a verbs lane needs the sender's queue pair and ring (FlockOpen without its verbs part)",
+            "malformed",
+        );
+    };
+    let Some(host) = &shared.verbs else {
+        return refuse(stream, out, 0, error_code::UNSUPPORTED, "this endpoint does not serve verbs", "malformed");
+    };
+    let stall = shared.options.io_timeout;
+    let (mut carrier, mine) = match crate::flock::verbs::ServerLane::accept(host.device(), &peer, cx.key, stall) {
+        Ok(parts) => parts,
+        Err(message) => {
+            tracing::warn!("region server: cannot set up a flock verbs lane: {message}");
+            return refuse(stream, out, 0, error_code::SETUP_FAILED, &message, "verbs_setup");
+        }
+    };
+    let accept = wire::FlockAccept { key: cx.key, credits, batch, ring_bytes: mine.ring_len, verbs: Some(mine) };
+    wire::encode_flock_accept(out, &accept);
+    stream.write_all(out).map_err(|_| "io")?;
+    carrier.watch(stream.as_fd());
+    crate::flock::receiver::serve_lane(&mut carrier, cx)
+}
+
+#[cfg(not(feature = "rdma"))]
 fn serve_verbs_lane<S: ServerStream>(
     _shared: &Shared,
     stream: &mut S,
@@ -912,7 +959,8 @@ fn serve_verbs_lane<S: ServerStream>(
     _batch: u32,
     out: &mut Vec<u8>,
 ) -> Result<(), &'static str> {
-    refuse(stream, out, 0, error_code::UNSUPPORTED, "flock lanes over verbs are not served yet", "malformed")
+    // No verbs listener exists in a build without RDMA support.
+    refuse(stream, out, 0, error_code::UNSUPPORTED, "this build serves no verbs lanes", "malformed")
 }
 
 fn record_batch(batch: &Batch) {

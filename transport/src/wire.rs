@@ -1,5 +1,5 @@
 //! The frame format spoken over tcp and Unix sockets (one-sided batches, RPC, hello), and on
-//! the verbs backend's control channel (hello, the queue-pair exchange, RPC).
+//! the verbs backend's control channel (hello, the queue-pair exchange) and lane handshakes.
 //!
 //! Every frame is a 24-byte header followed by `body_len` bytes. All integers are
 //! little-endian. Every field read from the network is checked here, before anything acts on
@@ -29,13 +29,18 @@
 //! credits and the credits per grant; on a Unix socket the shared-memory rings' descriptor
 //! rides on the reply, on verbs both sides add their queue pair and ring. From then on the
 //! connection carries only FLOCK messages (tcp), or nothing but liveness (shm, verbs).
+//! In FlockVerbs, `ring_addr`/`ring_rkey` name registered memory of `ring_len` ring bytes
+//! followed by a 4 KiB control page (the reader's head, u64 LE, at +0, which the peer may
+//! RDMA READ; a credit mailbox at +64): the peer RDMA WRITEs messages into the ring and
+//! credit messages into the mailbox, and ring_len must be the size both sides expect.
 //!
 //! The verbs control channel is a TCP connection to a `verbs:` listener: Hello/HelloOk as on
 //! tcp, then exactly one VerbsConnect. The server creates an RC queue pair for the client,
 //! brings it to RTS against the client's QpInfo and answers VerbsAccept with its own QpInfo
 //! plus the rkey, base address and length of the region's single memory region; the client
 //! then brings its queue pair to RTS. From then on one-sided ops travel on the queue pair and
-//! the control channel carries only RPC (a Batch frame there is refused). In QpInfo, `qpn`
+//! the control channel carries no batches (a Batch frame there is refused; RPC uses FLOCK
+//! lanes, though the legacy RpcRequest frame is still answered). In QpInfo, `qpn`
 //! and `psn` are 24-bit, `mtu` is an `ibv_mtu` code (1 = 256 B .. 5 = 4096 B), `lid` is 0 on
 //! RoCE, `gid` is the sender's GID in network order and `rd_atomic` is the number of
 //! outstanding RDMA READ/atomic requests the sender can handle: the client's wanted initiator

@@ -2,6 +2,11 @@
 //! overloads the server, and hostile lanes. Every request is answered exactly once, in the
 //! thread that sent it, with its own response; an overloaded server refuses credits rather
 //! than queueing, and a request refused that way never executes.
+//!
+//! Each case runs on tcp and shm, and with feature `rdma` on verbs too (those need an RDMA
+//! device: run them in the Soft-RoCE VM, `ops/vm/run-cargo-tests.sh`; without one they fail
+//! with "no RDMA device found" rather than pass vacuously), plus a verbs lane whose queue
+//! pair breaks underneath it.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -51,16 +56,22 @@ struct Served {
 }
 
 fn serve(kind: &str, delay: Duration, flock: SchedulerOptions) -> Served {
+    serve_with(kind, delay, flock, ServerOptions::default().io_timeout)
+}
+
+fn serve_with(kind: &str, delay: Duration, flock: SchedulerOptions, io_timeout: Duration) -> Served {
     let dir = tempfile::tempdir().unwrap();
     let file = racekv_transport::region::shared_memory_file("flock-test", 1 << 20, false).unwrap();
     let region = Arc::new(Region::map_file(&file, 1 << 20).unwrap());
     let listen = match kind {
         "shm" => Endpoint::Shm(dir.path().join("s.sock")),
+        "verbs" => Endpoint::Verbs("127.0.0.1:0".into()),
         _ => Endpoint::Tcp("127.0.0.1:0".into()),
     };
     let service = Arc::new(Counting { delay, executed: Mutex::new(HashMap::new()) });
-    let options = ServerOptions { token: TOKEN.into(), flock, ..ServerOptions::default() };
-    let server = RegionServer::start(region, Some(file), service.clone(), options, &[listen]).unwrap();
+    let options = ServerOptions { token: TOKEN.into(), flock, io_timeout, ..ServerOptions::default() };
+    let server = RegionServer::start(region, Some(file), service.clone(), options, &[listen])
+        .unwrap_or_else(|e| panic!("cannot serve {kind}: {e}"));
     Served { server, service, _dir: dir }
 }
 
@@ -123,6 +134,12 @@ fn shm_every_request_answered_once_in_its_own_thread() {
     every_request_answered_once_in_its_own_thread("shm");
 }
 
+#[cfg(feature = "rdma")]
+#[test]
+fn verbs_every_request_answered_once_in_its_own_thread() {
+    every_request_answered_once_in_its_own_thread("verbs");
+}
+
 /// 20 connections x 6 threads x 12 calls against a 40 ms handler with small credits: far more than the
 /// server can serve within the callers' 1 s timeout. The scheduler refuses credits; callers
 /// fail with OVERLOADED (never sent, never executed) or succeed (executed exactly once).
@@ -158,7 +175,7 @@ fn overload_refuses_credits_and_loses_nothing(kind: &str) {
     let took = started.elapsed();
     std::thread::sleep(Duration::from_millis(300)); // anything still queued would run now
     let executed = served.service.executed.lock().unwrap();
-    let (mut ok, mut refused, mut late) = (0, 0, 0);
+    let (mut ok, mut refused, mut late, mut unopened) = (0, 0, 0, 0);
     for (id, result) in outcomes.lock().unwrap().iter() {
         let n = executed.get(id).copied().unwrap_or(0);
         match result {
@@ -177,12 +194,23 @@ fn overload_refuses_credits_and_loses_nothing(kind: &str) {
                 assert!(n <= 1, "timed-out request {id:#x} executed {n} times");
                 late += 1;
             }
+            // The overloaded server did not even open the lane within the timeout (seen in the
+            // emulated VM): never sent, so never executed.
+            Err(TransportError::ConnectionLost { reason, maybe_executed: false })
+                if reason.contains("cannot open an rpc lane") =>
+            {
+                assert_eq!(n, 0, "request {id:#x} failed before it was sent but executed");
+                unopened += 1;
+            }
             Err(other) => panic!("request {id:#x}: unexpected {other:?}"),
         }
     }
     assert!(executed.values().all(|&n| n == 1), "a request executed twice");
     assert!(executed.len() <= ok + late && executed.len() >= ok, "an unanswered request executed");
-    assert!(ok > 0 && refused > 0, "{ok} answered, {refused} refused, {late} late in {took:?}: no overload");
+    assert!(
+        ok > 0 && refused > 0,
+        "{ok} answered, {refused} refused, {late} late, {unopened} without a lane in {took:?}: no overload"
+    );
 }
 
 #[test]
@@ -193,6 +221,12 @@ fn tcp_overload_refuses_credits_and_loses_nothing() {
 #[test]
 fn shm_overload_refuses_credits_and_loses_nothing() {
     overload_refuses_credits_and_loses_nothing("shm");
+}
+
+#[cfg(feature = "rdma")]
+#[test]
+fn verbs_overload_refuses_credits_and_loses_nothing() {
+    overload_refuses_credits_and_loses_nothing("verbs");
 }
 
 /// Opens a raw tcp lane: returns the stream and (key, credits).
@@ -245,18 +279,20 @@ fn hostile_messages_close_only_their_lane() {
     assert_eq!(good.call(1, &request(1, 3)).unwrap().len(), 11);
 
     // A well-formed message is answered.
-    let (mut s, key, credits) = raw_lane(&addr);
+    let (mut s, key, _) = raw_lane(&addr);
     s.write_all(&message(key, 0, 2)).unwrap();
     let mut h = [0u8; 32];
     s.read_exact(&mut h).unwrap();
     assert_eq!(u32::from_le_bytes(h[..4].try_into().unwrap()), canary(key, 0));
 
-    type Make = Box<dyn Fn(u32) -> Vec<u8>>;
+    // (key, the lane's own initial credits): the scheduler may grant each lane a different
+    // number.
+    type Make = Box<dyn Fn(u32, u32) -> Vec<u8>>;
     let cases: Vec<(&str, Make)> = vec![
-        ("wrong canary", Box::new(|key| message(key, 7, 1))),
+        ("wrong canary", Box::new(|key, _| message(key, 7, 1))),
         (
             "torn trailer",
-            Box::new(|key| {
+            Box::new(|key, _| {
                 let mut m = message(key, 0, 1);
                 let n = m.len();
                 m[n - 2] ^= 1;
@@ -265,29 +301,182 @@ fn hostile_messages_close_only_their_lane() {
         ),
         (
             "oversized length",
-            Box::new(|key| {
+            Box::new(|key, _| {
                 let mut m = message(key, 0, 1);
                 m[4..8].copy_from_slice(&(u32::MAX - 7).to_le_bytes());
                 m
             }),
         ),
-        ("more requests than credits", Box::new(move |key| message(key, 0, credits as usize + 1))),
+        ("more requests than credits", Box::new(|key, credits| message(key, 0, credits as usize + 1))),
         (
             "a response from the sender",
-            Box::new(|key| {
+            Box::new(|key, _| {
                 let mut m = message(key, 0, 1);
                 m[10] = 2;
                 m
             }),
         ),
-        ("garbage", Box::new(|_| vec![0xA5; 200])),
+        ("garbage", Box::new(|_, _| vec![0xA5; 200])),
     ];
     for (what, make) in cases {
-        let (mut s, key, _) = raw_lane(&addr);
-        let _ = s.write_all(&make(key));
+        let (mut s, key, credits) = raw_lane(&addr);
+        let _ = s.write_all(&make(key, credits));
         assert!(closed(&mut s), "{what}: the lane stayed open");
         // Everyone else is still served.
         assert_eq!(good.call(1, &request(2, 5)).unwrap().len(), 13, "{what}");
     }
     assert!(good.is_healthy());
+}
+
+/// The same hostile messages, written with RDMA into a verbs lane's ring, plus what only a
+/// verbs lane has: immediate values. Each closes only its own lane.
+#[cfg(feature = "rdma")]
+#[test]
+fn verbs_hostile_messages_close_only_their_lane() {
+    use racekv_transport::flock::RawVerbsLane;
+    // A short stall limit: a bad message start in a ring waits that long (a write could
+    // still be landing) before it closes the lane.
+    let served = serve_with("verbs", Duration::ZERO, SchedulerOptions::default(), Duration::from_millis(500));
+    let Endpoint::Verbs(addr) = served.server.endpoints()[0].clone() else { unreachable!() };
+    let options = ConnectOptions { token: TOKEN.into(), timeout: Duration::from_secs(5) };
+    let good = connect(&served, 1, Duration::from_secs(5));
+    assert_eq!(good.call(1, &request(1, 3)).unwrap().len(), 11);
+
+    // A well-formed message is answered; a renewal is granted.
+    let mut lane = RawVerbsLane::open(&addr, &options).unwrap();
+    lane.write(&message(lane.key, 0, 2)).unwrap();
+    let reply = lane.read(Duration::from_secs(5)).unwrap().expect("a response").expect("a message");
+    assert_eq!(u32::from_le_bytes(reply[..4].try_into().unwrap()), canary(lane.key, 0));
+    lane.renew().unwrap();
+    match lane.read(Duration::from_secs(5)).unwrap() {
+        Some(Err(credits)) => assert!(credits > 0, "the renewal was refused"),
+        other => panic!("expected a grant, got {other:?}"),
+    }
+    assert!(!lane.closed_within(Duration::ZERO));
+
+    type Hostile = Box<dyn Fn(&mut RawVerbsLane)>;
+    let write = |make: fn(u32, u32) -> Vec<u8>| -> Hostile {
+        Box::new(move |lane: &mut RawVerbsLane| {
+            let bytes = make(lane.key, lane.credits);
+            let _ = lane.write(&bytes);
+        })
+    };
+    let cases: Vec<(&str, Hostile)> = vec![
+        ("wrong canary", write(|key, _| message(key, 7, 1))),
+        (
+            "torn trailer",
+            write(|key, _| {
+                let mut m = message(key, 0, 1);
+                let n = m.len();
+                m[n - 2] ^= 1;
+                m
+            }),
+        ),
+        (
+            "oversized length",
+            write(|key, _| {
+                let mut m = message(key, 0, 1);
+                m[4..8].copy_from_slice(&(u32::MAX - 7).to_le_bytes());
+                m
+            }),
+        ),
+        ("more requests than credits", write(|key, credits| message(key, 0, credits as usize + 1))),
+        (
+            "a response from the sender",
+            write(|key, _| {
+                let mut m = message(key, 0, 1);
+                m[10] = 2;
+                m
+            }),
+        ),
+        ("garbage", write(|_, _| vec![0xA5; 200])),
+        (
+            "an unknown immediate value",
+            Box::new(|lane: &mut RawVerbsLane| {
+                let _ = lane.write_imm(7 << 29);
+            }),
+        ),
+        (
+            "a grant from the sender",
+            Box::new(|lane: &mut RawVerbsLane| {
+                let _ = lane.grant_credits(1000);
+            }),
+        ),
+    ];
+    for (what, hostile) in cases {
+        let mut lane = RawVerbsLane::open(&addr, &options).unwrap();
+        hostile(&mut lane);
+        assert!(lane.closed_within(Duration::from_secs(10)), "{what}: the lane stayed open");
+        // Everyone else is still served.
+        assert_eq!(good.call(1, &request(2, 5)).unwrap().len(), 13, "{what}");
+    }
+    assert!(good.is_healthy());
+}
+
+/// A lane whose queue pair breaks underneath it (moved to the error state, as a NIC or path
+/// failure would) fails the calls in flight on it, fast and with a clear error, and nothing
+/// else: another connection keeps working, one-sided ops on the same connection keep
+/// working, and the next call opens a new lane.
+#[cfg(feature = "rdma")]
+#[test]
+fn verbs_broken_queue_pair_fails_only_its_calls_and_a_new_lane_opens() {
+    use racekv_transport::verbs::VerbsConnection;
+    use racekv_transport::Batch;
+    // A slow handler keeps the calls in flight; a queue-delay limit above it keeps the
+    // scheduler granting (this case is about lanes, not overload).
+    let flock = SchedulerOptions { max_queue_delay: Duration::from_secs(30), ..Default::default() };
+    let served = serve("verbs", Duration::from_millis(300), flock);
+    let Endpoint::Verbs(addr) = served.server.endpoints()[0].clone() else { unreachable!() };
+    let options = ConnectOptions { token: TOKEN.into(), timeout: Duration::from_secs(20) };
+    let conn = VerbsConnection::connect_with(&addr, &options, &FlockOptions { lanes: 1, max_coalesce: 64 }).unwrap();
+    let other = connect(&served, 1, Duration::from_secs(20));
+    assert_eq!(conn.call(1, &request(1, 8)).unwrap().len(), 16);
+    assert_eq!(other.call(1, &request(2, 8)).unwrap().len(), 16);
+
+    let in_flight: Vec<u64> = (100..104).collect();
+    let (failed, other_result) = std::thread::scope(|s| {
+        let calls: Vec<_> = in_flight
+            .iter()
+            .map(|&id| {
+                let conn = &conn;
+                s.spawn(move || {
+                    let r = conn.call(1, &request(id, 8));
+                    (r, Instant::now())
+                })
+            })
+            .collect();
+        let bystander = s.spawn(|| other.call(1, &request(200, 8)));
+        std::thread::sleep(Duration::from_millis(100)); // sent, the handler is busy with them
+        let broken_at = Instant::now();
+        conn.break_rpc_lane(0);
+        let failed: Vec<_> = calls.into_iter().map(|h| h.join().unwrap()).map(|(r, at)| (r, at - broken_at)).collect();
+        (failed, bystander.join().unwrap())
+    });
+    for (result, took) in &failed {
+        match result {
+            Err(TransportError::ConnectionLost { reason, maybe_executed }) => {
+                assert!(*maybe_executed, "a request in flight may have executed");
+                assert!(reason.contains("lane 0") && reason.contains("queue pair"), "unclear reason: {reason}");
+            }
+            other => panic!("a call in flight on the broken lane: expected ConnectionLost, got {other:?}"),
+        }
+        assert!(*took < Duration::from_secs(3), "took {took:?} to fail after the queue pair broke");
+    }
+    eprintln!("in-flight calls failed after {:?}", failed.iter().map(|(_, t)| *t).max().unwrap());
+    assert_eq!(other_result.unwrap().len(), 16, "another connection's call failed");
+
+    // One-sided ops on the same connection do not use the lane.
+    let mut b = Batch::new();
+    b.write(0, &[7; 8]);
+    let r = b.read(0, 8);
+    conn.execute(&mut b).unwrap();
+    assert_eq!(b.read_result(r).unwrap(), &[7; 8]);
+    // The next call opens a new lane.
+    assert_eq!(conn.call(1, &request(300, 8)).unwrap().len(), 16);
+    assert!(conn.is_healthy());
+    let executed = served.service.executed.lock().unwrap();
+    assert_eq!(executed.get(&300), Some(&1));
+    for id in &in_flight {
+        assert!(executed.get(id).copied().unwrap_or(0) <= 1, "request {id} executed twice");
+    }
 }

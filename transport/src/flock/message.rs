@@ -20,12 +20,15 @@
 //! `kind` is request, response or wrap (ring carriers: "continue at offset 0"). In a request,
 //! flag [`FLAG_RENEW`] asks for credits and `degree_x16`/`rate_krps` report the sender's
 //! coalescing degree (x16) and request rate (thousands per second) to the scheduler; `ack` is
-//! unused (0). In a response, flag [`FLAG_GRANT`] carries the scheduler's answer in `credits`
-//! (0 = refused: the lane is inactive until a later renewal is granted), and `ack` is the
-//! receiver's ring head (bytes of the request ring consumed), which is how a ring writer on
-//! the other side learns what it may overwrite. Request entries have status 0; a response
-//! entry's status is 0 for success or an [`crate::RpcStatus`] code with a UTF-8 message as
-//! its data.
+//! the sender's own response-ring head on verbs (how the region server, which writes
+//! responses into that ring, learns what it may overwrite), 0 elsewhere. In a response, flag
+//! [`FLAG_GRANT`] carries the scheduler's answer in `credits` (0 = refused: the lane is
+//! inactive until a later renewal is granted), and `ack` is the receiver's ring head (bytes
+//! of the request ring consumed), which is how a ring writer on the other side learns what it
+//! may overwrite. (On verbs, renewals and grants travel as RDMA WRITEs with immediate beside
+//! the messages instead of as these flags: `flock/verbs.rs`.) Request entries have status 0;
+//! a response entry's status is 0 for success or an [`crate::RpcStatus`] code with a UTF-8
+//! message as its data.
 //!
 //! Every byte comes from the peer and is untrusted: [`decode`] checks canaries, length,
 //! count, sizes, reserved bytes and limits before anything acts on the message, and never

@@ -32,12 +32,20 @@
 //!   release store, the receiver polls for the canaries and, when idle, sleeps on a futex in
 //!   the shared page, so the only system call per message is the wake-up of a sleeping peer.
 //!   The socket stays open only to notice the peer going away.
-//! * **verbs** (planned, not built yet): a lane would be its own RC queue pair; each side
-//!   registers a ring and a message is one RDMA WRITE into the receiver's ring, polled for
-//!   the canaries like the shm ring ([`ring`] is written for both); credit renewals and
-//!   grants as RDMA WRITE with immediate so they raise a completion without contending with
-//!   the ring, and sends signaled selectively. Until then RPC on a verbs connection travels
-//!   as frames on its TCP control channel, as before.
+//! * **verbs** (`verbs`, feature `rdma`): a lane is its own RC queue pair between the sender
+//!   and the region server, set up by FlockOpen/FlockAccept over a TCP connection to the
+//!   `verbs:` listener, whose verbs parts exchange QPN, PSN, GID and MTU and each side's
+//!   registered ring (address, rkey, length). A message is one RDMA WRITE with immediate
+//!   into the receiver's ring (inline when small, else from a registered staging buffer);
+//!   the receiver polls its ring for the canaries like the shm ring ([`ring`] serves both),
+//!   and the immediate raises a receive completion that wakes a receiver sleeping on its
+//!   completion channel, so an idle lane burns no core and no wake-up is lost. Credit
+//!   renewals and grants are RDMA WRITEs with immediate beside the ring (the values ride
+//!   in the immediate), so they never queue behind requests. One work request in 16 is
+//!   signaled, plus a signaled RDMA READ of the peer's head word before waiting for room.
+//!   The receiver's head rides back on responses, the sender's on requests; a writer out
+//!   of room READs the peer's head word. The TCP connection stays open only to notice the
+//!   peer leaving. Each ring is pinned (about 8 MiB per lane and side).
 //!
 //! Large requests: a message holds up to [`message::MAX_MESSAGE_BYTES`], enough for one
 //! maximal RPC ([`crate::wire::MAX_RPC_BYTES`]); rings are sized for two such messages.
@@ -53,6 +61,12 @@ pub mod scheduler;
 pub(crate) mod sender;
 pub(crate) mod shm;
 pub(crate) mod stream;
+#[cfg(feature = "rdma")]
+pub(crate) mod verbs;
+
+#[cfg(feature = "rdma")]
+#[doc(hidden)]
+pub use verbs::RawVerbsLane;
 
 use std::io;
 use std::sync::Arc;
@@ -91,10 +105,31 @@ pub(crate) trait ClientCarrier: Send + Sync {
     fn recv(&self, buf: &mut Vec<u8>, expect: u32) -> io::Result<bool>;
     /// The receiver's ring head, as a response acknowledged it.
     fn acked(&self, _head: u64) {}
+    /// Our own ring's head, for carriers whose receiver learns it from the `ack` of requests
+    /// (verbs); 0 elsewhere.
+    fn head(&self) -> u64 {
+        0
+    }
     /// Largest message this carrier takes.
     fn max_message(&self) -> usize;
     /// Closes the lane and unblocks anyone in `recv` or `send`.
     fn shutdown(&self);
+    /// True when credit renewals and grants travel beside the messages ([`Self::renew`],
+    /// [`Self::take_grant`]) instead of in their headers (flags RENEW and GRANT).
+    fn credit_channel(&self) -> bool {
+        false
+    }
+    /// Asks for credits on the credit channel (under the lane's send lock).
+    fn renew(&self, _degree_x16: u16, _rate_krps: u16) -> io::Result<()> {
+        Err(io::Error::new(io::ErrorKind::Unsupported, "this carrier renews credits in message headers"))
+    }
+    /// A grant (or refusal: 0) that arrived on the credit channel since the last call.
+    fn take_grant(&self) -> Option<u32> {
+        None
+    }
+    /// Tests: breaks the lane the way its transport can fail underneath (verbs: the queue
+    /// pair goes to the error state), without telling the sender.
+    fn inject_fault(&self) {}
 }
 
 type OpenLanes = dyn Fn(u64, usize) -> Result<Vec<LaneSetup>, TransportError> + Send + Sync;
@@ -147,6 +182,14 @@ impl Channel {
     /// Lanes of the current sender that hold credits (0 before the first call).
     pub fn active_lanes(&self) -> usize {
         self.sender.lock().as_ref().map_or(0, |s| s.active_lanes())
+    }
+
+    /// Tests: breaks lane `lane` of the current sender underneath it ([`ClientCarrier::inject_fault`]).
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    pub fn inject_fault(&self, lane: usize) {
+        if let Some(sender) = self.sender.lock().as_ref() {
+            sender.inject_fault(lane);
+        }
     }
 }
 

@@ -20,6 +20,9 @@ use crate::server::RpcService;
 /// What one attempt to receive produced.
 pub(crate) enum Received {
     Message,
+    /// A credit renewal on the carrier's credit channel (verbs), with the sender's statistics.
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    Renewal(SenderStats),
     /// Nothing within the carrier's poll interval.
     Idle,
     /// The peer closed the lane.
@@ -35,6 +38,12 @@ pub(crate) trait ServerCarrier {
     /// Bytes of the request ring consumed so far (0 for stream carriers).
     fn head(&self) -> u64 {
         0
+    }
+    /// The sender's response-ring head, as a request acknowledged it (verbs).
+    fn acked(&mut self, _head: u64) {}
+    /// Answers a [`Received::Renewal`] on the credit channel (carriers that have one).
+    fn grant(&mut self, _credits: u32) -> io::Result<()> {
+        Err(io::Error::new(io::ErrorKind::Unsupported, "this carrier grants credits in response headers"))
     }
     /// Largest message either way.
     fn max_message(&self) -> usize {
@@ -67,6 +76,13 @@ pub(crate) fn serve_lane(carrier: &mut dyn ServerCarrier, cx: &LaneContext<'_>) 
         let expect = canary(cx.key, rx);
         match carrier.recv(&mut buf, expect) {
             Ok(Received::Message) => {}
+            Ok(Received::Renewal(stats)) => {
+                // Out of band: answered at once, not behind queued requests.
+                let g = cx.scheduler.renew(cx.lane, stats);
+                allowed += u64::from(g);
+                carrier.grant(g).map_err(|_| "io")?;
+                continue;
+            }
             Ok(Received::Idle) => continue,
             Ok(Received::Closed) => return Ok(()),
             Err(e) if e.kind() == io::ErrorKind::InvalidData => return fail("malformed", &e.to_string()),
@@ -78,6 +94,7 @@ pub(crate) fn serve_lane(carrier: &mut dyn ServerCarrier, cx: &LaneContext<'_>) 
             Ok(m) => return fail("malformed", &format!("a sender may not send kind {}", m.header.kind)),
             Err(e) => return fail("malformed", &e.to_string()),
         };
+        carrier.acked(m.header.ack);
         let count = m.count() as u64;
         used += count;
         if used > allowed {

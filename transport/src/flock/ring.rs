@@ -8,10 +8,18 @@
 //! message has started; it is whole once its trailing canary matches too. The reader copies
 //! it out (every access to the shared bytes is an 8-byte atomic: the peer may write them at
 //! any time, and a torn or hostile message is caught by [`super::message::decode`] on the
-//! private copy), zeroes its header and trailer words so stale bytes never match later, and
-//! advances its head (bytes consumed, counting skipped tails), which goes back to the writer
-//! (in shared memory directly, or riding on responses). The writer never writes where the
-//! last head it knows says the reader has not been.
+//! private copy), zeroes every byte of it (wrap markers too), and advances its head (bytes
+//! consumed, counting skipped tails), which goes back to the writer (in shared memory
+//! directly, or riding on responses). The writer never writes where the last head it knows
+//! says the reader has not been.
+//!
+//! Zeroing whole messages keeps an invariant: every ring byte is zero except those of
+//! messages written and not yet consumed. So wherever a later lap's message boundaries fall,
+//! the word at the reader's position is zero (nothing yet) or the start of the next message;
+//! a non-zero word that is neither is a write still landing or a hostile peer, and only
+//! those run into the stall limit. (Zeroing just the header and trailer words would leave
+//! an older lap's payload under a later lap's boundaries, and an idle lane parked on such
+//! bytes would be closed after the stall limit.)
 
 use std::io;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -79,6 +87,13 @@ impl Span {
         }
     }
 
+    /// Zeroes `len` (a multiple of 8) bytes from `offset`.
+    pub fn zero(&self, offset: usize, len: usize) {
+        for i in (0..len).step_by(8) {
+            self.word(offset + i).store(0, Ordering::Relaxed);
+        }
+    }
+
     /// Copies `bytes` (a multiple of 8) to `offset`, except the first word, which the caller
     /// publishes last.
     pub fn copy_in_after_first(&self, offset: usize, bytes: &[u8]) {
@@ -123,6 +138,7 @@ impl RingReader {
         loop {
             let first = self.span.word(self.pos).load(Ordering::Acquire);
             if first == 0 {
+                self.waiting_since = None;
                 return Ok(false);
             }
             let canary = first as u32;
@@ -131,7 +147,7 @@ impl RingReader {
                 if self.pos + WRAP_BYTES > self.span.len() {
                     return Err(invalid("wrap marker past the end of the ring".into()));
                 }
-                self.span.word(self.pos).store(0, Ordering::Relaxed);
+                self.span.zero(self.pos, WRAP_BYTES);
                 self.head += (self.span.len() - self.pos) as u64;
                 self.pos = 0;
                 self.wraps += 1;
@@ -154,9 +170,8 @@ impl RingReader {
             buf.clear();
             buf.resize(len, 0);
             self.span.copy_out(self.pos, buf);
-            // Stale bytes must never look like a message again.
-            self.span.word(self.pos).store(0, Ordering::Relaxed);
-            self.span.word(self.pos + len - 8).store(0, Ordering::Relaxed);
+            // Stale bytes must never look like a message again, wherever later boundaries fall.
+            self.span.zero(self.pos, len);
             self.pos += len;
             self.head += len as u64;
             self.waiting_since = None;
@@ -209,10 +224,12 @@ impl RingWriter {
         (self.size - WRAP_BYTES) / 2
     }
 
-    /// Places a message of `len` bytes given the reader's `head`; `None` when there is no
-    /// room yet. Commits the placement.
+    /// Places a message of `len` bytes given the reader's `head` (untrusted: a head past
+    /// what was written counts as "all consumed"); `None` when there is no room yet. Commits
+    /// the placement.
     pub fn place(&mut self, len: usize, head: u64) -> Option<Placement> {
         debug_assert!(len.is_multiple_of(8) && len <= self.max_message());
+        let head = head.min(self.tail);
         let empty = head == self.tail;
         let wrap = self.pos + len + WRAP_BYTES > self.size || (empty && self.pos > REWIND_AFTER);
         let skip = if wrap { self.size - self.pos } else { 0 };
@@ -281,5 +298,49 @@ mod tests {
             }
         }
         assert!(got > 100, "{got}");
+    }
+
+    /// After a lap with other boundaries, the reader's position lies over an older lap's
+    /// payload; parked there past the stall limit (an idle lane), it still sees "nothing yet".
+    #[test]
+    fn an_idle_reader_over_an_older_lap_is_not_an_error() {
+        let mut memory = vec![0u64; 4096 / 8];
+        // SAFETY: the vector outlives the span and is 8-aligned.
+        let span = unsafe { Span::new(memory.as_mut_ptr().cast(), 4096) };
+        let key = 5;
+        let mut writer = RingWriter::new(4096, key);
+        let mut reader = RingReader::new(span, key, Duration::from_millis(5));
+        let mut buf = Vec::new();
+        let (mut sent, mut got) = (0u64, 0u64);
+        // Lap 1: large messages with payload bytes 0x01..; lap 2 onwards: small ones, whose
+        // boundaries fall inside lap 1's payloads.
+        let msg = |n: u64, size: usize| {
+            let mut b = Builder::default();
+            b.push(Entry { size: size as u32, seq: n as u32, ..Entry::default() }, &vec![0xEE; size]);
+            b.finish(Header { canary: canary(key, n), kind: KIND_REQUEST, ..Header::default() }).to_vec()
+        };
+        for size in [1200usize, 1200, 1200, 40, 40, 40, 40, 40, 40] {
+            let m = msg(sent, size);
+            let p = writer.place(m.len(), reader.head()).expect("room");
+            if let Some((at, c)) = p.wrap_at {
+                put(&span, at, &wrap_marker(c));
+            }
+            put(&span, p.offset, &m);
+            sent += 1;
+            while reader.poll(&mut buf, canary(key, got), 4096).unwrap() {
+                got += 1;
+            }
+        }
+        assert_eq!(got, sent);
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!reader.poll(&mut buf, canary(key, got), 4096).unwrap(), "nothing was sent");
+        // Still fine once the next message comes.
+        let m = msg(sent, 8);
+        let p = writer.place(m.len(), reader.head()).unwrap();
+        if let Some((at, c)) = p.wrap_at {
+            put(&span, at, &wrap_marker(c));
+        }
+        put(&span, p.offset, &m);
+        assert!(reader.poll(&mut buf, canary(key, got), 4096).unwrap());
     }
 }

@@ -9,7 +9,9 @@
 //! waiter. A lone thread thus sends and reads its own messages with no wake-up in between.
 //!
 //! Credits: each lane holds what the receiver granted. After using half of a grant the next
-//! message carries a renewal request; the grant (or refusal) comes back on a response. A
+//! message carries a renewal request; the grant (or refusal) comes back on a response. (A
+//! carrier with a credit channel, verbs, sends the renewal beside that message and delivers
+//! the grant to whoever reads the lane.) A
 //! refused lane is inactive: the mapping moves its threads to the active lanes, and callers
 //! that find no credit anywhere ask again with back-off until their timeout, then fail with
 //! [`RpcStatus::OVERLOADED`]: the request was never sent, so it cannot have executed.
@@ -325,7 +327,8 @@ impl Sender {
         (send.degree_x16.min(u32::from(u16::MAX)) as u16, krps.ceil().min(f64::from(u16::MAX)) as u16)
     }
 
-    /// Sends a message with no requests that asks for credits.
+    /// Sends a message with no requests that asks for credits (or, on a carrier with a
+    /// credit channel, just the renewal).
     fn send_renewal(&self, lane: &Lane) {
         if lane.renewing.swap(true, Ordering::AcqRel) {
             return;
@@ -334,6 +337,12 @@ impl Sender {
         let send = &mut *send;
         send.builder.clear();
         let (degree_x16, rate_krps) = Self::stats(send);
+        if lane.carrier.credit_channel() {
+            if let Err(e) = lane.carrier.renew(degree_x16, rate_krps) {
+                self.break_lane(lane, format!("sending a credit renewal failed: {e}"), "io");
+            }
+            return;
+        }
         let header = Header {
             canary: canary(lane.key, send.number),
             kind: KIND_REQUEST,
@@ -403,17 +412,31 @@ impl Sender {
         let n = leader.len() as u32;
         send.degree_x16 = send.degree_x16 - send.degree_x16 / 8 + n * 2;
         send.window_requests += u64::from(n);
-        let mut header = Header { canary: canary(lane.key, send.number), kind: KIND_REQUEST, ..Header::default() };
+        let mut header = Header {
+            canary: canary(lane.key, send.number),
+            kind: KIND_REQUEST,
+            ack: lane.carrier.head(),
+            ..Header::default()
+        };
+        let mut renew_beside = None;
         if lane.renew_wanted.load(Ordering::Acquire)
             && lane.renewing.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_ok()
         {
             lane.renew_wanted.store(false, Ordering::Release);
             lane.used.store(0, Ordering::Relaxed);
-            (header.degree_x16, header.rate_krps) = Self::stats(send);
-            header.flags = FLAG_RENEW;
+            let stats = Self::stats(send);
+            if lane.carrier.credit_channel() {
+                renew_beside = Some(stats);
+            } else {
+                (header.degree_x16, header.rate_krps) = stats;
+                header.flags = FLAG_RENEW;
+            }
         }
-        let result = lane.carrier.send(send.builder.finish(header));
+        let mut result = lane.carrier.send(send.builder.finish(header));
         send.number += 1;
+        if let (Ok(()), Some((degree_x16, rate_krps))) = (&result, renew_beside) {
+            result = lane.carrier.renew(degree_x16, rate_krps);
+        }
         METRICS.degree.observe(f64::from(n));
         METRICS.messages.with_label_values(&["sent"]).inc();
         METRICS.requests.with_label_values(&["sent"]).inc_by(u64::from(n));
@@ -454,7 +477,11 @@ impl Sender {
                 break;
             }
             let r = &mut *reader;
-            match lane.carrier.recv(&mut r.buf, canary(lane.key, r.number)) {
+            let received = lane.carrier.recv(&mut r.buf, canary(lane.key, r.number));
+            if let Some(credits) = lane.carrier.take_grant() {
+                self.on_grant(lane, credits);
+            }
+            match received {
                 Ok(false) => {
                     if own.is_none() {
                         break;
@@ -542,6 +569,13 @@ impl Sender {
         }
         lane.credit_changed.notify_all();
         self.mapping.set_active(self.active_mask());
+    }
+
+    /// Tests: breaks lane `index` underneath the sender ([`ClientCarrier::inject_fault`]).
+    pub fn inject_fault(&self, index: usize) {
+        if let Some(lane) = self.lanes.get(index) {
+            lane.carrier.inject_fault();
+        }
     }
 
     fn break_lane(&self, lane: &Lane, reason: String, kind: &'static str) {

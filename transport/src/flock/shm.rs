@@ -200,7 +200,7 @@ fn read(
 }
 
 /// True when the peer has hung up its end of `socket` (a non-blocking check).
-fn hung_up(socket: BorrowedFd<'_>) -> bool {
+pub(crate) fn hung_up(socket: BorrowedFd<'_>) -> bool {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     let rdhup = PollFlags::from_bits_retain(libc::POLLRDHUP);
     let mut fds = [PollFd::new(socket, rdhup)];

@@ -1,5 +1,6 @@
 //! [`VerbsConnection`]: a [`Connection`] whose batches are RDMA work requests on an RC queue
-//! pair and whose RPCs travel on a TCP control channel.
+//! pair and whose RPCs travel on FLOCK lanes, each its own RC queue pair writing into
+//! registered rings (`crate::flock::verbs`), opened on the first call.
 //!
 //! A batch becomes a chain of linked work requests posted with one `ibv_post_send` (one
 //! doorbell); only the last is signaled. On RC, requests execute at the responder in order
@@ -11,12 +12,14 @@
 //!
 //! Sharing: many threads may use one connection. A mutex covers post and poll of a batch, so
 //! batches from different threads run one after another (simple and correct; a per-thread
-//! send queue or a FLOCK-style coalescer would overlap them). RPCs do not take that lock.
+//! send queue or a FLOCK-style coalescer would overlap them). RPCs do not take that lock:
+//! they go through the connection's FLOCK channel, whose lanes have queue pairs of their own.
 //!
 //! Failure: an error completion (remote access error, retry exceeded, flush, ...), a missing
 //! completion within the connection's timeout, or the control channel closing makes the
 //! connection unhealthy for good ([`Connection::is_healthy`] turns false) and every later
-//! call fails at once; the caller (the computenode's pool) replaces it.
+//! call fails at once; the caller (the computenode's pool) replaces it. A failed RPC lane
+//! fails only the calls in flight on it; the channel opens new lanes once all have failed.
 
 use std::io::Write;
 use std::net::{TcpStream, ToSocketAddrs};
@@ -34,8 +37,10 @@ use super::memory::{Access, Buffer, MemoryRegion, ProtectionDomain};
 use super::queue::{CompletionQueue, LocalSpan, QpCaps, QueuePair, RemotePath, SendList, SendPath, WorkCompletion};
 use super::{random_psn, MAX_RD_ATOMIC, QP_RETRY_CNT, QP_RNR_RETRY, QP_TIMEOUT};
 use crate::batch::{Batch, OpKind, MAX_BATCH_BYTES, MAX_BATCH_OPS};
-use crate::error::{RpcStatus, TransportError};
-use crate::mux::{error_frame, Mux};
+use crate::error::TransportError;
+use crate::flock::verbs::open_verbs_lane;
+use crate::flock::{Channel, FlockOptions};
+use crate::mux::error_frame;
 use crate::stream::{read_frame, FrameRead, POLL_INTERVAL};
 use crate::tcp::hello;
 use crate::wire::{self, Kind, QpInfo, VerbsAccept, TOKEN_BYTES};
@@ -80,7 +85,8 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             .unwrap(),
         ),
         rpcs: register(
-            IntCounter::new("racekv_transport_verbs_rpcs_total", "RPCs sent over verbs control channels").unwrap(),
+            IntCounter::new("racekv_transport_verbs_rpcs_total", "RPCs called on verbs connections (FLOCK lanes)")
+                .unwrap(),
         ),
         completion_errors: register(
             IntCounterVec::new(
@@ -164,10 +170,9 @@ pub struct VerbsConnection {
     healthy: AtomicBool,
     failure: Mutex<Option<String>>,
     control_lost: Arc<AtomicBool>,
-    mux: Mux<TcpStream>,
+    rpc: Channel,
     control: TcpStream,
     watcher: Option<JoinHandle<()>>,
-    token: [u8; TOKEN_BYTES],
     hello: wire::HelloOk,
     remote: RemoteRegion,
     max_inline: u32,
@@ -180,17 +185,12 @@ impl VerbsConnection {
     /// Connects to the region server's `verbs:` endpoint at `addr` (`host:port` of its
     /// control channel): hello, QP exchange, both QPs to RTS.
     pub fn connect(addr: &str, options: &ConnectOptions) -> Result<Self, TransportError> {
-        Self::connect_with(addr, options, &crate::flock::FlockOptions::default())
+        Self::connect_with(addr, options, &FlockOptions::default())
     }
 
-    /// [`Self::connect`]; `_rpc` is accepted for symmetry with the other backends: RPC on
-    /// verbs still travels as frames on the control channel (FLOCK lanes over RDMA WRITE
-    /// are not built yet).
-    pub fn connect_with(
-        addr: &str,
-        options: &ConnectOptions,
-        _rpc: &crate::flock::FlockOptions,
-    ) -> Result<Self, TransportError> {
+    /// [`Self::connect`] with explicit settings for the RPC channel (its lanes are opened
+    /// on the first call, each a TCP connection to the same listener plus a queue pair).
+    pub fn connect_with(addr: &str, options: &ConnectOptions, rpc: &FlockOptions) -> Result<Self, TransportError> {
         let endpoint = format!("verbs:{addr}");
         let fail = |reason: String| TransportError::Connect { endpoint: endpoint.clone(), reason };
         let verbs = |e: VerbsError| TransportError::Connect { endpoint: endpoint.clone(), reason: e.to_string() };
@@ -266,9 +266,11 @@ impl VerbsConnection {
             .name("verbs-liveness".into())
             .spawn(move || crate::shm::watch_peer(&watch, &watcher_lost))
             .map_err(|e| fail(e.to_string()))?;
-        let control = stream.try_clone().map_err(|e| fail(e.to_string()))?;
-        let read_half = stream.try_clone().map_err(|e| fail(e.to_string()))?;
         let max_inline = qp.caps().max_inline_data;
+        let (lane_addr, lane_options) = (addr.to_string(), options.clone());
+        let open = move |sender, lanes: usize| {
+            (0..lanes).map(|lane| open_verbs_lane(&lane_addr, &lane_options, sender, lane as u16)).collect()
+        };
         Ok(Self {
             data: Mutex::new(DataPath {
                 qp,
@@ -280,10 +282,9 @@ impl VerbsConnection {
             healthy: AtomicBool::new(true),
             failure: Mutex::new(None),
             control_lost,
-            mux: Mux::new(stream, read_half, options.timeout, endpoint.clone()),
-            control,
+            rpc: Channel::new(rpc.clone(), options.timeout, endpoint.clone(), Box::new(open)),
+            control: stream,
             watcher: Some(watcher),
-            token,
             hello,
             remote: RemoteRegion { base_addr: accept.base_addr, rkey: accept.rkey, len: accept.region_len },
             max_inline,
@@ -296,6 +297,19 @@ impl VerbsConnection {
     /// The largest WRITE sent inline (copied into the work request) on this connection.
     pub fn max_inline_data(&self) -> u32 {
         self.max_inline
+    }
+
+    /// FLOCK lanes of this connection that hold credits (0 before the first call).
+    pub fn active_rpc_lanes(&self) -> usize {
+        self.rpc.active_lanes()
+    }
+
+    /// Fault injection for tests: moves the queue pair of RPC lane `lane` to the error
+    /// state, as a NIC or path failure would, without telling the channel. Calls in flight
+    /// on that lane fail; once every lane has failed, the next call opens new ones.
+    #[doc(hidden)]
+    pub fn break_rpc_lane(&self, lane: usize) {
+        self.rpc.inject_fault(lane);
     }
 
     /// Posts `batch` without the region checks of [`Batch::validate`] (the batch-size limits
@@ -498,9 +512,6 @@ impl VerbsConnection {
             if self.control_lost.load(Ordering::Acquire) {
                 return Err(self.fail_connection("the region server closed the control channel".into(), false));
             }
-            if self.mux.is_broken() {
-                return Err(self.fail_connection("the control channel broke".into(), false));
-            }
             return Ok(());
         }
         let reason = self.failure.lock().clone().unwrap_or_default();
@@ -588,17 +599,9 @@ impl Connection for VerbsConnection {
     }
 
     fn call(&self, method: u16, request: &[u8]) -> Result<Vec<u8>, TransportError> {
-        if request.len() > wire::MAX_RPC_BYTES {
-            return Err(TransportError::InvalidBatch(format!(
-                "rpc request of {} B exceeds {} B",
-                request.len(),
-                wire::MAX_RPC_BYTES
-            )));
-        }
+        self.check_usable()?;
         METRICS.rpcs.inc();
-        let (kind, body) =
-            self.mux.request(|out, id| wire::encode_rpc_request(out, id, &self.token, method, request))?;
-        rpc_result(method, kind, &body)
+        self.rpc.call(method, request)
     }
 
     fn region_len(&self) -> u64 {
@@ -614,23 +617,10 @@ impl Connection for VerbsConnection {
     }
 
     fn is_healthy(&self) -> bool {
-        self.healthy.load(Ordering::Acquire) && !self.control_lost.load(Ordering::Acquire) && !self.mux.is_broken()
+        self.healthy.load(Ordering::Acquire) && !self.control_lost.load(Ordering::Acquire)
     }
 
     fn execute_unchecked(&self, batch: &mut Batch) -> Result<(), TransportError> {
         VerbsConnection::execute_unchecked(self, batch)
-    }
-}
-
-/// Maps an RPC response frame (control channel) to the caller's result.
-fn rpc_result(method: u16, kind: Kind, body: &[u8]) -> Result<Vec<u8>, TransportError> {
-    if kind != Kind::RpcResponse {
-        return Err(TransportError::Protocol(format!("rpc answered with a {kind:?} frame")));
-    }
-    let (status, payload) = wire::decode_rpc_response(body).map_err(|e| TransportError::Protocol(e.to_string()))?;
-    if status == 0 {
-        Ok(payload.to_vec())
-    } else {
-        Err(TransportError::Rpc { method, status: RpcStatus::new(status, String::from_utf8_lossy(payload)) })
     }
 }

@@ -60,6 +60,12 @@ impl VerbsHost {
         Ok(Self { mr, cq, device, responder_depth })
     }
 
+    /// The device (and protection domain) the region is registered with; FLOCK lanes on
+    /// this server make their queue pairs and rings there.
+    pub fn device(&self) -> &Arc<LocalDevice> {
+        &self.device
+    }
+
     /// Creates a QP for the client described by `client`, brings it to RTS and returns it
     /// with the answer for the client.
     pub fn accept(&self, client: &QpInfo) -> Result<(ServerQp, VerbsAccept), VerbsError> {

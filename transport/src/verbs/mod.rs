@@ -16,7 +16,9 @@
 //! Connection setup: the client opens a TCP control channel to the server's `verbs:` endpoint,
 //! says hello with its token, then exchanges QP number, PSN, LID, GID and MTU with the server
 //! (which adds the region's rkey, base address and length); the frames are in [`crate::wire`].
-//! The control channel then carries RPC, as on tcp.
+//! After that the control channel carries nothing: it is watched to notice the server going
+//! away. RPC travels on FLOCK lanes, each its own queue pair writing into registered rings
+//! (`crate::flock::verbs`, built from the `queue`, `memory` and `local` layers here).
 //!
 //! Without an RDMA device, connecting and serving fail with [`VerbsError::NoDevice`], whose
 //! message names the alternatives (shm, tcp, Soft-RoCE). Tests of this backend run in the
@@ -26,9 +28,10 @@ mod client;
 mod device;
 mod error;
 mod host;
-mod local;
-mod memory;
-mod queue;
+// The FLOCK verbs carrier (`crate::flock::verbs`) builds its lanes from these.
+pub(crate) mod local;
+pub(crate) mod memory;
+pub(crate) mod queue;
 
 use std::hash::{BuildHasher, Hasher};
 
@@ -38,18 +41,20 @@ pub use error::{VerbsError, NO_DEVICE_HINT};
 pub(crate) use host::{ServerQp, VerbsHost};
 
 /// Local ACK timeout exponent: a try waits 4.096 us * 2^14 = 67 ms for an ACK.
-const QP_TIMEOUT: u8 = 14;
+pub(crate) const QP_TIMEOUT: u8 = 14;
 /// Transport retries before a work request fails with IBV_WC_RETRY_EXC_ERR (about 0.5 s in
 /// all with [`QP_TIMEOUT`]): the time it takes to notice a dead peer from the data path.
-const QP_RETRY_CNT: u8 = 7;
-/// Receiver-not-ready retries (7 = forever per the spec; we never send SENDs, so moot).
-const QP_RNR_RETRY: u8 = 7;
+pub(crate) const QP_RETRY_CNT: u8 = 7;
+/// Receiver-not-ready retries (7 = forever per the spec): a FLOCK lane's WRITE with
+/// immediate that finds no receive posted waits for the peer to post more; other QPs never
+/// consume receives.
+pub(crate) const QP_RNR_RETRY: u8 = 7;
 /// Most RDMA READ/atomic requests in flight per QP in either direction (further ones queue
 /// in the NIC; they do not fail). Capped by the device's limits.
 const MAX_RD_ATOMIC: u8 = 16;
 
 /// A random 24-bit packet sequence number.
-fn random_psn() -> u32 {
+pub(crate) fn random_psn() -> u32 {
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
     hasher.write_u128(
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0),

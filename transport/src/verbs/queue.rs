@@ -1,10 +1,12 @@
-//! Completion queues, RC queue pairs (INIT -> RTR -> RTS), linked send lists and polling.
+//! Completion queues (optionally with a completion channel to sleep on), RC queue pairs
+//! (INIT -> RTR -> RTS), linked send lists, receive work requests and polling.
 
 use std::ffi::CStr;
 use std::mem::MaybeUninit;
-use std::os::raw::c_int;
+use std::os::raw::{c_int, c_uint};
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
+use std::time::Duration;
 
 use rdma_sys as sys;
 
@@ -19,6 +21,8 @@ pub(crate) const POLL_BATCH: usize = 16;
 pub(crate) struct CompletionQueue {
     raw: NonNull<sys::ibv_cq>,
     ctx: Arc<Context>,
+    /// Where its events arrive once armed ([`Self::arm`]); destroyed after the CQ.
+    channel: Option<Arc<CompletionChannel>>,
 }
 
 // SAFETY: libibverbs allows polling a CQ from any thread (providers lock internally); the
@@ -33,6 +37,17 @@ pub(crate) struct WorkCompletion {
     pub wr_id: u64,
     pub status: WcStatus,
     pub vendor_err: u32,
+    /// An `ibv_wc_opcode` (valid only for successful completions).
+    pub opcode: u32,
+    /// The immediate value of an incoming RDMA WRITE with immediate, in host order.
+    pub imm: Option<u32>,
+}
+
+impl WorkCompletion {
+    /// A successful receive completion raised by the peer's RDMA WRITE with immediate.
+    pub fn is_write_with_imm(&self) -> bool {
+        self.status.is_success() && self.opcode == sys::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM
+    }
 }
 
 /// An `ibv_wc_status`.
@@ -100,7 +115,61 @@ impl CompletionQueue {
         // SAFETY: an open context; no completion channel (we poll), vector 0.
         let raw = unsafe { sys::ibv_create_cq(ctx.raw(), entries as c_int, ptr::null_mut(), ptr::null_mut(), 0) };
         let raw = NonNull::new(raw).ok_or_else(|| VerbsError::null("ibv_create_cq", ctx.name()))?;
-        Ok(Arc::new(Self { raw, ctx: Arc::clone(ctx) }))
+        Ok(Arc::new(Self { raw, ctx: Arc::clone(ctx), channel: None }))
+    }
+
+    /// A CQ whose completions, once [armed](Self::arm), raise an event on its own new
+    /// completion channel, so a thread can sleep until the next completion
+    /// ([`Self::wait_event`]) instead of polling.
+    pub fn with_channel(ctx: &Arc<Context>, entries: u32) -> Result<Arc<Self>, VerbsError> {
+        let channel = CompletionChannel::new(ctx)?;
+        let entries = entries.min(ctx.caps().max_cqe).max(1);
+        // SAFETY: an open context and a live channel of the same context (kept alive by the
+        // Arc we store, and destroyed only after this CQ); no user context, vector 0.
+        let raw = unsafe { sys::ibv_create_cq(ctx.raw(), entries as c_int, ptr::null_mut(), channel.raw.as_ptr(), 0) };
+        let raw = NonNull::new(raw).ok_or_else(|| VerbsError::null("ibv_create_cq", ctx.name()))?;
+        Ok(Arc::new(Self { raw, ctx: Arc::clone(ctx), channel: Some(channel) }))
+    }
+
+    /// Requests an event on the completion channel for the next completion (any kind). One
+    /// event per arming: arm, poll once more (a completion that landed before arming raises
+    /// no event), then [`Self::wait_event`].
+    pub fn arm(&self) -> Result<(), VerbsError> {
+        // SAFETY: a live CQ; ibv_req_notify_cq only arms it.
+        let ret = unsafe { sys::ibv_req_notify_cq(self.raw.as_ptr(), 0) };
+        if ret != 0 {
+            return Err(VerbsError::call("ibv_req_notify_cq", self.ctx.name(), ret));
+        }
+        Ok(())
+    }
+
+    /// Sleeps until the armed CQ raises an event or `timeout` passes; true if an event came
+    /// (it is consumed and acknowledged). Without a channel it just returns false.
+    pub fn wait_event(&self, timeout: Duration) -> Result<bool, VerbsError> {
+        let Some(channel) = &self.channel else {
+            return Ok(false);
+        };
+        let mut fds = [libc::pollfd { fd: channel.fd(), events: libc::POLLIN, revents: 0 }];
+        let millis = c_int::try_from(timeout.as_millis()).unwrap_or(c_int::MAX).max(1);
+        // SAFETY: one valid pollfd; poll only writes its revents.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 1, millis) };
+        if n <= 0 {
+            return Ok(false); // timeout, or EINTR: the caller polls again either way
+        }
+        let mut cq: *mut sys::ibv_cq = ptr::null_mut();
+        let mut context: *mut std::ffi::c_void = ptr::null_mut();
+        // SAFETY: a live channel whose fd is non-blocking (set in CompletionChannel::new), so
+        // this returns at once; on success it stores the CQ the event is for.
+        let ret = unsafe { sys::ibv_get_cq_event(channel.raw.as_ptr(), &mut cq, &mut context) };
+        if ret != 0 {
+            return Ok(false); // EAGAIN: someone else took it, or a spurious wake-up
+        }
+        // Each channel serves exactly one CQ (this one), so `cq` is us.
+        debug_assert_eq!(cq, self.raw.as_ptr());
+        // SAFETY: acknowledging the one event we just took on our own CQ (ibv_destroy_cq
+        // waits for every taken event to be acknowledged).
+        unsafe { sys::ibv_ack_cq_events(self.raw.as_ptr(), 1 as c_uint) };
+        Ok(true)
     }
 
     /// Appends the completions that are ready (at most [`POLL_BATCH`]) to `out`; returns how
@@ -117,7 +186,17 @@ impl CompletionQueue {
         for i in 0..n {
             // SAFETY: entry i < n was written by ibv_poll_cq; we read only POD fields.
             let wc = unsafe { &*wcs.as_ptr().cast::<sys::ibv_wc>().add(i) };
-            out.push(WorkCompletion { wr_id: wc.wr_id, status: WcStatus(wc.status), vendor_err: wc.vendor_err });
+            let with_imm = wc.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+            // SAFETY: with IBV_WC_WITH_IMM set the union holds the immediate (network order);
+            // both union members are plain u32s anyway.
+            let imm = with_imm.then(|| u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data }));
+            out.push(WorkCompletion {
+                wr_id: wc.wr_id,
+                status: WcStatus(wc.status),
+                vendor_err: wc.vendor_err,
+                opcode: wc.opcode,
+                imm,
+            });
         }
         Ok(n)
     }
@@ -129,6 +208,55 @@ impl Drop for CompletionQueue {
         let ret = unsafe { sys::ibv_destroy_cq(self.raw.as_ptr()) };
         if ret != 0 {
             tracing::warn!("ibv_destroy_cq on {} failed: {}", self.ctx.name(), std::io::Error::from_raw_os_error(ret));
+        }
+    }
+}
+
+/// A completion channel: the file descriptor a CQ's events arrive on.
+pub(crate) struct CompletionChannel {
+    raw: NonNull<sys::ibv_comp_channel>,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: the channel is only passed to libibverbs calls (thread-safe) and its fd to poll.
+unsafe impl Send for CompletionChannel {}
+// SAFETY: as above.
+unsafe impl Sync for CompletionChannel {}
+
+impl CompletionChannel {
+    fn new(ctx: &Arc<Context>) -> Result<Arc<Self>, VerbsError> {
+        // SAFETY: an open context; the result is ours until ibv_destroy_comp_channel.
+        let raw = unsafe { sys::ibv_create_comp_channel(ctx.raw()) };
+        let raw = NonNull::new(raw).ok_or_else(|| VerbsError::null("ibv_create_comp_channel", ctx.name()))?;
+        let channel = Arc::new(Self { raw, ctx: Arc::clone(ctx) });
+        let fd = channel.fd();
+        // SAFETY: fcntl on the channel's own open descriptor; only its status flags change.
+        let ok = unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) == 0
+        };
+        if !ok {
+            return Err(VerbsError::call("fcntl(O_NONBLOCK) on a completion channel", ctx.name(), -1));
+        }
+        Ok(channel)
+    }
+
+    fn fd(&self) -> c_int {
+        // SAFETY: a live channel; its fd is fixed at creation.
+        unsafe { (*self.raw.as_ptr()).fd }
+    }
+}
+
+impl Drop for CompletionChannel {
+    fn drop(&mut self) {
+        // SAFETY: the CQs using this channel hold an Arc to it, so they are gone; destroyed once.
+        let ret = unsafe { sys::ibv_destroy_comp_channel(self.raw.as_ptr()) };
+        if ret != 0 {
+            tracing::warn!(
+                "ibv_destroy_comp_channel on {} failed: {}",
+                self.ctx.name(),
+                std::io::Error::from_raw_os_error(ret)
+            );
         }
     }
 }
@@ -175,7 +303,8 @@ pub(crate) struct QueuePair {
     raw: NonNull<sys::ibv_qp>,
     caps: QpCaps,
     device: String,
-    _cq: Arc<CompletionQueue>,
+    _send_cq: Arc<CompletionQueue>,
+    _recv_cq: Arc<CompletionQueue>,
     _pd: Arc<ProtectionDomain>,
 }
 
@@ -193,11 +322,21 @@ impl QueuePair {
     /// Creates an RC QP whose send and receive completions go to `cq`. `caps` are wishes; the
     /// result's [`Self::caps`] are what the device granted (inline data may come back smaller).
     pub fn create_rc(pd: &Arc<ProtectionDomain>, cq: &Arc<CompletionQueue>, caps: QpCaps) -> Result<Self, VerbsError> {
+        Self::create_rc_split(pd, cq, cq, caps)
+    }
+
+    /// [`Self::create_rc`] with send and receive completions on different CQs.
+    pub fn create_rc_split(
+        pd: &Arc<ProtectionDomain>,
+        send_cq: &Arc<CompletionQueue>,
+        recv_cq: &Arc<CompletionQueue>,
+        caps: QpCaps,
+    ) -> Result<Self, VerbsError> {
         let ctx = pd.context();
         // SAFETY: all-zero is a valid ibv_qp_init_attr (null pointers, zero sizes).
         let mut init: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
-        init.send_cq = cq.raw.as_ptr();
-        init.recv_cq = cq.raw.as_ptr();
+        init.send_cq = send_cq.raw.as_ptr();
+        init.recv_cq = recv_cq.raw.as_ptr();
         init.qp_type = sys::ibv_qp_type::IBV_QPT_RC;
         init.sq_sig_all = 0; // selective signaling: only WRs flagged SIGNALED complete on success
         init.cap.max_send_wr = caps.max_send_wr;
@@ -205,7 +344,7 @@ impl QueuePair {
         init.cap.max_send_sge = 1;
         init.cap.max_recv_sge = 1;
         init.cap.max_inline_data = caps.max_inline_data;
-        // SAFETY: a live PD and CQ (kept alive by the Arcs we store); `init` is fully set.
+        // SAFETY: a live PD and CQs (kept alive by the Arcs we store); `init` is fully set.
         let raw = unsafe { sys::ibv_create_qp(pd.raw(), &mut init) };
         let raw = NonNull::new(raw).ok_or_else(|| VerbsError::null("ibv_create_qp", ctx.name()))?;
         let granted = QpCaps {
@@ -213,7 +352,14 @@ impl QueuePair {
             max_recv_wr: init.cap.max_recv_wr,
             max_inline_data: init.cap.max_inline_data.min(caps.max_inline_data),
         };
-        Ok(Self { raw, caps: granted, device: ctx.name().to_string(), _cq: Arc::clone(cq), _pd: Arc::clone(pd) })
+        Ok(Self {
+            raw,
+            caps: granted,
+            device: ctx.name().to_string(),
+            _send_cq: Arc::clone(send_cq),
+            _recv_cq: Arc::clone(recv_cq),
+            _pd: Arc::clone(pd),
+        })
     }
 
     pub fn caps(&self) -> QpCaps {
@@ -269,7 +415,9 @@ impl QueuePair {
         attr.dest_qp_num = path.dest_qpn;
         attr.rq_psn = path.rq_psn;
         attr.max_dest_rd_atomic = path.max_dest_rd_atomic;
-        attr.min_rnr_timer = 12; // 0.64 ms; we never post receives, so only a stray SEND would hit it
+        // 0.64 ms: how long a peer waits before retrying a WRITE with immediate (or SEND) that
+        // found no receive posted; FLOCK lanes keep receives posted, other QPs expect none.
+        attr.min_rnr_timer = 12;
         attr.ah_attr.dlid = path.dlid;
         attr.ah_attr.sl = 0;
         attr.ah_attr.src_path_bits = 0;
@@ -327,6 +475,36 @@ impl QueuePair {
         let mut attr = Self::zeroed_attr();
         attr.qp_state = sys::ibv_qp_state::IBV_QPS_ERR;
         self.modify(&mut attr, &[sys::ibv_qp_attr_mask::IBV_QP_STATE], "ibv_modify_qp(ERR)")
+    }
+
+    /// Posts `count` receive work requests without buffers, each with `wr_id`. They are
+    /// consumed by the peer's RDMA WRITEs with immediate (which place their data where the
+    /// WRITE says, not in a receive buffer) and complete with the immediate value.
+    pub fn post_empty_recvs(&self, count: usize, wr_id: u64) -> Result<(), VerbsError> {
+        if count == 0 {
+            return Ok(());
+        }
+        // SAFETY: all-zero is a valid ibv_recv_wr (no next, no scatter/gather entries).
+        let mut wrs: Vec<sys::ibv_recv_wr> = (0..count).map(|_| unsafe { std::mem::zeroed() }).collect();
+        let base = wrs.as_mut_ptr();
+        for i in 0..count {
+            // SAFETY: i < count == wrs.len(); the links stay inside the vector, which is not
+            // resized before the call below returns.
+            unsafe {
+                let wr = base.add(i);
+                (*wr).wr_id = wr_id;
+                (*wr).num_sge = 0;
+                (*wr).next = if i + 1 < count { base.add(i + 1) } else { ptr::null_mut() };
+            }
+        }
+        let mut bad: *mut sys::ibv_recv_wr = ptr::null_mut();
+        // SAFETY: a live QP and a null-terminated chain of WRs without buffers (nothing for the
+        // NIC to access later); libibverbs copies the WRs before returning.
+        let ret = unsafe { sys::ibv_post_recv(self.raw.as_ptr(), base, &mut bad) };
+        if ret != 0 {
+            return Err(VerbsError::call("ibv_post_recv", &self.device, ret));
+        }
+        Ok(())
     }
 
     /// Posts every work request of `list` with one `ibv_post_send` (one doorbell).
@@ -403,6 +581,14 @@ impl SendList {
         self.sges.clear();
     }
 
+    pub fn len(&self) -> usize {
+        self.wrs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.wrs.is_empty()
+    }
+
     fn push(&mut self, wr_id: u64, opcode: u32, local: LocalSpan, flags: u32, remote: sys::wr_t) {
         // SAFETY: ibv_send_wr is plain C data (pointers, integers, unions of those); all-zero
         // is a valid value.
@@ -428,6 +614,25 @@ impl SendList {
         let remote = sys::wr_t { rdma: sys::rdma_t { remote_addr, rkey } };
         let flags = if inline { sys::ibv_send_flags::IBV_SEND_INLINE.0 } else { 0 };
         self.push(wr_id, sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE, local, flags, remote);
+    }
+
+    /// RDMA WRITE with immediate: like [`Self::write`], and the peer gets a receive
+    /// completion carrying `imm` (consuming one of its posted receives). `local.len` may be 0
+    /// (a doorbell or credit message with no data).
+    pub fn write_with_imm(
+        &mut self,
+        wr_id: u64,
+        local: LocalSpan,
+        remote_addr: u64,
+        rkey: u32,
+        inline: bool,
+        imm: u32,
+    ) {
+        let remote = sys::wr_t { rdma: sys::rdma_t { remote_addr, rkey } };
+        let flags = if inline { sys::ibv_send_flags::IBV_SEND_INLINE.0 } else { 0 };
+        self.push(wr_id, sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM, local, flags, remote);
+        let wr = self.wrs.last_mut().expect("just pushed");
+        wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
     }
 
     /// 8-byte compare-and-swap; the old value lands in `local` (8 bytes).
