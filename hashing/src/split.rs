@@ -13,6 +13,12 @@
 //! 4. The directory is published last; until then clients that find a changed header wait.
 //! 5. A journal in the superblock names the split in progress; every step is idempotent, so
 //!    a memnode restarted mid-split finishes it before serving.
+//! 6. An entry that belongs to neither half (misplaced) is left where it is. It is a client's
+//!    insert into a bucket split under it, which that client undoes when its re-read shows
+//!    the new header; if the splitter removed it, the client's undo CAS would fail, and the
+//!    client could not tell "moved for me" from "removed": an acknowledged insert would be
+//!    lost. The price: a client that dies between such an insert and its undo leaves one
+//!    invisible slot and block behind.
 
 use std::sync::{Arc, LazyLock};
 use std::time::Instant;
@@ -55,7 +61,8 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         misplaced: register(
             IntCounter::new(
                 "racekv_split_misplaced_entries_total",
-                "Entries found in a subtable they do not belong to (left by a client that died mid-insert) and removed",
+                "Entries found in a subtable they do not belong to (an insert its client is about to undo, or one \
+                 left by a client that died mid-insert); left in place",
             )
             .unwrap(),
         ),
@@ -368,7 +375,6 @@ impl Splitter {
             occupied.iter().map(|&(_, _, _, slot)| b.read(slot.block, slot.block_bytes() as u32)).collect();
         self.conn.execute(b)?;
         let mut moves = Vec::new();
-        let mut removals = Vec::new();
         let mut slow = Vec::new();
         for (k, &(i, j, word, _)) in occupied.iter().enumerate() {
             let old_slot = slot_offset(job.old + i * BUCKET_BYTES, j);
@@ -378,29 +384,22 @@ impl Splitter {
                 Some((key, _)) => match job.fate(KeyHash::of(key, self.layout.groups_per_subtable).dir) {
                     Fate::Stay => {}
                     Fate::Move => moves.push((old_slot, new_slot, word)),
-                    Fate::Misplaced => removals.push((old_slot, new_slot, word)),
+                    Fate::Misplaced => METRICS.misplaced.inc(),
                 },
             }
         }
         // Round 3: copy, then clear the old slot (at most 2 x 112 ops per round).
-        if !moves.is_empty() || !removals.is_empty() {
+        if !moves.is_empty() {
             b.clear();
             let mut cases = Vec::new();
             for &(old_slot, new_slot, word) in &moves {
                 b.write(new_slot, &word.to_le_bytes());
-                cases.push((b.cas(old_slot, word, 0), old_slot, new_slot, true));
-            }
-            for &(old_slot, new_slot, word) in &removals {
-                cases.push((b.cas(old_slot, word, 0), old_slot, new_slot, false));
+                cases.push((b.cas(old_slot, word, 0), old_slot, new_slot));
             }
             self.conn.execute(b)?;
-            for (cas, old_slot, new_slot, is_move) in cases {
+            for (cas, old_slot, new_slot) in cases {
                 if b.cas_succeeded(cas)? {
-                    if is_move {
-                        METRICS.moved.inc();
-                    } else {
-                        self.removed_misplaced(b)?;
-                    }
+                    METRICS.moved.inc();
                 } else {
                     // A client changed the slot meanwhile: judge its new word on the slow path.
                     slow.push((old_slot, new_slot));
@@ -410,14 +409,6 @@ impl Splitter {
         for (old_slot, new_slot) in slow {
             self.settle_slot(b, job, old_slot, new_slot)?;
         }
-        Ok(())
-    }
-
-    fn removed_misplaced(&self, b: &mut Batch) -> Result<(), Error> {
-        METRICS.misplaced.inc();
-        b.clear();
-        b.faa(sb::ITEM_COUNT, u64::MAX); // -1
-        self.conn.execute(b)?;
         Ok(())
     }
 
@@ -438,6 +429,10 @@ impl Splitter {
             };
             match job.fate(KeyHash::of(key, self.layout.groups_per_subtable).dir) {
                 Fate::Stay => return self.write_words(b, &[(new_slot, 0)]),
+                Fate::Misplaced => {
+                    METRICS.misplaced.inc();
+                    return self.write_words(b, &[(new_slot, 0)]);
+                }
                 Fate::Move => {
                     b.clear();
                     b.write(new_slot, &word.to_le_bytes());
@@ -446,14 +441,6 @@ impl Splitter {
                     if b.cas_succeeded(cas)? {
                         METRICS.moved.inc();
                         return Ok(());
-                    }
-                }
-                Fate::Misplaced => {
-                    b.clear();
-                    let cas = b.cas(old_slot, word, 0);
-                    self.conn.execute(b)?;
-                    if b.cas_succeeded(cas)? {
-                        self.removed_misplaced(b)?;
                     }
                 }
             }

@@ -9,7 +9,9 @@
 //! * Duplicate keys: two inserts of one key can land in different empty slots. After an
 //!   insert CAS the client re-reads the buckets (same batch); if other copies exist, the
 //!   copy at the lowest slot address wins, losers are CASed to 0. Readers also prefer the
-//!   lowest address, so everyone agrees which copy is current.
+//!   lowest address, so everyone agrees which copy is current. An inserter whose re-read no
+//!   longer shows its own word in its slot was superseded and removes nothing (a thread can
+//!   stall between the CAS and the re-read for longer than others take to update the key).
 //! * Stale directory: every bucket read checks each header's (depth, suffix) against the
 //!   key; a mismatch re-reads the directory entry (or the whole directory if it grew).
 //! * Insert racing a split: if the re-read shows the bucket was re-assigned to a deeper
@@ -898,8 +900,10 @@ impl TableClient {
     fn replace(&mut self, new: Option<&NewBlock>) -> Result<Option<PutOutcome>, Error> {
         let canonical = self.copies[0];
         self.batch.clear();
-        let swing = self.batch.cas(canonical.slot, canonical.word, new.map_or(0, |n| n.word));
+        // Duplicates go first: they are shadows only while the canonical copy stands, and a
+        // reader between the two must not see one surface.
         let dups: Vec<_> = self.copies[1..].iter().map(|c| (self.batch.cas(c.slot, c.word, 0), c.word)).collect();
+        let swing = self.batch.cas(canonical.slot, canonical.word, new.map_or(0, |n| n.word));
         self.execute()?;
         for (id, word) in dups {
             if self.batch.cas_succeeded(id)? {
@@ -957,6 +961,12 @@ impl TableClient {
                 return Ok(None);
             }
             return Ok(Some(PutOutcome::Inserted)); // the splitter moved it for us
+        }
+        if after.word_at(free) != Some(new.word) {
+            // Others already updated or deleted our copy (this thread stalled between its CAS
+            // and the re-read): the insert took effect and was superseded. Copies found now
+            // are newer than ours, not duplicates to remove.
+            return Ok(Some(PutOutcome::Inserted));
         }
         // Copies inserted concurrently by others: fingerprint matches we have not already
         // identified as other keys.
