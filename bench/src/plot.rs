@@ -40,6 +40,18 @@ pub struct Series {
 pub type XFormat<'a> = &'a dyn Fn(&f64) -> String;
 
 /// Writes a line chart of `series` to `path` (PNG, 1200 x 700).
+/// Where a plot went, for a report: the figures stand without the picture (e.g. in the test
+/// VM, which has no fonts), so a plot that could not be drawn is a warning, not an error.
+pub fn drawn(path: &Path, result: anyhow::Result<()>) -> Option<String> {
+    match result {
+        Ok(()) => Some(path.display().to_string()),
+        Err(e) => {
+            eprintln!("warning: no plot at {}: {e:#}", path.display());
+            None
+        }
+    }
+}
+
 pub fn line_chart(path: &Path, title: &str, x_label: &str, y_label: &str, series: &[Series]) -> anyhow::Result<()> {
     line_chart_with(path, title, x_label, y_label, series, None)
 }

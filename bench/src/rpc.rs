@@ -28,7 +28,7 @@ use racekv_transport::{
 };
 use serde::Serialize;
 
-use crate::plot::{line_chart_with, Series};
+use crate::plot::{drawn, line_chart_with, Series};
 use crate::report::{progress, Environment};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
@@ -253,7 +253,7 @@ pub fn run(args: &RpcArgs) -> anyhow::Result<RpcReport> {
         })
         .collect();
     let path = args.plot.clone().unwrap_or_else(|| PathBuf::from(format!("rpc-{}.png", args.transport)));
-    plot(&path, args, &results).with_context(|| format!("writing the plot {}", path.display()))?;
+    let plot = drawn(&path, plot(&path, args, &results));
     Ok(RpcReport {
         bench: "rpc",
         transport: args.transport.to_string(),
@@ -263,7 +263,7 @@ pub fn run(args: &RpcArgs) -> anyhow::Result<RpcReport> {
         label: args.label.clone(),
         results,
         speedup_vs_per_thread,
-        plot: Some(path.display().to_string()),
+        plot,
         environment: Environment::capture(),
     })
 }

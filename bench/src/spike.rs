@@ -26,7 +26,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::cluster::BenchMemnode;
-use crate::plot::{line_chart, Series};
+use crate::plot::{drawn, line_chart, Series};
 use crate::report::Environment;
 
 #[derive(Debug, Clone, Args)]
@@ -154,7 +154,6 @@ pub fn run(args: &SpikeArgs) -> anyhow::Result<SpikeReport> {
             .expect("a trial")
     };
     let shown = [typical("virtualized", v), typical("fresh", f)];
-    // The figures stand without the picture (e.g. in the test VM, which has no fonts).
     let plotted = line_chart(
         &args.plot,
         &format!(
@@ -171,9 +170,7 @@ pub fn run(args: &SpikeArgs) -> anyhow::Result<SpikeReport> {
             })
             .collect::<Vec<_>>(),
     );
-    if let Err(e) = &plotted {
-        eprintln!("warning: no plot: {e:#}");
-    }
+    let plot = drawn(&args.plot, plotted);
     Ok(SpikeReport {
         bench: "spike",
         transport: args.transport.to_string(),
@@ -188,7 +185,7 @@ pub fn run(args: &SpikeArgs) -> anyhow::Result<SpikeReport> {
         virtualized_first_op_max_ms: median("virtualized", &|r| r.first_op_max_ms),
         fresh_first_op_max_ms: median("fresh", &|r| r.first_op_max_ms),
         runs,
-        plot: plotted.is_ok().then(|| args.plot.display().to_string()),
+        plot,
         environment: Environment::capture(),
     })
 }
