@@ -595,6 +595,46 @@ fn refuse<S: ServerStream>(
     Err(reason)
 }
 
+/// The parts of a decoded frame that carries the auth token.
+trait Tokened {
+    fn token(&self) -> &[u8; wire::TOKEN_BYTES];
+}
+
+impl Tokened for [u8; wire::TOKEN_BYTES] {
+    fn token(&self) -> &[u8; wire::TOKEN_BYTES] {
+        self
+    }
+}
+
+impl<A> Tokened for ([u8; wire::TOKEN_BYTES], A) {
+    fn token(&self) -> &[u8; wire::TOKEN_BYTES] {
+        &self.0
+    }
+}
+
+impl<A, B> Tokened for ([u8; wire::TOKEN_BYTES], A, B) {
+    fn token(&self) -> &[u8; wire::TOKEN_BYTES] {
+        &self.0
+    }
+}
+
+/// A decoded frame whose token matches; otherwise the frame is refused (malformed, or a bad
+/// token) and the connection closed.
+fn authenticated<S: ServerStream, T: Tokened>(
+    stream: &mut S,
+    out: &mut Vec<u8>,
+    request_id: u64,
+    expected: &[u8; wire::TOKEN_BYTES],
+    decoded: Result<T, wire::WireError>,
+) -> Result<T, &'static str> {
+    let refused = match decoded {
+        Ok(parts) if wire::token_matches(parts.token(), expected) => return Ok(parts),
+        Ok(_) => refuse(stream, out, request_id, error_code::AUTH, "bad token", "auth"),
+        Err(e) => refuse(stream, out, request_id, error_code::MALFORMED, &e.to_string(), "malformed"),
+    };
+    Err(refused.expect_err("a refusal ends the connection"))
+}
+
 /// Serves one connection until it closes. Returns the reason when it ends badly.
 fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static str> {
     if stream.set_timeouts(POLL_INTERVAL.max(Duration::from_millis(50)), shared.options.io_timeout).is_err() {
@@ -636,15 +676,7 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
         out.clear();
         match (header.kind, greeted) {
             (Kind::Hello, false) => {
-                let token = match wire::decode_hello(&body) {
-                    Ok(token) => token,
-                    Err(e) => {
-                        return refuse(&mut stream, &mut out, 0, error_code::MALFORMED, &e.to_string(), "malformed")
-                    }
-                };
-                if !wire::token_matches(&token, &shared.token) {
-                    return refuse(&mut stream, &mut out, 0, error_code::AUTH, "bad token", "auth");
-                }
+                let _ = authenticated(&mut stream, &mut out, 0, &shared.token, wire::decode_hello(&body))?;
                 greeted = true;
                 let send_fd = stream.listener() == "unix";
                 let flags = if send_fd { wire::HELLO_FLAG_REGION_FD } else { 0 };
@@ -694,22 +726,13 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
                 );
             }
             (Kind::VerbsConnect, true) => {
-                let (token, client) = match wire::decode_verbs_connect(&body) {
-                    Ok(parts) => parts,
-                    Err(e) => {
-                        return refuse(
-                            &mut stream,
-                            &mut out,
-                            header.request_id,
-                            error_code::MALFORMED,
-                            &e.to_string(),
-                            "malformed",
-                        )
-                    }
-                };
-                if !wire::token_matches(&token, &shared.token) {
-                    return refuse(&mut stream, &mut out, header.request_id, error_code::AUTH, "bad token", "auth");
-                }
+                let (_, client) = authenticated(
+                    &mut stream,
+                    &mut out,
+                    header.request_id,
+                    &shared.token,
+                    wire::decode_verbs_connect(&body),
+                )?;
                 let host = match (&shared.verbs, stream.listener()) {
                     (Some(host), "verbs") => host,
                     _ => {
@@ -750,22 +773,13 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
                 stream.write_all(&out).map_err(|_| "io")?;
             }
             (Kind::Batch, true) => {
-                let token = match wire::decode_batch(&body, &mut batch) {
-                    Ok(token) => token,
-                    Err(e) => {
-                        return refuse(
-                            &mut stream,
-                            &mut out,
-                            header.request_id,
-                            error_code::MALFORMED,
-                            &e.to_string(),
-                            "malformed",
-                        )
-                    }
-                };
-                if !wire::token_matches(&token, &shared.token) {
-                    return refuse(&mut stream, &mut out, header.request_id, error_code::AUTH, "bad token", "auth");
-                }
+                let _ = authenticated(
+                    &mut stream,
+                    &mut out,
+                    header.request_id,
+                    &shared.token,
+                    wire::decode_batch(&body, &mut batch),
+                )?;
                 let started = Instant::now();
                 shared.region.apply(&mut batch);
                 METRICS.batch_seconds.observe(started.elapsed().as_secs_f64());
@@ -774,22 +788,13 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
                 stream.write_all(&out).map_err(|_| "io")?;
             }
             (Kind::RpcRequest, true) => {
-                let (token, method, payload) = match wire::decode_rpc_request(&body) {
-                    Ok(parts) => parts,
-                    Err(e) => {
-                        return refuse(
-                            &mut stream,
-                            &mut out,
-                            header.request_id,
-                            error_code::MALFORMED,
-                            &e.to_string(),
-                            "malformed",
-                        )
-                    }
-                };
-                if !wire::token_matches(&token, &shared.token) {
-                    return refuse(&mut stream, &mut out, header.request_id, error_code::AUTH, "bad token", "auth");
-                }
+                let (_, method, payload) = authenticated(
+                    &mut stream,
+                    &mut out,
+                    header.request_id,
+                    &shared.token,
+                    wire::decode_rpc_request(&body),
+                )?;
                 let started = Instant::now();
                 let name = shared.rpc.method_name(method);
                 let result = shared.rpc.call(method, payload);
@@ -812,22 +817,13 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
                 stream.write_all(&out).map_err(|_| "io")?;
             }
             (Kind::FlockOpen, true) => {
-                let (token, open) = match wire::decode_flock_open(&body) {
-                    Ok(parts) => parts,
-                    Err(e) => {
-                        return refuse(
-                            &mut stream,
-                            &mut out,
-                            header.request_id,
-                            error_code::MALFORMED,
-                            &e.to_string(),
-                            "malformed",
-                        )
-                    }
-                };
-                if !wire::token_matches(&token, &shared.token) {
-                    return refuse(&mut stream, &mut out, header.request_id, error_code::AUTH, "bad token", "auth");
-                }
+                let (_, open) = authenticated(
+                    &mut stream,
+                    &mut out,
+                    header.request_id,
+                    &shared.token,
+                    wire::decode_flock_open(&body),
+                )?;
                 // The connection is a FLOCK lane from now on.
                 let (lane, credits) = shared.flock.open(open.sender);
                 let result = serve_flock_lane(shared, &mut stream, &open, lane, credits, &mut out);
