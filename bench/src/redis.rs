@@ -33,6 +33,10 @@ pub struct RedisArgs {
     /// Pipeline depths (-P) to compare, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,16")]
     pub pipeline: Vec<u32>,
+    /// redis-benchmark's own threads (--threads; 0: its default, one thread). One client
+    /// thread can be the bottleneck for both servers on a many-core machine.
+    #[arg(long, default_value_t = 0)]
+    pub benchmark_threads: u32,
     /// Alternating rounds per pipeline depth.
     #[arg(long, default_value_t = 3)]
     pub rounds: u32,
@@ -158,7 +162,7 @@ pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
     let mut results = Vec::new();
     let mut flags_text = String::new();
     for &pipeline in &args.pipeline {
-        let flags: Vec<String> = vec![
+        let mut flags: Vec<String> = vec![
             "-n".into(),
             args.requests.to_string(),
             "-c".into(),
@@ -170,6 +174,9 @@ pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
             "-P".into(),
             pipeline.to_string(),
         ];
+        if args.benchmark_threads > 0 {
+            flags.extend(["--threads".into(), args.benchmark_threads.to_string()]);
+        }
         flags_text = flags.join(" ");
         let (mut theirs, mut ours) = (Vec::new(), Vec::new());
         for _ in 0..args.rounds {
