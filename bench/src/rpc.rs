@@ -91,6 +91,10 @@ pub struct Point {
     pub p99_us: f64,
     /// Requests per message sent (1.0 when nothing was coalesced).
     pub coalescing_degree: f64,
+    /// Lanes the server's scheduler held active, of those open, midway through the
+    /// measurement (the server runs in this process).
+    pub active_lanes: i64,
+    pub open_lanes: i64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -174,51 +178,54 @@ fn measure(args: &RpcArgs, endpoint: &Endpoint, mode: Mode, threads: usize) -> a
     let barrier = Barrier::new(threads + 1);
     let request = vec![0x5Au8; args.size];
     let warmup = Duration::from_millis(300);
-    let (totals_before, totals_after, elapsed, hist) = std::thread::scope(|s| -> anyhow::Result<_> {
-        let handles: Vec<_> = conns
-            .iter()
-            .map(|conn| {
-                let (lock, stop, measuring, ops, barrier, request) =
-                    (&lock, &stop, &measuring, &ops, &barrier, &request);
-                s.spawn(move || -> anyhow::Result<Histogram<u64>> {
-                    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-                    let mut mine = 0u64;
-                    barrier.wait();
-                    while !stop.load(Ordering::Relaxed) {
-                        let started = Instant::now();
-                        let reply = if mode == Mode::Locked {
-                            let _held = lock.lock().expect("bench lock");
-                            conn.call(1, request)?
-                        } else {
-                            conn.call(1, request)?
-                        };
-                        anyhow::ensure!(reply.len() == request.len() && reply[0] == request[0], "wrong reply");
-                        if measuring.load(Ordering::Relaxed) {
-                            hist.saturating_record(started.elapsed().as_micros().max(1) as u64);
-                            mine += 1;
+    let (totals_before, totals_after, elapsed, hist, (active_lanes, open_lanes)) =
+        std::thread::scope(|s| -> anyhow::Result<_> {
+            let handles: Vec<_> = conns
+                .iter()
+                .map(|conn| {
+                    let (lock, stop, measuring, ops, barrier, request) =
+                        (&lock, &stop, &measuring, &ops, &barrier, &request);
+                    s.spawn(move || -> anyhow::Result<Histogram<u64>> {
+                        let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+                        let mut mine = 0u64;
+                        barrier.wait();
+                        while !stop.load(Ordering::Relaxed) {
+                            let started = Instant::now();
+                            let reply = if mode == Mode::Locked {
+                                let _held = lock.lock().expect("bench lock");
+                                conn.call(1, request)?
+                            } else {
+                                conn.call(1, request)?
+                            };
+                            anyhow::ensure!(reply.len() == request.len() && reply[0] == request[0], "wrong reply");
+                            if measuring.load(Ordering::Relaxed) {
+                                hist.saturating_record(started.elapsed().as_micros().max(1) as u64);
+                                mine += 1;
+                            }
                         }
-                    }
-                    ops.fetch_add(mine, Ordering::Relaxed);
-                    Ok(hist)
+                        ops.fetch_add(mine, Ordering::Relaxed);
+                        Ok(hist)
+                    })
                 })
-            })
-            .collect();
-        barrier.wait();
-        std::thread::sleep(warmup);
-        let before = racekv_transport::flock::sender_totals();
-        measuring.store(true, Ordering::Relaxed);
-        let started = Instant::now();
-        std::thread::sleep(Duration::from_secs_f64(args.seconds));
-        measuring.store(false, Ordering::Relaxed);
-        let elapsed = started.elapsed();
-        let after = racekv_transport::flock::sender_totals();
-        stop.store(true, Ordering::Relaxed);
-        let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-        for h in handles {
-            hist.add(h.join().expect("bench thread")?)?;
-        }
-        Ok((before, after, elapsed, hist))
-    })?;
+                .collect();
+            barrier.wait();
+            std::thread::sleep(warmup);
+            let before = racekv_transport::flock::sender_totals();
+            measuring.store(true, Ordering::Relaxed);
+            let started = Instant::now();
+            std::thread::sleep(Duration::from_secs_f64(args.seconds / 2.0));
+            let lanes = racekv_transport::flock::receiver_lanes();
+            std::thread::sleep(Duration::from_secs_f64(args.seconds / 2.0));
+            measuring.store(false, Ordering::Relaxed);
+            let elapsed = started.elapsed();
+            let after = racekv_transport::flock::sender_totals();
+            stop.store(true, Ordering::Relaxed);
+            let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+            for h in handles {
+                hist.add(h.join().expect("bench thread")?)?;
+            }
+            Ok((before, after, elapsed, hist, lanes))
+        })?;
     let messages = totals_after.0 - totals_before.0;
     let requests = totals_after.1 - totals_before.1;
     Ok(Point {
@@ -228,6 +235,8 @@ fn measure(args: &RpcArgs, endpoint: &Endpoint, mode: Mode, threads: usize) -> a
         p50_us: hist.value_at_quantile(0.5) as f64,
         p99_us: hist.value_at_quantile(0.99) as f64,
         coalescing_degree: if messages > 0 { requests as f64 / messages as f64 } else { 0.0 },
+        active_lanes,
+        open_lanes,
     })
 }
 

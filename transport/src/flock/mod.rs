@@ -199,3 +199,9 @@ pub fn sender_totals() -> (u64, u64) {
     let m = &metrics::METRICS;
     (m.messages.with_label_values(&["sent"]).get(), m.requests.with_label_values(&["sent"]).get())
 }
+
+/// Lanes this process's receivers hold active, and lanes open at them (the
+/// `racekv_flock_active_connections` and `racekv_flock_connections` gauges).
+pub fn receiver_lanes() -> (i64, i64) {
+    (metrics::METRICS.active.get(), metrics::METRICS.lanes.get())
+}
