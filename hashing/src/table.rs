@@ -11,7 +11,9 @@
 //!   copy at the lowest slot address wins, losers are CASed to 0. Readers also prefer the
 //!   lowest address, so everyone agrees which copy is current. An inserter whose re-read no
 //!   longer shows its own word in its slot was superseded and removes nothing (a thread can
-//!   stall between the CAS and the re-read for longer than others take to update the key).
+//!   stall between the CAS and the re-read for longer than others take to update the key);
+//!   a winner reads its slot once more before removing the others, because a bucket read is
+//!   not a snapshot (a thread preempted inside the copy sees early and late words side by side).
 //! * Stale directory: every bucket read checks each header's (depth, suffix) against the
 //!   key; a mismatch re-reads the directory entry (or the whole directory if it grew).
 //! * Insert racing a split: if the re-read shows the bucket was re-assigned to a deeper
@@ -983,7 +985,19 @@ impl TableClient {
             return Ok(Some(PutOutcome::Inserted));
         }
         if self.copies.iter().all(|c| c.slot > free) {
-            // Ours is the lowest address: it wins; remove the others.
+            // Ours is the lowest address: it wins; remove the others. But the re-read is not
+            // a snapshot: a bucket is copied word by word, lowest address first, so a thread
+            // preempted inside that copy can see our word (read early) beside a copy written
+            // much later, after ours was deleted. Look at our slot again, after the others
+            // were seen: our word cannot come back once gone, so if it is still there it
+            // stood all along and the others are shadows of it.
+            self.batch.clear();
+            let mine = self.batch.read(free, 8);
+            self.execute()?;
+            let word = u64::from_le_bytes(self.batch.read_result(mine)?.try_into().expect("an 8-byte read"));
+            if word != new.word {
+                return Ok(Some(PutOutcome::Inserted)); // superseded (as above)
+            }
             let losers: Vec<_> = self.copies.iter().map(|c| (c.slot, c.word)).collect();
             self.remove_copies(&losers)?;
             return Ok(Some(PutOutcome::Inserted));

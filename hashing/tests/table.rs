@@ -487,21 +487,7 @@ fn stress_with_splits_on_one_cpu(via: Via) {
 mod local {
     use super::*;
     table_suite!(Via::Local; stress_with_splits_on_one_cpu);
-    table_suite!(Via::Local; basic_operations, grows_through_splits, matches_a_hashmap_model,
-        readers_survive_block_reuse, readers_never_miss_keys_during_splits,
-        split_interrupted_by_a_crash_is_finished_on_restart);
-
-    /// Quarantined 2026-11-22: about one CI run in several, on 2 busy cores, a GET returns
-    /// None right after a put that stalled ~30 ms raced another put of the key (a lost
-    /// write; see ARCHITECTURE.md, Limits). Not understood yet; the suspects are slot-word
-    /// ABA (8-bit tags, reuse after a time-based grace period that a stalled thread
-    /// outlives). The same test still runs pinned to one CPU and over shm, tcp and verbs.
-    /// Run it with `cargo test -p racekv-hashing --test table -- --ignored`.
-    #[test]
-    #[ignore = "known rare lost write under stalls, being investigated (see the doc comment)"]
-    fn stress_with_splits() {
-        super::stress_with_splits(Via::Local);
-    }
+    table_suite!(Via::Local);
 }
 
 mod shm {
