@@ -10,12 +10,13 @@
 use std::cell::RefCell;
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use prometheus::local::LocalIntCounter;
 use prometheus::IntCounter;
@@ -65,6 +66,45 @@ pub struct ShmConnection {
     watcher: Option<JoinHandle<()>>,
 }
 
+/// Connects to the region server's Unix socket at `path`, reads and writes bounded by
+/// `timeout`; `fail` turns an error into the caller's connect error.
+pub(crate) fn dial_unix(
+    path: &Path,
+    timeout: Duration,
+    fail: &dyn Fn(String) -> TransportError,
+) -> Result<UnixStream, TransportError> {
+    let stream = UnixStream::connect(path).map_err(|e| fail(e.to_string()))?;
+    stream.set_write_timeout(Some(timeout)).map_err(|e| fail(e.to_string()))?;
+    stream.set_read_timeout(Some(timeout)).map_err(|e| fail(e.to_string()))?;
+    Ok(stream)
+}
+
+/// Reads one frame whose first bytes may carry a descriptor: returns its header and the
+/// descriptor if one came, its body in `body`. `during` names the exchange for the error
+/// when the server hangs up.
+pub(crate) fn read_frame_with_fd(
+    stream: &mut UnixStream,
+    body: &mut Vec<u8>,
+    timeout: Duration,
+    during: &str,
+    fail: &dyn Fn(String) -> TransportError,
+) -> Result<(wire::Header, Option<OwnedFd>), TransportError> {
+    let mut header = [0u8; HEADER_BYTES];
+    let mut got = 0;
+    let mut passed = None;
+    while got < HEADER_BYTES {
+        let (n, fd) = recv_with_fd(stream, &mut header[got..]).map_err(|e| fail(e.to_string()))?;
+        if n == 0 {
+            return Err(fail(format!("closed {during}")));
+        }
+        got += n;
+        passed = passed.or(fd);
+    }
+    let header = wire::decode_header(&header).map_err(|e| TransportError::Protocol(e.to_string()))?;
+    read_body(stream, body, header.body_len as usize, timeout).map_err(|e| fail(e.to_string()))?;
+    Ok((header, passed))
+}
+
 impl ShmConnection {
     /// Connects to the region server's Unix socket at `path`, authenticates and maps the region.
     pub fn connect(path: &Path, options: &ConnectOptions) -> Result<Self, TransportError> {
@@ -75,30 +115,15 @@ impl ShmConnection {
     pub fn connect_with(path: &Path, options: &ConnectOptions, rpc: &FlockOptions) -> Result<Self, TransportError> {
         let endpoint = format!("shm:{}", path.display());
         let fail = |reason: String| TransportError::Connect { endpoint: endpoint.clone(), reason };
-        let mut stream = UnixStream::connect(path).map_err(|e| fail(e.to_string()))?;
-        stream.set_write_timeout(Some(options.timeout)).map_err(|e| fail(e.to_string()))?;
-        stream.set_read_timeout(Some(options.timeout)).map_err(|e| fail(e.to_string()))?;
+        let mut stream = dial_unix(path, options.timeout, &fail)?;
         let token = wire::token_digest(&options.token);
         let mut out = Vec::new();
         wire::encode_hello(&mut out, &token);
         stream.write_all(&out).map_err(|e| fail(e.to_string()))?;
 
         // The descriptor rides on the first bytes of the reply.
-        let mut header = [0u8; HEADER_BYTES];
-        let mut got = 0;
-        let mut region_fd = None;
-        while got < HEADER_BYTES {
-            let (n, fd) = recv_with_fd(&stream, &mut header[got..]).map_err(|e| fail(e.to_string()))?;
-            if n == 0 {
-                return Err(fail("closed during hello".into()));
-            }
-            got += n;
-            region_fd = region_fd.or(fd);
-        }
-        let header = wire::decode_header(&header).map_err(|e| TransportError::Protocol(e.to_string()))?;
         let mut body = Vec::new();
-        read_body(&mut stream, &mut body, header.body_len as usize, options.timeout)
-            .map_err(|e| fail(e.to_string()))?;
+        let (header, region_fd) = read_frame_with_fd(&mut stream, &mut body, options.timeout, "during hello", &fail)?;
         let hello = match header.kind {
             Kind::HelloOk => wire::decode_hello_ok(&body).map_err(|e| TransportError::Protocol(e.to_string()))?,
             Kind::Error => return Err(error_frame(&body, &endpoint)),

@@ -68,6 +68,27 @@ pub(crate) fn hello<S: Read + Write>(
     }
 }
 
+/// Connects to the region server at `addr` and greets it: connected within the timeout, no
+/// Nagle delay, reads that wake every [`POLL_INTERVAL`], writes bounded by the timeout, hello
+/// answered. `endpoint` names the server in errors (`tcp:host:port`, `verbs:host:port`).
+/// Returns the stream, the token digest the frames carry, and the server's hello.
+pub(crate) fn dial(
+    addr: &str,
+    endpoint: &str,
+    options: &ConnectOptions,
+) -> Result<(TcpStream, [u8; TOKEN_BYTES], wire::HelloOk), TransportError> {
+    let fail = |reason: String| TransportError::Connect { endpoint: endpoint.into(), reason };
+    let target =
+        addr.to_socket_addrs().map_err(|e| fail(e.to_string()))?.next().ok_or_else(|| fail("no address".into()))?;
+    let mut stream = TcpStream::connect_timeout(&target, options.timeout).map_err(|e| fail(e.to_string()))?;
+    stream.set_nodelay(true).map_err(|e| fail(e.to_string()))?;
+    stream.set_read_timeout(Some(POLL_INTERVAL)).map_err(|e| fail(e.to_string()))?;
+    stream.set_write_timeout(Some(options.timeout)).map_err(|e| fail(e.to_string()))?;
+    let token = wire::token_digest(&options.token);
+    let hello = hello(&mut stream, &token, options.timeout, endpoint)?;
+    Ok((stream, token, hello))
+}
+
 /// A tcp connection; many threads may share it (batches are multiplexed by id on one
 /// stream; RPCs travel on FLOCK lanes of their own, opened on the first call).
 pub struct TcpConnection {
@@ -85,15 +106,9 @@ impl TcpConnection {
 
     /// [`Self::connect`] with explicit settings for the RPC channel.
     pub fn connect_with(addr: &str, options: &ConnectOptions, rpc: &FlockOptions) -> Result<Self, TransportError> {
-        let fail = |reason: String| TransportError::Connect { endpoint: format!("tcp:{addr}"), reason };
-        let target =
-            addr.to_socket_addrs().map_err(|e| fail(e.to_string()))?.next().ok_or_else(|| fail("no address".into()))?;
-        let mut stream = TcpStream::connect_timeout(&target, options.timeout).map_err(|e| fail(e.to_string()))?;
-        stream.set_nodelay(true).map_err(|e| fail(e.to_string()))?;
-        stream.set_read_timeout(Some(POLL_INTERVAL)).map_err(|e| fail(e.to_string()))?;
-        stream.set_write_timeout(Some(options.timeout)).map_err(|e| fail(e.to_string()))?;
-        let token = wire::token_digest(&options.token);
-        let hello = hello(&mut stream, &token, options.timeout, addr)?;
+        let endpoint = format!("tcp:{addr}");
+        let fail = |reason: String| TransportError::Connect { endpoint: endpoint.clone(), reason };
+        let (stream, token, hello) = dial(addr, &endpoint, options)?;
         let read_half = stream.try_clone().map_err(|e| fail(e.to_string()))?;
         let (lane_addr, lane_options) = (addr.to_string(), options.clone());
         let open = move |sender, lanes: usize| {

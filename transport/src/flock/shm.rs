@@ -349,14 +349,12 @@ pub(crate) fn open_shm_lane(
 ) -> Result<super::sender::LaneSetup, crate::TransportError> {
     use std::io::Write;
 
-    use crate::stream::read_body;
-    use crate::wire::{self, Kind, HEADER_BYTES};
+    use crate::shm::{dial_unix, read_frame_with_fd};
+    use crate::wire::{self, Kind};
     use crate::TransportError;
     let peer = format!("shm:{}", path.display());
     let fail = |reason: String| TransportError::Connect { endpoint: peer.clone(), reason };
-    let mut stream = UnixStream::connect(path).map_err(|e| fail(e.to_string()))?;
-    stream.set_write_timeout(Some(options.timeout)).map_err(|e| fail(e.to_string()))?;
-    stream.set_read_timeout(Some(options.timeout)).map_err(|e| fail(e.to_string()))?;
+    let mut stream = dial_unix(path, options.timeout, &fail)?;
     let token = wire::token_digest(&options.token);
     let mut out = Vec::new();
     wire::encode_hello(&mut out, &token);
@@ -367,21 +365,8 @@ pub(crate) fn open_shm_lane(
     let mut rings = None;
     let mut accept = None;
     for _ in 0..2 {
-        let mut header = [0u8; HEADER_BYTES];
-        let mut got = 0;
-        let mut fd = None;
-        while got < HEADER_BYTES {
-            let (n, passed) =
-                crate::fdpass::recv_with_fd(&stream, &mut header[got..]).map_err(|e| fail(e.to_string()))?;
-            if n == 0 {
-                return Err(fail("closed while opening an rpc lane".into()));
-            }
-            got += n;
-            fd = fd.or(passed);
-        }
-        let h = wire::decode_header(&header).map_err(|e| TransportError::Protocol(e.to_string()))?;
         let mut body = Vec::new();
-        read_body(&mut stream, &mut body, h.body_len as usize, options.timeout).map_err(|e| fail(e.to_string()))?;
+        let (h, fd) = read_frame_with_fd(&mut stream, &mut body, options.timeout, "while opening an rpc lane", &fail)?;
         match h.kind {
             Kind::HelloOk => {}
             Kind::FlockAccept => {

@@ -140,17 +140,9 @@ pub(crate) fn open_tcp_lane(
 ) -> Result<super::sender::LaneSetup, crate::TransportError> {
     use crate::wire;
     use crate::TransportError;
-    use std::net::ToSocketAddrs;
     let peer = format!("tcp:{addr}");
     let fail = |reason: String| TransportError::Connect { endpoint: peer.clone(), reason };
-    let target =
-        addr.to_socket_addrs().map_err(|e| fail(e.to_string()))?.next().ok_or_else(|| fail("no address".into()))?;
-    let mut stream = TcpStream::connect_timeout(&target, options.timeout).map_err(|e| fail(e.to_string()))?;
-    stream.set_nodelay(true).map_err(|e| fail(e.to_string()))?;
-    stream.set_read_timeout(Some(crate::stream::POLL_INTERVAL)).map_err(|e| fail(e.to_string()))?;
-    stream.set_write_timeout(Some(options.timeout)).map_err(|e| fail(e.to_string()))?;
-    let token = wire::token_digest(&options.token);
-    crate::tcp::hello(&mut stream, &token, options.timeout, addr)?;
+    let (mut stream, token, _) = crate::tcp::dial(addr, &peer, options)?;
     let mut out = Vec::new();
     wire::encode_flock_open(&mut out, &token, &wire::FlockOpen { sender, lane, verbs: None });
     stream.write_all(&out).map_err(|e| fail(e.to_string()))?;

@@ -67,7 +67,7 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::TcpStream;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
@@ -941,14 +941,7 @@ fn dial(addr: &str, options: &ConnectOptions, sender: u64, lane: u16) -> Result<
     let device = local::shared().map_err(|e| fail(e.to_string()))?;
     let resources =
         Resources::create(&device).map_err(|e| fail(format!("setting up an rpc lane's queue pair: {e}")))?;
-    let target =
-        addr.to_socket_addrs().map_err(|e| fail(e.to_string()))?.next().ok_or_else(|| fail("no address".into()))?;
-    let mut stream = TcpStream::connect_timeout(&target, options.timeout).map_err(|e| fail(e.to_string()))?;
-    stream.set_nodelay(true).map_err(|e| fail(e.to_string()))?;
-    stream.set_read_timeout(Some(crate::stream::POLL_INTERVAL)).map_err(|e| fail(e.to_string()))?;
-    stream.set_write_timeout(Some(options.timeout)).map_err(|e| fail(e.to_string()))?;
-    let token = wire::token_digest(&options.token);
-    crate::tcp::hello(&mut stream, &token, options.timeout, &peer)?;
+    let (mut stream, token, _) = crate::tcp::dial(addr, &peer, options)?;
     let mut out = Vec::new();
     let open = wire::FlockOpen { sender, lane, verbs: Some(resources.describe()) };
     wire::encode_flock_open(&mut out, &token, &open);

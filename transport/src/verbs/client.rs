@@ -22,7 +22,7 @@
 //! fails only the calls in flight on it; the channel opens new lanes once all have failed.
 
 use std::io::Write;
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::thread::JoinHandle;
@@ -41,8 +41,7 @@ use crate::error::TransportError;
 use crate::flock::verbs::open_verbs_lane;
 use crate::flock::{Channel, FlockOptions};
 use crate::mux::error_frame;
-use crate::stream::{read_frame, FrameRead, POLL_INTERVAL};
-use crate::tcp::hello;
+use crate::stream::{read_frame, FrameRead};
 use crate::wire::{self, Kind, QpInfo, VerbsAccept, TOKEN_BYTES};
 use crate::{ConnectOptions, Connection, TransportKind};
 
@@ -211,14 +210,7 @@ impl VerbsConnection {
         let staging = Staging::new(&device.pd).map_err(verbs)?;
 
         // Control channel: hello, then the QP exchange.
-        let target =
-            addr.to_socket_addrs().map_err(|e| fail(e.to_string()))?.next().ok_or_else(|| fail("no address".into()))?;
-        let mut stream = TcpStream::connect_timeout(&target, options.timeout).map_err(|e| fail(e.to_string()))?;
-        stream.set_nodelay(true).map_err(|e| fail(e.to_string()))?;
-        stream.set_read_timeout(Some(POLL_INTERVAL)).map_err(|e| fail(e.to_string()))?;
-        stream.set_write_timeout(Some(options.timeout)).map_err(|e| fail(e.to_string()))?;
-        let token = wire::token_digest(&options.token);
-        let hello = hello(&mut stream, &token, options.timeout, &endpoint)?;
+        let (mut stream, token, hello) = crate::tcp::dial(addr, &endpoint, options)?;
 
         let port = device.port;
         let psn = random_psn();
