@@ -455,6 +455,11 @@ impl RegionServer {
         self.shared.flock.active()
     }
 
+    /// Credit renewals this server's scheduler refused so far.
+    pub fn flock_refusals(&self) -> u64 {
+        self.shared.flock.refusals()
+    }
+
     /// Number of open client connections (FLOCK lanes included: each is a connection).
     pub fn connections(&self) -> usize {
         self.shared.live.load(Ordering::Relaxed)

@@ -229,6 +229,84 @@ fn verbs_overload_refuses_credits_and_loses_nothing() {
     overload_refuses_credits_and_loses_nothing("verbs");
 }
 
+/// Calls `conn` from 8 threads, 64-byte requests, `per_thread` calls each.
+fn steady_calls(conn: &Arc<dyn Connection>, per_thread: u64) {
+    std::thread::scope(|s| {
+        for t in 0..8u64 {
+            s.spawn(move || {
+                for i in 0..per_thread {
+                    let req = request(t << 32 | i, 56);
+                    conn.call(1, &req).unwrap();
+                }
+            });
+        }
+    });
+}
+
+/// A lone sender under steady load that its lanes keep up with keeps every lane active: the
+/// grants keep its credit window at C. (When each renewal granted C after half was used, the
+/// unused credits grew by C/2 per renewal until the overload caps refused lane after lane of
+/// an idle server.)
+fn steady_load_keeps_every_lane_active(kind: &str) {
+    let served = serve(kind, Duration::ZERO, SchedulerOptions::default());
+    let conn = connect(&served, 4, Duration::from_secs(20));
+    steady_calls(&conn, 5_000);
+    assert_eq!(served.server.flock_refusals(), 0, "renewals were refused");
+    assert_eq!(served.server.flock_active_lanes(), 4);
+}
+
+#[test]
+fn tcp_steady_load_keeps_every_lane_active() {
+    steady_load_keeps_every_lane_active("tcp");
+}
+
+#[test]
+fn shm_steady_load_keeps_every_lane_active() {
+    steady_load_keeps_every_lane_active("shm");
+}
+
+/// A lane refused while another sender held the last active slot is asked for again once
+/// that sender leaves: nothing renews a lane no thread is mapped to, so the sender probes it.
+fn refused_lane_comes_back_when_the_slot_frees(kind: &str) {
+    let served = serve(kind, Duration::ZERO, SchedulerOptions { max_active: 2, ..Default::default() });
+    let a = connect(&served, 2, Duration::from_secs(20));
+    steady_calls(&a, 200);
+    assert_eq!(served.server.flock_active_lanes(), 2, "a lone sender gets both slots");
+    let b = connect(&served, 1, Duration::from_secs(20));
+    steady_calls(&b, 10);
+    // With b holding one slot, a's renewals bring it down to its share of one.
+    steady_calls(&a, 200);
+    assert_eq!(served.server.flock_active_lanes(), 2, "the cap holds with two senders");
+    drop(b);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while served.server.flock_active_lanes() < 2 {
+        assert!(Instant::now() < deadline, "a's refused lane never became active again");
+        steady_calls(&a, 20);
+    }
+}
+
+#[test]
+fn tcp_refused_lane_comes_back_when_the_slot_frees() {
+    refused_lane_comes_back_when_the_slot_frees("tcp");
+}
+
+#[test]
+fn shm_refused_lane_comes_back_when_the_slot_frees() {
+    refused_lane_comes_back_when_the_slot_frees("shm");
+}
+
+#[cfg(feature = "rdma")]
+#[test]
+fn verbs_steady_load_keeps_every_lane_active() {
+    steady_load_keeps_every_lane_active("verbs");
+}
+
+#[cfg(feature = "rdma")]
+#[test]
+fn verbs_refused_lane_comes_back_when_the_slot_frees() {
+    refused_lane_comes_back_when_the_slot_frees("verbs");
+}
+
 /// Opens a raw tcp lane: returns the stream and (key, credits).
 fn raw_lane(addr: &str) -> (TcpStream, u32, u32) {
     let mut s = TcpStream::connect(addr).unwrap();

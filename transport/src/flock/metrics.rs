@@ -15,6 +15,8 @@ pub(crate) struct Metrics {
     pub renewals_refused: IntCounter,
     /// Calls that gave up waiting for credits (never sent).
     pub overloaded: IntCounter,
+    /// Renewals senders sent for lanes the receiver had refused (see `Sender::probe_refused`).
+    pub probes: IntCounter,
     /// Lanes the receivers' schedulers count as active.
     pub active: IntGauge,
     /// Lanes open at the receivers.
@@ -58,6 +60,13 @@ pub(crate) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             IntCounter::new(
                 "racekv_flock_overloaded_calls_total",
                 "Calls that gave up waiting for credits (the request was never sent)",
+            )
+            .unwrap(),
+        ),
+        probes: register(
+            IntCounter::new(
+                "racekv_flock_refused_lane_probes_total",
+                "Credit renewals senders sent again for lanes the receiver had refused",
             )
             .unwrap(),
         ),

@@ -78,7 +78,7 @@ pub(crate) fn serve_lane(carrier: &mut dyn ServerCarrier, cx: &LaneContext<'_>) 
             Ok(Received::Message) => {}
             Ok(Received::Renewal(stats)) => {
                 // Out of band: answered at once, not behind queued requests.
-                let g = cx.scheduler.renew(cx.lane, stats);
+                let g = cx.scheduler.renew(cx.lane, stats, allowed - used);
                 allowed += u64::from(g);
                 carrier.grant(g).map_err(|_| "io")?;
                 continue;
@@ -112,7 +112,7 @@ pub(crate) fn serve_lane(carrier: &mut dyn ServerCarrier, cx: &LaneContext<'_>) 
                 degree: f64::from(m.header.degree_x16) / 16.0,
                 rate: f64::from(m.header.rate_krps) * 1000.0,
             };
-            let g = cx.scheduler.renew(cx.lane, stats);
+            let g = cx.scheduler.renew(cx.lane, stats, allowed - used);
             allowed += u64::from(g);
             grant = Some(g);
         }

@@ -4,7 +4,11 @@
 //! to C credits (one credit = one request). A sender asks for more after using half
 //! ([`super::message::FLAG_RENEW`], or write-with-immediate on verbs); [`Scheduler::renew`]
 //! answers with a grant or a refusal (0 credits), which deactivates the lane until a later
-//! renewal is granted. The decision:
+//! renewal is granted. A grant tops the lane's window back up to C: C minus the credits the
+//! sender still holds as far as the receiver has seen, and at least the C/2 a renewal stands
+//! for (the receiver's view lags when renewals travel beside the ring). Granting a fixed C
+//! per renewal would grow the sender's unused credits by C/2 each time until the overload
+//! caps below refused its lanes for no load at all. The decision:
 //!
 //! 1. **Overload first.** Credits are the receiver's queue: a lane's *exposure* is what it
 //!    was granted minus what was answered. A grant must keep the receiver's total exposure
@@ -87,6 +91,7 @@ pub struct Scheduler {
     state: Mutex<State>,
     /// Service time per request, EWMA, in nanoseconds.
     service_ns: AtomicU64,
+    refusals: AtomicU64,
 }
 
 /// A lane's handle in the scheduler; [`Scheduler::close`] it when the lane ends.
@@ -100,7 +105,12 @@ impl Scheduler {
             max_active: options.max_active.max(1),
             ..options
         };
-        Self { options, state: Mutex::new(State::default()), service_ns: AtomicU64::new(0) }
+        Self {
+            options,
+            state: Mutex::new(State::default()),
+            service_ns: AtomicU64::new(0),
+            refusals: AtomicU64::new(0),
+        }
     }
 
     pub fn options(&self) -> &SchedulerOptions {
@@ -115,14 +125,15 @@ impl Scheduler {
         state.lanes.insert(id, LaneState { sender, ..LaneState::default() });
         state.senders.entry(sender).or_default().lanes += 1;
         METRICS.lanes.inc();
-        let credits = self.decide(&mut state, id, None);
-        (LaneId(id), credits)
+        let grant = self.decide(&mut state, id, None);
+        (LaneId(id), grant)
     }
 
     /// Answers a renewal on `lane`: the credits granted (0 = refused, the lane is inactive).
-    pub fn renew(&self, lane: LaneId, stats: SenderStats) -> u32 {
+    /// `unused`: credits granted on the lane that the receiver has not yet seen requests for.
+    pub fn renew(&self, lane: LaneId, stats: SenderStats, unused: u64) -> u32 {
         let mut state = self.state.lock();
-        self.decide(&mut state, lane.0, Some(stats))
+        self.decide(&mut state, lane.0, Some((stats, unused)))
     }
 
     /// Records `count` requests answered on `lane`, which took `busy` to serve.
@@ -166,6 +177,11 @@ impl Scheduler {
         self.state.lock().active
     }
 
+    /// Renewals (and lane openings) refused so far.
+    pub fn refusals(&self) -> u64 {
+        self.refusals.load(Ordering::Relaxed)
+    }
+
     /// Service time per request (EWMA).
     pub fn service_time(&self) -> Duration {
         Duration::from_nanos(self.service_ns.load(Ordering::Relaxed))
@@ -199,10 +215,12 @@ impl Scheduler {
         }
     }
 
-    fn decide(&self, state: &mut State, lane: u64, stats: Option<SenderStats>) -> u32 {
+    fn decide(&self, state: &mut State, lane: u64, renewal: Option<(SenderStats, u64)>) -> u32 {
         let Some(l) = state.lanes.get(&lane) else { return 0 };
         let (sender, was_active, exposure) = (l.sender, l.active, l.granted - l.answered);
-        if let (Some(stats), Some(s)) = (stats, state.senders.get_mut(&sender)) {
+        let credits = u64::from(self.options.credits);
+        let unused = renewal.map_or(0, |(_, unused)| unused);
+        if let (Some((stats, _)), Some(s)) = (renewal, state.senders.get_mut(&sender)) {
             let weight = stats.degree.max(1.0) * stats.rate.max(1.0);
             s.weight = if s.weight == 0.0 { weight } else { s.weight * 0.5 + weight * 0.5 };
         }
@@ -214,8 +232,9 @@ impl Scheduler {
         } else {
             (sender_active < share && state.active < self.options.max_active) || sender_active == 0
         };
-        // Overload: cap the grant by the receiver's total and the lane's backlog.
-        let mut grant = u64::from(self.options.credits);
+        // Top the window up to C (see the module docs); then cap the grant by the receiver's
+        // total and the lane's backlog (overload).
+        let mut grant = credits.saturating_sub(unused).max(credits / 2);
         grant = grant.min(self.options.max_outstanding.saturating_sub(state.exposure));
         let service = self.service_ns.load(Ordering::Relaxed);
         if let Some(backlog) = (self.options.max_queue_delay.as_nanos() as u64).checked_div(service) {
@@ -229,6 +248,7 @@ impl Scheduler {
         if grant > 0 {
             METRICS.credits_granted.inc_by(grant);
         } else {
+            self.refusals.fetch_add(1, Ordering::Relaxed);
             METRICS.renewals_refused.inc();
         }
         grant as u32
@@ -250,7 +270,11 @@ mod tests {
         assert_eq!(credits, 32);
         assert_eq!(s.active(), 1);
         s.answered(lane, 16, Duration::from_micros(16));
-        assert_eq!(s.renew(lane, SenderStats { degree: 4.0, rate: 1e5 }), 32);
+        // 16 used, 16 still held: the grant tops the window up to C.
+        assert_eq!(s.renew(lane, SenderStats { degree: 4.0, rate: 1e5 }, 16), 16);
+        // A sender that ran dry gets a whole window.
+        s.answered(lane, 32, Duration::from_micros(32));
+        assert_eq!(s.renew(lane, SenderStats { degree: 4.0, rate: 1e5 }, 0), 32);
         s.close(lane);
         assert_eq!(s.active(), 0);
     }
@@ -266,11 +290,11 @@ mod tests {
         for _ in 0..3 {
             for &(lane, _) in &busy {
                 s.answered(lane, 1000, Duration::from_micros(1));
-                s.renew(lane, SenderStats { degree: 8.0, rate: 1e6 });
+                s.renew(lane, SenderStats { degree: 8.0, rate: 1e6 }, 16);
             }
             for &(lane, _) in &dormant {
                 s.answered(lane, 1000, Duration::from_micros(1));
-                s.renew(lane, SenderStats { degree: 1.0, rate: 10.0 });
+                s.renew(lane, SenderStats { degree: 1.0, rate: 10.0 }, 16);
             }
         }
         let state = s.state.lock();
@@ -286,9 +310,9 @@ mod tests {
         assert_eq!(first, 32);
         // 20 ms per request: a backlog of 5 fits in 100 ms, and 32 are outstanding.
         s.answered(lane, 1, Duration::from_millis(20));
-        assert_eq!(s.renew(lane, SenderStats::default()), 0, "overloaded: refused");
+        assert_eq!(s.renew(lane, SenderStats::default(), 0), 0, "overloaded: refused");
         s.answered(lane, 29, Duration::from_millis(20 * 29));
-        let grant = s.renew(lane, SenderStats::default());
+        let grant = s.renew(lane, SenderStats::default(), 0);
         assert!((1..=5).contains(&grant), "partial grant {grant}");
     }
 
@@ -297,5 +321,31 @@ mod tests {
         let s = Scheduler::new(SchedulerOptions { max_outstanding: 64, ..Default::default() });
         let grants: Vec<u32> = (0..4).map(|i| s.open(i).1).collect();
         assert_eq!(grants.iter().sum::<u32>(), 64, "{grants:?}");
+    }
+
+    /// A lone sender renewing after every half window, for a long time, at a service time
+    /// its lanes keep up with: every renewal is granted, every lane stays active, and what
+    /// the sender holds never grows past one window (it once grew by C/2 per renewal until
+    /// the overload caps refused lanes of an idle receiver).
+    #[test]
+    fn steady_sender_keeps_its_lanes_and_a_bounded_window() {
+        let s = sched(256);
+        let lanes: Vec<_> = (0..4).map(|_| s.open(7)).collect();
+        // Per lane: (granted, received) as the receiver counts them; the sender holds the rest.
+        let mut seen: Vec<(u64, u64)> = lanes.iter().map(|&(_, c)| (u64::from(c), 0)).collect();
+        for round in 0..20_000 {
+            for (i, &(lane, _)) in lanes.iter().enumerate() {
+                let (granted, received) = &mut seen[i];
+                let used = (*granted - *received).min(16 + round % 3);
+                *received += used;
+                s.answered(lane, used, Duration::from_micros(2 * used));
+                let grant = s.renew(lane, SenderStats { degree: 8.0, rate: 1e6 }, *granted - *received);
+                assert!(grant > 0, "round {round} lane {i}: refused");
+                *granted += u64::from(grant);
+                assert!(*granted - *received <= 32, "round {round} lane {i}: holds {}", *granted - *received);
+            }
+        }
+        assert_eq!(s.active(), 4);
+        assert!(s.state.lock().exposure <= 4 * 32);
     }
 }

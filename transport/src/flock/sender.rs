@@ -267,6 +267,7 @@ impl Sender {
 
     /// Takes a credit, waiting (and asking for more) as long as the deadline allows.
     fn acquire(&self, mapped: usize, method: u16, deadline: Instant) -> Result<&Lane, TransportError> {
+        self.probe_refused();
         loop {
             let lane = self.choose(mapped)?;
             if self.take_credit(lane) {
@@ -300,6 +301,35 @@ impl Sender {
                 lane.credit_changed.wait_for(&mut refusal, CREDIT_SLICE);
             }
         }
+    }
+
+    /// Asks again for one lane the receiver refused, once its back-off has passed, and reads
+    /// the answer. Senders renew only lanes they use and the mapping keeps threads off
+    /// refused lanes, so without this a lane refused once (at a moment of overload, or while
+    /// other senders held the active slots) would stay refused for the sender's lifetime.
+    /// Only while another lane is active: with none, every caller asks in `acquire`.
+    fn probe_refused(&self) {
+        let idle = |l: &&Lane| !l.active.load(Ordering::Acquire) && !l.broken.load(Ordering::Acquire);
+        if self.lanes.iter().all(|l| idle(&l)) {
+            return;
+        }
+        let Some(lane) = self.lanes.iter().find(idle) else { return };
+        let now = Instant::now();
+        {
+            let mut refusal = lane.refusal.lock();
+            if now < refusal.next_try {
+                return;
+            }
+            // One probe per back-off period; a refusal doubles it, a grant resets it.
+            refusal.next_try = now + refusal.backoff;
+        }
+        let Some(reader) = lane.reader.try_lock() else { return };
+        if !lane.renewing.load(Ordering::Acquire) {
+            METRICS.probes.inc();
+            self.send_renewal(lane);
+        }
+        // Nobody else reads a lane no thread is mapped to: collect the answer here.
+        self.read(lane, reader, None, now + CREDIT_SLICE);
     }
 
     fn take_credit(&self, lane: &Lane) -> bool {
