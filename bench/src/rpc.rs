@@ -67,8 +67,9 @@ pub struct RpcArgs {
     /// Seconds measured per point (after a short warm-up).
     #[arg(long, default_value_t = 2.0)]
     pub seconds: f64,
-    /// Lanes of the shared connection in `coalescing` mode.
-    #[arg(long, default_value_t = 1)]
+    /// Lanes of the shared connection in `coalescing` mode (default: the product's,
+    /// `FlockOptions::default().lanes`).
+    #[arg(long, default_value_t = racekv_transport::flock::FlockOptions::default().lanes)]
     pub lanes: usize,
     /// Where to write the PNG plot.
     #[arg(long)]
