@@ -773,6 +773,15 @@ impl TableClient {
         Slot { fingerprint: hash.fingerprint, units, tag: self.tag, block }.encode()
     }
 
+    /// Whether `slot` holds `word` now (one 8-byte READ): a slot word never comes back once
+    /// replaced (its block is retired with it), so "still there" means "there all along".
+    fn still_holds(&mut self, slot: u64, word: u64) -> Result<bool, Error> {
+        self.batch.clear();
+        let read = self.batch.read(slot, 8);
+        self.execute()?;
+        Ok(u64::from_le_bytes(self.batch.read_result(read)?.try_into().expect("an 8-byte read")) == word)
+    }
+
     /// CASes each (slot, word) to 0 in one batch; retires the blocks of those that swung.
     /// Returns how many did.
     fn remove_copies(&mut self, copies: &[(u64, u64)]) -> Result<usize, Error> {
@@ -901,6 +910,11 @@ impl TableClient {
     /// one batch. None when the canonical CAS lost a race.
     fn replace(&mut self, new: Option<&NewBlock>) -> Result<Option<PutOutcome>, Error> {
         let canonical = self.copies[0];
+        if self.copies.len() > 1 && !self.still_holds(canonical.slot, canonical.word)? {
+            // The copies came from one bucket read, which is not a snapshot: the canonical
+            // copy may be long gone and a "duplicate" a later insert. Look again.
+            return Ok(None);
+        }
         self.batch.clear();
         // Duplicates go first: they are shadows only while the canonical copy stands, and a
         // reader between the two must not see one surface.
@@ -991,11 +1005,7 @@ impl TableClient {
             // much later, after ours was deleted. Look at our slot again, after the others
             // were seen: our word cannot come back once gone, so if it is still there it
             // stood all along and the others are shadows of it.
-            self.batch.clear();
-            let mine = self.batch.read(free, 8);
-            self.execute()?;
-            let word = u64::from_le_bytes(self.batch.read_result(mine)?.try_into().expect("an 8-byte read"));
-            if word != new.word {
+            if !self.still_holds(free, new.word)? {
                 return Ok(Some(PutOutcome::Inserted)); // superseded (as above)
             }
             let losers: Vec<_> = self.copies.iter().map(|c| (c.slot, c.word)).collect();
