@@ -773,8 +773,9 @@ impl TableClient {
         Slot { fingerprint: hash.fingerprint, units, tag: self.tag, block }.encode()
     }
 
-    /// Whether `slot` holds `word` now (one 8-byte READ): a slot word never comes back once
-    /// replaced (its block is retired with it), so "still there" means "there all along".
+    /// Whether `slot` holds `word` now (one 8-byte READ): a slot word does not come back once
+    /// replaced (its block is retired with it and reused only after the grace period, as
+    /// for CAS), so "still there" means "there all along".
     fn still_holds(&mut self, slot: u64, word: u64) -> Result<bool, Error> {
         self.batch.clear();
         let read = self.batch.read(slot, 8);
