@@ -309,10 +309,10 @@ impl Sender {
     /// other senders held the active slots) would stay refused for the sender's lifetime.
     /// Only while another lane is active: with none, every caller asks in `acquire`.
     fn probe_refused(&self) {
-        let idle = |l: &&Lane| !l.active.load(Ordering::Acquire) && !l.broken.load(Ordering::Acquire);
-        if self.lanes.iter().all(|l| idle(&l)) {
+        if self.active_lanes() == 0 {
             return;
         }
+        let idle = |l: &&Lane| !l.active.load(Ordering::Acquire) && !l.broken.load(Ordering::Acquire);
         let Some(lane) = self.lanes.iter().find(idle) else { return };
         let now = Instant::now();
         {
