@@ -28,6 +28,9 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "cargo test --workspace"
 cargo test --workspace
 
+step "the README's run command picks the racekv CLI (default-run; dev profile, already built)"
+cargo run -q -- --version
+
 step "rdma build (libibverbs; no device needed)"
 cargo clippy --workspace --all-targets --features rdma -- -D warnings
 
