@@ -7,7 +7,8 @@
 //! * [`resp`]: incremental parser of untrusted request bytes with explicit [`Limits`], and
 //!   encoders; [`reply`]: replies.
 //! * [`commands`]: the command table and the per-connection [`Client`] executing commands.
-//! * [`server`]: TCP listener, one thread per connection, pipelining, limits, shutdown.
+//! * [`server`]: TCP listener, a thread per connection or a few event loops
+//!   (`event_loop`), pipelining, limits, shutdown.
 //! * [`info`]: per-server counters and `INFO` text; prometheus metrics are `racekv_redis_*`.
 //!
 //! ```no_run
@@ -20,6 +21,7 @@
 //! ```
 
 pub mod commands;
+mod event_loop;
 pub mod info;
 mod inline;
 #[cfg(any(test, feature = "test-support"))]
@@ -36,5 +38,5 @@ pub use info::ServerStats;
 pub use memstore::MemStore;
 pub use reply::Reply;
 pub use resp::{Command, Limits, Parser, ProtocolError};
-pub use server::{RedisServer, ServerOptions};
+pub use server::{IoModel, RedisServer, ServerOptions};
 pub use store::{KvSession, KvStore, PutMode, StoreError, StoreErrorKind};

@@ -1,6 +1,9 @@
 //! The TCP server: accepts Redis clients and runs one [`Client`] per connection.
 //!
-//! Threading: one blocking OS thread per connection, plus one accepting thread. The storage
+//! Threading ([`IoModel`]): by default one blocking OS thread per connection, plus one
+//! accepting thread; or a few event-loop threads ([`super::event_loop`]), each serving
+//! many connections, which saves a cross-CPU wake-up per request when many clients each
+//! keep one request outstanding. Thread per connection: the storage
 //! trait is blocking and a session belongs to one connection, so a thread per connection
 //! calls it directly with no executor hand-off (an async runtime would need `spawn_blocking`
 //! around every storage call, which is the same threads with more machinery). Backpressure is
@@ -43,8 +46,8 @@ const ACCEPT_POLL: Duration = Duration::from_millis(50);
 /// After an error reply, how long and how much we keep reading (and discarding) before
 /// closing: closing a socket with unread input sends a TCP reset, which can destroy the
 /// error reply before the client reads it.
-const LINGER: Duration = Duration::from_millis(200);
-const LINGER_MAX_BYTES: usize = 4 << 20;
+pub(super) const LINGER: Duration = Duration::from_millis(200);
+pub(super) const LINGER_MAX_BYTES: usize = 4 << 20;
 
 /// Limits and timeouts of a Redis server.
 #[derive(Debug, Clone)]
@@ -60,6 +63,20 @@ pub struct ServerOptions {
     pub write_timeout: Duration,
     /// What one connection may make the parser hold.
     pub limits: Limits,
+    /// How connections are served.
+    pub io: IoModel,
+}
+
+/// How a [`RedisServer`] serves its connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoModel {
+    /// One blocking thread per connection: storage calls of different clients overlap, which
+    /// suits storage behind a network round trip (tcp memnodes).
+    ThreadPerConnection,
+    /// `threads` event loops (at least 1), each polling its share of the connections and
+    /// executing their commands inline, as redis-server does: no wake-up of a sleeping
+    /// thread per request, but one slow storage call delays the other clients of its loop.
+    EventLoop { threads: usize },
 }
 
 impl Default for ServerOptions {
@@ -69,19 +86,22 @@ impl Default for ServerOptions {
             idle_timeout: None,
             write_timeout: Duration::from_secs(30),
             limits: Limits::default(),
+            io: IoModel::ThreadPerConnection,
         }
     }
 }
 
-struct Shared {
-    store: Arc<dyn KvStore>,
-    options: ServerOptions,
-    stats: Arc<ServerStats>,
-    stopping: AtomicBool,
+pub(super) struct Shared {
+    pub(super) store: Arc<dyn KvStore>,
+    pub(super) options: ServerOptions,
+    pub(super) stats: Arc<ServerStats>,
+    pub(super) stopping: AtomicBool,
     next_id: AtomicU64,
     /// A handle on every open connection, so shutdown can unblock its thread.
     open: Mutex<HashMap<u64, TcpStream>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// The event loops ([`IoModel::EventLoop`]); empty otherwise.
+    pub(super) loops: Vec<super::event_loop::Loop>,
 }
 
 /// A running Redis front end; stops (closing every connection) on [`RedisServer::shutdown`]
@@ -98,6 +118,12 @@ impl RedisServer {
         let listener = TcpListener::bind(addr)?;
         let addr = listener.local_addr()?;
         let stats = Arc::new(ServerStats::new(addr.port(), options.max_clients, options.idle_timeout));
+        let loops = match options.io {
+            IoModel::ThreadPerConnection => Vec::new(),
+            IoModel::EventLoop { threads } => {
+                (0..threads.max(1)).map(super::event_loop::Loop::new).collect::<io::Result<_>>()?
+            }
+        };
         let shared = Arc::new(Shared {
             store,
             options,
@@ -106,7 +132,15 @@ impl RedisServer {
             next_id: AtomicU64::new(1),
             open: Mutex::new(HashMap::new()),
             threads: Mutex::new(Vec::new()),
+            loops,
         });
+        for i in 0..shared.loops.len() {
+            let serving = Arc::clone(&shared);
+            let handle = std::thread::Builder::new()
+                .name(format!("redis-loop-{i}"))
+                .spawn(move || super::event_loop::run(&serving, i))?;
+            shared.threads.lock().push(handle);
+        }
         let accepting = Arc::clone(&shared);
         let acceptor = std::thread::Builder::new()
             .name("redis-accept".into())
@@ -137,9 +171,15 @@ impl RedisServer {
         for stream in self.shared.open.lock().values() {
             let _ = stream.shutdown(Shutdown::Both);
         }
+        for l in &self.shared.loops {
+            l.wake();
+        }
         let threads = std::mem::take(&mut *self.shared.threads.lock());
         for thread in threads {
             let _ = thread.join();
+        }
+        for l in &self.shared.loops {
+            l.release_inbox(&self.shared);
         }
         tracing::info!("redis front end on {} stopped", self.addr);
     }
@@ -179,6 +219,14 @@ fn admit(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     METRICS.connections.inc();
     METRICS.connected_clients.inc();
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    if !shared.loops.is_empty() {
+        let l = &shared.loops[id as usize % shared.loops.len()];
+        if let Err(e) = l.adopt(id, stream, peer) {
+            tracing::warn!("redis front end: cannot hand a connection to its event loop: {e}");
+            release(shared, id, "io_error");
+        }
+        return;
+    }
     match stream.try_clone() {
         Ok(handle) => {
             shared.open.lock().insert(id, handle);
@@ -211,7 +259,7 @@ fn admit(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     }
 }
 
-fn release(shared: &Shared, id: u64, reason: &'static str) {
+pub(super) fn release(shared: &Shared, id: u64, reason: &'static str) {
     shared.open.lock().remove(&id);
     shared.stats.client_gone();
     METRICS.connected_clients.dec();
@@ -248,17 +296,13 @@ fn serve(shared: &Shared, mut stream: TcpStream, id: u64) -> &'static str {
     if configured.is_err() {
         return "io_error";
     }
-    let session = match shared.store.session() {
-        Ok(session) => session,
-        Err(e) => {
-            tracing::warn!("redis front end: no storage session for a new client: {e}");
-            let mut out = Vec::new();
-            Reply::Error(e.to_resp_error().into()).encode(&mut out);
-            let _ = stream.write_all(&out);
+    let mut client = match new_client(shared, id) {
+        Ok(client) => client,
+        Err(reply) => {
+            let _ = stream.write_all(&reply);
             return "session_error";
         }
     };
-    let mut client = Client::new(id, session, Arc::clone(&shared.stats));
     let mut parser = Parser::new(options.limits);
     let mut chunk = vec![0u8; READ_CHUNK_BYTES];
     let mut out = Vec::with_capacity(READ_CHUNK_BYTES);
@@ -278,34 +322,19 @@ fn serve(shared: &Shared, mut stream: TcpStream, id: u64) -> &'static str {
         METRICS.received_bytes.inc_by(n as u64);
         parser.feed(&chunk[..n]);
         let mut sent = 0;
-        let mut ending = None;
-        loop {
-            match parser.next_command() {
-                Ok(Some(cmd)) => {
-                    client.execute(&cmd).encode(&mut out);
-                    if client.wants_close() {
-                        ending = Some("client_quit");
-                        break;
+        let ending = loop {
+            match run_commands(shared, &mut client, &mut parser, &mut out) {
+                Step::Flush => {
+                    if stream.write_all(&out).is_err() {
+                        return "io_error";
                     }
-                    if out.len() >= MAX_PENDING_REPLY_BYTES {
-                        if stream.write_all(&out).is_err() {
-                            return "io_error";
-                        }
-                        sent += out.len();
-                        out.clear();
-                    }
+                    sent += out.len();
+                    out.clear();
                 }
-                Ok(None) => break,
-                Err(e) => {
-                    METRICS.protocol_errors.with_label_values(&[e.reason()]).inc();
-                    shared.stats.protocol_error();
-                    tracing::debug!("redis client {id}: protocol error: {e}");
-                    Reply::Error(format!("ERR Protocol error: {e}").into()).encode(&mut out);
-                    ending = Some("protocol_error");
-                    break;
-                }
+                Step::NeedInput => break None,
+                Step::End(reason) => break Some(reason),
             }
-        }
+        };
         let written = stream.write_all(&out);
         sent += out.len();
         out.clear();
@@ -320,6 +349,54 @@ fn serve(shared: &Shared, mut stream: TcpStream, id: u64) -> &'static str {
         }
         if !parser.has_partial_command() {
             client.idle();
+        }
+    }
+}
+
+/// A [`Client`] with its own storage session, or the error reply to send before closing.
+pub(super) fn new_client(shared: &Shared, id: u64) -> Result<Client, Vec<u8>> {
+    match shared.store.session() {
+        Ok(session) => Ok(Client::new(id, session, Arc::clone(&shared.stats))),
+        Err(e) => {
+            tracing::warn!("redis front end: no storage session for a new client: {e}");
+            let mut out = Vec::new();
+            Reply::Error(e.to_resp_error().into()).encode(&mut out);
+            Err(out)
+        }
+    }
+}
+
+/// What [`run_commands`] stopped for.
+pub(super) enum Step {
+    /// Every complete command buffered was executed.
+    NeedInput,
+    /// The gathered replies reached [`MAX_PENDING_REPLY_BYTES`]: write them, then call again.
+    Flush,
+    /// The connection ends once the replies are written (the metric label says why).
+    End(&'static str),
+}
+
+/// Executes the complete commands `parser` holds, appending their replies to `out`.
+pub(super) fn run_commands(shared: &Shared, client: &mut Client, parser: &mut Parser, out: &mut Vec<u8>) -> Step {
+    loop {
+        match parser.next_command() {
+            Ok(Some(cmd)) => {
+                client.execute(&cmd).encode(out);
+                if client.wants_close() {
+                    return Step::End("client_quit");
+                }
+                if out.len() >= MAX_PENDING_REPLY_BYTES {
+                    return Step::Flush;
+                }
+            }
+            Ok(None) => return Step::NeedInput,
+            Err(e) => {
+                METRICS.protocol_errors.with_label_values(&[e.reason()]).inc();
+                shared.stats.protocol_error();
+                tracing::debug!("redis client {}: protocol error: {e}", client.id());
+                Reply::Error(format!("ERR Protocol error: {e}").into()).encode(out);
+                return Step::End("protocol_error");
+            }
         }
     }
 }

@@ -131,6 +131,11 @@ impl Client {
         Self { id, store, stats, name: None, lib_name: None, lib_ver: None, closing: false }
     }
 
+    /// The number `CLIENT ID` reports.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
     /// The name set by `CLIENT SETNAME` or `HELLO ... SETNAME`.
     pub fn name(&self) -> Option<&[u8]> {
         self.name.as_deref()
