@@ -28,6 +28,10 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "cargo test --workspace"
 cargo test --workspace
 
+step "the Redis front end's suites again, on the event-loop io model"
+RACEKV_TEST_REDIS_IO=event_loop cargo test -p racekv-computenode \
+    --test redis_hostile --test redis_tools --test redis_client_lib
+
 step "the README's run command picks the racekv CLI (default-run; dev profile, already built)"
 cargo run -q -- --version
 

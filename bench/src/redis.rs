@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use racekv_computenode::config::ComputenodeConfig;
+use racekv_computenode::config::{ComputenodeConfig, RedisIo};
 use racekv_computenode::Computenode;
 use racekv_transport::TransportKind;
 use serde::Serialize;
@@ -37,11 +37,29 @@ pub struct RedisArgs {
     /// thread can be the bottleneck for both servers on a many-core machine.
     #[arg(long, default_value_t = 0)]
     pub benchmark_threads: u32,
+    /// How racekv's front end serves connections (the computenode's `redis_io`).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub io: IoArg,
+    /// Event loops for `--io event-loop` (0: the computenode's default).
+    #[arg(long, default_value_t = 0)]
+    pub event_loops: usize,
+    /// Put racekv's region on 2 MiB huge pages (needs vm.nr_hugepages reserved: the region
+    /// is keys * 256 bytes + 256 MiB). Random GETs over a large region miss the TLB on 4 KiB
+    /// pages; redis-server's smaller heap misses less.
+    #[arg(long)]
+    pub huge_pages: bool,
     /// Alternating rounds per pipeline depth.
     #[arg(long, default_value_t = 3)]
     pub rounds: u32,
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum IoArg {
+    Auto,
+    Threads,
+    EventLoop,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -58,6 +76,10 @@ pub struct RedisReport {
     pub bench: &'static str,
     pub redis_benchmark_flags: String,
     pub redis_server_version: String,
+    /// How racekv's front end served its connections.
+    pub racekv_io: String,
+    /// Whether racekv's region was on huge pages.
+    pub huge_pages: bool,
     pub results: Vec<PipelineResult>,
     pub environment: Environment,
 }
@@ -142,17 +164,25 @@ pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
         .unwrap_or_default();
 
     // racekv: a memnode and a computenode in this process, on shm.
-    let region = (args.keys * 256 + (256 << 20)).div_ceil(1 << 20) << 20;
-    let memnode = BenchMemnode::start(TransportKind::Shm, region, 256, None, "bench-redis", false)?;
-    let node = Computenode::start(ComputenodeConfig {
+    let region = (args.keys * 256 + (256 << 20)).div_ceil(2 << 20) << 21;
+    let memnode = BenchMemnode::start(TransportKind::Shm, region, 256, None, "bench-redis", args.huge_pages)?;
+    let config = ComputenodeConfig {
         memnodes: vec![memnode.endpoint().to_string()],
         token: "bench-redis".into(),
         redis_addr: Some("127.0.0.1:0".into()),
+        redis_io: match args.io {
+            IoArg::Auto => RedisIo::Auto,
+            IoArg::Threads => RedisIo::Threads,
+            IoArg::EventLoop => RedisIo::EventLoop,
+        },
+        redis_event_loops: args.event_loops,
         remote_addr: None,
         attach_socket: None,
         metrics_addr: None,
         ..ComputenodeConfig::default()
-    })?;
+    };
+    let racekv_io = format!("{:?}", config.redis_io_model());
+    let node = Computenode::start(config)?;
     let racekv_port = node.redis_addr().context("redis front end")?.port();
 
     let value = vec![b'x'; args.value_size];
@@ -199,6 +229,8 @@ pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
         bench: "redis",
         redis_benchmark_flags: format!("-t get {flags_text} (with -P from the list)"),
         redis_server_version: version,
+        racekv_io,
+        huge_pages: args.huge_pages,
         results,
         environment: Environment::capture(),
     })

@@ -9,7 +9,20 @@ use serde::{Deserialize, Serialize};
 
 use crate::cluster::ClusterOptions;
 use crate::pool::UpgradePolicy;
+use crate::redis::IoModel;
 use crate::workers::ScaleOptions;
+
+/// The `redis_io` setting (see [`ComputenodeConfig::redis_io`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RedisIo {
+    Auto,
+    Threads,
+    EventLoop,
+}
+
+/// Most event loops `redis_event_loops` may ask for.
+pub const MAX_REDIS_EVENT_LOOPS: usize = 64;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -44,6 +57,14 @@ pub struct ComputenodeConfig {
     /// Redis (RESP2) front end address; unset turns it off.
     pub redis_addr: Option<String>,
     pub redis_max_clients: usize,
+    /// How the Redis front end serves its connections: `threads` (a blocking thread per
+    /// connection), `event_loop` (a few event loops, each serving many connections inline,
+    /// as redis-server does), or `auto`: event loops when every memnode is on shm (a
+    /// storage call is a few memory accesses), threads otherwise (a storage call waits for
+    /// the network, and would hold up every other client of its loop).
+    pub redis_io: RedisIo,
+    /// Event loops for `redis_io = event_loop` (0: one per two cores, 1 to 8).
+    pub redis_event_loops: usize,
     /// host:port for remote clients (the request/reply model over RPC); unset turns it off.
     /// They authenticate with `token`.
     pub remote_addr: Option<String>,
@@ -74,6 +95,8 @@ impl Default for ComputenodeConfig {
             queue_capacity: 65_536,
             redis_addr: Some("127.0.0.1:6380".into()),
             redis_max_clients: 1024,
+            redis_io: RedisIo::Auto,
+            redis_event_loops: 0,
             remote_addr: Some("127.0.0.1:7410".into()),
             attach_socket: Some(racekv_client::default_attach_socket()),
             metrics_addr: Some("127.0.0.1:9401".parse().expect("static address")),
@@ -95,7 +118,31 @@ impl ComputenodeConfig {
             "workers: need 1 <= max_workers and min_workers <= max_workers"
         );
         anyhow::ensure!(self.queue_capacity >= 1 && self.scale_up_queue_depth >= 1, "queue sizes must be at least 1");
+        anyhow::ensure!(
+            self.redis_event_loops <= MAX_REDIS_EVENT_LOOPS,
+            "redis_event_loops must be at most {MAX_REDIS_EVENT_LOOPS}"
+        );
         Ok(())
+    }
+
+    /// The Redis front end's threading, with `auto` and a 0 loop count resolved.
+    pub fn redis_io_model(&self) -> IoModel {
+        let event_loop = match self.redis_io {
+            RedisIo::Threads => false,
+            RedisIo::EventLoop => true,
+            RedisIo::Auto => self.memnodes.iter().all(|m| m.starts_with("shm:")),
+        };
+        if !event_loop {
+            return IoModel::ThreadPerConnection;
+        }
+        let threads = match self.redis_event_loops {
+            0 => {
+                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                (cores / 2).clamp(1, 8)
+            }
+            n => n,
+        };
+        IoModel::EventLoop { threads }
     }
 
     pub fn cluster_options(&self) -> ClusterOptions {
@@ -137,6 +184,32 @@ mod tests {
         cfg.validate().unwrap();
         assert_eq!(cfg.memnodes, ["shm:/run/racekv/memnode.sock"]);
         assert_eq!(cfg.attach_socket.as_deref(), Some(Path::new("/run/racekv/computenode.sock")));
+    }
+
+    #[test]
+    fn redis_io_auto_picks_event_loops_only_over_shm() {
+        let mut cfg = ComputenodeConfig { memnodes: vec!["shm:/a".into(), "shm:/b".into()], ..Default::default() };
+        assert!(matches!(cfg.redis_io_model(), IoModel::EventLoop { threads } if (1..=8).contains(&threads)));
+        cfg.memnodes.push("tcp:127.0.0.1:1".into());
+        assert_eq!(cfg.redis_io_model(), IoModel::ThreadPerConnection);
+        cfg.redis_io = RedisIo::EventLoop;
+        cfg.redis_event_loops = 3;
+        assert_eq!(cfg.redis_io_model(), IoModel::EventLoop { threads: 3 });
+        cfg.redis_io = RedisIo::Threads;
+        assert_eq!(cfg.redis_io_model(), IoModel::ThreadPerConnection);
+        cfg.redis_event_loops = MAX_REDIS_EVENT_LOOPS + 1;
+        assert!(cfg.validate().is_err());
+    }
+
+    #[test]
+    fn redis_io_is_spelled_in_snake_case() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("computenode.toml");
+        std::fs::write(&file, "redis_io = \"event_loop\"\nredis_event_loops = 2\n").unwrap();
+        let cfg = ComputenodeConfig::load(Some(&file)).unwrap();
+        assert_eq!(cfg.redis_io_model(), IoModel::EventLoop { threads: 2 });
+        std::fs::write(&file, "redis_io = \"epoll\"\n").unwrap();
+        assert!(ComputenodeConfig::load(Some(&file)).is_err());
     }
 
     #[test]

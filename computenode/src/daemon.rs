@@ -134,7 +134,11 @@ impl Computenode {
             let weak = Arc::downgrade(&parts);
             let info = Arc::new(move || weak.upgrade().map(|p| p.info_lines()).unwrap_or_default());
             let store = Arc::new(ClusterStore::new(Arc::clone(&cluster), info));
-            let options = ServerOptions { max_clients: config.redis_max_clients, ..ServerOptions::default() };
+            let options = ServerOptions {
+                max_clients: config.redis_max_clients,
+                io: config.redis_io_model(),
+                ..ServerOptions::default()
+            };
             let server = RedisServer::start(addr.as_str(), store, options)
                 .with_context(|| format!("starting the Redis front end on {addr}"))?;
             *parts.redis.lock() = Some(server);

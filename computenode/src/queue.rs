@@ -4,8 +4,9 @@
 //! The queue is bounded: when it is full, `submit` refuses with [`Overloaded`] at once rather
 //! than queueing without limit, and the caller answers its client with an overload error.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::LazyLock;
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::{LazyLock, OnceLock};
+use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
@@ -72,13 +73,47 @@ pub struct WorkQueue {
     /// The queueing delay of the most recently dequeued job, in microseconds (the
     /// autoscaler's signal, with the depth).
     last_wait_us: AtomicU64,
+    /// The thread parked in [`WorkQueue::wait_for_work`] (the autoscaler), and whether it
+    /// sleeps now: the next submit wakes it, so an idle daemon does not tick.
+    sleeper: OnceLock<Thread>,
+    asleep: AtomicBool,
 }
 
 impl WorkQueue {
     pub fn new(capacity: usize) -> Self {
         LazyLock::force(&METRICS);
         let (tx, rx) = crossbeam_channel::bounded(capacity.max(1));
-        Self { tx, rx, last_wait_us: AtomicU64::new(0) }
+        Self { tx, rx, last_wait_us: AtomicU64::new(0), sleeper: OnceLock::new(), asleep: AtomicBool::new(false) }
+    }
+
+    /// Parks the calling thread until a request is submitted, [`WorkQueue::wake_sleeper`]
+    /// is called, or `max` passes. Returns at once if requests wait. One thread only (the
+    /// autoscaler): the first caller is the one submits wake.
+    pub(crate) fn wait_for_work(&self, max: Duration) {
+        let me = self.sleeper.get_or_init(std::thread::current);
+        assert_eq!(me.id(), std::thread::current().id(), "one thread waits for work");
+        self.asleep.store(true, Ordering::SeqCst);
+        // Pairs with the fence in submit: either it sees `asleep`, or we see its request.
+        fence(Ordering::SeqCst);
+        if self.depth() == 0 {
+            std::thread::park_timeout(max);
+        }
+        self.asleep.store(false, Ordering::SeqCst);
+    }
+
+    /// Wakes the thread in [`WorkQueue::wait_for_work`], if one sleeps there.
+    pub(crate) fn wake_sleeper(&self) {
+        fence(Ordering::SeqCst);
+        if self.asleep.load(Ordering::Relaxed) && self.asleep.swap(false, Ordering::SeqCst) {
+            if let Some(sleeper) = self.sleeper.get() {
+                sleeper.unpark();
+            }
+        }
+    }
+
+    /// Whether a thread sleeps in [`WorkQueue::wait_for_work`] now.
+    pub fn sleeper_parked(&self) -> bool {
+        self.asleep.load(Ordering::SeqCst)
     }
 
     /// Requests waiting.
@@ -108,6 +143,7 @@ impl Submit for WorkQueue {
             Ok(()) => {
                 METRICS.submitted.inc();
                 METRICS.depth.set(self.rx.len() as i64);
+                self.wake_sleeper();
                 Ok(())
             }
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
@@ -132,5 +168,36 @@ mod tests {
         assert_eq!(q.next(Duration::from_millis(10)).unwrap().request, Request::Get(vec![0]));
         assert_eq!(q.next(Duration::from_millis(10)).unwrap().request, Request::Get(vec![1]));
         assert!(q.next(Duration::from_millis(10)).is_err());
+    }
+
+    #[test]
+    fn a_submit_wakes_the_thread_waiting_for_work() {
+        let q = std::sync::Arc::new(WorkQueue::new(4));
+        let woken = std::sync::Arc::new(AtomicU64::new(0));
+        const ROUNDS: u64 = 300;
+        let waiter = {
+            let (q, woken) = (std::sync::Arc::clone(&q), std::sync::Arc::clone(&woken));
+            std::thread::spawn(move || {
+                for _ in 0..ROUNDS {
+                    // A lost wake-up leaves it parked for 600 s: the test hangs.
+                    q.wait_for_work(Duration::from_secs(600));
+                    q.next(Duration::from_secs(600)).unwrap();
+                    woken.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        };
+        for round in 0..ROUNDS {
+            if round % 2 == 0 {
+                while !q.sleeper_parked() {
+                    std::thread::yield_now();
+                }
+            }
+            q.submit(Request::Len, Box::new(|_| {})).unwrap();
+            while woken.load(Ordering::SeqCst) == round {
+                std::thread::yield_now();
+            }
+        }
+        waiter.join().unwrap();
+        assert!(!q.sleeper_parked());
     }
 }

@@ -115,6 +115,7 @@ impl Workers {
 
     pub fn shutdown(&mut self) {
         self.shared.stopping.store(true, Ordering::Release);
+        self.shared.queue.wake_sleeper();
         if let Some(h) = self.autoscaler.take() {
             let _ = h.join();
         }
@@ -200,10 +201,23 @@ fn work(shared: &Shared) {
     METRICS.workers.dec();
 }
 
+/// Empty-queue ticks after which the autoscaler sleeps until the next submit.
+const QUIET_TICKS_BEFORE_SLEEP: u32 = 40;
+/// Longest such sleep (a safety net; submits wake it).
+const MAX_IDLE_SLEEP: Duration = Duration::from_secs(1);
+
 fn autoscale(shared: &Arc<Shared>) {
+    let mut quiet_ticks = 0;
     while !shared.stopping.load(Ordering::Acquire) {
-        std::thread::sleep(shared.options.tick);
+        if quiet_ticks >= QUIET_TICKS_BEFORE_SLEEP {
+            // Idle: no ticking (thousands of wake-ups a second) until work arrives.
+            // Still quiet after it (a timeout): straight back to sleep.
+            shared.queue.wait_for_work(MAX_IDLE_SLEEP);
+        } else {
+            std::thread::sleep(shared.options.tick);
+        }
         let depth = shared.queue.depth();
+        quiet_ticks = if depth == 0 { quiet_ticks + 1 } else { 0 };
         let backed_up = depth >= shared.options.scale_up_depth
             || (depth > 0 && shared.queue.last_wait() >= shared.options.scale_up_wait);
         if !backed_up {

@@ -51,6 +51,8 @@ fn workers_scale_up_under_load_and_retire_when_idle() {
     })
     .unwrap();
     assert_eq!(node.status().workers, 1);
+    // Idle long enough that the autoscaler stops ticking and sleeps: the burst must wake it.
+    std::thread::sleep(Duration::from_millis(100));
     let (tx, rx) = mpsc::channel::<(u32, Reply)>();
     let peak = AtomicUsize::new(1);
     std::thread::scope(|s| {

@@ -110,6 +110,11 @@ impl MemnodeConfig {
             !(self.huge_pages && self.data_file.is_some()),
             "huge_pages applies to anonymous regions; a data_file region uses the page cache"
         );
+        anyhow::ensure!(
+            !self.huge_pages || self.region_bytes.is_multiple_of(HUGE_PAGE_BYTES),
+            "with huge_pages, region_bytes ({}) must be a multiple of the huge page size ({HUGE_PAGE_BYTES} bytes)",
+            self.region_bytes
+        );
         let exposed = |addr: &Option<String>| addr.as_deref().is_some_and(|a| !is_loopback(a));
         if self.token == DEV_TOKEN && (exposed(&self.listen_tcp) || exposed(&self.listen_verbs)) {
             anyhow::bail!("refusing to listen beyond loopback with the built-in development token: set `token` (or RACEKV_MEMNODE_TOKEN)");
@@ -117,6 +122,9 @@ impl MemnodeConfig {
         Ok(())
     }
 }
+
+/// The huge page size `huge_pages` regions come in (x86-64 and arm64 default).
+pub const HUGE_PAGE_BYTES: u64 = 2 << 20;
 
 fn is_loopback(addr: &str) -> bool {
     let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h).trim_matches(|c| c == '[' || c == ']');

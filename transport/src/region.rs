@@ -256,7 +256,16 @@ pub fn shared_memory_file(name: &str, len: u64, huge_pages: bool) -> std::io::Re
         )
     })?;
     let file = File::from(fd);
-    file.set_len(len)?;
+    file.set_len(len).map_err(|e| {
+        if huge_pages {
+            std::io::Error::new(
+                e.kind(),
+                format!("sizing a huge-page region to {len} bytes failed ({e}): the size must be a multiple of the huge page size"),
+            )
+        } else {
+            e
+        }
+    })?;
     Ok(file)
 }
 
