@@ -121,6 +121,21 @@ impl<S: Shards> Session<S> {
         Ok(out)
     }
 
+    /// Values of `keys` as consecutive [`Session::get`]s would return them: each key is read
+    /// after every key before it (see `TableClient::get_many_in_order`); consecutive keys of
+    /// one memnode travel together.
+    pub fn get_in_order(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, ClientError> {
+        let mut out = Vec::with_capacity(keys.len());
+        let mut start = 0;
+        while start < keys.len() {
+            let shard = self.shards.route(keys[start]);
+            let end = (start + 1..keys.len()).find(|&i| self.shards.route(keys[i]) != shard).unwrap_or(keys.len());
+            out.extend(self.on(shard, |c| c.get_many_in_order(&keys[start..end]))?);
+            start = end;
+        }
+        Ok(out)
+    }
+
     /// Sets many keys (not atomic across keys: a failure leaves the earlier ones set).
     pub fn multi_put(&mut self, pairs: &[(&[u8], &[u8])]) -> Result<(), ClientError> {
         for (shard, indices) in self.group(pairs.iter().map(|(k, _)| *k)) {

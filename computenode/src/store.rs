@@ -84,6 +84,10 @@ impl KvSession for RedisSession {
         self.s().multi_get(keys).map_err(store_error)
     }
 
+    fn get_in_order(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        self.s().get_in_order(keys).map_err(store_error)
+    }
+
     fn multi_put(&mut self, pairs: &[(&[u8], &[u8])]) -> Result<(), StoreError> {
         self.s().multi_put(pairs).map_err(store_error)
     }

@@ -171,6 +171,37 @@ fn pipelined_commands_get_all_replies_in_order() {
     assert_eq!(String::from_utf8_lossy(&reply), String::from_utf8_lossy(&expected));
 }
 
+/// Runs of pipelined GETs are looked up together; their replies keep their places among
+/// other commands, malformed GETs, and runs longer than one lookup takes.
+#[test]
+fn runs_of_pipelined_gets_answer_in_place() {
+    let (server, _store) = common::start(ServerOptions::default());
+    let mut stream = common::raw(&server);
+    let (mut batch, mut expected) = (Vec::new(), Vec::new());
+    for round in 0..5 {
+        batch.extend_from_slice(format!("SET a {round}\r\n").as_bytes());
+        expected.extend_from_slice(b"+OK\r\n");
+        for i in 0..(37 * round + 1) {
+            if i % 29 == 28 {
+                batch.extend_from_slice(b"GET\r\n");
+                expected.extend_from_slice(b"-ERR wrong number of arguments for 'get' command\r\n");
+            }
+            if i % 2 == 0 {
+                batch.extend_from_slice(b"GET a\r\n");
+                expected.extend_from_slice(format!("$1\r\n{round}\r\n").as_bytes());
+            } else {
+                batch.extend_from_slice(b"get missing\r\n");
+                expected.extend_from_slice(b"$-1\r\n");
+            }
+        }
+    }
+    batch.extend_from_slice(b"QUIT\r\n");
+    expected.extend_from_slice(b"+OK\r\n");
+    let (reply, closed) = common::exchange(&mut stream, &batch, false, WAIT);
+    assert!(closed);
+    assert_eq!(String::from_utf8_lossy(&reply), String::from_utf8_lossy(&expected));
+}
+
 #[test]
 fn commands_split_across_many_small_writes_are_reassembled() {
     let (server, _store) = common::start(ServerOptions::default());

@@ -435,6 +435,36 @@ impl TableClient {
         Ok(values)
     }
 
+    /// Looks up `keys` as consecutive [`TableClient::get`]s would, in one or two round trips
+    /// per [`KEYS_PER_ROUND`] keys where the transport allows: each key is read after every
+    /// key before it (its bucket read is its linearization point, as for `get`), so a reader
+    /// that sees one write also sees every write before it. Pipelined Redis GETs rely on
+    /// this. Where the batch's reads may observe memory out of order (verbs), each key is
+    /// its own lookup. A key that needs the single-key path is looked up on its own, and
+    /// every key after it is read again after it.
+    pub fn get_many_in_order(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, Error> {
+        if !self.conn.kind().batch_reads_in_order() {
+            return keys.iter().map(|key| self.get(key)).collect();
+        }
+        let mut values = vec![None; keys.len()];
+        let mut next = 0;
+        while next < keys.len() {
+            let end = (next + KEYS_PER_ROUND).min(keys.len());
+            let mut slow = Vec::new();
+            self.get_round(&keys[next..end], &mut values[next..end], &mut slow)?;
+            let Some(&first) = slow.iter().min() else {
+                next = end;
+                continue;
+            };
+            let i = next + first;
+            let mut out = Vec::new();
+            values[i] = self.get_into(keys[i], &mut out)?.then_some(out);
+            values[i + 1..end].iter_mut().for_each(|v| *v = None);
+            next = i + 1;
+        }
+        Ok(values)
+    }
+
     /// One round of [`TableClient::get_many`]; indices needing the single-key path go to `slow`.
     fn get_round(
         &mut self,

@@ -540,6 +540,106 @@ mod many {
     }
 }
 
+mod in_order {
+    use super::*;
+
+    /// `get_many_in_order` is consecutive `get`s: a writer sets keys 0..N to version v in
+    /// that order, again and again, while fillers force splits (stale directory entries,
+    /// moved slots: the single-key path); readers look the keys up in reverse order, so
+    /// once a read sees version v of key i, every later read (keys below i, written before
+    /// it) must see v or newer. Each reader's history is checked against that.
+    fn reads_keep_their_order(via: Via) {
+        const KEYS: usize = 48;
+        let memnode = TestMemnode::start(via, 128 * MIB, 4);
+        let table = memnode.table(options(5));
+        let names: Vec<Vec<u8>> = (0..KEYS).map(|i| format!("ordered-{i}").into_bytes()).collect();
+        let reversed: Vec<&[u8]> = names.iter().rev().map(|n| &n[..]).collect();
+        let mut c = table.client(memnode.connect());
+        for n in &names {
+            c.put(n, &0u64.to_le_bytes()).unwrap();
+        }
+        let done = AtomicBool::new(false);
+        let per_filler = if matches!(via, Via::Local) { 12_000u64 } else { 3_000 };
+        let slow_path_rounds = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            let (table, memnode, names, done) = (&table, &memnode, &names, &done);
+            s.spawn(move || {
+                let mut c = table.client(memnode.connect());
+                let mut version = 1u64;
+                while !done.load(Ordering::Relaxed) {
+                    for n in names {
+                        c.put(n, &version.to_le_bytes()).unwrap();
+                    }
+                    version += 1;
+                }
+            });
+            let fillers: Vec<_> = (0..2u64)
+                .map(|f| {
+                    s.spawn(move || {
+                        let mut c = table.client(memnode.connect());
+                        for i in 0..per_filler {
+                            c.put(format!("filler-{f}-{i}").as_bytes(), b"x").unwrap();
+                        }
+                    })
+                })
+                .collect();
+            let readers: Vec<_> = (0..2)
+                .map(|_| {
+                    let (reversed, slow_path_rounds) = (&reversed, &slow_path_rounds);
+                    s.spawn(move || {
+                        let mut c = table.client(memnode.connect());
+                        let mut rounds = 0u64;
+                        while !done.load(Ordering::Relaxed) {
+                            let before = c.stats().round_trips;
+                            let got = c.get_many_in_order(reversed).unwrap();
+                            if c.stats().round_trips - before > 2 {
+                                slow_path_rounds.fetch_add(1, Ordering::Relaxed);
+                            }
+                            let versions: Vec<u64> = got
+                                .iter()
+                                .map(|v| {
+                                    u64::from_le_bytes(
+                                        v.as_deref().expect("a key that always exists").try_into().unwrap(),
+                                    )
+                                })
+                                .collect();
+                            assert!(
+                                versions.windows(2).all(|w| w[0] <= w[1]),
+                                "a later read saw an older write than an earlier read (keys {}..0): {versions:?}",
+                                KEYS - 1
+                            );
+                            rounds += 1;
+                        }
+                        rounds
+                    })
+                })
+                .collect();
+            for f in fillers {
+                f.join().unwrap();
+            }
+            done.store(true, Ordering::Relaxed);
+            for r in readers {
+                assert!(r.join().unwrap() > 0);
+            }
+        });
+        assert!(memnode.stats().global_depth >= 5, "the fillers should have split the table many times");
+        assert!(
+            slow_path_rounds.load(Ordering::Relaxed) > 0,
+            "no lookup took the single-key path: the test proved little"
+        );
+    }
+
+    #[test]
+    fn local() {
+        reads_keep_their_order(Via::Local);
+    }
+
+    #[test]
+    fn tcp() {
+        reads_keep_their_order(Via::Transport(racekv_transport::TransportKind::Tcp));
+    }
+}
+
 mod short_lived_clients {
     use super::*;
 

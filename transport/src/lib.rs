@@ -62,6 +62,14 @@ impl TransportKind {
             TransportKind::Verbs => "verbs",
         }
     }
+
+    /// Whether the READs of one batch observe memory in batch order (each sees everything
+    /// an earlier one saw). True where one thread executes the batch op by op (shm, the tcp
+    /// software NIC); not on verbs, where a NIC may service the READs of a batch in any
+    /// order (PCIe lets read requests pass each other).
+    pub fn batch_reads_in_order(&self) -> bool {
+        !matches!(self, TransportKind::Verbs)
+    }
 }
 
 impl fmt::Display for TransportKind {

@@ -214,7 +214,7 @@ impl Region {
     /// before any copying: the lines' misses are then in flight together, as a NIC would
     /// fetch them, instead of one after another behind the copy loop.
     fn touch_read_lines(&self, batch: &Batch) {
-        const MAX_TOUCHED_LINES: u64 = 32;
+        const MAX_TOUCHED_LINES: u64 = 128;
         let mut touched = 0;
         for op in batch.ops() {
             if op.kind != OpKind::Read || check_op(op.kind, op.offset, u64::from(op.len), self.len).is_err() {

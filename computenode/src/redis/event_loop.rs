@@ -251,6 +251,9 @@ fn flush(shared: &Shared, conn: &mut Conn) -> io::Result<bool> {
 /// Serves `conn` for one turn: writes pending replies, executes buffered commands, reads.
 fn serve(shared: &Shared, conn: &mut Conn, chunk: &mut [u8]) -> Turn {
     let mut reads = 0;
+    // A read shorter than asked emptied the socket (epoll(7): for stream sockets that is as
+    // good as EAGAIN), and new input makes a new edge: no read just to hear EAGAIN.
+    let mut drained = false;
     loop {
         // Execute what is buffered, then write the replies before reading more.
         let step = match conn.ending {
@@ -275,6 +278,9 @@ fn serve(shared: &Shared, conn: &mut Conn, chunk: &mut [u8]) -> Turn {
             conn.fed = false;
             conn.client.idle();
         }
+        if drained {
+            return Turn::Wait;
+        }
         if reads == MAX_READS_PER_TURN {
             return Turn::Again;
         }
@@ -288,6 +294,7 @@ fn serve(shared: &Shared, conn: &mut Conn, chunk: &mut [u8]) -> Turn {
                 conn.parser.feed(&chunk[..n]);
                 conn.last_input = Instant::now();
                 conn.fed = true;
+                drained = n < chunk.len();
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Turn::Wait,

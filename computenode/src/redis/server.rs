@@ -30,7 +30,7 @@ use super::commands::Client;
 use super::info::ServerStats;
 use super::metrics::METRICS;
 use super::reply::Reply;
-use super::resp::{Limits, Parser};
+use super::resp::{Command, Limits, Parser};
 use super::store::KvStore;
 
 /// Bytes read from a socket at a time; also the most the parser buffers beyond one command.
@@ -378,28 +378,51 @@ pub(super) enum Step {
 
 /// Executes the complete commands `parser` holds, appending their replies to `out`.
 pub(super) fn run_commands(shared: &Shared, client: &mut Client, parser: &mut Parser, out: &mut Vec<u8>) -> Step {
-    loop {
-        match parser.next_command() {
-            Ok(Some(cmd)) => {
-                client.execute(&cmd).encode(out);
-                if client.wants_close() {
-                    return Step::End("client_quit");
-                }
-                if out.len() >= MAX_PENDING_REPLY_BYTES {
-                    return Step::Flush;
-                }
-            }
-            Ok(None) => return Step::NeedInput,
+    // Consecutive GETs wait here and run together, before anything that follows them.
+    let mut gets: Vec<Command> = Vec::new();
+    let step = loop {
+        let cmd = match parser.next_command() {
+            Ok(Some(cmd)) => cmd,
+            Ok(None) => break Step::NeedInput,
             Err(e) => {
+                run_gets(client, &mut gets, out);
                 METRICS.protocol_errors.with_label_values(&[e.reason()]).inc();
                 shared.stats.protocol_error();
                 tracing::debug!("redis client {}: protocol error: {e}", client.id());
                 Reply::Error(format!("ERR Protocol error: {e}").into()).encode(out);
                 return Step::End("protocol_error");
             }
+        };
+        if Client::is_get(&cmd) {
+            gets.push(cmd);
+            if gets.len() < MAX_GET_RUN {
+                continue;
+            }
+            run_gets(client, &mut gets, out);
+        } else {
+            run_gets(client, &mut gets, out);
+            client.execute(&cmd).encode(out);
+            if client.wants_close() {
+                return Step::End("client_quit");
+            }
         }
+        if out.len() >= MAX_PENDING_REPLY_BYTES {
+            break Step::Flush;
+        }
+    };
+    run_gets(client, &mut gets, out);
+    step
+}
+
+fn run_gets(client: &mut Client, gets: &mut Vec<Command>, out: &mut Vec<u8>) {
+    if !gets.is_empty() {
+        client.execute_gets(gets, out);
+        gets.clear();
     }
 }
+
+/// Most pipelined GETs looked up together (see [`Client::execute_gets`]).
+const MAX_GET_RUN: usize = 32;
 
 /// Half-closes and discards input for a moment, so the client reads our last reply before
 /// it sees the connection end (see [`LINGER`]).

@@ -126,6 +126,12 @@ pub trait KvSession: Send {
     /// The values of `keys`, in order (`None` for absent keys). Not atomic across keys.
     fn multi_get(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError>;
 
+    /// Values of `keys` exactly as consecutive [`KvSession::get`]s would return them (each
+    /// read after the one before), which pipelined GETs need; implementations may batch.
+    fn get_in_order(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        keys.iter().map(|key| self.get(key)).collect()
+    }
+
     /// Upserts every pair, in order (a later pair with the same key wins). Not atomic across
     /// keys: on error, a prefix may have been applied.
     fn multi_put(&mut self, pairs: &[(&[u8], &[u8])]) -> Result<(), StoreError>;

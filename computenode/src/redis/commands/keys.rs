@@ -63,13 +63,13 @@ pub(super) fn del(c: &mut Client, cmd: &Command) -> CmdResult {
 /// Counts present keys; a key named twice counts twice, as in Redis.
 pub(super) fn exists(c: &mut Client, cmd: &Command) -> CmdResult {
     let keys: Vec<&[u8]> = cmd.args().skip(1).collect();
-    let values = c.store.multi_get(&keys)?;
+    let values = c.store.get_in_order(&keys)?;
     Ok(Reply::Integer(values.iter().filter(|v| v.is_some()).count() as i64))
 }
 
 pub(super) fn mget(c: &mut Client, cmd: &Command) -> CmdResult {
     let keys: Vec<&[u8]> = cmd.args().skip(1).collect();
-    let values = c.store.multi_get(&keys)?;
+    let values = c.store.get_in_order(&keys)?;
     if values.len() != keys.len() {
         return Err(fail(format!("ERR storage returned {} values for {} keys", values.len(), keys.len())));
     }
