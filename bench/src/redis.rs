@@ -39,7 +39,7 @@ pub struct RedisArgs {
     pub benchmark_threads: u32,
     /// How racekv's front end serves connections (the computenode's `redis_io`).
     #[arg(long, value_enum, default_value = "auto")]
-    pub io: IoArg,
+    pub io: RedisIo,
     /// Event loops for `--io event-loop` (0: the computenode's default).
     #[arg(long, default_value_t = 0)]
     pub event_loops: usize,
@@ -53,13 +53,6 @@ pub struct RedisArgs {
     pub rounds: u32,
     #[arg(long)]
     pub json: bool,
-}
-
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-pub enum IoArg {
-    Auto,
-    Threads,
-    EventLoop,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -170,11 +163,7 @@ pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
         memnodes: vec![memnode.endpoint().to_string()],
         token: "bench-redis".into(),
         redis_addr: Some("127.0.0.1:0".into()),
-        redis_io: match args.io {
-            IoArg::Auto => RedisIo::Auto,
-            IoArg::Threads => RedisIo::Threads,
-            IoArg::EventLoop => RedisIo::EventLoop,
-        },
+        redis_io: args.io,
         redis_event_loops: args.event_loops,
         remote_addr: None,
         attach_socket: None,

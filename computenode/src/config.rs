@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use racekv_transport::{Endpoint, TransportKind};
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::ClusterOptions;
@@ -13,7 +14,7 @@ use crate::redis::IoModel;
 use crate::workers::ScaleOptions;
 
 /// The `redis_io` setting (see [`ComputenodeConfig::redis_io`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum RedisIo {
     Auto,
@@ -130,7 +131,9 @@ impl ComputenodeConfig {
         let event_loop = match self.redis_io {
             RedisIo::Threads => false,
             RedisIo::EventLoop => true,
-            RedisIo::Auto => self.memnodes.iter().all(|m| m.starts_with("shm:")),
+            RedisIo::Auto => {
+                self.memnodes.iter().all(|m| m.parse::<Endpoint>().is_ok_and(|e| e.kind() == TransportKind::Shm))
+            }
         };
         if !event_loop {
             return IoModel::ThreadPerConnection;

@@ -80,10 +80,6 @@ impl KvSession for RedisSession {
         self.s().compare_and_swap(key, expected, Some(new)).map_err(store_error)
     }
 
-    fn multi_get(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
-        self.s().multi_get(keys).map_err(store_error)
-    }
-
     fn get_in_order(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         self.s().get_in_order(keys).map_err(store_error)
     }

@@ -88,7 +88,7 @@ impl KvSession for MemStore {
         Ok(true)
     }
 
-    fn multi_get(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+    fn get_in_order(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         let map = self.map.lock();
         Ok(keys.iter().map(|k| map.get(*k).cloned()).collect())
     }

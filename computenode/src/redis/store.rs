@@ -123,14 +123,10 @@ pub trait KvSession: Send {
     /// Returns whether the swap happened.
     fn compare_and_swap(&mut self, key: &[u8], expected: Option<&[u8]>, new: &[u8]) -> Result<bool, StoreError>;
 
-    /// The values of `keys`, in order (`None` for absent keys). Not atomic across keys.
-    fn multi_get(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError>;
-
-    /// Values of `keys` exactly as consecutive [`KvSession::get`]s would return them (each
-    /// read after the one before), which pipelined GETs need; implementations may batch.
-    fn get_in_order(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
-        keys.iter().map(|key| self.get(key)).collect()
-    }
+    /// The values of `keys`, in order (`None` for absent keys), exactly as consecutive
+    /// [`KvSession::get`]s would return them (each read after the one before; not a snapshot
+    /// across keys). Pipelined GETs, MGET and EXISTS use it; implementations may batch.
+    fn get_in_order(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError>;
 
     /// Upserts every pair, in order (a later pair with the same key wins). Not atomic across
     /// keys: on error, a prefix may have been applied.

@@ -160,36 +160,43 @@ impl Client {
 
     /// Whether `cmd` is a well-formed `GET key` (what [`Client::execute_gets`] takes).
     pub fn is_get(cmd: &Command) -> bool {
-        cmd.len() == 2 && cmd.get(0).is_some_and(|name| name.eq_ignore_ascii_case(b"get"))
+        let get = &COMMANDS[*GET_INDEX];
+        get.arity_ok(cmd.len()) && cmd.get(0).is_some_and(|name| name.eq_ignore_ascii_case(get.name.as_bytes()))
     }
 
     /// Executes a run of pipelined `GET`s (each [`Client::is_get`]) with the replies
     /// consecutive `execute`s would give, appending them in order, but looked up together
     /// (on shm their memory misses overlap instead of queueing one behind another).
-    /// Records metrics and stats as `execute` does. A storage error sends the run through
-    /// `execute` one by one, so each GET gets its own reply.
-    pub fn execute_gets(&mut self, cmds: &[Command], out: &mut Vec<u8>) {
-        let started = Instant::now();
-        let keys: Vec<&[u8]> = cmds.iter().map(|c| c.arg(1)).collect();
-        let metrics = &COMMAND_METRICS[*GET_INDEX];
-        match self.store.get_in_order(&keys) {
-            Ok(values) if values.len() == keys.len() => {
-                for v in values {
-                    v.map_or(Reply::Nil, Reply::Bulk).encode(out);
+    /// Records metrics and stats as `execute` does. When the lookup fails, the run's first
+    /// GET gets the error (as it would have met it first) and the rest are tried again.
+    pub fn execute_gets(&mut self, mut cmds: &[Command], out: &mut Vec<u8>) {
+        while !cmds.is_empty() {
+            let started = Instant::now();
+            let keys: Vec<&[u8]> = cmds.iter().map(|c| c.arg(1)).collect();
+            let looked_up = self.store.get_in_order(&keys).map_err(Failure::from).and_then(|values| {
+                if values.len() == keys.len() {
+                    Ok(values)
+                } else {
+                    Err(fail(format!("ERR storage returned {} values for {} keys", values.len(), keys.len())))
                 }
-                metrics.ok.inc_by(cmds.len() as u64);
-            }
-            _ => {
-                for cmd in cmds {
-                    self.execute(cmd).encode(out);
+            });
+            match looked_up {
+                Ok(values) => {
+                    let seconds = started.elapsed().as_secs_f64() / cmds.len() as f64;
+                    for value in values {
+                        let reply = value.map_or(Reply::Nil, Reply::Bulk);
+                        self.record(*GET_INDEX, seconds, &reply);
+                        reply.encode(out);
+                    }
+                    return;
                 }
-                return;
+                Err(failure) => {
+                    let reply = reply_for(&COMMANDS[*GET_INDEX], Err(failure));
+                    self.record(*GET_INDEX, started.elapsed().as_secs_f64(), &reply);
+                    reply.encode(out);
+                    cmds = &cmds[1..];
+                }
             }
-        }
-        let per_command = started.elapsed().as_secs_f64() / cmds.len() as f64;
-        for _ in cmds {
-            metrics.seconds.observe(per_command);
-            self.stats.command_done();
         }
     }
 
@@ -202,24 +209,31 @@ impl Client {
         let (metrics_index, reply) = match lookup(name) {
             None => (COMMANDS.len(), unknown_command(cmd)),
             Some((index, spec)) if !spec.arity_ok(cmd.len()) => (index, arity_error(spec.name)),
-            Some((index, spec)) => {
-                let reply = match (spec.handler)(self, cmd) {
-                    Ok(reply) => reply,
-                    Err(Failure::Reply(message)) => Reply::Error(message),
-                    Err(Failure::Store(e)) => {
-                        tracing::debug!("redis: {} failed in storage: {e}", spec.name);
-                        METRICS.store_errors.with_label_values(&[e.kind.as_str()]).inc();
-                        Reply::Error(e.to_resp_error().into())
-                    }
-                };
-                (index, reply)
-            }
+            Some((index, spec)) => (index, reply_for(spec, (spec.handler)(self, cmd))),
         };
+        self.record(metrics_index, started.elapsed().as_secs_f64(), &reply);
+        reply
+    }
+
+    /// Counts one executed command: its time, its outcome, the server's command total.
+    fn record(&self, metrics_index: usize, seconds: f64, reply: &Reply) {
         let metrics = &COMMAND_METRICS[metrics_index];
-        metrics.seconds.observe(started.elapsed().as_secs_f64());
+        metrics.seconds.observe(seconds);
         if reply.is_error() { &metrics.error } else { &metrics.ok }.inc();
         self.stats.command_done();
-        reply
+    }
+}
+
+/// The reply to a handler's outcome; storage errors are counted by kind.
+fn reply_for(spec: &CommandSpec, outcome: CmdResult) -> Reply {
+    match outcome {
+        Ok(reply) => reply,
+        Err(Failure::Reply(message)) => Reply::Error(message),
+        Err(Failure::Store(e)) => {
+            tracing::debug!("redis: {} failed in storage: {e}", spec.name);
+            METRICS.store_errors.with_label_values(&[e.kind.as_str()]).inc();
+            Reply::Error(e.to_resp_error().into())
+        }
     }
 }
 

@@ -100,12 +100,14 @@ fn increments_follow_redis_semantics() {
     assert_eq!(run(&mut c, &["DECR", "min"]), err("ERR increment or decrement would overflow"));
 }
 
-/// A session whose compare-and-swap loses `losses` times (another writer got in between)
-/// before behaving like `MemStore`.
+/// A session whose compare-and-swap loses `losses` times (another writer got in between),
+/// and whose first `failing_lookups` batched lookups fail as an unreachable memnode's
+/// would, before behaving like `MemStore`.
 struct Contended {
     inner: MemStore,
     losses: usize,
     cas_calls: Arc<AtomicUsize>,
+    failing_lookups: usize,
 }
 
 impl KvSession for Contended {
@@ -127,8 +129,12 @@ impl KvSession for Contended {
         }
         self.inner.compare_and_swap(key, expected, new)
     }
-    fn multi_get(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
-        self.inner.multi_get(keys)
+    fn get_in_order(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        if self.failing_lookups > 0 {
+            self.failing_lookups -= 1;
+            return Err(StoreError::new(StoreErrorKind::Unavailable, "memnode 0"));
+        }
+        self.inner.get_in_order(keys)
     }
     fn multi_put(&mut self, pairs: &[(&[u8], &[u8])]) -> Result<(), StoreError> {
         self.inner.multi_put(pairs)
@@ -144,9 +150,29 @@ impl KvSession for Contended {
 fn contended_client(losses: usize) -> (Client, MemStore, Arc<AtomicUsize>) {
     let inner = MemStore::new();
     let cas_calls = Arc::new(AtomicUsize::new(0));
-    let session = Contended { inner: inner.clone(), losses, cas_calls: Arc::clone(&cas_calls) };
+    let session = Contended { inner: inner.clone(), losses, cas_calls: Arc::clone(&cas_calls), failing_lookups: 0 };
     let client = Client::new(1, Box::new(session), Arc::new(ServerStats::new(1, 1, None)));
     (client, inner, cas_calls)
+}
+
+/// A failed lookup of a GET run costs the run's first GET only (it met the failure, as a
+/// lone GET would have); the others are looked up again, not answered with its error.
+#[test]
+fn a_failed_get_run_fails_only_its_first_get() {
+    let inner = MemStore::new();
+    let session = Contended { inner: inner.clone(), losses: 0, cas_calls: Arc::default(), failing_lookups: 2 };
+    let mut c = Client::new(1, Box::new(session), Arc::new(ServerStats::new(1, 1, None)));
+    assert_eq!(run(&mut c, &["SET", "a", "1"]), Reply::ok());
+    let gets: Vec<Command> = ["a", "b", "a"].iter().map(|k| Command::from_args(["GET", k])).collect();
+    let mut out = Vec::new();
+    c.execute_gets(&gets, &mut out);
+    // Two failed lookups: [a b a] fails (GET a gets it), [b a] fails (GET b), [a] succeeds.
+    let unavailable = Reply::Error(StoreError::new(StoreErrorKind::Unavailable, "memnode 0").to_resp_error().into());
+    let mut want = Vec::new();
+    for reply in [unavailable.clone(), unavailable, Reply::Bulk(b"1".to_vec())] {
+        reply.encode(&mut want);
+    }
+    assert_eq!(String::from_utf8_lossy(&out), String::from_utf8_lossy(&want));
 }
 
 #[test]
