@@ -98,6 +98,9 @@ struct Conn {
     last_input: Instant,
     /// Input since the storage was last told the client is idle.
     fed: bool,
+    /// The peer's end is closed (or failed): read until the socket says so, even after a
+    /// short read, since that end comes with no edge of its own if it was already queued.
+    peer_done: bool,
     /// Why the connection ends once `out` is written; then it lingers until `linger_until`.
     ending: Option<&'static str>,
     linger_until: Option<Instant>,
@@ -130,6 +133,11 @@ pub(crate) fn run(shared: &Shared, index: usize) {
             if event.token() == WAKE {
                 take_in(shared, this, &mut conns, &mut ready);
             } else {
+                if event.is_read_closed() || event.is_error() {
+                    if let Some(conn) = conns.get_mut(&event.token().0) {
+                        conn.peer_done = true;
+                    }
+                }
                 ready.push(event.token().0);
             }
         }
@@ -196,6 +204,7 @@ fn take_in(shared: &Shared, this: &Loop, conns: &mut HashMap<usize, Conn>, ready
                 blocked_since: None,
                 last_input: now,
                 fed: false,
+                peer_done: false,
                 ending: None,
                 linger_until: None,
                 discarded: 0,
@@ -252,7 +261,8 @@ fn flush(shared: &Shared, conn: &mut Conn) -> io::Result<bool> {
 fn serve(shared: &Shared, conn: &mut Conn, chunk: &mut [u8]) -> Turn {
     let mut reads = 0;
     // A read shorter than asked emptied the socket (epoll(7): for stream sockets that is as
-    // good as EAGAIN), and new input makes a new edge: no read just to hear EAGAIN.
+    // good as EAGAIN), and new input makes a new edge: no read just to hear EAGAIN. Not so
+    // for the peer's FIN when it came with the data: its event said so (`peer_done`).
     let mut drained = false;
     loop {
         // Execute what is buffered, then write the replies before reading more.
@@ -278,7 +288,7 @@ fn serve(shared: &Shared, conn: &mut Conn, chunk: &mut [u8]) -> Turn {
             conn.fed = false;
             conn.client.idle();
         }
-        if drained {
+        if drained && !conn.peer_done {
             return Turn::Wait;
         }
         if reads == MAX_READS_PER_TURN {
