@@ -124,3 +124,30 @@ fn coldstart_bench_runs_children_in_both_modes() {
         assert!(report[field].as_f64().unwrap() > 0.0, "{field}: {report}");
     }
 }
+
+/// `racekv bench spike` on shm, briefly: each new worker wakes, bootstraps and completes a
+/// GET, in that order, in both modes; the JSON carries the figures docs/benchmarks.md cites.
+#[test]
+fn spike_bench_reports_each_new_workers_steps_in_both_modes() {
+    let dir = tempfile::tempdir().unwrap();
+    let plot = dir.path().join("spike.png");
+    let out = Command::new(env!("CARGO_BIN_EXE_racekv"))
+        .args(["bench", "spike", "--transport", "shm", "--workers-after", "3", "--trials", "1", "--keys", "1000"])
+        .args(["--before-ms", "20", "--after-ms", "300", "--sample-us", "1000", "--json", "--plot"])
+        .arg(&plot)
+        .env("RACEKV_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for field in ["virtualized_bootstrap_ms", "fresh_bootstrap_ms", "virtualized_ready_max_ms", "fresh_ready_max_ms"] {
+        assert!(report[field].as_f64().is_some_and(|v| v >= 0.0), "{field}: {report}");
+    }
+    let runs = report["runs"].as_array().unwrap();
+    assert_eq!(runs.iter().map(|r| r["mode"].as_str().unwrap()).collect::<Vec<_>>(), ["virtualized", "fresh"]);
+    for run in runs {
+        let ms = |f: &str| run[f].as_f64().unwrap_or_else(|| panic!("{f}: {run}"));
+        assert!(ms("plateau_ops_per_sec") > 0.0, "{run}");
+        assert!(ms("woke_max_ms") <= ms("ready_max_ms") && ms("ready_max_ms") <= ms("first_op_max_ms"), "{run}");
+    }
+}

@@ -5,12 +5,13 @@
 //! * virtualized: each new worker attaches a pre-initialized session from the computenode
 //!   (virtual connections over the daemon's pool);
 //! * fresh: each new worker does what a new process must: connect, authenticate, fetch the
-//!   metadata and the directory, and get a heap chunk (its first PUT), on the same transport.
+//!   metadata and the directory, and get a heap chunk, on the same transport.
 //!
 //! Bootstrap time = trigger to the first moment throughput reaches 90% of its plateau (as a
 //! 2 ms average: single noisy samples neither reach nor miss it). The machine is shared and
 //! noisy, so the modes alternate over several trials and each reports its median. Each new
-//! worker's time to its first completed GET is reported as well (noise-free, per worker).
+//! worker's times to running, to bootstrap done and to its first completed GET are reported
+//! as well (per worker, free of the sampling's noise).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -69,6 +70,13 @@ pub struct SpikeRun {
     pub bootstrap_ms: f64,
     pub plateau_ops_per_sec: f64,
     pub before_ops_per_sec: f64,
+    /// From the trigger to each new worker's thread running again: median and slowest.
+    pub woke_p50_ms: f64,
+    pub woke_max_ms: f64,
+    /// From the trigger to each new worker's bootstrap done (attached, or connected with a
+    /// heap chunk): median and slowest.
+    pub ready_p50_ms: f64,
+    pub ready_max_ms: f64,
     /// From the trigger to each new worker's first completed GET: median and slowest.
     pub first_op_p50_ms: f64,
     pub first_op_max_ms: f64,
@@ -92,6 +100,9 @@ pub struct SpikeReport {
     pub fresh_bootstrap_ms: f64,
     /// 1 - virtualized / fresh.
     pub bootstrap_reduction: f64,
+    /// Trigger to the slowest new worker's bootstrap done, and to its first GET.
+    pub virtualized_ready_max_ms: f64,
+    pub fresh_ready_max_ms: f64,
     pub virtualized_first_op_max_ms: f64,
     pub fresh_first_op_max_ms: f64,
     pub runs: Vec<SpikeRun>,
@@ -104,6 +115,15 @@ pub struct SpikeReport {
 enum Mode {
     Virtualized,
     Fresh,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Virtualized => "virtualized",
+            Mode::Fresh => "fresh",
+        }
+    }
 }
 
 pub fn run(args: &SpikeArgs) -> anyhow::Result<SpikeReport> {
@@ -182,6 +202,8 @@ pub fn run(args: &SpikeArgs) -> anyhow::Result<SpikeReport> {
         virtualized_bootstrap_ms: v,
         fresh_bootstrap_ms: f,
         bootstrap_reduction: 1.0 - v / f,
+        virtualized_ready_max_ms: median("virtualized", &|r| r.ready_max_ms),
+        fresh_ready_max_ms: median("fresh", &|r| r.ready_max_ms),
         virtualized_first_op_max_ms: median("virtualized", &|r| r.first_op_max_ms),
         fresh_first_op_max_ms: median("fresh", &|r| r.first_op_max_ms),
         runs,
@@ -198,7 +220,18 @@ fn pool_connections(args: &SpikeArgs) -> usize {
     }
 }
 
-/// Runs GETs until stopped; returns when its first GET completed.
+/// A new worker's moments after the trigger.
+#[derive(Clone, Copy)]
+struct Start {
+    /// Its thread ran again.
+    woke: Instant,
+    /// Bootstrap done: a session attached, or connected with a chunk in hand.
+    ready: Instant,
+    /// Its first GET completed.
+    first_get: Instant,
+}
+
+/// Bootstraps, then runs GETs until stopped; says when each step was done.
 fn worker(
     mode: Mode,
     node: &Computenode,
@@ -207,11 +240,12 @@ fn worker(
     ops: &AtomicU64,
     stop: &AtomicBool,
     seed: u64,
-) -> anyhow::Result<Instant> {
+) -> anyhow::Result<Start> {
+    let woke = Instant::now();
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut pending = 0;
-    let mut first: Option<Instant> = None;
     let mut work = |get: &mut dyn FnMut(&[u8]) -> anyhow::Result<()>| -> anyhow::Result<Instant> {
+        let mut first: Option<Instant> = None;
         while !stop.load(Ordering::Relaxed) {
             get(&rng.random_range(0..keys).to_be_bytes())?;
             first.get_or_insert_with(Instant::now);
@@ -223,41 +257,49 @@ fn worker(
         }
         first.ok_or_else(|| anyhow::anyhow!("the worker never completed a GET"))
     };
-    match mode {
+    let (ready, first_get) = match mode {
         Mode::Virtualized => {
+            // The ready session holds its virtual connections and a heap chunk already.
             let mut s = node.attach();
-            s.put(format!("worker-{seed}").as_bytes(), b"x")?;
-            work(&mut |k| s.get(k).map(|_| ()).map_err(Into::into))
+            let ready = Instant::now();
+            (ready, work(&mut |k| s.get(k).map(|_| ()).map_err(Into::into))?)
         }
         Mode::Fresh => {
+            // What a new process must do: connect, authenticate, fetch the metadata and the
+            // directory (connect), and get a heap chunk (prepare).
             let client = racekv_client::Client::builder()
                 .memnode(endpoint)
                 .token("bench-spike")
                 .connections_per_memnode(1)
                 .connect()?;
-            client.put(format!("worker-{seed}").as_bytes(), b"x")?;
-            work(&mut |k| client.get(k).map(|_| ()).map_err(Into::into))
+            client.prepare()?;
+            let ready = Instant::now();
+            (ready, work(&mut |k| client.get(k).map(|_| ()).map_err(Into::into))?)
         }
-    }
+    };
+    Ok(Start { woke, ready, first_get })
 }
 
 fn spike(args: &SpikeArgs, mode: Mode, node: &Arc<Computenode>, endpoint: &str) -> anyhow::Result<SpikeRun> {
     let ops = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
-    let go = Arc::new(std::sync::Barrier::new(args.workers_after - args.workers_before + 1));
-    let spawn = |i: usize, gate: Option<Arc<std::sync::Barrier>>| {
-        let (ops, stop, node, endpoint, keys) =
-            (Arc::clone(&ops), Arc::clone(&stop), Arc::clone(node), endpoint.to_string(), args.keys);
+    // The trigger: a flag, and each new thread unparked directly. (A Barrier wakes its
+    // waiters through one mutex, one after another: a convoy that delayed the last of 23
+    // workers by hundreds of microseconds in both modes.)
+    let go = Arc::new(AtomicBool::new(false));
+    let spawn = |i: usize, gated: bool| {
+        let (ops, stop, go, node, endpoint, keys) =
+            (Arc::clone(&ops), Arc::clone(&stop), Arc::clone(&go), Arc::clone(node), endpoint.to_string(), args.keys);
         std::thread::spawn(move || {
-            if let Some(gate) = gate {
-                gate.wait();
+            while gated && !go.load(Ordering::Acquire) {
+                std::thread::park();
             }
             worker(mode, &node, &endpoint, keys, &ops, &stop, i as u64)
         })
     };
-    let mut handles: Vec<_> = (0..args.workers_before).map(|i| spawn(i, None)).collect();
-    // The new workers' threads exist and wait at the gate before the trigger.
-    handles.extend((args.workers_before..args.workers_after).map(|i| spawn(i, Some(Arc::clone(&go)))));
+    let mut handles: Vec<_> = (0..args.workers_before).map(|i| spawn(i, false)).collect();
+    // The new workers' threads exist and are parked before the trigger.
+    handles.extend((args.workers_before..args.workers_after).map(|i| spawn(i, true)));
     std::thread::sleep(Duration::from_millis(50));
     let mut samples: Vec<(Instant, u64)> = Vec::new();
     let interval = Duration::from_micros(args.sample_us);
@@ -267,20 +309,26 @@ fn spike(args: &SpikeArgs, mode: Mode, node: &Arc<Computenode>, endpoint: &str) 
         std::thread::sleep(interval);
     }
     let trigger = Instant::now();
-    go.wait();
+    go.store(true, Ordering::Release);
+    for h in &handles[args.workers_before..] {
+        h.thread().unpark();
+    }
     while trigger.elapsed() < Duration::from_millis(args.after_ms) {
         samples.push((Instant::now(), ops.load(Ordering::Relaxed)));
         std::thread::sleep(interval);
     }
     stop.store(true, Ordering::Relaxed);
-    let mut first_ops = Vec::new();
+    let since = |t: Instant| t.saturating_duration_since(trigger).as_secs_f64() * 1e3;
+    let (mut woke, mut ready, mut first_ops) = (Vec::new(), Vec::new(), Vec::new());
     for (i, h) in handles.into_iter().enumerate() {
-        let first = h.join().expect("worker thread")?;
+        let start = h.join().expect("worker thread")?;
         if i >= args.workers_before {
-            first_ops.push(first.saturating_duration_since(trigger).as_secs_f64() * 1e3);
+            woke.push(since(start.woke));
+            ready.push(since(start.ready));
+            first_ops.push(since(start.first_get));
         }
     }
-    first_ops.sort_by(|a, b| a.total_cmp(b));
+    let (woke, ready, first_ops) = (sorted(woke), sorted(ready), sorted(first_ops));
     // Throughput per sample interval, stamped at the interval's end.
     let rates: Vec<(f64, f64)> = samples
         .windows(2)
@@ -299,6 +347,13 @@ fn spike(args: &SpikeArgs, mode: Mode, node: &Arc<Computenode>, endpoint: &str) 
     let mut tail: Vec<f64> = after[after.len() / 2..].iter().map(|p| p.1).collect();
     tail.sort_by(|a, b| a.total_cmp(b));
     let plateau = tail[tail.len() / 2];
+    anyhow::ensure!(
+        plateau > 0.0,
+        "{} run: most {} us samples after the trigger saw no completed GET (the plateau's median is 0 ops/s); \
+         raise --sample-us for a rate this low",
+        mode.name(),
+        args.sample_us
+    );
     // The first moment from which the next 2 ms average at least 90% of the plateau.
     let hold = (2 * per_ms).min(after.len());
     let bootstrap_ms = (0..after.len().saturating_sub(hold))
@@ -317,12 +372,29 @@ fn spike(args: &SpikeArgs, mode: Mode, node: &Arc<Computenode>, endpoint: &str) 
         })
         .collect();
     Ok(SpikeRun {
-        mode: if mode == Mode::Virtualized { "virtualized" } else { "fresh" },
+        mode: mode.name(),
         bootstrap_ms,
         plateau_ops_per_sec: plateau,
         before_ops_per_sec: before.iter().sum::<f64>() / before.len().max(1) as f64,
-        first_op_p50_ms: first_ops.get(first_ops.len() / 2).copied().unwrap_or(f64::NAN),
-        first_op_max_ms: first_ops.last().copied().unwrap_or(f64::NAN),
+        woke_p50_ms: p50(&woke),
+        woke_max_ms: max(&woke),
+        ready_p50_ms: p50(&ready),
+        ready_max_ms: max(&ready),
+        first_op_p50_ms: p50(&first_ops),
+        first_op_max_ms: max(&first_ops),
         series: smoothed,
     })
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v
+}
+
+fn p50(sorted: &[f64]) -> f64 {
+    sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn max(sorted: &[f64]) -> f64 {
+    sorted.last().copied().unwrap_or(f64::NAN)
 }

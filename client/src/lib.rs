@@ -404,6 +404,24 @@ impl Client {
     pub fn is_empty(&self) -> Result<bool, ClientError> {
         self.len().map(|n| n == 0)
     }
+
+    /// Gets ready to write without waiting: an embedded client fetches a heap chunk from
+    /// every memnode now, so its first write makes no allocation RPC (call it at start-up,
+    /// off the latency-sensitive path). Attached and remote clients have nothing to do: the
+    /// daemon's sessions hold their chunks already.
+    ///
+    /// ```no_run
+    /// let client = racekv_client::Client::builder().memnode("tcp:10.0.0.5:7400").connect()?;
+    /// client.prepare()?;
+    /// client.put(b"user:1", b"ada")?; // no allocation round trip here
+    /// # Ok::<(), racekv_client::ClientError>(())
+    /// ```
+    pub fn prepare(&self) -> Result<(), ClientError> {
+        match &self.backend {
+            Backend::Embedded(c) => c.with(|s| s.prepare()),
+            Backend::Attached(_) | Backend::Remote(_) => Ok(()),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -173,6 +173,16 @@ impl<S: Shards> Session<S> {
         Ok(())
     }
 
+    /// Gets ready to write without waiting: a heap chunk from every memnode now (one RPC
+    /// each, none for a memnode whose chunk is already in hand), so no first write pays
+    /// for an allocation RPC.
+    pub fn prepare(&mut self) -> Result<(), ClientError> {
+        for s in 0..self.shards.count() {
+            self.on(s, |c| c.prepare())?;
+        }
+        Ok(())
+    }
+
     /// Sends pending item-count changes.
     pub fn flush(&mut self) -> Result<(), ClientError> {
         for s in 0..self.shards.count() {

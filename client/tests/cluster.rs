@@ -116,3 +116,20 @@ fn a_dropped_client_publishes_its_item_count() {
     drop(other);
     assert_eq!(memnodes[0].stats().items, 11, "a dropped client left its item count unpublished");
 }
+
+#[test]
+fn prepare_fetches_a_chunk_from_every_memnode_ahead_of_the_first_write() {
+    let (memnodes, client) = cluster(3, TransportKind::Tcp);
+    let chunks = || memnodes.iter().map(|m| m.stats().heap.chunks).collect::<Vec<_>>();
+    let before = chunks();
+    client.prepare().unwrap();
+    let prepared = chunks();
+    for (b, p) in before.iter().zip(&prepared) {
+        assert_eq!(*p, b + 1, "prepare should fetch one chunk per memnode: {before:?} -> {prepared:?}");
+    }
+    client.prepare().unwrap();
+    for i in 0..300u32 {
+        client.put(format!("key-{i}").as_bytes(), b"v").unwrap();
+    }
+    assert_eq!(chunks(), prepared, "a prepared client fetched chunks again for its first writes");
+}
