@@ -43,6 +43,10 @@ pub struct RedisArgs {
     /// Event loops for `--io event-loop` (0: the computenode's default).
     #[arg(long, default_value_t = 0)]
     pub event_loops: usize,
+    /// How long a busy event loop polls before it sleeps (the computenode's
+    /// `redis_poll_spin_us`; unset: its default).
+    #[arg(long)]
+    pub poll_spin_us: Option<u64>,
     /// Put racekv's region on 2 MiB huge pages (needs vm.nr_hugepages reserved: the region
     /// is keys * 256 bytes + 256 MiB). Random GETs over a large region miss the TLB on 4 KiB
     /// pages; redis-server's smaller heap misses less.
@@ -71,6 +75,8 @@ pub struct RedisReport {
     pub redis_server_version: String,
     /// How racekv's front end served its connections.
     pub racekv_io: String,
+    /// The event loops' spin before sleeping (`redis_poll_spin_us`).
+    pub racekv_poll_spin_us: u64,
     /// Whether racekv's region was on huge pages.
     pub huge_pages: bool,
     pub results: Vec<PipelineResult>,
@@ -165,12 +171,15 @@ pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
         redis_addr: Some("127.0.0.1:0".into()),
         redis_io: args.io,
         redis_event_loops: args.event_loops,
+        redis_poll_spin_us: args.poll_spin_us.unwrap_or(ComputenodeConfig::default().redis_poll_spin_us),
         remote_addr: None,
         attach_socket: None,
         metrics_addr: None,
         ..ComputenodeConfig::default()
     };
+    config.validate()?;
     let racekv_io = format!("{:?}", config.redis_io_model());
+    let racekv_poll_spin_us = config.redis_poll_spin_us;
     let node = Computenode::start(config)?;
     let racekv_port = node.redis_addr().context("redis front end")?.port();
 
@@ -219,6 +228,7 @@ pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
         redis_benchmark_flags: format!("-t get {flags_text} (with -P from the list)"),
         redis_server_version: version,
         racekv_io,
+        racekv_poll_spin_us,
         huge_pages: args.huge_pages,
         results,
         environment: Environment::capture(),

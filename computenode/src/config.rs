@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cluster::ClusterOptions;
 use crate::pool::UpgradePolicy;
+use crate::redis::server::{DEFAULT_POLL_SPIN, MAX_POLL_SPIN};
 use crate::redis::IoModel;
 use crate::workers::ScaleOptions;
 
@@ -66,6 +67,10 @@ pub struct ComputenodeConfig {
     pub redis_io: RedisIo,
     /// Event loops for `redis_io = event_loop` (0: one per two cores, 1 to 8).
     pub redis_event_loops: usize,
+    /// How long an event loop that just served something keeps polling before it sleeps
+    /// (at most 1000; 0 sleeps at once): a request arriving meanwhile costs its client no
+    /// wake-up of a sleeping thread, for at most this much CPU per busy spell.
+    pub redis_poll_spin_us: u64,
     /// host:port for remote clients (the request/reply model over RPC); unset turns it off.
     /// They authenticate with `token`.
     pub remote_addr: Option<String>,
@@ -98,6 +103,7 @@ impl Default for ComputenodeConfig {
             redis_max_clients: 1024,
             redis_io: RedisIo::Auto,
             redis_event_loops: 0,
+            redis_poll_spin_us: DEFAULT_POLL_SPIN.as_micros() as u64,
             remote_addr: Some("127.0.0.1:7410".into()),
             attach_socket: Some(racekv_client::default_attach_socket()),
             metrics_addr: Some("127.0.0.1:9401".parse().expect("static address")),
@@ -122,6 +128,11 @@ impl ComputenodeConfig {
         anyhow::ensure!(
             self.redis_event_loops <= MAX_REDIS_EVENT_LOOPS,
             "redis_event_loops must be at most {MAX_REDIS_EVENT_LOOPS}"
+        );
+        anyhow::ensure!(
+            Duration::from_micros(self.redis_poll_spin_us) <= MAX_POLL_SPIN,
+            "redis_poll_spin_us must be at most {}",
+            MAX_POLL_SPIN.as_micros()
         );
         Ok(())
     }
@@ -201,6 +212,11 @@ mod tests {
         cfg.redis_io = RedisIo::Threads;
         assert_eq!(cfg.redis_io_model(), IoModel::ThreadPerConnection);
         cfg.redis_event_loops = MAX_REDIS_EVENT_LOOPS + 1;
+        assert!(cfg.validate().is_err());
+        cfg.redis_event_loops = 0;
+        cfg.redis_poll_spin_us = 1_000;
+        cfg.validate().unwrap();
+        cfg.redis_poll_spin_us = 1_001;
         assert!(cfg.validate().is_err());
     }
 

@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use racekv_client::op::Request;
@@ -137,6 +138,7 @@ impl Computenode {
             let options = ServerOptions {
                 max_clients: config.redis_max_clients,
                 io: config.redis_io_model(),
+                poll_spin: Duration::from_micros(config.redis_poll_spin_us),
                 ..ServerOptions::default()
             };
             let server = RedisServer::start(addr.as_str(), store, options)

