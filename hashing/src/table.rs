@@ -289,6 +289,7 @@ impl Table {
             cands: Vec::with_capacity(28),
             copies: Vec::with_capacity(4),
             others: Vec::with_capacity(28),
+            round: RoundScratch::default(),
             tag: 0,
             count_delta: 0,
             stats: ClientStats::default(),
@@ -375,6 +376,26 @@ enum Verified {
 }
 
 /// One worker's handle on a table: not shared between threads, reuses its buffers.
+/// [`TableClient::get_round`]'s working space (cleared, not freed, between rounds).
+#[derive(Default)]
+struct RoundScratch {
+    probes: Vec<(KeyHash, Option<ProbeReads>)>,
+    wanted: Vec<(usize, u64)>,
+    reads: Vec<ReadId>,
+    foreign: Vec<bool>,
+    done: Vec<bool>,
+}
+
+impl RoundScratch {
+    fn clear(&mut self) {
+        self.probes.clear();
+        self.wanted.clear();
+        self.reads.clear();
+        self.foreign.clear();
+        self.done.clear();
+    }
+}
+
 pub struct TableClient {
     // Field order is drop order: the allocator hands its leftovers to the shared pool before
     // the last `Arc<Shared>` (whose drop gives the pool's ranges back) can go.
@@ -388,6 +409,8 @@ pub struct TableClient {
     cands: Vec<(u64, u64)>,
     copies: Vec<KeyCopy>,
     others: Vec<(u64, u64)>,
+    /// Working space of [`TableClient::get_round`], kept so rounds allocate nothing.
+    round: RoundScratch,
     tag: u8,
     /// Item-count changes not yet added to the superblock (sent with the next batch).
     count_delta: i64,
@@ -472,8 +495,21 @@ impl TableClient {
         values: &mut [Option<Vec<u8>>],
         slow: &mut Vec<usize>,
     ) -> Result<(), Error> {
+        let mut scratch = std::mem::take(&mut self.round);
+        scratch.clear();
+        let result = self.get_round_with(&mut scratch, keys, values, slow);
+        self.round = scratch;
+        result
+    }
+
+    fn get_round_with(
+        &mut self,
+        r: &mut RoundScratch,
+        keys: &[&[u8]],
+        values: &mut [Option<Vec<u8>>],
+        slow: &mut Vec<usize>,
+    ) -> Result<(), Error> {
         let groups = self.shared.layout.groups_per_subtable;
-        let mut probes = Vec::with_capacity(keys.len());
         self.batch.clear();
         for key in keys {
             Self::check_key(key, 0)?;
@@ -482,14 +518,13 @@ impl TableClient {
             let cbs = hash.combined_buckets(cached.entry.subtable, groups);
             let usable = !cached.entry.locked && cached.entry.is_valid(&self.shared.layout);
             let reads = usable.then(|| ProbeReads::queue(&mut self.batch, cbs));
-            probes.push((hash, reads));
+            r.probes.push((hash, reads));
         }
         if !self.batch.is_empty() {
             self.execute()?;
         }
         // (key index, slot word) of every candidate block, in read order.
-        let mut wanted: Vec<(usize, u64)> = Vec::new();
-        for (i, (hash, reads)) in probes.iter().enumerate() {
+        for (i, (hash, reads)) in r.probes.iter().enumerate() {
             let Some(reads) = reads else {
                 slow.push(i);
                 continue;
@@ -500,43 +535,40 @@ impl TableClient {
                 continue;
             }
             probe.candidates(hash.fingerprint, &mut self.cands);
-            wanted.extend(self.cands.iter().map(|&(_, word)| (i, word)));
+            r.wanted.extend(self.cands.iter().map(|&(_, word)| (i, word)));
         }
-        if wanted.is_empty() {
+        if r.wanted.is_empty() {
             return Ok(());
         }
         self.batch.clear();
-        let reads: Vec<_> = wanted
-            .iter()
-            .map(|&(_, word)| {
-                let slot = Slot::decode(word).expect("candidates are used slots");
-                self.batch.read(slot.block, slot.block_bytes() as u32)
-            })
-            .collect();
+        for &(_, word) in &r.wanted {
+            let slot = Slot::decode(word).expect("candidates are used slots");
+            r.reads.push(self.batch.read(slot.block, slot.block_bytes() as u32));
+        }
         self.execute()?;
         // A key is settled here when exactly one copy was found and no candidate held anything
         // else. Anything more (another key's block, which needs the absence check; a torn
         // block; duplicate copies) goes the single-key way.
-        let mut foreign = vec![false; keys.len()];
-        let mut done = vec![false; keys.len()];
-        for (n, &(i, _)) in wanted.iter().enumerate() {
-            match decode_block(self.batch.read_result(reads[n])?) {
-                None => foreign[i] = true,
+        r.foreign.resize(keys.len(), false);
+        r.done.resize(keys.len(), false);
+        for (n, &(i, _)) in r.wanted.iter().enumerate() {
+            match decode_block(self.batch.read_result(r.reads[n])?) {
+                None => r.foreign[i] = true,
                 Some((k, v)) if k == keys[i] => {
-                    if !done[i] {
+                    if !r.done[i] {
                         values[i] = Some(v.to_vec());
-                        done[i] = true;
+                        r.done[i] = true;
                     } else {
                         // Duplicate copies: let the single-key path pick the canonical one.
-                        foreign[i] = true;
+                        r.foreign[i] = true;
                     }
                 }
-                Some(_) => foreign[i] = true,
+                Some(_) => r.foreign[i] = true,
             }
         }
-        for i in 0..keys.len() {
-            if foreign[i] && !slow.contains(&i) {
-                values[i] = None;
+        for (i, value) in values.iter_mut().enumerate() {
+            if r.foreign[i] && !slow.contains(&i) {
+                *value = None;
                 slow.push(i);
             }
         }

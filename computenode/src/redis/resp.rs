@@ -228,6 +228,11 @@ enum State {
 /// Buffers beyond this capacity are given back once empty, so one large command does not pin
 /// memory for the rest of a connection's life.
 const RETAINED_BUFFER_BYTES: usize = 64 << 10;
+/// Executed commands kept for reuse ([`Parser::recycle`]), so a steady stream of small
+/// commands allocates nothing; only small ones are kept (at most about 13 KiB per parser).
+const SPARE_COMMANDS: usize = 32;
+const SPARE_COMMAND_DATA_BYTES: usize = 256;
+const SPARE_COMMAND_ARGS: usize = 8;
 
 /// Incremental RESP2 request parser for one connection.
 ///
@@ -241,6 +246,8 @@ pub struct Parser {
     state: State,
     /// The array command being assembled.
     partial: Command,
+    /// Cleared commands for the next ones to reuse.
+    spare: Vec<Command>,
     /// How many bytes after `pos` are known to hold no `\n` (an inline line still arriving),
     /// so a line trickling in byte by byte is scanned once, not once per byte.
     inline_scanned: usize,
@@ -256,6 +263,7 @@ impl Parser {
             pos: 0,
             state: State::Idle,
             partial: Command::new(),
+            spare: Vec::new(),
             inline_scanned: 0,
             failed: None,
         }
@@ -304,6 +312,7 @@ impl Parser {
         if let Err(e) = &result {
             self.failed = Some(e.clone());
             self.partial = Command::new();
+            self.spare = Vec::new();
             self.buf = Vec::new();
             self.pos = 0;
         }
@@ -382,11 +391,24 @@ impl Parser {
                     self.pos += len + 2;
                     if remaining == 1 {
                         self.state = State::Idle;
-                        return Ok(Some(std::mem::take(&mut self.partial)));
+                        let next = self.spare.pop().unwrap_or_default();
+                        return Ok(Some(std::mem::replace(&mut self.partial, next)));
                     }
                     self.state = State::Header { remaining: remaining - 1 };
                 }
             }
+        }
+    }
+
+    /// Takes back an executed command, to reuse its buffers for a later one (small ones, up
+    /// to [`SPARE_COMMANDS`]; others are dropped).
+    pub fn recycle(&mut self, mut cmd: Command) {
+        if self.spare.len() < SPARE_COMMANDS
+            && cmd.data.capacity() <= SPARE_COMMAND_DATA_BYTES
+            && cmd.ends.capacity() <= SPARE_COMMAND_ARGS
+        {
+            cmd.clear();
+            self.spare.push(cmd);
         }
     }
 
@@ -483,6 +505,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// Every command parsed, each handed back to the parser for reuse as a server does.
     fn parse_all(limits: Limits, chunks: &[&[u8]]) -> (Vec<Command>, Option<ProtocolError>) {
         let mut parser = Parser::new(limits);
         let mut out = Vec::new();
@@ -490,7 +513,10 @@ mod tests {
             parser.feed(chunk);
             loop {
                 match parser.next_command() {
-                    Ok(Some(cmd)) => out.push(cmd),
+                    Ok(Some(cmd)) => {
+                        out.push(cmd.clone());
+                        parser.recycle(cmd);
+                    }
                     Ok(None) => break,
                     Err(e) => return (out, Some(e)),
                 }

@@ -30,7 +30,7 @@ use super::commands::Client;
 use super::info::ServerStats;
 use super::metrics::METRICS;
 use super::reply::Reply;
-use super::resp::{Command, Limits, Parser};
+use super::resp::{Limits, Parser};
 use super::store::KvStore;
 
 /// Bytes read from a socket at a time; also the most the parser buffers beyond one command.
@@ -389,14 +389,14 @@ pub(super) enum Step {
 
 /// Executes the complete commands `parser` holds, appending their replies to `out`.
 pub(super) fn run_commands(shared: &Shared, client: &mut Client, parser: &mut Parser, out: &mut Vec<u8>) -> Step {
-    // Consecutive GETs wait here and run together, before anything that follows them.
-    let mut gets: Vec<Command> = Vec::new();
+    // Consecutive GETs wait in the client's run and execute together, before anything that
+    // follows them. Executed commands go back to the parser for reuse.
     let step = loop {
         let cmd = match parser.next_command() {
             Ok(Some(cmd)) => cmd,
             Ok(None) => break Step::NeedInput,
             Err(e) => {
-                run_gets(client, &mut gets, out);
+                run_gets(client, parser, out);
                 METRICS.protocol_errors.with_label_values(&[e.reason()]).inc();
                 shared.stats.protocol_error();
                 tracing::debug!("redis client {}: protocol error: {e}", client.id());
@@ -405,14 +405,14 @@ pub(super) fn run_commands(shared: &Shared, client: &mut Client, parser: &mut Pa
             }
         };
         if Client::is_get(&cmd) {
-            gets.push(cmd);
-            if gets.len() < MAX_GET_RUN {
+            if client.queue_get(cmd) < MAX_GET_RUN {
                 continue;
             }
-            run_gets(client, &mut gets, out);
+            run_gets(client, parser, out);
         } else {
-            run_gets(client, &mut gets, out);
+            run_gets(client, parser, out);
             client.execute(&cmd).encode(out);
+            parser.recycle(cmd);
             if client.wants_close() {
                 return Step::End("client_quit");
             }
@@ -421,15 +421,12 @@ pub(super) fn run_commands(shared: &Shared, client: &mut Client, parser: &mut Pa
             break Step::Flush;
         }
     };
-    run_gets(client, &mut gets, out);
+    run_gets(client, parser, out);
     step
 }
 
-fn run_gets(client: &mut Client, gets: &mut Vec<Command>, out: &mut Vec<u8>) {
-    if !gets.is_empty() {
-        client.execute_gets(gets, out);
-        gets.clear();
-    }
+fn run_gets(client: &mut Client, parser: &mut Parser, out: &mut Vec<u8>) {
+    client.run_queued_gets(out, |cmd| parser.recycle(cmd));
 }
 
 /// Most pipelined GETs looked up together (see [`Client::execute_gets`]).

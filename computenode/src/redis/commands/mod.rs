@@ -125,12 +125,14 @@ pub struct Client {
     lib_name: Option<Vec<u8>>,
     lib_ver: Option<Vec<u8>>,
     closing: bool,
+    /// Pipelined GETs waiting to run together ([`Client::queue_get`]).
+    queued_gets: Vec<Command>,
 }
 
 impl Client {
     /// A client numbered `id` (unique per server, as `CLIENT ID` reports) over `store`.
     pub fn new(id: u64, store: Box<dyn KvSession>, stats: Arc<ServerStats>) -> Self {
-        Self { id, store, stats, name: None, lib_name: None, lib_ver: None, closing: false }
+        Self { id, store, stats, name: None, lib_name: None, lib_ver: None, closing: false, queued_gets: Vec::new() }
     }
 
     /// The number `CLIENT ID` reports.
@@ -169,6 +171,26 @@ impl Client {
     /// (on shm their memory misses overlap instead of queueing one behind another).
     /// Records metrics and stats as `execute` does. When the lookup fails, the run's first
     /// GET gets the error (as it would have met it first) and the rest are tried again.
+    /// Adds a GET ([`Client::is_get`]) to the run waiting to execute; returns the run's
+    /// length. [`Client::run_queued_gets`] executes it.
+    pub fn queue_get(&mut self, cmd: Command) -> usize {
+        debug_assert!(Self::is_get(&cmd));
+        self.queued_gets.push(cmd);
+        self.queued_gets.len()
+    }
+
+    /// Executes the queued GETs together ([`Client::execute_gets`]), then hands their
+    /// commands to `recycle` (the parser reuses their buffers).
+    pub fn run_queued_gets(&mut self, out: &mut Vec<u8>, mut recycle: impl FnMut(Command)) {
+        if self.queued_gets.is_empty() {
+            return;
+        }
+        let mut run = std::mem::take(&mut self.queued_gets);
+        self.execute_gets(&run, out);
+        run.drain(..).for_each(&mut recycle);
+        self.queued_gets = run;
+    }
+
     pub fn execute_gets(&mut self, mut cmds: &[Command], out: &mut Vec<u8>) {
         while !cmds.is_empty() {
             let started = Instant::now();
