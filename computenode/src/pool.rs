@@ -8,6 +8,7 @@
 //! Hybrid upgrade (KRCORE): a virtual connection whose operation rate stays above a
 //! threshold asks for a dedicated connection; a background thread builds it and switches the
 //! handle over. Operations in flight finish on the connection they started on; none fails.
+//! Not on shm, where there is nothing to spare (see [`VirtualConnection::new`]).
 //!
 //! Failure: a physical connection that fails is replaced in the background while the pool
 //! keeps serving from the others; the operation that saw the failure reports it (it may have
@@ -237,8 +238,16 @@ pub struct VirtualConnection {
 }
 
 impl VirtualConnection {
-    /// A new handle: no system call, no network round trip.
+    /// A new handle: no system call, no network round trip. On shm it is never upgraded: a
+    /// shm connection is a mapping of the region that threads use without a lock, so a
+    /// dedicated one would spare nothing, and would cost two threads and a new mapping whose
+    /// pages fault in all over again.
     pub fn new(pool: &Arc<Pool>, policy: UpgradePolicy, upgrader: &Upgrader) -> Arc<Self> {
+        let policy = if pool.endpoint.kind() == TransportKind::Shm {
+            UpgradePolicy { ops_per_sec: 0, ..policy }
+        } else {
+            policy
+        };
         METRICS.virtual_live.inc();
         Arc::new_cyclic(|me| Self {
             home: pool.assign(),

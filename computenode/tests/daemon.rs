@@ -1,5 +1,5 @@
-//! The computenode in-process against a real memnode on tcp: autoscaling, overload,
-//! hybrid upgrade, attach.
+//! The computenode in-process against a real memnode on tcp (one test on shm): autoscaling,
+//! overload, hybrid upgrade, attach.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -147,6 +147,23 @@ fn a_hot_worker_is_upgraded_to_a_dedicated_connection_without_failing_an_operati
     drop(s);
     let s = node.attach();
     assert_eq!(s.shards().dedicated(), 0);
+}
+
+#[test]
+fn a_hot_worker_on_shm_stays_on_the_pool() {
+    // A dedicated shm connection would spare nothing (no lock or socket is shared) and cost
+    // two threads and a fresh mapping of the region.
+    let m = TestMemnode::start(Via::Transport(TransportKind::Shm), 64 << 20, 64);
+    let node = Computenode::start(ComputenodeConfig { upgrade_ops_per_sec: 100, ..config(&m) }).unwrap();
+    let mut s = node.attach();
+    s.put(b"hot", b"1").unwrap();
+    for _ in 0..20_000 {
+        assert_eq!(s.get(b"hot").unwrap().as_deref(), Some(&b"1"[..]));
+    }
+    // Time for the background upgrader, had anything asked it.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(s.get(b"hot").unwrap().as_deref(), Some(&b"1"[..]));
+    assert_eq!(s.shards().dedicated(), 0, "a shm virtual connection was upgraded");
 }
 
 #[test]
