@@ -165,18 +165,20 @@ pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
     // racekv: a memnode and a computenode in this process, on shm.
     let region = (args.keys * 256 + (256 << 20)).div_ceil(2 << 20) << 21;
     let memnode = BenchMemnode::start(TransportKind::Shm, region, 256, None, "bench-redis", args.huge_pages)?;
-    let config = ComputenodeConfig {
+    let mut config = ComputenodeConfig {
         memnodes: vec![memnode.endpoint().to_string()],
         token: "bench-redis".into(),
         redis_addr: Some("127.0.0.1:0".into()),
         redis_io: args.io,
         redis_event_loops: args.event_loops,
-        redis_poll_spin_us: args.poll_spin_us.unwrap_or(ComputenodeConfig::default().redis_poll_spin_us),
         remote_addr: None,
         attach_socket: None,
         metrics_addr: None,
         ..ComputenodeConfig::default()
     };
+    if let Some(us) = args.poll_spin_us {
+        config.redis_poll_spin_us = us;
+    }
     config.validate()?;
     let racekv_io = format!("{:?}", config.redis_io_model());
     let racekv_poll_spin_us = config.redis_poll_spin_us;

@@ -375,7 +375,6 @@ enum Verified {
     Torn,
 }
 
-/// One worker's handle on a table: not shared between threads, reuses its buffers.
 /// [`TableClient::get_round`]'s working space (cleared, not freed, between rounds).
 #[derive(Default)]
 struct RoundScratch {
@@ -396,6 +395,7 @@ impl RoundScratch {
     }
 }
 
+/// One worker's handle on a table: not shared between threads, reuses its buffers.
 pub struct TableClient {
     // Field order is drop order: the allocator hands its leftovers to the shared pool before
     // the last `Arc<Shared>` (whose drop gives the pool's ranges back) can go.

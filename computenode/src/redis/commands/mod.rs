@@ -166,11 +166,6 @@ impl Client {
         get.arity_ok(cmd.len()) && cmd.get(0).is_some_and(|name| name.eq_ignore_ascii_case(get.name.as_bytes()))
     }
 
-    /// Executes a run of pipelined `GET`s (each [`Client::is_get`]) with the replies
-    /// consecutive `execute`s would give, appending them in order, but looked up together
-    /// (on shm their memory misses overlap instead of queueing one behind another).
-    /// Records metrics and stats as `execute` does. When the lookup fails, the run's first
-    /// GET gets the error (as it would have met it first) and the rest are tried again.
     /// Adds a GET ([`Client::is_get`]) to the run waiting to execute; returns the run's
     /// length. [`Client::run_queued_gets`] executes it.
     pub fn queue_get(&mut self, cmd: Command) -> usize {
@@ -191,6 +186,11 @@ impl Client {
         self.queued_gets = run;
     }
 
+    /// Executes a run of pipelined `GET`s (each [`Client::is_get`]) with the replies
+    /// consecutive `execute`s would give, appending them in order, but looked up together
+    /// (on shm their memory misses overlap instead of queueing one behind another).
+    /// Records metrics and stats as `execute` does. When the lookup fails, the run's first
+    /// GET gets the error (as it would have met it first) and the rest are tried again.
     pub fn execute_gets(&mut self, mut cmds: &[Command], out: &mut Vec<u8>) {
         while !cmds.is_empty() {
             let started = Instant::now();
