@@ -80,6 +80,10 @@ pub struct SpikeRun {
     /// From the trigger to each new worker's first completed GET: median and slowest.
     pub first_op_p50_ms: f64,
     pub first_op_max_ms: f64,
+    /// Virtualized runs: GETs that found their pool connection busy with another worker's,
+    /// and handles that moved to a free connection (see the computenode's pool).
+    pub pool_contended_ops: u64,
+    pub pool_moves: u64,
     /// (ms since trigger, ops/s), one per sample.
     #[serde(skip)]
     pub series: Vec<(f64, f64)>,
@@ -281,6 +285,8 @@ fn worker(
 }
 
 fn spike(args: &SpikeArgs, mode: Mode, node: &Arc<Computenode>, endpoint: &str) -> anyhow::Result<SpikeRun> {
+    let pool = &node.cluster().memnodes()[0].pool;
+    let (contended_before, moves_before) = pool.contention();
     let ops = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     // The trigger: a flag, and each new thread unparked directly. (A Barrier wakes its
@@ -329,6 +335,7 @@ fn spike(args: &SpikeArgs, mode: Mode, node: &Arc<Computenode>, endpoint: &str) 
         }
     }
     let (woke, ready, first_ops) = (sorted(woke), sorted(ready), sorted(first_ops));
+    let (contended_after, moves_after) = pool.contention();
     // Throughput per sample interval, stamped at the interval's end.
     let rates: Vec<(f64, f64)> = samples
         .windows(2)
@@ -382,6 +389,8 @@ fn spike(args: &SpikeArgs, mode: Mode, node: &Arc<Computenode>, endpoint: &str) 
         ready_max_ms: max(&ready),
         first_op_p50_ms: p50(&first_ops),
         first_op_max_ms: max(&first_ops),
+        pool_contended_ops: contended_after - contended_before,
+        pool_moves: moves_after - moves_before,
         series: smoothed,
     })
 }

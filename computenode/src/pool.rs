@@ -10,6 +10,14 @@
 //! handle over. Operations in flight finish on the connection they started on; none fails.
 //! Not on shm, where there is nothing to spare (see [`VirtualConnection::new`]).
 //!
+//! Spreading: a handle keeps to one pool connection (its home) while nobody else has an
+//! operation in flight there; when someone does, it tries one other connection and moves
+//! there if that one is free. Busy workers thus end up on connections of their own, however
+//! their sessions were handed out, and idle handles (an idle Redis client, a parked worker)
+//! weigh nothing. Over tcp this matters: a connection is one server thread, and two busy
+//! workers sharing one did 20 K GETs/s against 58 K on two (2 cores). Not on shm, where a
+//! connection is a mapping any number of threads use at once.
+//!
 //! Failure: a physical connection that fails is replaced in the background while the pool
 //! keeps serving from the others; the operation that saw the failure reports it (it may have
 //! executed, so it is not retried blindly).
@@ -19,6 +27,7 @@ use std::sync::{Arc, LazyLock, Weak};
 use std::time::Instant;
 
 use crossbeam_channel::Sender;
+use crossbeam_utils::CachePadded;
 use parking_lot::{Mutex, RwLock};
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts};
 use racekv_transport::{Batch, ConnectOptions, Connection, Endpoint, TransportError, TransportKind};
@@ -28,6 +37,8 @@ struct Metrics {
     virtual_live: IntGauge,
     dedicated: IntGauge,
     upgrades: IntCounter,
+    contended: IntCounter,
+    moves: IntCounter,
     replacements: IntCounterVec,
 }
 
@@ -51,6 +62,20 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             IntCounter::new("racekv_computenode_upgrades_total", "Virtual connections upgraded to dedicated ones")
                 .unwrap(),
         ),
+        contended: register(
+            IntCounter::new(
+                "racekv_computenode_pool_contended_operations_total",
+                "Operations whose pool connection had another worker's operation in flight (many: the pool is too small)",
+            )
+            .unwrap(),
+        ),
+        moves: register(
+            IntCounter::new(
+                "racekv_computenode_virtual_connection_moves_total",
+                "Virtual connections moved to a pool connection nobody else was using at the time",
+            )
+            .unwrap(),
+        ),
         replacements: register(
             IntCounterVec::new(
                 Opts::new("racekv_computenode_connection_replacements_total", "Failed pool connections replaced"),
@@ -68,6 +93,14 @@ pub struct Pool {
     slots: Vec<RwLock<Arc<dyn Connection>>>,
     /// Slots being replaced (so one failure starts one replacement).
     replacing: Vec<AtomicBool>,
+    /// Operations in flight on each slot through virtual connections (padded: each busy
+    /// worker's slot stays in its own core's cache).
+    in_flight: Vec<CachePadded<AtomicUsize>>,
+    /// Whether handles spread over the slots by load (not on shm; see the module doc).
+    spread: bool,
+    /// Operations that found their handle's home busy, and moves to a free slot.
+    contended: AtomicU64,
+    moves: AtomicU64,
     next: AtomicUsize,
     region_len: u64,
     kind: TransportKind,
@@ -88,6 +121,10 @@ impl Pool {
             endpoint,
             connect,
             replacing: (0..size).map(|_| AtomicBool::new(false)).collect(),
+            in_flight: (0..size).map(|_| CachePadded::new(AtomicUsize::new(0))).collect(),
+            spread: first.kind() != TransportKind::Shm,
+            contended: AtomicU64::new(0),
+            moves: AtomicU64::new(0),
             slots,
             next: AtomicUsize::new(0),
             region_len: first.region_len(),
@@ -111,6 +148,23 @@ impl Pool {
     /// A slot for a new virtual connection (round robin).
     fn assign(&self) -> usize {
         self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len()
+    }
+
+    /// Operations in flight on each connection through virtual connections.
+    pub fn in_flight(&self) -> Vec<usize> {
+        self.in_flight.iter().map(|n| n.load(Ordering::Acquire)).collect()
+    }
+
+    /// Operations that found their virtual connection's home busy with another's operation,
+    /// and how many of those moved to a free connection.
+    pub fn contention(&self) -> (u64, u64) {
+        (self.contended.load(Ordering::Relaxed), self.moves.load(Ordering::Relaxed))
+    }
+
+    /// Counts an operation on `slot` until the guard drops.
+    fn enter(&self, slot: usize) -> InFlight<'_> {
+        self.in_flight[slot].fetch_add(1, Ordering::AcqRel);
+        InFlight { counter: &self.in_flight[slot] }
     }
 
     /// The connection of `slot`, or of the next healthy slot if it is broken.
@@ -184,6 +238,18 @@ impl Drop for Pool {
     }
 }
 
+/// An operation in flight on a pool slot.
+struct InFlight<'a> {
+    counter: &'a AtomicUsize,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let before = self.counter.fetch_sub(1, Ordering::AcqRel);
+        debug_assert!(before > 0, "a pool slot's in-flight count went below zero");
+    }
+}
+
 /// When a virtual connection asks for a dedicated one.
 #[derive(Debug, Clone, Copy)]
 pub struct UpgradePolicy {
@@ -227,7 +293,10 @@ impl Upgrader {
 /// dedicated connection).
 pub struct VirtualConnection {
     pool: Arc<Pool>,
-    home: usize,
+    /// The pool slot this handle uses while nobody else is busy there (see the module doc).
+    home: AtomicUsize,
+    /// Which other slot to try next when home is busy (cycles through all of them).
+    probes: AtomicUsize,
     dedicated: RwLock<Option<Arc<dyn Connection>>>,
     policy: UpgradePolicy,
     upgrader: Upgrader,
@@ -249,8 +318,10 @@ impl VirtualConnection {
             policy
         };
         METRICS.virtual_live.inc();
+        let home = pool.assign();
         Arc::new_cyclic(|me| Self {
-            home: pool.assign(),
+            home: AtomicUsize::new(home),
+            probes: AtomicUsize::new(home),
             pool: Arc::clone(pool),
             dedicated: RwLock::new(None),
             policy,
@@ -277,11 +348,42 @@ impl VirtualConnection {
         self.ops.store(0, Ordering::Relaxed);
     }
 
+    /// The pool slot this handle uses now (it moves; see the module doc).
+    pub fn home(&self) -> usize {
+        self.home.load(Ordering::Relaxed)
+    }
+
+    /// Home, unless someone else has an operation in flight there and one other slot
+    /// (the next in this handle's cycle) has none: then that slot becomes home. Two loads
+    /// at most; an idle pool costs one.
+    fn route(&self) -> usize {
+        let home = self.home.load(Ordering::Relaxed);
+        let n = self.pool.slots.len();
+        let busy = |slot: usize| self.pool.in_flight[slot].load(Ordering::Acquire) > 0;
+        if !self.pool.spread || !busy(home) {
+            return home;
+        }
+        self.pool.contended.fetch_add(1, Ordering::Relaxed);
+        METRICS.contended.inc();
+        if n == 1 {
+            return home;
+        }
+        let step = 1 + self.probes.fetch_add(1, Ordering::Relaxed) % (n - 1);
+        let other = (home + step) % n;
+        if busy(other) {
+            return home;
+        }
+        self.home.store(other, Ordering::Relaxed);
+        self.pool.moves.fetch_add(1, Ordering::Relaxed);
+        METRICS.moves.inc();
+        other
+    }
+
     fn current(&self) -> (Option<usize>, Arc<dyn Connection>) {
         if let Some(conn) = self.dedicated.read().as_ref().filter(|c| c.is_healthy()) {
             return (None, Arc::clone(conn));
         }
-        let (slot, conn) = self.pool.connection(self.home);
+        let (slot, conn) = self.pool.connection(self.route());
         (Some(slot), conn)
     }
 
@@ -326,14 +428,18 @@ impl Drop for VirtualConnection {
 impl Connection for VirtualConnection {
     fn execute(&self, batch: &mut Batch) -> Result<(), TransportError> {
         let (slot, conn) = self.current();
+        let in_flight = slot.filter(|_| self.pool.spread).map(|s| self.pool.enter(s));
         let result = conn.execute(batch);
+        drop(in_flight);
         self.after(slot, matches!(&result, Err(e) if e.is_connection_failure()));
         result
     }
 
     fn call(&self, method: u16, request: &[u8]) -> Result<Vec<u8>, TransportError> {
         let (slot, conn) = self.current();
+        let in_flight = slot.filter(|_| self.pool.spread).map(|s| self.pool.enter(s));
         let result = conn.call(method, request);
+        drop(in_flight);
         self.after(slot, matches!(&result, Err(e) if e.is_connection_failure()));
         result
     }
@@ -352,5 +458,68 @@ impl Connection for VirtualConnection {
 
     fn is_healthy(&self) -> bool {
         self.pool.healthy() > 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Barrier};
+
+    use racekv_hashing::testing::{TestMemnode, Via};
+    use racekv_transport::{Batch, ConnectOptions, Connection, TransportKind};
+
+    use super::{Pool, UpgradePolicy, Upgrader, VirtualConnection};
+
+    const THREADS: usize = 4;
+    const OPS: usize = 1_500;
+
+    /// `THREADS` threads, each on a handle that starts on slot 0 of a pool of `size`, run
+    /// `OPS` reads each at once. Returns the pool's (contended, moves) and the final homes.
+    fn all_start_on_one_connection(m: &TestMemnode, size: usize) -> ((u64, u64), Vec<usize>) {
+        let options = ConnectOptions { token: TestMemnode::TOKEN.into(), ..ConnectOptions::default() };
+        let pool = Pool::connect(m.endpoint().unwrap().clone(), options, size).unwrap();
+        let upgrader = Upgrader::start().unwrap();
+        let no_upgrades = UpgradePolicy { ops_per_sec: 0, window_ops: 1 };
+        // Round robin hands every size-th handle slot 0.
+        let handles: Vec<_> = (0..THREADS * size)
+            .map(|_| VirtualConnection::new(&pool, no_upgrades, &upgrader))
+            .filter(|vc| vc.home() == 0)
+            .collect();
+        assert_eq!(handles.len(), THREADS);
+        let start = Arc::new(Barrier::new(THREADS));
+        let threads: Vec<_> = handles
+            .iter()
+            .map(|vc| {
+                let (vc, start) = (Arc::clone(vc), Arc::clone(&start));
+                std::thread::spawn(move || {
+                    start.wait();
+                    for _ in 0..OPS {
+                        let mut batch = Batch::new();
+                        batch.read(0, 64);
+                        vc.execute(&mut batch).unwrap();
+                    }
+                })
+            })
+            .collect();
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        assert_eq!(pool.in_flight(), vec![0; size], "in-flight counts after every operation returned");
+        (pool.contention(), handles.iter().map(|vc| vc.home()).collect())
+    }
+
+    #[test]
+    fn busy_handles_that_start_on_one_connection_spread_over_the_pool() {
+        let m = TestMemnode::start(Via::Transport(TransportKind::Tcp), 16 << 20, 16);
+        let total = (THREADS * OPS) as u64;
+        // Control: with one connection every handle shares it, and the counter sees that.
+        let ((shared, moves), _) = all_start_on_one_connection(&m, 1);
+        assert_eq!(moves, 0);
+        assert!(shared > total / 5, "{shared} of {total} operations found the lone connection busy");
+        // A connection each: they move apart early and stop contending.
+        let ((contended, moves), homes) = all_start_on_one_connection(&m, THREADS);
+        assert!(moves >= (THREADS - 1) as u64, "only {moves} moves; homes {homes:?}");
+        assert!(
+            contended * 4 < shared,
+            "{contended} of {total} operations contended with a connection each, {shared} with one"
+        );
     }
 }
