@@ -50,6 +50,16 @@ const CLOSED: usize = 256;
 const SPIN_POLLS: u32 = 200;
 /// Longest doorbell sleep (then the caller checks liveness, deadlines and shutdown).
 const SLEEP: Duration = Duration::from_millis(5);
+/// Longest doorbell sleep of a server lane that has been idle a while: a doorbell still
+/// wakes it at once, so this bounds only how late it notices a crashed client or shutdown
+/// (idle lanes woke 200 times a second each at [`SLEEP`]).
+const IDLE_SLEEP: Duration = Duration::from_millis(50);
+
+/// A server lane's doorbell sleep after `idle` empty sleeps in a row: doubling from
+/// [`SLEEP`] up to [`IDLE_SLEEP`].
+fn server_sleep(idle: u32) -> Duration {
+    SLEEP.saturating_mul(1 << idle.min(8)).min(IDLE_SLEEP)
+}
 /// How long a writer waits for ring room before giving up on the lane.
 const ROOM_WAIT: Duration = Duration::from_secs(10);
 
@@ -164,7 +174,8 @@ fn write(
     Ok(())
 }
 
-/// Polls `reader` for a message, spinning then sleeping on the doorbell for up to [`SLEEP`].
+/// Polls `reader` for a message, spinning then sleeping on the doorbell for up to `sleep`.
+#[allow(clippy::too_many_arguments)]
 fn read(
     shared: &Shared,
     reader: &mut RingReader,
@@ -173,6 +184,7 @@ fn read(
     asleep: usize,
     buf: &mut Vec<u8>,
     expect: u32,
+    sleep: Duration,
 ) -> io::Result<bool> {
     for _ in 0..SPIN_POLLS {
         if reader.poll(buf, expect, MAX_MESSAGE_BYTES)? {
@@ -189,7 +201,7 @@ fn read(
     fence(Ordering::SeqCst);
     let seen = shared.control.word32(bell).load(Ordering::SeqCst);
     if !reader.has_data() {
-        futex_wait(shared.control.word32(bell), seen, SLEEP);
+        futex_wait(shared.control.word32(bell), seen, sleep);
     }
     flag.store(0, Ordering::SeqCst);
     let got = reader.poll(buf, expect, MAX_MESSAGE_BYTES)?;
@@ -214,6 +226,8 @@ pub(crate) struct ServerRings {
     writer: RingWriter,
     socket: Option<OwnedFd>,
     key: u32,
+    /// Empty doorbell sleeps in a row (see [`server_sleep`]).
+    idle: u32,
 }
 
 impl ServerRings {
@@ -223,7 +237,7 @@ impl ServerRings {
         let file = crate::region::shared_memory_file("racekv-flock", (CONTROL_BYTES + 2 * ring) as u64, false)?;
         let shared = Shared::map(&file, ring)?;
         let reader = RingReader::new(shared.requests, 0, Duration::from_secs(1));
-        Ok((file, Self { reader, writer: RingWriter::new(ring, 0), shared, socket: None, key: 0 }))
+        Ok((file, Self { reader, writer: RingWriter::new(ring, 0), shared, socket: None, key: 0, idle: 0 }))
     }
 
     pub fn ring_bytes(&self) -> u64 {
@@ -252,13 +266,16 @@ impl Drop for ServerRings {
 impl ServerCarrier for ServerRings {
     fn recv(&mut self, buf: &mut Vec<u8>, expect: u32) -> io::Result<Received> {
         let tail = self.shared.control.word(REQ_HEAD + TAIL).load(Ordering::Relaxed);
-        match read(&self.shared, &mut self.reader, REQ_HEAD, REQ_BELL, REQ_ASLEEP, buf, expect) {
+        let sleep = server_sleep(self.idle);
+        match read(&self.shared, &mut self.reader, REQ_HEAD, REQ_BELL, REQ_ASLEEP, buf, expect, sleep) {
             Ok(true) => {
+                self.idle = 0;
                 let unread = tail.saturating_sub(self.reader.head() - buf.len() as u64);
                 super::metrics::METRICS.ring_occupancy.observe(unread as f64);
                 Ok(Received::Message)
             }
             Ok(false) => {
+                self.idle = self.idle.saturating_add(1);
                 if self.socket.as_ref().is_some_and(|s| hung_up(s.as_fd())) {
                     return Ok(Received::Closed);
                 }
@@ -317,7 +334,7 @@ impl ClientCarrier for ShmLane {
 
     fn recv(&self, buf: &mut Vec<u8>, expect: u32) -> io::Result<bool> {
         let mut reader = self.reader.lock();
-        let got = read(&self.shared, &mut reader, RESP_HEAD, RESP_BELL, RESP_ASLEEP, buf, expect)?;
+        let got = read(&self.shared, &mut reader, RESP_HEAD, RESP_BELL, RESP_ASLEEP, buf, expect, SLEEP)?;
         if !got && hung_up(self.socket.as_fd()) {
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the region server closed the lane"));
         }
@@ -389,4 +406,19 @@ pub(crate) fn open_shm_lane(
         credits: accept.credits,
         batch: accept.batch,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{server_sleep, IDLE_SLEEP, SLEEP};
+
+    #[test]
+    fn an_idle_server_lane_sleeps_longer_up_to_the_cap() {
+        assert_eq!(server_sleep(0), SLEEP);
+        assert_eq!(server_sleep(1), SLEEP * 2);
+        let schedule: Vec<_> = (0..64).map(server_sleep).collect();
+        assert!(schedule.windows(2).all(|w| w[0] <= w[1]), "{schedule:?}");
+        assert_eq!(*schedule.last().unwrap(), IDLE_SLEEP);
+        assert_eq!(server_sleep(u32::MAX), IDLE_SLEEP);
+    }
 }
