@@ -1,0 +1,23 @@
+#!/bin/bash
+# Packs what the benchmarks need onto a lent machine that has no network and no packages:
+# the release `racekv`, Debian's redis-server/-benchmark/-cli with the shared libraries
+# they (and racekv) load, and a font for the plots. Output: bench-results/device/
+# (gitignored; pass it to the device tool as carried path `bench-results/device`).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+D=bench-results/device
+rm -rf "$D" && mkdir -p "$D/bin" "$D/lib"
+# With verbs when this machine can build them (a lent machine may have an RDMA NIC).
+features=()
+pkg-config --exists libibverbs 2>/dev/null && features=(--features rdma)
+cargo build --release -p racekv "${features[@]}"
+cp target/release/racekv "$D/"
+for tool in redis-server redis-benchmark redis-cli; do
+    cp "$(command -v "$tool")" "$D/bin/"
+done
+# Every library the binaries load except the C library's own (the lent machine has those).
+for bin in "$D"/racekv "$D"/bin/*; do
+    ldd "$bin" | awk '/=> \// {print $3}'
+done | sort -u | grep -vE '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*)\.so' | xargs -r cp -L -t "$D/lib/"
+cp -L /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf "$D/" 2>/dev/null || echo "no DejaVuSans.ttf here: plots on the device will fail"
+du -sh "$D"

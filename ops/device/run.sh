@@ -1,0 +1,37 @@
+#!/bin/bash
+# Runs the many-core benchmarks issue 3 still needs on a lent machine (device tool):
+#   bash ops/device/pack.sh                      # here, first
+#   run: ONLY="spike-tcp-8 spike-tcp-24 redis-p1" bash ops/device/run.sh   carry: bench-results/device
+# Results (JSON, stderr tails, plots) go to $OUT. Without ONLY every benchmark runs (about
+# 20 minutes on 16 cores).
+set -u
+D=$(cd "$(dirname "$0")/../../bench-results/device" && pwd)
+export PATH="$D/bin:$PATH" LD_LIBRARY_PATH="$D/lib" RACEKV_LOG=warn
+mkdir -p /usr/share/fonts/truetype/dejavu && cp -n "$D/DejaVuSans.ttf" /usr/share/fonts/truetype/dejavu/ 2>/dev/null
+cd "${OUT:?set OUT to the results folder}"
+nproc; lscpu | grep -E "Model name|^CPU\(s\)|Thread|NUMA node\(s\)"; uname -r; head -2 /etc/os-release
+redis-server --version
+ls /sys/class/infiniband 2>&1
+R=$D/racekv
+"$R" doctor 2>&1 | head -20
+want() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
+run() {
+    local name=$1; shift
+    want "$name" || return 0
+    echo "== $name: racekv $*"
+    timeout 300 "$R" "$@" --json > "$name.json" 2> "$name.err"
+    echo "rc=$?"; head -c 800 "$name.json"; echo; tail -3 "$name.err"
+}
+run attach-shm bench attach --transport shm
+run attach-tcp bench attach --transport tcp
+run coldstart bench coldstart --runs 200
+run spike-tcp-8 bench spike --transport tcp --workers-before 1 --workers-after 8 --plot "$OUT/spike-tcp-8.png"
+run spike-tcp-24 bench spike --transport tcp --workers-before 1 --workers-after 24 --plot "$OUT/spike-tcp-24.png"
+run redis-p1 bench redis --rounds 3 --requests 1000000
+# The region on 2 MiB pages needs them reserved (4 GiB here; the lent machines have 128).
+want redis-p1-huge && { echo 2048 > /proc/sys/vm/nr_hugepages; grep HugePages_Total /proc/meminfo; }
+run redis-p1-huge bench redis --rounds 3 --requests 1000000 --huge-pages
+run redis-p1-loops2 bench redis --rounds 3 --requests 1000000 --event-loops 2
+run redis-p1-spin50 bench redis --rounds 3 --requests 1000000 --poll-spin-us 50
+run redis-t4 bench redis --benchmark-threads 4 --rounds 3 --requests 1000000
+run rpc-tcp bench rpc --transport tcp --threads 1,2,4,8,16,32,64 --plot "$OUT/rpc-tcp.png"
