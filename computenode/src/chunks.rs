@@ -45,9 +45,18 @@ impl PrefetchingChunks {
         self.state.lock().ready.len()
     }
 
+    /// Stops prefetching and gives the chunks in hand back to the memnode (a daemon that
+    /// stops may never drop this: sessions and the table hold it).
     pub fn stop(&self) {
-        self.state.lock().stopping = true;
+        let ready: Vec<_> = {
+            let mut st = self.state.lock();
+            st.stopping = true;
+            st.ready.drain(..).collect()
+        };
         self.wanted.notify_all();
+        if !ready.is_empty() {
+            self.rpc.give_back(&ready);
+        }
     }
 }
 

@@ -77,6 +77,9 @@ pub struct Cluster {
     upgrader: Upgrader,
     ready: ArrayQueue<Session<WorkerShards>>,
     refill_wanted: (Mutex<()>, Condvar),
+    /// Held by the refiller while it builds and queues a session, so [`Cluster::stop`]
+    /// finds every session in the queue.
+    building: Mutex<()>,
     stopping: AtomicBool,
 }
 
@@ -120,6 +123,7 @@ impl Cluster {
             options,
             upgrader,
             refill_wanted: (Mutex::new(()), Condvar::new()),
+            building: Mutex::new(()),
             stopping: AtomicBool::new(false),
         });
         for _ in 0..cluster.options.ready_sessions {
@@ -189,11 +193,26 @@ impl Cluster {
         self.options.connect.timeout
     }
 
+    /// Stops refilling and gives the memnodes back the heap space this daemon holds and no
+    /// longer needs: prefetched chunks, the ready sessions' chunks, and whatever departed
+    /// sessions left free (merged into runs; see `FreePool::drain_all`). Call it after the
+    /// workers and front ends stopped: a session still attached keeps its space.
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::Release);
         self.refill_wanted.1.notify_all();
+        drop(self.building.lock()); // a session being built is queued by now
+        while let Some(session) = self.ready.pop() {
+            drop(session); // its allocators hand their chunks to the table's pool
+        }
         for m in &self.memnodes {
             m.chunks.stop();
+            let drained = m.table.give_back_free_memory();
+            tracing::info!(
+                memnode = %m.label,
+                given_back_bytes = drained.given_bytes,
+                lost_bytes = drained.lost_bytes,
+                "gave free heap space back"
+            );
         }
     }
 }
@@ -205,6 +224,10 @@ fn refill(weak: std::sync::Weak<Cluster>) {
             return;
         }
         while cluster.ready.len() < cluster.options.ready_sessions {
+            let _building = cluster.building.lock();
+            if cluster.stopping.load(Ordering::Acquire) {
+                return;
+            }
             if cluster.ready.push(cluster.build_session()).is_err() {
                 break;
             }

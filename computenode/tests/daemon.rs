@@ -179,3 +179,26 @@ fn attach_hands_out_ready_sessions() {
     s.put(b"a", b"b").unwrap();
     assert_eq!(s.len().unwrap(), 1);
 }
+
+#[test]
+fn a_stopping_daemon_gives_its_heap_space_back() {
+    // Prefetched chunks, the ready sessions' chunks, and the blocks its workers freed: a
+    // daemon restarted after deleting its keys used to leave all of it allocated for good.
+    let m = memnode();
+    let before = m.kv_heap_used_bytes();
+    for round in 0..3 {
+        let node = Computenode::start(config(&m)).unwrap();
+        let mut s = node.attach();
+        for i in 0..500u32 {
+            let key = format!("r{round}k{i}");
+            s.put(key.as_bytes(), &[1u8; 900]).unwrap();
+            s.put(key.as_bytes(), &[2u8; 900]).unwrap();
+        }
+        for i in 0..500u32 {
+            assert!(s.delete(format!("r{round}k{i}").as_bytes()).unwrap());
+        }
+        drop(s);
+        node.shutdown();
+        assert_eq!(m.kv_heap_used_bytes(), before, "round {round}: the stopped daemon kept heap space");
+    }
+}

@@ -88,19 +88,36 @@ impl Heap {
     }
 
     /// A chunk for a client's KV blocks of about `preferred` bytes: (offset, bytes). Given-back
-    /// ranges come first, whatever their size (at least [`MIN_CHUNK_BYTES`]).
+    /// ranges come first: a short one whole, a long one split (a client going away can give
+    /// back hundreds of MiB in one run; handing that to one client would strand it there
+    /// while the others grow the heap).
     pub fn alloc_chunk(&self, preferred: u64) -> Result<(u64, u64), Error> {
         let mut batch = self.batch.lock();
         let batch = &mut *batch;
-        if let Some(range) = self.pop_free(batch)? {
+        let bytes = round_up(preferred.clamp(MIN_CHUNK_BYTES, self.layout.chunk_bytes.max(MIN_CHUNK_BYTES)), 4096);
+        if let Some((offset, free_bytes)) = self.pop_free(batch)? {
+            let handed = if free_bytes >= bytes + MIN_CHUNK_BYTES {
+                self.push_free(batch, offset + bytes, free_bytes - bytes)?;
+                bytes
+            } else {
+                free_bytes
+            };
             batch.clear();
             batch.faa(sb::CHUNKS, 1);
             self.conn.execute(batch)?;
-            return Ok(range);
+            return Ok((offset, handed));
         }
-        let bytes = round_up(preferred.clamp(MIN_CHUNK_BYTES, self.layout.chunk_bytes.max(MIN_CHUNK_BYTES)), 4096);
         let offset = self.bump(batch, bytes, 4096, sb::CHUNKS)?;
         Ok((offset, bytes))
+    }
+
+    /// Links the unused range (`offset`, `bytes`) into the free list (the caller checked it).
+    fn push_free(&self, b: &mut Batch, offset: u64, bytes: u64) -> Result<(), Error> {
+        assert!(offset.is_multiple_of(64) && bytes.is_multiple_of(64) && bytes >= MIN_CHUNK_BYTES);
+        let w = self.words(b, &[sb::FREE_CHUNKS, sb::FREE_BYTES])?;
+        // The range's own first words link it in; the head moves last.
+        self.write_words(b, &[(offset, w[0]), (offset + 8, bytes)])?;
+        self.write_words(b, &[(sb::FREE_BYTES, w[1] + bytes), (sb::FREE_CHUNKS, offset)])
     }
 
     /// Takes back unused chunk ranges from a client, after checking they lie in the handed-
@@ -123,10 +140,7 @@ impl Heap {
             }
         }
         for &(offset, bytes) in ranges {
-            let w = self.words(b, &[sb::FREE_CHUNKS, sb::FREE_BYTES])?;
-            // The range's own first words link it in; the head moves last.
-            self.write_words(b, &[(offset, w[0]), (offset + 8, bytes)])?;
-            self.write_words(b, &[(sb::FREE_BYTES, w[1] + bytes), (sb::FREE_CHUNKS, offset)])?;
+            self.push_free(b, offset, bytes)?;
         }
         Ok(())
     }

@@ -276,6 +276,14 @@ impl Table {
         self.shared.pool.bytes()
     }
 
+    /// Gives what departed clients left free (their free blocks and chunk remainders,
+    /// merged into runs) back to the memnode now, for a process that is shutting down and
+    /// whose clients are gone; the last handle's drop does the same. Waits out the grace
+    /// period of recently freed blocks first (milliseconds).
+    pub fn give_back_free_memory(&self) -> crate::alloc::Drained {
+        self.shared.give_back_free_memory()
+    }
+
     /// A client doing its operations over `conn` (one per thread; clients are cheap).
     pub fn client(&self, conn: Arc<dyn Connection>) -> TableClient {
         let s = &self.shared;
@@ -298,13 +306,27 @@ impl Table {
     }
 }
 
-impl Drop for Shared {
-    /// The last handle on the table is going: hand unused chunk remainders back.
-    fn drop(&mut self) {
-        let ranges = self.pool.drain_ranges(crate::alloc::MIN_CHUNK_BYTES);
-        if !ranges.is_empty() {
-            self.chunks.give_back(&ranges);
+impl Shared {
+    fn give_back_free_memory(&self) -> crate::alloc::Drained {
+        let drained = self.pool.drain_all(self.options.grace_period, crate::alloc::MIN_CHUNK_BYTES);
+        if !drained.ranges.is_empty() {
+            self.chunks.give_back(&drained.ranges);
         }
+        if drained.given_bytes + drained.lost_bytes > 0 {
+            tracing::debug!(
+                given_bytes = drained.given_bytes,
+                lost_bytes = drained.lost_bytes,
+                "gave free heap space back to the memnode"
+            );
+        }
+        drained
+    }
+}
+
+impl Drop for Shared {
+    /// The last handle on the table is going: hand free space back.
+    fn drop(&mut self) {
+        self.give_back_free_memory();
     }
 }
 

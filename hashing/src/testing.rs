@@ -96,6 +96,13 @@ impl TestMemnode {
         self.layout
     }
 
+    /// Heap bytes allocated for KV data: everything handed out except subtables (which
+    /// splits add and nobody gives back).
+    pub fn kv_heap_used_bytes(&self) -> u64 {
+        let heap = self.stats().heap;
+        heap.heap_used_bytes - heap.subtables * self.layout.subtable_bytes()
+    }
+
     /// A splitter working directly on the region (for crash tests: the "restarted memnode").
     pub fn local_splitter(&self) -> Splitter {
         let conn: Arc<dyn Connection> = Arc::new(LocalConnection::new(Arc::clone(&self.region), None));
