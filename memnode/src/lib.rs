@@ -35,6 +35,7 @@ pub use config::MemnodeConfig;
 struct Gauges {
     region_bytes: IntGauge,
     heap_used_bytes: IntGauge,
+    heap_free_bytes: IntGauge,
     items: IntGauge,
     slots: IntGauge,
     load_factor: Gauge,
@@ -51,6 +52,13 @@ static GAUGES: LazyLock<Gauges> = LazyLock::new(|| {
         region_bytes: register(IntGauge::new("racekv_memnode_region_bytes", "Size of the region").unwrap()),
         heap_used_bytes: register(
             IntGauge::new("racekv_memnode_heap_used_bytes", "Heap bytes allocated (subtables and KV chunks)").unwrap(),
+        ),
+        heap_free_bytes: register(
+            IntGauge::new(
+                "racekv_memnode_heap_free_bytes",
+                "Heap bytes clients gave back, waiting to be handed out again as chunks",
+            )
+            .unwrap(),
         ),
         items: register(IntGauge::new("racekv_memnode_items", "Keys stored").unwrap()),
         slots: register(IntGauge::new("racekv_memnode_slots", "Slots in all subtables").unwrap()),
@@ -309,6 +317,7 @@ fn random_node_id() -> u64 {
 fn publish(stats: &TableStats) {
     let g = &*GAUGES;
     g.heap_used_bytes.set(stats.heap.heap_used_bytes as i64);
+    g.heap_free_bytes.set(stats.heap.heap_free_bytes as i64);
     g.items.set(stats.items as i64);
     g.slots.set(stats.slots as i64);
     g.load_factor.set(stats.load_factor);
