@@ -83,8 +83,7 @@ impl FreePool {
     /// Empties the pool for a process that is done with the table: waits out the grace
     /// period of blocks still in it, merges free blocks and chunk remainders that touch into
     /// runs, and returns the runs of at least `min_bytes` as (offset, bytes) for the memnode
-    /// to hand out again. Shorter runs are lost to the heap (a memnode chunk must hold the
-    /// largest block); their bytes are counted in [`Drained::lost_bytes`]. Freed blocks used
+    /// to take back. Shorter runs are counted in [`Drained::lost_bytes`]. Freed blocks used
     /// to be lost whole: a daemon restart after deleting 100 K keys of 1 KiB leaked 100 MiB.
     pub fn drain_all(&self, grace: Duration, min_bytes: u64) -> Drained {
         let newest = self.inner.lock().pending.iter().map(|&(at, _, _)| at).max();
@@ -142,7 +141,7 @@ pub struct Drained {
     /// Runs to give back to the memnode: (offset, bytes).
     pub ranges: Vec<(u64, u64)>,
     pub given_bytes: u64,
-    /// Free bytes in runs too short for the memnode to reuse.
+    /// Free bytes not given back (runs under the minimum; overlapping pieces).
     pub lost_bytes: u64,
 }
 

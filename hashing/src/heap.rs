@@ -7,10 +7,18 @@
 //! join a free list kept inside the ranges themselves (first word: next range, second:
 //! length), so it survives a restart too; new chunks come from that list before the heap
 //! top moves.
+//!
+//! Runs shorter than a chunk (free blocks between live ones, given back by a process that
+//! exits) cannot be handed out: a chunk must hold the largest block. The heap keeps them
+//! in memory, merges each with the free runs beside it as they come back, and moves a run
+//! that reaches [`MIN_CHUNK_BYTES`] onto the free list. They are lost if the memnode
+//! restarts (they are not written to the region).
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, LazyLock};
 
 use parking_lot::Mutex;
+use prometheus::IntCounter;
 use racekv_transport::{Batch, Connection};
 
 use crate::alloc::MIN_CHUNK_BYTES;
@@ -18,10 +26,35 @@ use crate::directory::read_word;
 use crate::error::Error;
 use crate::layout::{round_up, sb, Layout};
 
+/// Fragments the heap keeps at most (about 64 MiB of memnode memory); a fragment that
+/// would be one more is dropped (its bytes stay allocated to nobody) and counted.
+pub const MAX_FRAGMENTS: usize = 1 << 20;
+
+static DROPPED_FRAGMENT_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
+    racekv_telemetry::register(
+        IntCounter::new(
+            "racekv_memnode_heap_fragment_bytes_dropped_total",
+            "Free bytes given back in runs too short to reuse, dropped because the heap held MAX_FRAGMENTS already",
+        )
+        .unwrap(),
+    )
+});
+
 pub struct Heap {
     conn: Arc<dyn Connection>,
     layout: Layout,
+    /// Also the heap's lock: every change to the superblock's words and the fragments
+    /// happens while it is held.
     batch: Mutex<Batch>,
+    /// Free runs shorter than a chunk (see the module doc).
+    fragments: Mutex<Fragments>,
+}
+
+#[derive(Default)]
+struct Fragments {
+    /// start -> end
+    runs: BTreeMap<u64, u64>,
+    bytes: u64,
 }
 
 /// What the heap holds, in bytes and counts.
@@ -38,7 +71,7 @@ pub struct HeapUsage {
 
 impl Heap {
     pub fn new(conn: Arc<dyn Connection>, layout: Layout) -> Self {
-        Self { conn, layout, batch: Mutex::new(Batch::new()) }
+        Self { conn, layout, batch: Mutex::new(Batch::new()), fragments: Mutex::new(Fragments::default()) }
     }
 
     fn words(&self, b: &mut Batch, offsets: &[u64]) -> Result<Vec<u64>, Error> {
@@ -120,29 +153,54 @@ impl Heap {
         self.write_words(b, &[(sb::FREE_BYTES, w[1] + bytes), (sb::FREE_CHUNKS, offset)])
     }
 
-    /// Takes back unused chunk ranges from a client, after checking they lie in the handed-
-    /// out heap, onto the free list.
+    /// Takes back free ranges from a client, after checking they lie in the handed-out heap
+    /// and overlap no fragment it holds: chunk-sized ones onto the free list, shorter ones
+    /// into the fragments, each merged with the fragments beside it.
     pub fn return_ranges(&self, ranges: &[(u64, u64)]) -> Result<(), Error> {
         let mut batch = self.batch.lock();
         let b = &mut *batch;
+        let mut fragments = self.fragments.lock();
         let top = self.words(b, &[sb::HEAP_TOP])?[0];
         for &(offset, bytes) in ranges {
             let end = offset.checked_add(bytes);
             let ok = offset >= self.layout.heap_offset
                 && end.is_some_and(|e| e <= top)
-                && offset % 64 == 0
-                && bytes % 64 == 0
-                && bytes >= MIN_CHUNK_BYTES;
-            if !ok {
-                return Err(Error::Remote(format!(
-                    "range ({offset}, {bytes} B) is not an unused chunk range of this heap"
-                )));
+                && offset.is_multiple_of(64)
+                && bytes.is_multiple_of(64)
+                && bytes > 0;
+            let overlaps = end.is_some_and(|e| overlaps(&fragments.runs, offset, e));
+            if !ok || overlaps {
+                return Err(Error::Remote(format!("range ({offset}, {bytes} B) is not a free range of this heap")));
             }
         }
-        for &(offset, bytes) in ranges {
-            self.push_free(b, offset, bytes)?;
+        let mut sorted = ranges.to_vec();
+        sorted.sort_unstable();
+        if let Some(w) = sorted.windows(2).find(|w| w[0].0 + w[0].1 > w[1].0) {
+            return Err(Error::Remote(format!(
+                "ranges ({}, {} B) and ({}, {} B) overlap",
+                w[0].0, w[0].1, w[1].0, w[1].1
+            )));
         }
+        for &(offset, bytes) in ranges {
+            let f = &mut *fragments;
+            let (start, end) = merge(&mut f.runs, offset, offset + bytes);
+            f.bytes -= (end - start) - bytes; // the neighbours merged in
+            if end - start >= MIN_CHUNK_BYTES {
+                self.push_free(b, start, end - start)?;
+            } else if f.runs.len() < MAX_FRAGMENTS {
+                f.runs.insert(start, end);
+                f.bytes += end - start;
+            } else {
+                DROPPED_FRAGMENT_BYTES.inc_by(end - start);
+            }
+        }
+        debug_assert_eq!(fragments.bytes, fragments.runs.iter().map(|(s, e)| e - s).sum::<u64>());
         Ok(())
+    }
+
+    /// Bytes in free runs too short to hand out yet.
+    pub fn fragment_bytes(&self) -> u64 {
+        self.fragments.lock().bytes
     }
 
     fn pop_free(&self, b: &mut Batch) -> Result<Option<(u64, u64)>, Error> {
@@ -168,7 +226,7 @@ impl Heap {
     pub fn usage(&self) -> Result<HeapUsage, Error> {
         let mut batch = self.batch.lock();
         let w = self.words(&mut batch, &[sb::HEAP_TOP, sb::SUBTABLES, sb::CHUNKS, sb::FREE_BYTES])?;
-        let free = w[3];
+        let free = w[3] + self.fragment_bytes();
         Ok(HeapUsage {
             heap_capacity_bytes: self.layout.region_len - self.layout.heap_offset,
             heap_used_bytes: (w[0] - self.layout.heap_offset).saturating_sub(free),
@@ -176,5 +234,73 @@ impl Heap {
             subtables: w[1],
             chunks: w[2],
         })
+    }
+}
+
+/// Whether [start, end) overlaps a fragment.
+fn overlaps(fragments: &BTreeMap<u64, u64>, start: u64, end: u64) -> bool {
+    let before = fragments.range(..end).next_back();
+    before.is_some_and(|(_, &e)| e > start)
+}
+
+/// Takes the fragments that touch [start, end) out of `fragments` and returns the merged run.
+fn merge(fragments: &mut BTreeMap<u64, u64>, mut start: u64, mut end: u64) -> (u64, u64) {
+    if let Some((&s, &e)) = fragments.range(..start).next_back() {
+        debug_assert!(e <= start, "overlap checked by the caller");
+        if e == start {
+            fragments.remove(&s);
+            start = s;
+        }
+    }
+    if let Some(e) = fragments.remove(&end) {
+        end = e;
+    }
+    (start, end)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::{merge, overlaps};
+
+    proptest! {
+        /// Fragments given back in any order merge into exactly the maximal runs they form,
+        /// and overlaps are caught.
+        #[test]
+        fn fragments_merge_into_maximal_runs(units in proptest::collection::vec((1u64..40, any::<bool>()), 1..60), seed in any::<u64>()) {
+            // Lay the pieces out; free ones are given back in a shuffled order.
+            let mut at = 0u64;
+            let mut free = Vec::new();
+            for &(u, is_free) in &units {
+                if is_free {
+                    free.push((at, at + u * 64));
+                }
+                at += u * 64;
+            }
+            let mut order = free.clone();
+            let mut state = seed | 1;
+            for i in (1..order.len()).rev() {
+                state ^= state << 13; state ^= state >> 7; state ^= state << 17;
+                order.swap(i, (state % (i as u64 + 1)) as usize);
+            }
+            let mut map = BTreeMap::new();
+            for &(s, e) in &order {
+                prop_assert!(!overlaps(&map, s, e));
+                let (s, e) = merge(&mut map, s, e);
+                map.insert(s, e);
+                prop_assert!(overlaps(&map, s, e));
+            }
+            let mut expected: Vec<(u64, u64)> = Vec::new();
+            for (s, e) in free {
+                match expected.last_mut() {
+                    Some(last) if last.1 == s => last.1 = e,
+                    _ => expected.push((s, e)),
+                }
+            }
+            prop_assert_eq!(map.into_iter().collect::<Vec<_>>(), expected);
+        }
     }
 }

@@ -60,6 +60,11 @@ impl TableService {
         let ready = self.ready.get().ok_or_else(|| Error::Remote("the memnode is still starting".into()))?;
         table_stats(&*ready.conn, &self.layout, &ready.heap)
     }
+
+    /// Of the heap's free bytes, those in runs too short to hand out yet (see `heap.rs`).
+    pub fn heap_fragment_bytes(&self) -> u64 {
+        self.ready.get().map_or(0, |r| r.heap.fragment_bytes())
+    }
 }
 
 /// Reads the statistics through `conn`.

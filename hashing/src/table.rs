@@ -308,9 +308,15 @@ impl Table {
 
 impl Shared {
     fn give_back_free_memory(&self) -> crate::alloc::Drained {
-        let drained = self.pool.drain_all(self.options.grace_period, crate::alloc::MIN_CHUNK_BYTES);
-        if !drained.ranges.is_empty() {
-            self.chunks.give_back(&drained.ranges);
+        let drained = self.pool.drain_all(self.options.grace_period, crate::layout::BLOCK_UNIT_BYTES);
+        // Chunk-sized runs first, in calls of their own: a memnode from before fragments
+        // were taken back refuses a call with a shorter run in it.
+        let (runs, fragments): (Vec<_>, Vec<_>) =
+            drained.ranges.iter().partition(|&&(_, bytes)| bytes >= crate::alloc::MIN_CHUNK_BYTES);
+        for ranges in [runs, fragments] {
+            if !ranges.is_empty() {
+                self.chunks.give_back(&ranges);
+            }
         }
         if drained.given_bytes + drained.lost_bytes > 0 {
             tracing::debug!(

@@ -679,6 +679,34 @@ mod short_lived_clients {
         }
     }
 
+    /// Free blocks between live ones come back as fragments; the memnode merges them with
+    /// the ones freed later beside them, and the merged runs are handed out again.
+    #[test]
+    fn fragments_merge_across_processes() {
+        let memnode = TestMemnode::start(Via::Transport(racekv_transport::TransportKind::Tcp), 64 * MIB, 64);
+        let value = vec![3u8; 1000];
+        let key = |i: u32| format!("key{i}");
+        let process = |work: &dyn Fn(&mut racekv_hashing::TableClient)| {
+            let table = memnode.table(options(1));
+            let mut c = table.client(memnode.connect());
+            work(&mut c);
+        };
+        let before = memnode.kv_heap_used_bytes();
+        process(&|c| (0..600).for_each(|i| drop(c.put(key(i).as_bytes(), &value).unwrap())));
+        // Every other key deleted: 1 KiB holes between live blocks.
+        process(&|c| (0..600).step_by(2).for_each(|i| assert!(c.delete(key(i).as_bytes()).unwrap())));
+        process(&|c| (1..600).step_by(2).for_each(|i| assert!(c.delete(key(i).as_bytes()).unwrap())));
+        assert_eq!(memnode.kv_heap_used_bytes(), before, "space was not given back");
+        let top = || {
+            let h = memnode.stats().heap;
+            h.heap_used_bytes + h.heap_free_bytes
+        };
+        let reached = top();
+        // The holes merged with their neighbours into runs a new process can use.
+        process(&|c| (0..600).for_each(|i| drop(c.put(key(i).as_bytes(), &value).unwrap())));
+        assert_eq!(top(), reached, "the heap grew: the freed space was not handed out again");
+    }
+
     /// Clients that come and go (one command, one request) give their unused chunk space
     /// back, and later clients reuse it instead of growing the heap.
     #[test]

@@ -36,6 +36,7 @@ struct Gauges {
     region_bytes: IntGauge,
     heap_used_bytes: IntGauge,
     heap_free_bytes: IntGauge,
+    heap_fragment_bytes: IntGauge,
     items: IntGauge,
     slots: IntGauge,
     load_factor: Gauge,
@@ -56,7 +57,14 @@ static GAUGES: LazyLock<Gauges> = LazyLock::new(|| {
         heap_free_bytes: register(
             IntGauge::new(
                 "racekv_memnode_heap_free_bytes",
-                "Heap bytes clients gave back, waiting to be handed out again as chunks",
+                "Heap bytes clients gave back, waiting to be handed out again",
+            )
+            .unwrap(),
+        ),
+        heap_fragment_bytes: register(
+            IntGauge::new(
+                "racekv_memnode_heap_fragment_bytes",
+                "Of the free heap bytes, those in runs shorter than a chunk: reusable once the space beside them is freed",
             )
             .unwrap(),
         ),
@@ -232,6 +240,7 @@ impl Memnode {
                     last_stats = Instant::now();
                     if let Ok(stats) = service.stats() {
                         publish(&stats);
+                        GAUGES.heap_fragment_bytes.set(service.heap_fragment_bytes() as i64);
                     }
                     if let Some(c) = &connections {
                         GAUGES.connections.set(c() as i64);
