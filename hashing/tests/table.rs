@@ -692,7 +692,11 @@ mod short_lived_clients {
             work(&mut c);
         };
         let before = memnode.kv_heap_used_bytes();
-        process(&|c| (0..600).for_each(|i| drop(c.put(key(i).as_bytes(), &value).unwrap())));
+        process(&|c| {
+            (0..600).for_each(|i| {
+                c.put(key(i).as_bytes(), &value).unwrap();
+            })
+        });
         // Every other key deleted: 1 KiB holes between live blocks.
         process(&|c| (0..600).step_by(2).for_each(|i| assert!(c.delete(key(i).as_bytes()).unwrap())));
         process(&|c| (1..600).step_by(2).for_each(|i| assert!(c.delete(key(i).as_bytes()).unwrap())));
@@ -703,7 +707,11 @@ mod short_lived_clients {
         };
         let reached = top();
         // The holes merged with their neighbours into runs a new process can use.
-        process(&|c| (0..600).for_each(|i| drop(c.put(key(i).as_bytes(), &value).unwrap())));
+        process(&|c| {
+            (0..600).for_each(|i| {
+                c.put(key(i).as_bytes(), &value).unwrap();
+            })
+        });
         assert_eq!(top(), reached, "the heap grew: the freed space was not handed out again");
     }
 
