@@ -99,6 +99,10 @@ impl ChunkSource for PrefetchingChunks {
     fn give_back(&self, ranges: &[(u64, u64)]) {
         self.rpc.give_back(ranges);
     }
+
+    fn fragments(&self, most_bytes: u64) -> Vec<(u64, u64)> {
+        self.rpc.fragments(most_bytes)
+    }
 }
 
 impl Drop for PrefetchingChunks {

@@ -27,7 +27,16 @@ pub trait ChunkSource: Send + Sync {
     fn give_back(&self, ranges: &[(u64, u64)]) {
         let _ = ranges;
     }
+    /// Free runs shorter than a chunk, up to about `most_bytes`, each to be used as one
+    /// free block of its size (at most [`MAX_BLOCK_UNITS`] units). Best effort.
+    fn fragments(&self, most_bytes: u64) -> Vec<(u64, u64)> {
+        let _ = most_bytes;
+        Vec::new()
+    }
 }
+
+/// Fragments a client takes from the memnode each time it fetches a chunk.
+pub const FRAGMENT_INTAKE_BYTES: u64 = 1 << 20;
 
 /// No chunk is smaller: it must hold the largest block.
 pub const MIN_CHUNK_BYTES: u64 = 16 * 1024;
@@ -201,6 +210,13 @@ impl BlockAllocator {
         }
         let bytes = u64::from(units) * BLOCK_UNIT_BYTES;
         if self.end - self.cursor < bytes {
+            // Space between other clients' live blocks first (one round trip per chunk's
+            // worth of allocations, not one per allocation).
+            self.take_fragments(units);
+            if let Some(block) = self.free[units as usize].pop() {
+                self.held_bytes -= bytes;
+                return Ok(block);
+            }
             self.next_chunk()?;
         }
         let block = self.cursor;
@@ -233,6 +249,30 @@ impl BlockAllocator {
         self.cursor = start;
         self.end = end;
         Ok(())
+    }
+
+    /// Takes fragments from the source and cuts each into blocks of `units` (the size being
+    /// asked for: key-value sizes tend to repeat), the rest of it one block of its own size.
+    fn take_fragments(&mut self, units: u8) {
+        let want = u64::from(units) * BLOCK_UNIT_BYTES;
+        for (offset, bytes) in self.source.fragments(FRAGMENT_INTAKE_BYTES) {
+            assert!(
+                offset.is_multiple_of(BLOCK_UNIT_BYTES)
+                    && bytes.is_multiple_of(BLOCK_UNIT_BYTES)
+                    && (1..=MAX_BLOCK_UNITS).contains(&(bytes / BLOCK_UNIT_BYTES)),
+                "the chunk source handed out a bad fragment ({offset}, {bytes} B)"
+            );
+            let end = offset + bytes;
+            let mut at = offset;
+            while end - at >= want {
+                self.free[units as usize].push(at);
+                at += want;
+            }
+            if at < end {
+                self.free[((end - at) / BLOCK_UNIT_BYTES) as usize].push(at);
+            }
+            self.held_bytes += bytes;
+        }
     }
 
     /// Makes sure a chunk is at hand, so the next allocation makes no RPC (for clients

@@ -198,6 +198,22 @@ impl Heap {
         Ok(())
     }
 
+    /// Takes fragments out, lowest addresses first, up to `most_bytes` (at least one if
+    /// there is any) and [`crate::rpc::MAX_RANGES_PER_CALL`]: a client uses them as free
+    /// blocks of their sizes, so space between live blocks is used again.
+    pub fn take_fragments(&self, most_bytes: u64) -> Vec<(u64, u64)> {
+        let mut fragments = self.fragments.lock();
+        let mut taken = Vec::new();
+        let mut bytes = 0;
+        while taken.len() < crate::rpc::MAX_RANGES_PER_CALL && (taken.is_empty() || bytes < most_bytes) {
+            let Some((start, end)) = fragments.runs.pop_first() else { break };
+            fragments.bytes -= end - start;
+            bytes += end - start;
+            taken.push((start, end - start));
+        }
+        taken
+    }
+
     /// Bytes in free runs too short to hand out yet.
     pub fn fragment_bytes(&self) -> u64 {
         self.fragments.lock().bytes

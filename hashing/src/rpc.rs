@@ -16,8 +16,11 @@ pub mod method {
     pub const SPLIT: u16 = 3;
     /// -> JSON [`crate::service::TableStats`].
     pub const STATS: u16 = 4;
-    /// (count x (offset u64, bytes u64)) -> (): unused chunk ranges a client gives back.
+    /// (count x (offset u64, bytes u64)) -> (): free ranges a client gives back.
     pub const RETURN_RANGES: u16 = 5;
+    /// (most bytes u64) -> (count x (offset u64, bytes u64)): free runs shorter than a chunk
+    /// the memnode holds, for a client to use as free blocks.
+    pub const TAKE_FRAGMENTS: u16 = 6;
 }
 
 /// Status codes beyond the transport's generic ones.
@@ -34,6 +37,7 @@ pub fn method_name(method: u16) -> &'static str {
         method::SPLIT => "split",
         method::STATS => "stats",
         method::RETURN_RANGES => "return_ranges",
+        method::TAKE_FRAGMENTS => "take_fragments",
         _ => "unknown",
     }
 }
@@ -145,6 +149,14 @@ pub fn decode_ranges(bytes: &[u8]) -> Result<Vec<(u64, u64)>, WireError> {
     Ok(out)
 }
 
+/// The byte budget in a TAKE_FRAGMENTS request.
+pub fn decode_fragments_request(bytes: &[u8]) -> Result<u64, WireError> {
+    let mut r = Reader::new(bytes);
+    let most = r.u64()?;
+    r.finish()?;
+    Ok(most)
+}
+
 /// The preferred size in an ALLOC_CHUNK request (empty: the memnode's default).
 pub fn decode_chunk_request(bytes: &[u8]) -> Result<Option<u64>, WireError> {
     if bytes.is_empty() {
@@ -173,6 +185,7 @@ mod tests {
             let _ = SplitRequest::decode(&bytes);
             let _ = decode_chunk(&bytes);
             let _ = decode_ranges(&bytes);
+            let _ = decode_fragments_request(&bytes);
             let _ = decode_chunk_request(&bytes);
         }
 

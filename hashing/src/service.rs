@@ -111,6 +111,10 @@ impl RpcService for TableService {
                     self.ready()?.heap.alloc_chunk(preferred.unwrap_or(self.layout.chunk_bytes)).map_err(failure)?;
                 Ok(rpc::encode_chunk(offset, bytes))
             }
+            method::TAKE_FRAGMENTS => {
+                let most = rpc::decode_fragments_request(request).map_err(rpc::bad_request)?;
+                Ok(rpc::encode_ranges(&self.ready()?.heap.take_fragments(most)))
+            }
             method::RETURN_RANGES => {
                 let ranges = rpc::decode_ranges(request).map_err(rpc::bad_request)?;
                 self.ready()?.heap.return_ranges(&ranges).map_err(failure)?;

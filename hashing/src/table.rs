@@ -227,6 +227,31 @@ impl ChunkSource for RpcChunkSource {
         Ok((offset, bytes))
     }
 
+    fn fragments(&self, most_bytes: u64) -> Vec<(u64, u64)> {
+        let reply = match self.conn.call(method::TAKE_FRAGMENTS, &most_bytes.to_le_bytes()) {
+            Ok(reply) => reply,
+            Err(e) => {
+                tracing::debug!("taking fragments from the memnode failed: {e}");
+                return Vec::new();
+            }
+        };
+        let region_len = self.conn.region_len();
+        let good = |&(offset, bytes): &(u64, u64)| {
+            offset.is_multiple_of(64)
+                && bytes.is_multiple_of(64)
+                && (64..=crate::layout::MAX_BLOCK_UNITS * 64).contains(&bytes)
+                && offset.checked_add(bytes).is_some_and(|end| end <= region_len)
+        };
+        match rpc::decode_ranges(&reply) {
+            Ok(fragments) if fragments.iter().all(good) => fragments,
+            // Nothing from a reply that is wrong anywhere (those bytes stay unused).
+            _ => {
+                tracing::warn!("the memnode answered TAKE_FRAGMENTS with a bad list ({} bytes)", reply.len());
+                Vec::new()
+            }
+        }
+    }
+
     fn give_back(&self, ranges: &[(u64, u64)]) {
         for batch in ranges.chunks(rpc::MAX_RANGES_PER_CALL) {
             if let Err(e) = self.conn.call(method::RETURN_RANGES, &rpc::encode_ranges(batch)) {

@@ -96,6 +96,11 @@ impl TestMemnode {
         self.layout
     }
 
+    /// Free heap bytes the memnode holds in runs shorter than a chunk.
+    pub fn heap_fragment_bytes(&self) -> u64 {
+        self.service.heap_fragment_bytes()
+    }
+
     /// Heap bytes allocated for KV data: everything handed out except subtables (which
     /// splits add and nobody gives back).
     pub fn kv_heap_used_bytes(&self) -> u64 {

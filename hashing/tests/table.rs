@@ -715,6 +715,45 @@ mod short_lived_clients {
         assert_eq!(top(), reached, "the heap grew: the freed space was not handed out again");
     }
 
+    /// Fragments held by the memnode (holes between live blocks) are handed to the next
+    /// process that fetches a chunk, which fills them with blocks of their size.
+    #[test]
+    fn fragments_are_used_again() {
+        let memnode = TestMemnode::start(Via::Transport(racekv_transport::TransportKind::Tcp), 64 * MIB, 64);
+        let value = vec![5u8; 1000];
+        let process = |work: &dyn Fn(&mut racekv_hashing::TableClient)| {
+            let table = memnode.table(options(1));
+            let mut c = table.client(memnode.connect());
+            work(&mut c);
+        };
+        process(&|c| {
+            for i in 0..600 {
+                c.put(format!("a{i}").as_bytes(), &value).unwrap();
+            }
+        });
+        process(&|c| {
+            for i in (0..600).step_by(2) {
+                assert!(c.delete(format!("a{i}").as_bytes()).unwrap());
+            }
+        });
+        let holes = memnode.heap_fragment_bytes();
+        assert!(holes >= 300 * 1024, "the deleted blocks did not come back as fragments: {holes} B");
+        process(&|c| {
+            for i in 0..300 {
+                c.put(format!("b{i}").as_bytes(), &value).unwrap();
+            }
+        });
+        assert_eq!(memnode.heap_fragment_bytes(), 0, "the holes were not filled ({holes} B before)");
+        process(&|c| {
+            for i in (1..600).step_by(2) {
+                assert_eq!(c.get(format!("a{i}").as_bytes()).unwrap().as_deref(), Some(&value[..]));
+            }
+            for i in 0..300 {
+                assert_eq!(c.get(format!("b{i}").as_bytes()).unwrap().as_deref(), Some(&value[..]));
+            }
+        });
+    }
+
     /// Clients that come and go (one command, one request) give their unused chunk space
     /// back, and later clients reuse it instead of growing the heap.
     #[test]
