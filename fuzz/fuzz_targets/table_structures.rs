@@ -7,7 +7,9 @@
 
 use libfuzzer_sys::fuzz_target;
 use racekv_hashing::layout::{decode_block, BucketHeader, DirEntry, Layout, Slot, MAX_GLOBAL_DEPTH_LIMIT};
-use racekv_hashing::rpc::{decode_chunk, decode_chunk_request, decode_ranges, encode_ranges, Metadata, SplitRequest};
+use racekv_hashing::rpc::{
+    decode_chunk, decode_chunk_request, decode_fragments_request, decode_ranges, encode_ranges, Metadata, SplitRequest,
+};
 
 fuzz_target!(|data: &[u8]| {
     if let Some((key, value)) = decode_block(data) {
@@ -38,5 +40,8 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = decode_chunk(data);
     let _ = decode_chunk_request(data);
+    if let Ok(most) = decode_fragments_request(data) {
+        assert_eq!(&most.to_le_bytes()[..], data);
+    }
     let _ = Metadata::decode(data);
 });

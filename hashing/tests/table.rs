@@ -754,6 +754,62 @@ mod short_lived_clients {
         });
     }
 
+    /// Ranges given back are checked before the memnode believes any of them: outside the
+    /// handed-out heap, misaligned, empty, overlapping each other or a fragment it holds,
+    /// the call is refused whole and the heap is as it was.
+    #[test]
+    fn bad_ranges_are_refused_whole() {
+        use racekv_hashing::rpc::{encode_ranges, method};
+        let memnode = TestMemnode::start(Via::Transport(racekv_transport::TransportKind::Tcp), 64 * MIB, 64);
+        let value = vec![1u8; 1000];
+        let table = memnode.table(options(1));
+        let mut c = table.client(memnode.connect());
+        for i in 0..40 {
+            c.put(format!("k{i}").as_bytes(), &value).unwrap();
+        }
+        for i in (0..40).step_by(2) {
+            assert!(c.delete(format!("k{i}").as_bytes()).unwrap());
+        }
+        drop(c);
+        drop(table); // the holes come back as fragments
+        let (used, fragments) = (memnode.kv_heap_used_bytes(), memnode.heap_fragment_bytes());
+        assert!(fragments > 0);
+        let heap = memnode.stats().heap;
+        let top = memnode.layout().heap_offset + heap.heap_used_bytes + heap.heap_free_bytes;
+        let held = {
+            // The fragment at the lowest address: take it and give it back, to learn where it is.
+            let conn = memnode.connect();
+            let reply = conn.call(method::TAKE_FRAGMENTS, &1u64.to_le_bytes()).unwrap();
+            let taken = racekv_hashing::rpc::decode_ranges(&reply).unwrap();
+            conn.call(method::RETURN_RANGES, &encode_ranges(&taken)).unwrap();
+            taken[0]
+        };
+        let conn = memnode.connect();
+        let bad: Vec<Vec<(u64, u64)>> = vec![
+            vec![(top, 64)],                                // beyond the heap top
+            vec![(memnode.layout().heap_offset - 64, 64)],  // below the heap
+            vec![(top - 4096 + 8, 64)],                     // misaligned
+            vec![(top - 4096, 0)],                          // empty
+            vec![(u64::MAX - 63, 64)],                      // wraps
+            vec![(top - 4096, 128), (top - 4096 + 64, 64)], // overlap each other
+            vec![(held.0, held.1)],                         // already held as a fragment
+            vec![(top - 8192, 64), (held.0 - 64, 128)],     // one good, one overlapping a fragment
+        ];
+        for ranges in bad {
+            let refused = conn.call(method::RETURN_RANGES, &encode_ranges(&ranges));
+            assert!(refused.is_err(), "{ranges:?} was accepted");
+        }
+        assert_eq!(memnode.kv_heap_used_bytes(), used);
+        assert_eq!(memnode.heap_fragment_bytes(), fragments);
+        // Garbage budgets are refused too, and the memnode keeps serving.
+        assert!(conn.call(method::TAKE_FRAGMENTS, &[1, 2, 3]).is_err());
+        let table = memnode.table(options(1));
+        let mut c = table.client(memnode.connect());
+        for i in (1..40).step_by(2) {
+            assert_eq!(c.get(format!("k{i}").as_bytes()).unwrap().as_deref(), Some(&value[..]));
+        }
+    }
+
     /// Clients that come and go (one command, one request) give their unused chunk space
     /// back, and later clients reuse it instead of growing the heap.
     #[test]
