@@ -195,13 +195,22 @@ impl Heap {
             }
         }
         debug_assert_eq!(fragments.bytes, fragments.runs.iter().map(|(s, e)| e - s).sum::<u64>());
-        Ok(())
+        self.write_words(b, &[(sb::FRAGMENT_BYTES, fragments.bytes)])
+    }
+
+    /// Publishes the fragment bytes for clients ([`sb::FRAGMENT_BYTES`]): zero at start, as
+    /// fragments live in memory.
+    pub fn publish_fragment_bytes(&self) -> Result<(), Error> {
+        let mut batch = self.batch.lock();
+        let bytes = self.fragments.lock().bytes;
+        self.write_words(&mut batch, &[(sb::FRAGMENT_BYTES, bytes)])
     }
 
     /// Takes fragments out, lowest addresses first, up to `most_bytes` (at least one if
     /// there is any) and [`crate::rpc::MAX_RANGES_PER_CALL`]: a client uses them as free
     /// blocks of their sizes, so space between live blocks is used again.
-    pub fn take_fragments(&self, most_bytes: u64) -> Vec<(u64, u64)> {
+    pub fn take_fragments(&self, most_bytes: u64) -> Result<Vec<(u64, u64)>, Error> {
+        let mut batch = self.batch.lock();
         let mut fragments = self.fragments.lock();
         let mut taken = Vec::new();
         let mut bytes = 0;
@@ -211,7 +220,8 @@ impl Heap {
             bytes += end - start;
             taken.push((start, end - start));
         }
-        taken
+        self.write_words(&mut batch, &[(sb::FRAGMENT_BYTES, fragments.bytes)])?;
+        Ok(taken)
     }
 
     /// Bytes in free runs too short to hand out yet.

@@ -67,6 +67,9 @@ pub mod sb {
     pub const NODE_ID: u64 = 152;
     /// Bytes on the free-chunk list (memnode only).
     pub const FREE_BYTES: u64 = 160;
+    /// Bytes the memnode holds as fragments (memnode only; kept in its memory, so zeroed
+    /// when it starts). Clients read it to skip asking for fragments when there are none.
+    pub const FRAGMENT_BYTES: u64 = 168;
     pub const LAYOUT_BYTES: usize = 56;
 }
 

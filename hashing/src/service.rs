@@ -48,6 +48,9 @@ impl TableService {
     /// transport clients use (see design.md, "Atomicity on real NICs").
     pub fn attach(&self, conn: Arc<dyn Connection>) {
         let heap = Arc::new(Heap::new(Arc::clone(&conn), self.layout));
+        if let Err(e) = heap.publish_fragment_bytes() {
+            tracing::warn!("could not zero the fragment count in the superblock: {e}");
+        }
         let splitter = Splitter::new(Arc::clone(&conn), self.layout, Arc::clone(&heap));
         let _ = self.ready.set(Ready { conn, heap, splitter });
     }
@@ -113,7 +116,7 @@ impl RpcService for TableService {
             }
             method::TAKE_FRAGMENTS => {
                 let most = rpc::decode_fragments_request(request).map_err(rpc::bad_request)?;
-                Ok(rpc::encode_ranges(&self.ready()?.heap.take_fragments(most)))
+                Ok(rpc::encode_ranges(&self.ready()?.heap.take_fragments(most).map_err(failure)?))
             }
             method::RETURN_RANGES => {
                 let ranges = rpc::decode_ranges(request).map_err(rpc::bad_request)?;
