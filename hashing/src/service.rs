@@ -68,6 +68,19 @@ impl TableService {
     pub fn heap_fragment_bytes(&self) -> u64 {
         self.ready.get().map_or(0, |r| r.heap.fragment_bytes())
     }
+
+    /// Gives the heap the fragments a previous run saved (after [`Self::attach`]).
+    pub fn seed_fragments(&self, saved: &[(u64, u64)]) -> Result<(), Error> {
+        match self.ready.get() {
+            Some(r) => r.heap.seed_fragments(saved),
+            None => Err(Error::Remote("the service is not attached".into())),
+        }
+    }
+
+    /// Takes the heap's fragments out, for a memnode that stopped serving to save them.
+    pub fn take_all_fragments(&self) -> Vec<(u64, u64)> {
+        self.ready.get().map_or_else(Vec::new, |r| r.heap.take_all_fragments())
+    }
 }
 
 /// Reads the statistics through `conn`.

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use prometheus::{Gauge, IntGauge};
 use racekv_hashing::format::{format, is_formatted, read_layout, read_node_id};
-use racekv_hashing::heap::Heap;
+use racekv_hashing::heap::{load_fragment_list, save_fragment_list, Heap};
 use racekv_hashing::split::Splitter;
 use racekv_hashing::{Layout, TableService, TableStats};
 use racekv_telemetry::MetricsServer;
@@ -137,8 +137,12 @@ impl Memnode {
 
         // Format or reopen, before anyone can connect.
         let local = LocalConnection::new(Arc::clone(&region), None);
+        let mut saved_fragments = Vec::new();
         let (layout, node_id) = if is_formatted(&local)? {
             let layout = read_layout(&local)?;
+            // Space a previous clean stop wrote down; cleared here, so a crash of this run
+            // cannot bring it back after it has been handed out again.
+            saved_fragments = load_fragment_list(&local, &layout).context("reading the saved fragments")?;
             let local: Arc<dyn Connection> = Arc::new(local);
             let splitter = Splitter::new(Arc::clone(&local), layout, Arc::new(Heap::new(Arc::clone(&local), layout)));
             if splitter.recover()? {
@@ -203,6 +207,10 @@ impl Memnode {
         )
         .with_context(|| format!("connecting the loopback to {loopback_endpoint}"))?;
         service.attach(loopback);
+        if !saved_fragments.is_empty() {
+            service.seed_fragments(&saved_fragments).context("taking back the saved fragments")?;
+            tracing::info!(fragments = saved_fragments.len(), "took back the fragments the last run saved");
+        }
 
         let metrics = match config.metrics_addr {
             Some(addr) => Some(MetricsServer::start(addr)?),
@@ -295,6 +303,14 @@ impl Memnode {
         self.stopping.store(true, Ordering::Release);
         if let Some(mut server) = self.server.take() {
             server.shutdown();
+        }
+        // Nobody is served now: write the fragments down for the next start (a memfd region
+        // dies with us, so only a data file's).
+        let fragments = self.service.take_all_fragments();
+        if self.config.data_file.is_some() && !fragments.is_empty() {
+            let local = LocalConnection::new(Arc::clone(&self.region), None);
+            save_fragment_list(&local, &fragments).context("saving the fragments")?;
+            tracing::info!(fragments = fragments.len(), "saved the heap's fragments for the next start");
         }
         if let Some(h) = self.housekeeping.take() {
             let _ = h.join();
