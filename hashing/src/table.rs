@@ -699,8 +699,7 @@ impl TableClient {
     pub fn publish_count(&mut self) -> Result<(), Error> {
         if self.count_delta != 0 {
             self.batch.clear();
-            self.batch.faa(sb::ITEM_COUNT, self.count_delta as u64);
-            self.count_delta = 0;
+            self.queue_count();
             self.conn.execute(&mut self.batch)?;
         }
         Ok(())
@@ -800,10 +799,7 @@ impl TableClient {
         if let Some(new) = write {
             self.batch.write(new.block, &self.block);
         }
-        if self.count_delta != 0 {
-            self.batch.faa(sb::ITEM_COUNT, self.count_delta as u64);
-            self.count_delta = 0;
-        }
+        self.queue_count();
         let reads =
             ProbeReads::queue(&mut self.batch, hash.combined_buckets(subtable, self.shared.layout.groups_per_subtable));
         self.execute()?;
@@ -902,6 +898,15 @@ impl TableClient {
     fn next_word(&mut self, hash: &KeyHash, block: u64, units: u8) -> u64 {
         self.tag = self.tag.wrapping_add(1);
         Slot { fingerprint: hash.fingerprint, units, tag: self.tag, block }.encode()
+    }
+
+    /// Adds the pending item-count change to the batch being built (one FAA; nothing when
+    /// there is none).
+    fn queue_count(&mut self) {
+        if self.count_delta != 0 {
+            self.batch.faa(sb::ITEM_COUNT, self.count_delta as u64);
+            self.count_delta = 0;
+        }
     }
 
     /// Whether `slot` holds `word` now (one 8-byte READ): a slot word does not come back once
@@ -1048,6 +1053,11 @@ impl TableClient {
             return Ok(None);
         }
         self.batch.clear();
+        // A delete is counted in the batch of its CAS (see `insert_at`).
+        if new.is_none() {
+            self.count_delta -= 1;
+        }
+        self.queue_count();
         // Duplicates go first: they are shadows only while the canonical copy stands, and a
         // reader between the two must not see one surface.
         let dups: Vec<_> = self.copies[1..].iter().map(|c| (self.batch.cas(c.slot, c.word, 0), c.word)).collect();
@@ -1059,15 +1069,15 @@ impl TableClient {
             }
         }
         if !self.batch.cas_succeeded(swing)? {
+            if new.is_none() {
+                self.count_delta += 1;
+            }
             self.stats.cas_failures += 1;
             self.metrics.cas_failures.inc();
             return Ok(None);
         }
         let old = Slot::decode(canonical.word).expect("a used slot");
         self.alloc.retire(old.block, old.units);
-        if new.is_none() {
-            self.count_delta -= 1;
-        }
         Ok(Some(PutOutcome::Updated))
     }
 
@@ -1086,16 +1096,20 @@ impl TableClient {
     ) -> Result<Option<PutOutcome>, Error> {
         let cbs = hash.combined_buckets(entry.entry.subtable, self.shared.layout.groups_per_subtable);
         self.batch.clear();
+        // Counted in the same batch as the CAS, so the count includes the key once the insert
+        // is acknowledged (a lost CAS takes it back with the next batch).
+        self.count_delta += 1;
+        self.queue_count();
         let cas = self.batch.cas(free, 0, new.word);
         let reads = ProbeReads::queue(&mut self.batch, cbs);
         self.execute()?;
         if !self.batch.cas_succeeded(cas)? {
+            self.count_delta -= 1;
             self.stats.cas_failures += 1;
             self.metrics.cas_failures.inc();
             return Ok(None);
         }
         *state = BlockState::InSlot;
-        self.count_delta += 1;
         let after = reads.parse(&self.batch)?;
         if !after.admits_slot(free, hash.dir) {
             // A split re-assigned the bucket; the key belongs elsewhere now.

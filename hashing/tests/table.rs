@@ -640,6 +640,25 @@ mod in_order {
     }
 }
 
+/// The item count includes an insert or delete as soon as it is acknowledged (it rides in
+/// the batch of the operation's CAS), while the client stays connected and idle.
+#[test]
+fn the_item_count_follows_each_acknowledged_write() {
+    let memnode = TestMemnode::start(Via::Transport(racekv_transport::TransportKind::Tcp), 64 * MIB, 64);
+    let table = memnode.table(options(1));
+    let mut c = table.client(memnode.connect());
+    for i in 0..50u64 {
+        c.put(format!("k{i}").as_bytes(), b"v").unwrap();
+        assert_eq!(memnode.stats().items, i + 1, "after inserting key {i}");
+        c.put(format!("k{i}").as_bytes(), b"w").unwrap(); // an update changes nothing
+        assert_eq!(memnode.stats().items, i + 1, "after updating key {i}");
+    }
+    for i in 0..50u64 {
+        assert!(c.delete(format!("k{i}").as_bytes()).unwrap());
+        assert_eq!(memnode.stats().items, 49 - i, "after deleting key {i}");
+    }
+}
+
 mod short_lived_clients {
     use super::*;
 
