@@ -12,6 +12,7 @@ use racekv_transport::{Batch, Connection, MAX_OP_BYTES};
 use crate::epoch_cell::EpochCell;
 use crate::error::Error;
 use crate::layout::{depth_mask, sb, DirEntry, Layout};
+use crate::words::read_word;
 
 struct Snapshot {
     global_depth: u32,
@@ -107,10 +108,6 @@ impl DirectoryCache {
     pub fn refresh_counts(&self) -> (u64, u64) {
         (self.refreshes.load(Ordering::Relaxed), self.reloads.load(Ordering::Relaxed))
     }
-}
-
-pub(crate) fn read_word(bytes: &[u8]) -> u64 {
-    u64::from_le_bytes(bytes[..8].try_into().expect("8-byte read"))
 }
 
 /// Reads the global depth, then every entry below it. The memnode writes entries before it

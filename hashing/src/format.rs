@@ -2,9 +2,9 @@
 
 use racekv_transport::{Batch, Connection};
 
-use crate::directory::read_word;
 use crate::error::Error;
 use crate::layout::{sb, BucketHeader, DirEntry, Layout, SUPERBLOCK_BYTES};
+use crate::words::read_word;
 
 /// Whether the region behind `conn` holds a racekv superblock (any version).
 pub fn is_formatted(conn: &dyn Connection) -> Result<bool, Error> {
@@ -32,10 +32,7 @@ pub fn read_layout(conn: &dyn Connection) -> Result<Layout, Error> {
 
 /// Reads the node id a formatted region was given.
 pub fn read_node_id(conn: &dyn Connection) -> Result<u64, Error> {
-    let mut b = Batch::new();
-    let id = b.read(sb::NODE_ID, 8);
-    conn.execute(&mut b)?;
-    Ok(read_word(b.read_result(id)?))
+    Ok(crate::words::read_words(conn, &mut Batch::new(), &[sb::NODE_ID])?[0])
 }
 
 /// Formats an empty region: superblock, one subtable at depth 0, and its directory entry.

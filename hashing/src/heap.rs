@@ -23,9 +23,9 @@ use prometheus::IntCounter;
 use racekv_transport::{Batch, Connection};
 
 use crate::alloc::MIN_CHUNK_BYTES;
-use crate::directory::read_word;
 use crate::error::Error;
 use crate::layout::{round_up, sb, Layout};
+use crate::words::{read_words, write_words};
 
 /// Fragments the heap keeps at most (about 64 MiB of memnode memory); a fragment that
 /// would be one more is dropped (its bytes stay allocated to nobody) and counted.
@@ -58,6 +58,28 @@ struct Fragments {
     bytes: u64,
 }
 
+impl Fragments {
+    /// Adds the free run [start, end) (the caller checked it overlaps none), merged with
+    /// the fragments beside it. Returns the merged run when it is chunk-sized (for the free
+    /// list) instead of keeping it; past [`MAX_FRAGMENTS`] a run is dropped and counted.
+    fn add(&mut self, start: u64, end: u64) -> Option<(u64, u64)> {
+        let (merged_start, merged_end) = merge(&mut self.runs, start, end);
+        self.bytes -= (merged_end - merged_start) - (end - start); // the neighbours merged in
+        let merged = merged_end - merged_start;
+        if merged >= MIN_CHUNK_BYTES {
+            return Some((merged_start, merged_end));
+        }
+        if self.runs.len() < MAX_FRAGMENTS {
+            self.runs.insert(merged_start, merged_end);
+            self.bytes += merged;
+        } else {
+            DROPPED_FRAGMENT_BYTES.inc_by(merged);
+        }
+        debug_assert_eq!(self.bytes, self.runs.iter().map(|(s, e)| e - s).sum::<u64>());
+        None
+    }
+}
+
 /// What the heap holds, in bytes and counts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HeapUsage {
@@ -76,19 +98,11 @@ impl Heap {
     }
 
     fn words(&self, b: &mut Batch, offsets: &[u64]) -> Result<Vec<u64>, Error> {
-        b.clear();
-        let ids: Vec<_> = offsets.iter().map(|&o| b.read(o, 8)).collect();
-        self.conn.execute(b)?;
-        ids.into_iter().map(|id| Ok(read_word(b.read_result(id)?))).collect()
+        read_words(&*self.conn, b, offsets)
     }
 
     fn write_words(&self, b: &mut Batch, words: &[(u64, u64)]) -> Result<(), Error> {
-        b.clear();
-        for &(offset, value) in words {
-            b.write(offset, &value.to_le_bytes());
-        }
-        self.conn.execute(b)?;
-        Ok(())
+        write_words(&*self.conn, b, words)
     }
 
     /// Bumps the heap top by `bytes` (aligned to `align`) and counts it in `counter`.
@@ -183,19 +197,10 @@ impl Heap {
             )));
         }
         for &(offset, bytes) in ranges {
-            let f = &mut *fragments;
-            let (start, end) = merge(&mut f.runs, offset, offset + bytes);
-            f.bytes -= (end - start) - bytes; // the neighbours merged in
-            if end - start >= MIN_CHUNK_BYTES {
+            if let Some((start, end)) = fragments.add(offset, offset + bytes) {
                 self.push_free(b, start, end - start)?;
-            } else if f.runs.len() < MAX_FRAGMENTS {
-                f.runs.insert(start, end);
-                f.bytes += end - start;
-            } else {
-                DROPPED_FRAGMENT_BYTES.inc_by(end - start);
             }
         }
-        debug_assert_eq!(fragments.bytes, fragments.runs.iter().map(|(s, e)| e - s).sum::<u64>());
         self.write_words(b, &[(sb::FRAGMENT_BYTES, fragments.bytes)])
     }
 
@@ -237,22 +242,16 @@ impl Heap {
     pub fn seed_fragments(&self, saved: &[(u64, u64)]) -> Result<(), Error> {
         let mut batch = self.batch.lock();
         let mut fragments = self.fragments.lock();
-        let f = &mut *fragments;
         for &(offset, bytes) in saved {
-            if overlaps(&f.runs, offset, offset + bytes) || f.runs.len() >= MAX_FRAGMENTS {
-                tracing::warn!(offset, bytes, "dropped a saved fragment (overlap, or too many)");
+            if overlaps(&fragments.runs, offset, offset + bytes) {
+                tracing::warn!(offset, bytes, "dropped a saved fragment that overlaps another");
                 continue;
             }
-            let (start, end) = merge(&mut f.runs, offset, offset + bytes);
-            f.bytes -= (end - start) - bytes;
-            if end - start >= MIN_CHUNK_BYTES {
+            if let Some((start, end)) = fragments.add(offset, offset + bytes) {
                 self.push_free(&mut batch, start, end - start)?;
-            } else {
-                f.runs.insert(start, end);
-                f.bytes += end - start;
             }
         }
-        self.write_words(&mut batch, &[(sb::FRAGMENT_BYTES, f.bytes)])
+        self.write_words(&mut batch, &[(sb::FRAGMENT_BYTES, fragments.bytes)])
     }
 
     /// Bytes in free runs too short to hand out yet.
@@ -294,27 +293,21 @@ impl Heap {
     }
 }
 
-/// Fragments written per batch by [`save_fragment_list`] (two words each).
-const SAVE_BATCH_FRAGMENTS: usize = 100;
-
 /// Writes `fragments` (offset, bytes) down as a list inside themselves, the head last: a
 /// stop cut short leaves the old head (0, as the last start cleared it), not half a list.
 /// Call it when nothing else uses the region (a memnode that stopped serving).
 pub fn save_fragment_list(conn: &dyn Connection, fragments: &[(u64, u64)]) -> Result<(), Error> {
     let mut b = Batch::new();
-    for (i, group) in fragments.chunks(SAVE_BATCH_FRAGMENTS).enumerate() {
-        b.clear();
-        for (j, &(offset, bytes)) in group.iter().enumerate() {
-            let next = fragments.get(i * SAVE_BATCH_FRAGMENTS + j + 1).map_or(0, |f| f.0);
-            b.write(offset, &next.to_le_bytes());
-            b.write(offset + 8, &bytes.to_le_bytes());
-        }
-        conn.execute(&mut b)?;
-    }
-    b.clear();
-    b.write(sb::FRAGMENT_LIST, &fragments.first().map_or(0, |f| f.0).to_le_bytes());
-    conn.execute(&mut b)?;
-    Ok(())
+    let links: Vec<(u64, u64)> = fragments
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &(offset, bytes))| {
+            let next = fragments.get(i + 1).map_or(0, |f| f.0);
+            [(offset, next), (offset + 8, bytes)]
+        })
+        .collect();
+    write_words(conn, &mut b, &links)?;
+    write_words(conn, &mut b, &[(sb::FRAGMENT_LIST, fragments.first().map_or(0, |f| f.0))])
 }
 
 /// Reads the fragments a previous clean stop wrote down and clears the list, so a crash
@@ -324,13 +317,7 @@ pub fn save_fragment_list(conn: &dyn Connection, fragments: &[(u64, u64)]) -> Re
 /// before it, and after [`MAX_FRAGMENTS`].
 pub fn load_fragment_list(conn: &dyn Connection, layout: &Layout) -> Result<Vec<(u64, u64)>, Error> {
     let mut b = Batch::new();
-    let read = |b: &mut Batch, offsets: &[u64]| -> Result<Vec<u64>, Error> {
-        b.clear();
-        let ids: Vec<_> = offsets.iter().map(|&o| b.read(o, 8)).collect();
-        conn.execute(b)?;
-        ids.into_iter().map(|id| Ok(read_word(b.read_result(id)?))).collect()
-    };
-    let w = read(&mut b, &[sb::FRAGMENT_LIST, sb::HEAP_TOP])?;
+    let w = read_words(conn, &mut b, &[sb::FRAGMENT_LIST, sb::HEAP_TOP])?;
     let (mut at, top) = (w[0], w[1]);
     let mut saved: Vec<(u64, u64)> = Vec::new();
     while at != 0 && saved.len() < MAX_FRAGMENTS {
@@ -339,7 +326,7 @@ pub fn load_fragment_list(conn: &dyn Connection, layout: &Layout) -> Result<Vec<
             tracing::warn!(at, "the saved fragment list has a bad entry; keeping the {} before it", saved.len());
             break;
         }
-        let link = read(&mut b, &[at, at + 8])?;
+        let link = read_words(conn, &mut b, &[at, at + 8])?;
         let (next, bytes) = (link[0], link[1]);
         let fits = (64..MIN_CHUNK_BYTES).contains(&bytes) && bytes.is_multiple_of(64) && at + bytes <= top;
         if !fits {
@@ -349,9 +336,7 @@ pub fn load_fragment_list(conn: &dyn Connection, layout: &Layout) -> Result<Vec<
         saved.push((at, bytes));
         at = next;
     }
-    b.clear();
-    b.write(sb::FRAGMENT_LIST, &0u64.to_le_bytes());
-    conn.execute(&mut b)?;
+    write_words(conn, &mut b, &[(sb::FRAGMENT_LIST, 0)])?;
     Ok(saved)
 }
 

@@ -26,6 +26,7 @@ pub mod split;
 pub mod table;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod words;
 
 pub use error::Error;
 pub use layout::{Layout, MAX_KV_BYTES};

@@ -5,12 +5,12 @@ use std::sync::{Arc, OnceLock};
 
 use racekv_transport::{Batch, Connection, RpcService, RpcStatus};
 
-use crate::directory::read_word;
 use crate::error::Error;
 use crate::heap::{Heap, HeapUsage};
 use crate::layout::{sb, Layout};
 use crate::rpc::{self, method, status, Metadata, SplitRequest};
 use crate::split::{SplitOutcome, Splitter};
+use crate::words::read_word;
 
 /// Statistics of one memnode's table.
 #[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]

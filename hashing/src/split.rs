@@ -27,7 +27,6 @@ use parking_lot::Mutex;
 use prometheus::{Histogram, HistogramOpts, IntCounter};
 use racekv_transport::{Batch, Connection, MAX_BATCH_OPS};
 
-use crate::directory::read_word;
 use crate::error::Error;
 use crate::hash::KeyHash;
 use crate::heap::Heap;
@@ -36,6 +35,7 @@ use crate::layout::{
     SLOTS_PER_BUCKET,
 };
 use crate::rpc::SplitRequest;
+use crate::words;
 
 struct Metrics {
     splits: IntCounter,
@@ -140,21 +140,11 @@ impl Splitter {
     }
 
     fn read_words(&self, b: &mut Batch, offsets: &[u64]) -> Result<Vec<u64>, Error> {
-        b.clear();
-        let ids: Vec<_> = offsets.iter().map(|&o| b.read(o, 8)).collect();
-        self.conn.execute(b)?;
-        ids.into_iter().map(|id| Ok(read_word(b.read_result(id)?))).collect()
+        words::read_words(&*self.conn, b, offsets)
     }
 
     fn write_words(&self, b: &mut Batch, words: &[(u64, u64)]) -> Result<(), Error> {
-        for chunk in words.chunks(MAX_BATCH_OPS) {
-            b.clear();
-            for &(offset, value) in chunk {
-                b.write(offset, &value.to_le_bytes());
-            }
-            self.conn.execute(b)?;
-        }
-        Ok(())
+        words::write_words(&*self.conn, b, words)
     }
 
     /// Splits the subtable the client saw for `req.dir_hash`, unless that already happened.

@@ -229,15 +229,8 @@ impl ChunkSource for RpcChunkSource {
 
     fn fragments(&self, most_bytes: u64) -> Vec<(u64, u64)> {
         // Usually there are none: one read of the superblock (a load on shm) spares the RPC.
-        let mut batch = Batch::new();
-        let word = batch.read(sb::FRAGMENT_BYTES, 8);
-        let pending = self
-            .conn
-            .execute(&mut batch)
-            .map_err(Error::from)
-            .and_then(|()| Ok(crate::directory::read_word(batch.read_result(word)?)));
-        match pending {
-            Ok(0) => return Vec::new(),
+        match crate::words::read_words(&*self.conn, &mut Batch::new(), &[sb::FRAGMENT_BYTES]) {
+            Ok(w) if w[0] == 0 => return Vec::new(),
             Ok(_) => {}
             Err(e) => {
                 tracing::debug!("reading the memnode's fragment count failed: {e}");

@@ -138,9 +138,9 @@ pub struct ScannedItem {
 /// Reads every used slot of every subtable the directory reaches (for whole-table checks:
 /// duplicates, lost or resurrected keys). Not for use while writers run.
 pub fn scan(conn: &dyn Connection, layout: &Layout) -> Vec<ScannedItem> {
-    use crate::directory::read_word;
     use crate::hash::KeyHash;
     use crate::layout::{decode_block, parse_bucket, sb, slot_offset, DirEntry, Slot, BUCKET_BYTES};
+    use crate::words::read_word;
     use racekv_transport::Batch;
 
     let mut b = Batch::new();

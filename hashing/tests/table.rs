@@ -662,6 +662,14 @@ fn the_item_count_follows_each_acknowledged_write() {
 mod short_lived_clients {
     use super::*;
 
+    /// Runs `work` as a process would: its own table handle and client, both gone after
+    /// (so what it freed goes back to the memnode).
+    fn as_a_process(memnode: &TestMemnode, work: &dyn Fn(&mut racekv_hashing::TableClient)) {
+        let table = memnode.table(options(1));
+        let mut c = table.client(memnode.connect());
+        work(&mut c);
+    }
+
     /// A process that goes away gives back the blocks its clients freed (merged with its
     /// chunk remainders into runs), not just the remainders; the memnode hands a long run
     /// out in chunk-sized pieces, so the next process's clients all draw from it.
@@ -705,11 +713,7 @@ mod short_lived_clients {
         let memnode = TestMemnode::start(Via::Transport(racekv_transport::TransportKind::Tcp), 64 * MIB, 64);
         let value = vec![3u8; 1000];
         let key = |i: u32| format!("key{i}");
-        let process = |work: &dyn Fn(&mut racekv_hashing::TableClient)| {
-            let table = memnode.table(options(1));
-            let mut c = table.client(memnode.connect());
-            work(&mut c);
-        };
+        let process = |work: &dyn Fn(&mut racekv_hashing::TableClient)| as_a_process(&memnode, work);
         let before = memnode.kv_heap_used_bytes();
         process(&|c| {
             (0..600).for_each(|i| {
@@ -740,11 +744,7 @@ mod short_lived_clients {
     fn fragments_are_used_again() {
         let memnode = TestMemnode::start(Via::Transport(racekv_transport::TransportKind::Tcp), 64 * MIB, 64);
         let value = vec![5u8; 1000];
-        let process = |work: &dyn Fn(&mut racekv_hashing::TableClient)| {
-            let table = memnode.table(options(1));
-            let mut c = table.client(memnode.connect());
-            work(&mut c);
-        };
+        let process = |work: &dyn Fn(&mut racekv_hashing::TableClient)| as_a_process(&memnode, work);
         process(&|c| {
             for i in 0..600 {
                 c.put(format!("a{i}").as_bytes(), &value).unwrap();
