@@ -96,8 +96,11 @@ pub struct Pool {
     /// Operations in flight on each slot through virtual connections (padded: each busy
     /// worker's slot stays in its own core's cache).
     in_flight: Vec<CachePadded<AtomicUsize>>,
-    /// Whether handles spread over the slots by load (not on shm; see the module doc).
-    spread: bool,
+    /// Whether busy workers sharing a connection slow each other down: over tcp a connection
+    /// is one server thread, over verbs one queue pair. Not over shm, where a connection is a
+    /// mapping any number of threads use at once without a lock. Where it does not, handles
+    /// neither spread over the slots nor get upgraded (see the module doc).
+    sharing_costs: bool,
     /// Operations that found their handle's home busy, and moves to a free slot.
     contended: AtomicU64,
     moves: AtomicU64,
@@ -122,7 +125,7 @@ impl Pool {
             connect,
             replacing: (0..size).map(|_| AtomicBool::new(false)).collect(),
             in_flight: (0..size).map(|_| CachePadded::new(AtomicUsize::new(0))).collect(),
-            spread: first.kind() != TransportKind::Shm,
+            sharing_costs: first.kind() != TransportKind::Shm,
             contended: AtomicU64::new(0),
             moves: AtomicU64::new(0),
             slots,
@@ -307,16 +310,11 @@ pub struct VirtualConnection {
 }
 
 impl VirtualConnection {
-    /// A new handle: no system call, no network round trip. On shm it is never upgraded: a
-    /// shm connection is a mapping of the region that threads use without a lock, so a
-    /// dedicated one would spare nothing, and would cost two threads and a new mapping whose
-    /// pages fault in all over again.
+    /// A new handle: no system call, no network round trip. Where sharing a connection costs
+    /// nothing (shm) it is never upgraded: a dedicated connection would spare nothing, and
+    /// would cost two threads and a new mapping whose pages fault in all over again.
     pub fn new(pool: &Arc<Pool>, policy: UpgradePolicy, upgrader: &Upgrader) -> Arc<Self> {
-        let policy = if pool.endpoint.kind() == TransportKind::Shm {
-            UpgradePolicy { ops_per_sec: 0, ..policy }
-        } else {
-            policy
-        };
+        let policy = if !pool.sharing_costs { UpgradePolicy { ops_per_sec: 0, ..policy } } else { policy };
         METRICS.virtual_live.inc();
         let home = pool.assign();
         Arc::new_cyclic(|me| Self {
@@ -360,7 +358,7 @@ impl VirtualConnection {
         let home = self.home.load(Ordering::Relaxed);
         let n = self.pool.slots.len();
         let busy = |slot: usize| self.pool.in_flight[slot].load(Ordering::Acquire) > 0;
-        if !self.pool.spread || !busy(home) {
+        if !self.pool.sharing_costs || !busy(home) {
             return home;
         }
         self.pool.contended.fetch_add(1, Ordering::Relaxed);
@@ -377,6 +375,17 @@ impl VirtualConnection {
         self.pool.moves.fetch_add(1, Ordering::Relaxed);
         METRICS.moves.inc();
         other
+    }
+
+    /// Runs `op` on the connection this handle uses now, counted in flight on its pool slot
+    /// where that matters, then reports a broken connection and counts the operation.
+    fn run<T>(&self, op: impl FnOnce(&dyn Connection) -> Result<T, TransportError>) -> Result<T, TransportError> {
+        let (slot, conn) = self.current();
+        let in_flight = slot.filter(|_| self.pool.sharing_costs).map(|s| self.pool.enter(s));
+        let result = op(&*conn);
+        drop(in_flight);
+        self.after(slot, matches!(&result, Err(e) if e.is_connection_failure()));
+        result
     }
 
     fn current(&self) -> (Option<usize>, Arc<dyn Connection>) {
@@ -427,21 +436,11 @@ impl Drop for VirtualConnection {
 
 impl Connection for VirtualConnection {
     fn execute(&self, batch: &mut Batch) -> Result<(), TransportError> {
-        let (slot, conn) = self.current();
-        let in_flight = slot.filter(|_| self.pool.spread).map(|s| self.pool.enter(s));
-        let result = conn.execute(batch);
-        drop(in_flight);
-        self.after(slot, matches!(&result, Err(e) if e.is_connection_failure()));
-        result
+        self.run(|conn| conn.execute(batch))
     }
 
     fn call(&self, method: u16, request: &[u8]) -> Result<Vec<u8>, TransportError> {
-        let (slot, conn) = self.current();
-        let in_flight = slot.filter(|_| self.pool.spread).map(|s| self.pool.enter(s));
-        let result = conn.call(method, request);
-        drop(in_flight);
-        self.after(slot, matches!(&result, Err(e) if e.is_connection_failure()));
-        result
+        self.run(|conn| conn.call(method, request))
     }
 
     fn region_len(&self) -> u64 {
