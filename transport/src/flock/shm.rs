@@ -37,14 +37,18 @@ use super::ring::{ring_bytes_for, RingReader, RingWriter, Span};
 use super::ClientCarrier;
 
 const CONTROL_BYTES: usize = 4096;
-const REQ_HEAD: usize = 0;
+/// Where one direction's words sit in the control page: the reader's head (its tail word,
+/// bytes written so far, at `head + TAIL`), the doorbell, and the reader's sleeping flag.
+#[derive(Clone, Copy)]
+struct Direction {
+    head: usize,
+    bell: usize,
+    asleep: usize,
+}
+const REQUESTS: Direction = Direction { head: 0, bell: 64, asleep: 68 };
+const RESPONSES: Direction = Direction { head: 128, bell: 192, asleep: 196 };
 /// Tail words (bytes written so far): only for the ring-occupancy metric.
 const TAIL: usize = 8;
-const REQ_BELL: usize = 64;
-const REQ_ASLEEP: usize = 68;
-const RESP_HEAD: usize = 128;
-const RESP_BELL: usize = 192;
-const RESP_ASLEEP: usize = 196;
 const CLOSED: usize = 256;
 /// Polls of an empty ring before sleeping on the doorbell.
 const SPIN_POLLS: u32 = 200;
@@ -125,7 +129,7 @@ impl Shared {
 
     fn close(&self) {
         self.control.word32(CLOSED).store(1, Ordering::Release);
-        for bell in [REQ_BELL, RESP_BELL] {
+        for bell in [REQUESTS.bell, RESPONSES.bell] {
             self.control.word32(bell).fetch_add(1, Ordering::SeqCst);
             futex_wake(self.control.word32(bell));
         }
@@ -133,15 +137,8 @@ impl Shared {
 }
 
 /// Publishes `message` into `ring`, waiting for room (the reader's head is in `control`).
-fn write(
-    shared: &Shared,
-    writer: &mut RingWriter,
-    ring: &Span,
-    head: usize,
-    bell: usize,
-    asleep: usize,
-    message: &[u8],
-) -> io::Result<()> {
+fn write(shared: &Shared, writer: &mut RingWriter, ring: &Span, dir: &Direction, message: &[u8]) -> io::Result<()> {
+    let Direction { head, bell, asleep } = *dir;
     let started = std::time::Instant::now();
     let placement = loop {
         let h = shared.control.word(head).load(Ordering::Acquire);
@@ -175,17 +172,15 @@ fn write(
 }
 
 /// Polls `reader` for a message, spinning then sleeping on the doorbell for up to `sleep`.
-#[allow(clippy::too_many_arguments)]
 fn read(
     shared: &Shared,
     reader: &mut RingReader,
-    head: usize,
-    bell: usize,
-    asleep: usize,
+    dir: &Direction,
     buf: &mut Vec<u8>,
     expect: u32,
     sleep: Duration,
 ) -> io::Result<bool> {
+    let Direction { head, bell, asleep } = *dir;
     for _ in 0..SPIN_POLLS {
         if reader.poll(buf, expect, MAX_MESSAGE_BYTES)? {
             shared.control.word(head).store(reader.head(), Ordering::Release);
@@ -265,9 +260,9 @@ impl Drop for ServerRings {
 
 impl ServerCarrier for ServerRings {
     fn recv(&mut self, buf: &mut Vec<u8>, expect: u32) -> io::Result<Received> {
-        let tail = self.shared.control.word(REQ_HEAD + TAIL).load(Ordering::Relaxed);
+        let tail = self.shared.control.word(REQUESTS.head + TAIL).load(Ordering::Relaxed);
         let sleep = server_sleep(self.idle);
-        match read(&self.shared, &mut self.reader, REQ_HEAD, REQ_BELL, REQ_ASLEEP, buf, expect, sleep) {
+        match read(&self.shared, &mut self.reader, &REQUESTS, buf, expect, sleep) {
             Ok(true) => {
                 self.idle = 0;
                 let unread = tail.saturating_sub(self.reader.head() - buf.len() as u64);
@@ -288,7 +283,7 @@ impl ServerCarrier for ServerRings {
 
     fn send(&mut self, message: &[u8]) -> io::Result<()> {
         let shared = &self.shared;
-        write(shared, &mut self.writer, &shared.responses, RESP_HEAD, RESP_BELL, RESP_ASLEEP, message)
+        write(shared, &mut self.writer, &shared.responses, &RESPONSES, message)
     }
 
     fn head(&self) -> u64 {
@@ -329,12 +324,12 @@ impl ShmLane {
 impl ClientCarrier for ShmLane {
     fn send(&self, message: &[u8]) -> io::Result<()> {
         let shared = &self.shared;
-        write(shared, &mut self.writer.lock(), &shared.requests, REQ_HEAD, REQ_BELL, REQ_ASLEEP, message)
+        write(shared, &mut self.writer.lock(), &shared.requests, &REQUESTS, message)
     }
 
     fn recv(&self, buf: &mut Vec<u8>, expect: u32) -> io::Result<bool> {
         let mut reader = self.reader.lock();
-        let got = read(&self.shared, &mut reader, RESP_HEAD, RESP_BELL, RESP_ASLEEP, buf, expect, SLEEP)?;
+        let got = read(&self.shared, &mut reader, &RESPONSES, buf, expect, SLEEP)?;
         if !got && hung_up(self.socket.as_fd()) {
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the region server closed the lane"));
         }
