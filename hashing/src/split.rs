@@ -19,6 +19,10 @@
 //!    client could not tell "moved for me" from "removed": an acknowledged insert would be
 //!    lost. The price: a client that dies between such an insert and its undo leaves one
 //!    invisible slot and block behind.
+//! 7. A slot is judged by its block's key only while the slot still holds the word that
+//!    pointed there, checked in a later round trip than the block's READ (the move's CAS, or
+//!    a re-read for a slot that stays): a client may swing the slot meanwhile and, its grace
+//!    period over, the old block may hold another key, whose fate is not this key's.
 
 use std::sync::{Arc, LazyLock};
 use std::time::Instant;
@@ -365,6 +369,8 @@ impl Splitter {
             occupied.iter().map(|&(_, _, _, slot)| b.read(slot.block, slot.block_bytes() as u32)).collect();
         self.conn.execute(b)?;
         let mut moves = Vec::new();
+        // Slots judged to stay (misplaced: true for entries of neither half).
+        let mut kept = Vec::new();
         let mut slow = Vec::new();
         for (k, &(i, j, word, _)) in occupied.iter().enumerate() {
             let old_slot = slot_offset(job.old + i * BUCKET_BYTES, j);
@@ -372,28 +378,38 @@ impl Splitter {
             match decode_block(b.read_result(blocks[k])?) {
                 None => slow.push((old_slot, new_slot)),
                 Some((key, _)) => match job.fate(KeyHash::of(key, self.layout.groups_per_subtable).dir) {
-                    Fate::Stay => {}
+                    Fate::Stay => kept.push((old_slot, new_slot, word, false)),
                     Fate::Move => moves.push((old_slot, new_slot, word)),
-                    Fate::Misplaced => METRICS.misplaced.inc(),
+                    Fate::Misplaced => kept.push((old_slot, new_slot, word, true)),
                 },
             }
         }
-        // Round 3: copy, then clear the old slot (at most 2 x 112 ops per round).
-        if !moves.is_empty() {
-            b.clear();
-            let mut cases = Vec::new();
-            for &(old_slot, new_slot, word) in &moves {
-                b.write(new_slot, &word.to_le_bytes());
-                cases.push((b.cas(old_slot, word, 0), old_slot, new_slot));
+        // Round 3: copy, then clear the old slot; and read each kept slot again (at most
+        // 2 x 112 ops per round). A block is only known to be the slot's key while the slot
+        // still holds the word that led to it: a client may have swung the slot since round
+        // 1 and, its grace period over, the old block may hold any key now. The CAS checks
+        // that for a move, the re-read (a later round trip than the block's) for the others.
+        b.clear();
+        let mut cases = Vec::new();
+        for &(old_slot, new_slot, word) in &moves {
+            b.write(new_slot, &word.to_le_bytes());
+            cases.push((b.cas(old_slot, word, 0), old_slot, new_slot));
+        }
+        let rereads: Vec<_> = kept.iter().map(|&(old_slot, ..)| b.read(old_slot, 8)).collect();
+        self.conn.execute(b)?;
+        for (cas, old_slot, new_slot) in cases {
+            if b.cas_succeeded(cas)? {
+                METRICS.moved.inc();
+            } else {
+                // A client changed the slot meanwhile: judge its new word on the slow path.
+                slow.push((old_slot, new_slot));
             }
-            self.conn.execute(b)?;
-            for (cas, old_slot, new_slot) in cases {
-                if b.cas_succeeded(cas)? {
-                    METRICS.moved.inc();
-                } else {
-                    // A client changed the slot meanwhile: judge its new word on the slow path.
-                    slow.push((old_slot, new_slot));
-                }
+        }
+        for (&(old_slot, new_slot, word, misplaced), read) in kept.iter().zip(rereads) {
+            if words::read_word(b.read_result(read)?) != word {
+                slow.push((old_slot, new_slot));
+            } else if misplaced {
+                METRICS.misplaced.inc();
             }
         }
         for (old_slot, new_slot) in slow {
@@ -418,10 +434,18 @@ impl Splitter {
                 continue; // the slot changed and its old block was reused: look again
             };
             match job.fate(KeyHash::of(key, self.layout.groups_per_subtable).dir) {
-                Fate::Stay => return self.write_words(b, &[(new_slot, 0)]),
-                Fate::Misplaced => {
-                    METRICS.misplaced.inc();
-                    return self.write_words(b, &[(new_slot, 0)]);
+                fate @ (Fate::Stay | Fate::Misplaced) => {
+                    // Settled only if the block was still the slot's when read (see round 3).
+                    b.clear();
+                    b.write(new_slot, &0u64.to_le_bytes());
+                    let reread = b.read(old_slot, 8);
+                    self.conn.execute(b)?;
+                    if words::read_word(b.read_result(reread)?) == word {
+                        if matches!(fate, Fate::Misplaced) {
+                            METRICS.misplaced.inc();
+                        }
+                        return Ok(());
+                    }
                 }
                 Fate::Move => {
                     b.clear();

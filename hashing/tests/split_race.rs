@@ -1,12 +1,19 @@
-//! A deterministic replay of the race the probe's header re-reads exist for: a reader loads
-//! a bucket's header, a split then moves the bucket's key away, and the reader loads the
-//! slots afterwards. (A bucket READ is not atomic: word by word on shm, anything goes over a
-//! network.) The reader must not conclude the key is absent.
+//! Deterministic replays of races between a split and its clients:
+//! - the one the probe's header re-reads exist for: a reader loads a bucket's header, a split
+//!   then moves the bucket's key away, and the reader loads the slots afterwards. (A bucket
+//!   READ is not atomic: word by word on shm, anything goes over a network.) The reader must
+//!   not conclude the key is absent.
+//! - the one split.rs invariant 7 exists for: a slot swung and its old block reused between
+//!   the splitter's slot and block reads. The splitter must not move (or keep) the key by
+//!   another key's hash.
 
 use std::sync::{Arc, Mutex};
 
 use racekv_hashing::hash::KeyHash;
+use racekv_hashing::heap::Heap;
+use racekv_hashing::layout::{encode_block, Slot};
 use racekv_hashing::rpc::SplitRequest;
+use racekv_hashing::split::Splitter;
 use racekv_hashing::testing::{scan, TestMemnode, Via};
 use racekv_hashing::{Table, TableOptions};
 use racekv_transport::{Batch, Connection, OpKind, TransportError, TransportKind};
@@ -15,6 +22,27 @@ type Hook = Box<dyn FnOnce() + Send>;
 
 fn op_error(error: racekv_transport::OpError) -> TransportError {
     TransportError::Op { index: 0, error }
+}
+
+/// The `Connection` methods a wrapper passes straight to its `inner` connection.
+macro_rules! pass_through {
+    () => {
+        fn call(&self, method: u16, request: &[u8]) -> Result<Vec<u8>, TransportError> {
+            self.inner.call(method, request)
+        }
+        fn region_len(&self) -> u64 {
+            self.inner.region_len()
+        }
+        fn kind(&self) -> TransportKind {
+            self.inner.kind()
+        }
+        fn instance(&self) -> u64 {
+            self.inner.instance()
+        }
+        fn is_healthy(&self) -> bool {
+            self.inner.is_healthy()
+        }
+    };
 }
 
 /// Passes everything through to `inner`, except that the first READ covering `split_at`
@@ -91,31 +119,12 @@ impl Connection for TornReads {
         Ok(())
     }
 
-    fn call(&self, method: u16, request: &[u8]) -> Result<Vec<u8>, TransportError> {
-        self.inner.call(method, request)
-    }
-    fn region_len(&self) -> u64 {
-        self.inner.region_len()
-    }
-    fn kind(&self) -> TransportKind {
-        self.inner.kind()
-    }
-    fn instance(&self) -> u64 {
-        self.inner.instance()
-    }
-    fn is_healthy(&self) -> bool {
-        self.inner.is_healthy()
-    }
+    pass_through!();
 }
 
-/// Buckets the splitter handles per round (split.rs `BUCKETS_PER_ROUND`).
-const BUCKETS_PER_ROUND: u64 = 16;
-
-#[test]
-fn a_split_between_a_buckets_header_and_its_slots_does_not_hide_the_key() {
+/// A memnode whose table holds 400 keys in its one subtable (returned), not split yet.
+fn one_subtable_of_keys() -> (TestMemnode, u64) {
     let memnode = TestMemnode::start(Via::Local, 32 << 20, 64);
-    let layout = memnode.layout();
-    let groups = layout.groups_per_subtable;
     let table = memnode.table(TableOptions::default());
     let mut writer = table.client(memnode.connect());
     for i in 0..400 {
@@ -124,6 +133,17 @@ fn a_split_between_a_buckets_header_and_its_slots_does_not_hide_the_key() {
     writer.flush().unwrap();
     assert_eq!(table.directory().global_depth(), 0, "no split yet");
     let subtable = table.directory().lookup(0).entry.subtable;
+    (memnode, subtable)
+}
+
+/// Buckets the splitter handles per round (split.rs `BUCKETS_PER_ROUND`).
+const BUCKETS_PER_ROUND: u64 = 16;
+
+#[test]
+fn a_split_between_a_buckets_header_and_its_slots_does_not_hide_the_key() {
+    let (memnode, subtable) = one_subtable_of_keys();
+    let layout = memnode.layout();
+    let groups = layout.groups_per_subtable;
     let index_of = |offset: u64| (offset - subtable) / 64;
     // The worst case: the key sits in the second bucket of a combined bucket that the first
     // round of the split handles (it moves: directory hash bit 0 set), and every other bucket
@@ -173,4 +193,104 @@ fn a_split_between_a_buckets_header_and_its_slots_does_not_hide_the_key() {
         String::from_utf8_lossy(&key)
     );
     assert!(reader.stats().stale_directory >= 1, "the reader should have noticed the split");
+}
+
+/// Passes everything through to `inner`, but runs each hook once, before the first batch
+/// that READs the word at its offset (as if the caller were preempted just before sending it).
+struct BeforeRead {
+    inner: Arc<dyn Connection>,
+    hooks: Mutex<Vec<(u64, Hook)>>,
+}
+
+impl Connection for BeforeRead {
+    fn execute(&self, batch: &mut Batch) -> Result<(), TransportError> {
+        let due: Vec<Hook> = {
+            let mut hooks = self.hooks.lock().unwrap();
+            let (due, rest) = std::mem::take(&mut *hooks)
+                .into_iter()
+                .partition(|(offset, _)| batch.ops().iter().any(|op| op.kind == OpKind::Read && op.offset == *offset));
+            *hooks = rest;
+            due.into_iter().map(|(_, hook)| hook).collect()
+        };
+        due.into_iter().for_each(|hook| hook());
+        self.inner.execute(batch)
+    }
+
+    pass_through!();
+}
+
+fn read_word(conn: &dyn Connection, offset: u64) -> u64 {
+    let mut b = Batch::new();
+    let r = b.read(offset, 8);
+    conn.execute(&mut b).unwrap();
+    u64::from_le_bytes(b.read_result(r).unwrap().try_into().unwrap())
+}
+
+/// The splitter reads a bucket's slots, then (next round trip) the blocks they point at to
+/// learn each key's hash. Between the two, a client's update can swing a slot (its CAS was
+/// sent before the bucket was claimed) and, once the grace period is over, the old block can
+/// hold another key. The splitter must not judge the slot by that other key: if it did, a
+/// key that moves would stay behind, under a header that no longer admits it, and vanish.
+/// The same happens twice here: once to the bucket's round, once more to the one-slot path
+/// that round sends the changed slot to.
+#[test]
+fn a_block_reused_between_the_splitters_slot_and_block_reads_does_not_misjudge_the_key() {
+    let (memnode, subtable) = one_subtable_of_keys();
+    let layout = memnode.layout();
+    let groups = layout.groups_per_subtable;
+    let items = scan(&*memnode.connect(), &layout);
+    // A key that moves (directory hash bit 0 set), and a key that stays, to reuse its blocks.
+    let victim = items.iter().find(|it| KeyHash::of(&it.key, groups).dir & 1 == 1).expect("a key that moves").clone();
+    let stayer = (0..).map(|i| format!("x{i}").into_bytes()).find(|k| KeyHash::of(k, groups).dir & 1 == 0).unwrap();
+    let conn = memnode.connect();
+    let first = Slot::decode(read_word(&*conn, victim.slot)).expect("a used slot");
+    // Space for the two late updates' blocks, which nobody else will hand out.
+    let (spare, _) = Heap::new(Arc::clone(&conn), layout).alloc_chunk(0).unwrap();
+    let updates = [(first, spare, &b"updated"[..]), (Slot { block: spare, ..first }, spare + 4096, b"updated again")];
+
+    let hooks: Vec<(u64, Hook)> = updates
+        .iter()
+        .enumerate()
+        .map(|(n, &(from, to, value))| {
+            let (conn, key, stayer, slot) = (Arc::clone(&conn), victim.key.clone(), stayer.clone(), victim.slot);
+            let hook: Hook = Box::new(move || {
+                // A late update swings the slot to a new block; then, the grace period over,
+                // its old block holds a key that stays.
+                let from_word = Slot { tag: first.tag.wrapping_add(n as u8), ..from }.encode();
+                let mut block = Vec::new();
+                let units = encode_block(&mut block, &key, value);
+                let to_word = Slot { units, tag: first.tag.wrapping_add(n as u8 + 1), block: to, ..first }.encode();
+                let mut b = Batch::new();
+                b.write(to, &block);
+                let cas = b.cas(slot, from_word, to_word);
+                conn.execute(&mut b).unwrap();
+                assert!(b.cas_succeeded(cas).unwrap(), "late update {n}");
+                encode_block(&mut block, &stayer, b"s");
+                assert!(block.len() as u64 <= from.block_bytes());
+                b.clear();
+                b.write(from.block, &block);
+                conn.execute(&mut b).unwrap();
+            });
+            (from.block, hook)
+        })
+        .collect();
+    let hooked = Arc::new(BeforeRead { inner: conn, hooks: Mutex::new(hooks) });
+    let splitter_conn: Arc<dyn Connection> = hooked.clone();
+    let splitter = Splitter::new(Arc::clone(&splitter_conn), layout, Arc::new(Heap::new(splitter_conn, layout)));
+    let request =
+        SplitRequest { dir_hash: KeyHash::of(&victim.key, groups).dir, observed_depth: 0, observed_subtable: subtable };
+    splitter.split(&request).unwrap();
+    assert!(hooked.hooks.lock().unwrap().is_empty(), "both late updates ran");
+
+    let reader_table = memnode.table(TableOptions::default());
+    let mut reader = reader_table.client(memnode.connect());
+    assert_eq!(
+        reader.get(&victim.key).unwrap().as_deref(),
+        Some(&b"updated again"[..]),
+        "{} was left behind by the split",
+        String::from_utf8_lossy(&victim.key)
+    );
+    let copies: Vec<_> = scan(&*memnode.connect(), &layout).into_iter().filter(|it| it.key == victim.key).collect();
+    assert_eq!(copies.len(), 1, "one copy of the key: {copies:?}");
+    assert!(copies[0].admitted, "the copy is where readers look: {copies:?}");
 }

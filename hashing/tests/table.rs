@@ -547,11 +547,14 @@ mod in_order {
     /// that order, again and again, while fillers force splits (stale directory entries,
     /// moved slots: the single-key path); readers look the keys up in reverse order, so
     /// once a read sees version v of key i, every later read (keys below i, written before
-    /// it) must see v or newer. Each reader's history is checked against that.
+    /// it) must see v or newer. Each reader's history is checked against that. No grace
+    /// period: the writer's old blocks are reused at once, which found a splitter judging a
+    /// slot by a block that had meanwhile become another key's (split.rs, invariant 7): a
+    /// key that always exists went missing (about 1 run in 9 on 2 loaded CPUs).
     fn reads_keep_their_order(via: Via) {
         const KEYS: usize = 48;
         let memnode = TestMemnode::start(via, 128 * MIB, 4);
-        let table = memnode.table(options(5));
+        let table = memnode.table(options(0));
         let names: Vec<Vec<u8>> = (0..KEYS).map(|i| format!("ordered-{i}").into_bytes()).collect();
         let reversed: Vec<&[u8]> = names.iter().rev().map(|n| &n[..]).collect();
         let mut c = table.client(memnode.connect());
@@ -701,8 +704,11 @@ mod short_lived_clients {
                 let heap = memnode.stats().heap;
                 reached.push(heap.heap_used_bytes + heap.heap_free_bytes);
             }
-            // The heap top stopped moving after the first round: later processes reused it.
-            assert!(reached.windows(2).all(|w| w[0] == w[1]), "the heap kept growing: {reached:?}");
+            // Later processes reused the heap the first one grew: the top moves at most by
+            // the few extra chunks a faster prefetch can hold (a leak would add a whole
+            // round's worth, about as much as the first round, each round).
+            let (first, last) = (reached[0], reached[reached.len() - 1]);
+            assert!(last <= first + first / 4, "the heap kept growing: {reached:?}");
         }
     }
 
