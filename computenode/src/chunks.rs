@@ -5,13 +5,13 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
-use racekv_hashing::alloc::ChunkSource;
+use racekv_hashing::alloc::{Chunk, ChunkSource, Fragments};
 use racekv_hashing::table::RpcChunkSource;
 use racekv_hashing::Error;
 use racekv_transport::Connection;
 
 struct State {
-    ready: VecDeque<(u64, u64)>,
+    ready: VecDeque<Chunk>,
     stopping: bool,
 }
 
@@ -54,9 +54,15 @@ impl PrefetchingChunks {
             st.ready.drain(..).collect()
         };
         self.wanted.notify_all();
-        if !ready.is_empty() {
-            self.rpc.give_back(&ready);
-        }
+        give_back(&self.rpc, ready);
+    }
+}
+
+/// Hands unused chunks back (those of a memnode run that is gone are refused: its
+/// successor reclaimed them).
+fn give_back(rpc: &RpcChunkSource, chunks: impl IntoIterator<Item = Chunk>) {
+    for chunk in chunks {
+        rpc.give_back(chunk.instance, &[(chunk.offset, chunk.bytes)]);
     }
 }
 
@@ -87,7 +93,7 @@ fn refill(weak: std::sync::Weak<PrefetchingChunks>) {
 }
 
 impl ChunkSource for PrefetchingChunks {
-    fn chunk(&self, preferred: u64) -> Result<(u64, u64), Error> {
+    fn chunk(&self, preferred: u64) -> Result<Chunk, Error> {
         let popped = self.state.lock().ready.pop_front();
         self.wanted.notify_one();
         match popped {
@@ -96,20 +102,31 @@ impl ChunkSource for PrefetchingChunks {
         }
     }
 
-    fn give_back(&self, ranges: &[(u64, u64)]) {
-        self.rpc.give_back(ranges);
+    fn give_back(&self, instance: u64, ranges: &[(u64, u64)]) {
+        self.rpc.give_back(instance, ranges);
     }
 
-    fn fragments(&self, most_bytes: u64) -> Vec<(u64, u64)> {
+    fn fragments(&self, most_bytes: u64) -> Option<Fragments> {
         self.rpc.fragments(most_bytes)
+    }
+
+    fn forget(&self, instance: u64) {
+        let mut st = self.state.lock();
+        let before = st.ready.len();
+        st.ready.retain(|c| c.instance != instance);
+        if st.ready.len() < before {
+            tracing::debug!(
+                dropped = before - st.ready.len(),
+                "dropped prefetched chunks of a memnode run that is gone"
+            );
+            self.wanted.notify_one();
+        }
     }
 }
 
 impl Drop for PrefetchingChunks {
     fn drop(&mut self) {
         let ready: Vec<_> = self.state.get_mut().ready.drain(..).collect();
-        if !ready.is_empty() {
-            self.rpc.give_back(&ready);
-        }
+        give_back(&self.rpc, ready);
     }
 }

@@ -8,7 +8,7 @@
 use libfuzzer_sys::fuzz_target;
 use racekv_hashing::layout::{decode_block, BucketHeader, DirEntry, Layout, Slot, MAX_GLOBAL_DEPTH_LIMIT};
 use racekv_hashing::rpc::{
-    decode_chunk, decode_chunk_request, decode_fragments_request, decode_ranges, encode_ranges, Metadata, SplitRequest,
+    decode_chunk, decode_chunk_request, encode_chunk, decode_fragments_request, decode_ranges, encode_ranges, Metadata, SplitRequest,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -35,10 +35,12 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(req) = SplitRequest::decode(data) {
         assert_eq!(&req.encode()[..], data);
     }
-    if let Ok(ranges) = decode_ranges(data) {
-        assert_eq!(encode_ranges(&ranges), data);
+    if let Ok((instance, ranges)) = decode_ranges(data) {
+        assert_eq!(encode_ranges(instance, &ranges), data);
     }
-    let _ = decode_chunk(data);
+    if let Ok(chunk) = decode_chunk(data) {
+        assert_eq!(encode_chunk(&chunk), data);
+    }
     let _ = decode_chunk_request(data);
     if let Ok(most) = decode_fragments_request(data) {
         assert_eq!(&most.to_le_bytes()[..], data);

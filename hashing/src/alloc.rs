@@ -11,6 +11,9 @@
 //!
 //! Each client has its own lists (no locks on the hot path). A client that goes away hands
 //! its lists and the rest of its chunk to the [`FreePool`] it shares with its siblings.
+//!
+//! All the space a client or pool holds comes from one run of the memnode ([`Chunk`]):
+//! space of a run that is gone is dropped, never written (the memnode's start reclaimed it).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -21,20 +24,45 @@ use parking_lot::Mutex;
 use crate::error::Error;
 use crate::layout::{BLOCK_UNIT_BYTES, MAX_BLOCK_UNITS};
 
+/// Heap space a memnode handed out, and the run of the memnode that did: `instance` is its
+/// server instance (random per start, [`racekv_transport::Connection::instance`]). A memnode
+/// that starts reclaims every heap byte no slot references (`reclaim.rs`), so space held
+/// from an earlier run may be someone else's now: whatever a client writes into it must
+/// reach that same run ([`racekv_transport::Batch::require_instance`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chunk {
+    pub offset: u64,
+    pub bytes: u64,
+    pub instance: u64,
+}
+
+/// Free runs shorter than a chunk, from one run of the memnode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fragments {
+    pub instance: u64,
+    /// (offset, bytes)
+    pub ranges: Vec<(u64, u64)>,
+}
+
 /// Where chunks come from (the memnode, through its RPC).
 pub trait ChunkSource: Send + Sync {
-    /// A heap chunk of about `preferred` bytes: (offset, bytes). Offsets and sizes are
-    /// multiples of 64 and at least [`MIN_CHUNK_BYTES`]; the size may differ from the wish.
-    fn chunk(&self, preferred: u64) -> Result<(u64, u64), Error>;
-    /// Hands unused ranges back (a client going away). Best effort.
-    fn give_back(&self, ranges: &[(u64, u64)]) {
-        let _ = ranges;
+    /// A heap chunk of about `preferred` bytes. Offsets and sizes are multiples of 64 and
+    /// at least [`MIN_CHUNK_BYTES`]; the size may differ from the wish.
+    fn chunk(&self, preferred: u64) -> Result<Chunk, Error>;
+    /// Hands unused ranges that run `instance` handed out back (a process going away).
+    /// Best effort.
+    fn give_back(&self, instance: u64, ranges: &[(u64, u64)]) {
+        let _ = (instance, ranges);
     }
     /// Free runs shorter than a chunk, up to about `most_bytes`, each to be used as one
     /// free block of its size (at most [`MAX_BLOCK_UNITS`] units). Best effort.
-    fn fragments(&self, most_bytes: u64) -> Vec<(u64, u64)> {
+    fn fragments(&self, most_bytes: u64) -> Option<Fragments> {
         let _ = most_bytes;
-        Vec::new()
+        None
+    }
+    /// Run `instance` of the memnode is gone: drop any space from it held for later.
+    fn forget(&self, instance: u64) {
+        let _ = instance;
     }
 }
 
@@ -54,12 +82,21 @@ const POOL_REFILL_BLOCKS: usize = 64;
 
 #[derive(Default)]
 struct PoolInner {
+    /// The memnode run everything below came from (None: the pool is empty).
+    instance: Option<u64>,
     free: Vec<Vec<u64>>,
     pending: VecDeque<(Instant, u64, u8)>,
     ranges: Vec<(u64, u64)>,
 }
 
-/// Free blocks and chunk remainders left by clients that went away.
+impl PoolInner {
+    fn clear(&mut self, instance: Option<u64>) {
+        *self = PoolInner { instance, ..PoolInner::default() };
+    }
+}
+
+/// Free blocks and chunk remainders left by clients that went away, all from one run of the
+/// memnode: the latest one a sibling heard from ([`FreePool::observe`]).
 #[derive(Default)]
 pub struct FreePool {
     inner: Mutex<PoolInner>,
@@ -70,8 +107,40 @@ impl FreePool {
         Self::default()
     }
 
-    fn take_blocks(&self, units: u8, out: &mut Vec<u64>, grace: Duration) -> bool {
+    /// A sibling got space from memnode run `instance`: anything from another run is stale.
+    fn observe(&self, instance: u64) {
         let mut inner = self.inner.lock();
+        if inner.instance != Some(instance) {
+            inner.clear(Some(instance));
+        }
+    }
+
+    /// Drops everything if it came from run `stale`.
+    fn forget(&self, stale: u64) {
+        let mut inner = self.inner.lock();
+        if inner.instance == Some(stale) {
+            inner.clear(None);
+        }
+    }
+
+    /// Whether a client holding space of run `instance` (None: nothing yet) may take from
+    /// the pool; a client with nothing adopts the pool's run.
+    fn same_run(inner: &PoolInner, instance: &mut Option<u64>) -> bool {
+        match (inner.instance, *instance) {
+            (Some(pool), None) => {
+                *instance = Some(pool);
+                true
+            }
+            (Some(pool), Some(mine)) => pool == mine,
+            (None, _) => false,
+        }
+    }
+
+    fn take_blocks(&self, units: u8, out: &mut Vec<u64>, grace: Duration, instance: &mut Option<u64>) -> bool {
+        let mut inner = self.inner.lock();
+        if !Self::same_run(&inner, instance) {
+            return false;
+        }
         let now = Instant::now();
         while let Some(&(at, block, u)) = inner.pending.front() {
             if now.duration_since(at) < grace {
@@ -88,8 +157,12 @@ impl FreePool {
         n > 0
     }
 
-    fn take_range(&self) -> Option<(u64, u64)> {
-        self.inner.lock().ranges.pop()
+    fn take_range(&self, instance: &mut Option<u64>) -> Option<(u64, u64)> {
+        let mut inner = self.inner.lock();
+        if inner.ranges.is_empty() || !Self::same_run(&inner, instance) {
+            return None;
+        }
+        inner.ranges.pop()
     }
 
     /// Empties the pool for a process that is done with the table: waits out the grace
@@ -104,13 +177,13 @@ impl FreePool {
         }
         let mut inner = self.inner.lock();
         let inner = &mut *inner;
+        let mut drained = Drained { instance: inner.instance.take(), ..Drained::default() };
         let mut pieces: Vec<(u64, u64)> = inner.ranges.drain(..).collect();
         for (units, list) in inner.free.iter_mut().enumerate() {
             pieces.extend(list.drain(..).map(|b| (b, b + units as u64 * BLOCK_UNIT_BYTES)));
         }
         pieces.extend(inner.pending.drain(..).map(|(_, b, u)| (b, b + u64::from(u) * BLOCK_UNIT_BYTES)));
         pieces.sort_unstable();
-        let mut drained = Drained::default();
         let mut runs: Vec<(u64, u64)> = Vec::new();
         for (start, end) in pieces {
             debug_assert!(start < end, "an empty free piece at {start}");
@@ -150,6 +223,8 @@ impl FreePool {
 /// What [`FreePool::drain_all`] found.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Drained {
+    /// The memnode run that handed the runs out (None: the pool was empty).
+    pub instance: Option<u64>,
     /// Runs to give back to the memnode: (offset, bytes).
     pub ranges: Vec<(u64, u64)>,
     pub given_bytes: u64,
@@ -168,6 +243,8 @@ pub struct BlockAllocator {
     source: Arc<dyn ChunkSource>,
     pool: Arc<FreePool>,
     grace: Duration,
+    /// The memnode run all the space below came from (None: none held).
+    instance: Option<u64>,
     /// Size to ask for next time.
     next_request: u64,
     cursor: u64,
@@ -186,6 +263,7 @@ impl BlockAllocator {
             source,
             pool,
             grace,
+            instance: None,
             next_request: FIRST_CHUNK_BYTES,
             cursor: 0,
             end: 0,
@@ -204,7 +282,7 @@ impl BlockAllocator {
             return Ok(block);
         }
         let mut refill = std::mem::take(&mut self.free[units as usize]);
-        let refilled = self.pool.take_blocks(units, &mut refill, self.grace);
+        let refilled = self.pool.take_blocks(units, &mut refill, self.grace, &mut self.instance);
         self.free[units as usize] = refill;
         if refilled {
             let block = self.free[units as usize].pop().expect("refilled");
@@ -236,16 +314,17 @@ impl BlockAllocator {
             self.free[units as usize].push(self.cursor);
             self.held_bytes += units * BLOCK_UNIT_BYTES;
         }
-        let (start, end) = match self.pool.take_range() {
+        let (start, end) = match self.pool.take_range(&mut self.instance) {
             Some(range) => range,
             None => {
-                let (offset, bytes) = self.source.chunk(self.next_request)?;
+                let Chunk { offset, bytes, instance } = self.source.chunk(self.next_request)?;
                 assert!(
                     offset % BLOCK_UNIT_BYTES == 0
                         && bytes % BLOCK_UNIT_BYTES == 0
                         && bytes >= MAX_BLOCK_UNITS * BLOCK_UNIT_BYTES
                 );
                 self.next_request = self.next_request.saturating_mul(2);
+                self.adopt(instance);
                 (offset, offset + bytes)
             }
         };
@@ -258,7 +337,12 @@ impl BlockAllocator {
     /// asked for: key-value sizes tend to repeat), the rest of it one block of its own size.
     fn take_fragments(&mut self, units: u8) {
         let want = u64::from(units) * BLOCK_UNIT_BYTES;
-        for (offset, bytes) in self.source.fragments(FRAGMENT_INTAKE_BYTES) {
+        let Some(Fragments { instance, ranges }) = self.source.fragments(FRAGMENT_INTAKE_BYTES) else { return };
+        if ranges.is_empty() {
+            return;
+        }
+        self.adopt(instance);
+        for (offset, bytes) in ranges {
             assert!(
                 offset.is_multiple_of(BLOCK_UNIT_BYTES)
                     && bytes.is_multiple_of(BLOCK_UNIT_BYTES)
@@ -287,14 +371,73 @@ impl BlockAllocator {
         Ok(())
     }
 
+    /// The memnode run the space this client holds came from (None: it holds none).
+    pub fn instance(&self) -> Option<u64> {
+        self.instance
+    }
+
+    /// Space from memnode run `instance` arrived (a chunk, fragments): the latest word from
+    /// the memnode, so space held from another run is dropped (the memnode reclaimed it).
+    fn adopt(&mut self, instance: u64) {
+        if self.instance != Some(instance) {
+            if let Some(stale) = self.instance {
+                tracing::debug!(stale, instance, "the memnode restarted: dropping the space held from its last run");
+                self.drop_space();
+            }
+            self.instance = Some(instance);
+            self.pool.observe(instance);
+        }
+    }
+
+    fn drop_space(&mut self) {
+        self.free.iter_mut().for_each(Vec::clear);
+        self.pending.clear();
+        self.cursor = 0;
+        self.end = 0;
+        self.held_bytes = 0;
+    }
+
+    /// Memnode run `stale` is gone (a batch requiring it was refused): drops the space held
+    /// from it here, in the shared pool and in the chunk source. The next allocation takes a
+    /// chunk from the run serving now.
+    pub fn forget(&mut self, stale: u64) {
+        if self.instance == Some(stale) {
+            self.drop_space();
+            self.instance = None;
+        }
+        self.pool.forget(stale);
+        self.source.forget(stale);
+    }
+
+    /// Whether a block freed by a CAS that ran on memnode run `instance` may join this
+    /// client's space (a client holding none starts holding that run's).
+    fn owns_run(&mut self, instance: u64) -> bool {
+        match self.instance {
+            None => {
+                self.instance = Some(instance);
+                true
+            }
+            Some(mine) => mine == instance,
+        }
+    }
+
     /// Frees a block other clients may still be reading: reusable after the grace period.
-    pub fn retire(&mut self, block: u64, units: u8) {
+    /// `instance` is the memnode run whose slot last held it (the run the unlinking CAS
+    /// ran on); a block of another run is left to that run's reclaim.
+    pub fn retire(&mut self, block: u64, units: u8, instance: u64) {
+        if !self.owns_run(instance) {
+            return;
+        }
         self.pending.push_back((Instant::now(), block, units));
         self.held_bytes += u64::from(units) * BLOCK_UNIT_BYTES;
     }
 
-    /// Frees a block that was never published (no slot ever pointed to it): reusable now.
-    pub fn release_unpublished(&mut self, block: u64, units: u8) {
+    /// Frees a block allocated from memnode run `instance` that was never published (no
+    /// slot ever pointed to it): reusable now.
+    pub fn release_unpublished(&mut self, block: u64, units: u8, instance: u64) {
+        if !self.owns_run(instance) {
+            return;
+        }
         self.free[units as usize].push(block);
         self.held_bytes += u64::from(units) * BLOCK_UNIT_BYTES;
     }
@@ -317,7 +460,14 @@ impl BlockAllocator {
 
 impl Drop for BlockAllocator {
     fn drop(&mut self) {
+        let Some(instance) = self.instance else { return };
         let mut inner = self.pool.inner.lock();
+        match inner.instance {
+            None => inner.instance = Some(instance),
+            Some(pool) if pool == instance => {}
+            // Space from a run the pool's siblings no longer use: reclaimed by the memnode.
+            Some(_) => return,
+        }
         ensure_classes(&mut inner.free);
         for (units, list) in self.free.iter_mut().enumerate() {
             inner.free[units].append(list);
@@ -334,15 +484,19 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU64, Ordering};
 
-    struct Bump(AtomicU64);
+    const RUN: u64 = 1;
+
+    /// Chunks of 64 KiB from the memnode run its `run` says.
+    struct Bump(AtomicU64, AtomicU64);
     impl ChunkSource for Bump {
-        fn chunk(&self, _preferred: u64) -> Result<(u64, u64), Error> {
-            Ok((self.0.fetch_add(1 << 16, Ordering::Relaxed), 1 << 16))
+        fn chunk(&self, _preferred: u64) -> Result<Chunk, Error> {
+            let offset = self.0.fetch_add(1 << 16, Ordering::Relaxed);
+            Ok(Chunk { offset, bytes: 1 << 16, instance: self.1.load(Ordering::Relaxed) })
         }
     }
 
     fn allocator(grace_ms: u64) -> (BlockAllocator, Arc<Bump>, Arc<FreePool>) {
-        let source = Arc::new(Bump(AtomicU64::new(1 << 20)));
+        let source = Arc::new(Bump(AtomicU64::new(1 << 20), AtomicU64::new(RUN)));
         let pool = Arc::new(FreePool::new());
         (BlockAllocator::new(source.clone(), pool.clone(), Duration::from_millis(grace_ms)), source, pool)
     }
@@ -365,12 +519,12 @@ mod tests {
     fn retired_blocks_wait_out_the_grace_period() {
         let (mut a, _, _) = allocator(50);
         let b = a.alloc(2).unwrap();
-        a.retire(b, 2);
+        a.retire(b, 2, RUN);
         assert_ne!(a.alloc(2).unwrap(), b, "reused inside the grace period");
         std::thread::sleep(Duration::from_millis(60));
         assert_eq!(a.alloc(2).unwrap(), b, "not reused after the grace period");
         let u = a.alloc(3).unwrap();
-        a.release_unpublished(u, 3);
+        a.release_unpublished(u, 3, RUN);
         assert_eq!(a.alloc(3).unwrap(), u, "unpublished blocks are reusable at once");
     }
 
@@ -386,7 +540,7 @@ mod tests {
             let at = i % live.len();
             let old = live[at];
             live[at] = a.alloc(1).unwrap();
-            a.retire(old, 1);
+            a.retire(old, 1, RUN);
         }
         assert_eq!(source.0.load(Ordering::Relaxed), chunks_before, "memory grew under a steady update load");
     }
@@ -395,11 +549,76 @@ mod tests {
     fn a_departing_client_leaves_its_memory_to_the_pool() {
         let (mut a, source, pool) = allocator(0);
         let block = a.alloc(4).unwrap();
-        a.release_unpublished(block, 4);
+        a.release_unpublished(block, 4, RUN);
         drop(a);
         let mut b = BlockAllocator::new(source, pool.clone(), Duration::ZERO);
         assert_eq!(b.alloc(4).unwrap(), block);
         assert!(pool.bytes() > 0, "the first client's chunk remainder went missing");
+    }
+
+    #[test]
+    fn space_from_a_memnode_run_that_is_gone_is_never_handed_out_again() {
+        let (mut a, source, pool) = allocator(0);
+        let first = a.alloc(1).unwrap();
+        let freed = a.alloc(2).unwrap();
+        a.release_unpublished(freed, 2, RUN);
+        let sibling = BlockAllocator::new(source.clone(), pool.clone(), Duration::ZERO);
+        drop(sibling); // holds nothing: leaves nothing
+        let mut departed = BlockAllocator::new(source.clone(), pool.clone(), Duration::ZERO);
+        departed.alloc(3).unwrap();
+        drop(departed); // its chunk's remainder goes to the pool
+        assert!(pool.bytes() > 0);
+        assert_eq!(a.instance(), Some(RUN));
+
+        // The memnode restarted (run 2): a batch requiring run 1 was refused.
+        source.1.store(2, Ordering::Relaxed);
+        a.forget(RUN);
+        assert_eq!((a.instance(), a.held_bytes(), pool.bytes()), (None, 0, 0));
+        let fresh_start = source.0.load(Ordering::Relaxed);
+        for units in [1u8, 2, 3] {
+            let block = a.alloc(units).unwrap();
+            assert!(
+                block >= fresh_start,
+                "handed out {block} from the last run's space (fresh chunks start at {fresh_start})"
+            );
+        }
+        assert_eq!(a.instance(), Some(2));
+        // A block a CAS of the old run freed is left to that run's reclaim; one of this
+        // run's joins the client's space.
+        a.retire(first, 1, RUN);
+        assert_eq!(a.held_bytes(), 0);
+        a.release_unpublished(first, 1, 2);
+        assert_eq!(a.held_bytes(), 64);
+    }
+
+    #[test]
+    fn a_client_that_learns_of_a_new_run_drops_the_old_space_and_so_does_the_pool() {
+        let (mut a, source, pool) = allocator(0);
+        let mut b = BlockAllocator::new(source.clone(), pool.clone(), Duration::ZERO);
+        let old = a.alloc(4).unwrap();
+        a.release_unpublished(old, 4, RUN);
+        b.alloc(1).unwrap();
+        drop(b);
+        assert!(pool.bytes() > 0);
+        // Run 2 serves now; `a` learns of it when it next needs a chunk.
+        source.1.store(2, Ordering::Relaxed);
+        let fresh_start = source.0.load(Ordering::Relaxed);
+        for _ in 0..20 {
+            let block = a.alloc(255).unwrap();
+            if a.instance() == Some(2) {
+                assert!(block >= fresh_start);
+                break;
+            }
+        }
+        assert_eq!(a.instance(), Some(2));
+        assert!(a.alloc(4).unwrap() >= fresh_start, "reused a block of the last run");
+        assert_eq!(pool.bytes(), 0, "the pool kept the last run's space");
+        // A client still holding run 1 leaves it to nobody.
+        let mut stale = BlockAllocator::new(source.clone(), pool.clone(), Duration::ZERO);
+        stale.instance = Some(RUN);
+        stale.release_unpublished(old, 4, RUN);
+        drop(stale);
+        assert_eq!(pool.bytes(), 0);
     }
 
     mod drain_all {
@@ -482,7 +701,7 @@ mod tests {
             let (mut a, _, pool) = allocator(30);
             let block = a.alloc(4).unwrap();
             let before_retiring = Instant::now();
-            a.retire(block, 4);
+            a.retire(block, 4, RUN);
             drop(a);
             let drained = pool.drain_all(Duration::from_millis(30), MIN_CHUNK_BYTES);
             // The block's grace began after `before_retiring`, so it ends 30 ms after it.

@@ -24,6 +24,8 @@ pub enum Error {
     Corrupt(String),
     #[error("the memnode refused: {0}")]
     Remote(String),
+    #[error("the memnode restarted since: {0}")]
+    StaleInstance(String),
     #[error("bad region layout: {0}")]
     Layout(#[from] LayoutError),
 }

@@ -11,9 +11,8 @@
 //! Runs shorter than a chunk (free blocks between live ones, given back by a process that
 //! exits) cannot be handed out: a chunk must hold the largest block. The heap keeps them
 //! in memory, merges each with the free runs beside it as they come back, and moves a run
-//! that reaches [`MIN_CHUNK_BYTES`] onto the free list. A memnode that stops cleanly writes
-//! them down as a list in the region ([`save_fragment_list`]) and the next start takes them
-//! back ([`load_fragment_list`]); after a crash they are lost.
+//! that reaches [`MIN_CHUNK_BYTES`] onto the free list. They are not written down: the next
+//! start finds them again, with everything else nobody references ([`crate::reclaim`]).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
@@ -230,15 +229,8 @@ impl Heap {
         Ok(taken)
     }
 
-    /// Takes every fragment out (a memnode stopping: see [`save_fragment_list`]).
-    pub fn take_all_fragments(&self) -> Vec<(u64, u64)> {
-        let mut fragments = self.fragments.lock();
-        fragments.bytes = 0;
-        std::mem::take(&mut fragments.runs).into_iter().map(|(start, end)| (start, end - start)).collect()
-    }
-
-    /// Adds fragments a previous run wrote down ([`load_fragment_list`] checked each), merging
-    /// any that touch; one that overlaps a fragment already held is dropped.
+    /// Adds free runs found at start ([`crate::reclaim`]), merging any that touch; one that
+    /// overlaps a fragment already held is dropped.
     pub fn seed_fragments(&self, saved: &[(u64, u64)]) -> Result<(), Error> {
         let mut batch = self.batch.lock();
         let mut fragments = self.fragments.lock();
@@ -291,53 +283,6 @@ impl Heap {
             chunks: w[2],
         })
     }
-}
-
-/// Writes `fragments` (offset, bytes) down as a list inside themselves, the head last: a
-/// stop cut short leaves the old head (0, as the last start cleared it), not half a list.
-/// Call it when nothing else uses the region (a memnode that stopped serving).
-pub fn save_fragment_list(conn: &dyn Connection, fragments: &[(u64, u64)]) -> Result<(), Error> {
-    let mut b = Batch::new();
-    let links: Vec<(u64, u64)> = fragments
-        .iter()
-        .enumerate()
-        .flat_map(|(i, &(offset, bytes))| {
-            let next = fragments.get(i + 1).map_or(0, |f| f.0);
-            [(offset, next), (offset + 8, bytes)]
-        })
-        .collect();
-    write_words(conn, &mut b, &links)?;
-    write_words(conn, &mut b, &[(sb::FRAGMENT_LIST, fragments.first().map_or(0, |f| f.0))])
-}
-
-/// Reads the fragments a previous clean stop wrote down and clears the list, so a crash
-/// after this start cannot bring back fragments it has since handed out. Each entry is
-/// checked (inside the handed-out heap, aligned, shorter than a chunk, in address order so
-/// none overlaps the one before); the walk stops at the first that is not, keeping those
-/// before it, and after [`MAX_FRAGMENTS`].
-pub fn load_fragment_list(conn: &dyn Connection, layout: &Layout) -> Result<Vec<(u64, u64)>, Error> {
-    let mut b = Batch::new();
-    let w = read_words(conn, &mut b, &[sb::FRAGMENT_LIST, sb::HEAP_TOP])?;
-    let (mut at, top) = (w[0], w[1]);
-    let mut saved: Vec<(u64, u64)> = Vec::new();
-    while at != 0 && saved.len() < MAX_FRAGMENTS {
-        let after_previous = saved.last().is_none_or(|&(o, len)| at >= o + len);
-        if at < layout.heap_offset || at >= top || !at.is_multiple_of(64) || !after_previous {
-            tracing::warn!(at, "the saved fragment list has a bad entry; keeping the {} before it", saved.len());
-            break;
-        }
-        let link = read_words(conn, &mut b, &[at, at + 8])?;
-        let (next, bytes) = (link[0], link[1]);
-        let fits = (64..MIN_CHUNK_BYTES).contains(&bytes) && bytes.is_multiple_of(64) && at + bytes <= top;
-        if !fits {
-            tracing::warn!(at, bytes, "the saved fragment list has a bad entry; keeping the {} before it", saved.len());
-            break;
-        }
-        saved.push((at, bytes));
-        at = next;
-    }
-    write_words(conn, &mut b, &[(sb::FRAGMENT_LIST, 0)])?;
-    Ok(saved)
 }
 
 /// Whether [start, end) overlaps a fragment.

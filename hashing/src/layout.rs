@@ -70,9 +70,8 @@ pub mod sb {
     /// Bytes the memnode holds as fragments (memnode only; kept in its memory, so zeroed
     /// when it starts). Clients read it to skip asking for fragments when there are none.
     pub const FRAGMENT_BYTES: u64 = 168;
-    /// Head of the fragments a memnode wrote down when it stopped cleanly (0: none); each
-    /// fragment's first word holds the next one's offset, its second its length. The next
-    /// start reads the list and clears this before serving.
+    /// Unused since a memnode's start reclaims all free space (`reclaim.rs`); earlier
+    /// builds wrote a list of fragments here at a clean stop. Zeroed at start.
     pub const FRAGMENT_LIST: u64 = 176;
     pub const LAYOUT_BYTES: usize = 56;
 }

@@ -7,6 +7,7 @@
 //! * [`service`]: the memnode's RPC methods (metadata, chunk allocation, split, stats).
 //! * [`directory`], [`alloc`], [`heap`], [`format`]: the directory cache, client-side block
 //!   allocation with a grace period, the memnode's heap, and formatting a region.
+//! * [`reclaim`]: at a memnode's start, every heap byte no slot references becomes free.
 //!
 //! This crate opens no sockets and starts no threads: it runs on any
 //! [`racekv_transport::Connection`].
@@ -20,6 +21,7 @@ pub mod hash;
 pub mod heap;
 pub mod layout;
 mod probe;
+pub mod reclaim;
 pub mod rpc;
 pub mod service;
 pub mod split;

@@ -3,6 +3,7 @@
 use racekv_transport::wire::{Reader, WireError};
 use racekv_transport::{Connection, RpcStatus, TransportError};
 
+use crate::alloc::Chunk;
 use crate::error::Error;
 use crate::layout::Layout;
 
@@ -10,16 +11,18 @@ use crate::layout::Layout;
 pub mod method {
     /// -> the 64-byte encoded [`crate::layout::Layout`], then the node id (u64).
     pub const METADATA: u16 = 1;
-    /// (preferred bytes u64, optional) -> a heap chunk (offset u64, bytes u64).
+    /// (preferred bytes u64, optional) -> a heap chunk (offset u64, bytes u64) and the
+    /// server instance it belongs to (u64; see [`crate::alloc::Chunk`]).
     pub const ALLOC_CHUNK: u16 = 2;
     /// (dir_hash u64, observed depth u32, zero u32, observed subtable u64) -> outcome u8.
     pub const SPLIT: u16 = 3;
     /// -> JSON [`crate::service::TableStats`].
     pub const STATS: u16 = 4;
-    /// (count x (offset u64, bytes u64)) -> (): free ranges a client gives back.
+    /// (instance u64, count x (offset u64, bytes u64)) -> (): free ranges a client gives
+    /// back, handed out by that server instance (refused if it is not the one serving).
     pub const RETURN_RANGES: u16 = 5;
-    /// (most bytes u64) -> (count x (offset u64, bytes u64)): free runs shorter than a chunk
-    /// the memnode holds, for a client to use as free blocks.
+    /// (most bytes u64) -> (instance u64, count x (offset u64, bytes u64)): free runs
+    /// shorter than a chunk the memnode holds, for a client to use as free blocks.
     pub const TAKE_FRAGMENTS: u16 = 6;
 }
 
@@ -28,6 +31,9 @@ pub mod status {
     pub const OUT_OF_MEMORY: u16 = 100;
     pub const TABLE_FULL: u16 = 101;
     pub const NOT_READY: u16 = 102;
+    /// Ranges given back were handed out by an earlier run of the memnode (which reclaimed
+    /// them when it started).
+    pub const STALE_INSTANCE: u16 = 103;
 }
 
 pub fn method_name(method: u16) -> &'static str {
@@ -48,6 +54,7 @@ pub fn map_error(e: TransportError) -> Error {
         TransportError::Rpc { status, .. } => match status.code {
             status::OUT_OF_MEMORY => Error::OutOfMemory(status.message),
             status::TABLE_FULL => Error::TableFull(status.message),
+            status::STALE_INSTANCE => Error::StaleInstance(status.message),
             _ => Error::Remote(status.to_string()),
         },
         other => Error::Transport(other),
@@ -116,37 +123,41 @@ impl SplitRequest {
     }
 }
 
-pub fn encode_chunk(offset: u64, bytes: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(16);
-    out.extend_from_slice(&offset.to_le_bytes());
-    out.extend_from_slice(&bytes.to_le_bytes());
-    out
+pub fn encode_chunk(chunk: &Chunk) -> Vec<u8> {
+    [chunk.offset, chunk.bytes, chunk.instance].iter().flat_map(|w| w.to_le_bytes()).collect()
 }
 
-pub fn decode_chunk(reply: &[u8]) -> Result<(u64, u64), WireError> {
+pub fn decode_chunk(reply: &[u8]) -> Result<Chunk, WireError> {
     let mut r = Reader::new(reply);
-    let chunk = (r.u64()?, r.u64()?);
+    let chunk = Chunk { offset: r.u64()?, bytes: r.u64()?, instance: r.u64()? };
     r.finish()?;
     Ok(chunk)
 }
 
-/// Ranges per RETURN_RANGES call.
+/// Ranges per RETURN_RANGES call (and per TAKE_FRAGMENTS reply).
 pub const MAX_RANGES_PER_CALL: usize = 4096;
 
-pub fn encode_ranges(ranges: &[(u64, u64)]) -> Vec<u8> {
-    ranges.iter().flat_map(|&(offset, bytes)| offset.to_le_bytes().into_iter().chain(bytes.to_le_bytes())).collect()
+/// A server instance, then (offset, bytes) ranges of heap space it handed out.
+pub fn encode_ranges(instance: u64, ranges: &[(u64, u64)]) -> Vec<u8> {
+    let words = ranges.iter().flat_map(|&(offset, bytes)| [offset, bytes]);
+    std::iter::once(instance).chain(words).flat_map(|w| w.to_le_bytes()).collect()
 }
 
-pub fn decode_ranges(bytes: &[u8]) -> Result<Vec<(u64, u64)>, WireError> {
-    if !bytes.len().is_multiple_of(16) || bytes.len() / 16 > MAX_RANGES_PER_CALL {
-        return Err(WireError(format!("{} bytes is not a list of at most {MAX_RANGES_PER_CALL} ranges", bytes.len())));
+pub fn decode_ranges(bytes: &[u8]) -> Result<(u64, Vec<(u64, u64)>), WireError> {
+    let count = bytes.len().saturating_sub(8) / 16;
+    if bytes.len() < 8 || !(bytes.len() - 8).is_multiple_of(16) || count > MAX_RANGES_PER_CALL {
+        return Err(WireError(format!(
+            "{} bytes is not an instance and a list of at most {MAX_RANGES_PER_CALL} ranges",
+            bytes.len()
+        )));
     }
     let mut r = Reader::new(bytes);
-    let mut out = Vec::with_capacity(bytes.len() / 16);
+    let instance = r.u64()?;
+    let mut out = Vec::with_capacity(count);
     while r.remaining() > 0 {
         out.push((r.u64()?, r.u64()?));
     }
-    Ok(out)
+    Ok((instance, out))
 }
 
 /// The byte budget in a TAKE_FRAGMENTS request.
@@ -190,8 +201,14 @@ mod tests {
         }
 
         #[test]
-        fn ranges_round_trip(ranges in proptest::collection::vec((any::<u64>(), any::<u64>()), 0..50)) {
-            prop_assert_eq!(decode_ranges(&encode_ranges(&ranges)).unwrap(), ranges);
+        fn ranges_round_trip(instance in any::<u64>(), ranges in proptest::collection::vec((any::<u64>(), any::<u64>()), 0..50)) {
+            prop_assert_eq!(decode_ranges(&encode_ranges(instance, &ranges)).unwrap(), (instance, ranges));
+        }
+
+        #[test]
+        fn chunks_round_trip(offset in any::<u64>(), bytes in any::<u64>(), instance in any::<u64>()) {
+            let chunk = Chunk { offset, bytes, instance };
+            prop_assert_eq!(decode_chunk(&encode_chunk(&chunk)).unwrap(), chunk);
         }
     }
 }

@@ -5,6 +5,7 @@ use std::sync::{Arc, OnceLock};
 
 use racekv_transport::{Batch, Connection, RpcService, RpcStatus};
 
+use crate::alloc::Chunk;
 use crate::error::Error;
 use crate::heap::{Heap, HeapUsage};
 use crate::layout::{sb, Layout};
@@ -29,6 +30,8 @@ struct Ready {
     conn: Arc<dyn Connection>,
     heap: Arc<Heap>,
     splitter: Splitter,
+    /// The server instance clients reach this run through (see [`crate::alloc::Chunk`]).
+    instance: u64,
 }
 
 /// Serves the table's RPCs once [`TableService::attach`] gave it a loopback connection.
@@ -45,14 +48,15 @@ impl TableService {
     }
 
     /// Gives the service the connection it uses for its own region work: a loopback of the
-    /// transport clients use (see design.md, "Atomicity on real NICs").
-    pub fn attach(&self, conn: Arc<dyn Connection>) {
+    /// transport clients use (see design.md, "Atomicity on real NICs"), and the server
+    /// instance clients connect to (the run that heap space it hands out belongs to).
+    pub fn attach(&self, conn: Arc<dyn Connection>, instance: u64) {
         let heap = Arc::new(Heap::new(Arc::clone(&conn), self.layout));
         if let Err(e) = heap.publish_fragment_bytes() {
             tracing::warn!("could not zero the fragment count in the superblock: {e}");
         }
         let splitter = Splitter::new(Arc::clone(&conn), self.layout, Arc::clone(&heap));
-        let _ = self.ready.set(Ready { conn, heap, splitter });
+        let _ = self.ready.set(Ready { conn, heap, splitter, instance });
     }
 
     fn ready(&self) -> Result<&Ready, RpcStatus> {
@@ -69,17 +73,12 @@ impl TableService {
         self.ready.get().map_or(0, |r| r.heap.fragment_bytes())
     }
 
-    /// Gives the heap the fragments a previous run saved (after [`Self::attach`]).
+    /// Gives the heap the short free runs found at start (after [`Self::attach`]).
     pub fn seed_fragments(&self, saved: &[(u64, u64)]) -> Result<(), Error> {
         match self.ready.get() {
             Some(r) => r.heap.seed_fragments(saved),
             None => Err(Error::Remote("the service is not attached".into())),
         }
-    }
-
-    /// Takes the heap's fragments out, for a memnode that stopped serving to save them.
-    pub fn take_all_fragments(&self) -> Vec<(u64, u64)> {
-        self.ready.get().map_or_else(Vec::new, |r| r.heap.take_all_fragments())
     }
 }
 
@@ -113,6 +112,7 @@ fn failure(e: Error) -> RpcStatus {
     match e {
         Error::OutOfMemory(m) => RpcStatus::new(status::OUT_OF_MEMORY, m),
         Error::TableFull(m) => RpcStatus::new(status::TABLE_FULL, m),
+        Error::StaleInstance(m) => RpcStatus::new(status::STALE_INSTANCE, m),
         other => RpcStatus::new(RpcStatus::FAILED, other.to_string()),
     }
 }
@@ -123,17 +123,29 @@ impl RpcService for TableService {
             method::METADATA => Ok(Metadata { layout: self.layout, node_id: self.node_id }.encode()),
             method::ALLOC_CHUNK => {
                 let preferred = rpc::decode_chunk_request(request).map_err(rpc::bad_request)?;
+                let ready = self.ready()?;
                 let (offset, bytes) =
-                    self.ready()?.heap.alloc_chunk(preferred.unwrap_or(self.layout.chunk_bytes)).map_err(failure)?;
-                Ok(rpc::encode_chunk(offset, bytes))
+                    ready.heap.alloc_chunk(preferred.unwrap_or(self.layout.chunk_bytes)).map_err(failure)?;
+                Ok(rpc::encode_chunk(&Chunk { offset, bytes, instance: ready.instance }))
             }
             method::TAKE_FRAGMENTS => {
                 let most = rpc::decode_fragments_request(request).map_err(rpc::bad_request)?;
-                Ok(rpc::encode_ranges(&self.ready()?.heap.take_fragments(most).map_err(failure)?))
+                let ready = self.ready()?;
+                Ok(rpc::encode_ranges(ready.instance, &ready.heap.take_fragments(most).map_err(failure)?))
             }
             method::RETURN_RANGES => {
-                let ranges = rpc::decode_ranges(request).map_err(rpc::bad_request)?;
-                self.ready()?.heap.return_ranges(&ranges).map_err(failure)?;
+                let (instance, ranges) = rpc::decode_ranges(request).map_err(rpc::bad_request)?;
+                let ready = self.ready()?;
+                if instance != ready.instance {
+                    // Handed out by an earlier run: this run's start reclaimed what of it
+                    // was free, and may have handed it out again.
+                    return Err(failure(Error::StaleInstance(format!(
+                        "{} ranges handed out by run {instance:#x}; this is run {:#x}, which reclaimed them at its start",
+                        ranges.len(),
+                        ready.instance
+                    ))));
+                }
+                ready.heap.return_ranges(&ranges).map_err(failure)?;
                 Ok(Vec::new())
             }
             method::SPLIT => {

@@ -27,9 +27,9 @@ use std::time::{Duration, Instant};
 
 use prometheus::local::{LocalHistogram, LocalIntCounter};
 use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts};
-use racekv_transport::{Batch, Connection, ReadId};
+use racekv_transport::{Batch, Connection, ReadId, TransportError};
 
-use crate::alloc::{BlockAllocator, ChunkSource, FreePool};
+use crate::alloc::{BlockAllocator, Chunk, ChunkSource, Fragments, FreePool};
 use crate::directory::{CachedEntry, DirectoryCache};
 use crate::error::Error;
 use crate::hash::KeyHash;
@@ -163,6 +163,9 @@ const FLUSH_EVERY_OPS: u32 = 256;
 /// then their four headers).
 pub const KEYS_PER_ROUND: usize = racekv_transport::MAX_BATCH_OPS / 8;
 const SAMPLE_EVERY_OPS: u64 = 16;
+/// Times a write starts over because the memnode restarted under it (each time its space
+/// from the old run is dropped; a stale prefetched chunk can cost one more).
+const MAX_RESTARTED_ATTEMPTS: u32 = 4;
 
 impl LocalMetrics {
     fn new() -> Self {
@@ -217,31 +220,32 @@ impl RpcChunkSource {
 }
 
 impl ChunkSource for RpcChunkSource {
-    fn chunk(&self, preferred: u64) -> Result<(u64, u64), Error> {
+    fn chunk(&self, preferred: u64) -> Result<Chunk, Error> {
         let reply = self.conn.call(method::ALLOC_CHUNK, &preferred.to_le_bytes()).map_err(rpc::map_error)?;
-        let (offset, bytes) = rpc::decode_chunk(&reply).map_err(|e| Error::Remote(e.to_string()))?;
+        let chunk = rpc::decode_chunk(&reply).map_err(|e| Error::Remote(e.to_string()))?;
+        let Chunk { offset, bytes, .. } = chunk;
         let end = offset.checked_add(bytes).filter(|&end| end <= self.conn.region_len());
         if end.is_none() || offset % 64 != 0 || bytes % 64 != 0 || bytes < crate::alloc::MIN_CHUNK_BYTES {
             return Err(Error::Remote(format!("the memnode handed out a bad chunk ({offset}, {bytes} B)")));
         }
-        Ok((offset, bytes))
+        Ok(chunk)
     }
 
-    fn fragments(&self, most_bytes: u64) -> Vec<(u64, u64)> {
+    fn fragments(&self, most_bytes: u64) -> Option<Fragments> {
         // Usually there are none: one read of the superblock (a load on shm) spares the RPC.
         match crate::words::read_words(&*self.conn, &mut Batch::new(), &[sb::FRAGMENT_BYTES]) {
-            Ok(w) if w[0] == 0 => return Vec::new(),
+            Ok(w) if w[0] == 0 => return None,
             Ok(_) => {}
             Err(e) => {
                 tracing::debug!("reading the memnode's fragment count failed: {e}");
-                return Vec::new();
+                return None;
             }
         }
         let reply = match self.conn.call(method::TAKE_FRAGMENTS, &most_bytes.to_le_bytes()) {
             Ok(reply) => reply,
             Err(e) => {
                 tracing::debug!("taking fragments from the memnode failed: {e}");
-                return Vec::new();
+                return None;
             }
         };
         let region_len = self.conn.region_len();
@@ -252,18 +256,18 @@ impl ChunkSource for RpcChunkSource {
                 && offset.checked_add(bytes).is_some_and(|end| end <= region_len)
         };
         match rpc::decode_ranges(&reply) {
-            Ok(fragments) if fragments.iter().all(good) => fragments,
+            Ok((instance, ranges)) if ranges.iter().all(good) => Some(Fragments { instance, ranges }),
             // Nothing from a reply that is wrong anywhere (those bytes stay unused).
             _ => {
                 tracing::warn!("the memnode answered TAKE_FRAGMENTS with a bad list ({} bytes)", reply.len());
-                Vec::new()
+                None
             }
         }
     }
 
-    fn give_back(&self, ranges: &[(u64, u64)]) {
+    fn give_back(&self, instance: u64, ranges: &[(u64, u64)]) {
         for batch in ranges.chunks(rpc::MAX_RANGES_PER_CALL) {
-            if let Err(e) = self.conn.call(method::RETURN_RANGES, &rpc::encode_ranges(batch)) {
+            if let Err(e) = self.conn.call(method::RETURN_RANGES, &rpc::encode_ranges(instance, batch)) {
                 tracing::debug!("could not return {} unused ranges to the memnode: {e}", batch.len());
                 return;
             }
@@ -347,9 +351,11 @@ impl Shared {
         // were taken back refuses a call with a shorter run in it.
         let (runs, fragments): (Vec<_>, Vec<_>) =
             drained.ranges.iter().partition(|&&(_, bytes)| bytes >= crate::alloc::MIN_CHUNK_BYTES);
-        for ranges in [runs, fragments] {
-            if !ranges.is_empty() {
-                self.chunks.give_back(&ranges);
+        if let Some(instance) = drained.instance {
+            for ranges in [runs, fragments] {
+                if !ranges.is_empty() {
+                    self.chunks.give_back(instance, &ranges);
+                }
             }
         }
         if drained.given_bytes + drained.lost_bytes > 0 {
@@ -933,34 +939,67 @@ impl TableClient {
 
     fn retire_word(&mut self, word: u64) {
         let slot = Slot::decode(word).expect("a used slot");
-        self.alloc.retire(slot.block, slot.units);
+        self.alloc.retire(slot.block, slot.units, self.batch.executed_instance());
         self.count_delta -= 1;
     }
 
     fn mutate(&mut self, key: &[u8], value: Option<&[u8]>, cond: Cond<'_>) -> Result<PutOutcome, Error> {
+        let mut restarts = 0;
+        loop {
+            match self.mutate_once(key, value, cond) {
+                // The memnode restarted under a write, before its block was in a slot:
+                // nothing of it is visible, so it starts over in space from the new run.
+                Err((Error::Transport(TransportError::InstanceChanged { expected, .. }), BlockState::Unpublished))
+                    if restarts < MAX_RESTARTED_ATTEMPTS =>
+                {
+                    restarts += 1;
+                    self.alloc.forget(expected);
+                }
+                Err((Error::Transport(TransportError::InstanceChanged { expected, found }), _)) => {
+                    self.alloc.forget(expected);
+                    return Err(TransportError::InstanceChanged { expected, found }.into());
+                }
+                Err((e, _)) => return Err(e),
+                Ok(outcome) => return Ok(outcome),
+            }
+        }
+    }
+
+    /// One attempt of [`Self::mutate`]; an error comes with how far the new block got.
+    fn mutate_once(
+        &mut self,
+        key: &[u8],
+        value: Option<&[u8]>,
+        cond: Cond<'_>,
+    ) -> Result<PutOutcome, (Error, BlockState)> {
         let hash = self.hash(key);
         let new = match value {
             Some(value) => {
-                let units = Self::check_key(key, value.len())?;
-                let block = self.alloc.alloc(units)?;
+                let units = Self::check_key(key, value.len()).map_err(|e| (e, BlockState::Unpublished))?;
+                let block = self.alloc.alloc(units).map_err(|e| (e, BlockState::Unpublished))?;
                 encode_block(&mut self.block, key, value);
                 Some(NewBlock { block, units, word: self.next_word(&hash, block, units) })
             }
             None => {
-                Self::check_key(key, 0)?;
+                Self::check_key(key, 0).map_err(|e| (e, BlockState::Unpublished))?;
                 None
             }
         };
+        // The block is space of the run that handed it out: write it, and put it in a
+        // slot, only there (see `alloc::Chunk`).
+        let run = new.map(|_| self.alloc.instance().expect("an allocated block belongs to a run"));
+        self.batch.require_instance(run);
         let mut state = BlockState::Unpublished;
         let result = self.mutate_loop(key, &hash, new.as_ref(), cond, &mut state);
-        if let Some(new) = new {
+        self.batch.require_instance(None);
+        if let (Some(new), Some(run)) = (new, run) {
             match state {
-                BlockState::Unpublished => self.alloc.release_unpublished(new.block, new.units),
-                BlockState::VisibleNotInSlot => self.alloc.retire(new.block, new.units),
+                BlockState::Unpublished => self.alloc.release_unpublished(new.block, new.units, run),
+                BlockState::VisibleNotInSlot => self.alloc.retire(new.block, new.units, run),
                 BlockState::InSlot | BlockState::RetiredByOther => {}
             }
         }
-        result
+        result.map_err(|e| (e, state))
     }
 
     fn mutate_loop(
@@ -1070,7 +1109,7 @@ impl TableClient {
             return Ok(None);
         }
         let old = Slot::decode(canonical.word).expect("a used slot");
-        self.alloc.retire(old.block, old.units);
+        self.alloc.retire(old.block, old.units, self.batch.executed_instance());
         Ok(Some(PutOutcome::Updated))
     }
 

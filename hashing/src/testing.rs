@@ -47,7 +47,7 @@ impl TestMemnode {
         let dir = tempfile::tempdir().unwrap();
         let (server, endpoint) = match via {
             Via::Local => {
-                service.attach(Arc::new(LocalConnection::new(Arc::clone(&region), None)));
+                service.attach(Arc::new(LocalConnection::new(Arc::clone(&region), None)), 0);
                 (None, None)
             }
             Via::Transport(kind) => {
@@ -60,7 +60,7 @@ impl TestMemnode {
                 let server =
                     RegionServer::start(Arc::clone(&region), Some(file), service.clone(), options, &[listen]).unwrap();
                 let endpoint = server.endpoints()[0].clone();
-                service.attach(connect(&endpoint));
+                service.attach(connect(&endpoint), server.instance());
                 (Some(server), Some(endpoint))
             }
         };
@@ -112,6 +112,15 @@ impl TestMemnode {
     pub fn local_splitter(&self) -> Splitter {
         let conn: Arc<dyn Connection> = Arc::new(LocalConnection::new(Arc::clone(&self.region), None));
         Splitter::new(Arc::clone(&conn), self.layout, Arc::new(Heap::new(conn, self.layout)))
+    }
+
+    /// What a memnode start does to the heap ([`crate::reclaim`]), on this running one:
+    /// call it only while no client holds heap space (tests leak theirs with `mem::forget`).
+    pub fn reclaim_as_if_restarted(&self) -> crate::reclaim::Reclaimed {
+        let conn = LocalConnection::new(Arc::clone(&self.region), None);
+        let reclaimed = crate::reclaim::reclaim(&conn, &self.layout).unwrap();
+        self.service.seed_fragments(&reclaimed.fragments).unwrap();
+        reclaimed
     }
 
     /// Stops serving (clients see their connections fail).

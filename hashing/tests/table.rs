@@ -816,15 +816,19 @@ mod short_lived_clients {
         assert!(fragments > 0);
         let heap = memnode.stats().heap;
         let top = memnode.layout().heap_offset + heap.heap_used_bytes + heap.heap_free_bytes;
-        let held = {
-            // The fragment at the lowest address: take it and give it back, to learn where it is.
-            let conn = memnode.connect();
-            let reply = conn.call(method::TAKE_FRAGMENTS, &1u64.to_le_bytes()).unwrap();
-            let taken = racekv_hashing::rpc::decode_ranges(&reply).unwrap();
-            conn.call(method::RETURN_RANGES, &encode_ranges(&taken)).unwrap();
-            taken[0]
-        };
         let conn = memnode.connect();
+        let (instance, held) = {
+            // The fragment at the lowest address: take it and give it back, to learn where it
+            // is. Given back as space of another run of the memnode, it is refused (that
+            // run's successor reclaimed its space at start).
+            let reply = conn.call(method::TAKE_FRAGMENTS, &1u64.to_le_bytes()).unwrap();
+            let (instance, taken) = racekv_hashing::rpc::decode_ranges(&reply).unwrap();
+            let stale = conn.call(method::RETURN_RANGES, &encode_ranges(instance ^ 1, &taken));
+            assert!(stale.unwrap_err().to_string().contains("reclaimed them at its start"));
+            assert_eq!(memnode.heap_fragment_bytes(), fragments - taken[0].1);
+            conn.call(method::RETURN_RANGES, &encode_ranges(instance, &taken)).unwrap();
+            (instance, taken[0])
+        };
         let bad: Vec<Vec<(u64, u64)>> = vec![
             vec![(top, 64)],                                // beyond the heap top
             vec![(memnode.layout().heap_offset - 64, 64)],  // below the heap
@@ -836,7 +840,7 @@ mod short_lived_clients {
             vec![(top - 8192, 64), (held.0 - 64, 128)],     // one good, one overlapping a fragment
         ];
         for ranges in bad {
-            let refused = conn.call(method::RETURN_RANGES, &encode_ranges(&ranges));
+            let refused = conn.call(method::RETURN_RANGES, &encode_ranges(instance, &ranges));
             assert!(refused.is_err(), "{ranges:?} was accepted");
         }
         assert_eq!(memnode.kv_heap_used_bytes(), used);

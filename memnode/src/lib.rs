@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use prometheus::{Gauge, IntGauge};
 use racekv_hashing::format::{format, is_formatted, read_layout, read_node_id};
-use racekv_hashing::heap::{load_fragment_list, save_fragment_list, Heap};
+use racekv_hashing::heap::Heap;
+use racekv_hashing::reclaim::reclaim;
 use racekv_hashing::split::Splitter;
 use racekv_hashing::{Layout, TableService, TableStats};
 use racekv_telemetry::MetricsServer;
@@ -45,6 +46,8 @@ struct Gauges {
     chunks: IntGauge,
     connections: IntGauge,
     last_sync_seconds: Gauge,
+    reclaim_seconds: Gauge,
+    reclaimed_bytes: IntGauge,
 }
 
 static GAUGES: LazyLock<Gauges> = LazyLock::new(|| {
@@ -79,6 +82,20 @@ static GAUGES: LazyLock<Gauges> = LazyLock::new(|| {
             Gauge::new("racekv_memnode_last_sync_duration_seconds", "Duration of the last msync of the data file")
                 .unwrap(),
         ),
+        reclaim_seconds: register(
+            Gauge::new(
+                "racekv_memnode_start_reclaim_duration_seconds",
+                "How long this start took to find the heap space nothing references",
+            )
+            .unwrap(),
+        ),
+        reclaimed_bytes: register(
+            IntGauge::new(
+                "racekv_memnode_start_reclaimed_bytes",
+                "Heap bytes this start found free (free list, fragments and a lowered heap top), leaks of crashed processes included",
+            )
+            .unwrap(),
+        ),
     }
 });
 
@@ -109,7 +126,13 @@ fn open_region(cfg: &MemnodeConfig) -> anyhow::Result<(File, Option<nix::fcntl::
         .truncate(false)
         .open(path)
         .with_context(|| format!("opening the data file {}", path.display()))?;
-    let lock = nix::fcntl::Flock::lock(file.try_clone()?, nix::fcntl::FlockArg::LockExclusiveNonblock)
+    // The lock goes on a description of its own: shm clients map `file` (its descriptor is
+    // passed to them), and a mapping keeps its open file description alive, lock and all,
+    // so a lock on `file` outlived a crashed memnode for as long as any client kept its
+    // mapping (a computenode's pool keeps a lost connection until it can reconnect, so the
+    // memnode could never come back).
+    let lock_file = OpenOptions::new().read(true).open(path).with_context(|| format!("opening {}", path.display()))?;
+    let lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusiveNonblock)
         .map_err(|(_, e)| anyhow::anyhow!("{} is in use by another memnode ({e})", path.display()))?;
     let len = file.metadata()?.len();
     if len == 0 {
@@ -137,16 +160,38 @@ impl Memnode {
 
         // Format or reopen, before anyone can connect.
         let local = LocalConnection::new(Arc::clone(&region), None);
-        let mut saved_fragments = Vec::new();
+        let mut found_fragments = Vec::new();
         let (layout, node_id) = if is_formatted(&local)? {
             let layout = read_layout(&local)?;
-            // Space a previous clean stop wrote down; cleared here, so a crash of this run
-            // cannot bring it back after it has been handed out again.
-            saved_fragments = load_fragment_list(&local, &layout).context("reading the saved fragments")?;
             let local: Arc<dyn Connection> = Arc::new(local);
             let splitter = Splitter::new(Arc::clone(&local), layout, Arc::new(Heap::new(Arc::clone(&local), layout)));
             if splitter.recover()? {
                 tracing::warn!("finished a split that the previous run left in progress");
+            }
+            // Nobody holds heap space now (clients drop what they held from the last run):
+            // everything no slot references is free, crashed processes' space included.
+            let started = std::time::Instant::now();
+            match reclaim(&*local, &layout) {
+                Ok(reclaimed) => {
+                    GAUGES.reclaim_seconds.set(started.elapsed().as_secs_f64());
+                    GAUGES.reclaimed_bytes.set(
+                        (reclaimed.heap_top_before - reclaimed.heap_top_after
+                            + reclaimed.free_list_bytes
+                            + reclaimed.fragment_bytes()) as i64,
+                    );
+                    tracing::info!(
+                        live_bytes = reclaimed.live_bytes,
+                        free_list_bytes = reclaimed.free_list_bytes,
+                        fragment_bytes = reclaimed.fragment_bytes(),
+                        heap_top_lowered_bytes = reclaimed.heap_top_before - reclaimed.heap_top_after,
+                        ms = started.elapsed().as_millis() as u64,
+                        "reclaimed the heap space nothing references"
+                    );
+                    found_fragments = reclaimed.fragments;
+                }
+                // Not knowing what is live, free nothing: serving goes on, and what
+                // crashed processes held stays allocated to nobody.
+                Err(e) => tracing::error!("could not reclaim unreferenced heap space, serving without: {e}"),
             }
             let node_id = read_node_id(&*local)?;
             tracing::info!(region_bytes = layout.region_len, node_id, "reopened an existing table");
@@ -206,10 +251,9 @@ impl Memnode {
             &ConnectOptions { token: config.token.clone(), timeout: Duration::from_secs(30) },
         )
         .with_context(|| format!("connecting the loopback to {loopback_endpoint}"))?;
-        service.attach(loopback);
-        if !saved_fragments.is_empty() {
-            service.seed_fragments(&saved_fragments).context("taking back the saved fragments")?;
-            tracing::info!(fragments = saved_fragments.len(), "took back the fragments the last run saved");
+        service.attach(loopback, server.instance());
+        if !found_fragments.is_empty() {
+            service.seed_fragments(&found_fragments).context("keeping the short free runs found at start")?;
         }
 
         let metrics = match config.metrics_addr {
@@ -303,14 +347,6 @@ impl Memnode {
         self.stopping.store(true, Ordering::Release);
         if let Some(mut server) = self.server.take() {
             server.shutdown();
-        }
-        // Nobody is served now: write the fragments down for the next start (a memfd region
-        // dies with us, so only a data file's).
-        let fragments = self.service.take_all_fragments();
-        if self.config.data_file.is_some() && !fragments.is_empty() {
-            let local = LocalConnection::new(Arc::clone(&self.region), None);
-            save_fragment_list(&local, &fragments).context("saving the fragments")?;
-            tracing::info!(fragments = fragments.len(), "saved the heap's fragments for the next start");
         }
         if let Some(h) = self.housekeeping.take() {
             let _ = h.join();

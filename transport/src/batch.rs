@@ -78,6 +78,10 @@ pub struct Batch {
     ops: Vec<Op>,
     write_bytes: Vec<u8>,
     read_bytes: Vec<u8>,
+    /// Run only on a connection to this server instance (kept across [`Batch::clear`]).
+    required_instance: Option<u64>,
+    /// The server instance of the connection that last validated this batch.
+    executed_instance: u64,
 }
 
 impl Batch {
@@ -90,6 +94,21 @@ impl Batch {
         self.ops.clear();
         self.write_bytes.clear();
         self.read_bytes.clear();
+    }
+
+    /// Makes every later execution of this batch fail with
+    /// [`TransportError::InstanceChanged`], before anything is sent, unless the connection
+    /// reaches server instance `instance` (None: any). A client writing into heap space a
+    /// memnode run handed out requires that run: a restarted memnode reclaims space nobody
+    /// references, so the old run's space may be someone else's now. Kept across `clear`.
+    pub fn require_instance(&mut self, instance: Option<u64>) {
+        self.required_instance = instance;
+    }
+
+    /// The server instance of the connection this batch last passed validation on (what a
+    /// successful CAS's effect belongs to).
+    pub fn executed_instance(&self) -> u64 {
+        self.executed_instance
     }
 
     pub fn len(&self) -> usize {
@@ -236,7 +255,12 @@ impl Batch {
     /// sent. A batch with an invalid op is rejected whole: that op is marked failed, every
     /// other op not executed, and nothing reaches the region. (A remote side that receives an
     /// invalid op anyway, from a client that skipped this, executes up to it, like a NIC.)
-    pub fn validate(&mut self, region_len: u64) -> Result<(), TransportError> {
+    /// `instance` is the server instance the connection reaches (see
+    /// [`Batch::require_instance`]).
+    pub fn validate(&mut self, region_len: u64, instance: u64) -> Result<(), TransportError> {
+        if let Some(expected) = self.required_instance.filter(|&e| e != instance) {
+            return Err(TransportError::InstanceChanged { expected, found: instance });
+        }
         if self.ops.is_empty() {
             return Err(TransportError::InvalidBatch("empty batch".into()));
         }
@@ -262,6 +286,7 @@ impl Batch {
                 return Err(TransportError::Op { index, error });
             }
         }
+        self.executed_instance = instance;
         Ok(())
     }
 
@@ -341,6 +366,22 @@ mod tests {
         for _ in 0..=MAX_BATCH_OPS {
             b.faa(0, 1);
         }
-        assert!(matches!(b.validate(64), Err(TransportError::InvalidBatch(_))));
+        assert!(matches!(b.validate(64, 0), Err(TransportError::InvalidBatch(_))));
+    }
+
+    #[test]
+    fn a_required_instance_is_checked_before_anything_else() {
+        let mut b = Batch::new();
+        b.cas(8, 0, 1);
+        b.require_instance(Some(7));
+        b.clear();
+        b.cas(8, 0, 1);
+        let err = b.validate(64, 9).unwrap_err();
+        assert!(matches!(err, TransportError::InstanceChanged { expected: 7, found: 9 }), "{err}");
+        b.validate(64, 7).unwrap();
+        assert_eq!(b.executed_instance(), 7);
+        b.require_instance(None);
+        b.validate(64, 9).unwrap();
+        assert_eq!(b.executed_instance(), 9);
     }
 }

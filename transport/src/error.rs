@@ -61,6 +61,10 @@ pub enum TransportError {
     /// Setting the connection up failed.
     #[error("cannot connect to {endpoint}: {reason}")]
     Connect { endpoint: String, reason: String },
+    /// The batch requires another server instance than the connection reaches (the memnode
+    /// restarted since the space it writes was handed out): nothing was sent.
+    #[error("the region server restarted (instance {expected:#x} is gone, {found:#x} serves now); nothing was sent")]
+    InstanceChanged { expected: u64, found: u64 },
     /// The remote service refused or failed an RPC.
     #[error("rpc {method} failed: {status}")]
     Rpc { method: u16, status: RpcStatus },

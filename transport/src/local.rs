@@ -24,7 +24,7 @@ impl LocalConnection {
 
 impl Connection for LocalConnection {
     fn execute(&self, batch: &mut Batch) -> Result<(), TransportError> {
-        batch.validate(self.region.len())?;
+        batch.validate(self.region.len(), self.instance())?;
         self.region.apply(batch);
         batch.first_failure()
     }

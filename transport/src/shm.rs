@@ -195,7 +195,7 @@ impl Connection for ShmConnection {
                 maybe_executed: false,
             });
         }
-        batch.validate(self.hello.region_len)?;
+        batch.validate(self.hello.region_len, self.hello.instance)?;
         self.region.apply(batch);
         count_batch();
         batch.first_failure()

@@ -148,7 +148,7 @@ impl TcpConnection {
 
 impl Connection for TcpConnection {
     fn execute(&self, batch: &mut Batch) -> Result<(), TransportError> {
-        batch.validate(self.hello.region_len)?;
+        batch.validate(self.hello.region_len, self.hello.instance)?;
         self.execute_unchecked(batch)
     }
 

@@ -586,7 +586,7 @@ impl Drop for VerbsConnection {
 
 impl Connection for VerbsConnection {
     fn execute(&self, batch: &mut Batch) -> Result<(), TransportError> {
-        batch.validate(self.remote.len)?;
+        batch.validate(self.remote.len, self.hello.instance)?;
         self.execute_unchecked(batch)
     }
 
