@@ -209,20 +209,54 @@ fn bad_resp_input_costs_only_its_connection() {
 }
 
 #[test]
-fn the_pool_recovers_after_the_memnode_restarts() {
+fn the_pool_recovers_after_the_memnode_restarts_over_tcp() {
+    the_pool_recovers_after_the_memnode_restarts(1);
+}
+
+/// Over shm the computenode keeps the region mapped while it waits: the restart must not
+/// find the data file locked by that mapping.
+#[test]
+fn the_pool_recovers_after_the_memnode_restarts_over_shm() {
+    the_pool_recovers_after_the_memnode_restarts(0);
+}
+
+/// Writes `keys` keys of `tag` with a client library, pipelined, and reads them back.
+fn write_and_read_back(port: &str, tag: &str, keys: usize) {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    let mut con = client.get_connection().unwrap();
+    let value = |i: usize| format!("{tag}-{i}-").repeat(1 + i % 40);
+    let mut pipe = redis::pipe();
+    for i in 0..keys {
+        pipe.cmd("SET").arg(format!("{tag}{i}")).arg(value(i)).ignore();
+    }
+    let _: () = pipe.query(&mut con).unwrap();
+    let mut pipe = redis::pipe();
+    for i in 0..keys {
+        pipe.cmd("GET").arg(format!("{tag}{i}"));
+    }
+    let values: Vec<String> = pipe.query(&mut con).unwrap();
+    for (i, got) in values.iter().enumerate() {
+        assert_eq!(got, &value(i), "{tag}{i}");
+    }
+}
+
+/// `endpoint`: which of the memnode's endpoints the computenode uses (0 shm, 1 tcp).
+fn the_pool_recovers_after_the_memnode_restarts(endpoint: usize) {
     let dir = tempfile::tempdir().unwrap();
     let mut m = memnode(dir.path(), true);
     let tcp = m.ready["endpoints"][1].as_str().unwrap().to_string();
     let port_of_memnode = tcp.rsplit(':').next().unwrap().to_string();
-    let c = computenode(&tcp);
+    let c = computenode(m.ready["endpoints"][endpoint].as_str().unwrap());
     let port = redis_port(&c);
     assert_eq!(redis_cli(&port, &["set", "survivor", "yes"]), "OK");
+    // The daemon's pool now holds chunks and free blocks of this run of the memnode.
+    write_and_read_back(&port, "before", 2000);
     let _ = m.child.kill();
     let _ = m.child.wait();
     // While it is down, commands fail with a retryable error instead of hanging.
     let down = redis_cli(&port, &["get", "survivor"]);
     assert!(down.starts_with("TRYAGAIN") || down.starts_with("ERR"), "{down}");
-    // The same memnode comes back on the same port and data file.
+    // The same memnode comes back on the same socket, port and data file.
     let mut args = vec![
         "--data-file".to_string(),
         dir.path().join("region.dat").display().to_string(),
@@ -248,4 +282,13 @@ fn the_pool_recovers_after_the_memnode_restarts() {
     }
     assert_eq!(redis_cli(&port, &["set", "after", "restart"]), "OK");
     assert_eq!(redis_cli(&port, &["get", "after"]), "restart");
+    // The restart reclaimed what the old run's space held free; the daemon writes in new
+    // space only, and nothing written before is overwritten.
+    write_and_read_back(&port, "later", 3000);
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    let mut con = client.get_connection().unwrap();
+    for i in 0..2000 {
+        let got: String = redis::cmd("GET").arg(format!("before{i}")).query(&mut con).unwrap();
+        assert_eq!(got, format!("before-{i}-").repeat(1 + i % 40), "before{i}");
+    }
 }
