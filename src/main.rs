@@ -7,7 +7,7 @@ use std::io::Write;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use racekv_bench::{attach, churn, coldstart, loadfactor, ops, redis, rpc, spike};
+use racekv_bench::{attach, churn, coldstart, loadfactor, ops, reclaim, redis, rpc, spike};
 use racekv_client::Client;
 
 /// racekv: a disaggregated key-value store (RACE hashing over one-sided operations).
@@ -78,6 +78,8 @@ enum Bench {
     Rpc(rpc::RpcArgs),
     /// A new process's start to its first completed GET: attached vs embedded.
     Coldstart(coldstart::ColdstartArgs),
+    /// A memnode start's reclaim of the heap space nothing references, after a crash.
+    Reclaim(reclaim::ReclaimArgs),
 }
 
 /// Which cluster to talk to, and how: attached to the local computenode (the default),
@@ -164,6 +166,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(Bench::Redis(args)) => print(&redis::run(&args)?, args.json),
         Command::Bench(Bench::Rpc(args)) => print(&rpc::run(&args)?, args.json),
         Command::Bench(Bench::Coldstart(args)) => print(&coldstart::run(&args)?, args.json),
+        Command::Bench(Bench::Reclaim(args)) => print(&reclaim::run(&args)?, args.json),
     }
 }
 

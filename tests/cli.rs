@@ -151,3 +151,24 @@ fn spike_bench_reports_each_new_workers_steps_in_both_modes() {
         assert!(ms("woke_max_ms") <= ms("ready_max_ms") && ms("ready_max_ms") <= ms("first_op_max_ms"), "{run}");
     }
 }
+
+/// `racekv bench reclaim`, small: the restart finds what the crashed loader deleted (its
+/// blocks were never given back) and the heap in use falls to the live bytes.
+#[test]
+fn reclaim_bench_finds_what_the_crashed_process_held() {
+    let out = Command::new(env!("CARGO_BIN_EXE_racekv"))
+        .args(["bench", "reclaim", "--keys", "5000", "--rounds", "1", "--json"])
+        .env("RACEKV_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let bytes = |f: &str| report[f].as_u64().unwrap_or_else(|| panic!("{f}: {report}"));
+    // Half of the 5000 keys (blocks of 2 units) were deleted and leaked.
+    assert!(bytes("reclaimed_free_bytes") >= 2500 * 128, "{report}");
+    assert_eq!(bytes("heap_used_bytes_after"), bytes("live_bytes"), "{report}");
+    assert!(bytes("heap_used_bytes_before") >= bytes("heap_used_bytes_after") + 2500 * 128, "{report}");
+    for field in ["reclaim_ms", "start_ms", "heap_scan_ms"] {
+        assert!(report[field].as_f64().is_some_and(|v| v > 0.0), "{field}: {report}");
+    }
+}

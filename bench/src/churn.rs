@@ -12,7 +12,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::cluster::BenchMemnode;
+use crate::cluster::{load_keys, BenchMemnode};
 use crate::report::{progress, Environment};
 
 #[derive(Debug, Clone, Args)]
@@ -65,17 +65,7 @@ pub fn run(args: &ChurnArgs) -> anyhow::Result<ChurnReport> {
     let options = TableOptions { grace_period: Duration::from_millis(args.grace_ms), ..TableOptions::default() };
     let (table, _) = memnode.table(options)?;
     let value = vec![7u8; args.value_size];
-    {
-        let mut c = table.client(memnode.connect()?);
-        let bar = progress(args.keys, "loading");
-        for k in 0..args.keys {
-            c.put(&k.to_be_bytes(), &value)?;
-            if k % 4096 == 0 {
-                bar.set_position(k);
-            }
-        }
-        bar.finish_and_clear();
-    }
+    load_keys(&mut table.client(memnode.connect()?), args.keys, &value)?;
     let start = memnode.stats()?.heap.heap_used_bytes;
     let done = AtomicU64::new(0);
     let bar = progress(args.updates, "updating");

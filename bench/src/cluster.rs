@@ -74,3 +74,16 @@ impl BenchMemnode {
         self.memnode.is_some()
     }
 }
+
+/// Puts keys 0..`keys` (big-endian u64s) with `value` through `c`, showing progress.
+pub fn load_keys(c: &mut racekv_hashing::TableClient, keys: u64, value: &[u8]) -> anyhow::Result<()> {
+    let bar = crate::report::progress(keys, "loading");
+    for k in 0..keys {
+        c.put(&k.to_be_bytes(), value)?;
+        if k % 4096 == 0 {
+            bar.set_position(k);
+        }
+    }
+    bar.finish_and_clear();
+    Ok(())
+}

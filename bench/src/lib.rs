@@ -11,6 +11,7 @@
 //! * [`redis`]: GETs through the Redis front end vs a real redis-server, same flags, same run.
 //! * [`rpc`]: RPC with per-thread, lock-shared and FLOCK-coalescing connections.
 //! * [`coldstart`]: a new process's start to its first GET, attached vs embedded.
+//! * [`reclaim`]: a memnode start's reclaim of unreferenced heap space vs one pass over it.
 
 pub mod attach;
 pub mod churn;
@@ -20,6 +21,7 @@ pub mod loadfactor;
 pub mod membaseline;
 pub mod ops;
 pub mod plot;
+pub mod reclaim;
 pub mod redis;
 pub mod report;
 pub mod rpc;

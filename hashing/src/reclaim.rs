@@ -40,11 +40,13 @@ pub struct Reclaimed {
     pub free_list_bytes: u64,
     /// Shorter free runs, (offset, bytes), for the heap to keep as fragments.
     pub fragments: Vec<(u64, u64)>,
+    pub fragment_bytes: u64,
 }
 
 impl Reclaimed {
-    pub fn fragment_bytes(&self) -> u64 {
-        self.fragments.iter().map(|f| f.1).sum()
+    /// Every free byte found: the free list, the fragments and the tail cut off the top.
+    pub fn free_bytes(&self) -> u64 {
+        self.free_list_bytes + self.fragment_bytes + (self.heap_top_before - self.heap_top_after)
     }
 }
 
@@ -120,6 +122,7 @@ pub fn reclaim(conn: &dyn Connection, layout: &Layout) -> Result<Reclaimed, Erro
     };
     let (chunks, fragments): (Vec<_>, Vec<_>) = runs.into_iter().partition(|r| r.1 - r.0 >= MIN_CHUNK_BYTES);
     found.fragments = fragments.into_iter().map(|(s, e)| (s, e - s)).collect();
+    found.fragment_bytes = found.fragments.iter().map(|f| f.1).sum();
     found.free_list_bytes = chunks.iter().map(|r| r.1 - r.0).sum();
 
     // The old list is dropped first, so a crash from here on leaves an empty list (and the

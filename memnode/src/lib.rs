@@ -24,7 +24,7 @@ use anyhow::{bail, Context};
 use prometheus::{Gauge, IntGauge};
 use racekv_hashing::format::{format, is_formatted, read_layout, read_node_id};
 use racekv_hashing::heap::Heap;
-use racekv_hashing::reclaim::reclaim;
+use racekv_hashing::reclaim::{reclaim, Reclaimed};
 use racekv_hashing::split::Splitter;
 use racekv_hashing::{Layout, TableService, TableStats};
 use racekv_telemetry::MetricsServer;
@@ -99,6 +99,14 @@ static GAUGES: LazyLock<Gauges> = LazyLock::new(|| {
     }
 });
 
+/// What this start's reclaim of unreferenced heap space did (a reopened region only).
+#[derive(Debug, Clone)]
+pub struct StartReclaim {
+    pub duration: Duration,
+    /// Its findings, without the fragment list (handed to the heap).
+    pub reclaimed: Reclaimed,
+}
+
 /// A running memnode.
 pub struct Memnode {
     config: MemnodeConfig,
@@ -109,6 +117,7 @@ pub struct Memnode {
     metrics: Option<MetricsServer>,
     stopping: Arc<AtomicBool>,
     housekeeping: Option<JoinHandle<()>>,
+    start_reclaim: Option<StartReclaim>,
     /// Holds the exclusive lock on the data file while we run.
     _lock: Option<nix::fcntl::Flock<File>>,
 }
@@ -161,6 +170,7 @@ impl Memnode {
         // Format or reopen, before anyone can connect.
         let local = LocalConnection::new(Arc::clone(&region), None);
         let mut found_fragments = Vec::new();
+        let mut start_reclaim = None;
         let (layout, node_id) = if is_formatted(&local)? {
             let layout = read_layout(&local)?;
             let local: Arc<dyn Connection> = Arc::new(local);
@@ -172,22 +182,19 @@ impl Memnode {
             // everything no slot references is free, crashed processes' space included.
             let started = std::time::Instant::now();
             match reclaim(&*local, &layout) {
-                Ok(reclaimed) => {
+                Ok(mut reclaimed) => {
                     GAUGES.reclaim_seconds.set(started.elapsed().as_secs_f64());
-                    GAUGES.reclaimed_bytes.set(
-                        (reclaimed.heap_top_before - reclaimed.heap_top_after
-                            + reclaimed.free_list_bytes
-                            + reclaimed.fragment_bytes()) as i64,
-                    );
+                    GAUGES.reclaimed_bytes.set(reclaimed.free_bytes() as i64);
                     tracing::info!(
                         live_bytes = reclaimed.live_bytes,
                         free_list_bytes = reclaimed.free_list_bytes,
-                        fragment_bytes = reclaimed.fragment_bytes(),
+                        fragment_bytes = reclaimed.fragment_bytes,
                         heap_top_lowered_bytes = reclaimed.heap_top_before - reclaimed.heap_top_after,
                         ms = started.elapsed().as_millis() as u64,
                         "reclaimed the heap space nothing references"
                     );
-                    found_fragments = reclaimed.fragments;
+                    found_fragments = std::mem::take(&mut reclaimed.fragments);
+                    start_reclaim = Some(StartReclaim { duration: started.elapsed(), reclaimed });
                 }
                 // Not knowing what is live, free nothing: serving goes on, and what
                 // crashed processes held stays allocated to nobody.
@@ -270,6 +277,7 @@ impl Memnode {
             metrics,
             stopping,
             housekeeping: None,
+            start_reclaim,
             _lock: lock,
         };
         memnode.housekeeping = Some(memnode.spawn_housekeeping()?);
@@ -313,6 +321,11 @@ impl Memnode {
 
     pub fn endpoints(&self) -> &[Endpoint] {
         self.server.as_ref().map_or(&[], |s| s.endpoints())
+    }
+
+    /// What this start's reclaim did (None: a new or memfd region, or the reclaim failed).
+    pub fn start_reclaim(&self) -> Option<&StartReclaim> {
+        self.start_reclaim.as_ref()
     }
 
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
