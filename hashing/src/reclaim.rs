@@ -185,15 +185,34 @@ impl UnitMap {
     /// Marks [offset, offset + bytes) live (the caller checked it lies inside).
     fn mark(&mut self, offset: u64, bytes: u64) {
         let first = (offset - self.start) / BLOCK_UNIT_BYTES;
-        let last = (offset + bytes - self.start).div_ceil(BLOCK_UNIT_BYTES);
-        assert!(first <= last && last <= self.units, "marking [{offset}, +{bytes}) outside the map");
-        for unit in first..last {
-            self.bits[(unit / 64) as usize] |= 1 << (unit % 64);
+        let end = (offset + bytes - self.start).div_ceil(BLOCK_UNIT_BYTES);
+        assert!(first <= end && end <= self.units, "marking [{offset}, +{bytes}) outside the map");
+        let mut unit = first;
+        while unit < end {
+            let (word, bit) = ((unit / 64) as usize, unit % 64);
+            let n = (64 - bit).min(end - unit);
+            let mask = if n == 64 { u64::MAX } else { ((1u64 << n) - 1) << bit };
+            self.bits[word] |= mask;
+            unit += n;
         }
     }
 
-    fn is_live(&self, unit: u64) -> bool {
-        self.bits[(unit / 64) as usize] & (1 << (unit % 64)) != 0
+    /// The first unit at or after `from` that is live (`live`) or free (!`live`); `units`
+    /// if there is none.
+    fn next(&self, from: u64, live: bool) -> u64 {
+        let flip = if live { 0 } else { u64::MAX };
+        let mut index = (from / 64) as usize;
+        let mut word = (self.bits[index] ^ flip) & (u64::MAX << (from % 64));
+        loop {
+            if word != 0 {
+                return (index as u64 * 64 + u64::from(word.trailing_zeros())).min(self.units);
+            }
+            index += 1;
+            if index == self.bits.len() {
+                return self.units;
+            }
+            word = self.bits[index] ^ flip;
+        }
     }
 
     /// The maximal unmarked runs, (start, end) in region offsets, in address order.
@@ -201,19 +220,11 @@ impl UnitMap {
         let mut runs = Vec::new();
         let mut unit = 0;
         while unit < self.units {
-            // Skip whole live words quickly.
-            if unit.is_multiple_of(64) && self.bits[(unit / 64) as usize] == u64::MAX {
-                unit += 64;
-                continue;
+            let begin = self.next(unit, false);
+            if begin == self.units {
+                break;
             }
-            if self.is_live(unit) {
-                unit += 1;
-                continue;
-            }
-            let begin = unit;
-            while unit < self.units && !self.is_live(unit) {
-                unit += 1;
-            }
+            unit = self.next(begin, true);
             runs.push((self.start + begin * BLOCK_UNIT_BYTES, self.start + unit * BLOCK_UNIT_BYTES));
         }
         runs
@@ -228,11 +239,12 @@ mod tests {
     proptest! {
         /// The free runs are exactly the maximal stretches no mark covers.
         #[test]
-        fn free_runs_are_the_gaps_between_marks(marks in proptest::collection::vec((0u64..300, 1u64..80), 0..40)) {
-            let (start, units) = (4096u64, 300u64);
+        fn free_runs_are_the_gaps_between_marks(units in 1u64..400, marks in proptest::collection::vec((0u64..400, 1u64..150), 0..40)) {
+            let start = 4096u64;
             let mut map = UnitMap::new(start, start + units * 64);
             let mut live = vec![false; units as usize];
             for &(at, len) in &marks {
+                let at = at % units;
                 let len = len.min(units - at);
                 if len == 0 { continue; }
                 map.mark(start + at * 64, len * 64);
