@@ -26,6 +26,10 @@ pub enum ClientError {
     Internal { endpoint: String, reason: String },
 }
 
+fn is_memnode_restart(e: &racekv_transport::TransportError) -> bool {
+    matches!(e, racekv_transport::TransportError::InstanceChanged { .. })
+}
+
 impl ClientError {
     /// Maps a table error from the memnode `endpoint` to what applications see.
     pub fn from_table(endpoint: &str, e: TableError, timeout: Duration) -> Self {
@@ -39,7 +43,9 @@ impl ClientError {
             TableError::OutOfMemory(reason) | TableError::TableFull(reason) => {
                 ClientError::OutOfSpace { endpoint, reason }
             }
-            TableError::Transport(t) if t.is_connection_failure() => {
+            // A restart under a write (after its block was in a slot): like a lost
+            // connection, the write may have been applied.
+            TableError::Transport(t) if is_memnode_restart(&t) || t.is_connection_failure() => {
                 ClientError::Unavailable { endpoint, reason: t.to_string() }
             }
             other => ClientError::Internal { endpoint, reason: other.to_string() },
@@ -49,5 +55,20 @@ impl ClientError {
     /// True when the same call may succeed later (the memnode restarted, a timeout).
     pub fn is_transient(&self) -> bool {
         matches!(self, ClientError::Unavailable { .. } | ClientError::Timeout { .. } | ClientError::Overloaded(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use racekv_transport::TransportError;
+
+    #[test]
+    fn a_memnode_restart_under_a_write_is_worth_a_retry() {
+        let restarted = TableError::Transport(TransportError::InstanceChanged { expected: 1, found: 2 });
+        let e = ClientError::from_table("m", restarted, Duration::from_secs(1));
+        assert!(matches!(e, ClientError::Unavailable { .. }) && e.is_transient(), "{e}");
+        let refused = TableError::Transport(TransportError::Protocol("garbage".into()));
+        assert!(!ClientError::from_table("m", refused, Duration::from_secs(1)).is_transient());
     }
 }

@@ -34,8 +34,8 @@ impl Error {
     /// True for failures that a retry on a fresh connection may fix.
     pub fn is_transient(&self) -> bool {
         match self {
-            Error::Transport(e) => e.is_connection_failure(),
-            Error::Timeout { .. } => true,
+            Error::Transport(e) => e.is_connection_failure() || matches!(e, TransportError::InstanceChanged { .. }),
+            Error::Timeout { .. } | Error::StaleInstance(_) => true,
             _ => false,
         }
     }
