@@ -81,6 +81,9 @@ pub fn run(args: &ReclaimArgs) -> anyhow::Result<ReclaimReport> {
         listen_tcp: None,
         metrics_addr: None,
         token: "reclaim".into(),
+        // The crashed loader's connection is idle: no stale writer to wait for, and the
+        // start times below are the reclaim's and the rest of the start's only.
+        reopen_fence_ms: 0,
         ..MemnodeConfig::default()
     };
     let memnode = Memnode::start(config.clone()).context("starting the memnode")?;

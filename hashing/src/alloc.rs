@@ -298,39 +298,50 @@ impl BlockAllocator {
                 self.held_bytes -= bytes;
                 return Ok(block);
             }
-            self.next_chunk()?;
+            self.next_chunk(bytes)?;
         }
         let block = self.cursor;
         self.cursor += bytes;
-        debug_assert!(self.cursor <= self.end);
+        assert!(self.cursor <= self.end, "a block past the end of its range");
         Ok(block)
     }
 
-    fn next_chunk(&mut self) -> Result<(), Error> {
-        // Keep the remainder of the old chunk as one free block (it is under 255 units).
+    /// Makes room for a block of `need` bytes: a range from the pool that holds one, or a
+    /// new chunk. What is left of the current range, and pool ranges too short for the
+    /// block, become free blocks of their own sizes (a range that short is under 255 units).
+    fn next_chunk(&mut self, need: u64) -> Result<(), Error> {
+        assert!(need <= MAX_BLOCK_UNITS * BLOCK_UNIT_BYTES);
+        self.keep_rest();
+        while let Some((start, end)) = self.pool.take_range(&mut self.instance) {
+            (self.cursor, self.end) = (start, end);
+            if end - start >= need {
+                return Ok(());
+            }
+            self.keep_rest();
+        }
+        let Chunk { offset, bytes, instance } = self.source.chunk(self.next_request)?;
+        assert!(
+            offset % BLOCK_UNIT_BYTES == 0
+                && bytes % BLOCK_UNIT_BYTES == 0
+                && bytes >= MAX_BLOCK_UNITS * BLOCK_UNIT_BYTES
+        );
+        self.next_request = self.next_request.saturating_mul(2);
+        self.adopt(instance);
+        (self.cursor, self.end) = (offset, offset + bytes);
+        Ok(())
+    }
+
+    /// Keeps the rest of the current range, shorter than the block being allocated, as one
+    /// free block.
+    fn keep_rest(&mut self) {
         let rest = self.end - self.cursor;
+        debug_assert!(rest < MAX_BLOCK_UNITS * BLOCK_UNIT_BYTES + BLOCK_UNIT_BYTES);
         if rest >= BLOCK_UNIT_BYTES {
             let units = (rest / BLOCK_UNIT_BYTES).min(MAX_BLOCK_UNITS);
             self.free[units as usize].push(self.cursor);
             self.held_bytes += units * BLOCK_UNIT_BYTES;
         }
-        let (start, end) = match self.pool.take_range(&mut self.instance) {
-            Some(range) => range,
-            None => {
-                let Chunk { offset, bytes, instance } = self.source.chunk(self.next_request)?;
-                assert!(
-                    offset % BLOCK_UNIT_BYTES == 0
-                        && bytes % BLOCK_UNIT_BYTES == 0
-                        && bytes >= MAX_BLOCK_UNITS * BLOCK_UNIT_BYTES
-                );
-                self.next_request = self.next_request.saturating_mul(2);
-                self.adopt(instance);
-                (offset, offset + bytes)
-            }
-        };
-        self.cursor = start;
-        self.end = end;
-        Ok(())
+        self.cursor = self.end;
     }
 
     /// Takes fragments from the source and cuts each into blocks of `units` (the size being
@@ -366,7 +377,7 @@ impl BlockAllocator {
     /// prepared ahead of need).
     pub fn reserve(&mut self) -> Result<(), Error> {
         if self.end - self.cursor < MAX_BLOCK_UNITS * BLOCK_UNIT_BYTES {
-            self.next_chunk()?;
+            self.next_chunk(MAX_BLOCK_UNITS * BLOCK_UNIT_BYTES)?;
         }
         Ok(())
     }
@@ -554,6 +565,28 @@ mod tests {
         let mut b = BlockAllocator::new(source, pool.clone(), Duration::ZERO);
         assert_eq!(b.alloc(4).unwrap(), block);
         assert!(pool.bytes() > 0, "the first client's chunk remainder went missing");
+    }
+
+    /// A departing client's chunk remainder can be shorter than the next client's block: it
+    /// becomes a free block of its own size, never the start of a longer block (which ran
+    /// past its end into someone else's space until the stress test of memnode restarts,
+    /// where clients come and go, caught it).
+    #[test]
+    fn a_short_remainder_in_the_pool_is_never_overrun() {
+        let (mut a, source, pool) = allocator(0);
+        for _ in 0..4 {
+            a.alloc(255).unwrap();
+        }
+        let last = a.alloc(3).unwrap(); // 1023 of the chunk's 1024 units used
+        let remainder = last + 3 * 64;
+        drop(a);
+        let mut b = BlockAllocator::new(source, pool, Duration::ZERO);
+        let block = b.alloc(4).unwrap();
+        assert!(
+            block + 4 * 64 <= remainder || block >= remainder + 64,
+            "a 4-unit block at {block} overruns the 1-unit remainder at {remainder}"
+        );
+        assert_eq!(b.alloc(1).unwrap(), remainder, "the remainder was not kept as a 1-unit block");
     }
 
     #[test]

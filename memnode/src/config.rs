@@ -43,6 +43,11 @@ pub struct MemnodeConfig {
     pub io_timeout_ms: u64,
     /// How often a data file is flushed to disk (msync); 0 leaves it to the kernel.
     pub sync_interval_ms: u64,
+    /// After reopening a data file, wait this long before reclaiming free space and
+    /// serving. shm clients of the previous run map the file and stop writing only once they
+    /// notice that run died (at once, unless a thread stalls between its check and its
+    /// store); a write landing after the reclaim could hit space handed out again.
+    pub reopen_fence_ms: u64,
     /// RPC (FLOCK) credits per grant: how many requests a client lane may send before it
     /// must renew (it renews after using half).
     pub rpc_credits: u32,
@@ -76,6 +81,7 @@ impl Default for MemnodeConfig {
             max_connections: 1024,
             io_timeout_ms: 10_000,
             sync_interval_ms: 1_000,
+            reopen_fence_ms: 1_000,
             rpc_credits: 32,
             rpc_max_active_lanes: 256,
             rpc_max_outstanding: 256 * 48,
@@ -103,6 +109,7 @@ impl MemnodeConfig {
         );
         anyhow::ensure!(!self.token.is_empty(), "token must not be empty");
         anyhow::ensure!(self.max_connections > 0, "max_connections must be at least 1");
+        anyhow::ensure!(self.reopen_fence_ms <= 60_000, "reopen_fence_ms must be at most 60000 (one minute)");
         anyhow::ensure!((2..=65536).contains(&self.rpc_credits), "rpc_credits must be within 2..=65536");
         anyhow::ensure!(self.rpc_max_active_lanes > 0, "rpc_max_active_lanes must be at least 1");
         anyhow::ensure!(self.rpc_max_outstanding > 0, "rpc_max_outstanding must be at least 1");

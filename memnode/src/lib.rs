@@ -180,6 +180,12 @@ impl Memnode {
             }
             // Nobody holds heap space now (clients drop what they held from the last run):
             // everything no slot references is free, crashed processes' space included.
+            // shm clients of the last run write into the file directly: let them notice
+            // it is gone first (see `reopen_fence_ms`).
+            if config.reopen_fence_ms > 0 {
+                tracing::info!(ms = config.reopen_fence_ms, "waiting for clients of the last run to notice it stopped");
+                std::thread::sleep(Duration::from_millis(config.reopen_fence_ms));
+            }
             let started = std::time::Instant::now();
             match reclaim(&*local, &layout) {
                 Ok(mut reclaimed) => {

@@ -472,3 +472,107 @@ fn a_restart_reclaims_what_crashed_clients_held_and_survivors_never_reuse_it() {
         assert_eq!(check.get(format!("f{i}").as_bytes()).unwrap(), Some(value("f", i)), "f{i}");
     }
 }
+
+/// Writers in one process (clients coming and going, sharing a pool) write, overwrite and
+/// delete over shm while the memnode is SIGKILLed and restarted three times (at once: the
+/// new run waits `reopen_fence_ms` for the old run's clients; with no wait, a writer that
+/// had not noticed the crash yet overwrote reclaimed space in 1 of 10 runs here; this test
+/// also found allocators running a block past the end of a short pool remainder). Model
+/// check at the end:
+/// every key holds its last acknowledged value, or that of a later write whose outcome its
+/// client did not learn (a transient error). And after one more restart the heap in use is
+/// exactly the live blocks and the subtables: nothing leaked across the restarts.
+#[test]
+fn writers_across_memnode_restarts_lose_nothing_and_leak_nothing() {
+    const THREADS: usize = 4;
+    const KEYS: usize = 300;
+    type Model = Vec<(Option<Vec<u8>>, Vec<Option<Vec<u8>>>)>; // per key: acked, unknown since
+    let dir = tempfile::tempdir().unwrap();
+    let args = data_file_args(dir.path(), "region.dat", "m.sock");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut m = spawn(&args);
+    let endpoint = m.endpoints[0].clone(); // shm: the client maps the data file
+    let conn: Arc<dyn Connection> =
+        Arc::new(Reconnecting { inner: std::sync::RwLock::new(connect(&endpoint)), endpoint });
+    let options = TableOptions { op_timeout: Duration::from_secs(2), ..TableOptions::default() };
+    let table = Table::open(Arc::clone(&conn), options).unwrap();
+    let stop = AtomicBool::new(false);
+    let models: Vec<Model> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (table, conn, stop) = (&table, &conn, &stop);
+                s.spawn(move || {
+                    let mut model: Model = vec![(None, Vec::new()); KEYS];
+                    let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ t as u64;
+                    let mut client = table.client(Arc::clone(conn));
+                    let mut n = 0usize;
+                    while !stop.load(Ordering::Relaxed) {
+                        n += 1;
+                        if n.is_multiple_of(300) {
+                            client = table.client(Arc::clone(conn)); // its space goes to the pool
+                        }
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        let k = (rng % KEYS as u64) as usize;
+                        let key = format!("t{t}-k{k}");
+                        let value = (!rng.is_multiple_of(5))
+                            .then(|| format!("{t}-{k}-{n}-").repeat(1 + (rng >> 8) as usize % 60).into_bytes());
+                        let result = match &value {
+                            Some(v) => client.put(key.as_bytes(), v).map(drop),
+                            None => client.delete(key.as_bytes()).map(drop),
+                        };
+                        match result {
+                            Ok(()) => model[k] = (value, Vec::new()),
+                            Err(e) if e.is_transient() => {
+                                model[k].1.push(value);
+                                std::thread::sleep(Duration::from_millis(5));
+                            }
+                            Err(e) => panic!("{key}: {e}"),
+                        }
+                    }
+                    model
+                })
+            })
+            .collect();
+        for _ in 0..3 {
+            std::thread::sleep(Duration::from_millis(400));
+            signal(&m.child, 9);
+            wait_exit(&mut m.child, Duration::from_secs(10));
+            m = spawn(&args);
+        }
+        std::thread::sleep(Duration::from_millis(400));
+        stop.store(true, Ordering::Relaxed);
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+
+    // One more restart: nobody holds anything, so the heap in use is what is live.
+    drop(table);
+    signal(&m.child, 9);
+    wait_exit(&mut m.child, Duration::from_secs(10));
+    let m = spawn(&args);
+    let check_conn = connect(&m.endpoints[0]);
+    let check_table = Table::open(Arc::clone(&check_conn), TableOptions::default()).unwrap();
+    let mut check = check_table.client(Arc::clone(&check_conn));
+    let mut live_bytes = 0;
+    for (t, model) in models.iter().enumerate() {
+        for (k, (acked, unknown)) in model.iter().enumerate() {
+            let key = format!("t{t}-k{k}");
+            let got = check.get(key.as_bytes()).unwrap();
+            assert!(
+                got == *acked || unknown.contains(&got),
+                "{key}: got {:?}, acknowledged {:?}, {} unknown since",
+                got.as_deref().map(String::from_utf8_lossy),
+                acked.as_deref().map(String::from_utf8_lossy),
+                unknown.len()
+            );
+            if let Some(v) = got {
+                live_bytes += racekv_hashing::layout::block_units(key.len(), v.len()).unwrap() as u64 * 64;
+            }
+        }
+    }
+    let reply = check_conn.call(racekv_hashing::rpc::method::STATS, &[]).unwrap();
+    let stats = racekv_hashing::service::decode_stats(&reply).unwrap();
+    let subtable_bytes = stats.heap.subtables * check_table.layout().subtable_bytes();
+    assert_eq!(stats.heap.heap_used_bytes, live_bytes + subtable_bytes, "{stats:?}");
+}
