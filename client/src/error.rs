@@ -26,10 +26,6 @@ pub enum ClientError {
     Internal { endpoint: String, reason: String },
 }
 
-fn is_memnode_restart(e: &racekv_transport::TransportError) -> bool {
-    matches!(e, racekv_transport::TransportError::InstanceChanged { .. })
-}
-
 impl ClientError {
     /// Maps a table error from the memnode `endpoint` to what applications see.
     pub fn from_table(endpoint: &str, e: TableError, timeout: Duration) -> Self {
@@ -43,9 +39,9 @@ impl ClientError {
             TableError::OutOfMemory(reason) | TableError::TableFull(reason) => {
                 ClientError::OutOfSpace { endpoint, reason }
             }
-            // A restart under a write (after its block was in a slot): like a lost
-            // connection, the write may have been applied.
-            TableError::Transport(t) if is_memnode_restart(&t) || t.is_connection_failure() => {
+            // Also a memnode restart under a write (after its block was in a slot): like a
+            // lost connection, the write may have been applied.
+            TableError::Transport(t) if t.is_transient() => {
                 ClientError::Unavailable { endpoint, reason: t.to_string() }
             }
             other => ClientError::Internal { endpoint, reason: other.to_string() },

@@ -110,10 +110,20 @@ impl DirectoryCache {
     }
 }
 
-/// Reads the global depth, then every entry below it. The memnode writes entries before it
-/// raises the depth, and ops in a batch run in order, so the entries read are at least as
-/// new as the depth.
 fn read_snapshot(conn: &dyn Connection, layout: &Layout, batch: &mut Batch) -> Result<Snapshot, Error> {
+    let (global_depth, words) = read_directory(conn, layout, batch)?;
+    let entries = words.into_iter().map(AtomicU64::new).collect();
+    Ok(Snapshot { global_depth, entries })
+}
+
+/// Reads the global depth, then every entry word below it. The memnode writes entries
+/// before it raises the depth, and ops in a batch run in order, so the entries read are at
+/// least as new as the depth.
+pub(crate) fn read_directory(
+    conn: &dyn Connection,
+    layout: &Layout,
+    batch: &mut Batch,
+) -> Result<(u32, Vec<u64>), Error> {
     batch.clear();
     let gd = batch.read(sb::GLOBAL_DEPTH, 8);
     conn.execute(batch)?;
@@ -133,8 +143,8 @@ fn read_snapshot(conn: &dyn Connection, layout: &Layout, batch: &mut Batch) -> R
         batch.clear();
         let r = batch.read(layout.dir_entry_offset(next), (n * 8) as u32);
         conn.execute(batch)?;
-        entries.extend(batch.read_result(r)?.chunks_exact(8).map(|w| AtomicU64::new(read_word(w))));
+        entries.extend(batch.read_result(r)?.chunks_exact(8).map(read_word));
         next += n;
     }
-    Ok(Snapshot { global_depth, entries: entries.into_boxed_slice() })
+    Ok((global_depth, entries))
 }

@@ -34,7 +34,7 @@ impl Error {
     /// True for failures that a retry on a fresh connection may fix.
     pub fn is_transient(&self) -> bool {
         match self {
-            Error::Transport(e) => e.is_connection_failure() || matches!(e, TransportError::InstanceChanged { .. }),
+            Error::Transport(e) => e.is_transient(),
             Error::Timeout { .. } | Error::StaleInstance(_) => true,
             _ => false,
         }

@@ -19,6 +19,7 @@
 use racekv_transport::{Batch, Connection, MAX_OP_BYTES};
 
 use crate::alloc::MIN_CHUNK_BYTES;
+use crate::directory::read_directory;
 use crate::error::Error;
 use crate::layout::{parse_bucket, sb, DirEntry, Layout, Slot, BLOCK_UNIT_BYTES, BUCKET_BYTES};
 use crate::words::{read_words, write_words};
@@ -54,8 +55,8 @@ impl Reclaimed {
 /// Call it while nothing else uses the region.
 pub fn reclaim(conn: &dyn Connection, layout: &Layout) -> Result<Reclaimed, Error> {
     let mut b = Batch::new();
-    let w = read_words(conn, &mut b, &[sb::HEAP_TOP, sb::GLOBAL_DEPTH, sb::SPLIT_STATE])?;
-    let (top, global_depth, split_state) = (w[0], w[1], w[2]);
+    let w = read_words(conn, &mut b, &[sb::HEAP_TOP, sb::SPLIT_STATE])?;
+    let (top, split_state) = (w[0], w[1]);
     if split_state != 0 {
         return Err(Error::Corrupt("a split is still in progress: finish it before reclaiming".into()));
     }
@@ -67,32 +68,26 @@ pub fn reclaim(conn: &dyn Connection, layout: &Layout) -> Result<Reclaimed, Erro
     {
         return Err(Error::Corrupt(format!("heap top {top} is outside the heap [{heap}, {}]", layout.region_len)));
     }
-    if global_depth > u64::from(layout.max_global_depth) {
-        return Err(Error::Corrupt(format!("global depth {global_depth} exceeds {}", layout.max_global_depth)));
-    }
     let mut live = UnitMap::new(heap, top);
     let mut found = Reclaimed { heap_top_before: top, ..Reclaimed::default() };
 
     // The subtables the directory reaches. A bad entry means we cannot know what is live:
     // refuse rather than free someone's data.
     let mut subtables = Vec::new();
-    read_pieces(conn, &mut b, layout.dir_entry_offset(0), (1u64 << global_depth) * 8, |_, bytes| {
-        for word in bytes.chunks_exact(8) {
-            let entry = DirEntry::decode(u64::from_le_bytes(word.try_into().expect("8 bytes")));
-            if !entry.is_valid(layout) || entry.subtable + layout.subtable_bytes() > top {
-                return Err(Error::Corrupt(format!("directory entry {entry:?} is not a subtable of the heap")));
-            }
-            subtables.push(entry.subtable);
+    for word in read_directory(conn, layout, &mut b)?.1 {
+        let entry = DirEntry::decode(word);
+        if !entry.is_valid(layout) || entry.subtable + layout.subtable_bytes() > top {
+            return Err(Error::Corrupt(format!("directory entry {entry:?} is not a subtable of the heap")));
         }
-        Ok(())
-    })?;
+        subtables.push(entry.subtable);
+    }
     subtables.sort_unstable();
     subtables.dedup();
     found.subtables = subtables.len() as u64;
 
     for &subtable in &subtables {
         live.mark(subtable, layout.subtable_bytes());
-        read_pieces(conn, &mut b, subtable, layout.subtable_bytes(), |_, bytes| {
+        read_pieces(conn, &mut b, subtable, layout.subtable_bytes(), |bytes| {
             for bucket in bytes.chunks_exact(BUCKET_BYTES as usize) {
                 for word in parse_bucket(bucket).1 {
                     let Some(slot) = Slot::decode(word) else { continue };
@@ -153,9 +148,9 @@ fn read_pieces(
     b: &mut Batch,
     offset: u64,
     len: u64,
-    mut f: impl FnMut(u64, &[u8]) -> Result<(), Error>,
+    mut f: impl FnMut(&[u8]) -> Result<(), Error>,
 ) -> Result<(), Error> {
-    // Whole buckets (and directory words) per piece.
+    // Whole buckets per piece.
     let piece = MAX_OP_BYTES - MAX_OP_BYTES % BUCKET_BYTES;
     let mut at = offset;
     while at < offset + len {
@@ -163,7 +158,7 @@ fn read_pieces(
         b.clear();
         let r = b.read(at, n as u32);
         conn.execute(b)?;
-        f(at, b.read_result(r)?)?;
+        f(b.read_result(r)?)?;
         at += n;
     }
     Ok(())

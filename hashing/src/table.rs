@@ -946,23 +946,31 @@ impl TableClient {
     fn mutate(&mut self, key: &[u8], value: Option<&[u8]>, cond: Cond<'_>) -> Result<PutOutcome, Error> {
         let mut restarts = 0;
         loop {
-            match self.mutate_once(key, value, cond) {
-                // The memnode restarted under a write, before its block was in a slot:
-                // nothing of it is visible, so it starts over in space from the new run.
-                Err((Error::Transport(TransportError::InstanceChanged { expected, .. }), BlockState::Unpublished))
-                    if restarts < MAX_RESTARTED_ATTEMPTS =>
-                {
-                    restarts += 1;
-                    self.alloc.forget(expected);
-                }
-                Err((Error::Transport(TransportError::InstanceChanged { expected, found }), _)) => {
-                    self.alloc.forget(expected);
-                    return Err(TransportError::InstanceChanged { expected, found }.into());
-                }
-                Err((e, _)) => return Err(e),
+            let (e, state) = match self.mutate_once(key, value, cond) {
                 Ok(outcome) => return Ok(outcome),
+                Err(failed) => failed,
+            };
+            let Error::Transport(TransportError::InstanceChanged { expected, .. }) = e else { return Err(e) };
+            self.alloc.forget(expected);
+            // The memnode restarted under the write. Before its block was in a slot nothing
+            // of it is visible, so it starts over in space from the new run.
+            if !matches!(state, BlockState::Unpublished) || restarts == MAX_RESTARTED_ATTEMPTS {
+                return Err(e);
             }
+            restarts += 1;
         }
+    }
+
+    /// The block a write of `value` goes into (None for a delete), after checking sizes.
+    fn new_block(&mut self, hash: &KeyHash, key: &[u8], value: Option<&[u8]>) -> Result<Option<NewBlock>, Error> {
+        let Some(value) = value else {
+            Self::check_key(key, 0)?;
+            return Ok(None);
+        };
+        let units = Self::check_key(key, value.len())?;
+        let block = self.alloc.alloc(units)?;
+        encode_block(&mut self.block, key, value);
+        Ok(Some(NewBlock { block, units, word: self.next_word(hash, block, units) }))
     }
 
     /// One attempt of [`Self::mutate`]; an error comes with how far the new block got.
@@ -973,18 +981,7 @@ impl TableClient {
         cond: Cond<'_>,
     ) -> Result<PutOutcome, (Error, BlockState)> {
         let hash = self.hash(key);
-        let new = match value {
-            Some(value) => {
-                let units = Self::check_key(key, value.len()).map_err(|e| (e, BlockState::Unpublished))?;
-                let block = self.alloc.alloc(units).map_err(|e| (e, BlockState::Unpublished))?;
-                encode_block(&mut self.block, key, value);
-                Some(NewBlock { block, units, word: self.next_word(&hash, block, units) })
-            }
-            None => {
-                Self::check_key(key, 0).map_err(|e| (e, BlockState::Unpublished))?;
-                None
-            }
-        };
+        let new = self.new_block(&hash, key, value).map_err(|e| (e, BlockState::Unpublished))?;
         // The block is space of the run that handed it out: write it, and put it in a
         // slot, only there (see `alloc::Chunk`).
         let run = new.map(|_| self.alloc.instance().expect("an allocated block belongs to a run"));

@@ -178,33 +178,9 @@ impl Memnode {
             if splitter.recover()? {
                 tracing::warn!("finished a split that the previous run left in progress");
             }
-            // Nobody holds heap space now (clients drop what they held from the last run):
-            // everything no slot references is free, crashed processes' space included.
-            // shm clients of the last run write into the file directly: let them notice
-            // it is gone first (see `reopen_fence_ms`).
-            if config.reopen_fence_ms > 0 {
-                tracing::info!(ms = config.reopen_fence_ms, "waiting for clients of the last run to notice it stopped");
-                std::thread::sleep(Duration::from_millis(config.reopen_fence_ms));
-            }
-            let started = std::time::Instant::now();
-            match reclaim(&*local, &layout) {
-                Ok(mut reclaimed) => {
-                    GAUGES.reclaim_seconds.set(started.elapsed().as_secs_f64());
-                    GAUGES.reclaimed_bytes.set(reclaimed.free_bytes() as i64);
-                    tracing::info!(
-                        live_bytes = reclaimed.live_bytes,
-                        free_list_bytes = reclaimed.free_list_bytes,
-                        fragment_bytes = reclaimed.fragment_bytes,
-                        heap_top_lowered_bytes = reclaimed.heap_top_before - reclaimed.heap_top_after,
-                        ms = started.elapsed().as_millis() as u64,
-                        "reclaimed the heap space nothing references"
-                    );
-                    found_fragments = std::mem::take(&mut reclaimed.fragments);
-                    start_reclaim = Some(StartReclaim { duration: started.elapsed(), reclaimed });
-                }
-                // Not knowing what is live, free nothing: serving goes on, and what
-                // crashed processes held stays allocated to nobody.
-                Err(e) => tracing::error!("could not reclaim unreferenced heap space, serving without: {e}"),
+            start_reclaim = reclaim_at_start(&*local, &layout, Duration::from_millis(config.reopen_fence_ms));
+            if let Some(found) = &mut start_reclaim {
+                found_fragments = std::mem::take(&mut found.reclaimed.fragments);
             }
             let node_id = read_node_id(&*local)?;
             tracing::info!(region_bytes = layout.region_len, node_id, "reopened an existing table");
@@ -384,6 +360,38 @@ impl Drop for Memnode {
             tracing::error!("memnode shutdown: {e:#}");
         }
     }
+}
+
+/// Frees the heap space nothing references, in a reopened region nobody is served yet.
+/// Nobody holds heap space now (clients drop what they held from the last run), so
+/// everything no slot references is free, crashed processes' space included. shm clients of
+/// the last run write into the file directly: `fence` lets them notice it is gone first.
+/// None if it failed: not knowing what is live, it frees nothing, and serving goes on.
+fn reclaim_at_start(local: &dyn Connection, layout: &Layout, fence: Duration) -> Option<StartReclaim> {
+    if !fence.is_zero() {
+        tracing::info!(ms = fence.as_millis() as u64, "waiting for clients of the last run to notice it stopped");
+        std::thread::sleep(fence);
+    }
+    let started = Instant::now();
+    let reclaimed = match reclaim(local, layout) {
+        Ok(reclaimed) => reclaimed,
+        Err(e) => {
+            tracing::error!("could not reclaim unreferenced heap space, serving without: {e}");
+            return None;
+        }
+    };
+    let duration = started.elapsed();
+    GAUGES.reclaim_seconds.set(duration.as_secs_f64());
+    GAUGES.reclaimed_bytes.set(reclaimed.free_bytes() as i64);
+    tracing::info!(
+        live_bytes = reclaimed.live_bytes,
+        free_list_bytes = reclaimed.free_list_bytes,
+        fragment_bytes = reclaimed.fragment_bytes,
+        heap_top_lowered_bytes = reclaimed.heap_top_before - reclaimed.heap_top_after,
+        ms = duration.as_millis() as u64,
+        "reclaimed the heap space nothing references"
+    );
+    Some(StartReclaim { duration, reclaimed })
 }
 
 /// A random, non-zero node id (from the kernel's random source).

@@ -30,7 +30,7 @@ impl Drop for Running {
     }
 }
 
-fn spawn(args: &[&str]) -> Running {
+fn spawn(args: &[impl AsRef<std::ffi::OsStr>]) -> Running {
     let mut child = Command::new(env!("CARGO_BIN_EXE_racekv-memnode"))
         .args(args)
         .env("RACEKV_MEMNODE_TOKEN", TOKEN)
@@ -116,7 +116,7 @@ fn serves_shm_and_tcp_reports_metrics_and_stops_on_sigterm() {
         "--region-bytes".into(),
         "32MiB".into(),
     ];
-    let mut m = spawn(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut m = spawn(&args);
     assert_eq!(m.endpoints.len(), 2);
     for endpoint in &m.endpoints {
         let conn = connect(endpoint);
@@ -152,7 +152,6 @@ fn serves_shm_and_tcp_reports_metrics_and_stops_on_sigterm() {
 fn sigkill_then_restart_serves_every_acknowledged_key() {
     let dir = tempfile::tempdir().unwrap();
     let args = data_file_args(dir.path(), "region.dat", "m.sock");
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut m = spawn(&args);
     let endpoint = m.endpoints[0].clone();
     // Writers run flat out (with splits, since subtables are tiny) when the kill lands.
@@ -206,7 +205,6 @@ fn sigkill_then_restart_serves_every_acknowledged_key() {
 fn refuses_a_second_memnode_on_one_data_file_and_a_resized_region() {
     let dir = tempfile::tempdir().unwrap();
     let args = data_file_args(dir.path(), "region.dat", "a.sock");
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut first = spawn(&args);
     let second = Command::new(env!("CARGO_BIN_EXE_racekv-memnode"))
         .args(data_file_args(dir.path(), "region.dat", "b.sock"))
@@ -291,7 +289,6 @@ fn published_fragment_bytes(conn: &dyn Connection) -> u64 {
 fn free_space_comes_back_after_a_clean_restart_and_after_a_crash() {
     let dir = tempfile::tempdir().unwrap();
     let args = data_file_args(dir.path(), "region.dat", "m.sock");
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let value = vec![9u8; 1000];
     let mut m = spawn(&args);
     {
@@ -381,9 +378,13 @@ impl Connection for Reconnecting {
     }
 }
 
-fn heap_used_bytes(conn: &dyn Connection) -> u64 {
+fn stats(conn: &dyn Connection) -> racekv_hashing::TableStats {
     let reply = conn.call(racekv_hashing::rpc::method::STATS, &[]).unwrap();
-    racekv_hashing::service::decode_stats(&reply).unwrap().heap.heap_used_bytes
+    racekv_hashing::service::decode_stats(&reply).unwrap()
+}
+
+fn heap_used_bytes(conn: &dyn Connection) -> u64 {
+    stats(conn).heap.heap_used_bytes
 }
 
 /// Retries an operation that failed because its connection was lost (a real client's caller
@@ -408,7 +409,6 @@ fn until_served<T>(mut op: impl FnMut() -> Result<T, racekv_hashing::Error>) -> 
 fn a_restart_reclaims_what_crashed_clients_held_and_survivors_never_reuse_it() {
     let dir = tempfile::tempdir().unwrap();
     let args = data_file_args(dir.path(), "region.dat", "m.sock");
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut m = spawn(&args);
     let value = |tag: &str, i: usize| format!("{tag}-{i}-").repeat(40).into_bytes(); // ~300-400 B
 
@@ -489,7 +489,6 @@ fn writers_across_memnode_restarts_lose_nothing_and_leak_nothing() {
     type Model = Vec<(Option<Vec<u8>>, Vec<Option<Vec<u8>>>)>; // per key: acked, unknown since
     let dir = tempfile::tempdir().unwrap();
     let args = data_file_args(dir.path(), "region.dat", "m.sock");
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut m = spawn(&args);
     let endpoint = m.endpoints[0].clone(); // shm: the client maps the data file
     let conn: Arc<dyn Connection> =
@@ -571,8 +570,7 @@ fn writers_across_memnode_restarts_lose_nothing_and_leak_nothing() {
             }
         }
     }
-    let reply = check_conn.call(racekv_hashing::rpc::method::STATS, &[]).unwrap();
-    let stats = racekv_hashing::service::decode_stats(&reply).unwrap();
+    let stats = stats(&*check_conn);
     let subtable_bytes = stats.heap.subtables * check_table.layout().subtable_bytes();
     assert_eq!(stats.heap.heap_used_bytes, live_bytes + subtable_bytes, "{stats:?}");
 }

@@ -75,6 +75,12 @@ impl TransportError {
     pub fn is_connection_failure(&self) -> bool {
         matches!(self, TransportError::ConnectionLost { .. } | TransportError::Timeout { .. })
     }
+
+    /// True when the same call may succeed later: a connection failure, or a server that
+    /// restarted under the caller (which starts over with the new instance).
+    pub fn is_transient(&self) -> bool {
+        self.is_connection_failure() || matches!(self, TransportError::InstanceChanged { .. })
+    }
 }
 
 /// An RPC failure reported by the service: a code and a human-readable message.
