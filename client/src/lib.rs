@@ -196,7 +196,8 @@ impl ClientBuilder {
         self
     }
 
-    /// Embedded mode: how long freed KV blocks wait before reuse (see `racekv_hashing::alloc`).
+    /// Embedded mode: how long freed KV blocks wait before reuse (see `racekv_hashing::alloc`);
+    /// a memnode's longer published grace period wins.
     pub fn grace_period(mut self, grace: Duration) -> Self {
         self.grace_period = grace;
         self

@@ -37,7 +37,8 @@ pub struct ComputenodeConfig {
     pub connections_per_memnode: usize,
     /// Longest wait for connecting and for any one operation.
     pub op_timeout_ms: u64,
-    /// How long freed KV blocks wait before reuse.
+    /// How long freed KV blocks wait before reuse (a memnode's `grace_period_ms`, if
+    /// longer, wins).
     pub grace_period_ms: u64,
     /// Sessions kept pre-initialized for attach.
     pub ready_sessions: usize,

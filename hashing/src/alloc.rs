@@ -2,12 +2,12 @@
 //!
 //! Blocks come from heap chunks the memnode hands out (one RPC per chunk), carved in 64 B
 //! units. A block a client replaces or deletes is freed into a grace queue first: it may be
-//! reused only after `grace_period`, longer than any operation that could still be reading
-//! it. (Readers also verify key and checksum, so a late reader that finds another key's
-//! block re-reads. One that finds the block reused for a newer write of the same key returns
-//! that value, possibly before the write's CAS, which a conditional write may then lose: a
-//! read stalled for longer than the grace period between its bucket and block reads. The
-//! grace period keeps that rare and protects CAS from ABA.)
+//! reused only after `grace_period`, longer than nearly every operation that could still be
+//! reading it, and at least the memnode's published grace period. (Readers also verify key
+//! and checksum, so a late reader that finds another key's block re-reads; and a reader that
+//! may have taken longer than the grace period reads its slot again before it trusts the
+//! block, which could hold a newer, not yet swung write of the same key: `stall.rs`. The
+//! grace period keeps those re-reads rare and protects CAS from ABA.)
 //!
 //! Each client has its own lists (no locks on the hot path). A client that goes away hands
 //! its lists and the rest of its chunk to the [`FreePool`] it shares with its siblings.

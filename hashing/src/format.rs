@@ -1,5 +1,7 @@
 //! Formatting a fresh region and reading back a formatted one.
 
+use std::time::Duration;
+
 use racekv_transport::{Batch, Connection};
 
 use crate::error::Error;
@@ -33,6 +35,20 @@ pub fn read_layout(conn: &dyn Connection) -> Result<Layout, Error> {
 /// Reads the node id a formatted region was given.
 pub fn read_node_id(conn: &dyn Connection) -> Result<u64, Error> {
     Ok(crate::words::read_words(conn, &mut Batch::new(), &[sb::NODE_ID])?[0])
+}
+
+/// The grace period the region's memnode published for its clients (`sb::GRACE_PERIOD_US`),
+/// or None where none was.
+pub fn read_grace_period(conn: &dyn Connection) -> Result<Option<Duration>, Error> {
+    let us = crate::words::read_words(conn, &mut Batch::new(), &[sb::GRACE_PERIOD_US])?[0];
+    Ok((us != 0).then(|| Duration::from_micros(us)))
+}
+
+/// Publishes the shortest grace period clients of this region may use (the memnode, at
+/// start, before it serves). Under 1 us is published as 1 us (0 reads as "none published").
+pub fn publish_grace_period(conn: &dyn Connection, grace: Duration) -> Result<(), Error> {
+    let us = u64::try_from(grace.as_micros()).unwrap_or(u64::MAX).max(1);
+    crate::words::write_words(conn, &mut Batch::new(), &[(sb::GRACE_PERIOD_US, us)])
 }
 
 /// Formats an empty region: superblock, one subtable at depth 0, and its directory entry.

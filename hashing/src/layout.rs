@@ -73,6 +73,12 @@ pub mod sb {
     /// Unused since a memnode's start reclaims all free space (`reclaim.rs`); earlier
     /// builds wrote a list of fragments here at a clean stop. Zeroed at start.
     pub const FRAGMENT_LIST: u64 = 176;
+    /// The shortest grace period (microseconds) any client of this region may wait before
+    /// reusing a freed block: written by the memnode at each start (`grace_period_ms`), 0
+    /// where no memnode published one (regions of earlier builds, test memnodes). Clients
+    /// wait at least this long, and readers check again any read that may have taken longer
+    /// (`stall.rs`).
+    pub const GRACE_PERIOD_US: u64 = 184;
     pub const LAYOUT_BYTES: usize = 56;
 }
 

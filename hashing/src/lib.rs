@@ -25,6 +25,7 @@ pub mod reclaim;
 pub mod rpc;
 pub mod service;
 pub mod split;
+pub(crate) mod stall;
 pub mod table;
 #[cfg(feature = "testing")]
 pub mod testing;

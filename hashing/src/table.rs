@@ -20,7 +20,9 @@
 //!   split that excludes the key, the insert CASes its slot back to 0 and retries; if that
 //!   CAS fails, the splitter has already moved the entry, and the insert stands.
 //! * Reuse of freed blocks: blocks are reused only after a grace period, and every block
-//!   read is checked (key and checksum) before its value is used.
+//!   read is checked (key and checksum) before its value is used. A read that may have
+//!   taken longer than the grace period reads its slot again before it trusts the block
+//!   (`stall.rs`): the block may hold a newer write of the same key by then.
 
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
@@ -36,11 +38,14 @@ use crate::hash::KeyHash;
 use crate::layout::{block_units, decode_block, encode_block, sb, Layout, Slot};
 use crate::probe::{Probe, ProbeReads};
 use crate::rpc::{self, method, SplitRequest};
+use crate::stall::{StallClock, Stamp};
 
 /// Tunables of table clients.
 #[derive(Debug, Clone, Copy)]
 pub struct TableOptions {
-    /// How long a freed block waits before reuse: longer than any operation in flight.
+    /// How long a freed block waits before reuse: longer than most operations in flight (a
+    /// read that takes longer is checked again). The memnode's published grace period, if
+    /// longer, wins.
     pub grace_period: Duration,
     /// An operation that keeps retrying (contention, a split in progress) gives up after this.
     pub op_timeout: Duration,
@@ -63,6 +68,8 @@ pub struct ClientStats {
     pub torn_reads: u64,
     /// Extra bucket reads that confirmed a key's absence after fingerprint collisions.
     pub absence_checks: u64,
+    /// Reads that may have outlasted the grace period and read their slot again.
+    pub stalled_reads: u64,
 }
 
 /// The outcome of a put.
@@ -102,6 +109,7 @@ struct Metrics {
     stale: IntCounter,
     splits: IntCounter,
     torn: IntCounter,
+    stalled: IntCounter,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
@@ -143,6 +151,13 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             )
             .unwrap(),
         ),
+        stalled: register(
+            IntCounter::new(
+                "racekv_table_stalled_reads_total",
+                "Reads that may have outlasted the grace period, so read their slot again before trusting the block",
+            )
+            .unwrap(),
+        ),
     }
 });
 
@@ -155,6 +170,7 @@ struct LocalMetrics {
     stale: LocalIntCounter,
     splits: LocalIntCounter,
     torn: LocalIntCounter,
+    stalled: LocalIntCounter,
     since_flush: u32,
 }
 
@@ -181,6 +197,7 @@ impl LocalMetrics {
             stale: m.stale.local(),
             splits: m.splits.local(),
             torn: m.torn.local(),
+            stalled: m.stalled.local(),
             since_flush: 0,
         }
     }
@@ -188,7 +205,7 @@ impl LocalMetrics {
     fn flush(&mut self) {
         self.ops.iter().for_each(|c| c.flush());
         self.op_seconds.iter().for_each(|h| h.flush());
-        for c in [&self.round_trips, &self.cas_failures, &self.stale, &self.splits, &self.torn] {
+        for c in [&self.round_trips, &self.cas_failures, &self.stale, &self.splits, &self.torn, &self.stalled] {
             c.flush();
         }
         self.since_flush = 0;
@@ -206,6 +223,11 @@ struct Shared {
     chunks: Arc<dyn ChunkSource>,
     pool: Arc<FreePool>,
     options: TableOptions,
+    /// The grace period this process waits: its own, or the memnode's if longer.
+    grace: Duration,
+    /// Readers trust a block only if they surely read it within the shortest grace period
+    /// any client of the region waits (the memnode's, where it published one).
+    stall: StallClock,
 }
 
 /// Gets KV chunks from the memnode by RPC.
@@ -298,7 +320,19 @@ impl Table {
         options: TableOptions,
     ) -> Result<Self, Error> {
         let directory = DirectoryCache::load(conn, layout)?;
-        Ok(Self { shared: Arc::new(Shared { layout, directory, chunks, pool: Arc::new(FreePool::new()), options }) })
+        let published = crate::format::read_grace_period(conn)?;
+        let grace = published.map_or(options.grace_period, |p| p.max(options.grace_period));
+        if grace > options.grace_period {
+            tracing::debug!(?grace, own = ?options.grace_period, "waiting the memnode's longer grace period");
+        }
+        let stall = StallClock::new(published.unwrap_or(options.grace_period));
+        let pool = Arc::new(FreePool::new());
+        Ok(Self { shared: Arc::new(Shared { layout, directory, chunks, pool, options, grace, stall }) })
+    }
+
+    /// The grace period this process waits before reusing a freed block.
+    pub fn grace_period(&self) -> Duration {
+        self.shared.grace
     }
 
     pub fn layout(&self) -> &Layout {
@@ -326,7 +360,7 @@ impl Table {
     pub fn client(&self, conn: Arc<dyn Connection>) -> TableClient {
         let s = &self.shared;
         TableClient {
-            alloc: BlockAllocator::new(Arc::clone(&s.chunks), Arc::clone(&s.pool), s.options.grace_period),
+            alloc: BlockAllocator::new(Arc::clone(&s.chunks), Arc::clone(&s.pool), s.grace),
             shared: Arc::clone(s),
             conn,
             batch: Batch::new(),
@@ -336,6 +370,7 @@ impl Table {
             copies: Vec::with_capacity(4),
             others: Vec::with_capacity(28),
             round: RoundScratch::default(),
+            probe_sent: s.stall.now(),
             tag: 0,
             count_delta: 0,
             stats: ClientStats::default(),
@@ -346,7 +381,7 @@ impl Table {
 
 impl Shared {
     fn give_back_free_memory(&self) -> crate::alloc::Drained {
-        let drained = self.pool.drain_all(self.options.grace_period, crate::layout::BLOCK_UNIT_BYTES);
+        let drained = self.pool.drain_all(self.grace, crate::layout::BLOCK_UNIT_BYTES);
         // Chunk-sized runs first, in calls of their own: a memnode from before fragments
         // were taken back refuses a call with a shorter run in it.
         let (runs, fragments): (Vec<_>, Vec<_>) =
@@ -439,7 +474,8 @@ struct NewBlock {
 
 enum Verified {
     Done,
-    /// A block failed its checks: it changed under us; look again.
+    /// A block changed under the read (it failed its checks, or the read stalled and the
+    /// slot has moved on since): look again.
     Torn,
 }
 
@@ -479,6 +515,9 @@ pub struct TableClient {
     others: Vec<(u64, u64)>,
     /// Working space of [`TableClient::get_round`], kept so rounds allocate nothing.
     round: RoundScratch,
+    /// When the last [`TableClient::probe`] was sent: a block read after it is trusted only
+    /// within the grace period (`stall.rs`).
+    probe_sent: Stamp,
     tag: u8,
     /// Item-count changes not yet added to the superblock (sent with the next batch).
     count_delta: i64,
@@ -588,6 +627,7 @@ impl TableClient {
             let reads = usable.then(|| ProbeReads::queue(&mut self.batch, cbs));
             r.probes.push((hash, reads));
         }
+        let sent = self.shared.stall.now();
         if !self.batch.is_empty() {
             self.execute()?;
         }
@@ -614,6 +654,13 @@ impl TableClient {
             r.reads.push(self.batch.read(slot.block, slot.block_bytes() as u32));
         }
         self.execute()?;
+        // A round that may have outlasted the grace period trusts none of its blocks: the
+        // keys it found go the single-key way, which reads their slots again if it must.
+        let stalled = !self.shared.stall.surely_within(sent);
+        if stalled {
+            self.stats.stalled_reads += 1;
+            self.metrics.stalled.inc();
+        }
         // A key is settled here when exactly one copy was found and no candidate held anything
         // else. Anything more (another key's block, which needs the absence check; a torn
         // block; duplicate copies) goes the single-key way.
@@ -622,6 +669,7 @@ impl TableClient {
         for (n, &(i, _)) in r.wanted.iter().enumerate() {
             match decode_block(self.batch.read_result(r.reads[n])?) {
                 None => r.foreign[i] = true,
+                Some(_) if stalled => r.foreign[i] = true,
                 Some((k, v)) if k == keys[i] => {
                     if !r.done[i] {
                         values[i] = Some(v.to_vec());
@@ -801,12 +849,15 @@ impl TableClient {
         self.queue_count();
         let reads =
             ProbeReads::queue(&mut self.batch, hash.combined_buckets(subtable, self.shared.layout.groups_per_subtable));
+        self.probe_sent = self.shared.stall.now();
         self.execute()?;
         Ok(reads.parse(&self.batch)?)
     }
 
-    /// READs the blocks of `self.cands` and sorts them into copies of `key` (lowest slot
-    /// first; the first one's value lands in `value_out`) and other keys.
+    /// READs the blocks of `self.cands` (found by the last probe) and sorts them into copies
+    /// of `key` (lowest slot first; the first one's value lands in `value_out`) and other
+    /// keys. A value is handed out only if it was surely read within the grace period of
+    /// the probe, or its slot still holds the word that led to it.
     fn verify(&mut self, key: &[u8], value_out: Option<&mut Vec<u8>>) -> Result<Verified, Error> {
         self.copies.clear();
         self.others.clear();
@@ -845,6 +896,15 @@ impl TableClient {
             let (_, value) = decode_block(self.batch.read_result(read)?).expect("verified above");
             out.clear();
             out.extend_from_slice(value);
+            if !self.shared.stall.surely_within(self.probe_sent) {
+                self.stats.stalled_reads += 1;
+                self.metrics.stalled.inc();
+                let canonical = self.copies[0];
+                if !self.still_holds(canonical.slot, canonical.word)? {
+                    out.clear();
+                    return Ok(Verified::Torn);
+                }
+            }
         }
         Ok(Verified::Done)
     }

@@ -96,6 +96,12 @@ impl TestMemnode {
         self.layout
     }
 
+    /// Publishes the shortest grace period clients may wait, as the memnode daemon does
+    /// before it serves (clients that open the table afterwards see it).
+    pub fn publish_grace_period(&self, grace: Duration) {
+        crate::format::publish_grace_period(&LocalConnection::new(Arc::clone(&self.region), None), grace).unwrap();
+    }
+
     /// Free heap bytes the memnode holds in runs shorter than a chunk.
     pub fn heap_fragment_bytes(&self) -> u64 {
         self.service.heap_fragment_bytes()

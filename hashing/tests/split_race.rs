@@ -7,7 +7,11 @@
 //!   the splitter's slot and block reads. The splitter must not move (or keep) the key by
 //!   another key's hash.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
+
+use common::{read_word, BeforeRead, Hook};
 
 use racekv_hashing::hash::KeyHash;
 use racekv_hashing::heap::Heap;
@@ -16,33 +20,10 @@ use racekv_hashing::rpc::SplitRequest;
 use racekv_hashing::split::Splitter;
 use racekv_hashing::testing::{scan, TestMemnode, Via};
 use racekv_hashing::{Table, TableOptions};
-use racekv_transport::{Batch, Connection, OpKind, TransportError, TransportKind};
-
-type Hook = Box<dyn FnOnce() + Send>;
+use racekv_transport::{Batch, Connection, OpKind, TransportError};
 
 fn op_error(error: racekv_transport::OpError) -> TransportError {
     TransportError::Op { index: 0, error }
-}
-
-/// The `Connection` methods a wrapper passes straight to its `inner` connection.
-macro_rules! pass_through {
-    () => {
-        fn call(&self, method: u16, request: &[u8]) -> Result<Vec<u8>, TransportError> {
-            self.inner.call(method, request)
-        }
-        fn region_len(&self) -> u64 {
-            self.inner.region_len()
-        }
-        fn kind(&self) -> TransportKind {
-            self.inner.kind()
-        }
-        fn instance(&self) -> u64 {
-            self.inner.instance()
-        }
-        fn is_healthy(&self) -> bool {
-            self.inner.is_healthy()
-        }
-    };
 }
 
 /// Passes everything through to `inner`, except that the first READ covering `split_at`
@@ -195,37 +176,6 @@ fn a_split_between_a_buckets_header_and_its_slots_does_not_hide_the_key() {
     assert!(reader.stats().stale_directory >= 1, "the reader should have noticed the split");
 }
 
-/// Passes everything through to `inner`, but runs each hook once, before the first batch
-/// that READs the word at its offset (as if the caller were preempted just before sending it).
-struct BeforeRead {
-    inner: Arc<dyn Connection>,
-    hooks: Mutex<Vec<(u64, Hook)>>,
-}
-
-impl Connection for BeforeRead {
-    fn execute(&self, batch: &mut Batch) -> Result<(), TransportError> {
-        let due: Vec<Hook> = {
-            let mut hooks = self.hooks.lock().unwrap();
-            let (due, rest) = std::mem::take(&mut *hooks)
-                .into_iter()
-                .partition(|(offset, _)| batch.ops().iter().any(|op| op.kind == OpKind::Read && op.offset == *offset));
-            *hooks = rest;
-            due.into_iter().map(|(_, hook)| hook).collect()
-        };
-        due.into_iter().for_each(|hook| hook());
-        self.inner.execute(batch)
-    }
-
-    pass_through!();
-}
-
-fn read_word(conn: &dyn Connection, offset: u64) -> u64 {
-    let mut b = Batch::new();
-    let r = b.read(offset, 8);
-    conn.execute(&mut b).unwrap();
-    u64::from_le_bytes(b.read_result(r).unwrap().try_into().unwrap())
-}
-
 /// The splitter reads a bucket's slots, then (next round trip) the blocks they point at to
 /// learn each key's hash. Between the two, a client's update can swing a slot (its CAS was
 /// sent before the bucket was claimed) and, once the grace period is over, the old block can
@@ -272,13 +222,13 @@ fn a_block_reused_between_the_splitters_slot_and_block_reads_does_not_misjudge_t
             (from.block, hook)
         })
         .collect();
-    let hooked = Arc::new(BeforeRead { inner: conn, hooks: Mutex::new(hooks) });
+    let hooked = BeforeRead::new(conn, hooks);
     let splitter_conn: Arc<dyn Connection> = hooked.clone();
     let splitter = Splitter::new(Arc::clone(&splitter_conn), layout, Arc::new(Heap::new(splitter_conn, layout)));
     let request =
         SplitRequest { dir_hash: KeyHash::of(&victim.key, groups).dir, observed_depth: 0, observed_subtable: subtable };
     splitter.split(&request).unwrap();
-    assert!(hooked.hooks.lock().unwrap().is_empty(), "the late update ran");
+    assert!(hooked.all_ran(), "the late update ran");
 
     let reader_table = memnode.table(TableOptions::default());
     let mut reader = reader_table.client(memnode.connect());

@@ -48,6 +48,11 @@ pub struct MemnodeConfig {
     /// notice that run died (at once, unless a thread stalls between its check and its
     /// store); a write landing after the reclaim could hit space handed out again.
     pub reopen_fence_ms: u64,
+    /// The shortest time any client waits before reusing a block it freed (published in the
+    /// region at start; a client configured shorter waits this long). A read that may have
+    /// taken longer than this checks its slot again, so this is a trade of heap held in
+    /// grace (about write rate x grace) against how often slow reads cost a round trip.
+    pub grace_period_ms: u64,
     /// RPC (FLOCK) credits per grant: how many requests a client lane may send before it
     /// must renew (it renews after using half).
     pub rpc_credits: u32,
@@ -82,6 +87,7 @@ impl Default for MemnodeConfig {
             io_timeout_ms: 10_000,
             sync_interval_ms: 1_000,
             reopen_fence_ms: 1_000,
+            grace_period_ms: 10,
             rpc_credits: 32,
             rpc_max_active_lanes: 256,
             rpc_max_outstanding: 256 * 48,
@@ -110,6 +116,7 @@ impl MemnodeConfig {
         anyhow::ensure!(!self.token.is_empty(), "token must not be empty");
         anyhow::ensure!(self.max_connections > 0, "max_connections must be at least 1");
         anyhow::ensure!(self.reopen_fence_ms <= 60_000, "reopen_fence_ms must be at most 60000 (one minute)");
+        anyhow::ensure!((1..=60_000).contains(&self.grace_period_ms), "grace_period_ms must be within 1..=60000");
         anyhow::ensure!((2..=65536).contains(&self.rpc_credits), "rpc_credits must be within 2..=65536");
         anyhow::ensure!(self.rpc_max_active_lanes > 0, "rpc_max_active_lanes must be at least 1");
         anyhow::ensure!(self.rpc_max_outstanding > 0, "rpc_max_outstanding must be at least 1");

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use prometheus::{Gauge, IntGauge};
-use racekv_hashing::format::{format, is_formatted, read_layout, read_node_id};
+use racekv_hashing::format::{format, is_formatted, publish_grace_period, read_layout, read_node_id};
 use racekv_hashing::heap::Heap;
 use racekv_hashing::reclaim::{reclaim, Reclaimed};
 use racekv_hashing::split::Splitter;
@@ -198,6 +198,12 @@ impl Memnode {
             (layout, node_id)
         };
 
+        // Before anyone connects: every client of this run waits at least this long.
+        publish_grace_period(
+            &LocalConnection::new(Arc::clone(&region), None),
+            Duration::from_millis(config.grace_period_ms),
+        )
+        .context("publishing the grace period")?;
         let service = Arc::new(TableService::new(layout, node_id));
         let mut listen = Vec::new();
         if let Some(p) = &config.listen_shm {

@@ -128,6 +128,11 @@ fn serves_shm_and_tcp_reports_metrics_and_stops_on_sigterm() {
     }
     // Both transports see the same table.
     let conn = connect(&m.endpoints[1]);
+    // The default grace period is published before serving, and outranks a shorter own one.
+    let published = racekv_hashing::format::read_grace_period(&*conn).unwrap();
+    assert_eq!(published, Some(Duration::from_millis(10)));
+    let hasty = TableOptions { grace_period: Duration::from_millis(1), ..TableOptions::default() };
+    assert_eq!(Table::open(Arc::clone(&conn), hasty).unwrap().grace_period(), Duration::from_millis(10));
     let table = Table::open(Arc::clone(&conn), TableOptions::default()).unwrap();
     let mut c = table.client(conn);
     assert!(c.get(format!("via-{}", m.endpoints[0]).as_bytes()).unwrap().is_some());

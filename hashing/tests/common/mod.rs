@@ -1,0 +1,80 @@
+//! Connection wrappers for this crate's deterministic race replays: they pass everything to
+//! a real connection and run a hook at a chosen point, as if the caller were preempted there.
+
+#![allow(dead_code)] // each test binary uses its own part
+
+use std::sync::{Arc, Mutex};
+
+use racekv_transport::{Batch, Connection, OpKind, TransportError};
+
+pub type Hook = Box<dyn FnOnce() + Send>;
+
+/// The `Connection` methods a wrapper passes straight to its `inner` connection.
+#[macro_export]
+macro_rules! pass_through {
+    () => {
+        fn call(&self, method: u16, request: &[u8]) -> Result<Vec<u8>, racekv_transport::TransportError> {
+            self.inner.call(method, request)
+        }
+        fn region_len(&self) -> u64 {
+            self.inner.region_len()
+        }
+        fn kind(&self) -> racekv_transport::TransportKind {
+            self.inner.kind()
+        }
+        fn instance(&self) -> u64 {
+            self.inner.instance()
+        }
+        fn is_healthy(&self) -> bool {
+            self.inner.is_healthy()
+        }
+    };
+}
+
+/// Passes everything through to `inner`, but runs each hook once, before the first batch
+/// that READs at its offset (as if the caller were preempted just before sending it).
+pub struct BeforeRead {
+    pub inner: Arc<dyn Connection>,
+    pub hooks: Mutex<Vec<(u64, Hook)>>,
+}
+
+impl BeforeRead {
+    pub fn new(inner: Arc<dyn Connection>, hooks: Vec<(u64, Hook)>) -> Arc<Self> {
+        Arc::new(Self { inner, hooks: Mutex::new(hooks) })
+    }
+
+    /// Whether every hook ran.
+    pub fn all_ran(&self) -> bool {
+        self.hooks.lock().unwrap().is_empty()
+    }
+}
+
+impl Connection for BeforeRead {
+    fn execute(&self, batch: &mut Batch) -> Result<(), TransportError> {
+        let due: Vec<Hook> = {
+            let mut hooks = self.hooks.lock().unwrap();
+            let (due, rest) = std::mem::take(&mut *hooks)
+                .into_iter()
+                .partition(|(offset, _)| batch.ops().iter().any(|op| op.kind == OpKind::Read && op.offset == *offset));
+            *hooks = rest;
+            due.into_iter().map(|(_, hook)| hook).collect()
+        };
+        due.into_iter().for_each(|hook| hook());
+        self.inner.execute(batch)
+    }
+
+    pass_through!();
+}
+
+/// One READ of `len` bytes at `offset`.
+pub fn read_bytes(conn: &dyn Connection, offset: u64, len: u32) -> Vec<u8> {
+    let mut b = Batch::new();
+    let r = b.read(offset, len);
+    conn.execute(&mut b).unwrap();
+    b.read_result(r).unwrap().to_vec()
+}
+
+/// The word at `offset`.
+pub fn read_word(conn: &dyn Connection, offset: u64) -> u64 {
+    u64::from_le_bytes(read_bytes(conn, offset, 8).try_into().unwrap())
+}
