@@ -272,7 +272,8 @@ impl Memnode {
         Ok(memnode)
     }
 
-    /// Refreshes the gauges every second and flushes a data file every `sync_interval_ms`.
+    /// Refreshes the gauges every second and flushes a data file every `sync_interval_ms`,
+    /// asleep in between.
     fn spawn_housekeeping(&self) -> anyhow::Result<JoinHandle<()>> {
         let (stopping, service, region) =
             (Arc::clone(&self.stopping), Arc::clone(&self.service), Arc::clone(&self.region));
@@ -280,11 +281,18 @@ impl Memnode {
             .then(|| Duration::from_millis(self.config.sync_interval_ms));
         let connections = self.server.as_ref().map(|s| s.connections_handle());
         Ok(std::thread::Builder::new().name("memnode-housekeeping".into()).spawn(move || {
-            let mut last_stats = Instant::now() - Duration::from_secs(10);
+            const STATS_EVERY: Duration = Duration::from_secs(1);
+            let mut last_stats = Instant::now() - STATS_EVERY;
             let mut last_sync = Instant::now();
             while !stopping.load(Ordering::Acquire) {
-                std::thread::sleep(Duration::from_millis(50));
-                if last_stats.elapsed() >= Duration::from_secs(1) {
+                // Asleep until the next job is due (stop unparks it).
+                let next =
+                    sync_every.map_or(last_stats + STATS_EVERY, |e| (last_stats + STATS_EVERY).min(last_sync + e));
+                std::thread::park_timeout(next.saturating_duration_since(Instant::now()));
+                if stopping.load(Ordering::Acquire) {
+                    break;
+                }
+                if last_stats.elapsed() >= STATS_EVERY {
                     last_stats = Instant::now();
                     if let Ok(stats) = service.stats() {
                         publish(&stats);
@@ -350,6 +358,7 @@ impl Memnode {
             server.shutdown();
         }
         if let Some(h) = self.housekeeping.take() {
+            h.thread().unpark();
             let _ = h.join();
         }
         self.metrics.take();

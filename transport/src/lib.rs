@@ -27,6 +27,7 @@ mod mux;
 pub mod region;
 pub mod server;
 pub mod shm;
+pub mod stop;
 mod stream;
 pub mod tcp;
 #[cfg(feature = "rdma")]

@@ -25,7 +25,7 @@ use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -36,6 +36,7 @@ use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterV
 use crate::batch::{Batch, OpKind};
 use crate::error::RpcStatus;
 use crate::region::Region;
+use crate::stop::{StopSignal, Woken};
 use crate::stream::{read_frame, FrameRead, POLL_INTERVAL};
 use crate::wire::{self, error_code, Kind, TOKEN_BYTES};
 use crate::Endpoint;
@@ -311,7 +312,8 @@ struct Shared {
     options: ServerOptions,
     token: [u8; TOKEN_BYTES],
     instance: u64,
-    stopping: AtomicBool,
+    /// Set at shutdown; wakes the acceptors, which wait on it with no timeout.
+    stopping: StopSignal,
     live: AtomicUsize,
     next_conn: AtomicU64,
     /// Open connections, so shutdown can unblock their threads.
@@ -389,7 +391,7 @@ impl RegionServer {
             token: wire::token_digest(&options.token),
             options,
             instance: random_u64(),
-            stopping: AtomicBool::new(false),
+            stopping: StopSignal::new()?,
             live: AtomicUsize::new(0),
             next_conn: AtomicU64::new(0),
             conns: Mutex::new(HashMap::new()),
@@ -477,22 +479,18 @@ impl RegionServer {
         S: ServerStream,
     {
         let shared = Arc::clone(&self.shared);
-        let handle = std::thread::Builder::new().name("region-accept".into()).spawn(move || {
-            while !shared.stopping.load(Ordering::Acquire) {
-                let mut fds = [nix::poll::PollFd::new(listener.as_fd(), nix::poll::PollFlags::POLLIN)];
-                match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(50u16)) {
-                    Ok(0) => continue,
-                    Ok(_) => {}
-                    Err(nix::errno::Errno::EINTR) => continue,
-                    Err(e) => {
-                        tracing::error!("region server: poll on listener failed: {e}");
-                        return;
-                    }
+        let handle = std::thread::Builder::new().name("region-accept".into()).spawn(move || loop {
+            match shared.stopping.wait_readable(listener.as_fd()) {
+                Ok(Woken::Readable) => {}
+                Ok(Woken::Stopped) => return,
+                Err(e) => {
+                    tracing::error!("region server: poll on listener failed: {e}");
+                    return;
                 }
-                match accept(&listener) {
-                    Ok(stream) => admit(&shared, stream),
-                    Err(e) => tracing::warn!("region server: accept failed: {e}"),
-                }
+            }
+            match accept(&listener) {
+                Ok(stream) => admit(&shared, stream),
+                Err(e) => tracing::warn!("region server: accept failed: {e}"),
             }
         })?;
         self.shared.threads.lock().push(handle);
@@ -501,7 +499,7 @@ impl RegionServer {
 
     /// Stops accepting, closes every connection and waits for their threads.
     pub fn shutdown(&mut self) {
-        self.shared.stopping.store(true, Ordering::Release);
+        self.shared.stopping.stop();
         for close in self.shared.conns.lock().values() {
             close();
         }
@@ -555,6 +553,13 @@ fn admit<S: ServerStream>(shared: &Arc<Shared>, mut stream: S) {
         }
     };
     shared.conns.lock().insert(id, Box::new(move || closer.shutdown_both()));
+    // Connection threads block in reads with no short timeout: shutdown unblocks them by
+    // closing their sockets. One admitted after shutdown went over the map closes itself.
+    if shared.stopping.is_stopped() {
+        if let Some(close) = shared.conns.lock().remove(&id) {
+            close();
+        }
+    }
     shared.live.fetch_add(1, Ordering::AcqRel);
     METRICS.connections.with_label_values(&[listener]).inc();
     METRICS.accepted.with_label_values(&[listener]).inc();
@@ -642,7 +647,9 @@ fn authenticated<S: ServerStream, T: Tokened>(
 
 /// Serves one connection until it closes. Returns the reason when it ends badly.
 fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static str> {
-    if stream.set_timeouts(POLL_INTERVAL.max(Duration::from_millis(50)), shared.options.io_timeout).is_err() {
+    // Reads wait up to the I/O timeout, which bounds a stall mid-frame and the wait for hello;
+    // an idle connection costs no wake-ups in between (shutdown closes the socket).
+    if stream.set_timeouts(shared.options.io_timeout, shared.options.io_timeout).is_err() {
         return Err("io");
     }
     let mut body = Vec::new();
@@ -653,7 +660,7 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
     let mut queue_pair = None;
     let mut idle_since = Instant::now();
     loop {
-        if shared.stopping.load(Ordering::Acquire) {
+        if shared.stopping.is_stopped() {
             return Ok(());
         }
         let header = match read_frame(&mut stream, &mut body, shared.options.io_timeout) {

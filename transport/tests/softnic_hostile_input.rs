@@ -217,3 +217,37 @@ fn rpc_only_servers_answer_rpcs_and_refuse_batches() {
     let dir = tempfile::tempdir().unwrap();
     assert!(RegionServer::serve_rpc(Arc::new(TestRpc), options, &[Endpoint::Shm(dir.path().join("x.sock"))]).is_err());
 }
+
+#[test]
+fn a_connection_that_never_says_hello_is_closed_after_the_io_timeout() {
+    let (_server, addr, region) = server();
+    let mut silent = raw(&addr);
+    assert_eq!(response_kind(&mut silent), Some(Kind::Error), "refused with an error frame, then closed");
+    assert_still_serving(&addr, &region);
+}
+
+/// Connection threads block in reads bounded only by the I/O timeout (no wake-ups while
+/// idle); shutdown must not wait that out: it closes their sockets.
+#[test]
+fn shutdown_does_not_wait_for_idle_connections() {
+    let region = Arc::new(Region::anonymous(REGION).unwrap());
+    let options = ServerOptions { token: TOKEN.into(), io_timeout: Duration::from_secs(600), ..Default::default() };
+    let tcp = Endpoint::Tcp("127.0.0.1:0".into());
+    let mut server = RegionServer::start(region, None, Arc::new(NoRpc), options, &[tcp]).unwrap();
+    let Endpoint::Tcp(addr) = server.endpoints()[0].clone() else { unreachable!() };
+    let idle_client = good_client(&addr);
+    let _silent = raw(&addr);
+    let mut half = raw(&addr);
+    half.write_all(&hello_frame(TOKEN)[..10]).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let (done, stopped) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        server.shutdown();
+        done.send(()).unwrap();
+    });
+    // A hang, not a speed limit: the connections' reads would wait 600 s.
+    stopped.recv_timeout(Duration::from_secs(60)).expect("shutdown waited for idle connections");
+    let mut b = Batch::new();
+    b.read(0, 8);
+    assert!(idle_client.execute(&mut b).is_err(), "the idle client's connection was closed");
+}

@@ -14,7 +14,6 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use mio::net::TcpStream;
@@ -121,7 +120,7 @@ pub(crate) fn run(shared: &Shared, index: usize) {
     let mut last_sweep = Instant::now();
     // Whether the last turn served anything (then the loop spins before it sleeps).
     let mut served = false;
-    while !shared.stopping.load(Ordering::Acquire) {
+    while !shared.stopping.is_stopped() {
         let timeout = if again.is_empty() { TICK } else { Duration::ZERO };
         let spin = if served { shared.options.poll_spin } else { Duration::ZERO };
         if let Err(e) = poll_events(&mut poll, &mut events, spin, timeout) {

@@ -19,12 +19,13 @@ use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use racekv_transport::stop::{StopSignal, Woken};
 
 use super::commands::Client;
 use super::info::ServerStats;
@@ -40,8 +41,9 @@ pub const READ_CHUNK_BYTES: usize = 16 << 10;
 /// read, so a read full of large `MGET`s cannot pile up unbounded output.
 pub const MAX_PENDING_REPLY_BYTES: usize = 1 << 20;
 
-/// How often the accepting thread looks up for a shutdown request.
-const ACCEPT_POLL: Duration = Duration::from_millis(50);
+/// How long the accepting thread waits after a failed accept (e.g. out of descriptors)
+/// before it tries again.
+const ACCEPT_RETRY_PAUSE: Duration = Duration::from_millis(50);
 
 /// After an error reply, how long and how much we keep reading (and discarding) before
 /// closing: closing a socket with unread input sends a TCP reset, which can destroy the
@@ -106,7 +108,8 @@ pub(super) struct Shared {
     pub(super) store: Arc<dyn KvStore>,
     pub(super) options: ServerOptions,
     pub(super) stats: Arc<ServerStats>,
-    pub(super) stopping: AtomicBool,
+    /// Set at shutdown; wakes the acceptor, which waits on it with no timeout.
+    pub(super) stopping: StopSignal,
     next_id: AtomicU64,
     /// A handle on every open connection, so shutdown can unblock its thread.
     open: Mutex<HashMap<u64, TcpStream>>,
@@ -139,7 +142,7 @@ impl RedisServer {
             store,
             options,
             stats,
-            stopping: AtomicBool::new(false),
+            stopping: StopSignal::new()?,
             next_id: AtomicU64::new(1),
             open: Mutex::new(HashMap::new()),
             threads: Mutex::new(Vec::new()),
@@ -173,7 +176,7 @@ impl RedisServer {
     /// Stops accepting, closes every connection and waits for their threads. A command
     /// already executing finishes in storage; its reply is lost with the connection.
     pub fn shutdown(&mut self) {
-        self.shared.stopping.store(true, Ordering::Release);
+        self.shared.stopping.stop();
         let Some(acceptor) = self.acceptor.take() else {
             return;
         };
@@ -203,11 +206,10 @@ impl Drop for RedisServer {
 }
 
 fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
-    while !shared.stopping.load(Ordering::Acquire) {
-        let mut fds = [nix::poll::PollFd::new(listener.as_fd(), nix::poll::PollFlags::POLLIN)];
-        match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(ACCEPT_POLL.as_millis() as u16)) {
-            Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
-            Ok(_) => {}
+    loop {
+        match shared.stopping.wait_readable(listener.as_fd()) {
+            Ok(Woken::Readable) => {}
+            Ok(Woken::Stopped) => return,
             Err(e) => {
                 tracing::error!("redis front end: poll on the listener failed, no longer accepting: {e}");
                 return;
@@ -215,8 +217,12 @@ fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
         }
         match listener.accept() {
             Ok((stream, peer)) => admit(shared, stream, peer),
-            // E.g. EMFILE: keep serving the clients we have; poll paces the retries.
-            Err(e) => tracing::warn!("redis front end: accept failed: {e}"),
+            // E.g. EMFILE: keep serving the clients we have, and pace the retries (the
+            // listener stays readable meanwhile).
+            Err(e) => {
+                tracing::warn!("redis front end: accept failed: {e}");
+                std::thread::sleep(ACCEPT_RETRY_PAUSE);
+            }
         }
     }
 }
@@ -318,17 +324,17 @@ fn serve(shared: &Shared, mut stream: TcpStream, id: u64) -> &'static str {
     let mut chunk = vec![0u8; READ_CHUNK_BYTES];
     let mut out = Vec::with_capacity(READ_CHUNK_BYTES);
     loop {
-        if shared.stopping.load(Ordering::Acquire) {
+        if shared.stopping.is_stopped() {
             return "shutdown";
         }
         let n = match stream.read(&mut chunk) {
-            Ok(0) if shared.stopping.load(Ordering::Acquire) => return "shutdown",
+            Ok(0) if shared.stopping.is_stopped() => return "shutdown",
             Ok(0) if parser.has_partial_command() => return "peer_closed_mid_command",
             Ok(0) => return "peer_closed",
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) if is_timeout(&e) => return "idle_timeout",
-            Err(_) => return if shared.stopping.load(Ordering::Acquire) { "shutdown" } else { "io_error" },
+            Err(_) => return if shared.stopping.is_stopped() { "shutdown" } else { "io_error" },
         };
         METRICS.received_bytes.inc_by(n as u64);
         parser.feed(&chunk[..n]);

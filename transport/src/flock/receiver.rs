@@ -9,7 +9,6 @@
 //! this lane only.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use super::message::{self, canary, Builder, Entry, Header, FLAG_GRANT, FLAG_RENEW, KIND_REQUEST, KIND_RESPONSE};
@@ -58,7 +57,7 @@ pub(crate) struct LaneContext<'a> {
     pub lane: LaneId,
     pub key: u32,
     pub initial_credits: u32,
-    pub stopping: &'a AtomicBool,
+    pub stopping: &'a crate::stop::StopSignal,
 }
 
 /// Serves the lane until it closes. Returns the metric reason when it ends badly.
@@ -70,7 +69,7 @@ pub(crate) fn serve_lane(carrier: &mut dyn ServerCarrier, cx: &LaneContext<'_>) 
     let mut builder = Builder::default();
     let max = carrier.max_message();
     loop {
-        if cx.stopping.load(Ordering::Acquire) {
+        if cx.stopping.is_stopped() {
             return Ok(());
         }
         let expect = canary(cx.key, rx);
