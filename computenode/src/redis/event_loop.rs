@@ -27,8 +27,11 @@ use super::server::{new_client, release, run_commands, Shared, Step, LINGER, LIN
 
 /// Reads one connection gets before the loop turns to the others.
 const MAX_READS_PER_TURN: usize = 16;
-/// Longest a loop sleeps before it looks at timeouts and the shutdown flag.
+/// Longest a loop with connections sleeps before it looks at their timeouts.
 const TICK: Duration = Duration::from_millis(50);
+/// Longest a loop with no connections sleeps: adoption and shutdown wake it, so this only
+/// bounds what a failed wake-up could cost.
+const IDLE_TICK: Duration = Duration::from_secs(1);
 const WAKE: Token = Token(usize::MAX);
 const EVENTS_PER_POLL: usize = 256;
 
@@ -61,7 +64,7 @@ impl Loop {
     /// Makes the loop look at its inbox and the shutdown flag now.
     pub fn wake(&self) {
         if let Err(e) = self.waker.wake() {
-            tracing::warn!("redis front end: cannot wake an event loop (it looks again within {TICK:?}): {e}");
+            tracing::warn!("redis front end: cannot wake an event loop (it looks again within {IDLE_TICK:?}): {e}");
         }
     }
 
@@ -121,7 +124,11 @@ pub(crate) fn run(shared: &Shared, index: usize) {
     // Whether the last turn served anything (then the loop spins before it sleeps).
     let mut served = false;
     while !shared.stopping.is_stopped() {
-        let timeout = if again.is_empty() { TICK } else { Duration::ZERO };
+        let timeout = match (again.is_empty(), conns.is_empty()) {
+            (false, _) => Duration::ZERO,
+            (true, false) => TICK,
+            (true, true) => IDLE_TICK,
+        };
         let spin = if served { shared.options.poll_spin } else { Duration::ZERO };
         if let Err(e) = poll_events(&mut poll, &mut events, spin, timeout) {
             if e.kind() == io::ErrorKind::Interrupted {
@@ -144,7 +151,7 @@ pub(crate) fn run(shared: &Shared, index: usize) {
             }
         }
         if ready.is_empty() {
-            // A missed wake-up costs at most one tick.
+            // A missed wake-up costs at most one (idle) tick.
             take_in(shared, this, &mut conns, &mut ready);
         }
         ready.sort_unstable();
