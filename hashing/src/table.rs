@@ -147,7 +147,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         torn: register(
             IntCounter::new(
                 "racekv_table_torn_reads_total",
-                "Block reads that failed their checksum (reused under the reader) and were retried",
+                "Block reads that found the block changed under them (a failed checksum, or not the block its slot word was written for) and were retried",
             )
             .unwrap(),
         ),
@@ -371,7 +371,7 @@ impl Table {
             others: Vec::with_capacity(28),
             round: RoundScratch::default(),
             probe_sent: s.stall.now(),
-            tag: 0,
+            tag: first_tag(),
             count_delta: 0,
             stats: ClientStats::default(),
             metrics: LocalMetrics::new(),
@@ -464,6 +464,15 @@ enum BlockState {
     RetiredByOther,
 }
 
+/// Where a new client's per-write slot tags start: spread over clients, so two clients
+/// writing in lockstep (same keys, same sizes) do not also write the same tags.
+fn first_tag() -> u8 {
+    static CLIENTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = CLIENTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let seed = n ^ (u64::from(std::process::id()) << 32);
+    xxhash_rust::xxh3::xxh3_64(&seed.to_le_bytes()) as u8
+}
+
 /// A new block written for a put.
 #[derive(Debug, Clone, Copy)]
 struct NewBlock {
@@ -483,8 +492,11 @@ enum Verified {
 #[derive(Default)]
 struct RoundScratch {
     probes: Vec<(KeyHash, Option<ProbeReads>)>,
-    wanted: Vec<(usize, u64)>,
+    /// (key index, slot, slot word) of every candidate block, in read order.
+    wanted: Vec<(usize, u64, u64)>,
     reads: Vec<ReadId>,
+    /// Index into `wanted` of the copy each key settled on (when it did).
+    settled: Vec<usize>,
     foreign: Vec<bool>,
     done: Vec<bool>,
 }
@@ -494,6 +506,7 @@ impl RoundScratch {
         self.probes.clear();
         self.wanted.clear();
         self.reads.clear();
+        self.settled.clear();
         self.foreign.clear();
         self.done.clear();
     }
@@ -631,7 +644,6 @@ impl TableClient {
         if !self.batch.is_empty() {
             self.execute()?;
         }
-        // (key index, slot word) of every candidate block, in read order.
         for (i, (hash, reads)) in r.probes.iter().enumerate() {
             let Some(reads) = reads else {
                 slow.push(i);
@@ -643,37 +655,31 @@ impl TableClient {
                 continue;
             }
             probe.candidates(hash.fingerprint, &mut self.cands);
-            r.wanted.extend(self.cands.iter().map(|&(_, word)| (i, word)));
+            r.wanted.extend(self.cands.iter().map(|&(slot, word)| (i, slot, word)));
         }
         if r.wanted.is_empty() {
             return Ok(());
         }
         self.batch.clear();
-        for &(_, word) in &r.wanted {
+        for &(_, _, word) in &r.wanted {
             let slot = Slot::decode(word).expect("candidates are used slots");
             r.reads.push(self.batch.read(slot.block, slot.block_bytes() as u32));
         }
         self.execute()?;
-        // A round that may have outlasted the grace period trusts none of its blocks: the
-        // keys it found go the single-key way, which reads their slots again if it must.
         let stalled = !self.shared.stall.surely_within(sent);
-        if stalled {
-            self.stats.stalled_reads += 1;
-            self.metrics.stalled.inc();
-        }
         // A key is settled here when exactly one copy was found and no candidate held anything
         // else. Anything more (another key's block, which needs the absence check; a torn
         // block; duplicate copies) goes the single-key way.
         r.foreign.resize(keys.len(), false);
         r.done.resize(keys.len(), false);
-        for (n, &(i, _)) in r.wanted.iter().enumerate() {
+        for (n, &(i, _, _)) in r.wanted.iter().enumerate() {
             match decode_block(self.batch.read_result(r.reads[n])?) {
                 None => r.foreign[i] = true,
-                Some(_) if stalled => r.foreign[i] = true,
                 Some((k, v)) if k == keys[i] => {
                     if !r.done[i] {
                         values[i] = Some(v.to_vec());
                         r.done[i] = true;
+                        r.settled.push(n);
                     } else {
                         // Duplicate copies: let the single-key path pick the canonical one.
                         r.foreign[i] = true;
@@ -682,10 +688,38 @@ impl TableClient {
                 Some(_) => r.foreign[i] = true,
             }
         }
+        if stalled {
+            self.recheck_settled(r)?;
+        }
         for (i, value) in values.iter_mut().enumerate() {
             if r.foreign[i] && !slow.contains(&i) {
                 *value = None;
                 slow.push(i);
+            }
+        }
+        Ok(())
+    }
+
+    /// A round that may have outlasted the grace period trusts a key's block only if its
+    /// slot still holds the word that led there (`stall.rs`): one batch reads every settled
+    /// key's slot again; a key whose slot moved on goes the single-key way.
+    fn recheck_settled(&mut self, r: &mut RoundScratch) -> Result<(), Error> {
+        self.stats.stalled_reads += 1;
+        self.metrics.stalled.inc();
+        r.settled.retain(|&n| !r.foreign[r.wanted[n].0]);
+        if r.settled.is_empty() {
+            return Ok(());
+        }
+        self.batch.clear();
+        r.reads.clear();
+        for &n in &r.settled {
+            r.reads.push(self.batch.read(r.wanted[n].1, 8));
+        }
+        self.execute()?;
+        for (&n, &read) in r.settled.iter().zip(&r.reads) {
+            let (i, _, word) = r.wanted[n];
+            if crate::words::read_word(self.batch.read_result(read)?) != word {
+                r.foreign[i] = true;
             }
         }
         Ok(())
@@ -883,7 +917,12 @@ impl TableClient {
                         best = Some((slot, read));
                     }
                 }
-                Some(_) => self.others.push((slot, word)),
+                // Another key whose fingerprint collides: the slot is its.
+                Some((k, v)) if self.block_fits_word(k, v, word) => self.others.push((slot, word)),
+                // A block that cannot be the one its slot word was written for: reused
+                // since the bucket read. Judging the key absent by it would lean on the slot
+                // word alone, which a 6-bit tag guards against ABA only so far.
+                Some(_) => torn = true,
             }
         }
         if torn {
@@ -941,6 +980,14 @@ impl TableClient {
     /// those slots still hold the same words: a block freed and reused under the read can
     /// hold any key (the grace period makes that rare, this makes it harmless). One extra
     /// round trip, and only when fingerprints collided.
+    /// Whether a block holding `key` and `value` could be the one `word` was written for:
+    /// the writer put the key's fingerprint and the block's size in the word.
+    fn block_fits_word(&self, key: &[u8], value: &[u8], word: u64) -> bool {
+        let slot = Slot::decode(word).expect("candidates are used slots");
+        block_units(key.len(), value.len()) == Some(slot.units)
+            && KeyHash::of(key, self.shared.layout.groups_per_subtable).fingerprint == slot.fingerprint
+    }
+
     fn others_unchanged(&mut self, hash: &KeyHash, subtable: u64) -> Result<bool, Error> {
         if self.others.is_empty() {
             return Ok(true);

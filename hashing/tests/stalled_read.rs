@@ -226,3 +226,66 @@ fn readers_see_only_committed_values(via: Via) {
 fn readers_see_only_committed_values_tcp() {
     readers_see_only_committed_values(Via::Transport(TransportKind::Tcp));
 }
+
+/// A reader that finds another key's block under its key's slot word, because the block was
+/// reused in between, must not call the key absent just because the slot holds that word
+/// again when it looks once more: the word may have come back (ABA: the block reused for the
+/// key again, by a writer whose 6-bit tag happened to match). A block that does not fit its
+/// slot word (the writer put the key's fingerprint and the block's size there) was reused,
+/// and the reader looks again.
+#[test]
+fn a_block_reused_for_another_key_does_not_make_the_key_absent() {
+    use racekv_hashing::hash::KeyHash;
+
+    for via in vias() {
+        let memnode = TestMemnode::start(via, 16 << 20, 16);
+        // No grace period: a freed block is reused at once.
+        let table = memnode.table(TableOptions { grace_period: Duration::ZERO, op_timeout: Duration::from_secs(10) });
+        let (conn, layout) = (memnode.connect(), memnode.layout());
+        let groups = layout.groups_per_subtable;
+        let mut writer = table.client(memnode.connect());
+        writer.put(KEY, b"v1").unwrap();
+        let slot = scan(&*conn, &layout).into_iter().find(|it| it.key == KEY).unwrap().slot;
+        let first_word = read_word(&*conn, slot);
+        let first = Slot::decode(first_word).unwrap();
+        let hash = KeyHash::of(KEY, groups);
+        let other = (0..)
+            .map(|i| format!("other-{i}").into_bytes())
+            .find(|k| KeyHash::of(k, groups).fingerprint != hash.fingerprint)
+            .unwrap();
+        let subtable = table.directory().lookup(hash.dir).entry.subtable;
+        let first_bucket_read = hash.combined_buckets(subtable, groups)[0].offset;
+
+        let writer = Arc::new(std::sync::Mutex::new(writer));
+        let (w1, w2, c1, c2, other2) =
+            (Arc::clone(&writer), Arc::clone(&writer), Arc::clone(&conn), Arc::clone(&conn), other.clone());
+        // Between the reader's bucket and block reads: the key moves to a new block, and its
+        // old block is reused for another key.
+        let reuse: Hook = Box::new(move || {
+            let mut w = w1.lock().unwrap();
+            w.put(KEY, b"v2").unwrap();
+            w.put(&other, b"x1").unwrap();
+            let block = read_bytes(&*c1, first.block, first.block_bytes() as u32);
+            assert_eq!(decode_block(&block).map(|(k, _)| k), Some(&other[..]), "the block was not reused");
+        });
+        // Before the reader looks at the buckets again: the block comes back to the key, and
+        // the slot word with it, tag and all.
+        let comeback: Hook = Box::new(move || {
+            let mut w = w2.lock().unwrap();
+            w.put(&other2, b"x2").unwrap();
+            w.put(KEY, b"v3").unwrap();
+            let now = read_word(&*c2, slot);
+            assert_eq!(Slot::decode(now).unwrap().block, first.block, "the block did not come back to the key");
+            let mut b = racekv_transport::Batch::new();
+            let cas = b.cas(slot, now, first_word);
+            c2.execute(&mut b).unwrap();
+            assert!(b.cas_succeeded(cas).unwrap());
+        });
+        let hooked =
+            BeforeRead::nth(memnode.connect(), vec![(first.block, 0, reuse), (first_bucket_read, 1, comeback)]);
+        let mut reader = table.client(hooked.clone());
+        let found = reader.get(KEY).unwrap();
+        assert!(hooked.all_ran(), "{via:?}: the scene did not play out");
+        assert_eq!(found.as_deref(), Some(&b"v3"[..]), "{via:?}: the key is there all along");
+    }
+}

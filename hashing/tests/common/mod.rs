@@ -32,14 +32,21 @@ macro_rules! pass_through {
 }
 
 /// Passes everything through to `inner`, but runs each hook once, before the first batch
-/// that READs at its offset (as if the caller were preempted just before sending it).
+/// that READs at its offset (as if the caller were preempted just before sending it), or
+/// before the nth such batch.
 pub struct BeforeRead {
     pub inner: Arc<dyn Connection>,
-    pub hooks: Mutex<Vec<(u64, Hook)>>,
+    /// (offset, matching batches still to let pass, hook)
+    pub hooks: Mutex<Vec<(u64, usize, Hook)>>,
 }
 
 impl BeforeRead {
     pub fn new(inner: Arc<dyn Connection>, hooks: Vec<(u64, Hook)>) -> Arc<Self> {
+        Self::nth(inner, hooks.into_iter().map(|(offset, hook)| (offset, 0, hook)).collect())
+    }
+
+    /// Each hook runs before the batch that is the (skip + 1)th to READ at its offset.
+    pub fn nth(inner: Arc<dyn Connection>, hooks: Vec<(u64, usize, Hook)>) -> Arc<Self> {
         Arc::new(Self { inner, hooks: Mutex::new(hooks) })
     }
 
@@ -53,11 +60,16 @@ impl Connection for BeforeRead {
     fn execute(&self, batch: &mut Batch) -> Result<(), TransportError> {
         let due: Vec<Hook> = {
             let mut hooks = self.hooks.lock().unwrap();
-            let (due, rest) = std::mem::take(&mut *hooks)
-                .into_iter()
-                .partition(|(offset, _)| batch.ops().iter().any(|op| op.kind == OpKind::Read && op.offset == *offset));
-            *hooks = rest;
-            due.into_iter().map(|(_, hook)| hook).collect()
+            let mut due = Vec::new();
+            for (offset, skip, hook) in std::mem::take(&mut *hooks) {
+                let reads_it = batch.ops().iter().any(|op| op.kind == OpKind::Read && op.offset == offset);
+                match (reads_it, skip) {
+                    (true, 0) => due.push(hook),
+                    (true, skip) => hooks.push((offset, skip - 1, hook)),
+                    (false, _) => hooks.push((offset, skip, hook)),
+                }
+            }
+            due
         };
         due.into_iter().for_each(|hook| hook());
         self.inner.execute(batch)
