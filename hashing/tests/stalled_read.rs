@@ -289,3 +289,34 @@ fn a_block_reused_for_another_key_does_not_make_the_key_absent() {
         assert_eq!(found.as_deref(), Some(&b"v3"[..]), "{via:?}: the key is there all along");
     }
 }
+
+/// A get_many round that stalls while nothing changes keeps every value it read, for one
+/// more round trip: its settled keys' slots, read again in one batch.
+#[test]
+fn a_stalled_round_whose_slots_held_still_costs_one_round_trip() {
+    for via in vias() {
+        let memnode = TestMemnode::start(via, 16 << 20, 16);
+        let table = memnode.table(options());
+        let mut writer = table.client(memnode.connect());
+        let keys: Vec<Vec<u8>> = (0..20).map(|i| format!("held-{i}").into_bytes()).collect();
+        for k in &keys {
+            writer.put(k, &[k.as_slice(), b"/v"].concat()).unwrap();
+        }
+        let conn = memnode.connect();
+        let slot = scan(&*conn, &memnode.layout()).into_iter().find(|it| it.key == keys[7]).unwrap().slot;
+        let block = Slot::decode(read_word(&*conn, slot)).unwrap().block;
+        let stall: Hook = Box::new(|| std::thread::sleep(GRACE * 2));
+        let hooked = BeforeRead::new(memnode.connect(), vec![(block, stall)]);
+        let mut reader = table.client(hooked.clone());
+        let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+        let before = reader.stats();
+        let values = reader.get_many(&refs).unwrap();
+        let after = reader.stats();
+        assert!(hooked.all_ran(), "{via:?}: no stall");
+        for (k, v) in keys.iter().zip(&values) {
+            assert_eq!(v.as_deref(), Some(&[k.as_slice(), b"/v"].concat()[..]), "{via:?}");
+        }
+        assert_eq!(after.stalled_reads - before.stalled_reads, 1, "{via:?}");
+        assert_eq!(after.round_trips - before.round_trips, 3, "{via:?}: buckets, blocks, slots again");
+    }
+}
