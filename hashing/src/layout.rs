@@ -349,6 +349,14 @@ impl Slot {
         })
     }
 
+    /// Whether a block holding `key` and `value` could be the one this word was written
+    /// for: the writer put the key's fingerprint and the block's size in it. A block that
+    /// does not fit was reused since the word was read (a freed block can hold any key).
+    pub fn fits_block(&self, key: &[u8], value: &[u8], groups_per_subtable: u32) -> bool {
+        block_units(key.len(), value.len()) == Some(self.units)
+            && crate::hash::KeyHash::of(key, groups_per_subtable).fingerprint == self.fingerprint
+    }
+
     pub fn block_bytes(&self) -> u64 {
         u64::from(self.units) * BLOCK_UNIT_BYTES
     }

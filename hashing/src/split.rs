@@ -23,10 +23,13 @@
 //!    pointed there, checked in a later round trip than the block's READ (the move's CAS, or
 //!    a re-read for a slot that stays): a client may swing the slot meanwhile and, its grace
 //!    period over, the old block may hold another key, whose fate is not this key's.
-//!    The one-slot path (`settle_slot`), for slots that changed during their round, checks
-//!    this only for moves (the CAS): a slot that must change again within its two round
-//!    trips, with its block reused past the grace period, is left as rare; waiting for such
-//!    a slot to hold still could stall a split behind a hot key.
+//!    A block that does not fit its slot word (the key's fingerprint and the block's size,
+//!    which the writer put there) was reused: it is not judged at all, the slot is looked
+//!    at again. The one-slot path (`settle_slot`), for slots that changed during their
+//!    round, checks the word again only for moves (the CAS): a slot that must change again
+//!    within its two round trips, with its block reused past the grace period for a key of
+//!    the same fingerprint and size, is left as rare; waiting for such a slot to hold still
+//!    could stall a split behind a hot key.
 
 use std::sync::{Arc, LazyLock};
 use std::time::Instant;
@@ -376,11 +379,15 @@ impl Splitter {
         // Slots judged to stay (misplaced: true for entries of neither half).
         let mut kept = Vec::new();
         let mut slow = Vec::new();
-        for (k, &(i, j, word, _)) in occupied.iter().enumerate() {
+        for (k, &(i, j, word, slot)) in occupied.iter().enumerate() {
             let old_slot = slot_offset(job.old + i * BUCKET_BYTES, j);
             let new_slot = slot_offset(job.new + i * BUCKET_BYTES, j);
             match decode_block(b.read_result(blocks[k])?) {
+                // Torn, or reused for a block its slot word was not written for.
                 None => slow.push((old_slot, new_slot)),
+                Some((key, value)) if !slot.fits_block(key, value, self.layout.groups_per_subtable) => {
+                    slow.push((old_slot, new_slot))
+                }
                 Some((key, _)) => match job.fate(KeyHash::of(key, self.layout.groups_per_subtable).dir) {
                     Fate::Stay => kept.push((old_slot, new_slot, word, false)),
                     Fate::Move => moves.push((old_slot, new_slot, word)),
@@ -434,7 +441,9 @@ impl Splitter {
             b.clear();
             let r = b.read(slot.block, slot.block_bytes() as u32);
             self.conn.execute(b)?;
-            let Some((key, _)) = decode_block(b.read_result(r)?) else {
+            let Some((key, _)) = decode_block(b.read_result(r)?)
+                .filter(|(key, value)| slot.fits_block(key, value, self.layout.groups_per_subtable))
+            else {
                 continue; // the slot changed and its old block was reused: look again
             };
             match job.fate(KeyHash::of(key, self.layout.groups_per_subtable).dir) {

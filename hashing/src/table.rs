@@ -906,6 +906,7 @@ impl TableClient {
         }
         self.execute()?;
         let mut torn = false;
+        let groups = self.shared.layout.groups_per_subtable;
         let mut best: Option<(u64, ReadId)> = None;
         for (i, &(slot, word)) in self.cands.iter().enumerate() {
             let read = reads[i].expect("read issued");
@@ -918,7 +919,9 @@ impl TableClient {
                     }
                 }
                 // Another key whose fingerprint collides: the slot is its.
-                Some((k, v)) if self.block_fits_word(k, v, word) => self.others.push((slot, word)),
+                Some((k, v)) if Slot::decode(word).is_some_and(|s| s.fits_block(k, v, groups)) => {
+                    self.others.push((slot, word))
+                }
                 // A block that cannot be the one its slot word was written for: reused
                 // since the bucket read. Judging the key absent by it would lean on the slot
                 // word alone, which a 6-bit tag guards against ABA only so far.
@@ -980,14 +983,6 @@ impl TableClient {
     /// those slots still hold the same words: a block freed and reused under the read can
     /// hold any key (the grace period makes that rare, this makes it harmless). One extra
     /// round trip, and only when fingerprints collided.
-    /// Whether a block holding `key` and `value` could be the one `word` was written for:
-    /// the writer put the key's fingerprint and the block's size in the word.
-    fn block_fits_word(&self, key: &[u8], value: &[u8], word: u64) -> bool {
-        let slot = Slot::decode(word).expect("candidates are used slots");
-        block_units(key.len(), value.len()) == Some(slot.units)
-            && KeyHash::of(key, self.shared.layout.groups_per_subtable).fingerprint == slot.fingerprint
-    }
-
     fn others_unchanged(&mut self, hash: &KeyHash, subtable: u64) -> Result<bool, Error> {
         if self.others.is_empty() {
             return Ok(true);

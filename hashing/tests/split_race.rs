@@ -4,8 +4,8 @@
 //!   READ is not atomic: word by word on shm, anything goes over a network.) The reader must
 //!   not conclude the key is absent.
 //! - the one split.rs invariant 7 exists for: a slot swung and its old block reused between
-//!   the splitter's slot and block reads. The splitter must not move (or keep) the key by
-//!   another key's hash.
+//!   the splitter's slot and block reads, in its bucket round and then again in its one-slot
+//!   path. The splitter must not move (or keep) the key by another key's hash.
 
 mod common;
 
@@ -194,7 +194,10 @@ fn a_block_reused_between_the_splitters_slot_and_block_reads_does_not_misjudge_t
     let first = Slot::decode(read_word(&*conn, victim.slot)).expect("a used slot");
     // Space for the two late updates' blocks, which nobody else will hand out.
     let (spare, _) = Heap::new(Arc::clone(&conn), layout).alloc_chunk(0).unwrap();
-    let updates = [(first, spare, &b"updated"[..])];
+    // The first update lands between the bucket round's slot and block reads; the second
+    // between the one-slot path's (the slot changed, so the splitter looks at it alone).
+    let updated = Slot { units: encode_block(&mut Vec::new(), &victim.key, b"updated"), block: spare, ..first };
+    let updates = [(first, spare, &b"updated"[..]), (updated, spare + 64 * 4, &b"updated again"[..])];
 
     let hooks: Vec<(u64, Hook)> = updates
         .iter()
@@ -234,7 +237,7 @@ fn a_block_reused_between_the_splitters_slot_and_block_reads_does_not_misjudge_t
     let mut reader = reader_table.client(memnode.connect());
     assert_eq!(
         reader.get(&victim.key).unwrap().as_deref(),
-        Some(&b"updated"[..]),
+        Some(&b"updated again"[..]),
         "{} was left behind by the split",
         String::from_utf8_lossy(&victim.key)
     );
