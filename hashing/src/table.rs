@@ -704,25 +704,25 @@ impl TableClient {
     /// slot still holds the word that led there (`stall.rs`): one batch reads every settled
     /// key's slot again; a key whose slot moved on goes the single-key way.
     fn recheck_settled(&mut self, r: &mut RoundScratch) -> Result<(), Error> {
-        self.stats.stalled_reads += 1;
-        self.metrics.stalled.inc();
+        self.count_stall();
         r.settled.retain(|&n| !r.foreign[r.wanted[n].0]);
         if r.settled.is_empty() {
             return Ok(());
         }
-        self.batch.clear();
-        r.reads.clear();
-        for &n in &r.settled {
-            r.reads.push(self.batch.read(r.wanted[n].1, 8));
-        }
-        self.execute()?;
-        for (&n, &read) in r.settled.iter().zip(&r.reads) {
+        let slots: Vec<u64> = r.settled.iter().map(|&n| r.wanted[n].1).collect();
+        let now = self.read_slot_words(&slots)?;
+        for (&n, now) in r.settled.iter().zip(now) {
             let (i, _, word) = r.wanted[n];
-            if crate::words::read_word(self.batch.read_result(read)?) != word {
+            if now != word {
                 r.foreign[i] = true;
             }
         }
         Ok(())
+    }
+
+    fn count_stall(&mut self) {
+        self.stats.stalled_reads += 1;
+        self.metrics.stalled.inc();
     }
 
     /// Sets `key` to `value` (insert or replace).
@@ -824,10 +824,14 @@ impl TableClient {
     }
 
     fn execute(&mut self) -> Result<(), Error> {
-        self.stats.round_trips += 1;
-        self.metrics.round_trips.inc();
+        self.count_round_trip();
         self.conn.execute(&mut self.batch)?;
         Ok(())
+    }
+
+    fn count_round_trip(&mut self) {
+        self.stats.round_trips += 1;
+        self.metrics.round_trips.inc();
     }
 
     fn check_key(key: &[u8], value_len: usize) -> Result<u8, Error> {
@@ -939,8 +943,7 @@ impl TableClient {
             out.clear();
             out.extend_from_slice(value);
             if !self.shared.stall.surely_within(self.probe_sent) {
-                self.stats.stalled_reads += 1;
-                self.metrics.stalled.inc();
+                self.count_stall();
                 let canonical = self.copies[0];
                 if !self.still_holds(canonical.slot, canonical.word)? {
                     out.clear();
@@ -1014,10 +1017,13 @@ impl TableClient {
     /// replaced (its block is retired with it and reused only after the grace period, as
     /// for CAS), so "still there" means "there all along".
     fn still_holds(&mut self, slot: u64, word: u64) -> Result<bool, Error> {
-        self.batch.clear();
-        let read = self.batch.read(slot, 8);
-        self.execute()?;
-        Ok(u64::from_le_bytes(self.batch.read_result(read)?.try_into().expect("an 8-byte read")) == word)
+        Ok(self.read_slot_words(&[slot])?[0] == word)
+    }
+
+    /// The words `slots` hold now, in one batch (one round trip).
+    fn read_slot_words(&mut self, slots: &[u64]) -> Result<Vec<u64>, Error> {
+        self.count_round_trip();
+        crate::words::read_words(&*self.conn, &mut self.batch, slots)
     }
 
     /// CASes each (slot, word) to 0 in one batch; retires the blocks of those that swung.

@@ -36,7 +36,7 @@ use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterV
 use crate::batch::{Batch, OpKind};
 use crate::error::RpcStatus;
 use crate::region::Region;
-use crate::stop::{StopSignal, Woken};
+use crate::stop::StopSignal;
 use crate::stream::{read_frame, FrameRead, POLL_INTERVAL};
 use crate::wire::{self, error_code, Kind, TOKEN_BYTES};
 use crate::Endpoint;
@@ -479,19 +479,8 @@ impl RegionServer {
         S: ServerStream,
     {
         let shared = Arc::clone(&self.shared);
-        let handle = std::thread::Builder::new().name("region-accept".into()).spawn(move || loop {
-            match shared.stopping.wait_readable(listener.as_fd()) {
-                Ok(Woken::Readable) => {}
-                Ok(Woken::Stopped) => return,
-                Err(e) => {
-                    tracing::error!("region server: poll on listener failed: {e}");
-                    return;
-                }
-            }
-            match accept(&listener) {
-                Ok(stream) => admit(&shared, stream),
-                Err(e) => tracing::warn!("region server: accept failed: {e}"),
-            }
+        let handle = std::thread::Builder::new().name("region-accept".into()).spawn(move || {
+            shared.stopping.accept_until_stopped("region server", &listener, accept, |stream| admit(&shared, stream))
         })?;
         self.shared.threads.lock().push(handle);
         Ok(())

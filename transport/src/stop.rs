@@ -8,9 +8,14 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+
+/// How long an acceptor waits after a failed accept (e.g. out of descriptors) before it
+/// tries again: the listener stays readable meanwhile, so without a pause it would spin.
+const ACCEPT_RETRY_PAUSE: Duration = Duration::from_millis(50);
 
 pub struct StopSignal {
     stopped: AtomicBool,
@@ -60,6 +65,35 @@ impl StopSignal {
             }
             if fds[0].any().unwrap_or(false) {
                 return Ok(Woken::Readable);
+            }
+        }
+    }
+
+    /// Accepts connections from `listener` (with `accept`) and hands each to `admit`, until
+    /// the signal stops. A failed accept is logged and retried after a pause; a failed poll
+    /// ends the loop. `server` names the server in logs.
+    pub fn accept_until_stopped<L: AsFd, S>(
+        &self,
+        server: &str,
+        listener: &L,
+        accept: impl Fn(&L) -> io::Result<S>,
+        mut admit: impl FnMut(S),
+    ) {
+        loop {
+            match self.wait_readable(listener.as_fd()) {
+                Ok(Woken::Readable) => {}
+                Ok(Woken::Stopped) => return,
+                Err(e) => {
+                    tracing::error!("{server}: poll on the listener failed, no longer accepting: {e}");
+                    return;
+                }
+            }
+            match accept(listener) {
+                Ok(stream) => admit(stream),
+                Err(e) => {
+                    tracing::warn!("{server}: accept failed: {e}");
+                    std::thread::sleep(ACCEPT_RETRY_PAUSE);
+                }
             }
         }
     }

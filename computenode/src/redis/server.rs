@@ -18,14 +18,13 @@
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use racekv_transport::stop::{StopSignal, Woken};
+use racekv_transport::stop::StopSignal;
 
 use super::commands::Client;
 use super::info::ServerStats;
@@ -40,10 +39,6 @@ pub const READ_CHUNK_BYTES: usize = 16 << 10;
 /// Replies gathered beyond this are written before executing the next command of the same
 /// read, so a read full of large `MGET`s cannot pile up unbounded output.
 pub const MAX_PENDING_REPLY_BYTES: usize = 1 << 20;
-
-/// How long the accepting thread waits after a failed accept (e.g. out of descriptors)
-/// before it tries again.
-const ACCEPT_RETRY_PAUSE: Duration = Duration::from_millis(50);
 
 /// After an error reply, how long and how much we keep reading (and discarding) before
 /// closing: closing a socket with unread input sends a TCP reset, which can destroy the
@@ -206,25 +201,10 @@ impl Drop for RedisServer {
 }
 
 fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
-    loop {
-        match shared.stopping.wait_readable(listener.as_fd()) {
-            Ok(Woken::Readable) => {}
-            Ok(Woken::Stopped) => return,
-            Err(e) => {
-                tracing::error!("redis front end: poll on the listener failed, no longer accepting: {e}");
-                return;
-            }
-        }
-        match listener.accept() {
-            Ok((stream, peer)) => admit(shared, stream, peer),
-            // E.g. EMFILE: keep serving the clients we have, and pace the retries (the
-            // listener stays readable meanwhile).
-            Err(e) => {
-                tracing::warn!("redis front end: accept failed: {e}");
-                std::thread::sleep(ACCEPT_RETRY_PAUSE);
-            }
-        }
-    }
+    // A failed accept (e.g. EMFILE) keeps serving the clients we have.
+    shared.stopping.accept_until_stopped("redis front end", listener, TcpListener::accept, |(stream, peer)| {
+        admit(shared, stream, peer)
+    });
 }
 
 fn admit(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
