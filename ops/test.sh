@@ -29,8 +29,8 @@ step "cargo test --workspace"
 cargo test --workspace
 
 step "the Redis front end's suites again, on the event-loop io model"
-RACEKV_TEST_REDIS_IO=event_loop cargo test -p racekv-computenode \
-    --test redis_hostile --test redis_tools --test redis_client_lib
+RACEKV_TEST_REDIS_IO=event_loop cargo test -p racekv-redis \
+    --test hostile --test tools --test client_lib
 
 step "the README's run command picks the racekv CLI (default-run; dev profile, already built)"
 cargo run -q -- --version

@@ -10,9 +10,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::cluster::ClusterOptions;
 use crate::pool::UpgradePolicy;
-use crate::redis::server::{DEFAULT_POLL_SPIN, MAX_POLL_SPIN};
-use crate::redis::IoModel;
 use crate::workers::ScaleOptions;
+use racekv_redis::server::{DEFAULT_POLL_SPIN, MAX_POLL_SPIN};
+use racekv_redis::IoModel;
 
 /// The `redis_io` setting (see [`ComputenodeConfig::redis_io`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]

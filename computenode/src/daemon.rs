@@ -13,9 +13,9 @@ use serde::Serialize;
 use crate::cluster::{Attached, Cluster};
 use crate::config::ComputenodeConfig;
 use crate::queue::{Overloaded, ReplyFn, Submit, WorkQueue};
-use crate::redis::{RedisServer, ServerOptions};
 use crate::store::ClusterStore;
 use crate::workers::Workers;
+use racekv_redis::{RedisServer, ServerOptions};
 
 /// What `/status` and INFO report.
 #[derive(Debug, Clone, Serialize)]

@@ -7,7 +7,8 @@
 //!   ([`chunks`]), and pre-initialized sessions: [`cluster::Cluster::attach`] is a pop.
 //! * [`queue`] and [`workers`]: the bounded work queue front ends submit to, and worker
 //!   threads added by an autoscaler when it backs up.
-//! * [`redis`] (the RESP2 front end) and [`store`] (its storage: attached sessions);
+//! * [`store`]: the Redis front end's storage (attached sessions; the front end itself is
+//!   the `racekv-redis` crate);
 //!   [`remote`]: the request/reply model over FLOCK RPC for clients on other hosts.
 //! * [`daemon`]: [`Computenode`], which ties it together; `racekv-computenode` runs it.
 
@@ -18,7 +19,6 @@ pub mod config;
 pub mod daemon;
 pub mod pool;
 pub mod queue;
-pub mod redis;
 pub mod remote;
 pub mod store;
 pub mod workers;

@@ -8,7 +8,7 @@ use racekv_client::{ClientError, Session};
 use racekv_hashing::PutMode as TablePutMode;
 
 use crate::cluster::{Attached, Cluster, WorkerShards};
-use crate::redis::{KvSession, KvStore, PutMode, StoreError, StoreErrorKind};
+use racekv_redis::{KvSession, KvStore, PutMode, StoreError, StoreErrorKind};
 
 /// Extra INFO lines (the daemon's view: memnodes, workers, connections).
 pub type InfoFn = Arc<dyn Fn() -> String + Send + Sync>;

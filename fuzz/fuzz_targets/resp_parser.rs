@@ -9,8 +9,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use racekv_computenode::redis::resp::{encode_command, encode_inline};
-use racekv_computenode::redis::{Command, Limits, Parser, ProtocolError};
+use racekv_redis::resp::{encode_command, encode_inline};
+use racekv_redis::{Command, Limits, Parser, ProtocolError};
 
 const TINY: Limits = Limits { max_bulk_bytes: 16, max_array_len: 4, max_inline_bytes: 32, max_command_bytes: 96 };
 

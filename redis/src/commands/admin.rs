@@ -3,9 +3,9 @@
 //! and for people to inspect the server; everything else is refused by name.
 
 use super::{arity_error, fail, lookup, unsupported_subcommand, Client, CmdResult, CommandSpec, COMMANDS};
-use crate::redis::info::{self, REDIS_COMPAT_VERSION};
-use crate::redis::reply::Reply;
-use crate::redis::resp::{parse_i64, Command};
+use crate::info::{self, REDIS_COMPAT_VERSION};
+use crate::reply::Reply;
+use crate::resp::{parse_i64, Command};
 
 pub(super) fn ping(_c: &mut Client, cmd: &Command) -> CmdResult {
     match cmd.len() {

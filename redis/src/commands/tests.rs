@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use super::keys::MAX_INCR_ATTEMPTS;
 use super::*;
-use crate::redis::memstore::MemStore;
-use crate::redis::store::{KvStore, PutMode, StoreErrorKind};
+use crate::memstore::MemStore;
+use crate::store::{KvStore, PutMode, StoreErrorKind};
 
 fn client_over(store: &impl KvStore) -> Client {
     Client::new(7, store.session().unwrap(), Arc::new(ServerStats::new(6379, 100, None)))

@@ -14,7 +14,7 @@
 //! ```no_run
 //! # #[cfg(feature = "test-support")] {
 //! use std::sync::Arc;
-//! use racekv_computenode::redis::{MemStore, RedisServer, ServerOptions};
+//! use racekv_redis::{MemStore, RedisServer, ServerOptions};
 //! let server = RedisServer::start("127.0.0.1:0", Arc::new(MemStore::new()), ServerOptions::default()).unwrap();
 //! println!("redis-cli -p {}", server.local_addr().port());
 //! # }

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use racekv_computenode::redis::{resp, Command as RespCommand, ServerOptions};
+use racekv_redis::{resp, Command as RespCommand, ServerOptions};
 
 /// Runs redis-cli with `args` against `port` (stdin from `input`), returns stdout.
 fn cli(bin: &Path, port: u16, args: &[&str], input: &[u8]) -> String {

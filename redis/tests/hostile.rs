@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use racekv_computenode::redis::{Limits, RedisServer, ServerOptions};
+use racekv_redis::{Limits, RedisServer, ServerOptions};
 use redis::cmd;
 
 const WAIT: Duration = Duration::from_secs(10);

@@ -2,7 +2,7 @@
 //! table), for trying redis-cli or redis-benchmark by hand:
 //!
 //! ```text
-//! cargo run -p racekv-computenode --features test-support --example redis_memstore -- 127.0.0.1:6380
+//! cargo run -p racekv-redis --features test-support --example redis_memstore -- 127.0.0.1:6380
 //! redis-benchmark -p 6380 -t get,set -n 20000 -q
 //! ```
 //! Stops on Ctrl-C (or after `RACEKV_EXAMPLE_SECONDS` seconds when set).
@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use racekv_computenode::redis::{MemStore, RedisServer, ServerOptions};
+use racekv_redis::{MemStore, RedisServer, ServerOptions};
 
 fn main() -> std::io::Result<()> {
     racekv_telemetry::init_logging();

@@ -7,13 +7,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use racekv_computenode::redis::{MemStore, RedisServer, ServerOptions};
+use racekv_redis::{MemStore, RedisServer, ServerOptions};
 
 /// A server over a fresh `MemStore` (the test double) on 127.0.0.1, port chosen by the OS.
 pub fn start(mut options: ServerOptions) -> (RedisServer, MemStore) {
     // The same suites run on each io model: ops/test.sh runs them again with this set.
     if std::env::var("RACEKV_TEST_REDIS_IO").as_deref() == Ok("event_loop") {
-        options.io = racekv_computenode::redis::IoModel::EventLoop { threads: 2 };
+        options.io = racekv_redis::IoModel::EventLoop { threads: 2 };
     }
     let store = MemStore::new();
     let server = RedisServer::start("127.0.0.1:0", Arc::new(store.clone()), options).expect("start redis server");

@@ -5,10 +5,10 @@ mod common;
 
 use std::time::Duration;
 
-use racekv_computenode::redis::ServerOptions;
+use racekv_redis::ServerOptions;
 use redis::{cmd, Connection};
 
-fn connect(server: &racekv_computenode::redis::RedisServer) -> Connection {
+fn connect(server: &racekv_redis::RedisServer) -> Connection {
     let client = redis::Client::open(format!("redis://{}/", server.local_addr())).unwrap();
     client.get_connection().expect("connect with redis-rs")
 }

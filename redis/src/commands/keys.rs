@@ -1,9 +1,9 @@
 //! Commands on keys: GET, SET, SETNX, DEL, EXISTS, MGET, MSET, INCR and friends, DBSIZE.
 
 use super::{arity_error, fail, Client, CmdResult, Failure};
-use crate::redis::reply::Reply;
-use crate::redis::resp::{parse_i64, Command};
-use crate::redis::store::PutMode;
+use crate::reply::Reply;
+use crate::resp::{parse_i64, Command};
+use crate::store::PutMode;
 
 /// Compare-and-swap attempts an increment makes before giving up under contention. Each
 /// attempt costs a read and a CAS; 64 losses in a row means a hot key under heavy writes,
