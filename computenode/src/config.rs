@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::cluster::ClusterOptions;
 use crate::pool::UpgradePolicy;
 use crate::workers::ScaleOptions;
+use racekv_redis::acl::{Acl, AclOptions};
 use racekv_redis::server::{DEFAULT_POLL_SPIN, MAX_POLL_SPIN};
 use racekv_redis::IoModel;
 
@@ -22,6 +23,12 @@ pub enum RedisIo {
     Threads,
     EventLoop,
 }
+
+/// The settings `--print-config` masks.
+pub const SECRET_KEYS: &[&str] = &["token", "requirepass"];
+
+/// The memnodes' token when none is configured: fine on loopback, refused elsewhere.
+pub const DEV_TOKEN: &str = "racekv-dev-token";
 
 /// Most event loops `redis_event_loops` may ask for.
 pub const MAX_REDIS_EVENT_LOOPS: usize = 64;
@@ -59,6 +66,17 @@ pub struct ComputenodeConfig {
     pub queue_capacity: usize,
     /// Redis (RESP2) front end address; unset turns it off.
     pub redis_addr: Option<String>,
+    /// The `default` user's password (Redis' `requirepass`) for the Redis and remote front
+    /// ends and the attach socket. Unset: no password (see `protected_mode`). Better kept
+    /// in a file: `requirepass_file = "/path"` reads it from there (one line), so it sits in
+    /// neither argv nor the environment.
+    pub requirepass: Option<String>,
+    /// Redis' `aclfile`: users, passwords (hashed) and permissions, read at start and by
+    /// `ACL LOAD`, written by `ACL SAVE`.
+    pub aclfile: Option<PathBuf>,
+    /// Redis' protected mode: while the default user has no password, the front ends serve
+    /// only loopback clients.
+    pub protected_mode: bool,
     pub redis_max_clients: usize,
     /// How the Redis front end serves its connections: `threads` (a blocking thread per
     /// connection), `event_loop` (a few event loops, each serving many connections inline,
@@ -87,7 +105,7 @@ impl Default for ComputenodeConfig {
     fn default() -> Self {
         Self {
             memnodes: vec!["tcp:127.0.0.1:7400".into()],
-            token: "racekv-dev-token".into(),
+            token: DEV_TOKEN.into(),
             connections_per_memnode: 4,
             op_timeout_ms: 5_000,
             grace_period_ms: 10,
@@ -101,6 +119,9 @@ impl Default for ComputenodeConfig {
             worker_idle_ms: 2_000,
             queue_capacity: 65_536,
             redis_addr: Some("127.0.0.1:6380".into()),
+            requirepass: None,
+            aclfile: None,
+            protected_mode: true,
             redis_max_clients: 1024,
             redis_io: RedisIo::Auto,
             redis_event_loops: 0,
@@ -120,6 +141,15 @@ impl ComputenodeConfig {
 
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(!self.memnodes.is_empty(), "no memnodes configured");
+        anyhow::ensure!(!self.token.is_empty(), "token must not be empty");
+        if self.token == DEV_TOKEN {
+            if let Some(addr) = self.remote_addr.as_deref().filter(|a| !is_loopback(a)) {
+                anyhow::bail!(
+                    "refusing to serve remote clients on {addr} with the built-in development token: set `token` \
+                     (or `token_file`, RACEKV_COMPUTENODE_TOKEN_FILE)"
+                );
+            }
+        }
         anyhow::ensure!(self.connections_per_memnode >= 1, "connections_per_memnode must be at least 1");
         anyhow::ensure!(
             self.min_workers <= self.max_workers && self.max_workers >= 1,
@@ -160,6 +190,13 @@ impl ComputenodeConfig {
         IoModel::EventLoop { threads }
     }
 
+    /// The users of the front ends: the ACL file's (if any), then `requirepass` for the
+    /// default user.
+    pub fn acl(&self) -> anyhow::Result<Acl> {
+        let options = AclOptions { requirepass: self.requirepass.clone(), file: self.aclfile.clone() };
+        Ok(Acl::new(racekv_redis::commands::catalog(), options)?)
+    }
+
     pub fn cluster_options(&self) -> ClusterOptions {
         let timeout = Duration::from_millis(self.op_timeout_ms);
         ClusterOptions {
@@ -185,6 +222,14 @@ impl ComputenodeConfig {
             idle_retire: Duration::from_millis(self.worker_idle_ms),
             tick: Duration::from_micros(250),
         }
+    }
+}
+
+/// Whether `addr` (`host:port`) is on loopback only: a loopback IP or `localhost`.
+fn is_loopback(addr: &str) -> bool {
+    match addr.parse::<SocketAddr>() {
+        Ok(a) => a.ip().is_loopback(),
+        Err(_) => addr.rsplit_once(':').is_some_and(|(host, _)| host == "localhost"),
     }
 }
 
@@ -230,6 +275,36 @@ mod tests {
         assert_eq!(cfg.redis_io_model(), IoModel::EventLoop { threads: 2 });
         std::fs::write(&file, "redis_io = \"epoll\"\n").unwrap();
         assert!(ComputenodeConfig::load(Some(&file)).is_err());
+    }
+
+    #[test]
+    fn the_dev_token_stays_on_loopback_and_secrets_are_masked() {
+        let mut cfg = ComputenodeConfig { remote_addr: Some("0.0.0.0:7410".into()), ..Default::default() };
+        assert!(cfg.validate().unwrap_err().to_string().contains("development token"));
+        cfg.remote_addr = Some("localhost:7410".into());
+        cfg.validate().unwrap();
+        cfg.remote_addr = Some("10.0.0.5:7410".into());
+        cfg.token = "a real secret".into();
+        cfg.requirepass = Some("redis secret".into());
+        cfg.validate().unwrap();
+        let printed = racekv_telemetry::secret::redacted_toml(&cfg, SECRET_KEYS).unwrap();
+        assert!(!printed.contains("a real secret") && !printed.contains("redis secret"), "{printed}");
+        assert!(printed.contains("token = \"***\"") && printed.contains("requirepass = \"***\""), "{printed}");
+        let parsed: ComputenodeConfig = toml::from_str(&printed).unwrap();
+        assert_eq!(parsed.remote_addr, cfg.remote_addr);
+    }
+
+    #[test]
+    fn requirepass_can_come_from_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("pass");
+        std::fs::write(&secret, "from a file\n").unwrap();
+        let file = dir.path().join("computenode.toml");
+        std::fs::write(&file, format!("requirepass_file = {:?}\n", secret.display().to_string())).unwrap();
+        let cfg = ComputenodeConfig::load(Some(&file)).unwrap();
+        assert_eq!(cfg.requirepass.as_deref(), Some("from a file"));
+        let acl = cfg.acl().unwrap();
+        assert!(acl.authenticate(None, b"from a file").is_ok() && !acl.is_open());
     }
 
     #[test]

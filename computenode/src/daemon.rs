@@ -108,6 +108,7 @@ pub struct Computenode {
 impl Computenode {
     pub fn start(config: ComputenodeConfig) -> anyhow::Result<Self> {
         config.validate()?;
+        let acl = Arc::new(config.acl().context("loading the users (requirepass, aclfile)")?);
         let cluster = Cluster::connect(config.cluster_options()).context("connecting to the memnodes")?;
         let queue = Arc::new(WorkQueue::new(config.queue_capacity));
         let workers = Workers::start(Arc::clone(&queue), Arc::clone(&cluster), config.scale_options())
@@ -139,6 +140,8 @@ impl Computenode {
                 max_clients: config.redis_max_clients,
                 io: config.redis_io_model(),
                 poll_spin: Duration::from_micros(config.redis_poll_spin_us),
+                acl: Arc::clone(&acl),
+                protected_mode: config.protected_mode,
                 ..ServerOptions::default()
             };
             let server = RedisServer::start(addr.as_str(), store, options)

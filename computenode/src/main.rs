@@ -21,7 +21,8 @@ struct Args {
     /// Memnode endpoints, comma-separated (shm:/path, tcp:host:port, verbs:host:port).
     #[arg(long, value_delimiter = ',')]
     memnodes: Option<Vec<String>>,
-    /// The memnodes' shared secret (prefer RACEKV_COMPUTENODE_TOKEN: flags show in `ps`).
+    /// The memnodes' shared secret (prefer `token_file` in the config, or
+    /// RACEKV_COMPUTENODE_TOKEN_FILE: flags show in `ps`).
     #[arg(long)]
     token: Option<String>,
     /// Redis front end address, or `none`.
@@ -42,7 +43,7 @@ struct Args {
     min_workers: Option<usize>,
     #[arg(long)]
     max_workers: Option<usize>,
-    /// Print the effective configuration as JSON and exit.
+    /// Print the effective configuration as TOML (secrets shown as ***) and exit.
     #[arg(long)]
     print_config: bool,
 }
@@ -79,7 +80,7 @@ fn main() -> anyhow::Result<()> {
         cfg.max_workers = v;
     }
     if args.print_config {
-        println!("{}", serde_json::to_string_pretty(&cfg)?);
+        print!("{}", racekv_telemetry::secret::redacted_toml(&cfg, racekv_computenode::config::SECRET_KEYS)?);
         return Ok(());
     }
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])?;

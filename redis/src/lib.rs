@@ -20,8 +20,10 @@
 //! # }
 //! ```
 
+pub mod acl;
 pub mod commands;
 mod event_loop;
+pub mod glob;
 pub mod info;
 mod inline;
 #[cfg(any(test, feature = "test-support"))]

@@ -20,6 +20,9 @@ pub(crate) struct Metrics {
     pub received_bytes: IntCounter,
     pub sent_bytes: IntCounter,
     pub event_loop_sleeps: IntCounter,
+    pub auth_failures: IntCounter,
+    pub acl_denied: IntCounterVec,
+    pub cross_protocol: IntCounter,
 }
 
 pub(crate) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
@@ -84,6 +87,27 @@ pub(crate) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         IntCounter::new(
             "racekv_redis_event_loop_sleeps_total",
             "Times an event loop found nothing to do after its spin and blocked (each costs its next request a wake-up)",
+        )
+        .unwrap(),
+    ),
+    auth_failures: register(
+        IntCounter::new("racekv_redis_auth_failures_total", "AUTH (or HELLO AUTH) attempts with a wrong user or password")
+            .unwrap(),
+    ),
+    acl_denied: register(
+        IntCounterVec::new(
+            Opts::new(
+                "racekv_redis_acl_denied_total",
+                "Commands refused by access control, by why (noauth, command, key)",
+            ),
+            &["reason"],
+        )
+        .unwrap(),
+    ),
+    cross_protocol: register(
+        IntCounter::new(
+            "racekv_redis_cross_protocol_total",
+            "Connections closed for sending POST or Host: as a command (HTTP sent to the Redis port)",
         )
         .unwrap(),
     ),

@@ -26,12 +26,14 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use racekv_transport::stop::StopSignal;
 
-use super::commands::Client;
+use super::acl::Acl;
+use super::commands::{self, Client};
 use super::info::ServerStats;
 use super::metrics::METRICS;
 use super::reply::Reply;
-use super::resp::{Limits, Parser};
+use super::resp::{Command, Limits, Parser};
 use super::store::KvStore;
+use racekv_telemetry::ratelimit::{limited_warn, RateLimit};
 
 /// Bytes read from a socket at a time; also the most the parser buffers beyond one command.
 pub const READ_CHUNK_BYTES: usize = 16 << 10;
@@ -67,6 +69,11 @@ pub struct ServerOptions {
     /// awake, so its sender pays no wake-up of a sleeping thread (measured: +5-8% GET/s
     /// for a one-request-per-connection client); an idle loop sleeps after one spin.
     pub poll_spin: Duration,
+    /// Users and what they may do; the default ACL lets anyone do anything (no password).
+    pub acl: Arc<Acl>,
+    /// Redis' protected mode: while the default user needs no password, serve only
+    /// loopback clients (others get `-DENIED ...` and are closed).
+    pub protected_mode: bool,
 }
 
 /// How a [`RedisServer`] serves its connections.
@@ -90,6 +97,8 @@ impl Default for ServerOptions {
             limits: Limits::default(),
             io: IoModel::ThreadPerConnection,
             poll_spin: DEFAULT_POLL_SPIN,
+            acl: Arc::new(Acl::open(commands::catalog())),
+            protected_mode: true,
         }
     }
 }
@@ -208,6 +217,14 @@ fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
 }
 
 fn admit(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
+    if protected_mode_refuses(&shared.options, peer) {
+        METRICS.connections_rejected.with_label_values(&["protected_mode"]).inc();
+        limited_warn(&PROTECTED_MODE_LOG, || {
+            format!("redis front end: refused {peer}: protected mode, and the default user has no password")
+        });
+        refuse(stream, PROTECTED_MODE_DENIED);
+        return;
+    }
     if !shared.stats.try_admit() {
         METRICS.connections_rejected.with_label_values(&["max_clients"]).inc();
         refuse(stream, b"-ERR max number of clients reached\r\n");
@@ -255,6 +272,18 @@ fn admit(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         }
     }
 }
+
+/// Whether protected mode turns `peer` away: it is on, the peer is not on loopback, and
+/// anyone could connect without a password.
+fn protected_mode_refuses(options: &ServerOptions, peer: SocketAddr) -> bool {
+    options.protected_mode && !peer.ip().is_loopback() && options.acl.is_open()
+}
+
+/// Redis' reply to a non-loopback client in protected mode.
+const PROTECTED_MODE_DENIED: &[u8] = b"-DENIED Redis is running in protected mode because protected mode is enabled and no password is set for the default user. In this mode connections are only accepted from the loopback interface. If you want to connect from external computers to Redis you may adopt one of the following solutions: 1) Just disable protected mode sending the command 'CONFIG SET protected-mode no' from the loopback interface by connecting to Redis from the same host the server is running, however MAKE SURE Redis is not publicly accessible from internet if you do so. Use CONFIG REWRITE to make this change permanent. 2) Alternatively you can just disable the protected mode by editing the Redis configuration file, and setting the protected mode option to 'no', and then restarting the server. 3) If you started the server manually just for testing, restart it with the '--protected-mode no' option. 4) Set up an authentication password for the default user. NOTE: You only need to do one of the above things in order for the server to start accepting connections from the outside.\r\n";
+
+static PROTECTED_MODE_LOG: RateLimit = RateLimit::per_minute();
+static CROSS_PROTOCOL_LOG: RateLimit = RateLimit::per_minute();
 
 pub(super) fn release(shared: &Shared, id: u64, reason: &'static str) {
     shared.open.lock().remove(&id);
@@ -353,7 +382,7 @@ fn serve(shared: &Shared, mut stream: TcpStream, id: u64) -> &'static str {
 /// A [`Client`] with its own storage session, or the error reply to send before closing.
 pub(super) fn new_client(shared: &Shared, id: u64) -> Result<Client, Vec<u8>> {
     match shared.store.session() {
-        Ok(session) => Ok(Client::new(id, session, Arc::clone(&shared.stats))),
+        Ok(session) => Ok(Client::new(id, session, Arc::clone(&shared.stats), Arc::clone(&shared.options.acl))),
         Err(e) => {
             tracing::warn!("redis front end: no storage session for a new client: {e}");
             let mut out = Vec::new();
@@ -390,7 +419,21 @@ pub(super) fn run_commands(shared: &Shared, client: &mut Client, parser: &mut Pa
                 return Step::End("protocol_error");
             }
         };
-        if Client::is_get(&cmd) {
+        if is_cross_protocol(&cmd) {
+            // An HTTP request (a browser made to POST to this port): close without executing
+            // anything after it, as Redis does.
+            run_gets(client, parser, out);
+            METRICS.cross_protocol.inc();
+            limited_warn(&CROSS_PROTOCOL_LOG, || {
+                format!(
+                    "redis client {}: POST or Host: sent as a command, probably a cross-protocol attack \
+                     (an HTTP request to the Redis port); connection closed",
+                    client.id()
+                )
+            });
+            return Step::End("cross_protocol");
+        }
+        if client.may_batch_get(&cmd) {
             if client.queue_get(cmd) < MAX_GET_RUN {
                 continue;
             }
@@ -409,6 +452,12 @@ pub(super) fn run_commands(shared: &Shared, client: &mut Client, parser: &mut Pa
     };
     run_gets(client, parser, out);
     step
+}
+
+/// `POST` or `Host:` as a command: an HTTP request sent to the Redis port. No Redis command
+/// has these names; a browser can be made to send them (cross-protocol scripting).
+fn is_cross_protocol(cmd: &Command) -> bool {
+    cmd.get(0).is_some_and(|name| name.eq_ignore_ascii_case(b"post") || name.eq_ignore_ascii_case(b"host:"))
 }
 
 fn run_gets(client: &mut Client, parser: &mut Parser, out: &mut Vec<u8>) {
@@ -439,6 +488,26 @@ fn linger(stream: &mut TcpStream, buf: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn protected_mode_serves_only_loopback_while_there_is_no_password() {
+        let remote: SocketAddr = "10.1.2.3:5000".parse().unwrap();
+        let local: SocketAddr = "127.0.0.1:5000".parse().unwrap();
+        let local6: SocketAddr = "[::1]:5000".parse().unwrap();
+        let open = ServerOptions::default();
+        assert!(protected_mode_refuses(&open, remote));
+        assert!(!protected_mode_refuses(&open, local) && !protected_mode_refuses(&open, local6));
+        let off = ServerOptions { protected_mode: false, ..ServerOptions::default() };
+        assert!(!protected_mode_refuses(&off, remote));
+        let options = crate::acl::AclOptions { requirepass: Some("pw".into()), file: None };
+        let with_password = ServerOptions {
+            acl: Arc::new(Acl::new(commands::catalog(), options).unwrap()),
+            ..ServerOptions::default()
+        };
+        assert!(!protected_mode_refuses(&with_password, remote));
+        with_password.acl.set_user(b"default", &[b"nopass"]).unwrap();
+        assert!(protected_mode_refuses(&with_password, remote), "looked at per connection, not once at start");
+    }
 
     #[test]
     fn default_per_connection_memory_bound_is_as_documented() {

@@ -3,28 +3,11 @@
 
 mod common;
 
-use std::io::Write;
-use std::path::Path;
 use std::process::{Command, Stdio};
 
-use racekv_redis::{resp, Command as RespCommand, ServerOptions};
+use common::cli;
 
-/// Runs redis-cli with `args` against `port` (stdin from `input`), returns stdout.
-fn cli(bin: &Path, port: u16, args: &[&str], input: &[u8]) -> String {
-    let mut child = Command::new(bin)
-        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn redis-cli");
-    child.stdin.take().unwrap().write_all(input).unwrap();
-    let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "redis-cli {args:?} failed: {stdout} {}", String::from_utf8_lossy(&out.stderr));
-    stdout
-}
+use racekv_redis::{resp, Command as RespCommand, ServerOptions};
 
 #[test]
 fn redis_cli_runs_string_commands() {

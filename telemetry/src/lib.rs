@@ -3,21 +3,30 @@
 //! * [`LATENCY_BUCKETS_SECONDS`]: histogram buckets from 1 µs to 1 s, because one-sided
 //!   operations live in the microsecond range and the Prometheus defaults start at 5 ms.
 //! * [`MetricsServer`]: serves the process-wide default registry on `/metrics`, `/healthz`,
-//!   and optionally a JSON `/status`.
+//!   and optionally a JSON `/status`, within the limits of [`http`].
+//! * [`ratelimit`]: warnings a peer can trigger at will, written at most once per period.
 //! * [`init_logging`]: `tracing` to stderr, filtered by `RACEKV_LOG` (or `RUST_LOG`).
-//! * [`load_config`]: defaults < TOML file < environment variables, into a serde struct.
+//! * [`load_config`]: defaults < TOML file < environment variables, into a serde struct;
+//!   secrets may come from files (`X_file`), and [`secret`] prints configs with them masked.
 //!
 //! Components register their metrics once, in a `LazyLock`, on the default registry; several
 //! components in one process (tests, `racekv up`) therefore share and sum their series.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::thread::JoinHandle;
+pub mod http;
+pub mod ratelimit;
+pub mod secret;
 
 use anyhow::Context;
 use prometheus::{Encoder, TextEncoder};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+
+#[doc(hidden)]
+pub use http::{serve_bytes_for_fuzzing, FUZZ_MAX_OUTPUT_BYTES};
+pub use http::{
+    HttpLimits, MetricsServer, StatusFn, CONNECTION_LIFETIME_MS, HEADER_READ_TIMEOUT_MS, MAX_CONNECTIONS, MAX_HEADERS,
+    MAX_HEADER_BYTES, REFUSED_WARN_INTERVAL_MS,
+};
 
 /// Histogram buckets for latencies, in seconds: 1 µs .. 1 s, roughly 1-2-5 per decade.
 pub const LATENCY_BUCKETS_SECONDS: &[f64] = &[
@@ -51,88 +60,36 @@ pub fn render() -> String {
 
 /// Loads a configuration: `T::default()`, then `file` (TOML) if given, then environment
 /// variables `<PREFIX>_<FIELD>` (nested fields joined by `__`). Unknown keys are errors when
-/// `T` denies them (`#[serde(deny_unknown_fields)]`).
+/// `T` denies them (`#[serde(deny_unknown_fields)]`). A text setting `X` may instead be given
+/// as `X_file`, a file holding the value (see [`secret`]).
 pub fn load_config<T: Serialize + DeserializeOwned + Default>(
     file: Option<&std::path::Path>,
     env_prefix: &str,
 ) -> anyhow::Result<T> {
-    let mut builder = config::Config::builder().add_source(config::Config::try_from(&T::default())?);
-    if let Some(path) = file {
-        builder = builder.add_source(config::File::from(path).format(config::FileFormat::Toml).required(true));
-    }
-    builder = builder.add_source(
-        config::Environment::with_prefix(env_prefix).prefix_separator("_").separator("__").try_parsing(true),
-    );
-    builder.build().and_then(|c| c.try_deserialize()).with_context(|| match file {
+    use config::Source;
+    let context = || match file {
         Some(p) => format!("reading the configuration from {} and {env_prefix}_*", p.display()),
         None => format!("reading the configuration from {env_prefix}_*"),
-    })
-}
-
-/// Renders a JSON status document on request.
-pub type StatusFn = Arc<dyn Fn() -> String + Send + Sync>;
-
-/// An HTTP server for `/metrics`, `/healthz` (and `/status` when given), stopped when dropped.
-pub struct MetricsServer {
-    server: Arc<tiny_http::Server>,
-    addr: SocketAddr,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl MetricsServer {
-    /// Binds `addr` (port 0 picks a free port) and serves on a background thread.
-    pub fn start(addr: SocketAddr) -> anyhow::Result<Self> {
-        Self::start_with_status(addr, None)
-    }
-
-    /// Like [`MetricsServer::start`], also serving `status()` as JSON on `/status`.
-    pub fn start_with_status(addr: SocketAddr, status: Option<StatusFn>) -> anyhow::Result<Self> {
-        let server = tiny_http::Server::http(addr)
-            .map_err(|e| anyhow::anyhow!("{e}"))
-            .with_context(|| format!("binding the metrics endpoint on {addr}"))?;
-        let addr = server.server_addr().to_ip().context("metrics endpoint is not an IP socket")?;
-        let server = Arc::new(server);
-        let serving = Arc::clone(&server);
-        let thread = std::thread::Builder::new()
-            .name("metrics-http".into())
-            .spawn(move || {
-                for request in serving.incoming_requests() {
-                    let response = match request.url() {
-                        "/metrics" => tiny_http::Response::from_string(render()).with_header(
-                            "Content-Type: text/plain; version=0.0.4"
-                                .parse::<tiny_http::Header>()
-                                .expect("static header"),
-                        ),
-                        "/healthz" => tiny_http::Response::from_string("ok\n"),
-                        "/status" if status.is_some() => {
-                            tiny_http::Response::from_string(status.as_ref().expect("checked")()).with_header(
-                                "Content-Type: application/json".parse::<tiny_http::Header>().expect("static header"),
-                            )
-                        }
-                        _ => tiny_http::Response::from_string("not found\n").with_status_code(404),
-                    };
-                    if let Err(e) = request.respond(response) {
-                        tracing::debug!("metrics client went away: {e}");
-                    }
-                }
-            })
-            .context("spawning the metrics thread")?;
-        Ok(Self { server, addr, thread: Some(thread) })
-    }
-
-    /// The bound address (useful when started on port 0).
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-}
-
-impl Drop for MetricsServer {
-    fn drop(&mut self) {
-        self.server.unblock();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
+    };
+    let user_layers = |builder: config::ConfigBuilder<config::builder::DefaultState>| {
+        let builder = match file {
+            Some(path) => builder.add_source(config::File::from(path).format(config::FileFormat::Toml).required(true)),
+            None => builder,
+        };
+        builder.add_source(
+            config::Environment::with_prefix(env_prefix).prefix_separator("_").separator("__").try_parsing(true),
+        )
+    };
+    let load = || -> anyhow::Result<T> {
+        let defaults = config::Config::try_from(&T::default())?;
+        let merged = user_layers(config::Config::builder().add_source(defaults.clone())).build()?;
+        // The file and environment alone: which keys the operator set (for `X_file`).
+        let user = user_layers(config::Config::builder()).build()?;
+        let mut tree = merged.collect()?;
+        secret::resolve_files(&defaults.collect()?, &user.collect()?, &mut tree, "")?;
+        Ok(config::Value::new(None, config::ValueKind::Table(tree)).try_deserialize()?)
+    };
+    load().with_context(context)
 }
 
 /// Sets up `tracing` output to stderr once per process; later calls are no-ops.

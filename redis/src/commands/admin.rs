@@ -3,6 +3,7 @@
 //! and for people to inspect the server; everything else is refused by name.
 
 use super::{arity_error, fail, lookup, unsupported_subcommand, Client, CmdResult, CommandSpec, COMMANDS};
+use crate::glob::glob_match;
 use crate::info::{self, REDIS_COMPAT_VERSION};
 use crate::reply::Reply;
 use crate::resp::{parse_i64, Command};
@@ -40,17 +41,17 @@ pub(super) fn info(c: &mut Client, cmd: &Command) -> CmdResult {
     Ok(Reply::Bulk(text.into_bytes()))
 }
 
-/// The Redis 7 `COMMAND INFO` entry of `spec`: name, arity, flags, key positions, then empty
-/// ACL categories, tips, key specs and subcommands.
+/// The Redis 7 `COMMAND INFO` entry of `spec`: name, arity, flags, key positions, ACL
+/// categories, then empty tips, key specs and subcommands.
 fn command_info(spec: &CommandSpec) -> Reply {
     Reply::Array(vec![
         Reply::bulk_str(spec.name),
         Reply::Integer(i64::from(spec.arity)),
         Reply::Array(spec.flags.iter().map(|f| Reply::Status((*f).into())).collect()),
-        Reply::Integer(i64::from(spec.first_key)),
-        Reply::Integer(i64::from(spec.last_key)),
-        Reply::Integer(i64::from(spec.key_step)),
-        Reply::Array(vec![]),
+        Reply::Integer(i64::from(spec.keys.first)),
+        Reply::Integer(i64::from(spec.keys.last)),
+        Reply::Integer(i64::from(spec.keys.step)),
+        Reply::Array(spec.categories.names().map(|n| Reply::Status(format!("@{n}").into())).collect()),
         Reply::Array(vec![]),
         Reply::Array(vec![]),
         Reply::Array(vec![]),
@@ -144,7 +145,7 @@ pub(super) fn config(c: &mut Client, cmd: &Command) -> CmdResult {
     ];
     let mut out = Vec::new();
     for (name, value) in &params {
-        if cmd.args().skip(2).any(|pattern| glob_match(&pattern.to_ascii_lowercase(), name.as_bytes())) {
+        if cmd.args().skip(2).any(|pattern| glob_match(pattern, name.as_bytes(), true)) {
             out.push(Reply::bulk_str(name));
             out.push(Reply::bulk_str(value));
         }
@@ -152,36 +153,9 @@ pub(super) fn config(c: &mut Client, cmd: &Command) -> CmdResult {
     Ok(Reply::Array(out))
 }
 
-/// Glob matching with `*` and `?` (enough for `CONFIG GET`; no character classes).
-fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
-    let (mut p, mut t) = (0, 0);
-    // Where the last `*` was, and the text position it currently absorbs up to.
-    let mut star: Option<(usize, usize)> = None;
-    while t < text.len() {
-        match pattern.get(p) {
-            Some(b'*') => {
-                star = Some((p, t));
-                p += 1;
-            }
-            Some(&b) if b == b'?' || b == text[t] => {
-                p += 1;
-                t += 1;
-            }
-            _ => match star {
-                Some((sp, st)) => {
-                    p = sp + 1;
-                    t = st + 1;
-                    star = Some((sp, st + 1));
-                }
-                None => return false,
-            },
-        }
-    }
-    pattern[p.min(pattern.len())..].iter().all(|&b| b == b'*')
-}
-
 /// `HELLO [2 [AUTH user pass] [SETNAME name]]`: RESP2 only (`HELLO 3` gets `NOPROTO`, and
-/// clients fall back to RESP2), no authentication.
+/// clients fall back to RESP2). AUTH authenticates first; an unauthenticated connection
+/// gets `NOAUTH` unless it authenticates here.
 pub(super) fn hello(c: &mut Client, cmd: &Command) -> CmdResult {
     if let Some(version) = cmd.get(1) {
         match parse_i64(version) {
@@ -191,12 +165,14 @@ pub(super) fn hello(c: &mut Client, cmd: &Command) -> CmdResult {
         }
     }
     let mut new_name = None;
+    let mut credentials = None;
     let mut i = 2;
     while i < cmd.len() {
         let option = cmd.arg(i).to_ascii_uppercase();
         match option.as_slice() {
             b"AUTH" if i + 2 < cmd.len() => {
-                return Err(fail("ERR HELLO AUTH is not supported by racekv: it has no users or passwords"));
+                credentials = Some((cmd.arg(i + 1), cmd.arg(i + 2)));
+                i += 3;
             }
             b"SETNAME" if i + 1 < cmd.len() => {
                 new_name = Some(cmd.arg(i + 1));
@@ -206,6 +182,12 @@ pub(super) fn hello(c: &mut Client, cmd: &Command) -> CmdResult {
                 return Err(fail(format!("ERR Syntax error in HELLO option '{}'", String::from_utf8_lossy(cmd.arg(i)))))
             }
         }
+    }
+    if let Some((username, password)) = credentials {
+        c.authenticate(Some(username), password)?;
+    }
+    if c.user.is_none() {
+        return Err(fail("NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time"));
     }
     if let Some(name) = new_name {
         set_name(c, name)?;
@@ -226,22 +208,4 @@ pub(super) fn hello(c: &mut Client, cmd: &Command) -> CmdResult {
         Reply::bulk_str("modules"),
         Reply::Array(vec![]),
     ]))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::glob_match;
-
-    #[test]
-    fn glob_matches_stars_and_question_marks() {
-        assert!(glob_match(b"*", b"maxclients"));
-        assert!(glob_match(b"max*", b"maxclients"));
-        assert!(glob_match(b"*clients", b"maxclients"));
-        assert!(glob_match(b"m?xc*s", b"maxclients"));
-        assert!(glob_match(b"save", b"save"));
-        assert!(!glob_match(b"sav", b"save"));
-        assert!(!glob_match(b"*x", b"save"));
-        assert!(glob_match(b"a*b*c", b"aXbYbZc"));
-        assert!(!glob_match(b"", b"a"));
-    }
 }

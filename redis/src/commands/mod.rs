@@ -5,6 +5,7 @@
 //! Command names are case-insensitive; arity and error messages follow Redis 7.0 so that
 //! clients (and people) see familiar errors.
 
+mod access;
 mod admin;
 mod keys;
 
@@ -17,6 +18,8 @@ use super::metrics::{CommandMetrics, METRICS};
 use super::reply::Reply;
 use super::resp::Command;
 use super::store::{KvSession, StoreError};
+use crate::acl::{Acl, AuthFailure, Catalog, Categories, CommandId, Denial, KeyAccess, User};
+use racekv_telemetry::ratelimit::{limited_warn, RateLimit};
 
 /// Why a command failed: a storage error (counted by kind) or a ready error reply.
 pub(crate) enum Failure {
@@ -39,6 +42,16 @@ pub(crate) type CmdResult = Result<Reply, Failure>;
 
 type Handler = fn(&mut Client, &Command) -> CmdResult;
 
+/// Where a command's keys are (Redis' first key, last key (negative: from the end), step)
+/// and how it touches them, for `COMMAND` and ACL key patterns.
+#[derive(Clone, Copy)]
+pub(crate) struct Keys {
+    pub first: i32,
+    pub last: i32,
+    pub step: i32,
+    pub access: KeyAccess,
+}
+
 /// One entry of the command table; also what `COMMAND` reports.
 pub(crate) struct CommandSpec {
     /// Lower case, as Redis reports names.
@@ -46,21 +59,50 @@ pub(crate) struct CommandSpec {
     /// Redis convention: `n > 0` exactly n arguments (name included), `n < 0` at least -n.
     pub arity: i32,
     pub flags: &'static [&'static str],
-    pub first_key: i32,
-    pub last_key: i32,
-    pub key_step: i32,
+    /// ACL categories (Redis 7's for the command).
+    pub categories: Categories,
+    pub keys: Keys,
+    /// For a container (`CONFIG`, `CLIENT`, ...), the subcommands ACL rules can name.
+    pub subcommands: &'static [Subcommand],
     handler: Handler,
+}
+
+/// A subcommand of a container command, as ACL rules and `COMMAND INFO` see it.
+pub(crate) struct Subcommand {
+    /// Lower case, without the container (`get` for `config|get`).
+    pub name: &'static str,
+    pub arity: i32,
+    pub categories: Categories,
+}
+
+/// Redis' arity rule: `n > 0` exactly n arguments (name included), `n < 0` at least -n.
+fn arity_ok(arity: i32, argc: usize) -> bool {
+    let (argc, arity) = (argc as i64, i64::from(arity));
+    if arity >= 0 {
+        argc == arity
+    } else {
+        argc >= -arity
+    }
 }
 
 impl CommandSpec {
     fn arity_ok(&self, argc: usize) -> bool {
-        let argc = argc as i64;
-        let arity = i64::from(self.arity);
-        if arity >= 0 {
-            argc == arity
-        } else {
-            argc >= -arity
-        }
+        arity_ok(self.arity, argc)
+    }
+
+    /// The keys of `cmd` (an invocation of this command), with their argument positions.
+    fn keys_of<'c>(&self, cmd: &'c Command) -> impl Iterator<Item = (usize, &'c [u8], KeyAccess)> + 'c {
+        let Keys { first, last, step, access } = self.keys;
+        let argc = cmd.len() as i64;
+        let last = if last < 0 { argc + i64::from(last) } else { i64::from(last).min(argc - 1) };
+        let (first, step) = (i64::from(first), i64::from(step.max(1)));
+        // A command without keys has first = 0: an empty range.
+        let positions = (first.max(1)..=if first > 0 { last } else { 0 }).step_by(step as usize);
+        positions.map(move |i| (i as usize, cmd.arg(i as usize), access))
+    }
+
+    fn has_flag(&self, flag: &str) -> bool {
+        self.flags.contains(&flag)
     }
 }
 
@@ -68,40 +110,166 @@ const fn spec(
     name: &'static str,
     arity: i32,
     flags: &'static [&'static str],
-    keys: (i32, i32, i32),
+    categories: Categories,
+    keys: Keys,
     handler: Handler,
 ) -> CommandSpec {
-    CommandSpec { name, arity, flags, first_key: keys.0, last_key: keys.1, key_step: keys.2, handler }
+    CommandSpec { name, arity, flags, categories, keys, subcommands: &[], handler }
 }
 
-const NO_KEYS: (i32, i32, i32) = (0, 0, 0);
-const ONE_KEY: (i32, i32, i32) = (1, 1, 1);
-const ALL_KEYS: (i32, i32, i32) = (1, -1, 1);
+const fn container(
+    name: &'static str,
+    arity: i32,
+    flags: &'static [&'static str],
+    subcommands: &'static [Subcommand],
+    handler: Handler,
+) -> CommandSpec {
+    CommandSpec { name, arity, flags, categories: SLOW, keys: NO_KEYS, subcommands, handler }
+}
+
+const fn sub(name: &'static str, arity: i32, categories: Categories) -> Subcommand {
+    Subcommand { name, arity, categories }
+}
+
+const fn key_spec(first: i32, last: i32, step: i32, access: KeyAccess) -> Keys {
+    Keys { first, last, step, access }
+}
+
+const NO_KEYS: Keys = key_spec(0, 0, 0, KeyAccess::Read);
+const READS_ONE: Keys = key_spec(1, 1, 1, KeyAccess::Read);
+const WRITES_ONE: Keys = key_spec(1, 1, 1, KeyAccess::Write);
+const UPDATES_ONE: Keys = key_spec(1, 1, 1, KeyAccess::ReadWrite);
+const READS_ALL: Keys = key_spec(1, -1, 1, KeyAccess::Read);
+const WRITES_ALL: Keys = key_spec(1, -1, 1, KeyAccess::Write);
+
+const READ_STRING_FAST: Categories = Categories::READ.and(Categories::STRING).and(Categories::FAST);
+const WRITE_STRING_FAST: Categories = Categories::WRITE.and(Categories::STRING).and(Categories::FAST);
+const WRITE_STRING_SLOW: Categories = Categories::WRITE.and(Categories::STRING).and(Categories::SLOW);
+const CONNECTION_FAST: Categories = Categories::FAST.and(Categories::CONNECTION);
+const CONNECTION_SLOW: Categories = Categories::SLOW.and(Categories::CONNECTION);
+const ADMIN: Categories = Categories::ADMIN.and(Categories::SLOW).and(Categories::DANGEROUS);
+const SLOW: Categories = Categories::SLOW;
 
 /// Every command racekv answers. Anything else gets Redis' "unknown command" error.
 pub(crate) static COMMANDS: &[CommandSpec] = &[
-    spec("get", 2, &["readonly", "fast"], ONE_KEY, keys::get),
-    spec("set", -3, &["write", "denyoom"], ONE_KEY, keys::set),
-    spec("setnx", 3, &["write", "denyoom", "fast"], ONE_KEY, keys::setnx),
-    spec("del", -2, &["write"], ALL_KEYS, keys::del),
-    spec("exists", -2, &["readonly", "fast"], ALL_KEYS, keys::exists),
-    spec("mget", -2, &["readonly", "fast"], ALL_KEYS, keys::mget),
-    spec("mset", -3, &["write", "denyoom"], (1, -1, 2), keys::mset),
-    spec("incr", 2, &["write", "denyoom", "fast"], ONE_KEY, keys::incr),
-    spec("decr", 2, &["write", "denyoom", "fast"], ONE_KEY, keys::decr),
-    spec("incrby", 3, &["write", "denyoom", "fast"], ONE_KEY, keys::incrby),
-    spec("decrby", 3, &["write", "denyoom", "fast"], ONE_KEY, keys::decrby),
-    spec("dbsize", 1, &["readonly", "fast"], NO_KEYS, keys::dbsize),
-    spec("ping", -1, &["fast"], NO_KEYS, admin::ping),
-    spec("echo", 2, &["fast"], NO_KEYS, admin::echo),
-    spec("info", -1, &["loading", "stale"], NO_KEYS, admin::info),
-    spec("command", -1, &["loading", "stale"], NO_KEYS, admin::command),
-    spec("client", -2, &["loading", "stale"], NO_KEYS, admin::client),
-    spec("config", -2, &["admin", "loading", "stale"], NO_KEYS, admin::config),
-    spec("hello", -1, &["fast", "loading", "stale", "no-auth"], NO_KEYS, admin::hello),
-    spec("select", 2, &["loading", "stale", "fast"], NO_KEYS, admin::select),
-    spec("quit", -1, &["fast", "loading", "stale", "no-auth"], NO_KEYS, admin::quit),
+    spec("get", 2, &["readonly", "fast"], READ_STRING_FAST, READS_ONE, keys::get),
+    spec("set", -3, &["write", "denyoom"], WRITE_STRING_SLOW, WRITES_ONE, keys::set),
+    spec("setnx", 3, &["write", "denyoom", "fast"], WRITE_STRING_FAST, WRITES_ONE, keys::setnx),
+    spec("del", -2, &["write"], Categories::KEYSPACE.and(Categories::WRITE).and(SLOW), WRITES_ALL, keys::del),
+    spec(
+        "exists",
+        -2,
+        &["readonly", "fast"],
+        Categories::KEYSPACE.and(Categories::READ).and(Categories::FAST),
+        READS_ALL,
+        keys::exists,
+    ),
+    spec("mget", -2, &["readonly", "fast"], READ_STRING_FAST, READS_ALL, keys::mget),
+    spec("mset", -3, &["write", "denyoom"], WRITE_STRING_SLOW, key_spec(1, -1, 2, KeyAccess::Write), keys::mset),
+    spec("incr", 2, &["write", "denyoom", "fast"], WRITE_STRING_FAST, UPDATES_ONE, keys::incr),
+    spec("decr", 2, &["write", "denyoom", "fast"], WRITE_STRING_FAST, UPDATES_ONE, keys::decr),
+    spec("incrby", 3, &["write", "denyoom", "fast"], WRITE_STRING_FAST, UPDATES_ONE, keys::incrby),
+    spec("decrby", 3, &["write", "denyoom", "fast"], WRITE_STRING_FAST, UPDATES_ONE, keys::decrby),
+    spec(
+        "dbsize",
+        1,
+        &["readonly", "fast"],
+        Categories::KEYSPACE.and(Categories::READ).and(Categories::FAST),
+        NO_KEYS,
+        keys::dbsize,
+    ),
+    spec("ping", -1, &["fast"], CONNECTION_FAST, NO_KEYS, admin::ping),
+    spec("echo", 2, &["fast"], CONNECTION_FAST, NO_KEYS, admin::echo),
+    spec("info", -1, &["loading", "stale"], SLOW.and(Categories::DANGEROUS), NO_KEYS, admin::info),
+    container(
+        "command",
+        -1,
+        &["loading", "stale"],
+        &[
+            sub("count", 2, CONNECTION_SLOW),
+            sub("docs", -2, CONNECTION_SLOW),
+            sub("info", -2, CONNECTION_SLOW),
+            sub("list", -2, CONNECTION_SLOW),
+        ],
+        admin::command,
+    ),
+    container(
+        "client",
+        -2,
+        &["loading", "stale"],
+        &[
+            sub("id", 2, CONNECTION_SLOW),
+            sub("getname", 2, CONNECTION_SLOW),
+            sub("setname", 3, CONNECTION_SLOW),
+            sub("setinfo", 4, CONNECTION_SLOW),
+        ],
+        admin::client,
+    ),
+    container("config", -2, &["admin", "loading", "stale"], &[sub("get", -3, ADMIN)], admin::config),
+    spec("hello", -1, &["fast", "loading", "stale", "no-auth"], CONNECTION_FAST, NO_KEYS, admin::hello),
+    spec("auth", -2, &["fast", "loading", "stale", "no-auth"], CONNECTION_FAST, NO_KEYS, access::auth),
+    container(
+        "acl",
+        -2,
+        &["loading", "stale"],
+        &[
+            sub("cat", -2, SLOW),
+            sub("deluser", -3, ADMIN),
+            sub("dryrun", -4, ADMIN),
+            sub("genpass", -2, SLOW),
+            sub("getuser", 3, ADMIN),
+            sub("list", 2, ADMIN),
+            sub("load", 2, ADMIN),
+            sub("save", 2, ADMIN),
+            sub("setuser", -3, ADMIN),
+            sub("users", 2, ADMIN),
+            sub("whoami", 2, SLOW),
+        ],
+        access::acl,
+    ),
+    spec("select", 2, &["loading", "stale", "fast"], CONNECTION_FAST, NO_KEYS, admin::select),
+    spec("quit", -1, &["fast", "loading", "stale", "no-auth"], CONNECTION_FAST, NO_KEYS, admin::quit),
 ];
+
+/// The ACL ids of the table: per command, its id and its subcommands' ids in order.
+struct Ids {
+    catalog: Arc<Catalog>,
+    commands: Vec<(CommandId, Vec<CommandId>)>,
+}
+
+static IDS: LazyLock<Ids> = LazyLock::new(|| {
+    let mut catalog = Catalog::new();
+    let commands = COMMANDS
+        .iter()
+        .map(|c| {
+            let id = catalog.add(c.name, c.categories, None);
+            (id, c.subcommands.iter().map(|s| catalog.add(s.name, s.categories, Some(id))).collect())
+        })
+        .collect();
+    Ids { catalog: Arc::new(catalog), commands }
+});
+
+/// Every command and subcommand of the table, for ACL rules ([`Acl::new`]).
+pub fn catalog() -> Arc<Catalog> {
+    Arc::clone(&IDS.catalog)
+}
+
+/// The ACL id `cmd` runs as, and its subcommand when it names a known one (else the id is
+/// the command's).
+fn acl_id(index: usize, spec: &CommandSpec, cmd: &Command) -> (CommandId, Option<&'static Subcommand>) {
+    let (id, subs) = &IDS.commands[index];
+    let found = cmd
+        .get(1)
+        .and_then(|name| COMMANDS[index].subcommands.iter().position(|s| s.name.as_bytes().eq_ignore_ascii_case(name)));
+    debug_assert!(std::ptr::eq(spec, &COMMANDS[index]));
+    match found {
+        Some(i) => (subs[i], Some(&COMMANDS[index].subcommands[i])),
+        None => (*id, None),
+    }
+}
+
+/// Failed AUTH attempts are logged at most this often.
+static AUTH_FAILURE_LOG: RateLimit = RateLimit::per_minute();
 
 /// Per-command series, in table order, then one for unknown commands.
 static COMMAND_METRICS: LazyLock<Vec<CommandMetrics>> = LazyLock::new(|| {
@@ -115,11 +283,19 @@ pub(crate) fn lookup(name: &[u8]) -> Option<(usize, &'static CommandSpec)> {
     COMMANDS.iter().enumerate().find(|(_, c)| c.name.as_bytes().eq_ignore_ascii_case(name))
 }
 
-/// The state of one client connection: its storage session and what the client set.
+/// The state of one client connection: its storage session, who it is, what it set.
 pub struct Client {
     id: u64,
     store: Box<dyn KvSession>,
     stats: Arc<ServerStats>,
+    acl: Arc<Acl>,
+    /// Who the connection is; `None` until it authenticates (the default user has a
+    /// password).
+    user: Option<Arc<User>>,
+    /// The ACL generation `user` was looked up at.
+    acl_generation: u64,
+    /// `user` was deleted: every command is refused until the connection closes.
+    user_deleted: bool,
     name: Option<Vec<u8>>,
     /// What the client library announced with `CLIENT SETINFO`.
     lib_name: Option<Vec<u8>>,
@@ -130,9 +306,25 @@ pub struct Client {
 }
 
 impl Client {
-    /// A client numbered `id` (unique per server, as `CLIENT ID` reports) over `store`.
-    pub fn new(id: u64, store: Box<dyn KvSession>, stats: Arc<ServerStats>) -> Self {
-        Self { id, store, stats, name: None, lib_name: None, lib_ver: None, closing: false, queued_gets: Vec::new() }
+    /// A client numbered `id` (unique per server, as `CLIENT ID` reports) over `store`,
+    /// authenticated as `default` if that user needs no password.
+    pub fn new(id: u64, store: Box<dyn KvSession>, stats: Arc<ServerStats>, acl: Arc<Acl>) -> Self {
+        let acl_generation = acl.generation();
+        let user = acl.initial_user();
+        Self {
+            id,
+            store,
+            stats,
+            acl,
+            user,
+            acl_generation,
+            user_deleted: false,
+            name: None,
+            lib_name: None,
+            lib_ver: None,
+            closing: false,
+            queued_gets: Vec::new(),
+        }
     }
 
     /// The number `CLIENT ID` reports.
@@ -145,17 +337,23 @@ impl Client {
         self.name.as_deref()
     }
 
+    /// The user the connection is authenticated as, if any.
+    pub fn user(&self) -> Option<&str> {
+        self.user.as_deref().map(User::name)
+    }
+
     /// The client library's name and version, as announced by `CLIENT SETINFO`.
     pub fn library(&self) -> (Option<&[u8]>, Option<&[u8]>) {
         (self.lib_name.as_deref(), self.lib_ver.as_deref())
     }
 
-    /// Whether the connection should close once the replies so far are written (`QUIT`).
     /// Everything sent so far is answered: let the storage do deferred work.
     pub fn idle(&mut self) {
         self.store.idle();
     }
 
+    /// Whether the connection should close once the replies so far are written (`QUIT`, or
+    /// its user was deleted).
     pub fn wants_close(&self) -> bool {
         self.closing
     }
@@ -164,6 +362,84 @@ impl Client {
     pub fn is_get(cmd: &Command) -> bool {
         let get = &COMMANDS[*GET_INDEX];
         get.arity_ok(cmd.len()) && cmd.get(0).is_some_and(|name| name.eq_ignore_ascii_case(get.name.as_bytes()))
+    }
+
+    /// Whether `cmd` is a GET ([`Client::is_get`]) this connection may run, so it can join
+    /// a run of GETs ([`Client::queue_get`]); a GET it may not run goes through
+    /// [`Client::execute`], which answers why.
+    pub fn may_batch_get(&mut self, cmd: &Command) -> bool {
+        Self::is_get(cmd) && self.authorize(*GET_INDEX, &COMMANDS[*GET_INDEX], cmd).is_ok()
+    }
+
+    /// Checks that the connection may run `cmd` (entry `index` of the table): authenticated
+    /// (or a `no-auth` command), the command allowed, its keys allowed. The error is the
+    /// reply.
+    fn authorize(&mut self, index: usize, spec: &CommandSpec, cmd: &Command) -> Result<(), Reply> {
+        if self.acl_generation != self.acl.generation() || self.user_deleted {
+            self.refresh_user()?;
+        }
+        let Some(user) = &self.user else {
+            if spec.has_flag("no-auth") {
+                return Ok(());
+            }
+            METRICS.acl_denied.with_label_values(&["noauth"]).inc();
+            return Err(Reply::error("NOAUTH Authentication required."));
+        };
+        let (id, subcommand) = acl_id(index, spec, cmd);
+        if let Some(sub) = subcommand.filter(|s| !arity_ok(s.arity, cmd.len())) {
+            return Err(arity_error(&format!("{}|{}", spec.name, sub.name)));
+        }
+        match user.check(id, spec.keys_of(cmd)) {
+            Ok(()) => Ok(()),
+            Err(Denial::Command) => {
+                METRICS.acl_denied.with_label_values(&["command"]).inc();
+                Err(Reply::error(format!(
+                    "NOPERM User {} has no permissions to run the '{}' command",
+                    user.name(),
+                    self.acl.catalog().entry(id).name
+                )))
+            }
+            Err(Denial::Key(_)) => {
+                METRICS.acl_denied.with_label_values(&["key"]).inc();
+                Err(Reply::error("NOPERM No permissions to access a key"))
+            }
+        }
+    }
+
+    /// Looks the connection's user up again after an ACL change; a deleted user's
+    /// connection is closed (as Redis kills it).
+    fn refresh_user(&mut self) -> Result<(), Reply> {
+        self.acl_generation = self.acl.generation();
+        if let Some(user) = &self.user {
+            self.user = self.acl.user(user.name());
+            self.user_deleted = self.user.is_none();
+        }
+        if self.user_deleted {
+            self.closing = true;
+            return Err(Reply::error("ERR the user of this connection was deleted; closing the connection"));
+        }
+        Ok(())
+    }
+
+    /// Authenticates the connection as `username` (`None`: `default`) with `password`.
+    fn authenticate(&mut self, username: Option<&[u8]>, password: &[u8]) -> Result<(), Failure> {
+        match self.acl.authenticate(username, password) {
+            Ok(user) => {
+                self.acl_generation = self.acl.generation();
+                self.user = Some(user);
+                Ok(())
+            }
+            Err(AuthFailure::NoDefaultPassword) => Err(fail(
+                "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
+            )),
+            Err(AuthFailure::WrongPass) => {
+                METRICS.auth_failures.inc();
+                limited_warn(&AUTH_FAILURE_LOG, || {
+                    format!("redis client {}: failed authentication (further failures logged at most once a minute)", self.id)
+                });
+                Err(fail("WRONGPASS invalid username-password pair or user is disabled."))
+            }
+        }
     }
 
     /// Adds a GET ([`Client::is_get`]) to the run waiting to execute; returns the run's
@@ -231,7 +507,10 @@ impl Client {
         let (metrics_index, reply) = match lookup(name) {
             None => (COMMANDS.len(), unknown_command(cmd)),
             Some((index, spec)) if !spec.arity_ok(cmd.len()) => (index, arity_error(spec.name)),
-            Some((index, spec)) => (index, reply_for(spec, (spec.handler)(self, cmd))),
+            Some((index, spec)) => match self.authorize(index, spec, cmd) {
+                Ok(()) => (index, reply_for(spec, (spec.handler)(self, cmd))),
+                Err(denied) => (index, denied),
+            },
         };
         self.record(metrics_index, started.elapsed().as_secs_f64(), &reply);
         reply

@@ -9,7 +9,11 @@ use crate::memstore::MemStore;
 use crate::store::{KvStore, PutMode, StoreErrorKind};
 
 fn client_over(store: &impl KvStore) -> Client {
-    Client::new(7, store.session().unwrap(), Arc::new(ServerStats::new(6379, 100, None)))
+    Client::new(7, store.session().unwrap(), Arc::new(ServerStats::new(6379, 100, None)), open_acl())
+}
+
+fn open_acl() -> Arc<Acl> {
+    Arc::new(Acl::open(catalog()))
 }
 
 fn run(c: &mut Client, args: &[&str]) -> Reply {
@@ -151,7 +155,7 @@ fn contended_client(losses: usize) -> (Client, MemStore, Arc<AtomicUsize>) {
     let inner = MemStore::new();
     let cas_calls = Arc::new(AtomicUsize::new(0));
     let session = Contended { inner: inner.clone(), losses, cas_calls: Arc::clone(&cas_calls), failing_lookups: 0 };
-    let client = Client::new(1, Box::new(session), Arc::new(ServerStats::new(1, 1, None)));
+    let client = Client::new(1, Box::new(session), Arc::new(ServerStats::new(1, 1, None)), open_acl());
     (client, inner, cas_calls)
 }
 
@@ -161,7 +165,7 @@ fn contended_client(losses: usize) -> (Client, MemStore, Arc<AtomicUsize>) {
 fn a_failed_get_run_fails_only_its_first_get() {
     let inner = MemStore::new();
     let session = Contended { inner: inner.clone(), losses: 0, cas_calls: Arc::default(), failing_lookups: 2 };
-    let mut c = Client::new(1, Box::new(session), Arc::new(ServerStats::new(1, 1, None)));
+    let mut c = Client::new(1, Box::new(session), Arc::new(ServerStats::new(1, 1, None)), open_acl());
     assert_eq!(run(&mut c, &["SET", "a", "1"]), Reply::ok());
     let gets: Vec<Command> = ["a", "b", "a"].iter().map(|k| Command::from_args(["GET", k])).collect();
     let mut out = Vec::new();
@@ -329,7 +333,7 @@ fn info_reports_server_stats_and_storage_lines() {
 fn every_command_is_counted_once() {
     let store = MemStore::new();
     let stats = Arc::new(ServerStats::new(1, 1, None));
-    let mut c = Client::new(1, store.session().unwrap(), Arc::clone(&stats));
+    let mut c = Client::new(1, store.session().unwrap(), Arc::clone(&stats), open_acl());
     for args in [&["PING"][..], &["NOPE"], &["GET"], &["GET", "k"]] {
         run(&mut c, args);
     }

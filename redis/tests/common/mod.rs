@@ -3,7 +3,8 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -89,4 +90,28 @@ pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting for: {what}");
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// Runs redis-cli with `args` against `port` (stdin from `input`), returns stdout; fails the
+/// test if redis-cli exits with an error.
+pub fn cli(bin: &Path, port: u16, args: &[&str], input: &[u8]) -> String {
+    let out = cli_output(bin, port, args, input);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "redis-cli {args:?} failed: {stdout} {}", String::from_utf8_lossy(&out.stderr));
+    stdout
+}
+
+/// Runs redis-cli with `args` against `port` (stdin from `input`), whatever its outcome.
+pub fn cli_output(bin: &Path, port: u16, args: &[&str], input: &[u8]) -> std::process::Output {
+    let mut child = Command::new(bin)
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .env_remove("REDISCLI_AUTH")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn redis-cli");
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().unwrap()
 }
