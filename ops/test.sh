@@ -59,9 +59,10 @@ step "fuzzing (60 s per target)"
 command -v cargo-fuzz > /dev/null || cargo install --locked cargo-fuzz
 (
     cd fuzz
-    for target in wire_frames table_structures flock_messages attach_ring resp_parser; do
+    for target in wire_frames table_structures flock_messages attach_ring resp_parser http_request; do
         extra=()
         [[ $target == resp_parser ]] && extra=(-dict=resp.dict -max_len=4096)
+        [[ $target == http_request ]] && extra=(-dict=http.dict -max_len=65536)
         RUSTC_BOOTSTRAP=1 cargo fuzz run "$target" -- -max_total_time=60 "${extra[@]}" 2>&1 | tail -3
     done
 )

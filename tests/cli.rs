@@ -1,53 +1,18 @@
 //! The `racekv` command as the README uses it: `racekv up`, then redis-cli and `racekv`
 //! against it, then Ctrl-C.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+mod common;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use std::process::Command;
+
+use common::Up;
 
 #[test]
 fn up_serves_redis_cli_and_the_cli_then_stops_on_ctrl_c() {
-    let (redis, memnode, metrics, remote) = (free_port(), free_port(), free_port(), free_port());
-    let dir = tempfile::tempdir().unwrap();
-    let mut up = Command::new(env!("CARGO_BIN_EXE_racekv"))
-        .args([
-            "up",
-            "--region-bytes",
-            "64MiB",
-            "--redis-port",
-            &redis.to_string(),
-            "--base-port",
-            &memnode.to_string(),
-        ])
-        .args(["--metrics-addr", &format!("127.0.0.1:{metrics}"), "--remote-port", &remote.to_string()])
-        .env("XDG_RUNTIME_DIR", dir.path())
-        .env("RACEKV_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(up.stdout.take().unwrap()).lines();
-    let mut banner = String::new();
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        banner.push_str(&line);
-        banner.push('\n');
-        if line.contains("Ctrl-C stops the cluster") {
-            break;
-        }
-    }
-    assert!(banner.contains(&format!("redis-cli -p {redis} set greeting hello")), "{banner}");
-    let cli = |args: &[&str]| {
-        let out = Command::new("redis-cli")
-            .arg("-p")
-            .arg(redis.to_string())
-            .args(args)
-            .output()
-            .expect("redis-cli (redis-tools) is installed");
-        String::from_utf8(out.stdout).unwrap().trim().to_string()
-    };
+    let up = Up::start(&[]);
+    let (redis, memnode, metrics, remote) = (up.redis, up.memnode, up.metrics, up.remote);
+    assert!(up.banner.contains(&format!("redis-cli -p {redis} set greeting hello")), "{}", up.banner);
+    let cli = |args: &[&str]| up.redis_cli(args);
     assert_eq!(cli(&["set", "a", "b"]), "OK");
     assert_eq!(cli(&["get", "a"]), "b");
     let racekv = |args: &[&str]| {
@@ -62,19 +27,7 @@ fn up_serves_redis_cli_and_the_cli_then_stops_on_ctrl_c() {
     assert_eq!(racekv(&["put", "c", "d"]), (true, "OK".to_string()));
     // With no memnodes named, the CLI attaches to the local computenode (its default socket
     // lives in XDG_RUNTIME_DIR), and --remote goes through the remote front end.
-    let other_mode = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_racekv"))
-            .args(args)
-            .env("XDG_RUNTIME_DIR", dir.path())
-            .env_remove("RACEKV_MEMNODES")
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).trim().to_string(),
-            String::from_utf8_lossy(&out.stderr).to_string(),
-        )
-    };
+    let other_mode = |args: &[&str]| up.racekv(args);
     let (ok, value, err) = other_mode(&["get", "c"]);
     assert!(ok && value == "d", "attached get: {value} {err}");
     let (ok, value, err) = other_mode(&["--version"]);
@@ -86,10 +39,8 @@ fn up_serves_redis_cli_and_the_cli_then_stops_on_ctrl_c() {
     let (ok, status) = racekv(&["status", "--computenode", &format!("127.0.0.1:{metrics}")]);
     assert!(ok && status.contains("computenode: 1 worker"), "{status}");
     // Ctrl-C.
-    Command::new("kill").args(["-INT", &up.id().to_string()]).status().unwrap();
-    let rest: String = lines.map_while(Result::ok).collect::<Vec<_>>().join("\n");
-    let status = up.wait().unwrap();
-    assert!(status.success(), "racekv up exited with {status:?}: {rest}");
+    let (clean, rest) = up.stop();
+    assert!(clean, "racekv up did not exit cleanly: {rest}");
     assert!(rest.contains("stopped cleanly"), "{rest}");
 }
 

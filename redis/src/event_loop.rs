@@ -207,15 +207,7 @@ fn take_in(shared: &Shared, this: &Loop, conns: &mut HashMap<usize, Conn>, ready
     let adopted: Vec<_> = this.inbox.lock().drain(..).collect();
     for (id, stream, peer) in adopted {
         let mut stream = TcpStream::from_std(stream);
-        let client = match new_client(shared, id) {
-            Ok(client) => client,
-            Err(reply) => {
-                // Best effort: the reply fits an empty socket buffer.
-                let _ = stream.write(&reply);
-                release(shared, id, "session_error");
-                continue;
-            }
-        };
+        let client = new_client(shared, id);
         let token = Token(id as usize);
         if let Err(e) = this.registry.register(&mut stream, token, Interest::READABLE | Interest::WRITABLE) {
             tracing::warn!("redis front end: cannot poll client {id} ({peer}): {e}");

@@ -322,13 +322,7 @@ fn serve(shared: &Shared, mut stream: TcpStream, id: u64) -> &'static str {
     if configured.is_err() {
         return "io_error";
     }
-    let mut client = match new_client(shared, id) {
-        Ok(client) => client,
-        Err(reply) => {
-            let _ = stream.write_all(&reply);
-            return "session_error";
-        }
-    };
+    let mut client = new_client(shared, id);
     let mut parser = Parser::new(options.limits);
     let mut chunk = vec![0u8; READ_CHUNK_BYTES];
     let mut out = Vec::with_capacity(READ_CHUNK_BYTES);
@@ -379,17 +373,10 @@ fn serve(shared: &Shared, mut stream: TcpStream, id: u64) -> &'static str {
     }
 }
 
-/// A [`Client`] with its own storage session, or the error reply to send before closing.
-pub(super) fn new_client(shared: &Shared, id: u64) -> Result<Client, Vec<u8>> {
-    match shared.store.session() {
-        Ok(session) => Ok(Client::new(id, session, Arc::clone(&shared.stats), Arc::clone(&shared.options.acl))),
-        Err(e) => {
-            tracing::warn!("redis front end: no storage session for a new client: {e}");
-            let mut out = Vec::new();
-            Reply::Error(e.to_resp_error().into()).encode(&mut out);
-            Err(out)
-        }
-    }
+/// A [`Client`] over the server's store (its storage session comes with its first command
+/// that needs one).
+pub(super) fn new_client(shared: &Shared, id: u64) -> Client {
+    Client::new(id, Arc::clone(&shared.store), Arc::clone(&shared.stats), Arc::clone(&shared.options.acl))
 }
 
 /// What [`run_commands`] stopped for.

@@ -36,8 +36,8 @@ pub(super) fn select(_c: &mut Client, cmd: &Command) -> CmdResult {
 
 pub(super) fn info(c: &mut Client, cmd: &Command) -> CmdResult {
     let sections: Vec<&[u8]> = cmd.args().skip(1).collect();
-    let store = &mut c.store;
-    let text = info::render(&c.stats, &sections, || store.info())?;
+    let stats = std::sync::Arc::clone(&c.stats);
+    let text = info::render(&stats, &sections, || c.store()?.info())?;
     Ok(Reply::Bulk(text.into_bytes()))
 }
 

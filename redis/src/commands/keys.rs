@@ -13,7 +13,7 @@ pub(crate) const MAX_INCR_ATTEMPTS: usize = 64;
 const NOT_AN_INTEGER: &str = "ERR value is not an integer or out of range";
 
 pub(super) fn get(c: &mut Client, cmd: &Command) -> CmdResult {
-    Ok(c.store.get(cmd.arg(1))?.map_or(Reply::Nil, Reply::Bulk))
+    Ok(c.store()?.get(cmd.arg(1))?.map_or(Reply::Nil, Reply::Bulk))
 }
 
 /// `SET key value [NX|XX]`. Expiry options and `GET` are refused by name: racekv keeps no
@@ -40,12 +40,12 @@ pub(super) fn set(c: &mut Client, cmd: &Command) -> CmdResult {
         (false, true) => PutMode::UpdateOnly,
         (false, false) => PutMode::Upsert,
     };
-    let applied = c.store.put(cmd.arg(1), cmd.arg(2), mode)?;
+    let applied = c.store()?.put(cmd.arg(1), cmd.arg(2), mode)?;
     Ok(if applied { Reply::ok() } else { Reply::Nil })
 }
 
 pub(super) fn setnx(c: &mut Client, cmd: &Command) -> CmdResult {
-    let applied = c.store.put(cmd.arg(1), cmd.arg(2), PutMode::InsertOnly)?;
+    let applied = c.store()?.put(cmd.arg(1), cmd.arg(2), PutMode::InsertOnly)?;
     Ok(Reply::Integer(i64::from(applied)))
 }
 
@@ -53,7 +53,7 @@ pub(super) fn setnx(c: &mut Client, cmd: &Command) -> CmdResult {
 pub(super) fn del(c: &mut Client, cmd: &Command) -> CmdResult {
     let mut deleted = 0;
     for key in cmd.args().skip(1) {
-        if c.store.delete(key)? {
+        if c.store()?.delete(key)? {
             deleted += 1;
         }
     }
@@ -63,13 +63,13 @@ pub(super) fn del(c: &mut Client, cmd: &Command) -> CmdResult {
 /// Counts present keys; a key named twice counts twice, as in Redis.
 pub(super) fn exists(c: &mut Client, cmd: &Command) -> CmdResult {
     let keys: Vec<&[u8]> = cmd.args().skip(1).collect();
-    let values = c.store.get_in_order(&keys)?;
+    let values = c.store()?.get_in_order(&keys)?;
     Ok(Reply::Integer(values.iter().filter(|v| v.is_some()).count() as i64))
 }
 
 pub(super) fn mget(c: &mut Client, cmd: &Command) -> CmdResult {
     let keys: Vec<&[u8]> = cmd.args().skip(1).collect();
-    let values = c.store.get_in_order(&keys)?;
+    let values = c.store()?.get_in_order(&keys)?;
     if values.len() != keys.len() {
         return Err(fail(format!("ERR storage returned {} values for {} keys", values.len(), keys.len())));
     }
@@ -82,7 +82,7 @@ pub(super) fn mset(c: &mut Client, cmd: &Command) -> CmdResult {
     }
     let args: Vec<&[u8]> = cmd.args().skip(1).collect();
     let pairs: Vec<(&[u8], &[u8])> = args.chunks_exact(2).map(|pair| (pair[0], pair[1])).collect();
-    c.store.multi_put(&pairs)?;
+    c.store()?.multi_put(&pairs)?;
     Ok(Reply::ok())
 }
 
@@ -113,13 +113,13 @@ pub(super) fn decrby(c: &mut Client, cmd: &Command) -> CmdResult {
 /// gives `increment or decrement would overflow`, and nothing is written.
 fn add(c: &mut Client, name: &str, key: &[u8], delta: i64) -> CmdResult {
     for _ in 0..MAX_INCR_ATTEMPTS {
-        let current = c.store.get(key)?;
+        let current = c.store()?.get(key)?;
         let value = match &current {
             None => 0,
             Some(bytes) => parse_i64(bytes).ok_or_else(|| fail(NOT_AN_INTEGER))?,
         };
         let next = value.checked_add(delta).ok_or_else(|| fail("ERR increment or decrement would overflow"))?;
-        if c.store.compare_and_swap(key, current.as_deref(), next.to_string().as_bytes())? {
+        if c.store()?.compare_and_swap(key, current.as_deref(), next.to_string().as_bytes())? {
             return Ok(Reply::Integer(next));
         }
     }
@@ -129,6 +129,6 @@ fn add(c: &mut Client, name: &str, key: &[u8], delta: i64) -> CmdResult {
 }
 
 pub(super) fn dbsize(c: &mut Client, _cmd: &Command) -> CmdResult {
-    let keys = c.store.len()?;
+    let keys = c.store()?.len()?;
     Ok(Reply::Integer(i64::try_from(keys).unwrap_or(i64::MAX)))
 }

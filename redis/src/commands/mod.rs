@@ -17,7 +17,7 @@ use super::info::ServerStats;
 use super::metrics::{CommandMetrics, METRICS};
 use super::reply::Reply;
 use super::resp::Command;
-use super::store::{KvSession, StoreError};
+use super::store::{KvSession, KvStore, StoreError};
 use crate::acl::{Acl, AuthFailure, Catalog, Categories, CommandId, Denial, KeyAccess, User};
 use racekv_telemetry::ratelimit::{limited_warn, RateLimit};
 
@@ -286,7 +286,11 @@ pub(crate) fn lookup(name: &[u8]) -> Option<(usize, &'static CommandSpec)> {
 /// The state of one client connection: its storage session, who it is, what it set.
 pub struct Client {
     id: u64,
-    store: Box<dyn KvSession>,
+    /// Where the storage session comes from.
+    kv: Arc<dyn KvStore>,
+    /// The storage session, taken at the first command that needs storage: an idle or
+    /// unauthenticated connection holds none (a session holds heap space in the memnodes).
+    session: Option<Box<dyn KvSession>>,
     stats: Arc<ServerStats>,
     acl: Arc<Acl>,
     /// Who the connection is; `None` until it authenticates (the default user has a
@@ -306,14 +310,15 @@ pub struct Client {
 }
 
 impl Client {
-    /// A client numbered `id` (unique per server, as `CLIENT ID` reports) over `store`,
+    /// A client numbered `id` (unique per server, as `CLIENT ID` reports) over `kv`,
     /// authenticated as `default` if that user needs no password.
-    pub fn new(id: u64, store: Box<dyn KvSession>, stats: Arc<ServerStats>, acl: Arc<Acl>) -> Self {
+    pub fn new(id: u64, kv: Arc<dyn KvStore>, stats: Arc<ServerStats>, acl: Arc<Acl>) -> Self {
         let acl_generation = acl.generation();
         let user = acl.initial_user();
         Self {
             id,
-            store,
+            kv,
+            session: None,
             stats,
             acl,
             user,
@@ -349,7 +354,17 @@ impl Client {
 
     /// Everything sent so far is answered: let the storage do deferred work.
     pub fn idle(&mut self) {
-        self.store.idle();
+        if let Some(session) = &mut self.session {
+            session.idle();
+        }
+    }
+
+    /// The storage session, taken now if this is the first command that needs one.
+    fn store(&mut self) -> Result<&mut dyn KvSession, StoreError> {
+        if self.session.is_none() {
+            self.session = Some(self.kv.session()?);
+        }
+        Ok(self.session.as_deref_mut().expect("just set"))
     }
 
     /// Whether the connection should close once the replies so far are written (`QUIT`, or
@@ -471,13 +486,14 @@ impl Client {
         while !cmds.is_empty() {
             let started = Instant::now();
             let keys: Vec<&[u8]> = cmds.iter().map(|c| c.arg(1)).collect();
-            let looked_up = self.store.get_in_order(&keys).map_err(Failure::from).and_then(|values| {
-                if values.len() == keys.len() {
-                    Ok(values)
-                } else {
-                    Err(fail(format!("ERR storage returned {} values for {} keys", values.len(), keys.len())))
-                }
-            });
+            let looked_up =
+                self.store().and_then(|s| s.get_in_order(&keys)).map_err(Failure::from).and_then(|values| {
+                    if values.len() == keys.len() {
+                        Ok(values)
+                    } else {
+                        Err(fail(format!("ERR storage returned {} values for {} keys", values.len(), keys.len())))
+                    }
+                });
             match looked_up {
                 Ok(values) => {
                     let seconds = started.elapsed().as_secs_f64() / cmds.len() as f64;

@@ -8,8 +8,23 @@ use super::*;
 use crate::memstore::MemStore;
 use crate::store::{KvStore, PutMode, StoreErrorKind};
 
-fn client_over(store: &impl KvStore) -> Client {
-    Client::new(7, store.session().unwrap(), Arc::new(ServerStats::new(6379, 100, None)), open_acl())
+fn client_over(store: &MemStore) -> Client {
+    Client::new(7, Arc::new(store.clone()), Arc::new(ServerStats::new(6379, 100, None)), open_acl())
+}
+
+/// A store that hands out one prepared session.
+struct Prepared(parking_lot::Mutex<Option<Box<dyn KvSession>>>);
+
+impl Prepared {
+    fn new(session: impl KvSession + 'static) -> Arc<dyn KvStore> {
+        Arc::new(Self(parking_lot::Mutex::new(Some(Box::new(session)))))
+    }
+}
+
+impl KvStore for Prepared {
+    fn session(&self) -> Result<Box<dyn KvSession>, StoreError> {
+        self.0.lock().take().ok_or_else(|| StoreError::new(StoreErrorKind::Other, "one session only"))
+    }
 }
 
 fn open_acl() -> Arc<Acl> {
@@ -155,7 +170,7 @@ fn contended_client(losses: usize) -> (Client, MemStore, Arc<AtomicUsize>) {
     let inner = MemStore::new();
     let cas_calls = Arc::new(AtomicUsize::new(0));
     let session = Contended { inner: inner.clone(), losses, cas_calls: Arc::clone(&cas_calls), failing_lookups: 0 };
-    let client = Client::new(1, Box::new(session), Arc::new(ServerStats::new(1, 1, None)), open_acl());
+    let client = Client::new(1, Prepared::new(session), Arc::new(ServerStats::new(1, 1, None)), open_acl());
     (client, inner, cas_calls)
 }
 
@@ -165,7 +180,7 @@ fn contended_client(losses: usize) -> (Client, MemStore, Arc<AtomicUsize>) {
 fn a_failed_get_run_fails_only_its_first_get() {
     let inner = MemStore::new();
     let session = Contended { inner: inner.clone(), losses: 0, cas_calls: Arc::default(), failing_lookups: 2 };
-    let mut c = Client::new(1, Box::new(session), Arc::new(ServerStats::new(1, 1, None)), open_acl());
+    let mut c = Client::new(1, Prepared::new(session), Arc::new(ServerStats::new(1, 1, None)), open_acl());
     assert_eq!(run(&mut c, &["SET", "a", "1"]), Reply::ok());
     let gets: Vec<Command> = ["a", "b", "a"].iter().map(|k| Command::from_args(["GET", k])).collect();
     let mut out = Vec::new();
@@ -333,10 +348,41 @@ fn info_reports_server_stats_and_storage_lines() {
 fn every_command_is_counted_once() {
     let store = MemStore::new();
     let stats = Arc::new(ServerStats::new(1, 1, None));
-    let mut c = Client::new(1, store.session().unwrap(), Arc::clone(&stats), open_acl());
+    let mut c = Client::new(1, Arc::new(store.clone()), Arc::clone(&stats), open_acl());
     for args in [&["PING"][..], &["NOPE"], &["GET"], &["GET", "k"]] {
         run(&mut c, args);
     }
     assert_eq!(stats.total_commands_processed(), 4);
     assert_eq!(c.execute(&Command::new()), err("ERR empty command"));
+}
+
+/// Counts the sessions it hands out.
+struct Counting {
+    inner: MemStore,
+    sessions: AtomicUsize,
+}
+
+impl KvStore for Counting {
+    fn session(&self) -> Result<Box<dyn KvSession>, StoreError> {
+        self.sessions.fetch_add(1, Ordering::SeqCst);
+        self.inner.session()
+    }
+}
+
+/// A storage session holds heap space in the memnodes: a connection takes one only when a
+/// command needs storage, so idle or unauthenticated connections hold none.
+#[test]
+fn a_connection_takes_its_storage_session_at_its_first_storage_command() {
+    let store = Arc::new(Counting { inner: MemStore::new(), sessions: AtomicUsize::new(0) });
+    let options = crate::acl::AclOptions { requirepass: Some("pw".into()), file: None };
+    let acl = Arc::new(Acl::new(catalog(), options).unwrap());
+    let mut c = Client::new(1, Arc::clone(&store) as Arc<dyn KvStore>, Arc::new(ServerStats::new(1, 1, None)), acl);
+    assert_eq!(run(&mut c, &["GET", "k"]), err("NOAUTH Authentication required."));
+    assert_eq!(run(&mut c, &["AUTH", "pw"]), Reply::ok());
+    assert_eq!(run(&mut c, &["PING"]), Reply::Status("PONG".into()));
+    c.idle();
+    assert_eq!(store.sessions.load(Ordering::SeqCst), 0);
+    assert_eq!(run(&mut c, &["GET", "k"]), Reply::Nil);
+    assert_eq!(run(&mut c, &["SET", "k", "v"]), Reply::ok());
+    assert_eq!(store.sessions.load(Ordering::SeqCst), 1, "one session, kept");
 }
