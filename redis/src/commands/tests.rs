@@ -16,7 +16,7 @@ fn client_over(store: &MemStore) -> Client {
 struct Prepared(parking_lot::Mutex<Option<Box<dyn KvSession>>>);
 
 impl Prepared {
-    fn new(session: impl KvSession + 'static) -> Arc<dyn KvStore> {
+    fn store(session: impl KvSession + 'static) -> Arc<dyn KvStore> {
         Arc::new(Self(parking_lot::Mutex::new(Some(Box::new(session)))))
     }
 }
@@ -170,7 +170,7 @@ fn contended_client(losses: usize) -> (Client, MemStore, Arc<AtomicUsize>) {
     let inner = MemStore::new();
     let cas_calls = Arc::new(AtomicUsize::new(0));
     let session = Contended { inner: inner.clone(), losses, cas_calls: Arc::clone(&cas_calls), failing_lookups: 0 };
-    let client = Client::new(1, Prepared::new(session), Arc::new(ServerStats::new(1, 1, None)), open_acl());
+    let client = Client::new(1, Prepared::store(session), Arc::new(ServerStats::new(1, 1, None)), open_acl());
     (client, inner, cas_calls)
 }
 
@@ -180,7 +180,7 @@ fn contended_client(losses: usize) -> (Client, MemStore, Arc<AtomicUsize>) {
 fn a_failed_get_run_fails_only_its_first_get() {
     let inner = MemStore::new();
     let session = Contended { inner: inner.clone(), losses: 0, cas_calls: Arc::default(), failing_lookups: 2 };
-    let mut c = Client::new(1, Prepared::new(session), Arc::new(ServerStats::new(1, 1, None)), open_acl());
+    let mut c = Client::new(1, Prepared::store(session), Arc::new(ServerStats::new(1, 1, None)), open_acl());
     assert_eq!(run(&mut c, &["SET", "a", "1"]), Reply::ok());
     let gets: Vec<Command> = ["a", "b", "a"].iter().map(|k| Command::from_args(["GET", k])).collect();
     let mut out = Vec::new();
