@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages racekv's tests need (run as root; a no-op when all are there):
 # the real servers and tools the tests drive (redis-server, redis-tools, prometheus), the
-# RDMA development libraries for the `rdma` build, and the Soft-RoCE VM's host tools.
+# RDMA development libraries for the `rdma` build, and the Soft-RoCE VM's host tools; then
+# the Redis client libraries of ops/clients (Python and Node.js).
 set -euo pipefail
 
 packages=(
@@ -15,16 +16,26 @@ for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [[ ${#missing[@]} -eq 0 ]]; then
-    echo "install-packages: all present"
-    exit 0
-fi
-if [[ $(id -u) -ne 0 ]]; then
+    echo "install-packages: Debian packages all present"
+elif [[ $(id -u) -ne 0 ]]; then
     echo "install-packages: missing ${missing[*]}; run as root: sudo $0" >&2
     exit 1
+else
+    echo "install-packages: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    # The Debian packages start their services; the tests start their own instances.
+    systemctl stop redis-server prometheus 2>/dev/null || true
 fi
-echo "install-packages: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}"
-# The Debian packages start their services; the tests start their own instances.
-systemctl stop redis-server prometheus 2>/dev/null || true
+
+# The client libraries the compatibility tests drive (ops/clients): redis-py in a venv,
+# node-redis and ioredis from the lock file.
+clients="$(cd "$(dirname "$0")" && pwd)/clients"
+if [[ ! -x $clients/.venv/bin/python ]] || ! "$clients/.venv/bin/python" -c "import redis" 2>/dev/null; then
+    python3 -m venv "$clients/.venv"
+    "$clients/.venv/bin/pip" install -q -r "$clients/requirements.txt"
+fi
+if [[ ! -d $clients/node_modules/ioredis ]]; then
+    (cd "$clients" && npm ci --silent --no-audit --no-fund)
+fi

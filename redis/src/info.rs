@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 
 use super::store::StoreError;
 
-/// The Redis version racekv speaks (RESP2, the command subset of 7.0).
-pub const REDIS_COMPAT_VERSION: &str = "7.0.0";
+/// The Redis version racekv speaks (RESP2 and RESP3, a subset of 7.2's commands). Tools parse
+/// `redis_version` as a version number, so racekv's own version has a field of its own.
+pub const REDIS_COMPAT_VERSION: &str = "7.2.0";
 
 /// Counters of one server, shared by its connections.
 #[derive(Debug)]
@@ -138,7 +139,7 @@ pub(crate) fn render(
                 out.push_str("# Server\r\n");
                 let _ = write!(
                     out,
-                    "redis_version:{REDIS_COMPAT_VERSION}-compatible (racekv {v})\r\n\
+                    "redis_version:{REDIS_COMPAT_VERSION}\r\n\
                      racekv_version:{v}\r\n\
                      redis_mode:standalone\r\n\
                      arch_bits:{bits}\r\n\
@@ -202,7 +203,7 @@ mod tests {
         stats.command_done();
         let text = render(&stats, &[], || Ok("memnodes:2\nworkers:4\r\n".into())).unwrap();
         for needle in [
-            "# Server\r\nredis_version:7.0.0-compatible (racekv ",
+            "# Server\r\nredis_version:7.2.0\r\nracekv_version:",
             "tcp_port:6379\r\n",
             "# Clients\r\nconnected_clients:1\r\nmaxclients:10\r\n",
             "total_commands_processed:1\r\n",

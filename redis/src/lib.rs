@@ -38,7 +38,7 @@ pub use commands::Client;
 pub use info::ServerStats;
 #[cfg(any(test, feature = "test-support"))]
 pub use memstore::MemStore;
-pub use reply::Reply;
+pub use reply::{Protocol, Reply};
 pub use resp::{Command, Limits, Parser, ProtocolError};
 pub use server::{IoModel, RedisServer, ServerOptions};
 pub use store::{KvSession, KvStore, PutMode, StoreError, StoreErrorKind};

@@ -1,9 +1,32 @@
-//! RESP2 replies and their encoding.
+//! Replies and their encoding in RESP2 or RESP3 (what the connection chose with `HELLO`).
+//!
+//! A reply is built once, in its richest type (a map, a double, a verbatim string); the
+//! encoder writes it in the connection's protocol, with RESP2's fallbacks as Redis 7 has
+//! them: a map is a flat array of keys and values, a set an array, a double a bulk string,
+//! a boolean an integer, a verbatim string a bulk string, a push frame an array.
 
 use std::borrow::Cow;
 
-/// One reply to a client, in RESP2.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The protocol a connection speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Protocol {
+    #[default]
+    Resp2,
+    Resp3,
+}
+
+impl Protocol {
+    /// The number `HELLO` takes and reports.
+    pub fn version(self) -> i64 {
+        match self {
+            Protocol::Resp2 => 2,
+            Protocol::Resp3 => 3,
+        }
+    }
+}
+
+/// One reply to a client.
+#[derive(Debug, Clone, PartialEq)]
 pub enum Reply {
     /// `+OK`: a one-line status.
     Status(Cow<'static, str>),
@@ -13,10 +36,22 @@ pub enum Reply {
     Integer(i64),
     /// `$3\r\nfoo`: binary-safe bytes.
     Bulk(Vec<u8>),
-    /// `$-1`: the null bulk string (missing key).
+    /// The null reply (a missing key): `$-1` in RESP2, `_` in RESP3.
     Nil,
     /// `*2 ...`.
     Array(Vec<Reply>),
+    /// Key-value pairs: `%` in RESP3, a flat array in RESP2.
+    Map(Vec<(Reply, Reply)>),
+    /// Unordered distinct items: `~` in RESP3, an array in RESP2.
+    Set(Vec<Reply>),
+    /// `,1.5` in RESP3, a bulk string in RESP2.
+    Double(f64),
+    /// `#t` / `#f` in RESP3, `:1` / `:0` in RESP2.
+    Boolean(bool),
+    /// Text with a format (`txt`, `mkd`): `=` in RESP3, a bulk string in RESP2.
+    Verbatim(&'static str, Vec<u8>),
+    /// Out-of-band data: `>` in RESP3, an array in RESP2.
+    Push(Vec<Reply>),
 }
 
 impl Reply {
@@ -35,38 +70,91 @@ impl Reply {
         Reply::Bulk(text.as_bytes().to_vec())
     }
 
+    /// A map from text keys.
+    pub fn map<'a>(pairs: impl IntoIterator<Item = (&'a str, Reply)>) -> Self {
+        Reply::Map(pairs.into_iter().map(|(k, v)| (Reply::bulk_str(k), v)).collect())
+    }
+
     /// Whether this is an error reply (for metrics).
     pub fn is_error(&self) -> bool {
         matches!(self, Reply::Error(_))
     }
 
-    /// Appends the RESP2 encoding to `out`.
-    pub fn encode(&self, out: &mut Vec<u8>) {
+    /// Appends the encoding in `protocol` to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>, protocol: Protocol) {
+        let resp3 = protocol == Protocol::Resp3;
         match self {
             Reply::Status(text) => line(out, b'+', text),
             Reply::Error(text) => line(out, b'-', text),
-            Reply::Integer(n) => {
-                out.push(b':');
-                out.extend_from_slice(n.to_string().as_bytes());
-                out.extend_from_slice(b"\r\n");
-            }
-            Reply::Bulk(bytes) => {
-                out.push(b'$');
-                out.extend_from_slice(bytes.len().to_string().as_bytes());
-                out.extend_from_slice(b"\r\n");
-                out.extend_from_slice(bytes);
-                out.extend_from_slice(b"\r\n");
-            }
+            Reply::Integer(n) => header(out, b':', *n),
+            Reply::Bulk(bytes) => bulk(out, b'$', bytes),
+            Reply::Nil if resp3 => out.extend_from_slice(b"_\r\n"),
             Reply::Nil => out.extend_from_slice(b"$-1\r\n"),
-            Reply::Array(items) => {
-                out.push(b'*');
-                out.extend_from_slice(items.len().to_string().as_bytes());
-                out.extend_from_slice(b"\r\n");
-                for item in items {
-                    item.encode(out);
+            Reply::Array(items) => aggregate(out, b'*', items, protocol),
+            Reply::Set(items) => aggregate(out, if resp3 { b'~' } else { b'*' }, items, protocol),
+            Reply::Push(items) => aggregate(out, if resp3 { b'>' } else { b'*' }, items, protocol),
+            Reply::Map(pairs) => {
+                if resp3 {
+                    header(out, b'%', pairs.len() as i64);
+                } else {
+                    header(out, b'*', 2 * pairs.len() as i64);
+                }
+                for (key, value) in pairs {
+                    key.encode(out, protocol);
+                    value.encode(out, protocol);
                 }
             }
+            Reply::Double(x) => {
+                let text = format_double(*x);
+                if resp3 {
+                    line(out, b',', &text);
+                } else {
+                    bulk(out, b'$', text.as_bytes());
+                }
+            }
+            Reply::Boolean(b) if resp3 => out.extend_from_slice(if *b { b"#t\r\n" } else { b"#f\r\n" }),
+            Reply::Boolean(b) => header(out, b':', i64::from(*b)),
+            Reply::Verbatim(format, text) if resp3 => {
+                debug_assert_eq!(format.len(), 3, "verbatim formats are three letters");
+                header(out, b'=', (format.len() + 1 + text.len()) as i64);
+                out.extend_from_slice(format.as_bytes());
+                out.push(b':');
+                out.extend_from_slice(text);
+                out.extend_from_slice(b"\r\n");
+            }
+            Reply::Verbatim(_, text) => bulk(out, b'$', text),
         }
+    }
+}
+
+/// A double as Redis writes it: `inf`, `-inf`, `nan`, else the shortest text that reads
+/// back as the same number.
+pub fn format_double(x: f64) -> String {
+    if x.is_nan() {
+        "nan".into()
+    } else if x.is_infinite() {
+        if x > 0.0 { "inf" } else { "-inf" }.into()
+    } else {
+        format!("{x}")
+    }
+}
+
+fn header(out: &mut Vec<u8>, prefix: u8, n: i64) {
+    out.push(prefix);
+    out.extend_from_slice(n.to_string().as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+fn bulk(out: &mut Vec<u8>, prefix: u8, bytes: &[u8]) {
+    header(out, prefix, bytes.len() as i64);
+    out.extend_from_slice(bytes);
+    out.extend_from_slice(b"\r\n");
+}
+
+fn aggregate(out: &mut Vec<u8>, prefix: u8, items: &[Reply], protocol: Protocol) {
+    header(out, prefix, items.len() as i64);
+    for item in items {
+        item.encode(out, protocol);
     }
 }
 
@@ -82,22 +170,44 @@ fn line(out: &mut Vec<u8>, prefix: u8, text: &str) {
 mod tests {
     use super::*;
 
-    fn encoded(reply: &Reply) -> String {
+    fn encoded(reply: &Reply, protocol: Protocol) -> String {
         let mut out = Vec::new();
-        reply.encode(&mut out);
+        reply.encode(&mut out, protocol);
         String::from_utf8(out).unwrap()
     }
 
     #[test]
-    fn encodes_every_kind() {
-        assert_eq!(encoded(&Reply::ok()), "+OK\r\n");
-        assert_eq!(encoded(&Reply::error("ERR bad\r\nthing")), "-ERR bad  thing\r\n");
-        assert_eq!(encoded(&Reply::Integer(-3)), ":-3\r\n");
-        assert_eq!(encoded(&Reply::bulk_str("a\r\nb")), "$4\r\na\r\nb\r\n");
-        assert_eq!(encoded(&Reply::Nil), "$-1\r\n");
+    fn encodes_every_kind_in_resp2() {
+        let two = |r: &Reply| encoded(r, Protocol::Resp2);
+        assert_eq!(two(&Reply::ok()), "+OK\r\n");
+        assert_eq!(two(&Reply::error("ERR bad\r\nthing")), "-ERR bad  thing\r\n");
+        assert_eq!(two(&Reply::Integer(-3)), ":-3\r\n");
+        assert_eq!(two(&Reply::bulk_str("a\r\nb")), "$4\r\na\r\nb\r\n");
+        assert_eq!(two(&Reply::Nil), "$-1\r\n");
         assert_eq!(
-            encoded(&Reply::Array(vec![Reply::Integer(1), Reply::Nil, Reply::Array(vec![])])),
+            two(&Reply::Array(vec![Reply::Integer(1), Reply::Nil, Reply::Array(vec![])])),
             "*3\r\n:1\r\n$-1\r\n*0\r\n"
         );
+        assert_eq!(two(&Reply::map([("a", Reply::Integer(1))])), "*2\r\n$1\r\na\r\n:1\r\n");
+        assert_eq!(two(&Reply::Set(vec![Reply::bulk_str("x")])), "*1\r\n$1\r\nx\r\n");
+        assert_eq!(two(&Reply::Double(1.5)), "$3\r\n1.5\r\n");
+        assert_eq!(two(&Reply::Boolean(true)), ":1\r\n");
+        assert_eq!(two(&Reply::Verbatim("txt", b"hi".to_vec())), "$2\r\nhi\r\n");
+        assert_eq!(two(&Reply::Push(vec![Reply::Integer(1)])), "*1\r\n:1\r\n");
+    }
+
+    #[test]
+    fn encodes_every_kind_in_resp3() {
+        let three = |r: &Reply| encoded(r, Protocol::Resp3);
+        assert_eq!(three(&Reply::Nil), "_\r\n");
+        assert_eq!(three(&Reply::map([("a", Reply::Nil)])), "%1\r\n$1\r\na\r\n_\r\n");
+        assert_eq!(three(&Reply::Set(vec![Reply::Integer(2)])), "~1\r\n:2\r\n");
+        assert_eq!(three(&Reply::Double(-0.25)), ",-0.25\r\n");
+        assert_eq!(three(&Reply::Double(f64::INFINITY)), ",inf\r\n");
+        assert_eq!(three(&Reply::Double(f64::NAN)), ",nan\r\n");
+        assert_eq!(three(&Reply::Boolean(false)), "#f\r\n");
+        assert_eq!(three(&Reply::Verbatim("txt", b"hi".to_vec())), "=6\r\ntxt:hi\r\n");
+        assert_eq!(three(&Reply::Push(vec![Reply::bulk_str("m")])), ">1\r\n$1\r\nm\r\n");
+        assert_eq!(three(&Reply::Array(vec![Reply::Nil])), "*1\r\n_\r\n");
     }
 }

@@ -402,7 +402,7 @@ pub(super) fn run_commands(shared: &Shared, client: &mut Client, parser: &mut Pa
                 METRICS.protocol_errors.with_label_values(&[e.reason()]).inc();
                 shared.stats.protocol_error();
                 tracing::debug!("redis client {}: protocol error: {e}", client.id());
-                Reply::Error(format!("ERR Protocol error: {e}").into()).encode(out);
+                Reply::Error(format!("ERR Protocol error: {e}").into()).encode(out, client.protocol());
                 return Step::End("protocol_error");
             }
         };
@@ -427,7 +427,8 @@ pub(super) fn run_commands(shared: &Shared, client: &mut Client, parser: &mut Pa
             run_gets(client, parser, out);
         } else {
             run_gets(client, parser, out);
-            client.execute(&cmd).encode(out);
+            let reply = client.execute(&cmd);
+            reply.encode(out, client.protocol());
             parser.recycle(cmd);
             if client.wants_close() {
                 return Step::End("client_quit");

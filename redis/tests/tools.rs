@@ -29,7 +29,7 @@ fn redis_cli_runs_string_commands() {
     assert_eq!(run(&["DBSIZE"]), "2\n");
     assert!(run(&["INCR", "greeting"]).starts_with("ERR value is not an integer or out of range"));
     assert!(run(&["FLUSHALL"]).starts_with("ERR unknown command 'FLUSHALL', with args beginning with: "));
-    assert!(run(&["INFO"]).contains("redis_version:7.0.0-compatible (racekv "));
+    assert!(run(&["INFO"]).contains("redis_version:7.2.0\r\nracekv_version:"));
 }
 
 #[test]

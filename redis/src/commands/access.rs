@@ -79,19 +79,13 @@ fn getuser(c: &Client, name: &[u8]) -> Reply {
     let Some(user) = std::str::from_utf8(name).ok().and_then(|n| c.acl.user(n)) else {
         return Reply::Nil;
     };
-    Reply::Array(vec![
-        Reply::bulk_str("flags"),
-        Reply::Array(user.flags().into_iter().map(Reply::bulk_str).collect()),
-        Reply::bulk_str("passwords"),
-        Reply::Array(user.password_hashes().iter().map(|h| Reply::bulk_str(h)).collect()),
-        Reply::bulk_str("commands"),
-        Reply::bulk_str(&user.describe_commands()),
-        Reply::bulk_str("keys"),
-        Reply::bulk_str(&user.describe_keys()),
-        Reply::bulk_str("channels"),
-        Reply::bulk_str(&user.describe_channels()),
-        Reply::bulk_str("selectors"),
-        Reply::Array(vec![]),
+    Reply::map([
+        ("flags", Reply::Array(user.flags().into_iter().map(Reply::bulk_str).collect())),
+        ("passwords", Reply::Array(user.password_hashes().iter().map(|h| Reply::bulk_str(h)).collect())),
+        ("commands", Reply::bulk_str(&user.describe_commands())),
+        ("keys", Reply::bulk_str(&user.describe_keys())),
+        ("channels", Reply::bulk_str(&user.describe_channels())),
+        ("selectors", Reply::Array(vec![])),
     ])
 }
 

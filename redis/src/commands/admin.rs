@@ -5,7 +5,7 @@
 use super::{arity_error, fail, lookup, unsupported_subcommand, Client, CmdResult, CommandSpec, COMMANDS};
 use crate::glob::glob_match;
 use crate::info::{self, REDIS_COMPAT_VERSION};
-use crate::reply::Reply;
+use crate::reply::{Protocol, Reply};
 use crate::resp::{parse_i64, Command};
 
 pub(super) fn ping(_c: &mut Client, cmd: &Command) -> CmdResult {
@@ -38,7 +38,7 @@ pub(super) fn info(c: &mut Client, cmd: &Command) -> CmdResult {
     let sections: Vec<&[u8]> = cmd.args().skip(1).collect();
     let stats = std::sync::Arc::clone(&c.stats);
     let text = info::render(&stats, &sections, || c.store()?.info())?;
-    Ok(Reply::Bulk(text.into_bytes()))
+    Ok(Reply::Verbatim("txt", text.into_bytes()))
 }
 
 /// The Redis 7 `COMMAND INFO` entry of `spec`: name, arity, flags, key positions, ACL
@@ -68,7 +68,7 @@ pub(super) fn command(_c: &mut Client, cmd: &Command) -> CmdResult {
     match upper.as_slice() {
         b"COUNT" if cmd.len() == 2 => Ok(Reply::Integer(COMMANDS.len() as i64)),
         b"COUNT" => Ok(arity_error("command|count")),
-        b"DOCS" => Ok(Reply::Array(vec![])),
+        b"DOCS" => Ok(Reply::Map(vec![])),
         b"LIST" if cmd.len() == 2 => Ok(Reply::Array(COMMANDS.iter().map(|c| Reply::bulk_str(c.name)).collect())),
         b"INFO" if cmd.len() == 2 => Ok(Reply::Array(COMMANDS.iter().map(command_info).collect())),
         b"INFO" => Ok(Reply::Array(
@@ -143,26 +143,22 @@ pub(super) fn config(c: &mut Client, cmd: &Command) -> CmdResult {
         ("save", String::new()),
         ("appendonly", "no".into()),
     ];
-    let mut out = Vec::new();
-    for (name, value) in &params {
-        if cmd.args().skip(2).any(|pattern| glob_match(pattern, name.as_bytes(), true)) {
-            out.push(Reply::bulk_str(name));
-            out.push(Reply::bulk_str(value));
-        }
-    }
-    Ok(Reply::Array(out))
+    let matching = params.iter().filter(|(name, _)| cmd.args().skip(2).any(|p| glob_match(p, name.as_bytes(), true)));
+    Ok(Reply::map(matching.map(|(name, value)| (*name, Reply::bulk_str(value)))))
 }
 
-/// `HELLO [2 [AUTH user pass] [SETNAME name]]`: RESP2 only (`HELLO 3` gets `NOPROTO`, and
-/// clients fall back to RESP2). AUTH authenticates first; an unauthenticated connection
-/// gets `NOAUTH` unless it authenticates here.
+/// `HELLO [2|3 [AUTH user pass] [SETNAME name]]`: switches the connection to RESP2 or RESP3
+/// and describes the server. AUTH authenticates first; an unauthenticated connection gets
+/// `NOAUTH` unless it authenticates here.
 pub(super) fn hello(c: &mut Client, cmd: &Command) -> CmdResult {
+    let mut protocol = c.protocol;
     if let Some(version) = cmd.get(1) {
-        match parse_i64(version) {
-            Some(2) => {}
-            Some(_) => return Err(fail("NOPROTO sorry, this protocol version is not supported")),
+        protocol = match parse_i64(version) {
+            Some(2) => Protocol::Resp2,
+            Some(3) => Protocol::Resp3,
+            Some(_) => return Err(fail("NOPROTO unsupported protocol version")),
             None => return Err(fail("ERR Protocol version is not an integer or out of range")),
-        }
+        };
     }
     let mut new_name = None;
     let mut credentials = None;
@@ -192,20 +188,14 @@ pub(super) fn hello(c: &mut Client, cmd: &Command) -> CmdResult {
     if let Some(name) = new_name {
         set_name(c, name)?;
     }
-    Ok(Reply::Array(vec![
-        Reply::bulk_str("server"),
-        Reply::bulk_str("redis"),
-        Reply::bulk_str("version"),
-        Reply::bulk_str(REDIS_COMPAT_VERSION),
-        Reply::bulk_str("proto"),
-        Reply::Integer(2),
-        Reply::bulk_str("id"),
-        Reply::Integer(c.id as i64),
-        Reply::bulk_str("mode"),
-        Reply::bulk_str("standalone"),
-        Reply::bulk_str("role"),
-        Reply::bulk_str("master"),
-        Reply::bulk_str("modules"),
-        Reply::Array(vec![]),
+    c.protocol = protocol;
+    Ok(Reply::map([
+        ("server", Reply::bulk_str("redis")),
+        ("version", Reply::bulk_str(REDIS_COMPAT_VERSION)),
+        ("proto", Reply::Integer(protocol.version())),
+        ("id", Reply::Integer(c.id as i64)),
+        ("mode", Reply::bulk_str("standalone")),
+        ("role", Reply::bulk_str("master")),
+        ("modules", Reply::Array(vec![])),
     ]))
 }

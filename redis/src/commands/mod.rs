@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use super::info::ServerStats;
 use super::metrics::{CommandMetrics, METRICS};
-use super::reply::Reply;
+use super::reply::{Protocol, Reply};
 use super::resp::Command;
 use super::store::{KvSession, KvStore, StoreError};
 use crate::acl::{Acl, AuthFailure, Catalog, Categories, CommandId, Denial, KeyAccess, User};
@@ -304,6 +304,8 @@ pub struct Client {
     /// What the client library announced with `CLIENT SETINFO`.
     lib_name: Option<Vec<u8>>,
     lib_ver: Option<Vec<u8>>,
+    /// RESP2 until `HELLO 3`.
+    protocol: Protocol,
     closing: bool,
     /// Pipelined GETs waiting to run together ([`Client::queue_get`]).
     queued_gets: Vec<Command>,
@@ -327,6 +329,7 @@ impl Client {
             name: None,
             lib_name: None,
             lib_ver: None,
+            protocol: Protocol::Resp2,
             closing: false,
             queued_gets: Vec::new(),
         }
@@ -340,6 +343,11 @@ impl Client {
     /// The name set by `CLIENT SETNAME` or `HELLO ... SETNAME`.
     pub fn name(&self) -> Option<&[u8]> {
         self.name.as_deref()
+    }
+
+    /// The protocol replies are encoded in.
+    pub fn protocol(&self) -> Protocol {
+        self.protocol
     }
 
     /// The user the connection is authenticated as, if any.
@@ -500,14 +508,14 @@ impl Client {
                     for value in values {
                         let reply = value.map_or(Reply::Nil, Reply::Bulk);
                         self.record(*GET_INDEX, seconds, &reply);
-                        reply.encode(out);
+                        reply.encode(out, self.protocol);
                     }
                     return;
                 }
                 Err(failure) => {
                     let reply = reply_for(&COMMANDS[*GET_INDEX], Err(failure));
                     self.record(*GET_INDEX, started.elapsed().as_secs_f64(), &reply);
-                    reply.encode(out);
+                    reply.encode(out, self.protocol);
                     cmds = &cmds[1..];
                 }
             }

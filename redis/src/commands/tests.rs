@@ -189,7 +189,7 @@ fn a_failed_get_run_fails_only_its_first_get() {
     let unavailable = Reply::Error(StoreError::new(StoreErrorKind::Unavailable, "memnode 0").to_resp_error().into());
     let mut want = Vec::new();
     for reply in [unavailable.clone(), unavailable, Reply::Bulk(b"1".to_vec())] {
-        reply.encode(&mut want);
+        reply.encode(&mut want, Protocol::Resp2);
     }
     assert_eq!(String::from_utf8_lossy(&out), String::from_utf8_lossy(&want));
 }
@@ -280,16 +280,25 @@ fn connection_commands() {
 }
 
 #[test]
-fn hello_speaks_resp2_only() {
+fn hello_switches_between_resp2_and_resp3() {
     let store = MemStore::new();
     let mut c = client_over(&store);
-    let Reply::Array(fields) = run(&mut c, &["HELLO", "2", "SETNAME", "app"]) else { panic!("not an array") };
-    assert_eq!(fields[0..4], [bulk("server"), bulk("redis"), bulk("version"), bulk("7.0.0")]);
-    assert_eq!(fields[5], Reply::Integer(2));
+    assert_eq!(c.protocol(), Protocol::Resp2);
+    let Reply::Map(fields) = run(&mut c, &["HELLO", "2", "SETNAME", "app"]) else { panic!("not a map") };
+    assert_eq!(fields[0], (bulk("server"), bulk("redis")));
+    assert_eq!(fields[1], (bulk("version"), bulk("7.2.0")));
+    assert_eq!(fields[2], (bulk("proto"), Reply::Integer(2)));
     assert_eq!(c.name(), Some(b"app".as_slice()));
-    assert_eq!(run(&mut c, &["HELLO", "3"]), err("NOPROTO sorry, this protocol version is not supported"));
+    let Reply::Map(fields) = run(&mut c, &["HELLO", "3"]) else { panic!("not a map") };
+    assert_eq!(fields[2], (bulk("proto"), Reply::Integer(3)));
+    assert_eq!(c.protocol(), Protocol::Resp3);
+    assert_eq!(run(&mut c, &["HELLO", "4"]), err("NOPROTO unsupported protocol version"));
+    assert_eq!(c.protocol(), Protocol::Resp3, "a refused HELLO changes nothing");
     assert_eq!(run(&mut c, &["HELLO", "x"]), err("ERR Protocol version is not an integer or out of range"));
-    assert!(matches!(run(&mut c, &["HELLO"]), Reply::Array(_)));
+    assert!(matches!(run(&mut c, &["HELLO"]), Reply::Map(_)));
+    assert_eq!(c.protocol(), Protocol::Resp3, "HELLO without a version keeps the protocol");
+    run(&mut c, &["HELLO", "2"]);
+    assert_eq!(c.protocol(), Protocol::Resp2);
 }
 
 #[test]
@@ -297,7 +306,7 @@ fn command_introspection_is_enough_for_redis_cli() {
     let store = MemStore::new();
     let mut c = client_over(&store);
     assert_eq!(run(&mut c, &["COMMAND", "COUNT"]), Reply::Integer(COMMANDS.len() as i64));
-    assert_eq!(run(&mut c, &["COMMAND", "DOCS"]), Reply::Array(vec![]));
+    assert_eq!(run(&mut c, &["COMMAND", "DOCS"]), Reply::Map(vec![]));
     let Reply::Array(all) = run(&mut c, &["COMMAND"]) else { panic!("not an array") };
     assert_eq!(all.len(), COMMANDS.len());
     let Reply::Array(infos) = run(&mut c, &["command", "info", "GET", "nosuch"]) else { panic!("not an array") };
@@ -316,10 +325,10 @@ fn config_get_answers_read_only_parameters() {
     let mut c = client_over(&store);
     assert_eq!(
         run(&mut c, &["CONFIG", "GET", "save", "APPENDONLY"]),
-        Reply::Array(vec![bulk("save"), bulk(""), bulk("appendonly"), bulk("no")])
+        Reply::map([("save", bulk("")), ("appendonly", bulk("no"))])
     );
-    assert_eq!(run(&mut c, &["CONFIG", "GET", "max*"]), Reply::Array(vec![bulk("maxclients"), bulk("100")]));
-    assert_eq!(run(&mut c, &["CONFIG", "GET", "nosuch"]), Reply::Array(vec![]));
+    assert_eq!(run(&mut c, &["CONFIG", "GET", "max*"]), Reply::map([("maxclients", bulk("100"))]));
+    assert_eq!(run(&mut c, &["CONFIG", "GET", "nosuch"]), Reply::Map(vec![]));
     assert_eq!(
         run(&mut c, &["CONFIG", "SET", "x", "y"]),
         err("ERR CONFIG subcommand 'SET' is not supported by racekv")
@@ -331,16 +340,16 @@ fn info_reports_server_stats_and_storage_lines() {
     let store = MemStore::new();
     let mut c = client_over(&store);
     run(&mut c, &["PING"]);
-    let Reply::Bulk(text) = run(&mut c, &["INFO"]) else { panic!("not a bulk") };
+    let Reply::Verbatim("txt", text) = run(&mut c, &["INFO"]) else { panic!("not verbatim text") };
     let text = String::from_utf8(text).unwrap();
     assert!(
-        text.contains(&format!("redis_version:7.0.0-compatible (racekv {})\r\n", env!("CARGO_PKG_VERSION"))),
+        text.contains(&format!("redis_version:7.2.0\r\nracekv_version:{}\r\n", env!("CARGO_PKG_VERSION"))),
         "{text}"
     );
     // PING before, INFO itself is counted after it runs.
     assert!(text.contains("total_commands_processed:1\r\n"), "{text}");
     assert!(text.contains("# Storage\r\nstorage_backend:memstore-test-double\r\n"), "{text}");
-    let Reply::Bulk(text) = run(&mut c, &["INFO", "server"]) else { panic!("not a bulk") };
+    let Reply::Verbatim(_, text) = run(&mut c, &["INFO", "server"]) else { panic!("not verbatim text") };
     assert!(!String::from_utf8(text).unwrap().contains("# Storage"));
 }
 
