@@ -51,7 +51,7 @@ impl BenchMemnode {
     }
 
     pub fn connect(&self) -> anyhow::Result<Arc<dyn Connection>> {
-        let options = ConnectOptions { token: self.token.clone(), timeout: Duration::from_secs(30) };
+        let options = ConnectOptions::new(self.token.clone(), Duration::from_secs(30));
         racekv_transport::connect(&self.endpoint, &options).with_context(|| format!("connecting to {}", self.endpoint))
     }
 

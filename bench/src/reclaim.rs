@@ -56,7 +56,7 @@ pub struct ReclaimReport {
 }
 
 fn connect(endpoint: &Endpoint) -> anyhow::Result<std::sync::Arc<dyn Connection>> {
-    let options = ConnectOptions { token: "reclaim".into(), timeout: Duration::from_secs(30) };
+    let options = ConnectOptions::new("reclaim", Duration::from_secs(30));
     racekv_transport::connect(endpoint, &options).with_context(|| format!("connecting to {endpoint}"))
 }
 

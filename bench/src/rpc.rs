@@ -159,7 +159,7 @@ fn serve(transport: TransportKind, size: usize) -> anyhow::Result<Served> {
 }
 
 fn connect(endpoint: &Endpoint, lanes: usize) -> anyhow::Result<Arc<dyn Connection>> {
-    let options = ConnectOptions { token: TOKEN.into(), timeout: Duration::from_secs(30) };
+    let options = ConnectOptions::new(TOKEN, Duration::from_secs(30));
     let conn = racekv_transport::connect_with(endpoint, &options, &FlockOptions { lanes, ..FlockOptions::default() })
         .with_context(|| format!("connecting to {endpoint}"))?;
     conn.call(1, b"warm-up").context("first call (opens the rpc lanes)")?;

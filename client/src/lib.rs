@@ -85,6 +85,9 @@ pub struct ClientBuilder {
     grace_period: Duration,
     attach: Option<PathBuf>,
     attach_spin: Duration,
+    tls_ca: Option<PathBuf>,
+    tls_client_cert: Option<(PathBuf, PathBuf)>,
+    tls_server_name: Option<String>,
 }
 
 /// Where a computenode daemon listens for attaching processes unless told otherwise:
@@ -136,6 +139,9 @@ impl Default for ClientBuilder {
             timeout: Duration::from_secs(5),
             connections_per_memnode: 4,
             grace_period: TableOptions::default().grace_period,
+            tls_ca: None,
+            tls_client_cert: None,
+            tls_server_name: None,
         }
     }
 }
@@ -203,6 +209,51 @@ impl ClientBuilder {
         self
     }
 
+    /// TLS on tcp connections (to memnodes in embedded mode, to a remote computenode): trust
+    /// the CA certificates in `ca_file` (PEM). A memnode whose tcp listener has a certificate
+    /// speaks only TLS. Not for attached mode (the local daemon's socket).
+    pub fn tls_ca(mut self, ca_file: impl Into<PathBuf>) -> Self {
+        self.tls_ca = Some(ca_file.into());
+        self
+    }
+
+    /// With [`ClientBuilder::tls_ca`]: present this certificate chain and key (PEM) to
+    /// servers that check client certificates.
+    pub fn tls_client_cert(mut self, cert_file: impl Into<PathBuf>, key_file: impl Into<PathBuf>) -> Self {
+        self.tls_client_cert = Some((cert_file.into(), key_file.into()));
+        self
+    }
+
+    /// With [`ClientBuilder::tls_ca`]: the name servers' certificates must carry, instead
+    /// of each endpoint's host.
+    pub fn tls_server_name(mut self, name: impl Into<String>) -> Self {
+        self.tls_server_name = Some(name.into());
+        self
+    }
+
+    /// Token, timeout and TLS for connections to memnodes or a remote computenode.
+    fn connect_options(&self) -> Result<ConnectOptions, ClientError> {
+        let mut options = ConnectOptions::new(self.token.clone(), self.timeout);
+        let tls_error = |e: std::io::Error| ClientError::Config(format!("TLS settings: {e}"));
+        match (&self.tls_ca, &self.tls_client_cert, &self.tls_server_name) {
+            (None, None, None) => {}
+            (None, _, _) => {
+                return Err(ClientError::Config("a TLS client certificate or server name needs tls_ca".into()))
+            }
+            (Some(ca), cert, name) => {
+                let mut tls = racekv_transport::ClientTls::new(ca).map_err(tls_error)?;
+                if let Some((cert, key)) = cert {
+                    tls = tls.with_client_cert(cert, key).map_err(tls_error)?;
+                }
+                if let Some(name) = name {
+                    tls = tls.with_server_name(name.clone());
+                }
+                options.tls = Some(tls);
+            }
+        }
+        Ok(options)
+    }
+
     /// Connects: embedded mode when memnodes were given (connects to each and loads their
     /// directories), attached mode otherwise (to [`ClientBuilder::attach`]'s socket, or to
     /// [`default_attach_socket`]). When no daemon listens there, fails with
@@ -214,8 +265,7 @@ impl ClientBuilder {
                     "a remote computenode and memnodes or an attach socket were given; choose one".into(),
                 ));
             }
-            let remote =
-                remote::Remote::connect(addr, ConnectOptions { token: self.token.clone(), timeout: self.timeout })?;
+            let remote = remote::Remote::connect(addr, self.connect_options()?)?;
             return Ok(Client { backend: Backend::Remote(Arc::new(remote)) });
         }
         if !self.memnodes.is_empty() {
@@ -226,10 +276,15 @@ impl ClientBuilder {
                 )));
             }
             let table_options = TableOptions { grace_period: self.grace_period, op_timeout: self.timeout };
-            let connect = ConnectOptions { token: self.token.clone(), timeout: self.timeout };
+            let connect = self.connect_options()?;
             let cluster =
                 embedded::Cluster::connect(&self.memnodes, connect, table_options, self.connections_per_memnode)?;
             return Ok(Client { backend: Backend::Embedded(cluster) });
+        }
+        if self.tls_ca.is_some() || self.tls_client_cert.is_some() || self.tls_server_name.is_some() {
+            return Err(ClientError::Config(
+                "TLS settings apply to memnodes or a remote computenode, not to the local daemon's socket".into(),
+            ));
         }
         let path = self.attach.unwrap_or_else(default_attach_socket);
         let attached = attached::Attached::connect(path, self.token, self.timeout, self.attach_spin)?;
@@ -442,6 +497,27 @@ mod tests {
             PathBuf::from("/tmp/racekv-7/computenode.sock")
         );
         assert!(default_attach_socket().ends_with("computenode.sock"));
+    }
+
+    #[test]
+    fn tls_settings_reach_the_connect_options() {
+        let pki = racekv_transport::test_pki::TestPki::new("client CA");
+        assert!(Client::builder().connect_options().unwrap().tls.is_none());
+        let options = Client::builder()
+            .tls_ca(pki.path("ca.pem"))
+            .tls_client_cert(pki.path("client.pem"), pki.path("client.key"))
+            .tls_server_name("memnode.example")
+            .connect_options()
+            .unwrap();
+        let tls = format!("{:?}", options.tls.expect("TLS settings"));
+        assert!(tls.contains("client.pem") && tls.contains("memnode.example"), "{tls}");
+        let missing = Client::builder().tls_ca(pki.path("absent.pem")).connect_options().err().unwrap();
+        assert!(matches!(&missing, ClientError::Config(m) if m.contains("absent.pem")), "{missing:?}");
+        let no_ca = Client::builder().tls_client_cert(pki.path("client.pem"), pki.path("client.key"));
+        assert!(matches!(no_ca.connect_options(), Err(ClientError::Config(_))));
+        let attached =
+            Client::builder().attach("/nonexistent.sock").tls_ca(pki.path("ca.pem")).connect().err().unwrap();
+        assert!(matches!(&attached, ClientError::Config(m) if m.contains("TLS")), "{attached:?}");
     }
 
     #[test]

@@ -5,7 +5,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use racekv_transport::{Endpoint, TransportKind};
+use anyhow::Context;
+use racekv_telemetry::tls::{check_server_settings, TlsAuthClients};
+use racekv_transport::{ClientTls, Endpoint, ServerTlsFiles, TransportKind};
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::ClusterOptions;
@@ -77,6 +79,26 @@ pub struct ComputenodeConfig {
     /// Redis' protected mode: while the default user has no password, the front ends serve
     /// only loopback clients.
     pub protected_mode: bool,
+    /// A Redis port that speaks only TLS (Redis' `tls-port`), beside `redis_addr`; needs
+    /// `tls_cert_file` and `tls_key_file`.
+    pub redis_tls_addr: Option<String>,
+    /// TLS certificate chain (PEM, leaf first) of the front ends: the Redis TLS port, and the
+    /// remote front end, which then speaks only TLS. Re-read with the key and CA on SIGHUP
+    /// (new connections get the new certificate; a failed reload keeps the old one).
+    pub tls_cert_file: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    pub tls_key_file: Option<PathBuf>,
+    /// CA (PEM) that client certificates must chain to.
+    pub tls_ca_file: Option<PathBuf>,
+    /// Client certificates on the front ends' TLS: `no`, `optional` or `yes`.
+    pub tls_auth_clients: TlsAuthClients,
+    /// CA (PEM) to trust for memnodes that speak TLS (`tcp:` endpoints); unset: plain tcp.
+    pub memnode_tls_ca_file: Option<PathBuf>,
+    /// This computenode's certificate and key for memnodes that require client certificates.
+    pub memnode_tls_cert_file: Option<PathBuf>,
+    pub memnode_tls_key_file: Option<PathBuf>,
+    /// The name the memnodes' certificates carry (default: each endpoint's host).
+    pub memnode_tls_server_name: Option<String>,
     pub redis_max_clients: usize,
     /// How the Redis front end serves its connections: `threads` (a blocking thread per
     /// connection), `event_loop` (a few event loops, each serving many connections inline,
@@ -122,6 +144,15 @@ impl Default for ComputenodeConfig {
             requirepass: None,
             aclfile: None,
             protected_mode: true,
+            redis_tls_addr: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_ca_file: None,
+            tls_auth_clients: TlsAuthClients::No,
+            memnode_tls_ca_file: None,
+            memnode_tls_cert_file: None,
+            memnode_tls_key_file: None,
+            memnode_tls_server_name: None,
             redis_max_clients: 1024,
             redis_io: RedisIo::Auto,
             redis_event_loops: 0,
@@ -142,6 +173,22 @@ impl ComputenodeConfig {
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(!self.memnodes.is_empty(), "no memnodes configured");
         anyhow::ensure!(!self.token.is_empty(), "token must not be empty");
+        let tls = check_server_settings(
+            self.tls_cert_file.as_deref(),
+            self.tls_key_file.as_deref(),
+            self.tls_ca_file.as_deref(),
+            self.tls_auth_clients,
+        )?;
+        anyhow::ensure!(tls || self.redis_tls_addr.is_none(), "redis_tls_addr needs tls_cert_file and tls_key_file");
+        anyhow::ensure!(
+            self.memnode_tls_cert_file.is_some() == self.memnode_tls_key_file.is_some(),
+            "memnode_tls_cert_file and memnode_tls_key_file go together"
+        );
+        anyhow::ensure!(
+            self.memnode_tls_ca_file.is_some()
+                || (self.memnode_tls_cert_file.is_none() && self.memnode_tls_server_name.is_none()),
+            "memnode TLS settings need memnode_tls_ca_file, the CA that signed the memnodes' certificates"
+        );
         if self.token == DEV_TOKEN {
             if let Some(addr) = self.remote_addr.as_deref().filter(|a| !is_loopback(a)) {
                 anyhow::bail!(
@@ -190,6 +237,29 @@ impl ComputenodeConfig {
         IoModel::EventLoop { threads }
     }
 
+    /// The front ends' TLS files, when TLS is configured.
+    pub fn tls_files(&self) -> Option<ServerTlsFiles> {
+        Some(ServerTlsFiles {
+            cert_file: self.tls_cert_file.clone()?,
+            key_file: self.tls_key_file.clone()?,
+            ca_file: self.tls_ca_file.clone(),
+            auth_clients: self.tls_auth_clients.into(),
+        })
+    }
+
+    /// How to reach memnodes that speak TLS, when configured.
+    pub fn memnode_tls(&self) -> anyhow::Result<Option<ClientTls>> {
+        let Some(ca) = &self.memnode_tls_ca_file else { return Ok(None) };
+        let mut tls = ClientTls::new(ca).with_context(|| format!("memnode_tls_ca_file {}", ca.display()))?;
+        if let (Some(cert), Some(key)) = (&self.memnode_tls_cert_file, &self.memnode_tls_key_file) {
+            tls = tls.with_client_cert(cert, key).context("memnode_tls_cert_file, memnode_tls_key_file")?;
+        }
+        if let Some(name) = &self.memnode_tls_server_name {
+            tls = tls.with_server_name(name.clone());
+        }
+        Ok(Some(tls))
+    }
+
     /// The users of the front ends: the ACL file's (if any), then `requirepass` for the
     /// default user.
     pub fn acl(&self) -> anyhow::Result<Acl> {
@@ -197,11 +267,15 @@ impl ComputenodeConfig {
         Ok(Acl::new(racekv_redis::commands::catalog(), options)?)
     }
 
-    pub fn cluster_options(&self) -> ClusterOptions {
+    pub fn cluster_options(&self) -> anyhow::Result<ClusterOptions> {
         let timeout = Duration::from_millis(self.op_timeout_ms);
-        ClusterOptions {
+        let mut connect = racekv_transport::ConnectOptions::new(self.token.clone(), timeout);
+        if let Some(tls) = self.memnode_tls()? {
+            connect = connect.with_tls(tls);
+        }
+        Ok(ClusterOptions {
             memnodes: self.memnodes.clone(),
-            connect: racekv_transport::ConnectOptions { token: self.token.clone(), timeout },
+            connect,
             connections_per_memnode: self.connections_per_memnode,
             table: racekv_hashing::TableOptions {
                 grace_period: Duration::from_millis(self.grace_period_ms),
@@ -210,7 +284,7 @@ impl ComputenodeConfig {
             upgrade: UpgradePolicy { ops_per_sec: self.upgrade_ops_per_sec, window_ops: 4096 },
             ready_sessions: self.ready_sessions,
             prefetch_chunks: self.prefetch_chunks,
-        }
+        })
     }
 
     pub fn scale_options(&self) -> ScaleOptions {

@@ -15,7 +15,8 @@ use crate::config::ComputenodeConfig;
 use crate::queue::{Overloaded, ReplyFn, Submit, WorkQueue};
 use crate::store::ClusterStore;
 use crate::workers::Workers;
-use racekv_redis::{RedisServer, ServerOptions};
+use racekv_redis::{RedisServer, ServerOptions, TlsPort};
+use racekv_transport::ServerTls;
 
 /// What `/status` and INFO report.
 #[derive(Debug, Clone, Serialize)]
@@ -25,6 +26,7 @@ pub struct Status {
     pub queue_depth: usize,
     pub ready_sessions: usize,
     pub redis_addr: Option<String>,
+    pub redis_tls_addr: Option<String>,
     pub redis_clients: Option<usize>,
     pub remote_addr: Option<String>,
     pub attach_socket: Option<String>,
@@ -48,6 +50,8 @@ struct Parts {
     redis: parking_lot::Mutex<Option<RedisServer>>,
     remote: parking_lot::Mutex<Option<racekv_transport::RegionServer>>,
     attach: parking_lot::Mutex<Option<crate::attach::AttachServer>>,
+    /// The front ends' TLS (shared by the Redis TLS port and the remote front end).
+    tls: Option<ServerTls>,
 }
 
 impl Parts {
@@ -73,6 +77,7 @@ impl Parts {
             queue_depth: self.queue.depth(),
             ready_sessions: self.cluster.ready_sessions(),
             redis_addr: redis.as_ref().map(|r| r.local_addr().to_string()),
+            redis_tls_addr: redis.as_ref().and_then(|r| r.tls_addr()).map(|a| a.to_string()),
             redis_clients: redis.as_ref().map(|r| r.stats().connected_clients()),
             remote_addr: self.remote.lock().as_ref().map(|r| r.endpoints()[0].to_string()),
             attach_socket: attach.as_ref().map(|a| a.socket_path().display().to_string()),
@@ -109,7 +114,11 @@ impl Computenode {
     pub fn start(config: ComputenodeConfig) -> anyhow::Result<Self> {
         config.validate()?;
         let acl = Arc::new(config.acl().context("loading the users (requirepass, aclfile)")?);
-        let cluster = Cluster::connect(config.cluster_options()).context("connecting to the memnodes")?;
+        let tls = match config.tls_files() {
+            Some(files) => Some(ServerTls::load(files).context("loading the front ends' TLS files")?),
+            None => None,
+        };
+        let cluster = Cluster::connect(config.cluster_options()?).context("connecting to the memnodes")?;
         let queue = Arc::new(WorkQueue::new(config.queue_capacity));
         let workers = Workers::start(Arc::clone(&queue), Arc::clone(&cluster), config.scale_options())
             .context("starting workers")?;
@@ -120,6 +129,7 @@ impl Computenode {
             redis: parking_lot::Mutex::new(None),
             remote: parking_lot::Mutex::new(None),
             attach: parking_lot::Mutex::new(None),
+            tls: tls.clone(),
         });
         if let Some(path) = &config.attach_socket {
             let submit: Arc<dyn Submit> = parts.queue.clone();
@@ -128,7 +138,7 @@ impl Computenode {
             *parts.attach.lock() = Some(server);
         }
         if let Some(addr) = &config.remote_addr {
-            let server = crate::remote::serve(Arc::clone(&cluster), addr, &config.token)
+            let server = crate::remote::serve(Arc::clone(&cluster), addr, &config.token, tls.clone())
                 .with_context(|| format!("starting the remote front end on {addr}"))?;
             *parts.remote.lock() = Some(server);
         }
@@ -142,6 +152,10 @@ impl Computenode {
                 poll_spin: Duration::from_micros(config.redis_poll_spin_us),
                 acl: Arc::clone(&acl),
                 protected_mode: config.protected_mode,
+                tls: match (&config.redis_tls_addr, &tls) {
+                    (Some(addr), Some(tls)) => Some(TlsPort { addr: addr.clone(), tls: tls.clone() }),
+                    _ => None,
+                },
                 ..ServerOptions::default()
             };
             let server = RedisServer::start(addr.as_str(), store, options)
@@ -190,6 +204,20 @@ impl Computenode {
         self.metrics.as_ref().map(|m| m.addr())
     }
 
+    /// The Redis TLS port's address, if it runs.
+    pub fn redis_tls_addr(&self) -> Option<SocketAddr> {
+        self.parts.redis.lock().as_ref().and_then(|r| r.tls_addr())
+    }
+
+    /// Re-reads the front ends' TLS files (SIGHUP): new connections use them. Ok(false):
+    /// no TLS configured. On error the previous certificate stays in use.
+    pub fn reload_tls(&self) -> anyhow::Result<bool> {
+        match &self.parts.tls {
+            Some(tls) => tls.reload().map(|()| true).context("reloading the front ends' TLS files"),
+            None => Ok(false),
+        }
+    }
+
     /// The remote front end's endpoint (`tcp:host:port`), if it runs.
     pub fn remote_endpoint(&self) -> Option<String> {
         self.parts.remote.lock().as_ref().map(|r| r.endpoints()[0].to_string())
@@ -199,6 +227,7 @@ impl Computenode {
     pub fn ready_line(&self) -> String {
         serde_json::json!({
             "redis": self.redis_addr().map(|a| a.to_string()),
+            "redis_tls": self.redis_tls_addr().map(|a| a.to_string()),
             "remote": self.remote_endpoint(),
             "attach": self.parts.attach.lock().as_ref().map(|a| a.socket_path().display().to_string()),
             "metrics": self.metrics_addr().map(|a| a.to_string()),

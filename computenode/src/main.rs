@@ -1,4 +1,5 @@
-//! `racekv-computenode`: runs a compute node until SIGTERM or SIGINT.
+//! `racekv-computenode`: runs a compute node until SIGTERM or SIGINT; SIGHUP reloads the
+//! front ends' TLS certificate.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -83,11 +84,23 @@ fn main() -> anyhow::Result<()> {
         print!("{}", racekv_telemetry::secret::redacted_toml(&cfg, racekv_computenode::config::SECRET_KEYS)?);
         return Ok(());
     }
-    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])?;
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
     let node = Computenode::start(cfg)?;
     tracing::info!("computenode ready: {}", node.ready_line());
     println!("READY {}", node.ready_line());
-    let signal = signals.forever().next();
+    // SIGHUP re-reads the TLS files; anything else stops.
+    let signal = signals.forever().find(|&signal| {
+        if signal != SIGHUP {
+            return true;
+        }
+        match node.reload_tls() {
+            Ok(true) => {}
+            Ok(false) => tracing::info!("SIGHUP: no TLS certificate configured, nothing to reload"),
+            Err(e) => tracing::error!("{e:#}"),
+        }
+        false
+    });
     tracing::info!(?signal, "shutting down");
     node.shutdown();
     tracing::info!("computenode stopped cleanly");

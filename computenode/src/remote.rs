@@ -9,7 +9,7 @@ use std::sync::{Arc, LazyLock};
 use parking_lot::Mutex;
 use prometheus::{IntCounterVec, Opts};
 use racekv_client::op::{Reply, Request, REMOTE_METHOD};
-use racekv_transport::{Endpoint, RegionServer, RpcService, RpcStatus, ServerOptions};
+use racekv_transport::{Endpoint, RegionServer, RpcService, RpcStatus, ServerOptions, ServerTls};
 
 use crate::cluster::{Attached, Cluster};
 
@@ -63,13 +63,13 @@ impl RpcService for KvService {
     }
 }
 
-/// Serves remote clients on `addr` (tcp), authenticated by `token`.
-pub fn serve(cluster: Arc<Cluster>, addr: &str, token: &str) -> std::io::Result<RegionServer> {
+/// Serves remote clients on `addr` (tcp), authenticated by `token`; with `tls`, only over TLS.
+pub fn serve(cluster: Arc<Cluster>, addr: &str, token: &str, tls: Option<ServerTls>) -> std::io::Result<RegionServer> {
     LazyLock::force(&REQUESTS);
     let service = Arc::new(KvService { cluster, idle: Mutex::new(Vec::new()) });
     RegionServer::serve_rpc(
         service,
-        ServerOptions { token: token.into(), ..ServerOptions::default() },
+        ServerOptions { token: token.into(), tls, ..ServerOptions::default() },
         &[Endpoint::Tcp(addr.into())],
     )
 }

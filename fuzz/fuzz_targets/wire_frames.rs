@@ -20,12 +20,12 @@ fuzz_target!(|data: &[u8]| {
     let body = data.get(HEADER_BYTES.min(data.len())..).unwrap_or_default();
     for bytes in [data, body] {
         let mut batch = Batch::new();
-        if let Ok(token) = wire::decode_batch(bytes, &mut batch) {
+        if wire::decode_batch(bytes, &mut batch).is_ok() {
             assert!(!batch.is_empty() && batch.len() <= racekv_transport::MAX_BATCH_OPS);
             let mut frame = Vec::new();
-            wire::encode_batch(&mut frame, 7, &token, &batch);
+            wire::encode_batch(&mut frame, 7, &batch);
             let mut again = Batch::new();
-            assert_eq!(wire::decode_batch(&frame[HEADER_BYTES..], &mut again).unwrap(), token);
+            wire::decode_batch(&frame[HEADER_BYTES..], &mut again).unwrap();
             assert_eq!(again.len(), batch.len());
             for (a, b) in batch.ops().iter().zip(again.ops()) {
                 assert_eq!((a.kind, a.offset, a.len, a.arg0, a.arg1), (b.kind, b.offset, b.len, b.arg0, b.arg1));
@@ -42,6 +42,8 @@ fuzz_target!(|data: &[u8]| {
         sent.write(64, b"abc");
         let _ = wire::decode_batch_result(bytes, &mut sent, 1 << 20);
         let _ = wire::decode_hello(bytes);
+        let _ = wire::decode_challenge(bytes);
+        let _ = wire::decode_proof(bytes);
         let _ = wire::decode_hello_ok(bytes);
         let _ = wire::decode_rpc_request(bytes);
         let _ = wire::decode_rpc_response(bytes);

@@ -136,8 +136,7 @@ impl TestMemnode {
 }
 
 fn connect(endpoint: &Endpoint) -> Arc<dyn Connection> {
-    racekv_transport::connect(endpoint, &ConnectOptions { token: TOKEN.into(), timeout: Duration::from_secs(10) })
-        .unwrap()
+    racekv_transport::connect(endpoint, &ConnectOptions::new(TOKEN, Duration::from_secs(10))).unwrap()
 }
 
 /// One key found by [`scan`].

@@ -4,6 +4,9 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use racekv_telemetry::tls::check_server_settings;
+pub use racekv_telemetry::tls::TlsAuthClients;
+use racekv_transport::ServerTlsFiles;
 use serde::{Deserialize, Serialize};
 
 use crate::bytes::serde_bytes;
@@ -26,8 +29,22 @@ pub struct MemnodeConfig {
     pub listen_tcp: Option<String>,
     /// host:port of the verbs control channel (needs an RDMA device and the `rdma` build).
     pub listen_verbs: Option<String>,
-    /// Shared secret every client request must carry.
+    /// Shared secret every client must prove it knows when it connects (challenge-response:
+    /// the token itself never travels).
     pub token: String,
+    /// TLS certificate chain (PEM, leaf first) for `listen_tcp`. With it and `tls_key_file`
+    /// the tcp listener speaks only TLS (the token handshake then runs inside it). Re-read,
+    /// with the key and CA, on SIGHUP: new connections get the new certificate; a reload that
+    /// fails keeps the old one. Not used by shm (same host) or verbs.
+    pub tls_cert_file: Option<PathBuf>,
+    /// The certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub tls_key_file: Option<PathBuf>,
+    /// CA certificates (PEM) that client certificates must chain to (when
+    /// `tls_auth_clients` is `optional` or `yes`).
+    pub tls_ca_file: Option<PathBuf>,
+    /// Client certificates: `no` (the token alone), `optional` (checked against
+    /// `tls_ca_file` when presented) or `yes` (required).
+    pub tls_auth_clients: TlsAuthClients,
     /// Where to serve Prometheus metrics (`/metrics`); unset disables it.
     pub metrics_addr: Option<SocketAddr>,
     /// This memnode's identity for key placement, fixed when the region is formatted
@@ -66,6 +83,9 @@ pub struct MemnodeConfig {
     pub rpc_max_queue_delay_ms: u64,
 }
 
+/// The settings `--print-config` masks.
+pub const SECRET_KEYS: &[&str] = &["token"];
+
 /// The token used when none is configured: fine on loopback, refused elsewhere.
 pub const DEV_TOKEN: &str = "racekv-dev-token";
 
@@ -79,6 +99,10 @@ impl Default for MemnodeConfig {
             listen_tcp: Some("127.0.0.1:7400".into()),
             listen_verbs: None,
             token: DEV_TOKEN.into(),
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_ca_file: None,
+            tls_auth_clients: TlsAuthClients::No,
             metrics_addr: Some("127.0.0.1:9400".parse().expect("static address")),
             node_id: None,
             groups_per_subtable: 256,
@@ -129,11 +153,32 @@ impl MemnodeConfig {
             "with huge_pages, region_bytes ({}) must be a multiple of the huge page size ({HUGE_PAGE_BYTES} bytes)",
             self.region_bytes
         );
+        let tls = check_server_settings(
+            self.tls_cert_file.as_deref(),
+            self.tls_key_file.as_deref(),
+            self.tls_ca_file.as_deref(),
+            self.tls_auth_clients,
+        )?;
+        anyhow::ensure!(
+            !tls || self.listen_tcp.is_some(),
+            "TLS applies to listen_tcp, which is not set (shm stays on the host, verbs has no TLS)"
+        );
+        // TLS protects the channel; the token still authenticates, so the rule stands.
         let exposed = |addr: &Option<String>| addr.as_deref().is_some_and(|a| !is_loopback(a));
         if self.token == DEV_TOKEN && (exposed(&self.listen_tcp) || exposed(&self.listen_verbs)) {
             anyhow::bail!("refusing to listen beyond loopback with the built-in development token: set `token` (or RACEKV_MEMNODE_TOKEN)");
         }
         Ok(())
+    }
+
+    /// The tcp listener's TLS files, when TLS is configured.
+    pub fn tls_files(&self) -> Option<ServerTlsFiles> {
+        Some(ServerTlsFiles {
+            cert_file: self.tls_cert_file.clone()?,
+            key_file: self.tls_key_file.clone()?,
+            ca_file: self.tls_ca_file.clone(),
+            auth_clients: self.tls_auth_clients.into(),
+        })
     }
 }
 
@@ -173,6 +218,40 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("memnode.toml");
         std::fs::write(&file, "region_byte = 5\n").unwrap();
+        assert!(MemnodeConfig::load(Some(&file)).is_err());
+    }
+
+    #[test]
+    fn tls_settings_load_and_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("memnode.toml");
+        std::fs::write(
+            &file,
+            "tls_cert_file = \"/etc/racekv/tls/memnode.pem\"\ntls_key_file = \"/etc/racekv/tls/memnode.key\"\ntls_ca_file = \"/etc/racekv/tls/ca.pem\"\ntls_auth_clients = \"yes\"\n",
+        )
+        .unwrap();
+        let cfg = MemnodeConfig::load(Some(&file)).unwrap();
+        cfg.validate().unwrap();
+        let files = cfg.tls_files().unwrap();
+        assert_eq!(files.cert_file, Path::new("/etc/racekv/tls/memnode.pem"));
+        assert_eq!(files.auth_clients, racekv_transport::ClientAuth::Yes);
+        assert_eq!(MemnodeConfig::default().tls_files(), None);
+
+        let broken = |edit: fn(&mut MemnodeConfig)| {
+            let mut cfg = cfg.clone();
+            edit(&mut cfg);
+            cfg.validate().unwrap_err().to_string()
+        };
+        assert!(broken(|c| c.tls_key_file = None).contains("go together"));
+        assert!(broken(|c| c.tls_ca_file = None).contains("needs tls_ca_file"));
+        assert!(broken(|c| c.listen_tcp = None).contains("listen_tcp"));
+        assert!(broken(|c| {
+            c.tls_cert_file = None;
+            c.tls_key_file = None;
+        })
+        .contains("need TLS"));
+        assert!(MemnodeConfig::load(None).unwrap().tls_auth_clients == TlsAuthClients::No);
+        std::fs::write(&file, "tls_auth_clients = \"sometimes\"\n").unwrap();
         assert!(MemnodeConfig::load(Some(&file)).is_err());
     }
 

@@ -5,6 +5,10 @@
 //! serves it on the configured transports, and answers the table's RPCs (metadata, chunk
 //! allocation, split, stats) through a loopback connection of the transport clients use.
 //!
+//! Every client proves the token when it connects (`racekv_transport::auth`); the tcp
+//! listener speaks only TLS when a certificate is configured, re-read by
+//! [`Memnode::reload_tls`] (the daemon calls it on SIGHUP).
+//!
 //! Durability: a write is in the region once its batch completes. With a data file that
 //! means the kernel's page cache: it survives the memnode process dying (even SIGKILL) and
 //! reaches the disk within `sync_interval_ms` (msync) or at a clean shutdown. It does not
@@ -29,7 +33,7 @@ use racekv_hashing::split::Splitter;
 use racekv_hashing::{Layout, TableService, TableStats};
 use racekv_telemetry::MetricsServer;
 use racekv_transport::local::LocalConnection;
-use racekv_transport::{ConnectOptions, Connection, Endpoint, Region, RegionServer, ServerOptions};
+use racekv_transport::{ConnectOptions, Connection, Endpoint, Region, RegionServer, ServerOptions, ServerTls};
 
 pub use config::MemnodeConfig;
 
@@ -218,8 +222,18 @@ impl Memnode {
         if let Some(a) = &config.listen_verbs {
             listen.push(Endpoint::Verbs(a.clone()));
         }
+        let tls = match config.tls_files() {
+            Some(files) => {
+                let tls = ServerTls::load(files).context("loading the TLS certificate and key")?;
+                let f = tls.files();
+                tracing::info!(cert = %f.cert_file.display(), client_certificates = ?f.auth_clients, "the tcp listener speaks TLS");
+                Some(tls)
+            }
+            None => None,
+        };
         let options = ServerOptions {
             token: config.token.clone(),
+            tls,
             max_connections: config.max_connections,
             io_timeout: Duration::from_millis(config.io_timeout_ms),
             flock: racekv_transport::flock::SchedulerOptions {
@@ -241,11 +255,17 @@ impl Memnode {
             .or_else(|| server.endpoints().first())
             .expect("at least one listener")
             .clone();
-        let loopback = racekv_transport::connect(
-            &loopback_endpoint,
-            &ConnectOptions { token: config.token.clone(), timeout: Duration::from_secs(30) },
-        )
-        .with_context(|| format!("connecting the loopback to {loopback_endpoint}"))?;
+        let loopback: Arc<dyn Connection> = if matches!(loopback_endpoint, Endpoint::Tcp(_)) && server.tls().is_some() {
+            // A TLS-only tcp listener would need a client certificate and CA for ourselves;
+            // the software NIC applies batches with the same CPU atomics as this.
+            Arc::new(LocalConnection::new(Arc::clone(&region), None))
+        } else {
+            racekv_transport::connect(
+                &loopback_endpoint,
+                &ConnectOptions::new(config.token.clone(), Duration::from_secs(30)),
+            )
+            .with_context(|| format!("connecting the loopback to {loopback_endpoint}"))?
+        };
         service.attach(loopback, server.instance());
         if !found_fragments.is_empty() {
             service.seed_fragments(&found_fragments).context("keeping the short free runs found at start")?;
@@ -313,6 +333,19 @@ impl Memnode {
                 }
             }
         })?)
+    }
+
+    /// Re-reads the tcp listener's TLS certificate, key and CA; new connections use them,
+    /// open ones keep theirs. On failure the previous certificate stays in use. Ok(false):
+    /// no TLS is configured.
+    pub fn reload_tls(&self) -> anyhow::Result<bool> {
+        match self.server.as_ref().and_then(|s| s.tls()) {
+            Some(tls) => {
+                tls.reload().context("reloading the TLS certificate (still serving the previous one)")?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     pub fn endpoints(&self) -> &[Endpoint] {

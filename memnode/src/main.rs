@@ -1,4 +1,5 @@
-//! `racekv-memnode`: runs a memory node until SIGTERM or SIGINT.
+//! `racekv-memnode`: runs a memory node until SIGTERM or SIGINT; SIGHUP reloads its TLS
+//! certificate.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -36,7 +37,8 @@ struct Args {
     /// host:port for the verbs control channel, or `none`.
     #[arg(long)]
     listen_verbs: Option<String>,
-    /// Shared secret clients must present (prefer RACEKV_MEMNODE_TOKEN: flags show in `ps`).
+    /// Shared secret clients must prove they know (prefer `token_file` in the config, or
+    /// RACEKV_MEMNODE_TOKEN_FILE: flags show in `ps`).
     #[arg(long)]
     token: Option<String>,
     /// Prometheus endpoint address, or `none`.
@@ -48,7 +50,7 @@ struct Args {
     /// Bytes per KV chunk handed to clients, e.g. 1MiB.
     #[arg(long, value_parser = parse_bytes)]
     chunk_bytes: Option<u64>,
-    /// Print the effective configuration as TOML-compatible JSON and exit.
+    /// Print the effective configuration as TOML (secrets shown as ***) and exit.
     #[arg(long)]
     print_config: bool,
 }
@@ -88,16 +90,27 @@ fn main() -> anyhow::Result<()> {
         cfg.chunk_bytes = v;
     }
     if args.print_config {
-        println!("{}", serde_json::to_string_pretty(&cfg)?);
+        print!("{}", racekv_telemetry::secret::redacted_toml(&cfg, racekv_memnode::config::SECRET_KEYS)?);
         return Ok(());
     }
 
-    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])?;
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
     let memnode = Memnode::start(cfg)?;
     tracing::info!("memnode ready: {}", memnode.ready_line());
     // For supervisors and tests: one machine-readable line on stdout.
     println!("READY {}", memnode.ready_line());
-    let signal = signals.forever().next();
+    let signal = signals.forever().find(|&signal| {
+        if signal != SIGHUP {
+            return true;
+        }
+        match memnode.reload_tls() {
+            Ok(true) => {}
+            Ok(false) => tracing::info!("SIGHUP: no TLS certificate configured, nothing to reload"),
+            Err(e) => tracing::error!("{e:#}"),
+        }
+        false
+    });
     tracing::info!(?signal, "shutting down");
     memnode.shutdown()?;
     tracing::info!("memnode stopped cleanly");

@@ -1,5 +1,6 @@
 //! The memnode as a real process: it serves, reports metrics, stops cleanly on SIGTERM, and
-//! after SIGKILL a restart on the same data file serves every acknowledged key.
+//! after SIGKILL a restart on the same data file serves every acknowledged key; with TLS it
+//! reloads its certificate on SIGHUP.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -9,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use racekv_hashing::{Table, TableOptions};
-use racekv_transport::{ConnectOptions, Connection, Endpoint};
+use racekv_transport::{ConnectOptions, Connection, Endpoint, TransportError};
 
 const TOKEN: &str = "process-test-token";
 
@@ -31,8 +32,13 @@ impl Drop for Running {
 }
 
 fn spawn(args: &[impl AsRef<std::ffi::OsStr>]) -> Running {
+    spawn_with_env(args, &[])
+}
+
+fn spawn_with_env(args: &[impl AsRef<std::ffi::OsStr>], env: &[(&str, &Path)]) -> Running {
     let mut child = Command::new(env!("CARGO_BIN_EXE_racekv-memnode"))
         .args(args)
+        .envs(env.iter().copied())
         .env("RACEKV_MEMNODE_TOKEN", TOKEN)
         .env("RACEKV_LOG", "warn")
         .stdout(Stdio::piped())
@@ -55,8 +61,7 @@ fn spawn(args: &[impl AsRef<std::ffi::OsStr>]) -> Running {
 }
 
 fn connect(endpoint: &Endpoint) -> Arc<dyn Connection> {
-    racekv_transport::connect(endpoint, &ConnectOptions { token: TOKEN.into(), timeout: Duration::from_secs(10) })
-        .unwrap()
+    racekv_transport::connect(endpoint, &ConnectOptions::new(TOKEN, Duration::from_secs(10))).unwrap()
 }
 
 fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
@@ -253,13 +258,11 @@ fn wrong_token_is_refused_with_a_clear_error() {
         "16MiB",
     ]);
     for endpoint in &m.endpoints {
-        let err = racekv_transport::connect(
-            endpoint,
-            &ConnectOptions { token: "wrong".into(), timeout: Duration::from_secs(5) },
-        )
-        .err()
-        .unwrap();
-        assert!(err.to_string().contains("authentication refused"), "{endpoint}: {err}");
+        let err =
+            racekv_transport::connect(endpoint, &ConnectOptions::new("wrong", Duration::from_secs(5))).err().unwrap();
+        // The tokens differ, so the memnode cannot prove the client's: the client stops there.
+        assert!(matches!(err, TransportError::ServerNotAuthenticated { .. }), "{endpoint}: {err:?}");
+        assert!(err.to_string().contains("could not prove it knows the token"), "{endpoint}: {err}");
     }
     signal(&m.child, 15);
     assert!(wait_exit(&mut m.child, Duration::from_secs(10)).success());
@@ -353,7 +356,7 @@ impl Reconnecting {
         let conn = Arc::clone(&self.inner.read().unwrap());
         let result = op(&*conn);
         if matches!(&result, Err(e) if e.is_connection_failure()) {
-            let options = ConnectOptions { token: TOKEN.into(), timeout: Duration::from_secs(10) };
+            let options = ConnectOptions::new(TOKEN, Duration::from_secs(10));
             if let Ok(fresh) = racekv_transport::connect(&self.endpoint, &options) {
                 *self.inner.write().unwrap() = fresh;
             }
@@ -578,4 +581,59 @@ fn writers_across_memnode_restarts_lose_nothing_and_leak_nothing() {
     let stats = stats(&*check_conn);
     let subtable_bytes = stats.heap.subtables * check_table.layout().subtable_bytes();
     assert_eq!(stats.heap.heap_used_bytes, live_bytes + subtable_bytes, "{stats:?}");
+}
+
+#[test]
+fn a_tls_listener_reloads_its_certificate_on_sighup() {
+    use racekv_transport::test_pki::{TestCa, TestPki};
+    let pki = TestPki::new("memnode CA");
+    let (cert, key, ca) = (pki.path("server.pem"), pki.path("server.key"), pki.path("ca.pem"));
+    let env = [
+        ("RACEKV_MEMNODE_TLS_CERT_FILE", cert.as_path()),
+        ("RACEKV_MEMNODE_TLS_KEY_FILE", key.as_path()),
+        ("RACEKV_MEMNODE_TLS_CA_FILE", ca.as_path()),
+        ("RACEKV_MEMNODE_TLS_AUTH_CLIENTS", Path::new("yes")),
+    ];
+    let args = ["--listen-tcp", "127.0.0.1:0", "--metrics-addr", "none", "--region-bytes", "16MiB"];
+    let mut m = spawn_with_env(&args, &env);
+    let endpoint = &m.endpoints[0];
+    let over_tls = |tls| {
+        racekv_transport::connect(
+            endpoint,
+            &ConnectOptions { tls, ..ConnectOptions::new(TOKEN, Duration::from_secs(10)) },
+        )
+    };
+    assert!(over_tls(None).is_err(), "the tcp listener answered without TLS");
+    assert!(over_tls(Some(pki.client())).is_err(), "no client certificate, and still let in");
+    let old = over_tls(Some(pki.mutual_client())).unwrap();
+    // The table works over TLS (its service reaches the region without a socket).
+    let table = Table::open(Arc::clone(&old), TableOptions::default()).unwrap();
+    let mut c = table.client(Arc::clone(&old));
+    c.put(b"tls-key", b"before the reload").unwrap();
+
+    let second = TestCa::new("second memnode CA");
+    second.write_leaf(&["localhost", "127.0.0.1"], &pki.path("server.pem"), &pki.path("server.key"));
+    let second_ca = second.write_cert(&pki.path("second-ca.pem"));
+    let trusts_second = || {
+        racekv_transport::ClientTls::new(&second_ca)
+            .unwrap()
+            .with_client_cert(pki.path("client.pem"), pki.path("client.key"))
+            .unwrap()
+    };
+    signal(&m.child, 1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let new = loop {
+        match over_tls(Some(trusts_second())) {
+            Ok(conn) => break conn,
+            Err(e) => assert!(Instant::now() < deadline, "SIGHUP did not bring the new certificate: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(over_tls(Some(pki.mutual_client())).is_err(), "a new connection got the old certificate");
+    let table = Table::open(Arc::clone(&new), TableOptions::default()).unwrap();
+    assert_eq!(table.client(new).get(b"tls-key").unwrap().as_deref(), Some(&b"before the reload"[..]));
+    assert_eq!(c.get(b"tls-key").unwrap().as_deref(), Some(&b"before the reload"[..]), "the old connection broke");
+    drop(c);
+    signal(&m.child, 15);
+    assert!(wait_exit(&mut m.child, Duration::from_secs(10)).success());
 }

@@ -22,6 +22,7 @@
 
 pub mod acl;
 pub mod commands;
+mod conn;
 mod event_loop;
 pub mod glob;
 pub mod info;
@@ -33,6 +34,7 @@ pub mod reply;
 pub mod resp;
 pub mod server;
 pub mod store;
+mod tls;
 
 pub use commands::Client;
 pub use info::ServerStats;
@@ -40,5 +42,5 @@ pub use info::ServerStats;
 pub use memstore::MemStore;
 pub use reply::{Protocol, Reply};
 pub use resp::{Command, Limits, Parser, ProtocolError};
-pub use server::{IoModel, RedisServer, ServerOptions};
+pub use server::{IoModel, RedisServer, ServerOptions, TlsPort};
 pub use store::{KvSession, KvStore, PutMode, StoreError, StoreErrorKind};

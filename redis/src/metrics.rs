@@ -23,6 +23,7 @@ pub(crate) struct Metrics {
     pub auth_failures: IntCounter,
     pub acl_denied: IntCounterVec,
     pub cross_protocol: IntCounter,
+    pub tls_handshake_failures: IntCounter,
 }
 
 pub(crate) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
@@ -108,6 +109,13 @@ pub(crate) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         IntCounter::new(
             "racekv_redis_cross_protocol_total",
             "Connections closed for sending POST or Host: as a command (HTTP sent to the Redis port)",
+        )
+        .unwrap(),
+    ),
+    tls_handshake_failures: register(
+        IntCounter::new(
+            "racekv_redis_tls_handshake_failures_total",
+            "Connections to the TLS port whose handshake failed (wrong certificate, plaintext, timeout)",
         )
         .unwrap(),
     ),

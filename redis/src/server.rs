@@ -25,9 +25,11 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use racekv_transport::stop::StopSignal;
+use racekv_transport::ServerTls;
 
 use super::acl::Acl;
 use super::commands::{self, Client};
+use super::conn::ClientConn;
 use super::info::ServerStats;
 use super::metrics::METRICS;
 use super::reply::Reply;
@@ -74,6 +76,18 @@ pub struct ServerOptions {
     /// Redis' protected mode: while the default user needs no password, serve only
     /// loopback clients (others get `-DENIED ...` and are closed).
     pub protected_mode: bool,
+    /// A second port that speaks only TLS (Redis' `tls-port`); its connections are served
+    /// by a thread each, whatever `io` says.
+    pub tls: Option<TlsPort>,
+}
+
+/// The TLS port of a [`RedisServer`].
+#[derive(Debug, Clone)]
+pub struct TlsPort {
+    /// Where to listen (port 0 picks a free port).
+    pub addr: String,
+    /// Certificate, key, CA and client-certificate rule; reloadable.
+    pub tls: ServerTls,
 }
 
 /// How a [`RedisServer`] serves its connections.
@@ -99,6 +113,7 @@ impl Default for ServerOptions {
             poll_spin: DEFAULT_POLL_SPIN,
             acl: Arc::new(Acl::open(commands::catalog())),
             protected_mode: true,
+            tls: None,
         }
     }
 }
@@ -127,7 +142,8 @@ pub(super) struct Shared {
 pub struct RedisServer {
     shared: Arc<Shared>,
     addr: SocketAddr,
-    acceptor: Option<JoinHandle<()>>,
+    tls_addr: Option<SocketAddr>,
+    acceptors: Vec<JoinHandle<()>>,
 }
 
 impl RedisServer {
@@ -160,11 +176,28 @@ impl RedisServer {
             shared.threads.lock().push(handle);
         }
         let accepting = Arc::clone(&shared);
-        let acceptor = std::thread::Builder::new()
+        let mut acceptors = vec![std::thread::Builder::new()
             .name("redis-accept".into())
-            .spawn(move || accept_loop(&accepting, &listener))?;
+            .spawn(move || accept_loop(&accepting, &listener, None))?];
         tracing::info!("redis front end listening on {addr}");
-        Ok(Self { shared, addr, acceptor: Some(acceptor) })
+        let mut tls_addr = None;
+        if let Some(port) = shared.options.tls.clone() {
+            let listener = TcpListener::bind(port.addr.as_str())?;
+            tls_addr = Some(listener.local_addr()?);
+            let accepting = Arc::clone(&shared);
+            acceptors.push(
+                std::thread::Builder::new()
+                    .name("redis-tls-accept".into())
+                    .spawn(move || accept_loop(&accepting, &listener, Some(port.tls)))?,
+            );
+            tracing::info!("redis front end listening for TLS on {}", tls_addr.expect("just set"));
+        }
+        Ok(Self { shared, addr, tls_addr, acceptors })
+    }
+
+    /// The TLS port's bound address, if it has one.
+    pub fn tls_addr(&self) -> Option<SocketAddr> {
+        self.tls_addr
     }
 
     /// The bound address (port 0 resolved).
@@ -181,11 +214,13 @@ impl RedisServer {
     /// already executing finishes in storage; its reply is lost with the connection.
     pub fn shutdown(&mut self) {
         self.shared.stopping.stop();
-        let Some(acceptor) = self.acceptor.take() else {
+        if self.acceptors.is_empty() {
             return;
-        };
-        // After the acceptor is gone no connection can be added behind our back.
-        let _ = acceptor.join();
+        }
+        // After the acceptors are gone no connection can be added behind our back.
+        for acceptor in self.acceptors.drain(..) {
+            let _ = acceptor.join();
+        }
         for stream in self.shared.open.lock().values() {
             let _ = stream.shutdown(Shutdown::Both);
         }
@@ -209,31 +244,35 @@ impl Drop for RedisServer {
     }
 }
 
-fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
+/// Accepts on `listener` until the server stops; `tls`: the port speaks TLS.
+fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener, tls: Option<ServerTls>) {
     // A failed accept (e.g. EMFILE) keeps serving the clients we have.
     shared.stopping.accept_until_stopped("redis front end", listener, TcpListener::accept, |(stream, peer)| {
-        admit(shared, stream, peer)
+        admit(shared, stream, peer, tls.as_ref())
     });
 }
 
-fn admit(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
+fn admit(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr, tls: Option<&ServerTls>) {
+    // A refusal is a Redis error line on the plain port; a TLS client could not read one
+    // before its handshake, so it just sees the close.
+    let refusal = |reply: &'static [u8]| if tls.is_none() { reply } else { b"" };
     if protected_mode_refuses(&shared.options, peer) {
         METRICS.connections_rejected.with_label_values(&["protected_mode"]).inc();
         limited_warn(&PROTECTED_MODE_LOG, || {
             format!("redis front end: refused {peer}: protected mode, and the default user has no password")
         });
-        refuse(stream, PROTECTED_MODE_DENIED);
+        refuse(stream, refusal(PROTECTED_MODE_DENIED));
         return;
     }
     if !shared.stats.try_admit() {
         METRICS.connections_rejected.with_label_values(&["max_clients"]).inc();
-        refuse(stream, b"-ERR max number of clients reached\r\n");
+        refuse(stream, refusal(b"-ERR max number of clients reached\r\n"));
         return;
     }
     METRICS.connections.inc();
     METRICS.connected_clients.inc();
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-    if !shared.loops.is_empty() {
+    if !shared.loops.is_empty() && tls.is_none() {
         let l = &shared.loops[id as usize % shared.loops.len()];
         if let Err(e) = l.adopt(id, stream, peer) {
             tracing::warn!("redis front end: cannot hand a connection to its event loop: {e}");
@@ -252,8 +291,21 @@ fn admit(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         }
     }
     let conn_shared = Arc::clone(shared);
+    let tls = tls.cloned();
     let spawned = std::thread::Builder::new().name(format!("redis-conn-{id}")).spawn(move || {
-        let reason = serve(&conn_shared, stream, id);
+        let reason = match tls {
+            None => serve(&conn_shared, stream, id),
+            Some(tls) => match super::tls::accept(&tls, stream) {
+                Ok(conn) => serve(&conn_shared, conn, id),
+                Err(e) => {
+                    METRICS.tls_handshake_failures.inc();
+                    limited_warn(&TLS_HANDSHAKE_LOG, || {
+                        format!("redis front end: TLS handshake with {peer} failed: {e}")
+                    });
+                    "tls_handshake"
+                }
+            },
+        };
         tracing::debug!("redis client {id} ({peer}) closed: {reason}");
         release(&conn_shared, id, reason);
     });
@@ -284,6 +336,7 @@ const PROTECTED_MODE_DENIED: &[u8] = b"-DENIED Redis is running in protected mod
 
 static PROTECTED_MODE_LOG: RateLimit = RateLimit::per_minute();
 static CROSS_PROTOCOL_LOG: RateLimit = RateLimit::per_minute();
+static TLS_HANDSHAKE_LOG: RateLimit = RateLimit::per_minute();
 
 pub(super) fn release(shared: &Shared, id: u64, reason: &'static str) {
     shared.open.lock().remove(&id);
@@ -313,12 +366,13 @@ fn is_timeout(e: &io::Error) -> bool {
 }
 
 /// Serves one connection until it ends; returns why it ended (a metric label).
-fn serve(shared: &Shared, mut stream: TcpStream, id: u64) -> &'static str {
+fn serve<C: ClientConn>(shared: &Shared, mut stream: C, id: u64) -> &'static str {
     let options = &shared.options;
-    let configured = stream
+    let tcp = stream.tcp();
+    let configured = tcp
         .set_nodelay(true)
-        .and_then(|()| stream.set_read_timeout(options.idle_timeout.filter(|t| !t.is_zero())))
-        .and_then(|()| stream.set_write_timeout(Some(options.write_timeout)));
+        .and_then(|()| tcp.set_read_timeout(options.idle_timeout.filter(|t| !t.is_zero())))
+        .and_then(|()| tcp.set_write_timeout(Some(options.write_timeout)));
     if configured.is_err() {
         return "io_error";
     }
@@ -345,7 +399,7 @@ fn serve(shared: &Shared, mut stream: TcpStream, id: u64) -> &'static str {
         let ending = loop {
             match run_commands(shared, &mut client, &mut parser, &mut out) {
                 Step::Flush => {
-                    if stream.write_all(&out).is_err() {
+                    if stream.write_all(&out).and_then(|()| stream.flush()).is_err() {
                         return "io_error";
                     }
                     sent += out.len();
@@ -355,7 +409,7 @@ fn serve(shared: &Shared, mut stream: TcpStream, id: u64) -> &'static str {
                 Step::End(reason) => break Some(reason),
             }
         };
-        let written = stream.write_all(&out);
+        let written = stream.write_all(&out).and_then(|()| stream.flush());
         sent += out.len();
         out.clear();
         shared.stats.add_io(n as u64, sent as u64);
@@ -457,13 +511,14 @@ const MAX_GET_RUN: usize = 32;
 
 /// Half-closes and discards input for a moment, so the client reads our last reply before
 /// it sees the connection end (see [`LINGER`]).
-fn linger(stream: &mut TcpStream, buf: &mut [u8]) {
-    let _ = stream.shutdown(Shutdown::Write);
+fn linger<C: ClientConn>(stream: &mut C, buf: &mut [u8]) {
+    stream.finish();
+    let _ = stream.tcp().shutdown(Shutdown::Write);
     let deadline = Instant::now() + LINGER;
     let mut discarded = 0;
     while discarded < LINGER_MAX_BYTES {
         let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+        if left.is_zero() || stream.tcp().set_read_timeout(Some(left)).is_err() {
             return;
         }
         match stream.read(buf) {

@@ -15,6 +15,7 @@
 pub mod http;
 pub mod ratelimit;
 pub mod secret;
+pub mod tls;
 
 use anyhow::Context;
 use prometheus::{Encoder, TextEncoder};

@@ -445,23 +445,41 @@ pub mod fixtures {
     use super::*;
     use crate::{ConnectOptions, Endpoint, Region, RegionServer, ServerOptions};
 
-    /// shm, tcp or verbs, served by a [`RegionServer`] over a memfd region.
+    /// shm, tcp (optionally TLS) or verbs, served by a [`RegionServer`] over a memfd region.
     pub struct ServerFixture {
         kind: crate::TransportKind,
+        tls: bool,
     }
 
-    pub const SHM: ServerFixture = ServerFixture { kind: crate::TransportKind::Shm };
-    pub const TCP: ServerFixture = ServerFixture { kind: crate::TransportKind::Tcp };
+    pub const SHM: ServerFixture = ServerFixture { kind: crate::TransportKind::Shm, tls: false };
+    pub const TCP: ServerFixture = ServerFixture { kind: crate::TransportKind::Tcp, tls: false };
+    /// tcp inside mutual TLS, with certificates made up per region (feature `test-pki`).
+    #[cfg(feature = "test-pki")]
+    pub const TCP_TLS: ServerFixture = ServerFixture { kind: crate::TransportKind::Tcp, tls: true };
     /// Needs an RDMA device (Soft-RoCE will do); fails loudly without one.
     #[cfg(feature = "rdma")]
-    pub const VERBS: ServerFixture = ServerFixture { kind: crate::TransportKind::Verbs };
+    pub const VERBS: ServerFixture = ServerFixture { kind: crate::TransportKind::Verbs, tls: false };
 
     const TOKEN: &str = "conformance-token";
 
     struct ServedRegion {
         server: Option<RegionServer>,
         endpoint: Endpoint,
+        tls: Option<crate::ClientTls>,
         _dir: Option<tempfile::TempDir>,
+    }
+
+    /// Server and client TLS settings for a fresh made-up CA, and the directory of its files.
+    #[cfg(feature = "test-pki")]
+    fn tls_pair() -> (crate::ServerTls, crate::ClientTls, tempfile::TempDir) {
+        let pki = crate::test_pki::TestPki::new("conformance CA");
+        let server = crate::ServerTls::load(pki.server_files(crate::ClientAuth::Yes)).expect("test certificates");
+        (server, pki.mutual_client(), pki.dir)
+    }
+
+    #[cfg(not(feature = "test-pki"))]
+    fn tls_pair() -> (crate::ServerTls, crate::ClientTls, tempfile::TempDir) {
+        unreachable!("TLS fixtures exist only with feature test-pki")
     }
 
     impl Fixture for ServerFixture {
@@ -476,18 +494,25 @@ pub mod fixtures {
                 crate::TransportKind::Tcp => (Endpoint::Tcp("127.0.0.1:0".into()), None),
                 crate::TransportKind::Verbs => (Endpoint::Verbs("127.0.0.1:0".into()), None),
             };
-            let options = ServerOptions { token: TOKEN.into(), ..ServerOptions::default() };
+            let mut options = ServerOptions { token: TOKEN.into(), ..ServerOptions::default() };
+            let (mut tls, mut dir) = (None, dir);
+            if self.tls {
+                let (server_tls, client_tls, pki_dir) = tls_pair();
+                options.tls = Some(server_tls);
+                (tls, dir) = (Some(client_tls), Some(pki_dir));
+            }
             let server =
                 RegionServer::start(region, Some(file), Arc::new(TestRpc), options, std::slice::from_ref(&listen))
                     .unwrap_or_else(|e| panic!("fixture cannot serve {listen}: {e}"));
             let endpoint = server.endpoints()[0].clone();
-            Box::new(ServedRegion { server: Some(server), endpoint, _dir: dir })
+            Box::new(ServedRegion { server: Some(server), endpoint, tls, _dir: dir })
         }
     }
 
     impl Served for ServedRegion {
         fn connect(&self) -> Arc<dyn Connection> {
-            let options = ConnectOptions { token: TOKEN.into(), timeout: Duration::from_secs(5) };
+            let options =
+                ConnectOptions { tls: self.tls.clone(), ..ConnectOptions::new(TOKEN, Duration::from_secs(5)) };
             crate::connect(&self.endpoint, &options)
                 .unwrap_or_else(|e| panic!("cannot connect to {}: {e}", self.endpoint))
         }

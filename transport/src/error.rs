@@ -52,6 +52,12 @@ pub enum TransportError {
     /// The peer refused our credentials.
     #[error("authentication refused by {peer}")]
     AuthRefused { peer: String },
+    /// The server could not prove it knows the token: an impostor, or a server configured
+    /// with another token. Nothing was sent to it.
+    #[error(
+        "{peer} could not prove it knows the token (an impostor, or a server with another token); nothing was sent"
+    )]
+    ServerNotAuthenticated { peer: String },
     /// The peer spoke something we cannot parse, or refused our request as malformed.
     #[error("protocol error: {0}")]
     Protocol(String),

@@ -16,8 +16,12 @@
 //! connection's RPC lanes, a leader coalesces concurrent requests into one message, and the
 //! region server's credit scheduler keeps the load it accepts within what it can serve.
 //!
+//! Every connection starts with a challenge-response on the shared token ([`auth`]); tcp
+//! connections may run inside TLS ([`tls`]).
+//!
 //! Every backend passes the same [`conformance`] suite (feature `conformance`).
 
+pub mod auth;
 pub mod batch;
 pub mod error;
 pub mod fdpass;
@@ -30,12 +34,16 @@ pub mod shm;
 pub mod stop;
 mod stream;
 pub mod tcp;
+pub mod tls;
 #[cfg(feature = "rdma")]
 pub mod verbs;
 pub mod wire;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
+#[cfg(feature = "test-pki")]
+#[doc(hidden)]
+pub mod test_pki;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -46,6 +54,7 @@ pub use batch::{Batch, OpId, OpKind, Outcome, ReadId, MAX_BATCH_BYTES, MAX_BATCH
 pub use error::{OpError, RpcStatus, TransportError};
 pub use region::Region;
 pub use server::{NoRpc, RegionServer, RpcService, ServerOptions};
+pub use tls::{ClientAuth, ClientTls, ServerTls, ServerTlsFiles};
 
 /// Which backend a connection uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -141,18 +150,35 @@ impl std::str::FromStr for Endpoint {
     }
 }
 
-/// Credentials and timeouts for connecting.
+/// Credentials and timeouts for connecting. Build it with [`ConnectOptions::new`] or
+/// `..Default::default()`, so new settings need no change at every call site.
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {
-    /// The shared secret of the region server.
+    /// The shared secret of the region server (proved, never sent: [`auth`]).
     pub token: String,
     /// Longest wait for connecting and for any one request.
     pub timeout: Duration,
+    /// TLS for tcp endpoints (a server whose tcp listener has a certificate speaks only
+    /// TLS). Not used by shm (same host) and refused by verbs endpoints.
+    pub tls: Option<ClientTls>,
+}
+
+impl ConnectOptions {
+    /// `token` and `timeout`, no TLS.
+    pub fn new(token: impl Into<String>, timeout: Duration) -> Self {
+        Self { token: token.into(), timeout, tls: None }
+    }
+
+    /// The same, over TLS on tcp endpoints.
+    pub fn with_tls(mut self, tls: ClientTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
 }
 
 impl Default for ConnectOptions {
     fn default() -> Self {
-        Self { token: String::new(), timeout: Duration::from_secs(5) }
+        Self::new(String::new(), Duration::from_secs(5))
     }
 }
 

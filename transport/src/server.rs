@@ -1,6 +1,11 @@
 //! The remote side of a region: accepts connections, checks credentials, executes one-sided
 //! batches against the region (the software NIC of the tcp backend) and answers RPCs.
 //!
+//! Every connection first passes TLS (tcp listeners with a certificate, [`crate::tls`]) and
+//! the token handshake ([`crate::auth`]) within the I/O timeout; a peer that fails is
+//! counted, refused with an Error frame where it can still read one, and closed. Only then
+//! does the server say HelloOk and read anything else.
+//!
 //! The same connection loop serves TCP and Unix sockets. On a Unix socket the hello reply
 //! carries the region's file descriptor (SCM_RIGHTS), which is how the shm backend maps the
 //! region; after that, shm clients use the socket only for RPC and to notice a server exit.
@@ -15,8 +20,8 @@
 //! queue pair ([`crate::flock`]). The legacy RpcRequest frame is still answered.
 //!
 //! The software NIC knows nothing of what lives in the region: it bounds-checks and executes.
-//! Malformed, truncated, oversized or unauthenticated frames get an Error frame and cost
-//! only their own connection.
+//! Malformed, truncated or oversized frames, and any frame before the handshake, get an
+//! Error frame and cost only their own connection.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -33,12 +38,14 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts};
 
+use crate::auth::{self, Accepted, AuthFailure};
 use crate::batch::{Batch, OpKind};
 use crate::error::RpcStatus;
 use crate::region::Region;
 use crate::stop::StopSignal;
 use crate::stream::{read_frame, FrameRead, POLL_INTERVAL};
-use crate::wire::{self, error_code, Kind, TOKEN_BYTES};
+use crate::tls::{self, ServerTls, TcpLink, TlsStream};
+use crate::wire::{self, error_code, Kind};
 use crate::Endpoint;
 
 /// Answers RPCs arriving on a region server's connections.
@@ -64,11 +71,15 @@ impl RpcService for NoRpc {
 /// Limits and credentials of a region server.
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
-    /// Shared secret every request must carry.
+    /// Shared secret every connection must prove it knows ([`crate::auth`]).
     pub token: String,
+    /// TLS on tcp endpoints: with it they speak only TLS. Unix sockets stay on the host and
+    /// need none; verbs control channels do not use it.
+    pub tls: Option<ServerTls>,
     /// Connections beyond this are refused with an error frame.
     pub max_connections: usize,
-    /// A frame that stalls longer than this mid-way costs its connection; also the write timeout.
+    /// A frame that stalls longer than this mid-way costs its connection; also the write
+    /// timeout and the time a new connection has for TLS and the token handshake.
     pub io_timeout: Duration,
     /// The FLOCK credit scheduler: credits per grant, MAX_AQP, overload limits.
     pub flock: crate::flock::SchedulerOptions,
@@ -78,6 +89,7 @@ impl Default for ServerOptions {
     fn default() -> Self {
         Self {
             token: String::new(),
+            tls: None,
             max_connections: 1024,
             io_timeout: Duration::from_secs(10),
             flock: crate::flock::SchedulerOptions::default(),
@@ -167,6 +179,13 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
 /// A socket the server loop can serve.
 trait ServerStream: Read + Write + AsFd + Send + 'static {
     fn listener(&self) -> &'static str;
+    /// The peer, for logs.
+    fn peer(&self) -> String;
+    /// Turns the connection into TLS when `tls` is given and this listener uses it (tcp).
+    fn start_tls(&mut self, tls: Option<&ServerTls>, deadline: Instant) -> io::Result<()> {
+        let _ = (tls, deadline);
+        Ok(())
+    }
     fn try_clone_stream(&self) -> io::Result<Self>
     where
         Self: Sized;
@@ -179,6 +198,9 @@ trait ServerStream: Read + Write + AsFd + Send + 'static {
 impl ServerStream for TcpStream {
     fn listener(&self) -> &'static str {
         "tcp"
+    }
+    fn peer(&self) -> String {
+        self.peer_addr().map_or_else(|_| "unknown".into(), |a| a.to_string())
     }
     fn try_clone_stream(&self) -> io::Result<Self> {
         self.try_clone()
@@ -196,9 +218,39 @@ impl ServerStream for TcpStream {
     }
 }
 
+impl ServerStream for TcpLink {
+    fn listener(&self) -> &'static str {
+        "tcp"
+    }
+    fn peer(&self) -> String {
+        self.socket().peer()
+    }
+    fn start_tls(&mut self, tls: Option<&ServerTls>, deadline: Instant) -> io::Result<()> {
+        if let (Some(tls), TcpLink::Plain(socket)) = (tls, &*self) {
+            *self = TcpLink::Tls(TlsStream::server(socket.try_clone()?, tls, deadline)?);
+        }
+        Ok(())
+    }
+    fn try_clone_stream(&self) -> io::Result<Self> {
+        self.try_clone()
+    }
+    fn shutdown_both(&self) {
+        self.shutdown();
+    }
+    fn send_with_fd(&mut self, _bytes: &[u8], _fd: BorrowedFd<'_>) -> io::Result<()> {
+        Err(io::Error::new(io::ErrorKind::Unsupported, "file descriptors travel only over Unix sockets"))
+    }
+    fn set_timeouts(&self, read: Duration, write: Duration) -> io::Result<()> {
+        self.socket().set_timeouts(read, write)
+    }
+}
+
 impl ServerStream for UnixStream {
     fn listener(&self) -> &'static str {
         "unix"
+    }
+    fn peer(&self) -> String {
+        "unix socket".into()
     }
     fn try_clone_stream(&self) -> io::Result<Self> {
         self.try_clone()
@@ -248,6 +300,9 @@ impl AsFd for VerbsControl {
 impl ServerStream for VerbsControl {
     fn listener(&self) -> &'static str {
         "verbs"
+    }
+    fn peer(&self) -> String {
+        self.0.peer()
     }
     fn try_clone_stream(&self) -> io::Result<Self> {
         self.0.try_clone().map(VerbsControl)
@@ -310,7 +365,6 @@ struct Shared {
     rpc: Arc<dyn RpcService>,
     flock: crate::flock::Scheduler,
     options: ServerOptions,
-    token: [u8; TOKEN_BYTES],
     instance: u64,
     /// Set at shutdown; wakes the acceptors, which wait on it with no timeout.
     stopping: StopSignal,
@@ -374,6 +428,16 @@ impl RegionServer {
             METRICS.frame_errors.with_label_values(&[reason]);
         }
         METRICS.refused.with_label_values(&["too_many_connections"]);
+        for endpoint in listen {
+            auth::register_listener(match endpoint {
+                Endpoint::Tcp(_) => "tcp",
+                Endpoint::Shm(_) => "unix",
+                Endpoint::Verbs(_) => "verbs",
+            });
+        }
+        if options.tls.is_some() && !listen.iter().any(|e| matches!(e, Endpoint::Tcp(_))) {
+            tracing::warn!("region server: TLS is configured but no tcp endpoint is served; it applies to none");
+        }
         let verbs = match listen.iter().find(|e| matches!(e, Endpoint::Verbs(_))) {
             Some(endpoint) => Some(register_verbs(&region, endpoint)?),
             None => None,
@@ -388,7 +452,6 @@ impl RegionServer {
             verbs,
             rpc,
             flock: crate::flock::Scheduler::new(options.flock.clone()),
-            token: wire::token_digest(&options.token),
             options,
             instance: random_u64(),
             stopping: StopSignal::new()?,
@@ -404,7 +467,7 @@ impl RegionServer {
                     let listener = TcpListener::bind(addr.as_str())?;
                     let bound = listener.local_addr()?;
                     server.endpoints.push(Endpoint::Tcp(bound.to_string()));
-                    server.spawn_acceptor(listener, |l| l.accept().map(|(s, _)| s))?;
+                    server.spawn_acceptor(listener, |l| l.accept().map(|(s, _)| TcpLink::Plain(s)))?;
                 }
                 Endpoint::Shm(path) => {
                     if shared.region_file.is_none() {
@@ -445,6 +508,11 @@ impl RegionServer {
     /// Where the server listens (bound addresses, so port 0 is resolved).
     pub fn endpoints(&self) -> &[Endpoint] {
         &self.endpoints
+    }
+
+    /// The TLS settings of the tcp endpoints, to reload them ([`ServerTls::reload`]).
+    pub fn tls(&self) -> Option<&ServerTls> {
+        self.shared.options.tls.as_ref()
     }
 
     /// Random per start; clients see it in the hello reply.
@@ -594,44 +662,33 @@ fn refuse<S: ServerStream>(
     Err(reason)
 }
 
-/// The parts of a decoded frame that carries the auth token.
-trait Tokened {
-    fn token(&self) -> &[u8; wire::TOKEN_BYTES];
-}
-
-impl Tokened for [u8; wire::TOKEN_BYTES] {
-    fn token(&self) -> &[u8; wire::TOKEN_BYTES] {
-        self
+/// TLS where configured, then the token handshake, within the I/O timeout. Ok(false): the
+/// peer left before saying anything (a port probe).
+fn authenticate<S: ServerStream>(shared: &Shared, stream: &mut S) -> Result<bool, AuthFailure> {
+    let deadline = Instant::now() + shared.options.io_timeout;
+    if let Err(e) = stream.start_tls(shared.options.tls.as_ref(), deadline) {
+        return match e.kind() {
+            io::ErrorKind::UnexpectedEof => Ok(false),
+            io::ErrorKind::TimedOut => Err(AuthFailure::Timeout),
+            _ if tls::is_tls_error(&e) => Err(AuthFailure::Tls(e.to_string())),
+            _ => Err(AuthFailure::Io(e.to_string())),
+        };
     }
+    let left = deadline.saturating_duration_since(Instant::now());
+    Ok(auth::accept(stream, shared.options.token.as_bytes(), left)? == Accepted::Authenticated)
 }
 
-impl<A> Tokened for ([u8; wire::TOKEN_BYTES], A) {
-    fn token(&self) -> &[u8; wire::TOKEN_BYTES] {
-        &self.0
-    }
-}
-
-impl<A, B> Tokened for ([u8; wire::TOKEN_BYTES], A, B) {
-    fn token(&self) -> &[u8; wire::TOKEN_BYTES] {
-        &self.0
-    }
-}
-
-/// A decoded frame whose token matches; otherwise the frame is refused (malformed, or a bad
-/// token) and the connection closed.
-fn authenticated<S: ServerStream, T: Tokened>(
+/// A decoded frame; a malformed one is refused and the connection closed.
+fn decoded<S: ServerStream, T>(
     stream: &mut S,
     out: &mut Vec<u8>,
     request_id: u64,
-    expected: &[u8; wire::TOKEN_BYTES],
     decoded: Result<T, wire::WireError>,
 ) -> Result<T, &'static str> {
-    let refused = match decoded {
-        Ok(parts) if wire::token_matches(parts.token(), expected) => return Ok(parts),
-        Ok(_) => refuse(stream, out, request_id, error_code::AUTH, "bad token", "auth"),
-        Err(e) => refuse(stream, out, request_id, error_code::MALFORMED, &e.to_string(), "malformed"),
-    };
-    Err(refused.expect_err("a refusal ends the connection"))
+    decoded.map_err(|e| {
+        refuse(stream, out, request_id, error_code::MALFORMED, &e.to_string(), "malformed")
+            .expect_err("a refusal ends the connection")
+    })
 }
 
 /// Serves one connection until it closes. Returns the reason when it ends badly.
@@ -641,72 +698,50 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
     if stream.set_timeouts(shared.options.io_timeout, shared.options.io_timeout).is_err() {
         return Err("io");
     }
-    let mut body = Vec::new();
+    match authenticate(shared, &mut stream) {
+        Ok(true) => {}
+        Ok(false) => return Ok(()),
+        Err(failure) => {
+            auth::record_failure(stream.listener(), &stream.peer(), &failure);
+            if let Some(frame) = failure.refusal() {
+                let _ = stream.write_all(&frame);
+            }
+            stream.shutdown_both();
+            return Err(if failure == AuthFailure::Timeout { "hello_timeout" } else { "auth" });
+        }
+    }
     let mut out = Vec::with_capacity(4096);
+    let send_fd = stream.listener() == "unix";
+    let flags = if send_fd { wire::HELLO_FLAG_REGION_FD } else { 0 };
+    let region_len = if shared.rpc_only { 0 } else { shared.region.len() };
+    wire::encode_hello_ok(&mut out, &wire::HelloOk { region_len, instance: shared.instance, flags });
+    let sent = match (&shared.region_file, send_fd) {
+        (Some(file), true) => stream.send_with_fd(&out, file.as_fd()),
+        (None, true) => Err(io::Error::new(io::ErrorKind::Unsupported, "no region file")),
+        (_, false) => stream.write_all(&out),
+    };
+    sent.map_err(|_| "io")?;
+
+    let mut body = Vec::new();
     let mut batch = Batch::new();
-    let mut greeted = false;
     // A verbs client's queue pair on this side; destroyed when this connection ends.
     let mut queue_pair = None;
-    let mut idle_since = Instant::now();
     loop {
         if shared.stopping.is_stopped() {
             return Ok(());
         }
         let header = match read_frame(&mut stream, &mut body, shared.options.io_timeout) {
             Ok(FrameRead::Frame(header)) => header,
-            Ok(FrameRead::Idle) => {
-                if !greeted && idle_since.elapsed() > shared.options.io_timeout {
-                    return refuse(
-                        &mut stream,
-                        &mut out,
-                        0,
-                        error_code::MALFORMED,
-                        "no hello within the I/O timeout",
-                        "hello_timeout",
-                    );
-                }
-                continue;
-            }
+            Ok(FrameRead::Idle) => continue,
             Ok(FrameRead::Closed) => return Ok(()),
             Err(e) if e.kind() == io::ErrorKind::InvalidData => {
                 return refuse(&mut stream, &mut out, 0, error_code::MALFORMED, &e.to_string(), "malformed");
             }
             Err(_) => return Err("io"),
         };
-        idle_since = Instant::now();
         out.clear();
-        match (header.kind, greeted) {
-            (Kind::Hello, false) => {
-                let _ = authenticated(&mut stream, &mut out, 0, &shared.token, wire::decode_hello(&body))?;
-                greeted = true;
-                let send_fd = stream.listener() == "unix";
-                let flags = if send_fd { wire::HELLO_FLAG_REGION_FD } else { 0 };
-                wire::encode_hello_ok(
-                    &mut out,
-                    &wire::HelloOk {
-                        region_len: if shared.rpc_only { 0 } else { shared.region.len() },
-                        instance: shared.instance,
-                        flags,
-                    },
-                );
-                let sent = match (&shared.region_file, send_fd) {
-                    (Some(file), true) => stream.send_with_fd(&out, file.as_fd()),
-                    (None, true) => Err(io::Error::new(io::ErrorKind::Unsupported, "no region file")),
-                    (_, false) => stream.write_all(&out),
-                };
-                sent.map_err(|_| "io")?;
-            }
-            (_, false) => {
-                return refuse(
-                    &mut stream,
-                    &mut out,
-                    header.request_id,
-                    error_code::MALFORMED,
-                    "the first frame must be hello",
-                    "malformed",
-                );
-            }
-            (Kind::Batch, true) if shared.rpc_only => {
+        match header.kind {
+            Kind::Batch if shared.rpc_only => {
                 return refuse(
                     &mut stream,
                     &mut out,
@@ -716,7 +751,7 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
                     "malformed",
                 );
             }
-            (Kind::Batch, true) if stream.listener() == "verbs" => {
+            Kind::Batch if stream.listener() == "verbs" => {
                 return refuse(
                     &mut stream,
                     &mut out,
@@ -726,14 +761,8 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
                     "malformed",
                 );
             }
-            (Kind::VerbsConnect, true) => {
-                let (_, client) = authenticated(
-                    &mut stream,
-                    &mut out,
-                    header.request_id,
-                    &shared.token,
-                    wire::decode_verbs_connect(&body),
-                )?;
+            Kind::VerbsConnect => {
+                let client = decoded(&mut stream, &mut out, header.request_id, wire::decode_verbs_connect(&body))?;
                 let host = match (&shared.verbs, stream.listener()) {
                     (Some(host), "verbs") => host,
                     _ => {
@@ -773,14 +802,8 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
                 }
                 stream.write_all(&out).map_err(|_| "io")?;
             }
-            (Kind::Batch, true) => {
-                let _ = authenticated(
-                    &mut stream,
-                    &mut out,
-                    header.request_id,
-                    &shared.token,
-                    wire::decode_batch(&body, &mut batch),
-                )?;
+            Kind::Batch => {
+                decoded(&mut stream, &mut out, header.request_id, wire::decode_batch(&body, &mut batch))?;
                 let started = Instant::now();
                 shared.region.apply(&mut batch);
                 METRICS.batch_seconds.observe(started.elapsed().as_secs_f64());
@@ -788,14 +811,9 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
                 wire::encode_batch_result(&mut out, header.request_id, &batch);
                 stream.write_all(&out).map_err(|_| "io")?;
             }
-            (Kind::RpcRequest, true) => {
-                let (_, method, payload) = authenticated(
-                    &mut stream,
-                    &mut out,
-                    header.request_id,
-                    &shared.token,
-                    wire::decode_rpc_request(&body),
-                )?;
+            Kind::RpcRequest => {
+                let (method, payload) =
+                    decoded(&mut stream, &mut out, header.request_id, wire::decode_rpc_request(&body))?;
                 let started = Instant::now();
                 let name = shared.rpc.method_name(method);
                 let result = shared.rpc.call(method, payload);
@@ -817,21 +835,15 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
                 }
                 stream.write_all(&out).map_err(|_| "io")?;
             }
-            (Kind::FlockOpen, true) => {
-                let (_, open) = authenticated(
-                    &mut stream,
-                    &mut out,
-                    header.request_id,
-                    &shared.token,
-                    wire::decode_flock_open(&body),
-                )?;
+            Kind::FlockOpen => {
+                let open = decoded(&mut stream, &mut out, header.request_id, wire::decode_flock_open(&body))?;
                 // The connection is a FLOCK lane from now on.
                 let (lane, credits) = shared.flock.open(open.sender);
                 let result = serve_flock_lane(shared, &mut stream, &open, lane, credits, &mut out);
                 shared.flock.close(lane);
                 return result;
             }
-            (kind, true) => {
+            kind => {
                 return refuse(
                     &mut stream,
                     &mut out,

@@ -1,7 +1,7 @@
 //! The shm backend: the region is a shared mapping on this host.
 //!
-//! Connecting sends hello over the server's Unix socket; the reply carries the region's file
-//! descriptor, which we map. From then on every op is a CPU load, store or atomic on the
+//! Connecting runs the token handshake over the server's Unix socket; its last reply
+//! (HelloOk) carries the region's file descriptor, which we map. From then on every op is a CPU load, store or atomic on the
 //! mapping (no system call, no server involvement). The socket stays open as a liveness
 //! signal: a watcher thread notices when the server closes it, and from then on `execute`
 //! fails with `ConnectionLost` instead of writing into an orphaned region. RPCs travel on
@@ -9,7 +9,6 @@
 
 use std::cell::RefCell;
 use std::fs::File;
-use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -116,10 +115,7 @@ impl ShmConnection {
         let endpoint = format!("shm:{}", path.display());
         let fail = |reason: String| TransportError::Connect { endpoint: endpoint.clone(), reason };
         let mut stream = dial_unix(path, options.timeout, &fail)?;
-        let token = wire::token_digest(&options.token);
-        let mut out = Vec::new();
-        wire::encode_hello(&mut out, &token);
-        stream.write_all(&out).map_err(|e| fail(e.to_string()))?;
+        crate::auth::connect(&mut stream, &options.token, options.timeout, &endpoint)?;
 
         // The descriptor rides on the first bytes of the reply.
         let mut body = Vec::new();

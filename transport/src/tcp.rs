@@ -1,6 +1,7 @@
-//! The tcp backend: batches travel as frames to the software NIC in the region server.
+//! The tcp backend: batches travel as frames to the software NIC in the region server, over
+//! TLS when [`ConnectOptions::tls`] is set.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
@@ -13,7 +14,8 @@ use crate::flock::stream::open_tcp_lane;
 use crate::flock::{Channel, FlockOptions};
 use crate::mux::{error_frame, Mux};
 use crate::stream::{read_frame, FrameRead, POLL_INTERVAL};
-use crate::wire::{self, Kind, TOKEN_BYTES};
+use crate::tls::{TcpLink, TlsStream};
+use crate::wire::{self, Kind};
 use crate::{ConnectOptions, Connection, TransportKind};
 
 struct Metrics {
@@ -37,16 +39,8 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     }
 });
 
-/// Sends hello on `stream` and reads the reply (blocking, bounded by `timeout`).
-pub(crate) fn hello<S: Read + Write>(
-    stream: &mut S,
-    token: &[u8; TOKEN_BYTES],
-    timeout: Duration,
-    peer: &str,
-) -> Result<wire::HelloOk, TransportError> {
-    let mut out = Vec::new();
-    wire::encode_hello(&mut out, token);
-    stream.write_all(&out).map_err(|e| TransportError::Connect { endpoint: peer.into(), reason: e.to_string() })?;
+/// Reads the HelloOk that ends the handshake (blocking, bounded by `timeout`).
+fn await_hello_ok<S: Read>(stream: &mut S, timeout: Duration, peer: &str) -> Result<wire::HelloOk, TransportError> {
     let started = Instant::now();
     let mut body = Vec::new();
     loop {
@@ -68,33 +62,58 @@ pub(crate) fn hello<S: Read + Write>(
     }
 }
 
-/// Connects to the region server at `addr` and greets it: connected within the timeout, no
-/// Nagle delay, reads that wake every [`POLL_INTERVAL`], writes bounded by the timeout, hello
-/// answered. `endpoint` names the server in errors (`tcp:host:port`, `verbs:host:port`).
-/// Returns the stream, the token digest the frames carry, and the server's hello.
+/// Connects to the region server at `addr` and authenticates: connected within the
+/// timeout, no Nagle delay, reads that wake every [`POLL_INTERVAL`], writes bounded by the
+/// timeout, TLS if [`ConnectOptions::tls`] is set, the token handshake done and HelloOk
+/// read. `endpoint` names the server in errors (`tcp:host:port`, `verbs:host:port`).
 pub(crate) fn dial(
     addr: &str,
     endpoint: &str,
     options: &ConnectOptions,
-) -> Result<(TcpStream, [u8; TOKEN_BYTES], wire::HelloOk), TransportError> {
+) -> Result<(TcpLink, wire::HelloOk), TransportError> {
     let fail = |reason: String| TransportError::Connect { endpoint: endpoint.into(), reason };
+    let deadline = Instant::now() + options.timeout;
     let target =
         addr.to_socket_addrs().map_err(|e| fail(e.to_string()))?.next().ok_or_else(|| fail("no address".into()))?;
-    let mut stream = TcpStream::connect_timeout(&target, options.timeout).map_err(|e| fail(e.to_string()))?;
+    let stream = TcpStream::connect_timeout(&target, options.timeout).map_err(|e| fail(e.to_string()))?;
     stream.set_nodelay(true).map_err(|e| fail(e.to_string()))?;
     stream.set_read_timeout(Some(POLL_INTERVAL)).map_err(|e| fail(e.to_string()))?;
     stream.set_write_timeout(Some(options.timeout)).map_err(|e| fail(e.to_string()))?;
-    let token = wire::token_digest(&options.token);
-    let hello = hello(&mut stream, &token, options.timeout, endpoint)?;
-    Ok((stream, token, hello))
+    let mut link = match &options.tls {
+        Some(tls) => TcpLink::Tls(TlsStream::client(stream, tls, addr, deadline).map_err(|e| fail(e.to_string()))?),
+        None => TcpLink::Plain(stream),
+    };
+    let left = deadline.saturating_duration_since(Instant::now());
+    crate::auth::connect(&mut link, &options.token, left, endpoint)?;
+    let hello = await_hello_ok(&mut link, deadline.saturating_duration_since(Instant::now()), endpoint)?;
+    Ok((link, hello))
+}
+
+/// [`dial`] for a verbs control channel, which has no TLS: its one-sided traffic travels on
+/// queue pairs, unencrypted, whatever the channel does.
+#[cfg(feature = "rdma")]
+pub(crate) fn dial_plain(
+    addr: &str,
+    endpoint: &str,
+    options: &ConnectOptions,
+) -> Result<(TcpStream, wire::HelloOk), TransportError> {
+    if options.tls.is_some() {
+        return Err(TransportError::Connect {
+            endpoint: endpoint.into(),
+            reason: "verbs endpoints have no TLS (their one-sided traffic is not encrypted): connect without TLS options, or over tcp".into(),
+        });
+    }
+    match dial(addr, endpoint, options)? {
+        (TcpLink::Plain(stream), hello) => Ok((stream, hello)),
+        (TcpLink::Tls(_), _) => unreachable!("no TLS was asked for"),
+    }
 }
 
 /// A tcp connection; many threads may share it (batches are multiplexed by id on one
 /// stream; RPCs travel on FLOCK lanes of their own, opened on the first call).
 pub struct TcpConnection {
-    mux: Mux<TcpStream>,
+    mux: Mux<TcpLink>,
     rpc: Channel,
-    token: [u8; TOKEN_BYTES],
     hello: wire::HelloOk,
 }
 
@@ -108,7 +127,7 @@ impl TcpConnection {
     pub fn connect_with(addr: &str, options: &ConnectOptions, rpc: &FlockOptions) -> Result<Self, TransportError> {
         let endpoint = format!("tcp:{addr}");
         let fail = |reason: String| TransportError::Connect { endpoint: endpoint.clone(), reason };
-        let (stream, token, hello) = dial(addr, &endpoint, options)?;
+        let (stream, hello) = dial(addr, &endpoint, options)?;
         let read_half = stream.try_clone().map_err(|e| fail(e.to_string()))?;
         let (lane_addr, lane_options) = (addr.to_string(), options.clone());
         let open = move |sender, lanes: usize| {
@@ -118,7 +137,6 @@ impl TcpConnection {
         Ok(Self {
             mux: Mux::new(stream, read_half, options.timeout, peer.clone()),
             rpc: Channel::new(rpc.clone(), options.timeout, peer, Box::new(open)),
-            token,
             hello,
         })
     }
@@ -132,7 +150,7 @@ impl TcpConnection {
     #[doc(hidden)]
     pub fn execute_unchecked(&self, batch: &mut Batch) -> Result<(), TransportError> {
         let started = Instant::now();
-        let (kind, body) = self.mux.request(|out, id| wire::encode_batch(out, id, &self.token, batch))?;
+        let (kind, body) = self.mux.request(|out, id| wire::encode_batch(out, id, batch))?;
         if kind != Kind::BatchResult {
             return Err(TransportError::Protocol(format!("batch answered with a {kind:?} frame")));
         }

@@ -7,24 +7,42 @@
 //!
 //! ```text
 //! header: magic u32 | version u8 | kind u8 | flags u16 | request_id u64 | body_len u32 | zero u32
-//! Hello        : token[16] | protocol u32 | zero u32
+//! Hello        : client_nonce[32] | protocol u32 | zero u32      (client -> server, first frame)
+//! Challenge    : server_nonce[32] | server_proof[32]             (server -> client)
+//! Proof        : client_proof[32]                                (client -> server)
 //! HelloOk      : region_len u64 | instance u64 | flags u32 | zero u32
-//! Batch        : token[16] | op_count u16 | zero[6] | op_count x {kind u8 | zero[3] | len u32 |
+//! Batch        : op_count u16 | zero[6] | op_count x {kind u8 | zero[3] | len u32 |
 //!                offset u64 | arg0 u64 | arg1 u64} | write payloads, in op order
 //! BatchResult  : op_count u16 | zero[6] | op_count x {status u8 | zero[7] | value u64} |
 //!                bytes of every successful READ, in op order
-//! RpcRequest   : token[16] | method u16 | zero[6] | payload
+//! RpcRequest   : method u16 | zero[6] | payload
 //! RpcResponse  : status u16 | zero[6] | payload (a UTF-8 message when status != 0)
 //! Error        : code u16 | zero[6] | UTF-8 message
-//! VerbsConnect : token[16] | QpInfo                       (client -> server, verbs only)
+//! VerbsConnect : QpInfo                                  (client -> server, verbs only)
 //! VerbsAccept  : QpInfo | rkey u32 | zero u32 | base_addr u64 | region_len u64
 //! QpInfo       : qpn u32 | psn u32 | lid u16 | mtu u8 | rd_atomic u8 | zero u32 | gid[16]
-//! FlockOpen    : token[16] | sender u64 | lane u16 | zero[6] | [FlockVerbs]
+//! FlockOpen    : sender u64 | lane u16 | zero[6] | [FlockVerbs]
 //! FlockAccept  : key u32 | credits u32 | batch u32 | zero u32 | ring_bytes u64 | [FlockVerbs]
 //! FlockVerbs   : QpInfo | ring_addr u64 | ring_rkey u32 | zero u32 | ring_len u64   (verbs only)
 //! ```
 //!
-//! FlockOpen turns a fresh connection (after hello) into one lane of a FLOCK sender
+//! Every connection, on every listener (tcp, the Unix socket of shm, the verbs control
+//! channel, each FLOCK lane), starts with a challenge-response on the shared token
+//! ([`crate::auth`]): Hello -> Challenge -> Proof -> HelloOk. Nonces are 32 random bytes,
+//! fresh per connection on each side; proofs are HMAC-SHA256 keyed by the token over
+//! `label | client_nonce | server_nonce`, with the label `racekv v2 server` for the server's
+//! proof and `racekv v2 client` for the client's. The client checks the server's proof before
+//! it answers (a server that does not know the token gets nothing), the server checks the
+//! client's in constant time and answers HelloOk, or an Error (code AUTH) and closes. The
+//! token never travels and a recorded exchange proves nothing on another connection. Any
+//! other frame before HelloOk closes the connection; after it, frames carry no credentials.
+//! On a tcp listener with a certificate all of this runs inside TLS ([`crate::tls`]).
+//!
+//! The header's version is 2 since this handshake (version 1 sent a token digest in every
+//! frame). A peer of another version is refused with an Error frame that says so; to an
+//! older peer that frame goes out in the peer's own header version, so it can read it.
+//!
+//! FlockOpen turns a fresh connection (after HelloOk) into one lane of a FLOCK sender
 //! ([`crate::flock`]): the server answers FlockAccept with the lane's canary key, its initial
 //! credits and the credits per grant; on a Unix socket the shared-memory rings' descriptor
 //! rides on the reply, on verbs both sides add their queue pair and ring. From then on the
@@ -34,7 +52,7 @@
 //! RDMA READ; a credit mailbox at +64): the peer RDMA WRITEs messages into the ring and
 //! credit messages into the mailbox, and ring_len must be the size both sides expect.
 //!
-//! The verbs control channel is a TCP connection to a `verbs:` listener: Hello/HelloOk as on
+//! The verbs control channel is a TCP connection to a `verbs:` listener: the handshake as on
 //! tcp, then exactly one VerbsConnect. The server creates an RC queue pair for the client,
 //! brings it to RTS against the client's QpInfo and answers VerbsAccept with its own QpInfo
 //! plus the rkey, base address and length of the region's single memory region; the client
@@ -51,12 +69,20 @@ use crate::batch::{Batch, OpKind, Outcome, MAX_BATCH_BYTES, MAX_BATCH_OPS, MAX_O
 use crate::error::OpError;
 
 pub const MAGIC: u32 = u32::from_le_bytes(*b"RKV1");
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 pub const HEADER_BYTES: usize = 24;
+/// Bytes of a token digest: the computenode's attach handshake carries one (memnode frames
+/// carry no token since [`VERSION`] 2).
 pub const TOKEN_BYTES: usize = 16;
+/// Bytes of each side's handshake nonce.
+pub const NONCE_BYTES: usize = 32;
+/// Bytes of a handshake proof (an HMAC-SHA256 tag).
+pub const PROOF_BYTES: usize = 32;
 const OP_BYTES: usize = 32;
 const RESULT_BYTES: usize = 16;
-const BATCH_PREFIX: usize = TOKEN_BYTES + 8;
+const BATCH_PREFIX: usize = 8;
+/// Longest message an Error frame carries.
+pub const MAX_ERROR_MESSAGE_BYTES: usize = 4096;
 /// Largest RPC payload either way.
 pub const MAX_RPC_BYTES: usize = 4 << 20;
 /// Largest body of any frame: a full batch of ops plus its payload.
@@ -77,6 +103,8 @@ pub enum Kind {
     VerbsAccept = 9,
     FlockOpen = 10,
     FlockAccept = 11,
+    Challenge = 12,
+    Proof = 13,
 }
 
 impl Kind {
@@ -93,6 +121,8 @@ impl Kind {
             9 => Kind::VerbsAccept,
             10 => Kind::FlockOpen,
             11 => Kind::FlockAccept,
+            12 => Kind::Challenge,
+            13 => Kind::Proof,
             _ => return None,
         })
     }
@@ -168,10 +198,6 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
-    pub fn token(&mut self) -> Result<[u8; TOKEN_BYTES], WireError> {
-        Ok(self.take(TOKEN_BYTES)?.try_into().expect("token bytes"))
-    }
-
     pub fn rest(&mut self) -> &'a [u8] {
         let out = &self.bytes[self.pos..];
         self.pos = self.bytes.len();
@@ -190,7 +216,8 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// The digest of a shared-secret token, as frames carry it.
+/// The digest of a shared-secret token, as the computenode's attach handshake carries it
+/// (memnode connections prove the token instead: [`crate::auth`]).
 pub fn token_digest(token: &str) -> [u8; TOKEN_BYTES] {
     xxhash_rust::xxh3::xxh3_128(token.as_bytes()).to_le_bytes()
 }
@@ -202,9 +229,13 @@ pub fn token_matches(a: &[u8; TOKEN_BYTES], b: &[u8; TOKEN_BYTES]) -> bool {
 
 /// Appends a header for a body of `body_len` bytes.
 pub fn put_header(out: &mut Vec<u8>, kind: Kind, request_id: u64, body_len: usize) {
+    put_header_version(out, VERSION, kind, request_id, body_len);
+}
+
+fn put_header_version(out: &mut Vec<u8>, version: u8, kind: Kind, request_id: u64, body_len: usize) {
     debug_assert!(body_len <= MAX_BODY_BYTES);
     out.extend_from_slice(&MAGIC.to_le_bytes());
-    out.push(VERSION);
+    out.push(version);
     out.push(kind as u8);
     out.extend_from_slice(&0u16.to_le_bytes());
     out.extend_from_slice(&request_id.to_le_bytes());
@@ -220,7 +251,7 @@ pub fn decode_header(bytes: &[u8; HEADER_BYTES]) -> Result<Header, WireError> {
     }
     let version = r.u8()?;
     if version != VERSION {
-        return Err(bad(format!("protocol version {version}, expected {VERSION}")));
+        return Err(bad(format!("the peer speaks racekv wire version {version}, this build speaks {VERSION}")));
     }
     let kind = r.u8()?;
     let kind = Kind::from_code(kind).ok_or_else(|| bad(format!("unknown frame kind {kind}")))?;
@@ -234,27 +265,68 @@ pub fn decode_header(bytes: &[u8; HEADER_BYTES]) -> Result<Header, WireError> {
     Ok(Header { kind, request_id, body_len })
 }
 
+/// The version of a header with our magic (whatever its version); None for anything else.
+pub fn header_version(bytes: &[u8; HEADER_BYTES]) -> Option<u8> {
+    (bytes[..4] == MAGIC.to_le_bytes()).then_some(bytes[4])
+}
+
 // ---- hello ----
 
 pub const PROTOCOL: u32 = 1;
 
-pub fn encode_hello(out: &mut Vec<u8>, token: &[u8; TOKEN_BYTES]) {
-    put_header(out, Kind::Hello, 0, TOKEN_BYTES + 8);
-    out.extend_from_slice(token);
+/// Hello: the client's nonce opens the handshake.
+pub fn encode_hello(out: &mut Vec<u8>, client_nonce: &[u8; NONCE_BYTES]) {
+    put_header(out, Kind::Hello, 0, NONCE_BYTES + 8);
+    out.extend_from_slice(client_nonce);
     out.extend_from_slice(&PROTOCOL.to_le_bytes());
     out.extend_from_slice(&0u32.to_le_bytes());
 }
 
-pub fn decode_hello(body: &[u8]) -> Result<[u8; TOKEN_BYTES], WireError> {
+/// Returns the client's nonce.
+pub fn decode_hello(body: &[u8]) -> Result<[u8; NONCE_BYTES], WireError> {
     let mut r = Reader::new(body);
-    let token = r.token()?;
+    let nonce = r.take(NONCE_BYTES)?.try_into().expect("nonce bytes");
     let protocol = r.u32()?;
     if protocol != PROTOCOL {
         return Err(bad(format!("protocol {protocol}, expected {PROTOCOL}")));
     }
     r.zeros(4)?;
     r.finish()?;
-    Ok(token)
+    Ok(nonce)
+}
+
+/// The server's half of the handshake: its nonce and its proof that it knows the token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Challenge {
+    pub server_nonce: [u8; NONCE_BYTES],
+    pub server_proof: [u8; PROOF_BYTES],
+}
+
+pub fn encode_challenge(out: &mut Vec<u8>, challenge: &Challenge) {
+    put_header(out, Kind::Challenge, 0, NONCE_BYTES + PROOF_BYTES);
+    out.extend_from_slice(&challenge.server_nonce);
+    out.extend_from_slice(&challenge.server_proof);
+}
+
+pub fn decode_challenge(body: &[u8]) -> Result<Challenge, WireError> {
+    let mut r = Reader::new(body);
+    let server_nonce = r.take(NONCE_BYTES)?.try_into().expect("nonce bytes");
+    let server_proof = r.take(PROOF_BYTES)?.try_into().expect("proof bytes");
+    r.finish()?;
+    Ok(Challenge { server_nonce, server_proof })
+}
+
+/// Proof: the client's proof that it knows the token.
+pub fn encode_proof(out: &mut Vec<u8>, client_proof: &[u8; PROOF_BYTES]) {
+    put_header(out, Kind::Proof, 0, PROOF_BYTES);
+    out.extend_from_slice(client_proof);
+}
+
+pub fn decode_proof(body: &[u8]) -> Result<[u8; PROOF_BYTES], WireError> {
+    let mut r = Reader::new(body);
+    let proof = r.take(PROOF_BYTES)?.try_into().expect("proof bytes");
+    r.finish()?;
+    Ok(proof)
 }
 
 /// What a server says about its region in reply to hello.
@@ -288,12 +360,11 @@ pub fn decode_hello_ok(body: &[u8]) -> Result<HelloOk, WireError> {
 // ---- batches ----
 
 /// Encodes `batch` as a Batch frame.
-pub fn encode_batch(out: &mut Vec<u8>, request_id: u64, token: &[u8; TOKEN_BYTES], batch: &Batch) {
+pub fn encode_batch(out: &mut Vec<u8>, request_id: u64, batch: &Batch) {
     let (_, written) = batch.byte_totals();
     let body_len = BATCH_PREFIX + batch.len() * OP_BYTES + written as usize;
     out.reserve(HEADER_BYTES + body_len);
     put_header(out, Kind::Batch, request_id, body_len);
-    out.extend_from_slice(token);
     out.extend_from_slice(&(batch.len() as u16).to_le_bytes());
     out.extend_from_slice(&[0u8; 6]);
     for op in batch.ops() {
@@ -311,11 +382,10 @@ pub fn encode_batch(out: &mut Vec<u8>, request_id: u64, token: &[u8; TOKEN_BYTES
     }
 }
 
-/// Decodes a Batch frame body into `batch` (cleared first); returns the token it carried.
-pub fn decode_batch(body: &[u8], batch: &mut Batch) -> Result<[u8; TOKEN_BYTES], WireError> {
+/// Decodes a Batch frame body into `batch` (cleared first).
+pub fn decode_batch(body: &[u8], batch: &mut Batch) -> Result<(), WireError> {
     batch.clear();
     let mut r = Reader::new(body);
-    let token = r.token()?;
     let count = r.u16()? as usize;
     r.zeros(6)?;
     if count == 0 || count > MAX_BATCH_OPS {
@@ -362,7 +432,7 @@ pub fn decode_batch(body: &[u8], batch: &mut Batch) -> Result<[u8; TOKEN_BYTES],
         }
     }
     payload.finish()?;
-    Ok(token)
+    Ok(())
 }
 
 /// Encodes the outcomes (and read bytes) of an executed batch as a BatchResult frame.
@@ -436,25 +506,23 @@ pub fn decode_batch_result(body: &[u8], batch: &mut Batch, region_len: u64) -> R
 
 // ---- rpc and errors ----
 
-pub fn encode_rpc_request(out: &mut Vec<u8>, request_id: u64, token: &[u8; TOKEN_BYTES], method: u16, payload: &[u8]) {
-    put_header(out, Kind::RpcRequest, request_id, TOKEN_BYTES + 8 + payload.len());
-    out.extend_from_slice(token);
+pub fn encode_rpc_request(out: &mut Vec<u8>, request_id: u64, method: u16, payload: &[u8]) {
+    put_header(out, Kind::RpcRequest, request_id, 8 + payload.len());
     out.extend_from_slice(&method.to_le_bytes());
     out.extend_from_slice(&[0u8; 6]);
     out.extend_from_slice(payload);
 }
 
-/// Returns (token, method, payload).
-pub fn decode_rpc_request(body: &[u8]) -> Result<([u8; TOKEN_BYTES], u16, &[u8]), WireError> {
+/// Returns (method, payload).
+pub fn decode_rpc_request(body: &[u8]) -> Result<(u16, &[u8]), WireError> {
     let mut r = Reader::new(body);
-    let token = r.token()?;
     let method = r.u16()?;
     r.zeros(6)?;
     let payload = r.rest();
     if payload.len() > MAX_RPC_BYTES {
         return Err(bad(format!("rpc payload of {} bytes exceeds {MAX_RPC_BYTES}", payload.len())));
     }
-    Ok((token, method, payload))
+    Ok((method, payload))
 }
 
 /// `status` 0 is success; otherwise `payload` is the error message.
@@ -479,8 +547,14 @@ pub fn decode_rpc_response(body: &[u8]) -> Result<(u16, &[u8]), WireError> {
 }
 
 pub fn encode_error(out: &mut Vec<u8>, request_id: u64, code: u16, message: &str) {
-    let message = &message.as_bytes()[..message.len().min(4096)];
-    put_header(out, Kind::Error, request_id, 8 + message.len());
+    encode_error_version(out, VERSION, request_id, code, message);
+}
+
+/// An Error frame in header version `version`: how a peer of an older version learns why it
+/// is refused (the Error frame's layout is the same in every version).
+pub fn encode_error_version(out: &mut Vec<u8>, version: u8, request_id: u64, code: u16, message: &str) {
+    let message = &message.as_bytes()[..message.len().min(MAX_ERROR_MESSAGE_BYTES)];
+    put_header_version(out, version, Kind::Error, request_id, 8 + message.len());
     out.extend_from_slice(&code.to_le_bytes());
     out.extend_from_slice(&[0u8; 6]);
     out.extend_from_slice(message);
@@ -541,19 +615,17 @@ fn read_qp_info(r: &mut Reader<'_>) -> Result<QpInfo, WireError> {
     Ok(QpInfo { gid, ..info })
 }
 
-pub fn encode_verbs_connect(out: &mut Vec<u8>, token: &[u8; TOKEN_BYTES], info: &QpInfo) {
-    put_header(out, Kind::VerbsConnect, 0, TOKEN_BYTES + QP_INFO_BYTES);
-    out.extend_from_slice(token);
+pub fn encode_verbs_connect(out: &mut Vec<u8>, info: &QpInfo) {
+    put_header(out, Kind::VerbsConnect, 0, QP_INFO_BYTES);
     put_qp_info(out, info);
 }
 
-/// Returns (token, the client's queue pair).
-pub fn decode_verbs_connect(body: &[u8]) -> Result<([u8; TOKEN_BYTES], QpInfo), WireError> {
+/// Returns the client's queue pair.
+pub fn decode_verbs_connect(body: &[u8]) -> Result<QpInfo, WireError> {
     let mut r = Reader::new(body);
-    let token = r.token()?;
     let info = read_qp_info(&mut r)?;
     r.finish()?;
-    Ok((token, info))
+    Ok(info)
 }
 
 /// The server's answer to VerbsConnect: its queue pair and the region's memory region.
@@ -636,10 +708,9 @@ pub struct FlockOpen {
     pub verbs: Option<FlockVerbs>,
 }
 
-pub fn encode_flock_open(out: &mut Vec<u8>, token: &[u8; TOKEN_BYTES], open: &FlockOpen) {
+pub fn encode_flock_open(out: &mut Vec<u8>, open: &FlockOpen) {
     let extra = if open.verbs.is_some() { FLOCK_VERBS_BYTES } else { 0 };
-    put_header(out, Kind::FlockOpen, 0, TOKEN_BYTES + 16 + extra);
-    out.extend_from_slice(token);
+    put_header(out, Kind::FlockOpen, 0, 16 + extra);
     out.extend_from_slice(&open.sender.to_le_bytes());
     out.extend_from_slice(&open.lane.to_le_bytes());
     out.extend_from_slice(&[0u8; 6]);
@@ -648,16 +719,14 @@ pub fn encode_flock_open(out: &mut Vec<u8>, token: &[u8; TOKEN_BYTES], open: &Fl
     }
 }
 
-/// Returns (token, the request).
-pub fn decode_flock_open(body: &[u8]) -> Result<([u8; TOKEN_BYTES], FlockOpen), WireError> {
+pub fn decode_flock_open(body: &[u8]) -> Result<FlockOpen, WireError> {
     let mut r = Reader::new(body);
-    let token = r.token()?;
     let sender = r.u64()?;
     let lane = r.u16()?;
     r.zeros(6)?;
     let verbs = read_flock_verbs(&mut r)?;
     r.finish()?;
-    Ok((token, FlockOpen { sender, lane, verbs }))
+    Ok(FlockOpen { sender, lane, verbs })
 }
 
 /// The server's answer: the lane's canary key and credits.
@@ -712,19 +781,17 @@ mod tests {
 
     #[test]
     fn batch_round_trips() {
-        let token = token_digest("secret");
         let mut b = Batch::new();
         b.read(64, 5);
         b.write(128, b"abc");
         b.cas(8, 1, 2);
         b.faa(16, 9);
         let mut frame = Vec::new();
-        encode_batch(&mut frame, 42, &token, &b);
+        encode_batch(&mut frame, 42, &b);
         let h = header_of(&frame);
         assert_eq!((h.kind, h.request_id), (Kind::Batch, 42));
         let mut server = Batch::new();
-        let got = decode_batch(&frame[HEADER_BYTES..], &mut server).unwrap();
-        assert_eq!(got, token);
+        decode_batch(&frame[HEADER_BYTES..], &mut server).unwrap();
         assert_eq!(server.len(), 4);
         assert_eq!(server.write_payload(1), b"abc");
         // Execute on the server side and send results back.
@@ -753,11 +820,10 @@ mod tests {
 
     #[test]
     fn rejects_truncated_batches() {
-        let token = token_digest("t");
         let mut b = Batch::new();
         b.write(0, &[7; 100]);
         let mut frame = Vec::new();
-        encode_batch(&mut frame, 1, &token, &b);
+        encode_batch(&mut frame, 1, &b);
         let body = &frame[HEADER_BYTES..];
         let mut server = Batch::new();
         for cut in 0..body.len() {
@@ -767,12 +833,11 @@ mod tests {
 
     #[test]
     fn verbs_exchange_round_trips_and_checks_fields() {
-        let token = token_digest("t");
         let info = QpInfo { qpn: 0x11, psn: 0xABCDEF, lid: 0, mtu: 3, rd_atomic: 16, gid: [7; 16] };
         let mut frame = Vec::new();
-        encode_verbs_connect(&mut frame, &token, &info);
+        encode_verbs_connect(&mut frame, &info);
         assert_eq!(header_of(&frame).kind, Kind::VerbsConnect);
-        assert_eq!(decode_verbs_connect(&frame[HEADER_BYTES..]).unwrap(), (token, info));
+        assert_eq!(decode_verbs_connect(&frame[HEADER_BYTES..]).unwrap(), info);
         let accept = VerbsAccept { qp: info, rkey: 0x1234, base_addr: 0x7f00_0000_0000, region_len: 1 << 20 };
         let mut frame = Vec::new();
         encode_verbs_accept(&mut frame, &accept);
@@ -787,7 +852,7 @@ mod tests {
         ];
         for bad_info in bad_infos {
             let mut frame = Vec::new();
-            encode_verbs_connect(&mut frame, &token, &bad_info);
+            encode_verbs_connect(&mut frame, &bad_info);
             assert!(decode_verbs_connect(&frame[HEADER_BYTES..]).is_err(), "{bad_info:?}");
         }
         let mut frame = Vec::new();
@@ -797,15 +862,14 @@ mod tests {
 
     #[test]
     fn flock_handshake_round_trips() {
-        let token = token_digest("t");
         let qp = QpInfo { qpn: 9, psn: 1, lid: 0, mtu: 3, rd_atomic: 1, gid: [1; 16] };
         let verbs = FlockVerbs { qp, ring_addr: 0x1000, ring_rkey: 7, ring_len: 1 << 20 };
         for v in [None, Some(verbs)] {
             let open = FlockOpen { sender: 42, lane: 3, verbs: v };
             let mut frame = Vec::new();
-            encode_flock_open(&mut frame, &token, &open);
+            encode_flock_open(&mut frame, &open);
             assert_eq!(header_of(&frame).kind, Kind::FlockOpen);
-            assert_eq!(decode_flock_open(&frame[HEADER_BYTES..]).unwrap(), (token, open));
+            assert_eq!(decode_flock_open(&frame[HEADER_BYTES..]).unwrap(), open);
             let accept = FlockAccept { key: 5, credits: 32, batch: 32, ring_bytes: 4096, verbs: v };
             let mut frame = Vec::new();
             encode_flock_accept(&mut frame, &accept);
@@ -816,6 +880,47 @@ mod tests {
         }
     }
 
+    #[test]
+    fn handshake_frames_round_trip_and_reject_every_other_length() {
+        let nonce = [3u8; NONCE_BYTES];
+        let mut frame = Vec::new();
+        encode_hello(&mut frame, &nonce);
+        assert_eq!(header_of(&frame).kind, Kind::Hello);
+        assert_eq!(decode_hello(&frame[HEADER_BYTES..]).unwrap(), nonce);
+        let challenge = Challenge { server_nonce: [1; NONCE_BYTES], server_proof: [2; PROOF_BYTES] };
+        let mut challenge_frame = Vec::new();
+        encode_challenge(&mut challenge_frame, &challenge);
+        assert_eq!(header_of(&challenge_frame).kind, Kind::Challenge);
+        assert_eq!(decode_challenge(&challenge_frame[HEADER_BYTES..]).unwrap(), challenge);
+        let mut proof_frame = Vec::new();
+        encode_proof(&mut proof_frame, &[9; PROOF_BYTES]);
+        assert_eq!(header_of(&proof_frame).kind, Kind::Proof);
+        assert_eq!(decode_proof(&proof_frame[HEADER_BYTES..]).unwrap(), [9; PROOF_BYTES]);
+        type Decodes = fn(&[u8]) -> bool;
+        let cases: [(&Vec<u8>, Decodes); 3] = [
+            (&frame, |b| decode_hello(b).is_ok()),
+            (&challenge_frame, |b| decode_challenge(b).is_ok()),
+            (&proof_frame, |b| decode_proof(b).is_ok()),
+        ];
+        for (frame, decodes) in cases {
+            let body = &frame[HEADER_BYTES..];
+            let mut longer = body.to_vec();
+            longer.push(0);
+            assert!(decodes(body) && !decodes(&body[..body.len() - 1]) && !decodes(&longer));
+        }
+    }
+
+    #[test]
+    fn other_versions_are_recognised_and_refused() {
+        let mut frame = Vec::new();
+        encode_error_version(&mut frame, 1, 0, error_code::UNSUPPORTED, "old");
+        let header: &[u8; HEADER_BYTES] = frame[..HEADER_BYTES].try_into().unwrap();
+        assert_eq!(header_version(header), Some(1));
+        let e = decode_header(header).unwrap_err();
+        assert!(e.0.contains("version 1") && e.0.contains("speaks 2"), "{e}");
+        assert_eq!(header_version(&[0xAB; HEADER_BYTES]), None);
+    }
+
     proptest! {
         /// No input makes a decoder panic; it either decodes or reports an error.
         #[test]
@@ -823,6 +928,8 @@ mod tests {
             let mut b = Batch::new();
             let _ = decode_batch(&bytes, &mut b);
             let _ = decode_hello(&bytes);
+            let _ = decode_challenge(&bytes);
+            let _ = decode_proof(&bytes);
             let _ = decode_hello_ok(&bytes);
             let _ = decode_rpc_request(&bytes);
             let _ = decode_rpc_response(&bytes);

@@ -76,7 +76,7 @@ fn serve_with(kind: &str, delay: Duration, flock: SchedulerOptions, io_timeout: 
 }
 
 fn connect(served: &Served, lanes: usize, timeout: Duration) -> Arc<dyn Connection> {
-    let options = ConnectOptions { token: TOKEN.into(), timeout };
+    let options = ConnectOptions::new(TOKEN, timeout);
     racekv_transport::connect_with(&served.server.endpoints()[0], &options, &FlockOptions { lanes, max_coalesce: 64 })
         .unwrap()
 }
@@ -314,10 +314,9 @@ fn verbs_refused_lane_comes_back_when_the_slot_frees() {
 fn raw_lane(addr: &str) -> (TcpStream, u32, u32) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let token = wire::token_digest(TOKEN);
+    racekv_transport::auth::connect(&mut s, TOKEN, Duration::from_secs(5), "raw lane").unwrap();
     let mut out = Vec::new();
-    wire::encode_hello(&mut out, &token);
-    wire::encode_flock_open(&mut out, &token, &wire::FlockOpen { sender: 99, lane: 0, verbs: None });
+    wire::encode_flock_open(&mut out, &wire::FlockOpen { sender: 99, lane: 0, verbs: None });
     s.write_all(&out).unwrap();
     let mut accept = None;
     for _ in 0..2 {
@@ -419,7 +418,7 @@ fn verbs_hostile_messages_close_only_their_lane() {
     // still be landing) before it closes the lane.
     let served = serve_with("verbs", Duration::ZERO, SchedulerOptions::default(), Duration::from_millis(500));
     let Endpoint::Verbs(addr) = served.server.endpoints()[0].clone() else { unreachable!() };
-    let options = ConnectOptions { token: TOKEN.into(), timeout: Duration::from_secs(5) };
+    let options = ConnectOptions::new(TOKEN, Duration::from_secs(5));
     let good = connect(&served, 1, Duration::from_secs(5));
     assert_eq!(good.call(1, &request(1, 3)).unwrap().len(), 11);
 
@@ -508,7 +507,7 @@ fn verbs_broken_queue_pair_fails_only_its_calls_and_a_new_lane_opens() {
     let flock = SchedulerOptions { max_queue_delay: Duration::from_secs(30), ..Default::default() };
     let served = serve("verbs", Duration::from_millis(300), flock);
     let Endpoint::Verbs(addr) = served.server.endpoints()[0].clone() else { unreachable!() };
-    let options = ConnectOptions { token: TOKEN.into(), timeout: Duration::from_secs(20) };
+    let options = ConnectOptions::new(TOKEN, Duration::from_secs(20));
     let conn = VerbsConnection::connect_with(&addr, &options, &FlockOptions { lanes: 1, max_coalesce: 64 }).unwrap();
     let other = connect(&served, 1, Duration::from_secs(20));
     assert_eq!(conn.call(1, &request(1, 8)).unwrap().len(), 16);

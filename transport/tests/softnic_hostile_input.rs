@@ -31,7 +31,7 @@ fn server() -> (RegionServer, String, Arc<Region>) {
 }
 
 fn good_client(addr: &str) -> TcpConnection {
-    TcpConnection::connect(addr, &ConnectOptions { token: TOKEN.into(), timeout: Duration::from_secs(2) }).unwrap()
+    TcpConnection::connect(addr, &ConnectOptions::new(TOKEN, Duration::from_secs(2))).unwrap()
 }
 
 fn raw(addr: &str) -> TcpStream {
@@ -50,10 +50,20 @@ fn response_kind(stream: &mut TcpStream) -> Option<Kind> {
     wire::decode_header(all[..HEADER_BYTES].try_into().unwrap()).ok().map(|h| h.kind)
 }
 
-fn hello_frame(token: &str) -> Vec<u8> {
+fn hello_frame() -> Vec<u8> {
     let mut out = Vec::new();
-    wire::encode_hello(&mut out, &wire::token_digest(token));
+    wire::encode_hello(&mut out, &[7; wire::NONCE_BYTES]);
     out
+}
+
+/// A raw connection that passed the handshake and read HelloOk.
+fn authenticated_raw(addr: &str) -> TcpStream {
+    let mut s = raw(addr);
+    racekv_transport::auth::connect(&mut s, TOKEN, Duration::from_secs(2), addr).unwrap();
+    let mut ok = vec![0u8; HEADER_BYTES + 24];
+    s.read_exact(&mut ok).unwrap();
+    assert_eq!(wire::decode_header(ok[..HEADER_BYTES].try_into().unwrap()).unwrap().kind, Kind::HelloOk);
+    s
 }
 
 fn assert_still_serving(addr: &str, region: &Region) {
@@ -80,14 +90,17 @@ fn garbage_gets_an_error_and_a_close() {
 #[test]
 fn oversized_body_claim_is_refused_without_allocating() {
     let (_server, addr, region) = server();
-    let mut s = raw(&addr);
-    let mut frame = hello_frame(TOKEN);
-    s.write_all(&frame).unwrap();
-    let mut ok = vec![0u8; HEADER_BYTES + 24];
-    s.read_exact(&mut ok).unwrap();
-    frame.clear();
+    let mut s = authenticated_raw(&addr);
+    let mut frame = Vec::new();
     wire::put_header(&mut frame, Kind::Batch, 1, 0);
     frame[16..20].copy_from_slice(&(1u32 << 31).to_le_bytes());
+    s.write_all(&frame).unwrap();
+    assert_eq!(response_kind(&mut s), Some(Kind::Error));
+    // Before the handshake even a legal batch size is too much to buffer.
+    let mut s = raw(&addr);
+    frame.clear();
+    wire::put_header(&mut frame, Kind::Hello, 0, 0);
+    frame[16..20].copy_from_slice(&(1u32 << 20).to_le_bytes());
     s.write_all(&frame).unwrap();
     assert_eq!(response_kind(&mut s), Some(Kind::Error));
     assert_still_serving(&addr, &region);
@@ -97,7 +110,7 @@ fn oversized_body_claim_is_refused_without_allocating() {
 fn half_frame_then_silence_times_out_only_that_connection() {
     let (_server, addr, region) = server();
     let mut s = raw(&addr);
-    let frame = hello_frame(TOKEN);
+    let frame = hello_frame();
     s.write_all(&frame[..10]).unwrap();
     // The rest never comes; meanwhile others are served.
     assert_still_serving(&addr, &region);
@@ -109,28 +122,48 @@ fn half_frame_then_silence_times_out_only_that_connection() {
 #[test]
 fn wrong_token_is_refused() {
     let (_server, addr, region) = server();
-    let mut s = raw(&addr);
-    s.write_all(&hello_frame("guess")).unwrap();
-    assert_eq!(response_kind(&mut s), Some(Kind::Error));
-    let err = TcpConnection::connect(&addr, &ConnectOptions { token: "guess".into(), timeout: Duration::from_secs(2) });
-    assert!(matches!(err, Err(TransportError::AuthRefused { .. })), "{:?}", err.err());
+    // Both sides check: a real client with another token finds the server cannot prove its
+    // token and stops there.
+    let err = TcpConnection::connect(&addr, &ConnectOptions::new("guess", Duration::from_secs(2)));
+    assert!(matches!(err, Err(TransportError::ServerNotAuthenticated { .. })), "{:?}", err.err());
     assert_still_serving(&addr, &region);
 }
 
 #[test]
-fn batch_before_hello_is_refused() {
+fn batch_before_the_handshake_is_refused() {
     let (_server, addr, region) = server();
-    let mut s = raw(&addr);
     let mut b = Batch::new();
     b.write(0, b"sneaky!!");
-    let mut frame = Vec::new();
-    wire::encode_batch(&mut frame, 1, &wire::token_digest(TOKEN), &b);
-    s.write_all(&frame).unwrap();
-    assert_eq!(response_kind(&mut s), Some(Kind::Error));
+    let mut batch = Vec::new();
+    wire::encode_batch(&mut batch, 1, &b);
+    // First frame, and between Hello and Proof.
+    for prefix in [Vec::new(), hello_frame()] {
+        let mut s = raw(&addr);
+        s.write_all(&prefix).unwrap();
+        s.write_all(&batch).unwrap();
+        let mut all = Vec::new();
+        let _ = s.read_to_end(&mut all);
+        let last = last_frame(&all);
+        assert_eq!(last.0, Kind::Error);
+        assert_eq!(wire::decode_error(&last.1).unwrap().0, wire::error_code::AUTH);
+    }
     let mut check = [0u8; 8];
     region.read(0, &mut check).unwrap();
     assert_eq!(check, [0; 8], "an unauthenticated write reached the region");
     assert_still_serving(&addr, &region);
+}
+
+/// The last whole frame in `bytes`: its kind and body.
+fn last_frame(bytes: &[u8]) -> (Kind, Vec<u8>) {
+    let mut at = 0;
+    let mut last = None;
+    while bytes.len() >= at + HEADER_BYTES {
+        let h = wire::decode_header(bytes[at..at + HEADER_BYTES].try_into().unwrap()).unwrap();
+        let end = at + HEADER_BYTES + h.body_len as usize;
+        last = Some((h.kind, bytes[at + HEADER_BYTES..end].to_vec()));
+        at = end;
+    }
+    last.expect("at least one frame")
 }
 
 #[test]
@@ -140,15 +173,12 @@ fn truncated_batch_bodies_are_refused() {
     b.write(0, &[9; 64]);
     b.cas(64, 0, 1);
     let mut frame = Vec::new();
-    wire::encode_batch(&mut frame, 7, &wire::token_digest(TOKEN), &b);
+    wire::encode_batch(&mut frame, 7, &b);
     // Claim fewer body bytes than the ops need: the body decodes short.
     let body_len = (frame.len() - HEADER_BYTES - 10) as u32;
     frame[16..20].copy_from_slice(&body_len.to_le_bytes());
     frame.truncate(frame.len() - 10);
-    let mut s = raw(&addr);
-    s.write_all(&hello_frame(TOKEN)).unwrap();
-    let mut ok = vec![0u8; HEADER_BYTES + 24];
-    s.read_exact(&mut ok).unwrap();
+    let mut s = authenticated_raw(&addr);
     s.write_all(&frame).unwrap();
     assert_eq!(response_kind(&mut s), Some(Kind::Error));
     let mut check = [0u8; 8];
@@ -193,7 +223,7 @@ fn connection_limit_refuses_extra_clients() {
     let _a = good_client(&addr);
     let _b = good_client(&addr);
     std::thread::sleep(Duration::from_millis(50));
-    let third = TcpConnection::connect(&addr, &ConnectOptions { token: TOKEN.into(), timeout: Duration::from_secs(2) });
+    let third = TcpConnection::connect(&addr, &ConnectOptions::new(TOKEN, Duration::from_secs(2)));
     assert!(third.is_err(), "a third connection was accepted over the limit of 2");
 }
 
@@ -203,11 +233,8 @@ fn rpc_only_servers_answer_rpcs_and_refuse_batches() {
     let options = ServerOptions { token: TOKEN.into(), ..Default::default() };
     let server =
         RegionServer::serve_rpc(Arc::new(TestRpc), options.clone(), &[Endpoint::Tcp("127.0.0.1:0".into())]).unwrap();
-    let conn = racekv_transport::connect(
-        &server.endpoints()[0],
-        &ConnectOptions { token: TOKEN.into(), timeout: Duration::from_secs(2) },
-    )
-    .unwrap();
+    let conn =
+        racekv_transport::connect(&server.endpoints()[0], &ConnectOptions::new(TOKEN, Duration::from_secs(2))).unwrap();
     assert_eq!(conn.region_len(), 0);
     assert_eq!(conn.call(rpc::ECHO, b"hello").unwrap(), b"hello");
     let mut b = Batch::new();
@@ -238,7 +265,7 @@ fn shutdown_does_not_wait_for_idle_connections() {
     let idle_client = good_client(&addr);
     let _silent = raw(&addr);
     let mut half = raw(&addr);
-    half.write_all(&hello_frame(TOKEN)[..10]).unwrap();
+    half.write_all(&hello_frame()[..10]).unwrap();
     std::thread::sleep(Duration::from_millis(50));
     let (done, stopped) = std::sync::mpsc::channel();
     std::thread::spawn(move || {

@@ -17,7 +17,7 @@ const TOKEN: &str = "verbs-test";
 const REGION: u64 = 1 << 20;
 
 fn options() -> ConnectOptions {
-    ConnectOptions { token: TOKEN.into(), timeout: Duration::from_secs(10) }
+    ConnectOptions::new(TOKEN, Duration::from_secs(10))
 }
 
 /// A region server with a verbs and a tcp endpoint; returns (server, verbs addr, tcp addr).
@@ -159,5 +159,8 @@ fn endpoints_keep_to_their_roles() {
         Ok(_) => panic!("a tcp endpoint handed out a queue pair"),
     }
     let bad_token = ConnectOptions { token: "wrong".into(), ..options() };
-    assert!(matches!(VerbsConnection::connect(&verbs_addr, &bad_token), Err(TransportError::AuthRefused { .. })));
+    assert!(matches!(
+        VerbsConnection::connect(&verbs_addr, &bad_token),
+        Err(TransportError::ServerNotAuthenticated { .. })
+    ));
 }

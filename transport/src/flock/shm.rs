@@ -367,10 +367,9 @@ pub(crate) fn open_shm_lane(
     let peer = format!("shm:{}", path.display());
     let fail = |reason: String| TransportError::Connect { endpoint: peer.clone(), reason };
     let mut stream = dial_unix(path, options.timeout, &fail)?;
-    let token = wire::token_digest(&options.token);
+    crate::auth::connect(&mut stream, &options.token, options.timeout, &peer)?;
     let mut out = Vec::new();
-    wire::encode_hello(&mut out, &token);
-    wire::encode_flock_open(&mut out, &token, &wire::FlockOpen { sender, lane, verbs: None });
+    wire::encode_flock_open(&mut out, &wire::FlockOpen { sender, lane, verbs: None });
     stream.write_all(&out).map_err(|e| fail(e.to_string()))?;
     // Two replies: HelloOk (with the region's descriptor, which we drop), then FlockAccept
     // with the rings' descriptor.

@@ -1,7 +1,7 @@
 //! The tcp carrier: FLOCK messages back to back on a dedicated TCP stream.
 //!
-//! A lane is its own TCP connection to the region server (hello, then FlockOpen/FlockAccept;
-//! see [`crate::wire`]). After the handshake the stream carries nothing but FLOCK messages,
+//! A lane is its own TCP connection to the region server (TLS where configured, the token
+//! handshake, then FlockOpen/FlockAccept; see [`crate::wire`]). After the handshake the stream carries nothing but FLOCK messages,
 //! each sent with one `write` (TCP_NODELAY is on, so a coalesced message leaves as one
 //! segment train instead of one per request). The receiver reads the 32-byte header, checks
 //! it (canary, kind, length bound), then reads exactly the rest. Ordering and flow control
@@ -9,13 +9,13 @@
 //! what a sender may have outstanding at the receiver.
 
 use std::io::{self, Read, Write};
-use std::net::TcpStream;
 use std::time::Duration;
 
 use super::message::{self, HEADER_BYTES};
 use super::receiver::{Received, ServerCarrier};
 use super::ClientCarrier;
 use crate::stream::{is_timeout, read_full};
+use crate::tls::TcpLink;
 
 /// Reads one message: `Ok(None)` when nothing arrived within the stream's read timeout,
 /// `Ok(Some(false))` when the peer closed between messages.
@@ -48,14 +48,14 @@ pub(crate) fn read_message<R: Read>(
 
 /// A sender's lane over TCP.
 pub(crate) struct TcpLane {
-    write: TcpStream,
-    read: TcpStream,
+    write: TcpLink,
+    read: TcpLink,
     stall: Duration,
 }
 
 impl TcpLane {
     /// `stream` has finished the handshake and has a short read timeout (the poll interval).
-    pub fn new(stream: TcpStream, stall: Duration) -> io::Result<Self> {
+    pub fn new(stream: TcpLink, stall: Duration) -> io::Result<Self> {
         Ok(Self { read: stream.try_clone()?, write: stream, stall })
     }
 }
@@ -78,7 +78,7 @@ impl ClientCarrier for TcpLane {
     }
 
     fn shutdown(&self) {
-        let _ = self.write.shutdown(std::net::Shutdown::Both);
+        self.write.shutdown();
     }
 }
 
@@ -142,9 +142,9 @@ pub(crate) fn open_tcp_lane(
     use crate::TransportError;
     let peer = format!("tcp:{addr}");
     let fail = |reason: String| TransportError::Connect { endpoint: peer.clone(), reason };
-    let (mut stream, token, _) = crate::tcp::dial(addr, &peer, options)?;
+    let (mut stream, _) = crate::tcp::dial(addr, &peer, options)?;
     let mut out = Vec::new();
-    wire::encode_flock_open(&mut out, &token, &wire::FlockOpen { sender, lane, verbs: None });
+    wire::encode_flock_open(&mut out, &wire::FlockOpen { sender, lane, verbs: None });
     stream.write_all(&out).map_err(|e| fail(e.to_string()))?;
     let accept = await_accept(&mut stream, options.timeout, &peer)?;
     let carrier = TcpLane::new(stream, options.timeout).map_err(|e| fail(e.to_string()))?;

@@ -1,8 +1,8 @@
 //! The verbs carrier: a lane is its own RC queue pair, and each side's ring is registered
 //! memory that the other side fills with RDMA WRITEs (feature `rdma`).
 //!
-//! Setup. The sender opens a TCP connection to the region server's `verbs:` listener (hello,
-//! then FlockOpen), as a tcp lane does. Before dialling it creates the lane's queue pair
+//! Setup. The sender opens a TCP connection to the region server's `verbs:` listener (the
+//! token handshake, then FlockOpen), as a tcp lane does. Before dialling it creates the lane's queue pair
 //! (INIT, receives posted) and registers its response ring; FlockOpen's verbs part carries
 //! the QP (number, PSN, LID, GID, MTU) and the ring (address, rkey, length). The server does
 //! the same for the request ring, brings its QP to RTS against the sender's and answers
@@ -941,10 +941,10 @@ fn dial(addr: &str, options: &ConnectOptions, sender: u64, lane: u16) -> Result<
     let device = local::shared().map_err(|e| fail(e.to_string()))?;
     let resources =
         Resources::create(&device).map_err(|e| fail(format!("setting up an rpc lane's queue pair: {e}")))?;
-    let (mut stream, token, _) = crate::tcp::dial(addr, &peer, options)?;
+    let (mut stream, _) = crate::tcp::dial_plain(addr, &peer, options)?;
     let mut out = Vec::new();
     let open = wire::FlockOpen { sender, lane, verbs: Some(resources.describe()) };
-    wire::encode_flock_open(&mut out, &token, &open);
+    wire::encode_flock_open(&mut out, &open);
     stream.write_all(&out).map_err(|e| fail(e.to_string()))?;
     let accept = super::stream::await_accept(&mut stream, options.timeout, &peer)?;
     let theirs = accept.verbs.ok_or_else(|| {

@@ -42,7 +42,7 @@ use crate::flock::verbs::open_verbs_lane;
 use crate::flock::{Channel, FlockOptions};
 use crate::mux::error_frame;
 use crate::stream::{read_frame, FrameRead};
-use crate::wire::{self, Kind, QpInfo, VerbsAccept, TOKEN_BYTES};
+use crate::wire::{self, Kind, QpInfo, VerbsAccept};
 use crate::{ConnectOptions, Connection, TransportKind};
 
 /// Send queue depth: a whole batch is posted at once and fully completed before the next.
@@ -210,7 +210,7 @@ impl VerbsConnection {
         let staging = Staging::new(&device.pd).map_err(verbs)?;
 
         // Control channel: hello, then the QP exchange.
-        let (mut stream, token, hello) = crate::tcp::dial(addr, &endpoint, options)?;
+        let (mut stream, hello) = crate::tcp::dial_plain(addr, &endpoint, options)?;
 
         let port = device.port;
         let psn = random_psn();
@@ -223,7 +223,7 @@ impl VerbsConnection {
             rd_atomic: initiator_depth,
             gid: port.gid,
         };
-        let accept = exchange(&mut stream, &token, &mine, options.timeout, &endpoint)?;
+        let accept = exchange(&mut stream, &mine, options.timeout, &endpoint)?;
         if accept.region_len != hello.region_len {
             return Err(TransportError::Protocol(format!(
                 "{endpoint}: hello says the region has {} bytes, the QP exchange says {}",
@@ -539,14 +539,13 @@ fn create_qp(device: &LocalDevice, cq: &Arc<CompletionQueue>) -> Result<QueuePai
 /// Sends VerbsConnect and waits for VerbsAccept (blocking, bounded by `timeout`).
 fn exchange(
     stream: &mut TcpStream,
-    token: &[u8; TOKEN_BYTES],
     mine: &QpInfo,
     timeout: Duration,
     peer: &str,
 ) -> Result<VerbsAccept, TransportError> {
     let fail = |reason: String| TransportError::Connect { endpoint: peer.to_string(), reason };
     let mut out = Vec::new();
-    wire::encode_verbs_connect(&mut out, token, mine);
+    wire::encode_verbs_connect(&mut out, mine);
     stream.write_all(&out).map_err(|e| fail(e.to_string()))?;
     let started = Instant::now();
     let mut body = Vec::new();

@@ -14,7 +14,8 @@
 //! * `client`: [`VerbsConnection`].
 //!
 //! Connection setup: the client opens a TCP control channel to the server's `verbs:` endpoint,
-//! says hello with its token, then exchanges QP number, PSN, LID, GID and MTU with the server
+//! runs the token handshake (no TLS: the one-sided traffic itself is not encrypted), then
+//! exchanges QP number, PSN, LID, GID and MTU with the server
 //! (which adds the region's rkey, base address and length); the frames are in [`crate::wire`].
 //! After that the control channel carries nothing: it is watched to notice the server going
 //! away. RPC travels on FLOCK lanes, each its own queue pair writing into registered rings
