@@ -96,9 +96,15 @@ struct Target {
     /// Remote mode through a computenode's remote front end (host:port).
     #[arg(long, env = "RACEKV_REMOTE")]
     remote: Option<String>,
-    /// The shared secret.
+    /// The memnodes' shared secret (embedded mode).
     #[arg(long, env = "RACEKV_TOKEN", default_value = "racekv-dev-token", hide_env_values = true)]
     token: String,
+    /// Remote mode: the computenode's user (its ACL's; default `default`).
+    #[arg(long, env = "RACEKV_USER")]
+    user: Option<String>,
+    /// Remote mode: the user's password (prefer RACEKV_PASSWORD: flags show in `ps`).
+    #[arg(long, env = "RACEKV_PASSWORD", hide_env_values = true)]
+    password: Option<String>,
 }
 
 impl Target {
@@ -106,6 +112,12 @@ impl Target {
         let mut builder = Client::builder().token(self.token.clone());
         let target = if let Some(remote) = &self.remote {
             builder = builder.remote(remote.clone());
+            if let Some(user) = &self.user {
+                builder = builder.user(user.clone());
+            }
+            if let Some(password) = &self.password {
+                builder = builder.password(password.clone());
+            }
             format!("the computenode at {remote}")
         } else if !self.memnodes.is_empty() {
             builder = builder.memnodes(self.memnodes.iter().cloned());

@@ -11,6 +11,7 @@ use anyhow::Context;
 use clap::Args;
 use racekv_computenode::config::{ComputenodeConfig, RedisIo};
 use racekv_computenode::Computenode;
+use racekv_transport::test_pki::TestPki;
 use racekv_transport::TransportKind;
 use serde::Serialize;
 
@@ -55,8 +56,21 @@ pub struct RedisArgs {
     /// Alternating rounds per pipeline depth.
     #[arg(long, default_value_t = 3)]
     pub rounds: u32,
+    /// racekv also served these ways, in the same rounds, to measure what security costs:
+    /// `auth` (connections AUTH as an ACL user; every command is checked against its
+    /// permissions), `tls` (the TLS port, with a throwaway CA; a thread per connection).
+    #[arg(long, value_delimiter = ',')]
+    pub variants: Vec<Variant>,
     #[arg(long)]
     pub json: bool,
+}
+
+/// A way of serving racekv besides the plain one (see [`RedisArgs::variants`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Variant {
+    Auth,
+    Tls,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -66,6 +80,16 @@ pub struct PipelineResult {
     pub racekv_ops_per_sec: Vec<f64>,
     /// Mean racekv / mean redis-server.
     pub ratio: f64,
+    /// racekv served the other ways asked for, same rounds.
+    pub variants: Vec<VariantResult>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct VariantResult {
+    pub variant: Variant,
+    pub ops_per_sec: Vec<f64>,
+    /// Mean of this variant / mean of plain racekv.
+    pub ratio_to_plain: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -132,10 +156,34 @@ fn load(port: u16, keys: u64, value: &[u8]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The ACL user of the `auth` variant.
+const BENCH_USER: &str = "bench";
+const BENCH_PASSWORD: &str = "bench-password";
+
+/// Sends one command (raw RESP) and checks it answered `+OK`.
+fn command(port: u16, args: &[&str]) -> anyhow::Result<()> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    let mut buf = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        buf.extend_from_slice(format!("${}\r\n{arg}\r\n", arg.len()).as_bytes());
+    }
+    stream.write_all(&buf)?;
+    let mut line = String::new();
+    BufReader::new(stream).read_line(&mut line)?;
+    anyhow::ensure!(line == "+OK\r\n", "{} answered {line:?}", args[0]);
+    Ok(())
+}
+
 /// One redis-benchmark GET run; returns requests per second.
 fn run_benchmark(port: u16, flags: &[String]) -> anyhow::Result<f64> {
+    run_benchmark_with(port, flags, &[])
+}
+
+/// [`run_benchmark`] with `connect` flags (credentials, TLS).
+fn run_benchmark_with(port: u16, flags: &[String], connect: &[String]) -> anyhow::Result<f64> {
     let out = Command::new("redis-benchmark")
         .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-t", "get", "--csv"])
+        .args(connect)
         .args(flags)
         .output()
         .context("running redis-benchmark (Debian package redis-tools)")?;
@@ -179,6 +227,13 @@ pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
     if let Some(us) = args.poll_spin_us {
         config.redis_poll_spin_us = us;
     }
+    // A throwaway CA and server certificate for the TLS variant.
+    let pki = args.variants.contains(&Variant::Tls).then(|| TestPki::new("racekv bench redis"));
+    if let Some(pki) = &pki {
+        config.tls_cert_file = Some(pki.path("server.pem"));
+        config.tls_key_file = Some(pki.path("server.key"));
+        config.redis_tls_addr = Some("127.0.0.1:0".into());
+    }
     config.validate()?;
     let racekv_io = format!("{:?}", config.redis_io_model());
     let racekv_poll_spin_us = config.redis_poll_spin_us;
@@ -188,6 +243,22 @@ pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
     let value = vec![b'x'; args.value_size];
     load(redis_port, args.keys, &value)?;
     load(racekv_port, args.keys, &value)?;
+    if args.variants.contains(&Variant::Auth) {
+        command(racekv_port, &["ACL", "SETUSER", BENCH_USER, "on", &format!(">{BENCH_PASSWORD}"), "~*", "+@all"])?;
+    }
+    let variant_flags = |variant: Variant| -> Vec<String> {
+        match variant {
+            Variant::Auth => vec!["--user".into(), BENCH_USER.into(), "-a".into(), BENCH_PASSWORD.into()],
+            Variant::Tls => {
+                let ca = pki.as_ref().expect("made for the TLS variant").path("ca.pem");
+                vec!["--tls".into(), "--cacert".into(), ca.display().to_string()]
+            }
+        }
+    };
+    let variant_port = |variant: Variant| match variant {
+        Variant::Auth => racekv_port,
+        Variant::Tls => node.redis_tls_addr().expect("the TLS port is configured").port(),
+    };
 
     let mut results = Vec::new();
     let mut flags_text = String::new();
@@ -209,16 +280,31 @@ pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
         }
         flags_text = flags.join(" ");
         let (mut theirs, mut ours) = (Vec::new(), Vec::new());
+        let mut others: Vec<Vec<f64>> = vec![Vec::new(); args.variants.len()];
         for _ in 0..args.rounds {
             theirs.push(run_benchmark(redis_port, &flags)?);
             ours.push(run_benchmark(racekv_port, &flags)?);
+            for (i, &variant) in args.variants.iter().enumerate() {
+                others[i].push(run_benchmark_with(variant_port(variant), &flags, &variant_flags(variant))?);
+            }
         }
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        let variants = args
+            .variants
+            .iter()
+            .zip(others)
+            .map(|(&variant, ops)| VariantResult {
+                variant,
+                ratio_to_plain: mean(&ops) / mean(&ours),
+                ops_per_sec: ops,
+            })
+            .collect();
         results.push(PipelineResult {
             pipeline,
             ratio: mean(&ours) / mean(&theirs),
             redis_server_ops_per_sec: theirs,
             racekv_ops_per_sec: ours,
+            variants,
         });
     }
     // Leave the server's socket clean.

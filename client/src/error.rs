@@ -20,6 +20,9 @@ pub enum ClientError {
     Config(String),
     #[error("the computenode is overloaded: {0}")]
     Overloaded(String),
+    /// The user the client authenticated as may not do this (Redis' NOPERM).
+    #[error("not allowed: {0}")]
+    Denied(String),
     #[error("protocol error: {0}")]
     Protocol(String),
     #[error("memnode {endpoint}: {reason}")]

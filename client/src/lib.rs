@@ -88,6 +88,8 @@ pub struct ClientBuilder {
     tls_ca: Option<PathBuf>,
     tls_client_cert: Option<(PathBuf, PathBuf)>,
     tls_server_name: Option<String>,
+    user: Option<String>,
+    password: Option<String>,
 }
 
 /// Where a computenode daemon listens for attaching processes unless told otherwise:
@@ -142,6 +144,8 @@ impl Default for ClientBuilder {
             tls_ca: None,
             tls_client_cert: None,
             tls_server_name: None,
+            user: None,
+            password: None,
         }
     }
 }
@@ -186,6 +190,20 @@ impl ClientBuilder {
     /// mode: sent as a digest; a daemon configured without a token ignores it).
     pub fn token(mut self, token: impl Into<String>) -> Self {
         self.token = token.into();
+        self
+    }
+
+    /// Remote mode: the computenode's user to authenticate as (its ACL's, as on its Redis
+    /// port; default `default`).
+    pub fn user(mut self, user: impl Into<String>) -> Self {
+        self.user = Some(user.into());
+        self
+    }
+
+    /// Remote mode: the user's password (proved in the handshake, never sent). A user
+    /// without a password (`nopass`) needs none.
+    pub fn password(mut self, password: impl Into<String>) -> Self {
+        self.password = Some(password.into());
         self
     }
 
@@ -265,7 +283,10 @@ impl ClientBuilder {
                     "a remote computenode and memnodes or an attach socket were given; choose one".into(),
                 ));
             }
-            let remote = remote::Remote::connect(addr, self.connect_options()?)?;
+            // A remote computenode knows users, not the memnodes' token.
+            let user = self.user.clone().unwrap_or_else(|| "default".into());
+            let options = self.connect_options()?.with_user(user, self.password.clone().unwrap_or_default());
+            let remote = remote::Remote::connect(addr, options)?;
             return Ok(Client { backend: Backend::Remote(Arc::new(remote)) });
         }
         if !self.memnodes.is_empty() {

@@ -115,6 +115,8 @@ pub enum ErrorKind {
     BadRequest = 6,
     Internal = 7,
     Overloaded = 8,
+    /// The user may not run this operation or touch this key (Redis' NOPERM).
+    Denied = 9,
 }
 
 impl ErrorKind {
@@ -128,6 +130,7 @@ impl ErrorKind {
             6 => ErrorKind::BadRequest,
             7 => ErrorKind::Internal,
             8 => ErrorKind::Overloaded,
+            9 => ErrorKind::Denied,
             _ => return None,
         })
     }
@@ -143,6 +146,7 @@ impl Reply {
             ClientError::Timeout { .. } => ErrorKind::Timeout,
             ClientError::OutOfSpace { .. } => ErrorKind::OutOfSpace,
             ClientError::Overloaded(_) => ErrorKind::Overloaded,
+            ClientError::Denied(_) => ErrorKind::Denied,
             ClientError::Config(_) | ClientError::Protocol(_) => ErrorKind::BadRequest,
             ClientError::Internal { .. } => ErrorKind::Internal,
         };
@@ -191,6 +195,7 @@ impl Reply {
             ErrorKind::Timeout => ClientError::Timeout { endpoint, after: std::time::Duration::ZERO },
             ErrorKind::OutOfSpace => ClientError::OutOfSpace { endpoint, reason: message },
             ErrorKind::Overloaded => ClientError::Overloaded(message),
+            ErrorKind::Denied => ClientError::Denied(message),
             ErrorKind::BadRequest => ClientError::Protocol(message),
             ErrorKind::Internal => ClientError::Internal { endpoint, reason: message },
         }

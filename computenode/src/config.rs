@@ -173,6 +173,18 @@ impl ComputenodeConfig {
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(!self.memnodes.is_empty(), "no memnodes configured");
         anyhow::ensure!(!self.token.is_empty(), "token must not be empty");
+        if self.token == DEV_TOKEN {
+            let remote = self
+                .memnodes
+                .iter()
+                .find(|m| m.split_once(':').is_some_and(|(scheme, addr)| scheme != "shm" && !is_loopback(addr)));
+            if let Some(memnode) = remote {
+                anyhow::bail!(
+                    "refusing to reach {memnode} with the built-in development token: set `token` (token_file, \
+                     RACEKV_COMPUTENODE_TOKEN_FILE)"
+                );
+            }
+        }
         let tls = check_server_settings(
             self.tls_cert_file.as_deref(),
             self.tls_key_file.as_deref(),
@@ -189,14 +201,6 @@ impl ComputenodeConfig {
                 || (self.memnode_tls_cert_file.is_none() && self.memnode_tls_server_name.is_none()),
             "memnode TLS settings need memnode_tls_ca_file, the CA that signed the memnodes' certificates"
         );
-        if self.token == DEV_TOKEN {
-            if let Some(addr) = self.remote_addr.as_deref().filter(|a| !is_loopback(a)) {
-                anyhow::bail!(
-                    "refusing to serve remote clients on {addr} with the built-in development token: set `token` \
-                     (or `token_file`, RACEKV_COMPUTENODE_TOKEN_FILE)"
-                );
-            }
-        }
         anyhow::ensure!(self.connections_per_memnode >= 1, "connections_per_memnode must be at least 1");
         anyhow::ensure!(
             self.min_workers <= self.max_workers && self.max_workers >= 1,
@@ -261,10 +265,19 @@ impl ComputenodeConfig {
     }
 
     /// The users of the front ends: the ACL file's (if any), then `requirepass` for the
-    /// default user.
+    /// default user. In protected mode, a remote front end beyond loopback needs them to
+    /// have a password (the Redis port enforces protected mode per connection).
     pub fn acl(&self) -> anyhow::Result<Acl> {
         let options = AclOptions { requirepass: self.requirepass.clone(), file: self.aclfile.clone() };
-        Ok(Acl::new(racekv_redis::commands::catalog(), options)?)
+        let acl = Acl::new(racekv_redis::commands::catalog(), options)?;
+        if let Some(addr) = self.remote_addr.as_deref().filter(|a| self.protected_mode && !is_loopback(a)) {
+            anyhow::ensure!(
+                !acl.is_open(),
+                "refusing to serve remote clients on {addr} while the default user has no password (protected \
+                 mode): set requirepass (requirepass_file) or an aclfile, or protected_mode = false"
+            );
+        }
+        Ok(acl)
     }
 
     pub fn cluster_options(&self) -> anyhow::Result<ClusterOptions> {
@@ -352,15 +365,20 @@ mod tests {
     }
 
     #[test]
-    fn the_dev_token_stays_on_loopback_and_secrets_are_masked() {
-        let mut cfg = ComputenodeConfig { remote_addr: Some("0.0.0.0:7410".into()), ..Default::default() };
+    fn remote_clients_beyond_loopback_need_a_password_and_secrets_are_masked() {
+        let mut cfg = ComputenodeConfig { memnodes: vec!["tcp:10.0.0.9:7400".into()], ..Default::default() };
         assert!(cfg.validate().unwrap_err().to_string().contains("development token"));
-        cfg.remote_addr = Some("localhost:7410".into());
+        cfg.memnodes = vec!["tcp:127.0.0.1:7400".into(), "shm:/run/racekv/m.sock".into()];
         cfg.validate().unwrap();
+        cfg.remote_addr = Some("0.0.0.0:7410".into());
+        assert!(cfg.acl().unwrap_err().to_string().contains("protected mode"));
+        cfg.remote_addr = Some("localhost:7410".into());
+        cfg.acl().unwrap();
         cfg.remote_addr = Some("10.0.0.5:7410".into());
         cfg.token = "a real secret".into();
         cfg.requirepass = Some("redis secret".into());
         cfg.validate().unwrap();
+        cfg.acl().unwrap();
         let printed = racekv_telemetry::secret::redacted_toml(&cfg, SECRET_KEYS).unwrap();
         assert!(!printed.contains("a real secret") && !printed.contains("redis secret"), "{printed}");
         assert!(printed.contains("token = \"***\"") && printed.contains("requirepass = \"***\""), "{printed}");

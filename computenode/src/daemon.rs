@@ -138,7 +138,7 @@ impl Computenode {
             *parts.attach.lock() = Some(server);
         }
         if let Some(addr) = &config.remote_addr {
-            let server = crate::remote::serve(Arc::clone(&cluster), addr, &config.token, tls.clone())
+            let server = crate::remote::serve(Arc::clone(&cluster), addr, Arc::clone(&acl), tls.clone())
                 .with_context(|| format!("starting the remote front end on {addr}"))?;
             *parts.remote.lock() = Some(server);
         }

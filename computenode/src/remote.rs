@@ -1,6 +1,12 @@
 //! The remote front end: clients on other hosts send [`Request`]s as RPCs (over FLOCK, so
 //! concurrent requests from one client process travel coalesced) and get [`Reply`]s.
 //!
+//! Clients are the ACL's users, as on the Redis front end: a connection proves one of its
+//! user's passwords in the transport's handshake ([`racekv_transport::auth`], keyed by the
+//! password's SHA-256, which is what the ACL keeps), and each request is checked against the
+//! user's permissions as the Redis command it amounts to (GET, SET, SETNX, DEL, MGET, MSET,
+//! DBSIZE, INFO). A client that names no user is `default`.
+//!
 //! A request runs on an attached session borrowed for the call, on the receiving thread:
 //! the lane's receiver is the worker, so a coalesced message costs no extra thread hop.
 
@@ -8,8 +14,12 @@ use std::sync::{Arc, LazyLock};
 
 use parking_lot::Mutex;
 use prometheus::{IntCounterVec, Opts};
-use racekv_client::op::{Reply, Request, REMOTE_METHOD};
-use racekv_transport::{Endpoint, RegionServer, RpcService, RpcStatus, ServerOptions, ServerTls};
+use racekv_client::op::{ErrorKind, Reply, Request, REMOTE_METHOD};
+use racekv_hashing::PutMode;
+use racekv_redis::acl::{Acl, KeyAccess, DEFAULT_USER};
+use racekv_transport::{
+    Caller, Credentials, Endpoint, Keys, RegionServer, RpcService, RpcStatus, ServerOptions, ServerTls,
+};
 
 use crate::cluster::{Attached, Cluster};
 
@@ -18,7 +28,7 @@ static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
         IntCounterVec::new(Opts::new("racekv_remote_requests_total", "Requests from remote clients"), &["result"])
             .unwrap(),
     );
-    for r in ["ok", "error", "bad_request"] {
+    for r in ["ok", "error", "bad_request", "denied"] {
         c.with_label_values(&[r]);
     }
     c
@@ -26,12 +36,49 @@ static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
 
 struct KvService {
     cluster: Arc<Cluster>,
+    acl: Arc<Acl>,
     /// Sessions between calls (one per concurrently serving thread at most).
     idle: Mutex<Vec<Attached>>,
 }
 
+/// The ACL's users as the transport's handshake sees them: a user's keys are its password
+/// hashes; a user without a password (`nopass`) needs none; a disabled user gets nothing.
+#[derive(Debug)]
+struct AclCredentials(Arc<Acl>);
+
+impl Credentials for AclCredentials {
+    fn keys(&self, user: Option<&str>) -> Keys {
+        match self.0.user(user.unwrap_or(DEFAULT_USER)) {
+            Some(u) if u.enabled() && u.nopass() => Keys::Open,
+            Some(u) if u.enabled() => Keys::Keyed(u.password_keys()),
+            _ => Keys::Unknown,
+        }
+    }
+}
+
+/// The Redis command `request` amounts to, and the keys it touches.
+fn as_command(request: &Request) -> (&'static str, Vec<(&[u8], KeyAccess)>) {
+    match request {
+        Request::Get(key) => ("get", vec![(key, KeyAccess::Read)]),
+        Request::Put { key, mode: PutMode::InsertOnly, .. } => ("setnx", vec![(key, KeyAccess::Write)]),
+        Request::Put { key, .. } => ("set", vec![(key, KeyAccess::Write)]),
+        Request::Delete(key) => ("del", vec![(key, KeyAccess::Write)]),
+        // Reads the value it compares with.
+        Request::CompareAndSwap { key, .. } => ("set", vec![(key, KeyAccess::ReadWrite)]),
+        Request::MultiGet(keys) => ("mget", keys.iter().map(|k| (&k[..], KeyAccess::Read)).collect()),
+        Request::MultiPut(pairs) => ("mset", pairs.iter().map(|(k, _)| (&k[..], KeyAccess::Write)).collect()),
+        Request::Len => ("dbsize", vec![]),
+        Request::Stats => ("info", vec![]),
+    }
+}
+
 impl RpcService for KvService {
+    /// Only through [`RpcService::call_as`]: every remote connection authenticated as a user.
     fn call(&self, method: u16, request: &[u8]) -> Result<Vec<u8>, RpcStatus> {
+        self.call_as(&Caller::default(), method, request)
+    }
+
+    fn call_as(&self, caller: &Caller, method: u16, request: &[u8]) -> Result<Vec<u8>, RpcStatus> {
         if method != REMOTE_METHOD {
             return Err(RpcStatus::new(
                 RpcStatus::UNKNOWN_METHOD,
@@ -42,6 +89,13 @@ impl RpcService for KvService {
             REQUESTS.with_label_values(&["bad_request"]).inc();
             RpcStatus::new(RpcStatus::BAD_REQUEST, e.to_string())
         })?;
+        let (command, keys) = as_command(&request);
+        if let Err(message) = self.acl.check(caller.user.as_deref().unwrap_or(DEFAULT_USER), command, keys) {
+            REQUESTS.with_label_values(&["denied"]).inc();
+            let mut out = Vec::new();
+            Reply::Error(ErrorKind::Denied, message).encode(&mut out);
+            return Ok(out);
+        }
         let mut session = self.idle.lock().pop().unwrap_or_else(|| self.cluster.attach());
         let reply = session.execute(&request);
         if let Err(e) = session.publish_counts() {
@@ -63,13 +117,19 @@ impl RpcService for KvService {
     }
 }
 
-/// Serves remote clients on `addr` (tcp), authenticated by `token`; with `tls`, only over TLS.
-pub fn serve(cluster: Arc<Cluster>, addr: &str, token: &str, tls: Option<ServerTls>) -> std::io::Result<RegionServer> {
+/// Serves remote clients on `addr` (tcp), the users of `acl`; with `tls`, only over TLS.
+pub fn serve(
+    cluster: Arc<Cluster>,
+    addr: &str,
+    acl: Arc<Acl>,
+    tls: Option<ServerTls>,
+) -> std::io::Result<RegionServer> {
     LazyLock::force(&REQUESTS);
-    let service = Arc::new(KvService { cluster, idle: Mutex::new(Vec::new()) });
+    let credentials = Arc::new(AclCredentials(Arc::clone(&acl)));
+    let service = Arc::new(KvService { cluster, acl, idle: Mutex::new(Vec::new()) });
     RegionServer::serve_rpc(
         service,
-        ServerOptions { token: token.into(), tls, ..ServerOptions::default() },
+        ServerOptions { credentials: Some(credentials), tls, ..ServerOptions::default() },
         &[Endpoint::Tcp(addr.into())],
     )
 }

@@ -44,7 +44,9 @@ fn store_error(e: ClientError) -> StoreError {
         ClientError::EmptyKey => {
             return StoreError::new(StoreErrorKind::Other, "racekv keys cannot be empty");
         }
-        ClientError::Config(_) | ClientError::Protocol(_) | ClientError::Internal { .. } => StoreErrorKind::Other,
+        ClientError::Config(_) | ClientError::Protocol(_) | ClientError::Internal { .. } | ClientError::Denied(_) => {
+            StoreErrorKind::Other
+        }
     };
     StoreError::new(kind, e.to_string())
 }

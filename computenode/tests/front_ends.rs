@@ -13,6 +13,7 @@ fn node(m: &TestMemnode, dir: &std::path::Path) -> Computenode {
     Computenode::start(ComputenodeConfig {
         memnodes: vec![m.endpoint().unwrap().to_string()],
         token: TestMemnode::TOKEN.into(),
+        requirepass: Some(PASSWORD.into()),
         redis_addr: None,
         metrics_addr: None,
         remote_addr: Some("127.0.0.1:0".into()),
@@ -21,6 +22,8 @@ fn node(m: &TestMemnode, dir: &std::path::Path) -> Computenode {
     })
     .unwrap()
 }
+
+const PASSWORD: &str = "remote secret";
 
 fn exercise(client: &Client) {
     client.put(b"a", b"1").unwrap();
@@ -62,12 +65,17 @@ fn remote_mode_runs_every_operation() {
     let dir = tempfile::tempdir().unwrap();
     let node = node(&m, dir.path());
     let addr = node.remote_endpoint().unwrap();
-    let client = Client::builder().remote(addr.trim_start_matches("tcp:")).token(TestMemnode::TOKEN).connect().unwrap();
+    let remote = addr.trim_start_matches("tcp:");
+    let client = Client::builder().remote(remote).password(PASSWORD).connect().unwrap();
     assert_eq!(client.mode(), Mode::Remote);
     exercise(&client);
-    // A wrong token is refused with a clear error.
-    let err = Client::builder().remote(addr.trim_start_matches("tcp:")).token("wrong").connect().err().unwrap();
-    assert!(err.to_string().contains("could not prove it knows the token"), "{err}");
+    // A wrong password, the memnodes' token, or no password: refused with a clear error.
+    for attempt in
+        [Client::builder().password("wrong"), Client::builder().password(TestMemnode::TOKEN), Client::builder()]
+    {
+        let err = attempt.remote(remote).connect().err().unwrap();
+        assert!(err.to_string().contains("could not prove it knows the token or password"), "{err}");
+    }
     // The computenode going away is a retryable error, not a hang.
     drop(node);
     let err = (0..50).find_map(|_| {

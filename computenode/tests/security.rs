@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use racekv_client::Client;
+use racekv_client::{Client, ClientError};
 use racekv_computenode::config::ComputenodeConfig;
 use racekv_computenode::Computenode;
 use racekv_hashing::testing::{TestMemnode, Via};
@@ -51,16 +51,39 @@ fn password_and_tls_on_the_redis_and_remote_front_ends() {
     let remote = remote.trim_start_matches("tcp:");
     let client = Client::builder()
         .remote(remote)
-        .token(TestMemnode::TOKEN)
+        .password("s3cret")
         .tls_ca(pki.path("ca.pem"))
         .tls_server_name("localhost")
         .timeout(Duration::from_secs(5))
         .connect()
         .unwrap();
     assert_eq!(client.get(b"k").unwrap().as_deref(), Some(&b"over tls"[..]));
-    let plaintext =
-        Client::builder().remote(remote).token(TestMemnode::TOKEN).timeout(Duration::from_secs(2)).connect();
+    let plaintext = Client::builder().remote(remote).password("s3cret").timeout(Duration::from_secs(2)).connect();
     assert!(plaintext.is_err(), "a plaintext client is refused by a TLS front end");
+
+    // An ACL user made on the Redis port is a remote user too, with the same permissions.
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "reader", "on", ">reader-pw", "%R~k*", "+get", "+mget"])
+        .query(&mut con)
+        .unwrap();
+    let reader = |password: &str| {
+        Client::builder()
+            .remote(remote)
+            .user("reader")
+            .password(password)
+            .tls_ca(pki.path("ca.pem"))
+            .tls_server_name("localhost")
+            .connect()
+    };
+    let client = reader("reader-pw").unwrap();
+    assert_eq!(client.get(b"k").unwrap().as_deref(), Some(&b"over tls"[..]));
+    let denied = client.put(b"k", b"overwritten").unwrap_err();
+    assert!(matches!(&denied, ClientError::Denied(m) if m.contains("NOPERM")), "{denied}");
+    assert!(matches!(client.get(b"other"), Err(ClientError::Denied(_))), "a key outside the user's patterns");
+    assert!(matches!(client.multi_get(&[b"k", b"x"]), Err(ClientError::Denied(_))));
+    assert!(reader("wrong").is_err(), "a wrong password");
+    let _: () = redis::cmd("ACL").arg(&["DELUSER", "reader"]).query(&mut con).unwrap();
+    assert!(matches!(client.get(b"k"), Err(ClientError::Denied(_))), "a deleted user's connection may do nothing");
 
     assert!(node.reload_tls().unwrap(), "SIGHUP's reload reads the files again");
     let mut again = redis::Client::open(authed.as_str()).unwrap().get_connection().unwrap();

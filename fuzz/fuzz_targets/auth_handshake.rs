@@ -12,7 +12,7 @@ use std::io::{Read, Write};
 use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
-use racekv_transport::auth::{self, ClientHandshake, ServerHandshake};
+use racekv_transport::auth::{self, ClientHandshake, ServerHandshake, Token};
 use racekv_transport::wire::{self, Kind, HEADER_BYTES, NONCE_BYTES};
 
 const TOKEN: &[u8] = b"fuzz-token";
@@ -62,18 +62,25 @@ fn xor_over(base: &mut [u8], noise: &[u8]) {
 
 /// Feeds frames to a server handshake; true when it authenticated. Checks the verdict.
 fn serve(input: &[u8]) -> bool {
-    let mut server = ServerHandshake::new(TOKEN, SERVER_NONCE);
+    let token = Token(TOKEN.to_vec());
+    let mut server = ServerHandshake::new(&token, SERVER_NONCE);
     let mut client_nonce = None;
     for (kind, body) in frames(input) {
         let mut out = Vec::new();
         match server.on_frame(kind, body, &mut out) {
-            Ok(false) => {
-                client_nonce = Some(wire::decode_hello(body).expect("a Hello the server took decodes"));
+            Ok(None) => {
+                let (nonce, user) = wire::decode_hello(body).expect("a Hello the server took decodes");
+                client_nonce = Some(nonce);
                 let challenge = wire::decode_challenge(&out[HEADER_BYTES..]).expect("the server's Challenge decodes");
-                let expected = auth::server_proof(TOKEN, &client_nonce.unwrap(), &SERVER_NONCE);
-                assert_eq!(challenge.server_proof, expected);
+                let expected = auth::server_proof(TOKEN, &nonce, &SERVER_NONCE);
+                if user.is_none() {
+                    assert_eq!(challenge.server_proofs, [expected]);
+                } else {
+                    assert!(!challenge.server_proofs.contains(&expected), "a user was offered the token's proof");
+                }
             }
-            Ok(true) => {
+            Ok(Some(caller)) => {
+                assert_eq!(caller.user, None, "a token server authenticated a user");
                 let proof = wire::decode_proof(body).expect("a Proof that authenticated decodes");
                 let nonce = client_nonce.expect("authenticated without a Hello");
                 assert_eq!(proof, auth::client_proof(TOKEN, &nonce, &SERVER_NONCE), "a wrong proof authenticated");
@@ -92,13 +99,13 @@ fn serve(input: &[u8]) -> bool {
 
 /// The client's check of a Challenge body; true when it answered with a Proof.
 fn check_challenge(body: &[u8]) -> bool {
-    let client = ClientHandshake::new(TOKEN, CLIENT_NONCE);
+    let client = ClientHandshake::new(TOKEN, None, CLIENT_NONCE);
     let mut out = Vec::new();
     let accepted = client.on_challenge(body, &mut out).is_ok();
     if accepted {
         let challenge = wire::decode_challenge(body).unwrap();
         let expected = auth::server_proof(TOKEN, &CLIENT_NONCE, &challenge.server_nonce);
-        assert_eq!(challenge.server_proof, expected, "the client accepted a server that proved nothing");
+        assert!(challenge.server_proofs.contains(&expected), "the client accepted a server that proved nothing");
         let proof = wire::decode_proof(&out[HEADER_BYTES..]).unwrap();
         assert_eq!(proof, auth::client_proof(TOKEN, &CLIENT_NONCE, &challenge.server_nonce));
     } else {
@@ -114,15 +121,15 @@ fuzz_target!(|data: &[u8]| {
         check_challenge(rest);
         // A whole connection through the blocking paths (random nonces: nothing passes).
         let mut stream = Wire { input: rest, output: Vec::new() };
-        let verdict = auth::accept(&mut stream, TOKEN, Duration::from_secs(1));
-        assert!(!matches!(verdict, Ok(auth::Accepted::Authenticated)));
+        let verdict = auth::accept(&mut stream, &Token(TOKEN.to_vec()), Duration::from_secs(1));
+        assert!(!matches!(verdict, Ok(auth::Accepted::Authenticated(_))));
         let mut stream = Wire { input: rest, output: Vec::new() };
-        assert!(auth::connect(&mut stream, "fuzz-token", Duration::from_secs(1), "fuzz").is_err());
+        assert!(auth::connect(&mut stream, "fuzz-token", None, Duration::from_secs(1), "fuzz").is_err());
         return;
     }
     // A correct exchange, mutated.
     let mut exchange = Vec::new();
-    wire::encode_hello(&mut exchange, &CLIENT_NONCE);
+    wire::encode_hello(&mut exchange, &CLIENT_NONCE, None);
     wire::encode_proof(&mut exchange, &auth::client_proof(TOKEN, &CLIENT_NONCE, &SERVER_NONCE));
     let pristine = exchange.clone();
     xor_over(&mut exchange, rest);
@@ -132,7 +139,7 @@ fuzz_target!(|data: &[u8]| {
     }
     let mut challenge = Vec::new();
     let server_proof = auth::server_proof(TOKEN, &CLIENT_NONCE, &SERVER_NONCE);
-    wire::encode_challenge(&mut challenge, &wire::Challenge { server_nonce: SERVER_NONCE, server_proof });
+    wire::encode_challenge(&mut challenge, &wire::Challenge { server_nonce: SERVER_NONCE, server_proofs: vec![server_proof] });
     let mut body = challenge[HEADER_BYTES..].to_vec();
     xor_over(&mut body, rest);
     let accepted = check_challenge(&body);

@@ -233,6 +233,7 @@ impl Memnode {
         };
         let options = ServerOptions {
             token: config.token.clone(),
+            credentials: None,
             tls,
             max_connections: config.max_connections,
             io_timeout: Duration::from_millis(config.io_timeout_ms),

@@ -1,12 +1,19 @@
 //! The challenge-response that opens every connection to a region server: each side proves it
-//! knows the shared token without sending it (frames and proof layout in [`crate::wire`]).
+//! knows a key without sending it (frames and proof layout in [`crate::wire`]).
 //!
 //! ```text
-//! client -> server  Hello     { client_nonce, protocol }
-//! server -> client  Challenge { server_nonce, server_proof = HMAC(token, "racekv v2 server" | cn | sn) }
-//! client -> server  Proof     { client_proof = HMAC(token, "racekv v2 client" | cn | sn) }
+//! client -> server  Hello     { client_nonce, protocol, user }
+//! server -> client  Challenge { server_nonce, server_proofs = [HMAC(key, "racekv v2 server" | cn | sn), ...] }
+//! client -> server  Proof     { client_proof = HMAC(key, "racekv v2 client" | cn | sn) }
 //! server -> client  HelloOk   (or Error AUTH, then close)
 //! ```
+//!
+//! The key is a shared token (memnodes: no user) or, for a named user, the SHA-256 of one of
+//! its passwords ([`password_key`]; what an ACL keeps). The server's [`Credentials`] say which
+//! keys a user may hold: it proves each (a user may have several passwords; the client checks
+//! the proof of its own), and accepts a client proof made with any. A user that needs no
+//! password gets no proofs and any client proof. The server's proof for an unknown user is
+//! made with a random key, so a name's existence shows only as a failed proof either way.
 //!
 //! Both nonces are fresh per connection, so a proof recorded on one connection is worthless
 //! on another; the labels keep a server's proof from passing as a client's. The client checks
@@ -20,12 +27,12 @@
 //! at most once per [`WARN_INTERVAL`], never with the token, a nonce or a proof.
 
 use std::io::{self, Read, Write};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use hmac::{Hmac, KeyInit, Mac};
 use prometheus::{IntCounterVec, Opts};
+use racekv_telemetry::ratelimit::RateLimit;
 use sha2::Sha256;
 
 use crate::error::TransportError;
@@ -37,7 +44,16 @@ const CLIENT_LABEL: &[u8] = b"racekv v2 client";
 /// Largest frame body either side reads during the handshake: an Error frame with its
 /// longest message (Hello, Challenge and Proof are smaller). A peer that has not proved the
 /// token cannot make us buffer more.
-const MAX_HANDSHAKE_BODY_BYTES: usize = 8 + wire::MAX_ERROR_MESSAGE_BYTES;
+const MAX_HANDSHAKE_BODY_BYTES: usize =
+    max(8 + wire::MAX_ERROR_MESSAGE_BYTES, max(wire::MAX_HELLO_BYTES, wire::MAX_CHALLENGE_BYTES));
+
+const fn max(a: usize, b: usize) -> usize {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
 /// At most one warning line per this interval for failed handshakes (the counter has them all).
 pub const WARN_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -122,6 +138,55 @@ impl AuthFailure {
     }
 }
 
+/// The keys a client naming a user (or none) may prove it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Keys {
+    /// Any of these (a token; a user's password keys).
+    Keyed(Vec<Vec<u8>>),
+    /// None needed: the user has no password (Redis' `nopass`).
+    Open,
+    /// No such user (or not allowed in): nothing authenticates.
+    Unknown,
+}
+
+/// Who may connect to a server, and with which keys.
+pub trait Credentials: Send + Sync + std::fmt::Debug {
+    /// The keys of `user` (`None`: a client that names no user).
+    fn keys(&self, user: Option<&str>) -> Keys;
+}
+
+/// A shared token: clients name no user (memnodes).
+#[derive(Clone)]
+pub struct Token(pub Vec<u8>);
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(***)")
+    }
+}
+
+impl Credentials for Token {
+    fn keys(&self, user: Option<&str>) -> Keys {
+        match user {
+            None => Keys::Keyed(vec![self.0.clone()]),
+            Some(_) => Keys::Unknown,
+        }
+    }
+}
+
+/// The key a password gives: its SHA-256, as an ACL keeps it.
+pub fn password_key(password: &[u8]) -> Vec<u8> {
+    use sha2::Digest;
+    Sha256::digest(password).to_vec()
+}
+
+/// Who a connection authenticated as.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Caller {
+    /// The user it named; `None`: the shared token (or a connection inside the process).
+    pub user: Option<String>,
+}
+
 /// A fresh nonce from the operating system's random source.
 pub fn nonce() -> io::Result<[u8; NONCE_BYTES]> {
     let mut bytes = [0u8; NONCE_BYTES];
@@ -162,45 +227,70 @@ pub fn client_proof(
 
 /// The server's side, one frame at a time.
 pub struct ServerHandshake<'a> {
-    token: &'a [u8],
+    credentials: &'a dyn Credentials,
     server_nonce: [u8; NONCE_BYTES],
-    client_nonce: Option<[u8; NONCE_BYTES]>,
+    /// After Hello: the client's nonce, the user it named, and the keys that user may prove.
+    hello: Option<([u8; NONCE_BYTES], Option<String>, Keys)>,
     done: bool,
 }
 
 impl<'a> ServerHandshake<'a> {
-    pub fn new(token: &'a [u8], server_nonce: [u8; NONCE_BYTES]) -> Self {
-        Self { token, server_nonce, client_nonce: None, done: false }
+    pub fn new(credentials: &'a dyn Credentials, server_nonce: [u8; NONCE_BYTES]) -> Self {
+        Self { credentials, server_nonce, hello: None, done: false }
     }
 
     /// Takes the client's next frame. Hello: appends the Challenge to `out` and returns
-    /// false. Proof: returns true when it matches the token. Anything else, or anything
-    /// once a step failed or finished, is an error.
-    pub fn on_frame(&mut self, kind: Kind, body: &[u8], out: &mut Vec<u8>) -> Result<bool, AuthFailure> {
+    /// `None`. Proof: returns who the client is when its proof matches a key of the user it
+    /// named. Anything else, or anything once a step failed or finished, is an error.
+    pub fn on_frame(&mut self, kind: Kind, body: &[u8], out: &mut Vec<u8>) -> Result<Option<Caller>, AuthFailure> {
         if self.done {
             return Err(AuthFailure::UnexpectedFrame(kind));
         }
         let result = self.step(kind, body, out);
-        self.done = !matches!(result, Ok(false));
+        self.done = !matches!(result, Ok(None));
         result
     }
 
-    fn step(&mut self, kind: Kind, body: &[u8], out: &mut Vec<u8>) -> Result<bool, AuthFailure> {
+    fn step(&mut self, kind: Kind, body: &[u8], out: &mut Vec<u8>) -> Result<Option<Caller>, AuthFailure> {
         let malformed = |e: wire::WireError| AuthFailure::Malformed(e.to_string());
-        match (kind, self.client_nonce) {
+        match (kind, &self.hello) {
             (Kind::Hello, None) => {
-                let client_nonce = wire::decode_hello(body).map_err(malformed)?;
-                self.client_nonce = Some(client_nonce);
-                let server_proof = server_proof(self.token, &client_nonce, &self.server_nonce);
-                wire::encode_challenge(out, &wire::Challenge { server_nonce: self.server_nonce, server_proof });
-                Ok(false)
+                let (client_nonce, user) = wire::decode_hello(body).map_err(malformed)?;
+                let keys = match self.credentials.keys(user) {
+                    Keys::Keyed(keys) if keys.len() > wire::MAX_PROOFS => {
+                        Keys::Keyed(keys[..wire::MAX_PROOFS].to_vec())
+                    }
+                    keys => keys,
+                };
+                let server_proofs = match &keys {
+                    Keys::Keyed(keys) => {
+                        keys.iter().map(|k| server_proof(k, &client_nonce, &self.server_nonce)).collect()
+                    }
+                    Keys::Open => Vec::new(),
+                    // A proof nobody can check, so an unknown name looks like a wrong password.
+                    Keys::Unknown => {
+                        vec![server_proof(&nonce().unwrap_or_default(), &client_nonce, &self.server_nonce)]
+                    }
+                };
+                wire::encode_challenge(out, &wire::Challenge { server_nonce: self.server_nonce, server_proofs });
+                self.hello = Some((client_nonce, user.map(String::from), keys));
+                Ok(None)
             }
-            (Kind::Proof, Some(client_nonce)) => {
+            (Kind::Proof, Some((client_nonce, user, keys))) => {
                 let proof = wire::decode_proof(body).map_err(malformed)?;
-                keyed(self.token, CLIENT_LABEL, &client_nonce, &self.server_nonce)
-                    .verify_slice(&proof)
-                    .map(|()| true)
-                    .map_err(|_| AuthFailure::BadProof)
+                let accepted = match keys {
+                    Keys::Open => true,
+                    Keys::Unknown => false,
+                    // Check every key, so timing does not tell which matched.
+                    Keys::Keyed(keys) => keys.iter().fold(false, |found, key| {
+                        keyed(key, CLIENT_LABEL, client_nonce, &self.server_nonce).verify_slice(&proof).is_ok() | found
+                    }),
+                };
+                if accepted {
+                    Ok(Some(Caller { user: user.clone() }))
+                } else {
+                    Err(AuthFailure::BadProof)
+                }
             }
             (kind, _) => Err(AuthFailure::UnexpectedFrame(kind)),
         }
@@ -209,28 +299,39 @@ impl<'a> ServerHandshake<'a> {
 
 /// The client's side.
 pub struct ClientHandshake<'a> {
-    token: &'a [u8],
+    key: Vec<u8>,
+    user: Option<&'a str>,
     client_nonce: [u8; NONCE_BYTES],
 }
 
 impl<'a> ClientHandshake<'a> {
-    pub fn new(token: &'a [u8], client_nonce: [u8; NONCE_BYTES]) -> Self {
-        Self { token, client_nonce }
+    /// A client holding `secret`: the shared token, or, when it names `user`, that user's
+    /// password.
+    pub fn new(secret: &[u8], user: Option<&'a str>, client_nonce: [u8; NONCE_BYTES]) -> Self {
+        let key = if user.is_some() { password_key(secret) } else { secret.to_vec() };
+        Self { key, user, client_nonce }
     }
 
     /// Appends Hello to `out`.
     pub fn hello(&self, out: &mut Vec<u8>) {
-        wire::encode_hello(out, &self.client_nonce);
+        wire::encode_hello(out, &self.client_nonce, self.user);
     }
 
-    /// Takes the body of the server's Challenge: when the server proved the token, appends
-    /// our Proof to `out`.
+    /// Takes the body of the server's Challenge: when the server proved it knows our key,
+    /// appends our Proof to `out`. A named user that needs no password gets no proof (the
+    /// server cannot prove a key it does not have: TLS is what authenticates it then); a
+    /// token client always insists on one.
     pub fn on_challenge(&self, body: &[u8], out: &mut Vec<u8>) -> Result<(), AuthFailure> {
         let challenge = wire::decode_challenge(body).map_err(|e| AuthFailure::Malformed(e.to_string()))?;
-        keyed(self.token, SERVER_LABEL, &self.client_nonce, &challenge.server_nonce)
-            .verify_slice(&challenge.server_proof)
-            .map_err(|_| AuthFailure::BadProof)?;
-        wire::encode_proof(out, &client_proof(self.token, &self.client_nonce, &challenge.server_nonce));
+        let open_user = self.user.is_some() && challenge.server_proofs.is_empty();
+        let proven = challenge.server_proofs.iter().fold(false, |found, proof| {
+            keyed(&self.key, SERVER_LABEL, &self.client_nonce, &challenge.server_nonce).verify_slice(proof).is_ok()
+                | found
+        });
+        if !(proven || open_user) {
+            return Err(AuthFailure::BadProof);
+        }
+        wire::encode_proof(out, &client_proof(&self.key, &self.client_nonce, &challenge.server_nonce));
         Ok(())
     }
 }
@@ -306,17 +407,21 @@ fn fill<R: Read>(r: &mut R, buf: &mut [u8], deadline: Instant, frame_start: bool
 /// How a server-side handshake ended without failing.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Accepted {
-    /// The client proved the token: answer HelloOk.
-    Authenticated,
+    /// The client proved a key: answer HelloOk.
+    Authenticated(Caller),
     /// The peer closed before sending anything (a port probe): nothing to count.
     Gone,
 }
 
 /// Runs the server's side on a fresh connection, within `limit`.
-pub fn accept<S: Read + Write>(stream: &mut S, token: &[u8], limit: Duration) -> Result<Accepted, AuthFailure> {
+pub fn accept<S: Read + Write>(
+    stream: &mut S,
+    credentials: &dyn Credentials,
+    limit: Duration,
+) -> Result<Accepted, AuthFailure> {
     let deadline = Instant::now() + limit;
     let server_nonce = nonce().map_err(|e| AuthFailure::Io(e.to_string()))?;
-    let mut handshake = ServerHandshake::new(token, server_nonce);
+    let mut handshake = ServerHandshake::new(credentials, server_nonce);
     let mut body = Vec::new();
     let mut out = Vec::new();
     let mut started = false;
@@ -329,24 +434,29 @@ pub fn accept<S: Read + Write>(stream: &mut S, token: &[u8], limit: Duration) ->
         };
         started = true;
         out.clear();
-        if handshake.on_frame(header.kind, &body, &mut out)? {
-            return Ok(Accepted::Authenticated);
+        if let Some(caller) = handshake.on_frame(header.kind, &body, &mut out)? {
+            return Ok(Accepted::Authenticated(caller));
         }
         stream.write_all(&out).and_then(|()| stream.flush()).map_err(|e| AuthFailure::Io(e.to_string()))?;
     }
 }
 
 /// Runs the client's side on a fresh connection to `peer`, within `timeout`: returns once
-/// the server proved the token and our Proof is sent (the server answers HelloOk next).
+/// the server proved our key and our Proof is sent (the server answers HelloOk next).
+/// `secret` is the shared token, or `user`'s password when it names one.
 pub fn connect<S: Read + Write>(
     stream: &mut S,
-    token: &str,
+    secret: &str,
+    user: Option<&str>,
     timeout: Duration,
     peer: &str,
 ) -> Result<(), TransportError> {
     let fail = |reason: String| TransportError::Connect { endpoint: peer.to_string(), reason };
     let deadline = Instant::now() + timeout;
-    let handshake = ClientHandshake::new(token.as_bytes(), nonce().map_err(|e| fail(e.to_string()))?);
+    if user.is_some_and(|u| u.is_empty() || u.len() > wire::MAX_USER_BYTES) {
+        return Err(fail(format!("a user name must have 1 to {} bytes", wire::MAX_USER_BYTES)));
+    }
+    let handshake = ClientHandshake::new(secret.as_bytes(), user, nonce().map_err(|e| fail(e.to_string()))?);
     let mut out = Vec::new();
     handshake.hello(&mut out);
     stream.write_all(&out).and_then(|()| stream.flush()).map_err(|e| fail(e.to_string()))?;
@@ -397,30 +507,21 @@ pub(crate) fn register_listener(listener: &'static str) {
     }
 }
 
-/// When the last warning went out, in ms since [`EPOCH`] (0: never).
-static LAST_WARN_MS: AtomicU64 = AtomicU64::new(0);
-static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
-static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+static WARNINGS: RateLimit = RateLimit::new(WARN_INTERVAL.as_millis() as u64);
 
 /// Counts a failed handshake and logs it, at most once per [`WARN_INTERVAL`].
 pub(crate) fn record_failure(listener: &'static str, peer: &str, failure: &AuthFailure) {
     FAILURES.with_label_values(&[listener, failure.reason()]).inc();
-    let now = EPOCH.elapsed().as_millis() as u64 + 1;
-    let last = LAST_WARN_MS.load(Ordering::Relaxed);
-    let due = last == 0 || now >= last + WARN_INTERVAL.as_millis() as u64;
-    if !due || LAST_WARN_MS.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_err() {
-        SUPPRESSED.fetch_add(1, Ordering::Relaxed);
-        return;
+    if let Some(suppressed) = WARNINGS.admit() {
+        tracing::warn!(
+            listener,
+            peer,
+            reason = failure.reason(),
+            detail = %failure.detail(),
+            suppressed,
+            "region server: closed a connection that failed to authenticate"
+        );
     }
-    let suppressed = SUPPRESSED.swap(0, Ordering::Relaxed);
-    tracing::warn!(
-        listener,
-        peer,
-        reason = failure.reason(),
-        detail = %failure.detail(),
-        suppressed,
-        "region server: closed a connection that failed to authenticate"
-    );
 }
 
 /// Failed handshakes counted so far for `listener` and `reason` (tests, dashboards).
@@ -438,43 +539,92 @@ mod tests {
         &frame[HEADER_BYTES..]
     }
 
-    /// Runs a client and a server handshake against each other; the server's verdict.
-    fn exchange(client_token: &[u8], server_token: &[u8]) -> (Result<(), AuthFailure>, Result<bool, AuthFailure>) {
-        let client = ClientHandshake::new(client_token, [1; NONCE_BYTES]);
-        let mut server = ServerHandshake::new(server_token, [2; NONCE_BYTES]);
+    fn token(t: &[u8]) -> Token {
+        Token(t.to_vec())
+    }
+
+    /// Users for the tests: alice has two passwords, bob none (nopass).
+    #[derive(Debug)]
+    struct Users;
+
+    impl Credentials for Users {
+        fn keys(&self, user: Option<&str>) -> Keys {
+            match user {
+                Some("alice") => Keys::Keyed(vec![password_key(b"pw1"), password_key(b"pw2")]),
+                Some("bob") => Keys::Open,
+                _ => Keys::Unknown,
+            }
+        }
+    }
+
+    type Verdicts = (Result<(), AuthFailure>, Result<Option<Caller>, AuthFailure>);
+
+    /// Runs a client and a server handshake against each other: the client's and the
+    /// server's verdicts.
+    fn exchange(secret: &[u8], user: Option<&str>, server: &dyn Credentials) -> Verdicts {
+        let client = ClientHandshake::new(secret, user, [1; NONCE_BYTES]);
+        let mut server = ServerHandshake::new(server, [2; NONCE_BYTES]);
         let (mut hello, mut challenge, mut proof) = (Vec::new(), Vec::new(), Vec::new());
         client.hello(&mut hello);
-        assert_eq!(server.on_frame(Kind::Hello, body(&hello), &mut challenge), Ok(false));
+        assert_eq!(server.on_frame(Kind::Hello, body(&hello), &mut challenge), Ok(None));
         let checked = client.on_challenge(body(&challenge), &mut proof);
         if checked.is_err() {
-            return (checked, Ok(false));
+            return (checked, Ok(None));
         }
         (checked, server.on_frame(Kind::Proof, body(&proof), &mut Vec::new()))
     }
 
+    fn caller(user: Option<&str>) -> Result<Option<Caller>, AuthFailure> {
+        Ok(Some(Caller { user: user.map(String::from) }))
+    }
+
     #[test]
     fn matching_tokens_authenticate_both_ways() {
-        assert_eq!(exchange(TOKEN, TOKEN), (Ok(()), Ok(true)));
-        assert_eq!(exchange(b"", b""), (Ok(()), Ok(true)), "an empty token still works (tests, dev)");
+        assert_eq!(exchange(TOKEN, None, &token(TOKEN)), (Ok(()), caller(None)));
+        assert_eq!(exchange(b"", None, &token(b"")), (Ok(()), caller(None)), "an empty token still works (tests, dev)");
     }
 
     #[test]
     fn the_client_detects_a_server_without_the_token() {
-        assert_eq!(exchange(TOKEN, b"other").0, Err(AuthFailure::BadProof));
+        assert_eq!(exchange(TOKEN, None, &token(b"other")).0, Err(AuthFailure::BadProof));
+        assert_eq!(exchange(TOKEN, None, &Users).0, Err(AuthFailure::BadProof), "no token on a users' server");
+    }
+
+    #[test]
+    fn users_prove_any_of_their_passwords() {
+        assert_eq!(exchange(b"pw1", Some("alice"), &Users), (Ok(()), caller(Some("alice"))));
+        assert_eq!(exchange(b"pw2", Some("alice"), &Users), (Ok(()), caller(Some("alice"))));
+        assert_eq!(exchange(b"nope", Some("alice"), &Users).0, Err(AuthFailure::BadProof), "a wrong password");
+        assert_eq!(exchange(b"pw1", Some("carol"), &Users).0, Err(AuthFailure::BadProof), "an unknown user");
+        assert_eq!(exchange(b"pw1", Some("alice"), &token(TOKEN)).0, Err(AuthFailure::BadProof), "a token server");
+        assert_eq!(exchange(b"anything", Some("bob"), &Users), (Ok(()), caller(Some("bob"))), "nopass");
+    }
+
+    #[test]
+    fn a_client_proof_made_without_the_key_is_refused() {
+        // The server's proofs for alice, then a client proof made with a wrong password.
+        let mut server = ServerHandshake::new(&Users, [2; NONCE_BYTES]);
+        let mut hello = Vec::new();
+        ClientHandshake::new(b"x", Some("alice"), [1; NONCE_BYTES]).hello(&mut hello);
+        server.on_frame(Kind::Hello, body(&hello), &mut Vec::new()).unwrap();
+        let mut proof = Vec::new();
+        wire::encode_proof(&mut proof, &client_proof(&password_key(b"guess"), &[1; NONCE_BYTES], &[2; NONCE_BYTES]));
+        assert_eq!(server.on_frame(Kind::Proof, body(&proof), &mut Vec::new()), Err(AuthFailure::BadProof));
     }
 
     #[test]
     fn a_wrong_or_replayed_client_proof_is_refused() {
+        let server_token = token(TOKEN);
         // A proof for other nonces (a recording) does not pass.
-        let mut server = ServerHandshake::new(TOKEN, [2; NONCE_BYTES]);
+        let mut server = ServerHandshake::new(&server_token, [2; NONCE_BYTES]);
         let mut hello = Vec::new();
-        ClientHandshake::new(TOKEN, [1; NONCE_BYTES]).hello(&mut hello);
+        ClientHandshake::new(TOKEN, None, [1; NONCE_BYTES]).hello(&mut hello);
         server.on_frame(Kind::Hello, body(&hello), &mut Vec::new()).unwrap();
         let mut replayed = Vec::new();
         wire::encode_proof(&mut replayed, &client_proof(TOKEN, &[1; NONCE_BYTES], &[3; NONCE_BYTES]));
         assert_eq!(server.on_frame(Kind::Proof, body(&replayed), &mut Vec::new()), Err(AuthFailure::BadProof));
         // The server's own proof, reflected, is not a client proof either.
-        let mut server = ServerHandshake::new(TOKEN, [2; NONCE_BYTES]);
+        let mut server = ServerHandshake::new(&server_token, [2; NONCE_BYTES]);
         server.on_frame(Kind::Hello, body(&hello), &mut Vec::new()).unwrap();
         let mut reflected = Vec::new();
         wire::encode_proof(&mut reflected, &server_proof(TOKEN, &[1; NONCE_BYTES], &[2; NONCE_BYTES]));
@@ -489,10 +639,24 @@ mod tests {
     }
 
     #[test]
+    fn a_token_client_insists_on_a_proof() {
+        // A server that offers no proof (as for a user without a password) does not fool a
+        // token client into sending its batches.
+        let client = ClientHandshake::new(TOKEN, None, [1; NONCE_BYTES]);
+        let mut challenge = Vec::new();
+        wire::encode_challenge(
+            &mut challenge,
+            &wire::Challenge { server_nonce: [2; NONCE_BYTES], server_proofs: vec![] },
+        );
+        assert_eq!(client.on_challenge(body(&challenge), &mut Vec::new()), Err(AuthFailure::BadProof));
+    }
+
+    #[test]
     fn frames_out_of_order_are_refused() {
-        let mut server = ServerHandshake::new(TOKEN, [2; NONCE_BYTES]);
+        let server_token = token(TOKEN);
+        let mut server = ServerHandshake::new(&server_token, [2; NONCE_BYTES]);
         assert_eq!(server.on_frame(Kind::Batch, &[], &mut Vec::new()), Err(AuthFailure::UnexpectedFrame(Kind::Batch)));
-        let mut server = ServerHandshake::new(TOKEN, [2; NONCE_BYTES]);
+        let mut server = ServerHandshake::new(&server_token, [2; NONCE_BYTES]);
         assert_eq!(
             server.on_frame(Kind::Proof, &[0; 32], &mut Vec::new()),
             Err(AuthFailure::UnexpectedFrame(Kind::Proof))

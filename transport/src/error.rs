@@ -52,10 +52,10 @@ pub enum TransportError {
     /// The peer refused our credentials.
     #[error("authentication refused by {peer}")]
     AuthRefused { peer: String },
-    /// The server could not prove it knows the token: an impostor, or a server configured
-    /// with another token. Nothing was sent to it.
+    /// The server could not prove it knows our key: a wrong token or password (the server
+    /// has another), or an impostor. Nothing was sent to it.
     #[error(
-        "{peer} could not prove it knows the token (an impostor, or a server with another token); nothing was sent"
+        "{peer} could not prove it knows the token or password (a wrong one on either side, or an impostor); nothing was sent"
     )]
     ServerNotAuthenticated { peer: String },
     /// The peer spoke something we cannot parse, or refused our request as malformed.

@@ -50,6 +50,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use auth::{Caller, Credentials, Keys};
 pub use batch::{Batch, OpId, OpKind, Outcome, ReadId, MAX_BATCH_BYTES, MAX_BATCH_OPS, MAX_OP_BYTES};
 pub use error::{OpError, RpcStatus, TransportError};
 pub use region::Region;
@@ -154,8 +155,12 @@ impl std::str::FromStr for Endpoint {
 /// `..Default::default()`, so new settings need no change at every call site.
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {
-    /// The shared secret of the region server (proved, never sent: [`auth`]).
+    /// The shared secret of the region server, or, with `user`, that user's password
+    /// (proved, never sent: [`auth`]).
     pub token: String,
+    /// Who to authenticate as on a server that knows users (a computenode's remote front
+    /// end); `None`: the shared token (memnodes).
+    pub user: Option<String>,
     /// Longest wait for connecting and for any one request.
     pub timeout: Duration,
     /// TLS for tcp endpoints (a server whose tcp listener has a certificate speaks only
@@ -166,7 +171,14 @@ pub struct ConnectOptions {
 impl ConnectOptions {
     /// `token` and `timeout`, no TLS.
     pub fn new(token: impl Into<String>, timeout: Duration) -> Self {
-        Self { token: token.into(), timeout, tls: None }
+        Self { token: token.into(), user: None, timeout, tls: None }
+    }
+
+    /// Authenticates as `user` with `password` instead of a token.
+    pub fn with_user(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.user = Some(user.into());
+        self.token = password.into();
+        self
     }
 
     /// The same, over TLS on tcp endpoints.

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts};
 
-use crate::auth::{self, Accepted, AuthFailure};
+use crate::auth::{self, Accepted, AuthFailure, Caller, Credentials, Token};
 use crate::batch::{Batch, OpKind};
 use crate::error::RpcStatus;
 use crate::region::Region;
@@ -52,6 +52,13 @@ use crate::Endpoint;
 pub trait RpcService: Send + Sync + 'static {
     /// Handles one request. Errors go back to the caller as an [`RpcStatus`].
     fn call(&self, method: u16, request: &[u8]) -> Result<Vec<u8>, RpcStatus>;
+    /// Handles one request from a connection that authenticated as `caller`. The default
+    /// serves everyone alike (every caller of a memnode holds the same token); a service
+    /// whose callers are users checks what each may do.
+    fn call_as(&self, caller: &Caller, method: u16, request: &[u8]) -> Result<Vec<u8>, RpcStatus> {
+        let _ = caller;
+        self.call(method, request)
+    }
     /// A metric label for `method`.
     fn method_name(&self, method: u16) -> &'static str {
         let _ = method;
@@ -73,6 +80,9 @@ impl RpcService for NoRpc {
 pub struct ServerOptions {
     /// Shared secret every connection must prove it knows ([`crate::auth`]).
     pub token: String,
+    /// Who may connect instead of `token`'s holders: users with their password keys (a
+    /// computenode's remote front end, from its ACL).
+    pub credentials: Option<Arc<dyn Credentials>>,
     /// TLS on tcp endpoints: with it they speak only TLS. Unix sockets stay on the host and
     /// need none; verbs control channels do not use it.
     pub tls: Option<ServerTls>,
@@ -89,6 +99,7 @@ impl Default for ServerOptions {
     fn default() -> Self {
         Self {
             token: String::new(),
+            credentials: None,
             tls: None,
             max_connections: 1024,
             io_timeout: Duration::from_secs(10),
@@ -662,20 +673,31 @@ fn refuse<S: ServerStream>(
     Err(reason)
 }
 
-/// TLS where configured, then the token handshake, within the I/O timeout. Ok(false): the
-/// peer left before saying anything (a port probe).
-fn authenticate<S: ServerStream>(shared: &Shared, stream: &mut S) -> Result<bool, AuthFailure> {
+/// TLS where configured, then the handshake, within the I/O timeout: who the peer is, or
+/// Ok(None) when it left before saying anything (a port probe).
+fn authenticate<S: ServerStream>(shared: &Shared, stream: &mut S) -> Result<Option<Caller>, AuthFailure> {
     let deadline = Instant::now() + shared.options.io_timeout;
     if let Err(e) = stream.start_tls(shared.options.tls.as_ref(), deadline) {
         return match e.kind() {
-            io::ErrorKind::UnexpectedEof => Ok(false),
+            io::ErrorKind::UnexpectedEof => Ok(None),
             io::ErrorKind::TimedOut => Err(AuthFailure::Timeout),
             _ if tls::is_tls_error(&e) => Err(AuthFailure::Tls(e.to_string())),
             _ => Err(AuthFailure::Io(e.to_string())),
         };
     }
     let left = deadline.saturating_duration_since(Instant::now());
-    Ok(auth::accept(stream, shared.options.token.as_bytes(), left)? == Accepted::Authenticated)
+    let token;
+    let credentials: &dyn Credentials = match &shared.options.credentials {
+        Some(credentials) => &**credentials,
+        None => {
+            token = Token(shared.options.token.as_bytes().to_vec());
+            &token
+        }
+    };
+    Ok(match auth::accept(stream, credentials, left)? {
+        Accepted::Authenticated(caller) => Some(caller),
+        Accepted::Gone => None,
+    })
 }
 
 /// A decoded frame; a malformed one is refused and the connection closed.
@@ -698,9 +720,9 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
     if stream.set_timeouts(shared.options.io_timeout, shared.options.io_timeout).is_err() {
         return Err("io");
     }
-    match authenticate(shared, &mut stream) {
-        Ok(true) => {}
-        Ok(false) => return Ok(()),
+    let caller = match authenticate(shared, &mut stream) {
+        Ok(Some(caller)) => caller,
+        Ok(None) => return Ok(()),
         Err(failure) => {
             auth::record_failure(stream.listener(), &stream.peer(), &failure);
             if let Some(frame) = failure.refusal() {
@@ -709,7 +731,7 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
             stream.shutdown_both();
             return Err(if failure == AuthFailure::Timeout { "hello_timeout" } else { "auth" });
         }
-    }
+    };
     let mut out = Vec::with_capacity(4096);
     let send_fd = stream.listener() == "unix";
     let flags = if send_fd { wire::HELLO_FLAG_REGION_FD } else { 0 };
@@ -816,7 +838,7 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
                     decoded(&mut stream, &mut out, header.request_id, wire::decode_rpc_request(&body))?;
                 let started = Instant::now();
                 let name = shared.rpc.method_name(method);
-                let result = shared.rpc.call(method, payload);
+                let result = shared.rpc.call_as(&caller, method, payload);
                 METRICS.rpc_seconds.with_label_values(&[name]).observe(started.elapsed().as_secs_f64());
                 match result {
                     Ok(response) => {
@@ -839,7 +861,7 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
                 let open = decoded(&mut stream, &mut out, header.request_id, wire::decode_flock_open(&body))?;
                 // The connection is a FLOCK lane from now on.
                 let (lane, credits) = shared.flock.open(open.sender);
-                let result = serve_flock_lane(shared, &mut stream, &open, lane, credits, &mut out);
+                let result = serve_flock_lane(shared, &mut stream, &open, lane, credits, &caller, &mut out);
                 shared.flock.close(lane);
                 return result;
             }
@@ -870,6 +892,7 @@ fn serve_flock_lane<S: ServerStream>(
     open: &wire::FlockOpen,
     lane: crate::flock::scheduler::LaneId,
     credits: u32,
+    caller: &Caller,
     out: &mut Vec<u8>,
 ) -> Result<(), &'static str> {
     use crate::flock::receiver::{serve_lane, LaneContext};
@@ -877,6 +900,7 @@ fn serve_flock_lane<S: ServerStream>(
     let batch = shared.flock.options().credits;
     let cx = LaneContext {
         rpc: &*shared.rpc,
+        caller,
         scheduler: &shared.flock,
         lane,
         key,

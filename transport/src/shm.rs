@@ -115,7 +115,7 @@ impl ShmConnection {
         let endpoint = format!("shm:{}", path.display());
         let fail = |reason: String| TransportError::Connect { endpoint: endpoint.clone(), reason };
         let mut stream = dial_unix(path, options.timeout, &fail)?;
-        crate::auth::connect(&mut stream, &options.token, options.timeout, &endpoint)?;
+        crate::auth::connect(&mut stream, &options.token, options.user.as_deref(), options.timeout, &endpoint)?;
 
         // The descriptor rides on the first bytes of the reply.
         let mut body = Vec::new();

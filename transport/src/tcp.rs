@@ -84,7 +84,7 @@ pub(crate) fn dial(
         None => TcpLink::Plain(stream),
     };
     let left = deadline.saturating_duration_since(Instant::now());
-    crate::auth::connect(&mut link, &options.token, left, endpoint)?;
+    crate::auth::connect(&mut link, &options.token, options.user.as_deref(), left, endpoint)?;
     let hello = await_hello_ok(&mut link, deadline.saturating_duration_since(Instant::now()), endpoint)?;
     Ok((link, hello))
 }

@@ -7,8 +7,9 @@
 //!
 //! ```text
 //! header: magic u32 | version u8 | kind u8 | flags u16 | request_id u64 | body_len u32 | zero u32
-//! Hello        : client_nonce[32] | protocol u32 | zero u32      (client -> server, first frame)
-//! Challenge    : server_nonce[32] | server_proof[32]             (server -> client)
+//! Hello        : client_nonce[32] | protocol u32 | user_len u16 | zero u16 | user[user_len]
+//!                (client -> server, first frame; user_len 0: no user, the shared token)
+//! Challenge    : server_nonce[32] | proof_count u16 | zero[6] | proof_count x server_proof[32]
 //! Proof        : client_proof[32]                                (client -> server)
 //! HelloOk      : region_len u64 | instance u64 | flags u32 | zero u32
 //! Batch        : op_count u16 | zero[6] | op_count x {kind u8 | zero[3] | len u32 |
@@ -274,46 +275,81 @@ pub fn header_version(bytes: &[u8; HEADER_BYTES]) -> Option<u8> {
 
 pub const PROTOCOL: u32 = 1;
 
-/// Hello: the client's nonce opens the handshake.
-pub fn encode_hello(out: &mut Vec<u8>, client_nonce: &[u8; NONCE_BYTES]) {
-    put_header(out, Kind::Hello, 0, NONCE_BYTES + 8);
+/// Longest user name a Hello may carry.
+pub const MAX_USER_BYTES: usize = 256;
+/// Most proofs a Challenge may carry (one per password of a user; one for a token).
+pub const MAX_PROOFS: usize = 64;
+/// Largest Hello body.
+pub const MAX_HELLO_BYTES: usize = NONCE_BYTES + 8 + MAX_USER_BYTES;
+/// Largest Challenge body.
+pub const MAX_CHALLENGE_BYTES: usize = NONCE_BYTES + 8 + MAX_PROOFS * PROOF_BYTES;
+
+/// Hello: the client's nonce opens the handshake; `user` names who it authenticates as
+/// (`None`: the shared token).
+pub fn encode_hello(out: &mut Vec<u8>, client_nonce: &[u8; NONCE_BYTES], user: Option<&str>) {
+    let user = user.unwrap_or("").as_bytes();
+    assert!(user.len() <= MAX_USER_BYTES, "user names are checked before a hello is built");
+    put_header(out, Kind::Hello, 0, NONCE_BYTES + 8 + user.len());
     out.extend_from_slice(client_nonce);
     out.extend_from_slice(&PROTOCOL.to_le_bytes());
-    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&(user.len() as u16).to_le_bytes());
+    out.extend_from_slice(&0u16.to_le_bytes());
+    out.extend_from_slice(user);
 }
 
-/// Returns the client's nonce.
-pub fn decode_hello(body: &[u8]) -> Result<[u8; NONCE_BYTES], WireError> {
+/// Returns the client's nonce and the user it names.
+pub fn decode_hello(body: &[u8]) -> Result<([u8; NONCE_BYTES], Option<&str>), WireError> {
     let mut r = Reader::new(body);
     let nonce = r.take(NONCE_BYTES)?.try_into().expect("nonce bytes");
     let protocol = r.u32()?;
     if protocol != PROTOCOL {
         return Err(bad(format!("protocol {protocol}, expected {PROTOCOL}")));
     }
-    r.zeros(4)?;
+    let user_len = usize::from(r.u16()?);
+    r.zeros(2)?;
+    if user_len > MAX_USER_BYTES {
+        return Err(bad(format!("a user name of {user_len} bytes (at most {MAX_USER_BYTES})")));
+    }
+    let user = r.take(user_len)?;
     r.finish()?;
-    Ok(nonce)
+    let user = std::str::from_utf8(user).map_err(|_| bad("a user name that is not UTF-8"))?;
+    Ok((nonce, (!user.is_empty()).then_some(user)))
 }
 
-/// The server's half of the handshake: its nonce and its proof that it knows the token.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The server's half of the handshake: its nonce and its proofs that it knows the key the
+/// client holds: one for a token, one per password of a user (the client checks whichever
+/// is its own), none for a user that needs no password.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Challenge {
     pub server_nonce: [u8; NONCE_BYTES],
-    pub server_proof: [u8; PROOF_BYTES],
+    pub server_proofs: Vec<[u8; PROOF_BYTES]>,
 }
 
 pub fn encode_challenge(out: &mut Vec<u8>, challenge: &Challenge) {
-    put_header(out, Kind::Challenge, 0, NONCE_BYTES + PROOF_BYTES);
+    let count = challenge.server_proofs.len();
+    assert!(count <= MAX_PROOFS, "a challenge carries at most {MAX_PROOFS} proofs");
+    put_header(out, Kind::Challenge, 0, NONCE_BYTES + 8 + count * PROOF_BYTES);
     out.extend_from_slice(&challenge.server_nonce);
-    out.extend_from_slice(&challenge.server_proof);
+    out.extend_from_slice(&(count as u16).to_le_bytes());
+    out.extend_from_slice(&[0u8; 6]);
+    for proof in &challenge.server_proofs {
+        out.extend_from_slice(proof);
+    }
 }
 
 pub fn decode_challenge(body: &[u8]) -> Result<Challenge, WireError> {
     let mut r = Reader::new(body);
     let server_nonce = r.take(NONCE_BYTES)?.try_into().expect("nonce bytes");
-    let server_proof = r.take(PROOF_BYTES)?.try_into().expect("proof bytes");
+    let count = usize::from(r.u16()?);
+    r.zeros(6)?;
+    if count > MAX_PROOFS {
+        return Err(bad(format!("a challenge with {count} proofs (at most {MAX_PROOFS})")));
+    }
+    let server_proofs = (0..count)
+        .map(|_| r.take(PROOF_BYTES).map(|p| p.try_into().expect("proof bytes")))
+        .collect::<Result<_, _>>()?;
     r.finish()?;
-    Ok(Challenge { server_nonce, server_proof })
+    Ok(Challenge { server_nonce, server_proofs })
 }
 
 /// Proof: the client's proof that it knows the token.
@@ -884,10 +920,21 @@ mod tests {
     fn handshake_frames_round_trip_and_reject_every_other_length() {
         let nonce = [3u8; NONCE_BYTES];
         let mut frame = Vec::new();
-        encode_hello(&mut frame, &nonce);
+        encode_hello(&mut frame, &nonce, Some("alice"));
         assert_eq!(header_of(&frame).kind, Kind::Hello);
-        assert_eq!(decode_hello(&frame[HEADER_BYTES..]).unwrap(), nonce);
-        let challenge = Challenge { server_nonce: [1; NONCE_BYTES], server_proof: [2; PROOF_BYTES] };
+        assert_eq!(decode_hello(&frame[HEADER_BYTES..]).unwrap(), (nonce, Some("alice")));
+        let mut anonymous = Vec::new();
+        encode_hello(&mut anonymous, &nonce, None);
+        assert_eq!(decode_hello(&anonymous[HEADER_BYTES..]).unwrap(), (nonce, None));
+        let mut too_long = anonymous[HEADER_BYTES..].to_vec();
+        too_long[NONCE_BYTES + 4..NONCE_BYTES + 6].copy_from_slice(&(MAX_USER_BYTES as u16 + 1).to_le_bytes());
+        too_long.extend(std::iter::repeat_n(b'a', MAX_USER_BYTES + 1));
+        assert!(decode_hello(&too_long).is_err(), "a user name past the limit");
+        let challenge =
+            Challenge { server_nonce: [1; NONCE_BYTES], server_proofs: vec![[2; PROOF_BYTES], [4; PROOF_BYTES]] };
+        let mut none = Vec::new();
+        encode_challenge(&mut none, &Challenge { server_nonce: [1; NONCE_BYTES], server_proofs: vec![] });
+        assert_eq!(decode_challenge(&none[HEADER_BYTES..]).unwrap().server_proofs, Vec::<[u8; PROOF_BYTES]>::new());
         let mut challenge_frame = Vec::new();
         encode_challenge(&mut challenge_frame, &challenge);
         assert_eq!(header_of(&challenge_frame).kind, Kind::Challenge);

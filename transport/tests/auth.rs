@@ -86,7 +86,7 @@ fn error_code_of(frame: &(Kind, Vec<u8>)) -> u16 {
 fn handshake_ignoring_the_server<S: Read + Write>(stream: &mut S, token: &str) -> (Kind, Vec<u8>) {
     let client_nonce = [5u8; NONCE_BYTES];
     let mut out = Vec::new();
-    wire::encode_hello(&mut out, &client_nonce);
+    wire::encode_hello(&mut out, &client_nonce, None);
     stream.write_all(&out).unwrap();
     let (kind, body) = read_one_frame(stream);
     assert_eq!(kind, Kind::Challenge);
@@ -161,7 +161,7 @@ fn a_client_sends_nothing_after_hello_to_a_server_without_the_token() {
         let mut out = Vec::new();
         wire::encode_challenge(
             &mut out,
-            &wire::Challenge { server_nonce: [1; NONCE_BYTES], server_proof: [2; wire::PROOF_BYTES] },
+            &wire::Challenge { server_nonce: [1; NONCE_BYTES], server_proofs: vec![[2; wire::PROOF_BYTES]] },
         );
         s.write_all(&out).unwrap();
         let mut rest = Vec::new();

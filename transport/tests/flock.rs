@@ -314,7 +314,7 @@ fn verbs_refused_lane_comes_back_when_the_slot_frees() {
 fn raw_lane(addr: &str) -> (TcpStream, u32, u32) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    racekv_transport::auth::connect(&mut s, TOKEN, Duration::from_secs(5), "raw lane").unwrap();
+    racekv_transport::auth::connect(&mut s, TOKEN, None, Duration::from_secs(5), "raw lane").unwrap();
     let mut out = Vec::new();
     wire::encode_flock_open(&mut out, &wire::FlockOpen { sender: 99, lane: 0, verbs: None });
     s.write_all(&out).unwrap();

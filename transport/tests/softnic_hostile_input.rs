@@ -52,14 +52,14 @@ fn response_kind(stream: &mut TcpStream) -> Option<Kind> {
 
 fn hello_frame() -> Vec<u8> {
     let mut out = Vec::new();
-    wire::encode_hello(&mut out, &[7; wire::NONCE_BYTES]);
+    wire::encode_hello(&mut out, &[7; wire::NONCE_BYTES], None);
     out
 }
 
 /// A raw connection that passed the handshake and read HelloOk.
 fn authenticated_raw(addr: &str) -> TcpStream {
     let mut s = raw(addr);
-    racekv_transport::auth::connect(&mut s, TOKEN, Duration::from_secs(2), addr).unwrap();
+    racekv_transport::auth::connect(&mut s, TOKEN, None, Duration::from_secs(2), addr).unwrap();
     let mut ok = vec![0u8; HEADER_BYTES + 24];
     s.read_exact(&mut ok).unwrap();
     assert_eq!(wire::decode_header(ok[..HEADER_BYTES].try_into().unwrap()).unwrap().kind, Kind::HelloOk);

@@ -150,6 +150,29 @@ impl Acl {
         }
     }
 
+    /// Whether `user` may run `command` (a name in the catalog, `get`, `config|get`) on
+    /// `keys`; the error is Redis' NOPERM text. For front ends other than RESP that map their
+    /// operations onto Redis commands.
+    pub fn check<'a>(
+        &self,
+        user: &str,
+        command: &str,
+        keys: impl IntoIterator<Item = (&'a [u8], KeyAccess)>,
+    ) -> Result<(), String> {
+        let Some(id) = self.catalog.lookup(command.as_bytes()) else {
+            return Err(format!("NOPERM unknown command '{command}'"));
+        };
+        let Some(found) = self.user(user) else {
+            return Err(format!("NOPERM user {user} no longer exists"));
+        };
+        found.check(id, keys.into_iter().enumerate().map(|(i, (key, access))| (i + 1, key, access))).map_err(|denial| {
+            match denial {
+                Denial::Command => format!("NOPERM User {user} has no permissions to run the '{command}' command"),
+                Denial::Key(_) => "NOPERM No permissions to access a key".to_string(),
+            }
+        })
+    }
+
     /// `ACL SETUSER name rule...`: creates the user if needed and applies the rules, all or
     /// nothing.
     pub fn set_user(&self, name: &[u8], rules: &[&[u8]]) -> Result<(), AclError> {
@@ -323,6 +346,23 @@ mod tests {
         let open = Acl::open(catalog());
         assert!(open.is_open());
         assert_eq!(open.authenticate(None, b"x").unwrap_err(), AuthFailure::NoDefaultPassword);
+    }
+
+    #[test]
+    fn check_maps_denials_to_redis_texts() {
+        let acl = Acl::open(catalog());
+        acl.set_user(b"ro", &[b"on", b"nopass", b"+get", b"%R~k*"]).unwrap();
+        assert_eq!(acl.check("ro", "get", [(&b"k1"[..], KeyAccess::Read)]), Ok(()));
+        assert_eq!(
+            acl.check("ro", "set", [(&b"k1"[..], KeyAccess::Write)]),
+            Err("NOPERM User ro has no permissions to run the 'set' command".into())
+        );
+        assert_eq!(
+            acl.check("ro", "get", [(&b"x"[..], KeyAccess::Read)]),
+            Err("NOPERM No permissions to access a key".into())
+        );
+        assert!(acl.check("gone", "get", []).is_err());
+        assert!(acl.check("default", "get", [(&b"x"[..], KeyAccess::ReadWrite)]).is_ok());
     }
 
     #[test]

@@ -361,6 +361,11 @@ impl User {
         flags
     }
 
+    /// The password hashes: what a password-keyed handshake proves (`transport::auth`).
+    pub fn password_keys(&self) -> Vec<Vec<u8>> {
+        self.passwords.iter().map(|h| h.to_vec()).collect()
+    }
+
     /// The password hashes, as hex.
     pub fn password_hashes(&self) -> Vec<String> {
         self.passwords.iter().map(|h| to_hex(h)).collect()

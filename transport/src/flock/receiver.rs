@@ -53,6 +53,8 @@ pub(crate) trait ServerCarrier {
 /// A lane as the region server set it up.
 pub(crate) struct LaneContext<'a> {
     pub rpc: &'a dyn RpcService,
+    /// Who the lane's connection authenticated as.
+    pub caller: &'a crate::auth::Caller,
     pub scheduler: &'a Scheduler,
     pub lane: LaneId,
     pub key: u32,
@@ -118,7 +120,7 @@ pub(crate) fn serve_lane(carrier: &mut dyn ServerCarrier, cx: &LaneContext<'_>) 
         for (entry, data) in m.entries() {
             let method_started = Instant::now();
             let name = cx.rpc.method_name(entry.rpc);
-            let result = cx.rpc.call(entry.rpc, data);
+            let result = cx.rpc.call_as(cx.caller, entry.rpc, data);
             let ok = result.is_ok();
             crate::server::record_rpc(name, ok, method_started.elapsed());
             let fits = |len: usize| len <= crate::wire::MAX_RPC_BYTES && message::message_len(1, len) <= max;

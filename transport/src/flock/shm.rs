@@ -367,7 +367,7 @@ pub(crate) fn open_shm_lane(
     let peer = format!("shm:{}", path.display());
     let fail = |reason: String| TransportError::Connect { endpoint: peer.clone(), reason };
     let mut stream = dial_unix(path, options.timeout, &fail)?;
-    crate::auth::connect(&mut stream, &options.token, options.timeout, &peer)?;
+    crate::auth::connect(&mut stream, &options.token, options.user.as_deref(), options.timeout, &peer)?;
     let mut out = Vec::new();
     wire::encode_flock_open(&mut out, &wire::FlockOpen { sender, lane, verbs: None });
     stream.write_all(&out).map_err(|e| fail(e.to_string()))?;
