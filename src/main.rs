@@ -99,10 +99,11 @@ struct Target {
     /// The memnodes' shared secret (embedded mode).
     #[arg(long, env = "RACEKV_TOKEN", default_value = "racekv-dev-token", hide_env_values = true)]
     token: String,
-    /// Remote mode: the computenode's user (its ACL's; default `default`).
+    /// Attached and remote modes: the computenode's user (its ACL's; default `default`).
     #[arg(long, env = "RACEKV_USER")]
     user: Option<String>,
-    /// Remote mode: the user's password (prefer RACEKV_PASSWORD: flags show in `ps`).
+    /// Attached and remote modes: the user's password (prefer RACEKV_PASSWORD: flags show
+    /// in `ps`).
     #[arg(long, env = "RACEKV_PASSWORD", hide_env_values = true)]
     password: Option<String>,
 }
@@ -110,14 +111,14 @@ struct Target {
 impl Target {
     fn client(&self) -> anyhow::Result<Client> {
         let mut builder = Client::builder().token(self.token.clone());
+        if let Some(user) = &self.user {
+            builder = builder.user(user.clone());
+        }
+        if let Some(password) = &self.password {
+            builder = builder.password(password.clone());
+        }
         let target = if let Some(remote) = &self.remote {
             builder = builder.remote(remote.clone());
-            if let Some(user) = &self.user {
-                builder = builder.user(user.clone());
-            }
-            if let Some(password) = &self.password {
-                builder = builder.password(password.clone());
-            }
             format!("the computenode at {remote}")
         } else if !self.memnodes.is_empty() {
             builder = builder.memnodes(self.memnodes.iter().cloned());

@@ -53,7 +53,8 @@ fn no_daemon(path: &Path, label: &str, e: &std::io::Error) -> ClientError {
 pub(crate) struct Attached {
     path: PathBuf,
     label: String,
-    token: String,
+    /// Who to attach as (re-sent when attaching again).
+    hello: Hello,
     timeout: Duration,
     spin: Duration,
     current: Mutex<Arc<Attachment>>,
@@ -61,19 +62,28 @@ pub(crate) struct Attached {
 }
 
 impl Attached {
-    /// Attaches to the daemon listening on `path`.
+    /// Attaches to the daemon listening on `path`, as `user` with `password` when given.
     pub(crate) fn connect(
         path: PathBuf,
-        token: String,
+        user: Option<String>,
+        password: Option<String>,
         timeout: Duration,
         spin: Duration,
     ) -> Result<Self, ClientError> {
         let label = format!("attach:{}", path.display());
-        let attachment = Attachment::connect(&path, &label, &token, timeout, spin)?;
+        let too_long = |what: &str, max: usize| ClientError::Config(format!("a {what} longer than {max} bytes"));
+        if user.as_ref().is_some_and(|u| u.len() > crate::attach::handshake::MAX_USER_BYTES) {
+            return Err(too_long("user name", crate::attach::handshake::MAX_USER_BYTES));
+        }
+        if password.as_ref().is_some_and(|p| p.len() > crate::attach::handshake::MAX_PASSWORD_BYTES) {
+            return Err(too_long("password", crate::attach::handshake::MAX_PASSWORD_BYTES));
+        }
+        let hello = Hello { pid: std::process::id(), user, password: password.map(String::into_bytes) };
+        let attachment = Attachment::connect(&path, &label, &hello, timeout, spin)?;
         Ok(Self {
             path,
             label,
-            token,
+            hello,
             timeout,
             spin,
             current: Mutex::new(attachment),
@@ -99,7 +109,7 @@ impl Attached {
             return Err(current.inner.broken_error());
         }
         *last = Instant::now();
-        let fresh = Attachment::connect(&self.path, &self.label, &self.token, self.timeout, self.spin)?;
+        let fresh = Attachment::connect(&self.path, &self.label, &self.hello, self.timeout, self.spin)?;
         tracing::info!(socket = %self.path.display(), "attached to the computenode again");
         *self.current.lock() = Arc::clone(&fresh);
         Ok(fresh)
@@ -407,7 +417,7 @@ impl Attachment {
     fn connect(
         path: &Path,
         label: &str,
-        token: &str,
+        hello: &Hello,
         timeout: Duration,
         spin: Duration,
     ) -> Result<Arc<Self>, ClientError> {
@@ -421,7 +431,6 @@ impl Attachment {
         let mut stream = UnixStream::connect(path).map_err(|e| no_daemon(path, label, &e))?;
         stream.set_read_timeout(Some(timeout)).map_err(|e| io_error("attaching", e))?;
         stream.set_write_timeout(Some(timeout)).map_err(|e| io_error("attaching", e))?;
-        let hello = Hello { token: racekv_transport::wire::token_digest(token), pid: std::process::id() };
         // A daemon that refuses at once (too many clients) may close before reading the
         // hello: then its refusal is still there to read, and says more than EPIPE.
         let sent = stream.write_all(&hello.encode());
@@ -457,7 +466,7 @@ impl Attachment {
                 let reason = format!("the computenode at {} refused to attach: {reason}", path.display());
                 return Err(match code {
                     refusal::TOO_MANY_CLIENTS => ClientError::Overloaded(reason),
-                    refusal::NOT_ALLOWED => ClientError::Config(reason),
+                    refusal::NOT_ALLOWED => ClientError::Denied(reason),
                     refusal::BAD_HELLO => ClientError::Protocol(reason),
                     _ => ClientError::Unavailable { endpoint: label.to_string(), reason },
                 });
@@ -738,7 +747,7 @@ mod tests {
     fn a_missing_daemon_names_the_path_and_the_alternatives() {
         let dir = std::env::temp_dir().join(format!("racekv-no-daemon-{}", std::process::id()));
         let path = dir.join("computenode.sock");
-        let err = Attached::connect(path.clone(), "t".into(), Duration::from_secs(1), Duration::ZERO).err().unwrap();
+        let err = Attached::connect(path.clone(), None, None, Duration::from_secs(1), Duration::ZERO).err().unwrap();
         let text = err.to_string();
         assert!(matches!(err, ClientError::Unavailable { .. }), "{err:?}");
         assert!(text.contains(&path.display().to_string()), "{text}");

@@ -186,22 +186,22 @@ impl ClientBuilder {
         self
     }
 
-    /// The shared secret: the memnodes' (embedded mode), or the computenode's (attached
-    /// mode: sent as a digest; a daemon configured without a token ignores it).
+    /// The memnodes' shared secret (embedded mode).
     pub fn token(mut self, token: impl Into<String>) -> Self {
         self.token = token.into();
         self
     }
 
-    /// Remote mode: the computenode's user to authenticate as (its ACL's, as on its Redis
-    /// port; default `default`).
+    /// Attached and remote modes: the computenode's user to authenticate as (its ACL's, as
+    /// on its Redis port; default `default`).
     pub fn user(mut self, user: impl Into<String>) -> Self {
         self.user = Some(user.into());
         self
     }
 
-    /// Remote mode: the user's password (proved in the handshake, never sent). A user
-    /// without a password (`nopass`) needs none.
+    /// Attached and remote modes: the user's password (remote: proved in the handshake,
+    /// never sent; attached: sent over the local socket, as Redis' AUTH). A user without a
+    /// password (`nopass`) needs none, nor does a process the daemon trusts by its uid.
     pub fn password(mut self, password: impl Into<String>) -> Self {
         self.password = Some(password.into());
         self
@@ -308,7 +308,7 @@ impl ClientBuilder {
             ));
         }
         let path = self.attach.unwrap_or_else(default_attach_socket);
-        let attached = attached::Attached::connect(path, self.token, self.timeout, self.attach_spin)?;
+        let attached = attached::Attached::connect(path, self.user, self.password, self.timeout, self.attach_spin)?;
         Ok(Client { backend: Backend::Attached(Arc::new(attached)) })
     }
 }

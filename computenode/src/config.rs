@@ -119,6 +119,10 @@ pub struct ComputenodeConfig {
     /// user's processes and root may). Default: where clients look for it,
     /// `racekv_client::default_attach_socket()`. Unset turns it off.
     pub attach_socket: Option<PathBuf>,
+    /// A process attaching without credentials, as the daemon's own user or root, is the
+    /// `default` user without its password. Off: it must give a user and password
+    /// (`ClientBuilder::user`, `password`) unless the default user needs none.
+    pub attach_trust_uid: bool,
     /// Prometheus `/metrics` and JSON `/status`; unset turns it off.
     pub metrics_addr: Option<SocketAddr>,
 }
@@ -159,6 +163,7 @@ impl Default for ComputenodeConfig {
             redis_poll_spin_us: DEFAULT_POLL_SPIN.as_micros() as u64,
             remote_addr: Some("127.0.0.1:7410".into()),
             attach_socket: Some(racekv_client::default_attach_socket()),
+            attach_trust_uid: true,
             metrics_addr: Some("127.0.0.1:9401".parse().expect("static address")),
         }
     }

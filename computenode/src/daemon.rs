@@ -133,7 +133,9 @@ impl Computenode {
         });
         if let Some(path) = &config.attach_socket {
             let submit: Arc<dyn Submit> = parts.queue.clone();
-            let server = crate::attach::AttachServer::start(path, submit, crate::attach::AttachOptions::default())
+            let auth = crate::attach::AttachAuth { acl: Arc::clone(&acl), trust_uid: config.attach_trust_uid };
+            let options = crate::attach::AttachOptions { auth: Some(auth), ..crate::attach::AttachOptions::default() };
+            let server = crate::attach::AttachServer::start(path, submit, options)
                 .with_context(|| format!("starting the attach socket {}", path.display()))?;
             *parts.attach.lock() = Some(server);
         }

@@ -10,8 +10,10 @@
 //! * [`store`]: the Redis front end's storage (attached sessions; the front end itself is
 //!   the `racekv-redis` crate);
 //!   [`remote`]: the request/reply model over FLOCK RPC for clients on other hosts.
+//! * [`access`]: what each ACL user may do through the remote and attach front ends.
 //! * [`daemon`]: [`Computenode`], which ties it together; `racekv-computenode` runs it.
 
+pub mod access;
 pub mod attach;
 pub mod chunks;
 pub mod cluster;

@@ -15,8 +15,7 @@ use std::sync::{Arc, LazyLock};
 use parking_lot::Mutex;
 use prometheus::{IntCounterVec, Opts};
 use racekv_client::op::{ErrorKind, Reply, Request, REMOTE_METHOD};
-use racekv_hashing::PutMode;
-use racekv_redis::acl::{Acl, KeyAccess, DEFAULT_USER};
+use racekv_redis::acl::{Acl, DEFAULT_USER};
 use racekv_transport::{
     Caller, Credentials, Endpoint, Keys, RegionServer, RpcService, RpcStatus, ServerOptions, ServerTls,
 };
@@ -56,22 +55,6 @@ impl Credentials for AclCredentials {
     }
 }
 
-/// The Redis command `request` amounts to, and the keys it touches.
-fn as_command(request: &Request) -> (&'static str, Vec<(&[u8], KeyAccess)>) {
-    match request {
-        Request::Get(key) => ("get", vec![(key, KeyAccess::Read)]),
-        Request::Put { key, mode: PutMode::InsertOnly, .. } => ("setnx", vec![(key, KeyAccess::Write)]),
-        Request::Put { key, .. } => ("set", vec![(key, KeyAccess::Write)]),
-        Request::Delete(key) => ("del", vec![(key, KeyAccess::Write)]),
-        // Reads the value it compares with.
-        Request::CompareAndSwap { key, .. } => ("set", vec![(key, KeyAccess::ReadWrite)]),
-        Request::MultiGet(keys) => ("mget", keys.iter().map(|k| (&k[..], KeyAccess::Read)).collect()),
-        Request::MultiPut(pairs) => ("mset", pairs.iter().map(|(k, _)| (&k[..], KeyAccess::Write)).collect()),
-        Request::Len => ("dbsize", vec![]),
-        Request::Stats => ("info", vec![]),
-    }
-}
-
 impl RpcService for KvService {
     /// Only through [`RpcService::call_as`]: every remote connection authenticated as a user.
     fn call(&self, method: u16, request: &[u8]) -> Result<Vec<u8>, RpcStatus> {
@@ -89,8 +72,8 @@ impl RpcService for KvService {
             REQUESTS.with_label_values(&["bad_request"]).inc();
             RpcStatus::new(RpcStatus::BAD_REQUEST, e.to_string())
         })?;
-        let (command, keys) = as_command(&request);
-        if let Err(message) = self.acl.check(caller.user.as_deref().unwrap_or(DEFAULT_USER), command, keys) {
+        if let Err(message) = crate::access::check(&self.acl, caller.user.as_deref().unwrap_or(DEFAULT_USER), &request)
+        {
             REQUESTS.with_label_values(&["denied"]).inc();
             let mut out = Vec::new();
             Reply::Error(ErrorKind::Denied, message).encode(&mut out);

@@ -44,7 +44,10 @@ impl Input<'_> {
 }
 
 fn handshake(data: &[u8]) {
-    let (hello, frame) = data.split_at(data.len().min(32));
+    // The fixed part, then as many credential bytes as it announces (bounded by the decoder).
+    let head = &data[..data.len().min(32)];
+    let hello_len = Hello::credentials_len(head).map_or(head.len(), |n| (32 + n).min(data.len()));
+    let (hello, frame) = data.split_at(hello_len);
     if let Ok(h) = Hello::decode(hello) {
         assert_eq!(&h.encode()[..], hello);
     }

@@ -72,9 +72,6 @@ use crate::error::OpError;
 pub const MAGIC: u32 = u32::from_le_bytes(*b"RKV1");
 pub const VERSION: u8 = 2;
 pub const HEADER_BYTES: usize = 24;
-/// Bytes of a token digest: the computenode's attach handshake carries one (memnode frames
-/// carry no token since [`VERSION`] 2).
-pub const TOKEN_BYTES: usize = 16;
 /// Bytes of each side's handshake nonce.
 pub const NONCE_BYTES: usize = 32;
 /// Bytes of a handshake proof (an HMAC-SHA256 tag).
@@ -215,17 +212,6 @@ impl<'a> Reader<'a> {
         }
         Ok(())
     }
-}
-
-/// The digest of a shared-secret token, as the computenode's attach handshake carries it
-/// (memnode connections prove the token instead: [`crate::auth`]).
-pub fn token_digest(token: &str) -> [u8; TOKEN_BYTES] {
-    xxhash_rust::xxh3::xxh3_128(token.as_bytes()).to_le_bytes()
-}
-
-/// Compares token digests without an early exit.
-pub fn token_matches(a: &[u8; TOKEN_BYTES], b: &[u8; TOKEN_BYTES]) -> bool {
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Appends a header for a body of `body_len` bytes.

@@ -276,7 +276,7 @@ fn version_1_hello() -> Vec<u8> {
     frame.extend_from_slice(&0u64.to_le_bytes());
     frame.extend_from_slice(&24u32.to_le_bytes());
     frame.extend_from_slice(&0u32.to_le_bytes());
-    frame.extend_from_slice(&wire::token_digest(TOKEN));
+    frame.extend_from_slice(&[0xa5; 16]); // a token digest, as version 1 sent it
     frame.extend_from_slice(&1u32.to_le_bytes());
     frame.extend_from_slice(&0u32.to_le_bytes());
     frame

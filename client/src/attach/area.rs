@@ -6,7 +6,7 @@ use racekv_transport::Region;
 /// `"RKVRING1"`, the first word of an attach area.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"RKVRING1");
 /// Version of the area layout and of the handshake.
-pub const VERSION: u64 = 1;
+pub const VERSION: u64 = 2;
 /// The header page.
 pub const HEADER_BYTES: u64 = 4096;
 /// Each slot starts with request id, length/status, submission time, reserved.

@@ -3,7 +3,9 @@
 //! [`MAX_FRAME_BODY`] bytes, whatever it is fed.
 //!
 //! ```text
-//! hello : magic "RKVA" | version u16 | flags u16 (0) | token digest [16] | pid u32 | reserved u32   (32 B)
+//! hello : magic "RKVA" | version u16 | flags u16 (0) | user_len u16 | password_len u16 |
+//!         zero [12] | pid u32 | reserved u32   (32 B), then user | password
+//!         (the computenode's ACL user and password; length 0: none given)
 //! frame : magic "RKVF" | kind u8 | code u8 | body length u16 | body
 //!   ACCEPTED : attachment id u64 | slots u32 | slot bytes u32 | area length u64 |
 //!              max multi-get keys u32 | reserved u32          (32 B; memfd + 2 eventfds attached)
@@ -15,13 +17,16 @@ use super::area::{Geometry, VERSION};
 
 pub const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"RKVA");
 pub const FRAME_MAGIC: u32 = u32::from_le_bytes(*b"RKVF");
+/// The fixed part of a hello; the credentials follow it.
 pub const HELLO_BYTES: usize = 32;
+/// Longest user name in a hello.
+pub const MAX_USER_BYTES: usize = 256;
+/// Longest password in a hello.
+pub const MAX_PASSWORD_BYTES: usize = 1024;
 pub const FRAME_HEADER_BYTES: usize = 8;
 /// Longest frame body (reasons are cut to fit).
 pub const MAX_FRAME_BODY: usize = 1024;
 pub const ACCEPTED_BODY_BYTES: usize = 32;
-/// Token digests: as the memnodes' (`racekv_transport::wire::token_digest`).
-pub const TOKEN_BYTES: usize = 16;
 
 /// Frame kinds.
 pub mod kind {
@@ -34,7 +39,7 @@ pub mod kind {
 pub mod refusal {
     /// The daemon serves its maximum number of attached clients.
     pub const TOO_MANY_CLIENTS: u8 = 1;
-    /// Wrong token, or the peer's uid is not allowed.
+    /// Wrong user or password, or the peer's uid is not allowed.
     pub const NOT_ALLOWED: u8 = 2;
     /// A malformed hello or an unsupported version.
     pub const BAD_HELLO: u8 = 3;
@@ -67,38 +72,80 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
-/// What a client says first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a client says first: who it is. Over a Unix socket (the kernel's, on this host), so
+/// the password travels as it is, as with Redis' AUTH; a user that gives none relies on the
+/// daemon trusting its uid, or on an open default user.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Hello {
-    pub token: [u8; TOKEN_BYTES],
     pub pid: u32,
+    /// The ACL user (`None`: `default`).
+    pub user: Option<String>,
+    pub password: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for Hello {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let password = self.password.as_ref().map(|_| "***");
+        f.debug_struct("Hello").field("pid", &self.pid).field("user", &self.user).field("password", &password).finish()
+    }
 }
 
 impl Hello {
-    pub fn encode(&self) -> [u8; HELLO_BYTES] {
-        let mut out = [0u8; HELLO_BYTES];
+    pub fn encode(&self) -> Vec<u8> {
+        let user = self.user.as_deref().unwrap_or("").as_bytes();
+        let password = self.password.as_deref().unwrap_or(b"");
+        assert!(user.len() <= MAX_USER_BYTES && password.len() <= MAX_PASSWORD_BYTES, "checked by the builder");
+        let mut out = vec![0u8; HELLO_BYTES];
         out[0..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
         out[4..6].copy_from_slice(&(VERSION as u16).to_le_bytes());
-        out[8..24].copy_from_slice(&self.token);
+        out[8..10].copy_from_slice(&(user.len() as u16).to_le_bytes());
+        out[10..12].copy_from_slice(&(password.len() as u16).to_le_bytes());
         out[24..28].copy_from_slice(&self.pid.to_le_bytes());
+        out.extend_from_slice(user);
+        out.extend_from_slice(password);
         out
     }
 
-    pub fn decode(bytes: &[u8]) -> Result<Self, HandshakeError> {
-        if bytes.len() != HELLO_BYTES {
-            return Err(bad(format!("hello of {} bytes, expected {HELLO_BYTES}", bytes.len())));
+    /// How many credential bytes follow the fixed part `head` (checked against the limits).
+    pub fn credentials_len(head: &[u8]) -> Result<usize, HandshakeError> {
+        if head.len() != HELLO_BYTES {
+            return Err(bad(format!("hello of {} bytes, expected {HELLO_BYTES}", head.len())));
         }
-        if u32_at(bytes, 0) != HELLO_MAGIC {
+        if u32_at(head, 0) != HELLO_MAGIC {
             return Err(bad("not an attach hello (bad magic)"));
         }
-        let version = u16_at(bytes, 4);
+        let version = u16_at(head, 4);
         if u64::from(version) != VERSION {
             return Err(bad(format!("attach protocol version {version}; this daemon speaks {VERSION}")));
         }
-        if u16_at(bytes, 6) != 0 || u32_at(bytes, 28) != 0 {
+        if u16_at(head, 6) != 0 || head[12..24].iter().any(|&b| b != 0) || u32_at(head, 28) != 0 {
             return Err(bad("reserved hello fields are not zero"));
         }
-        Ok(Self { token: bytes[8..24].try_into().expect("16 bytes"), pid: u32_at(bytes, 24) })
+        let (user, password) = (usize::from(u16_at(head, 8)), usize::from(u16_at(head, 10)));
+        if user > MAX_USER_BYTES || password > MAX_PASSWORD_BYTES {
+            return Err(bad(format!(
+                "credentials of {user} + {password} bytes (at most {MAX_USER_BYTES} + {MAX_PASSWORD_BYTES})"
+            )));
+        }
+        Ok(user + password)
+    }
+
+    /// A whole hello: the fixed part and exactly its credentials.
+    pub fn decode(bytes: &[u8]) -> Result<Self, HandshakeError> {
+        let head = bytes.get(..HELLO_BYTES).ok_or_else(|| bad(format!("hello of {} bytes", bytes.len())))?;
+        let rest = Self::credentials_len(head)?;
+        if bytes.len() != HELLO_BYTES + rest {
+            return Err(bad(format!("hello of {} bytes, its header says {}", bytes.len(), HELLO_BYTES + rest)));
+        }
+        let user_len = usize::from(u16_at(head, 8));
+        let user = &bytes[HELLO_BYTES..HELLO_BYTES + user_len];
+        let password = &bytes[HELLO_BYTES + user_len..];
+        let user = std::str::from_utf8(user).map_err(|_| bad("a user name that is not UTF-8"))?;
+        Ok(Self {
+            pid: u32_at(head, 24),
+            user: (!user.is_empty()).then(|| user.to_string()),
+            password: (!password.is_empty()).then(|| password.to_vec()),
+        })
     }
 }
 

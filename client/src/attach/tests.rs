@@ -402,8 +402,23 @@ fn reply_bounds_cover_their_replies() {
 
 #[test]
 fn hello_and_frames_round_trip() {
-    let hello = Hello { token: [5; 16], pid: 4242 };
-    assert_eq!(Hello::decode(&hello.encode()).unwrap(), hello);
+    for hello in [
+        Hello { pid: 4242, user: None, password: None },
+        Hello { pid: 7, user: Some("alice".into()), password: Some(b"pw".to_vec()) },
+        Hello { pid: 7, user: None, password: Some(vec![0xff; handshake::MAX_PASSWORD_BYTES]) },
+    ] {
+        let bytes = hello.encode();
+        assert_eq!(
+            Hello::credentials_len(&bytes[..handshake::HELLO_BYTES]).unwrap(),
+            bytes.len() - handshake::HELLO_BYTES
+        );
+        assert_eq!(Hello::decode(&bytes).unwrap(), hello);
+        assert!(Hello::decode(&bytes[..bytes.len() - 1]).is_err() || bytes.len() == handshake::HELLO_BYTES);
+    }
+    let mut too_long = Hello { pid: 1, user: None, password: None }.encode();
+    too_long[10..12].copy_from_slice(&(handshake::MAX_PASSWORD_BYTES as u16 + 1).to_le_bytes());
+    assert!(Hello::credentials_len(&too_long).is_err(), "a password past the limit is refused before it is read");
+    assert!(format!("{:?}", Hello { pid: 1, user: None, password: Some(b"secret".to_vec()) }).contains("***"));
     let accepted = Accepted { attachment_id: 9, geometry: Geometry::new(64, 64 << 10).unwrap(), max_multi_keys: 1000 };
     for frame in [
         Frame::Accepted(accepted),
@@ -419,7 +434,7 @@ fn hello_and_frames_round_trip() {
             _ => assert_eq!(decoded, frame),
         }
     }
-    let mut bad = hello.encode();
+    let mut bad = Hello { pid: 1, user: None, password: None }.encode();
     bad[4] = 9;
     assert!(matches!(Hello::decode(&bad), Err(HandshakeError(m)) if m.contains("version")));
     assert!(Hello::decode(&[0; HELLO_BYTES - 1]).is_err());

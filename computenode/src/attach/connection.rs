@@ -15,6 +15,7 @@ use racekv_client::op::{ErrorKind, Reply};
 
 use super::metrics::METRICS;
 use super::SharedSubmit;
+use racekv_redis::acl::Acl;
 
 /// The poller looks at its socket and flags at least this often even if nothing wakes it.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
@@ -33,6 +34,8 @@ pub(crate) enum Ending {
 /// What the poller and the reply callbacks share.
 pub(crate) struct Conn {
     pub peer: String,
+    /// The ACL user it attached as (None: the server checks no users).
+    pub user: Option<String>,
     completer: Completer,
     /// Wakes the client (it waits on it).
     to_client: Doorbell,
@@ -48,9 +51,16 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    pub(crate) fn new(peer: String, completer: Completer, to_client: Doorbell, to_poller: Doorbell) -> Self {
+    pub(crate) fn new(
+        peer: String,
+        user: Option<String>,
+        completer: Completer,
+        to_client: Doorbell,
+        to_poller: Doorbell,
+    ) -> Self {
         Self {
             peer,
+            user,
             completer,
             to_client,
             to_poller,
@@ -104,17 +114,27 @@ impl Conn {
     }
 }
 
+/// How a connection's requests are served.
+pub(crate) struct Serving<'a> {
+    pub submit: SharedSubmit,
+    /// The most reply bytes its requests in flight may need.
+    pub budget: u64,
+    /// How long to poll the ring after a request before sleeping.
+    pub spin: Duration,
+    /// Checks every request against the connection's user (None: no user checks).
+    pub acl: Option<&'a Acl>,
+}
+
 /// Runs the client's ring until the attachment ends, then says goodbye (when it is the
 /// daemon that ends it) and closes the socket.
 pub(crate) fn run(
     conn: Arc<Conn>,
     mut ring: DaemonRing,
     mut stream: UnixStream,
-    submit: SharedSubmit,
-    budget: u64,
-    spin: Duration,
+    serving: Serving<'_>,
     stopping: &AtomicBool,
 ) -> Ending {
+    let Serving { submit, budget, spin, acl } = serving;
     let slots = ring.geometry().slots() as usize;
     let mut pending: Option<Submission> = None;
     let mut last_request = Instant::now();
@@ -170,6 +190,12 @@ pub(crate) fn run(
             progressed = true;
             let taken = Instant::now();
             let (slot, request_id) = (sub.slot, sub.request_id);
+            if let (Some(acl), Some(user)) = (acl, conn.user.as_deref()) {
+                if let Err(message) = crate::access::check(acl, user, &sub.request) {
+                    conn.complete(slot, request_id, cost, taken, Reply::Error(ErrorKind::Denied, message));
+                    continue;
+                }
+            }
             let replier = Arc::clone(&conn);
             let reply = Box::new(move |reply: Reply| replier.complete(slot, request_id, cost, taken, reply));
             if let Err(overloaded) = submit.submit(sub.request, reply) {

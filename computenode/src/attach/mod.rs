@@ -24,8 +24,14 @@
 //!   then created mode 0600 (and its directory 0700 when the server creates it), so other
 //!   users cannot even connect. [`AllowedUids::Listed`] or [`AllowedUids::Any`] open it up
 //!   (mode 0666; the uid check still applies to `Listed`).
-//! * **A token** ([`AttachOptions::token`], optional): when set, a client must present the
-//!   same shared secret (`ClientBuilder::token`), compared as a digest in constant time.
+//! * **A user** ([`AttachOptions::auth`], optional): the ACL of the Redis port. A client may
+//!   name a user and a password (`ClientBuilder::user`, `password`; the socket is the
+//!   kernel's, so the password goes as it is, as with Redis' AUTH) and is then that user,
+//!   or refused; one that names none is `default` when its uid is trusted
+//!   ([`AttachAuth::trust_uid`]: the daemon's own or root) or when `default` needs no
+//!   password, else refused. Every request is then checked against the user's permissions
+//!   as the Redis command it amounts to ([`crate::access`]); a denied one is answered
+//!   `Denied` (the client sees `ClientError::Denied`).
 //!
 //! # Resources and limits
 //!
@@ -78,6 +84,15 @@ pub enum AllowedUids {
     Any,
 }
 
+/// Who attached clients are, and what they may do.
+#[derive(Debug, Clone)]
+pub struct AttachAuth {
+    pub acl: std::sync::Arc<racekv_redis::acl::Acl>,
+    /// A client that gives no credentials and runs as the daemon's uid (or root) is the
+    /// `default` user without a password.
+    pub trust_uid: bool,
+}
+
 /// Limits and policy of an [`AttachServer`].
 #[derive(Debug, Clone)]
 pub struct AttachOptions {
@@ -93,8 +108,9 @@ pub struct AttachOptions {
     /// [`racekv_client::attach::reply_bound`]). Bounds the daemon's memory per client, and
     /// the keys of one multi-get.
     pub reply_budget_bytes: u64,
-    /// A shared secret clients must present (None: no token check).
-    pub token: Option<String>,
+    /// Users and permissions (None: no user checks: whoever passes the uid check may do
+    /// anything).
+    pub auth: Option<AttachAuth>,
     pub allowed_uids: AllowedUids,
     /// A client must complete its hello within this.
     pub handshake_timeout: Duration,
@@ -111,7 +127,7 @@ impl Default for AttachOptions {
             slots: 64,
             slot_bytes: 64 << 10,
             reply_budget_bytes: 16 << 20,
-            token: None,
+            auth: None,
             allowed_uids: AllowedUids::SameUser,
             handshake_timeout: Duration::from_secs(2),
             spin: if std::thread::available_parallelism().is_ok_and(|n| n.get() > 2) {

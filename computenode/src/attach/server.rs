@@ -16,11 +16,11 @@ use racekv_client::attach::handshake::{refusal, HELLO_BYTES};
 use racekv_client::attach::{
     doorbell, Accepted, DaemonRing, Doorbell, Frame, Geometry, Hello, STATS_REPLY_BOUND, VALUE_REPLY_BOUND,
 };
-use racekv_transport::wire::{token_digest, token_matches, TOKEN_BYTES};
 
 use super::connection::{self, Conn, Ending};
 use super::metrics::METRICS;
-use super::{AllowedUids, AttachOptions, SharedSubmit};
+use super::{AllowedUids, AttachAuth, AttachOptions, SharedSubmit};
+use racekv_redis::acl::DEFAULT_USER;
 
 /// A refused handshake: the frame's code, the metric's reason, and the message.
 struct Refusal {
@@ -41,7 +41,6 @@ struct Shared {
     options: AttachOptions,
     geometry: Geometry,
     max_multi_keys: u32,
-    token: Option<[u8; TOKEN_BYTES]>,
     own_uid: u32,
     stopping: AtomicBool,
     next_id: AtomicU64,
@@ -92,7 +91,6 @@ impl AttachServer {
         listener.set_nonblocking(true)?;
         let shared = Arc::new(Shared {
             submit,
-            token: options.token.as_deref().map(token_digest),
             geometry,
             max_multi_keys,
             own_uid: nix::unistd::geteuid().as_raw(),
@@ -275,13 +273,17 @@ fn serve(shared: &Arc<Shared>, id: u64, mut stream: UnixStream) {
     METRICS.attaches.inc();
     METRICS.clients.inc();
     tracing::debug!(client = id, peer = %conn.peer, "client attached");
+    let acl = shared.options.auth.as_ref().map(|a| &*a.acl);
     let ending = connection::run(
         Arc::clone(&conn),
         ring,
         stream,
-        Arc::clone(&shared.submit),
-        shared.options.reply_budget_bytes,
-        shared.options.spin,
+        connection::Serving {
+            submit: Arc::clone(&shared.submit),
+            budget: shared.options.reply_budget_bytes,
+            spin: shared.options.spin,
+            acl,
+        },
         &shared.stopping,
     );
     METRICS.clients.dec();
@@ -312,6 +314,21 @@ pub(super) fn uid_allowed(uid: u32, own_uid: u32, policy: &AllowedUids) -> bool 
         }
 }
 
+/// Who a client attaching with `hello` is: the user it authenticated as, or, giving no
+/// credentials, `default` when its uid is trusted (`own`) or `default` needs no password.
+fn attaching_user(auth: &AttachAuth, hello: &Hello, own: bool) -> Result<String, Refusal> {
+    let not_allowed = |m: &str| refuse(refusal::NOT_ALLOWED, "credentials", m);
+    match (&hello.user, &hello.password) {
+        (user, Some(password)) => match auth.acl.authenticate(user.as_deref().map(str::as_bytes), password) {
+            Ok(user) => Ok(user.name().to_string()),
+            Err(_) => Err(not_allowed("invalid username-password pair or user is disabled")),
+        },
+        (Some(_), None) => Err(not_allowed("a user needs its password")),
+        (None, None) if (own && auth.trust_uid) || auth.acl.is_open() => Ok(DEFAULT_USER.to_string()),
+        (None, None) => Err(not_allowed("authentication required: give a user and password")),
+    }
+}
+
 fn handshake(shared: &Shared, id: u64, stream: &mut UnixStream) -> Result<(Arc<Conn>, DaemonRing), Refusal> {
     let unavailable =
         |e: io::Error| refuse(refusal::UNAVAILABLE, "unavailable", format!("setting up the ring failed: {e}"));
@@ -324,21 +341,27 @@ fn handshake(shared: &Shared, id: u64, stream: &mut UnixStream) -> Result<(Arc<C
     }
     stream.set_read_timeout(Some(shared.options.handshake_timeout)).map_err(unavailable)?;
     stream.set_write_timeout(Some(shared.options.handshake_timeout)).map_err(unavailable)?;
-    let mut hello = [0u8; HELLO_BYTES];
-    stream.read_exact(&mut hello).map_err(|e| {
+    let read_error = |e: io::Error| {
         let why = if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) {
             format!("no hello within {:?}", shared.options.handshake_timeout)
         } else {
             format!("reading the hello: {e}")
         };
         refuse(refusal::BAD_HELLO, "bad_hello", why)
-    })?;
-    let hello = Hello::decode(&hello).map_err(|e| refuse(refusal::BAD_HELLO, "bad_hello", e.to_string()))?;
-    if let Some(expected) = &shared.token {
-        if !token_matches(expected, &hello.token) {
-            return Err(refuse(refusal::NOT_ALLOWED, "token", "wrong token"));
-        }
-    }
+    };
+    let bad_hello =
+        |e: racekv_client::attach::handshake::HandshakeError| refuse(refusal::BAD_HELLO, "bad_hello", e.to_string());
+    let mut hello = vec![0u8; HELLO_BYTES];
+    stream.read_exact(&mut hello).map_err(read_error)?;
+    // Bounded by the decoder: at most a user name and a password.
+    let credentials = Hello::credentials_len(&hello).map_err(bad_hello)?;
+    hello.resize(HELLO_BYTES + credentials, 0);
+    stream.read_exact(&mut hello[HELLO_BYTES..]).map_err(read_error)?;
+    let hello = Hello::decode(&hello).map_err(bad_hello)?;
+    let user = match &shared.options.auth {
+        Some(auth) => Some(attaching_user(auth, &hello, uid == 0 || uid == shared.own_uid)?),
+        None => None,
+    };
     if shared.stopping.load(Ordering::Acquire) {
         return Err(refuse(refusal::UNAVAILABLE, "unavailable", "the computenode is shutting down"));
     }
@@ -357,6 +380,6 @@ fn handshake(shared: &Shared, id: u64, stream: &mut UnixStream) -> Result<(Arc<C
     // Our copies of what the client holds now close here; the client's stay open.
     drop(fds);
     let peer = format!("{peer} (says pid {})", hello.pid);
-    let conn = Arc::new(Conn::new(peer, ring.completer(), to_client, to_daemon));
+    let conn = Arc::new(Conn::new(peer, user, ring.completer(), to_client, to_daemon));
     Ok((conn, ring))
 }

@@ -209,16 +209,41 @@ fn a_live_socket_is_not_taken_over_and_a_stale_one_is() {
     drop(server);
 }
 
+fn with_users(trust_uid: bool) -> Harness {
+    let options = racekv_redis::acl::AclOptions { requirepass: Some("s3cret".into()), file: None };
+    let acl = std::sync::Arc::new(racekv_redis::acl::Acl::new(racekv_redis::commands::catalog(), options).unwrap());
+    acl.set_user(b"reader", &[b"on", b">reader-pw", b"+@read", b"~*"]).unwrap();
+    let auth = crate::attach::AttachAuth { acl, trust_uid };
+    Harness::with(64, 1, AttachOptions { auth: Some(auth), ..AttachOptions::default() })
+}
+
 #[test]
-fn a_token_when_configured_must_match() {
-    let options = AttachOptions { token: Some("s3cret".into()), ..AttachOptions::default() };
-    let h = Harness::with(64, 1, options);
-    let before = metric("racekv_attach_refused_total{reason=\"token\"}");
-    let err = Client::builder().attach(&h.socket).token("wrong").connect().err().unwrap();
-    assert!(matches!(&err, ClientError::Config(m) if m.contains("wrong token")), "{err:?}");
-    assert!(metric("racekv_attach_refused_total{reason=\"token\"}") > before);
-    let c = Client::builder().attach(&h.socket).token("s3cret").connect().unwrap();
+fn attaching_takes_the_acl_users_credentials() {
+    let h = with_users(false);
+    let before = metric("racekv_attach_refused_total{reason=\"credentials\"}");
+    let refused = |b: racekv_client::ClientBuilder| b.attach(&h.socket).connect().err().unwrap();
+    for attempt in [Client::builder(), Client::builder().password("wrong"), Client::builder().user("reader")] {
+        let err = refused(attempt);
+        assert!(matches!(&err, ClientError::Denied(_)), "{err:?}");
+    }
+    assert!(metric("racekv_attach_refused_total{reason=\"credentials\"}") >= before + 3.0);
+    let admin = Client::builder().attach(&h.socket).password("s3cret").connect().unwrap();
+    admin.put(b"k", b"v").unwrap();
+    let reader = Client::builder().attach(&h.socket).user("reader").password("reader-pw").connect().unwrap();
+    assert_eq!(reader.get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
+    let denied = reader.put(b"k", b"w").unwrap_err();
+    assert!(matches!(&denied, ClientError::Denied(m) if m.contains("NOPERM")), "{denied:?}");
+    assert!(matches!(reader.delete(b"k"), Err(ClientError::Denied(_))));
+    assert_eq!(admin.get(b"k").unwrap().as_deref(), Some(&b"v"[..]), "the denied writes did nothing");
+}
+
+#[test]
+fn a_trusted_uid_attaches_as_default_without_credentials() {
+    let h = with_users(true);
+    let c = Client::builder().attach(&h.socket).connect().unwrap();
     c.put(b"k", b"v").unwrap();
+    // Credentials, when given, still have to be right.
+    assert!(Client::builder().attach(&h.socket).password("wrong").connect().is_err());
 }
 
 #[test]

@@ -1,0 +1,54 @@
+//! What the computenode's own front ends (remote, attach) let each ACL user do: a request is
+//! allowed when its user could run the Redis command it amounts to on its keys, so one ACL
+//! governs the Redis port, remote clients and attached processes alike.
+
+use racekv_client::op::Request;
+use racekv_hashing::PutMode;
+use racekv_redis::acl::{Acl, KeyAccess};
+
+/// The Redis command `request` amounts to, and the keys it touches.
+fn as_command(request: &Request) -> (&'static str, Vec<(&[u8], KeyAccess)>) {
+    match request {
+        Request::Get(key) => ("get", vec![(key, KeyAccess::Read)]),
+        Request::Put { key, mode: PutMode::InsertOnly, .. } => ("setnx", vec![(key, KeyAccess::Write)]),
+        Request::Put { key, .. } => ("set", vec![(key, KeyAccess::Write)]),
+        Request::Delete(key) => ("del", vec![(key, KeyAccess::Write)]),
+        // Reads the value it compares with.
+        Request::CompareAndSwap { key, .. } => ("set", vec![(key, KeyAccess::ReadWrite)]),
+        Request::MultiGet(keys) => ("mget", keys.iter().map(|k| (&k[..], KeyAccess::Read)).collect()),
+        Request::MultiPut(pairs) => ("mset", pairs.iter().map(|(k, _)| (&k[..], KeyAccess::Write)).collect()),
+        Request::Len => ("dbsize", vec![]),
+        Request::Stats => ("info", vec![]),
+    }
+}
+
+/// Whether `user` may make `request`; the error is Redis' NOPERM text.
+pub fn check(acl: &Acl, user: &str, request: &Request) -> Result<(), String> {
+    let (command, keys) = as_command(request);
+    acl.check(user, command, keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_checked_as_their_redis_commands() {
+        let acl = Acl::open(racekv_redis::commands::catalog());
+        acl.set_user(b"ro", &[b"on", b"nopass", b"+@read", b"~*"]).unwrap();
+        acl.set_user(b"cache", &[b"on", b"nopass", b"+@all", b"~cache:*"]).unwrap();
+        let put = |k: &str| Request::Put { key: k.into(), value: b"v".to_vec(), mode: PutMode::Upsert };
+        assert!(check(&acl, "ro", &Request::Get(b"k".to_vec())).is_ok());
+        assert!(check(&acl, "ro", &Request::MultiGet(vec![b"a".to_vec(), b"b".to_vec()])).is_ok());
+        assert!(check(&acl, "ro", &Request::Len).is_ok());
+        assert!(check(&acl, "ro", &put("k")).unwrap_err().contains("'set'"));
+        assert!(check(&acl, "ro", &Request::Delete(b"k".to_vec())).is_err());
+        let cas = Request::CompareAndSwap { key: b"k".to_vec(), expected: None, new: Some(b"v".to_vec()) };
+        assert!(check(&acl, "ro", &cas).is_err());
+        assert!(check(&acl, "cache", &put("cache:1")).is_ok());
+        assert_eq!(check(&acl, "cache", &put("other")), Err("NOPERM No permissions to access a key".into()));
+        let pairs = vec![(b"cache:1".to_vec(), vec![]), (b"x".to_vec(), vec![])];
+        assert!(check(&acl, "cache", &Request::MultiPut(pairs)).is_err(), "one key outside the patterns");
+        assert!(check(&acl, "default", &cas).is_ok());
+    }
+}
