@@ -35,7 +35,7 @@ pub const DEV_TOKEN: &str = "racekv-dev-token";
 /// Most event loops `redis_event_loops` may ask for.
 pub const MAX_REDIS_EVENT_LOOPS: usize = 64;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ComputenodeConfig {
     /// Memnode endpoints (`shm:/path`, `tcp:host:port`, `verbs:host:port`).
@@ -125,6 +125,14 @@ pub struct ComputenodeConfig {
     pub attach_trust_uid: bool,
     /// Prometheus `/metrics` and JSON `/status`; unset turns it off.
     pub metrics_addr: Option<SocketAddr>,
+}
+
+/// As `--print-config` shows it: secrets masked, so a config in a log line leaks none.
+impl std::fmt::Debug for ComputenodeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let text = racekv_telemetry::secret::redacted_toml(self, SECRET_KEYS).map_err(|_| std::fmt::Error)?;
+        f.write_str(&text)
+    }
 }
 
 impl Default for ComputenodeConfig {
@@ -385,6 +393,7 @@ mod tests {
         cfg.validate().unwrap();
         cfg.acl().unwrap();
         let printed = racekv_telemetry::secret::redacted_toml(&cfg, SECRET_KEYS).unwrap();
+        assert_eq!(format!("{cfg:?}"), printed, "Debug masks them too");
         assert!(!printed.contains("a real secret") && !printed.contains("redis secret"), "{printed}");
         assert!(printed.contains("token = \"***\"") && printed.contains("requirepass = \"***\""), "{printed}");
         let parsed: ComputenodeConfig = toml::from_str(&printed).unwrap();

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::bytes::serde_bytes;
 
 /// Everything a memnode needs to run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MemnodeConfig {
     /// Size of the region (the table, its directory and all KV data).
@@ -88,6 +88,14 @@ pub const SECRET_KEYS: &[&str] = &["token"];
 
 /// The token used when none is configured: fine on loopback, refused elsewhere.
 pub const DEV_TOKEN: &str = "racekv-dev-token";
+
+/// As `--print-config` shows it: secrets masked, so a config in a log line leaks none.
+impl std::fmt::Debug for MemnodeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let text = racekv_telemetry::secret::redacted_toml(self, SECRET_KEYS).map_err(|_| std::fmt::Error)?;
+        f.write_str(&text)
+    }
+}
 
 impl Default for MemnodeConfig {
     fn default() -> Self {

@@ -50,6 +50,18 @@ fn redis_cli_and_the_redis_crate_over_tls_with_a_password() {
         assert_eq!(value, "over tls", "{protocol}");
     }
 
+    // An ACL user over TLS: redis-cli and the redis crate.
+    let setuser = ["ACL", "SETUSER", "alice", "on", ">alice-pw", "~k", "+get"];
+    assert_eq!(tls_cli(&bin, &server, &["--cacert", &ca], &setuser).0, "OK");
+    let as_alice = ["--cacert", ca.as_str(), "--user", "alice", "--pass", "alice-pw"];
+    assert_eq!(tls_cli(&bin, &server, &as_alice, &["GET", "k"]).0, "over tls");
+    assert!(tls_cli(&bin, &server, &as_alice, &["SET", "k", "x"]).0.starts_with("NOPERM"));
+    let url = format!("rediss://alice:alice-pw@localhost:{}/", server.tls_addr().unwrap().port());
+    let certs = redis::TlsCertificates { client_tls: None, root_cert: Some(std::fs::read(&ca).unwrap()) };
+    let mut con = redis::Client::build_with_tls(url, certs).unwrap().get_connection().unwrap();
+    let value: String = redis::cmd("GET").arg("k").query(&mut con).unwrap();
+    assert_eq!(value, "over tls");
+
     // A CA that did not sign the server's certificate: refused.
     let other = TestCa::new("someone else");
     let other_ca = other.write_cert(&pki.path("other-ca.pem")).display().to_string();

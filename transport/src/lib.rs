@@ -153,7 +153,7 @@ impl std::str::FromStr for Endpoint {
 
 /// Credentials and timeouts for connecting. Build it with [`ConnectOptions::new`] or
 /// `..Default::default()`, so new settings need no change at every call site.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ConnectOptions {
     /// The shared secret of the region server, or, with `user`, that user's password
     /// (proved, never sent: [`auth`]).
@@ -185,6 +185,17 @@ impl ConnectOptions {
     pub fn with_tls(mut self, tls: ClientTls) -> Self {
         self.tls = Some(tls);
         self
+    }
+}
+
+impl std::fmt::Debug for ConnectOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectOptions")
+            .field("token", &"***")
+            .field("user", &self.user)
+            .field("timeout", &self.timeout)
+            .field("tls", &self.tls.is_some())
+            .finish()
     }
 }
 

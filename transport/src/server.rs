@@ -76,7 +76,7 @@ impl RpcService for NoRpc {
 }
 
 /// Limits and credentials of a region server.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ServerOptions {
     /// Shared secret every connection must prove it knows ([`crate::auth`]).
     pub token: String,
@@ -93,6 +93,18 @@ pub struct ServerOptions {
     pub io_timeout: Duration,
     /// The FLOCK credit scheduler: credits per grant, MAX_AQP, overload limits.
     pub flock: crate::flock::SchedulerOptions,
+}
+
+impl std::fmt::Debug for ServerOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerOptions")
+            .field("token", &"***")
+            .field("credentials", &self.credentials)
+            .field("tls", &self.tls)
+            .field("max_connections", &self.max_connections)
+            .field("io_timeout", &self.io_timeout)
+            .finish()
+    }
 }
 
 impl Default for ServerOptions {
