@@ -214,11 +214,12 @@ mod tests {
     }
 
     #[test]
-    fn the_shipped_example_parses() {
+    fn the_shipped_example_parses_and_validates_as_shipped() {
         let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ops/config/memnode.toml");
         let cfg = MemnodeConfig::load(Some(&example)).unwrap();
         assert_eq!(cfg.region_bytes, 16 << 30);
-        assert_eq!(cfg.listen_tcp.as_deref(), Some("0.0.0.0:7400"));
+        assert_eq!(cfg.listen_tcp.as_deref(), Some("127.0.0.1:7400"), "loopback until a token is set");
+        cfg.validate().unwrap();
     }
 
     #[test]
