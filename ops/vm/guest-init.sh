@@ -24,6 +24,8 @@ fail_setup() {
 marker "BOOTED uptime=$(cut -d' ' -f1 /proc/uptime)s kernel=$(uname -r) cpus=$(nproc)"
 
 ip link set lo up || fail_setup "ip link set lo up"
+# A minimal root has no hosts file; tests name the loopback host `localhost`, as a real one can.
+[[ -s /etc/hosts ]] || printf '127.0.0.1 localhost\n::1 localhost\n' >/etc/hosts || fail_setup "writing /etc/hosts"
 modprobe rdma_rxe || fail_setup "modprobe rdma_rxe"
 modprobe ib_uverbs || fail_setup "modprobe ib_uverbs"
 # (Not dummy0: loading the dummy module creates that one itself.)
