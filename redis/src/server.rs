@@ -240,6 +240,8 @@ impl RedisServer {
         for stream in self.shared.open.lock().values() {
             let _ = stream.shutdown(Shutdown::Both);
         }
+        // Connection threads waiting out a CLIENT PAUSE look at the stop flag.
+        self.shared.stats.clients.pause.stop();
         for l in &self.shared.loops {
             l.wake();
         }
@@ -483,6 +485,9 @@ fn serve_client<C: ClientConn>(shared: &Shared, stream: &mut C, client: &mut Cli
                     sent += out.len();
                     out.clear();
                     client.wait_for_pause(until);
+                    if shared.stopping.is_stopped() {
+                        return "shutdown";
+                    }
                 }
                 Step::NeedInput => break None,
                 Step::End(reason) => break Some(reason),

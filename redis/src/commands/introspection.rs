@@ -219,6 +219,11 @@ fn upper(arg: &[u8]) -> Vec<u8> {
 /// `CLIENT LIST|INFO|KILL|NO-EVICT|NO-TOUCH|PAUSE|UNPAUSE|HELP`; the others
 /// (`ID|GETNAME|SETNAME|SETINFO`) are [`admin::client`]'s.
 pub(super) fn client(c: &mut Client, cmd: &Command) -> CmdResult {
+    // As in Redis, a connection's `cmd=` is the command it runs now: this one.
+    if let Some((index, spec)) = lookup(b"client") {
+        let (CommandId(id), _) = acl_id(index, spec, cmd);
+        c.handle.touch(c.stats.clients.epoch(), Instant::now(), id);
+    }
     match upper(cmd.arg(1)).as_slice() {
         b"LIST" => client_list(c, cmd),
         b"INFO" => Ok(Reply::Verbatim("txt", client_line(c, &c.handle).into_bytes())),
@@ -312,14 +317,14 @@ fn is_normal_type(name: &[u8]) -> Result<bool, Failure> {
 
 /// `CLIENT LIST [TYPE type | ID id [id ...]]`.
 fn client_list(c: &mut Client, cmd: &Command) -> CmdResult {
-    let mut ids: Option<Vec<u64>> = None;
+    let mut ids: Option<Vec<i64>> = None;
     let mut any = true;
     match (cmd.len(), cmd.get(2).map(upper).as_deref()) {
         (2, _) => {}
         (4, Some(b"TYPE")) => any = is_normal_type(cmd.arg(3))?,
         (n, Some(b"ID")) if n > 3 => {
-            let parsed: Option<Vec<u64>> =
-                cmd.args().skip(3).map(|a| parse_i64(a).filter(|&id| id > 0).map(|id| id as u64)).collect();
+            // Any integer is an id (one that names no connection matches none), as in Redis.
+            let parsed: Option<Vec<i64>> = cmd.args().skip(3).map(parse_i64).collect();
             ids = Some(parsed.ok_or_else(|| fail("ERR Invalid client ID"))?);
         }
         _ => return Err(fail("ERR syntax error")),
@@ -327,7 +332,7 @@ fn client_list(c: &mut Client, cmd: &Command) -> CmdResult {
     let mut text = String::new();
     if any {
         for handle in c.stats.clients.all() {
-            if ids.as_ref().is_none_or(|ids| ids.contains(&handle.id)) {
+            if ids.as_ref().is_none_or(|ids| ids.iter().any(|&id| id as u64 == handle.id)) {
                 text.push_str(&client_line(c, &handle));
             }
         }
@@ -1003,6 +1008,414 @@ pub(super) fn lolwut(_c: &mut Client, _cmd: &Command) -> CmdResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::acl::Acl;
+    use crate::info::ServerStats;
+    use crate::memstore::MemStore;
+    use crate::reply::Protocol;
+    use crate::store::{KvSession, KvStore};
+
+    /// Clients of one server (shared stats, store and ACL).
+    struct Server {
+        store: MemStore,
+        stats: Arc<ServerStats>,
+        acl: Arc<Acl>,
+    }
+
+    impl Server {
+        fn new() -> Self {
+            Self {
+                store: MemStore::new(),
+                stats: Arc::new(ServerStats::new(6379, 100, None)),
+                acl: Arc::new(Acl::open(catalog())),
+            }
+        }
+
+        fn client(&self, id: u64) -> Client {
+            let c = Client::new(id, Arc::new(self.store.clone()), Arc::clone(&self.stats), Arc::clone(&self.acl));
+            let addr = format!("127.0.0.1:{}", 50000 + id).parse().ok();
+            c.set_connection(addr, "127.0.0.1:6379".parse().ok(), 10 + id as i64);
+            c
+        }
+    }
+
+    fn run(c: &mut Client, args: &[&str]) -> Reply {
+        c.execute(&Command::from_args(args))
+    }
+
+    fn err(s: &str) -> Reply {
+        Reply::Error(s.to_string().into())
+    }
+
+    fn text(reply: Reply) -> String {
+        match reply {
+            Reply::Verbatim("txt", bytes) | Reply::Bulk(bytes) => String::from_utf8(bytes).unwrap(),
+            other => panic!("not text: {other:?}"),
+        }
+    }
+
+    /// `key=value` fields of a CLIENT LIST line.
+    fn fields(line: &str) -> Vec<(String, String)> {
+        line.trim_end()
+            .split(' ')
+            .map(|f| {
+                let (k, v) = f.split_once('=').unwrap_or_else(|| panic!("no = in {f:?}"));
+                (k.to_string(), v.to_string())
+            })
+            .collect()
+    }
+
+    fn field(line: &str, name: &str) -> String {
+        fields(line).into_iter().find(|(k, _)| k == name).unwrap_or_else(|| panic!("no {name} in {line}")).1
+    }
+
+    #[test]
+    fn client_list_and_info_show_every_connection_in_redis_format() {
+        let server = Server::new();
+        let mut a = server.client(1);
+        let mut b = server.client(2);
+        assert_eq!(run(&mut a, &["CLIENT", "SETNAME", "alpha"]), Reply::ok());
+        assert_eq!(run(&mut a, &["CLIENT", "SETINFO", "lib-name", "redis-rs"]), Reply::ok());
+        run(&mut b, &["HELLO", "3"]);
+        run(&mut b, &["GET", "k"]);
+        let list = text(run(&mut a, &["CLIENT", "LIST"]));
+        let lines: Vec<&str> = list.lines().collect();
+        assert_eq!(lines.len(), 2, "{list}");
+        let names: Vec<String> = fields(lines[0]).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(
+            names.join(" "),
+            "id addr laddr fd name age idle flags db sub psub ssub multi qbuf qbuf-free argv-mem multi-mem rbs rbp \
+             obl oll omem tot-mem events cmd user redir resp lib-name lib-ver"
+        );
+        assert_eq!(field(lines[0], "id"), "1");
+        assert_eq!(field(lines[0], "addr"), "127.0.0.1:50001");
+        assert_eq!(field(lines[0], "name"), "alpha");
+        assert_eq!(field(lines[0], "lib-name"), "redis-rs");
+        assert_eq!(field(lines[0], "cmd"), "client|list");
+        assert_eq!(field(lines[0], "user"), "default");
+        assert_eq!(field(lines[1], "cmd"), "get");
+        assert_eq!(field(lines[1], "resp"), "3");
+        assert!(list.ends_with('\n'));
+        let info = text(run(&mut b, &["CLIENT", "INFO"]));
+        assert_eq!(field(&info, "id"), "2");
+        assert_eq!(field(&info, "cmd"), "client|info");
+        let only_b = text(run(&mut a, &["CLIENT", "LIST", "ID", "2", "99"]));
+        assert_eq!(only_b.lines().count(), 1);
+        assert_eq!(field(&only_b, "id"), "2");
+        assert_eq!(text(run(&mut a, &["CLIENT", "LIST", "TYPE", "pubsub"])), "");
+        assert_eq!(text(run(&mut a, &["CLIENT", "LIST", "TYPE", "normal"])).lines().count(), 2);
+        assert_eq!(run(&mut a, &["CLIENT", "LIST", "TYPE", "x"]), err("ERR Unknown client type 'x'"));
+        assert_eq!(text(run(&mut a, &["CLIENT", "LIST", "ID", "0", "-5"])), "");
+        assert_eq!(run(&mut a, &["CLIENT", "LIST", "ID", "1", "x"]), err("ERR Invalid client ID"));
+        assert_eq!(run(&mut a, &["CLIENT", "LIST", "FOO"]), err("ERR syntax error"));
+        assert_eq!(
+            run(&mut a, &["CLIENT", "INFO", "x"]),
+            err("ERR wrong number of arguments for 'client|info' command")
+        );
+        assert_eq!(run(&mut a, &["CLIENT", "NO-EVICT", "on"]), Reply::ok());
+        assert_eq!(run(&mut a, &["CLIENT", "NO-TOUCH", "on"]), Reply::ok());
+        assert_eq!(field(&text(run(&mut a, &["CLIENT", "INFO"])), "flags"), "eT");
+        assert_eq!(run(&mut a, &["CLIENT", "NO-EVICT", "maybe"]), err("ERR syntax error"));
+        drop(b);
+        assert_eq!(text(run(&mut a, &["CLIENT", "LIST"])).lines().count(), 1, "a closed connection leaves the list");
+        // RESP3: verbatim text, as Redis sends it.
+        let mut out = Vec::new();
+        run(&mut a, &["CLIENT", "INFO"]).encode(&mut out, Protocol::Resp3);
+        assert!(out.starts_with(b"=") && out[1..].windows(4).any(|w| w == b"txt:"));
+    }
+
+    #[test]
+    fn client_kill_filters_and_closes() {
+        let server = Server::new();
+        let mut a = server.client(1);
+        let b = server.client(2);
+        let c = server.client(3);
+        assert_eq!(run(&mut a, &["CLIENT", "KILL", "ID", "2"]), Reply::Integer(1));
+        assert!(b.killed() && !c.killed() && !a.killed());
+        assert_eq!(run(&mut a, &["CLIENT", "KILL", "127.0.0.1:50003"]), Reply::ok());
+        assert!(c.killed());
+        assert_eq!(run(&mut a, &["CLIENT", "KILL", "1.2.3.4:5"]), err("ERR No such client"));
+        // SKIPME yes (the default) spares the caller; SKIPME no kills it after its reply.
+        assert_eq!(run(&mut a, &["CLIENT", "KILL", "USER", "default", "ID", "1"]), Reply::Integer(0));
+        assert!(!a.wants_close());
+        assert_eq!(run(&mut a, &["CLIENT", "KILL", "ADDR", "127.0.0.1:50001", "SKIPME", "no"]), Reply::Integer(1));
+        assert!(a.wants_close() && a.killed());
+        let mut d = server.client(4);
+        assert_eq!(run(&mut d, &["CLIENT", "KILL", "ID", "0"]), err("ERR client-id should be greater than 0"));
+        assert_eq!(run(&mut d, &["CLIENT", "KILL", "TYPE", "foo"]), err("ERR Unknown client type 'foo'"));
+        assert_eq!(run(&mut d, &["CLIENT", "KILL", "TYPE", "master"]), Reply::Integer(0));
+        assert_eq!(run(&mut d, &["CLIENT", "KILL", "USER", "nosuch"]), err("ERR No such user 'nosuch'"));
+        assert_eq!(run(&mut d, &["CLIENT", "KILL", "ID", "1", "SKIPME"]), err("ERR syntax error"));
+        assert_eq!(run(&mut d, &["CLIENT", "KILL", "SKIPME", "maybe"]), err("ERR syntax error"));
+        assert_eq!(run(&mut d, &["CLIENT", "KILL", "LADDR", "127.0.0.1:6379"]), Reply::Integer(3));
+    }
+
+    #[test]
+    fn client_pause_holds_other_clients_until_unpause() {
+        let server = Server::new();
+        let mut a = server.client(1);
+        let b = server.client(2);
+        let set = Command::from_args(["SET", "k", "v"]);
+        let get = Command::from_args(["GET", "k"]);
+        assert_eq!(run(&mut a, &["CLIENT", "PAUSE", "60000", "WRITE"]), Reply::ok());
+        assert!(b.pause_holds(&set).is_some());
+        assert!(b.pause_holds(&get).is_none(), "WRITE lets reads through");
+        assert!(a.pause_holds(&set).is_none(), "the pausing client is not held");
+        assert_eq!(run(&mut a, &["CLIENT", "PAUSE", "60000"]), Reply::ok());
+        assert!(b.pause_holds(&get).is_some(), "ALL (the default) holds reads");
+        assert_eq!(run(&mut a, &["CLIENT", "UNPAUSE"]), Reply::ok());
+        assert!(b.pause_holds(&set).is_none());
+        assert_eq!(run(&mut a, &["CLIENT", "PAUSE", "-1"]), err("ERR timeout is negative"));
+        assert_eq!(run(&mut a, &["CLIENT", "PAUSE", "x"]), err("ERR timeout is not an integer or out of range"));
+        assert_eq!(run(&mut a, &["CLIENT", "PAUSE", "10", "foo"]), err("ERR CLIENT PAUSE mode must be WRITE or ALL"));
+        assert_eq!(
+            run(&mut a, &["CLIENT", "PAUSE", "3600001"]),
+            err("ERR racekv pauses clients for at most 3600000 milliseconds")
+        );
+        assert!(b.pause_holds(&set).is_none(), "a refused pause pauses nothing");
+    }
+
+    #[test]
+    fn config_set_changes_settings_all_or_nothing() {
+        let server = Server::new();
+        let mut c = server.client(1);
+        let get = |c: &mut Client, name: &str| run(c, &["CONFIG", "GET", name]);
+        assert_eq!(run(&mut c, &["CONFIG", "SET", "maxclients", "7", "timeout", "30"]), Reply::ok());
+        assert_eq!(server.stats.max_clients(), 7);
+        assert_eq!(server.stats.idle_timeout(), Some(Duration::from_secs(30)));
+        assert_eq!(get(&mut c, "timeout"), Reply::map([("timeout", Reply::bulk_str("30"))]));
+        assert_eq!(
+            run(&mut c, &["CONFIG", "SET", "maxclients", "8", "protected-mode", "maybe"]),
+            err("ERR CONFIG SET failed (possibly related to argument 'protected-mode') - argument must be 'yes' or 'no'")
+        );
+        assert_eq!(server.stats.max_clients(), 7, "a bad pair changes nothing");
+        assert_eq!(
+            run(&mut c, &["CONFIG", "SET", "timeout", "1", "TIMEOUT", "2"]),
+            err("ERR CONFIG SET failed (possibly related to argument 'timeout') - duplicate parameter")
+        );
+        assert_eq!(
+            run(&mut c, &["CONFIG", "SET", "databases", "2"]),
+            err("ERR CONFIG SET failed (possibly related to argument 'databases') - can't set immutable config")
+        );
+        assert_eq!(
+            run(&mut c, &["CONFIG", "SET", "maxclients", "0"]),
+            err("ERR CONFIG SET failed (possibly related to argument 'maxclients') - argument must be between 1 and 1000000 inclusive")
+        );
+        assert_eq!(
+            run(&mut c, &["CONFIG", "SET", "timeout"]),
+            err("ERR wrong number of arguments for 'config|set' command")
+        );
+        assert_eq!(run(&mut c, &["CONFIG", "SET", "protected-mode", "no"]), Reply::ok());
+        assert!(!server.stats.settings.protected_mode());
+        assert_eq!(get(&mut c, "protected-mode"), Reply::map([("protected-mode", Reply::bulk_str("no"))]));
+        assert_eq!(run(&mut c, &["CONFIG", "REWRITE"]), err("ERR The server is running without a config file"));
+        assert_eq!(run(&mut c, &["CONFIG", "FOO"]), err("ERR unknown subcommand 'FOO'. Try CONFIG HELP."));
+        let Reply::Map(all) = get(&mut c, "*") else { panic!("not a map") };
+        assert_eq!(all.len(), PARAMETERS.len());
+    }
+
+    #[test]
+    fn config_set_requirepass_sets_the_default_users_password() {
+        let server = Server::new();
+        let mut admin = server.client(1);
+        assert_eq!(
+            run(&mut admin, &["CONFIG", "GET", "requirepass"]),
+            Reply::map([("requirepass", Reply::bulk_str(""))])
+        );
+        assert_eq!(run(&mut admin, &["CONFIG", "SET", "requirepass", "s3cret"]), Reply::ok());
+        let Reply::Map(shown) = run(&mut admin, &["CONFIG", "GET", "requirepass"]) else { panic!("not a map") };
+        assert!(!shown[0].1.eq(&Reply::bulk_str("s3cret")) && !shown[0].1.eq(&Reply::bulk_str("")));
+        let mut fresh = server.client(2);
+        assert_eq!(run(&mut fresh, &["GET", "k"]), err("NOAUTH Authentication required."));
+        assert_eq!(run(&mut fresh, &["AUTH", "s3cret"]), Reply::ok());
+        assert_eq!(run(&mut admin, &["CONFIG", "SET", "requirepass", ""]), Reply::ok());
+        let mut open = server.client(3);
+        assert_eq!(run(&mut open, &["GET", "k"]), Reply::Nil, "an empty requirepass means nopass");
+    }
+
+    #[test]
+    fn slowlog_records_bounded_entries() {
+        let server = Server::new();
+        let mut c = server.client(1);
+        assert_eq!(run(&mut c, &["SLOWLOG", "LEN"]), Reply::Integer(0));
+        // Every command takes at least 0 µs: all are logged from now on.
+        assert_eq!(
+            run(&mut c, &["CONFIG", "SET", "slowlog-log-slower-than", "0", "slowlog-max-len", "3"]),
+            Reply::ok()
+        );
+        run(&mut c, &["SET", "k", "v"]);
+        run(&mut c, &["AUTH", "secret"]);
+        let Reply::Array(entries) = run(&mut c, &["SLOWLOG", "GET", "2"]) else { panic!("not an array") };
+        assert_eq!(entries.len(), 2);
+        let Reply::Array(auth) = &entries[0] else { panic!("not an entry") };
+        assert_eq!(auth.len(), 6);
+        assert_eq!(auth[3], Reply::Array(vec![Reply::bulk_str("AUTH"), Reply::bulk_str("(redacted)")]));
+        assert_eq!(auth[4], Reply::bulk_str("127.0.0.1:50001"));
+        for _ in 0..5 {
+            run(&mut c, &["PING"]);
+        }
+        assert_eq!(run(&mut c, &["SLOWLOG", "LEN"]), Reply::Integer(3), "slowlog-max-len bounds it");
+        let Reply::Array(all) = run(&mut c, &["SLOWLOG", "GET", "-1"]) else { panic!("not an array") };
+        assert_eq!(all.len(), 3);
+        assert_eq!(run(&mut c, &["SLOWLOG", "GET", "-2"]), err("ERR count should be greater than or equal to -1"));
+        assert_eq!(run(&mut c, &["CONFIG", "SET", "slowlog-log-slower-than", "-1"]), Reply::ok());
+        assert_eq!(run(&mut c, &["SLOWLOG", "RESET"]), Reply::ok());
+        run(&mut c, &["PING"]);
+        assert_eq!(run(&mut c, &["SLOWLOG", "LEN"]), Reply::Integer(0), "a negative threshold logs nothing");
+    }
+
+    /// A store whose reads take at least `delay`.
+    struct Slow(MemStore, Duration);
+
+    impl KvStore for Slow {
+        fn session(&self) -> Result<Box<dyn KvSession>, StoreError> {
+            Ok(Box::new(SlowSession(self.0.clone(), self.1)))
+        }
+    }
+
+    struct SlowSession(MemStore, Duration);
+
+    impl KvSession for SlowSession {
+        fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+            std::thread::sleep(self.1);
+            self.0.get(key)
+        }
+        fn put(&mut self, k: &[u8], v: &[u8], m: crate::store::PutMode) -> Result<bool, StoreError> {
+            self.0.put(k, v, m)
+        }
+        fn delete(&mut self, key: &[u8]) -> Result<bool, StoreError> {
+            self.0.delete(key)
+        }
+        fn compare_and_swap(&mut self, k: &[u8], e: Option<&[u8]>, n: &[u8]) -> Result<bool, StoreError> {
+            self.0.compare_and_swap(k, e, n)
+        }
+        fn get_in_order(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+            self.0.get_in_order(keys)
+        }
+        fn multi_put(&mut self, pairs: &[(&[u8], &[u8])]) -> Result<(), StoreError> {
+            self.0.multi_put(pairs)
+        }
+        fn len(&mut self) -> Result<u64, StoreError> {
+            self.0.len()
+        }
+        fn info(&mut self) -> Result<String, StoreError> {
+            self.0.info()
+        }
+    }
+
+    #[test]
+    fn latency_monitor_records_commands_past_its_threshold() {
+        let stats = Arc::new(ServerStats::new(1, 1, None));
+        let store = Arc::new(Slow(MemStore::new(), Duration::from_millis(3)));
+        let mut c = Client::new(1, store, stats, Arc::new(Acl::open(catalog())));
+        assert_eq!(run(&mut c, &["LATENCY", "LATEST"]), Reply::Array(vec![]), "off by default");
+        run(&mut c, &["GET", "k"]);
+        assert_eq!(run(&mut c, &["LATENCY", "LATEST"]), Reply::Array(vec![]));
+        // A GET sleeps 3 ms in the store: at least the 2 ms threshold, whatever the machine.
+        assert_eq!(run(&mut c, &["CONFIG", "SET", "latency-monitor-threshold", "2"]), Reply::ok());
+        run(&mut c, &["GET", "k"]);
+        let Reply::Array(events) = run(&mut c, &["LATENCY", "LATEST"]) else { panic!("not an array") };
+        assert_eq!(events.len(), 1);
+        let Reply::Array(event) = &events[0] else { panic!("not an event") };
+        assert_eq!(event[0], Reply::bulk_str("fast-command"));
+        assert!(matches!(event[2], Reply::Integer(ms) if ms >= 3), "{event:?}");
+        let Reply::Array(history) = run(&mut c, &["LATENCY", "HISTORY", "fast-command"]) else {
+            panic!("not an array")
+        };
+        assert_eq!(history.len(), 1);
+        assert_eq!(run(&mut c, &["LATENCY", "RESET"]), Reply::Integer(1));
+        assert_eq!(run(&mut c, &["LATENCY", "LATEST"]), Reply::Array(vec![]));
+    }
+
+    #[test]
+    fn command_getkeys_docs_and_unknown_subcommands() {
+        let server = Server::new();
+        let mut c = server.client(1);
+        let keys = |names: &[&str]| Reply::Array(names.iter().map(|n| Reply::bulk_str(n)).collect());
+        assert_eq!(run(&mut c, &["COMMAND", "GETKEYS", "GET", "k"]), keys(&["k"]));
+        assert_eq!(run(&mut c, &["COMMAND", "GETKEYS", "mset", "a", "1", "b", "2"]), keys(&["a", "b"]));
+        assert_eq!(run(&mut c, &["COMMAND", "GETKEYS", "LCS", "x", "y", "IDX"]), keys(&["x", "y"]));
+        assert_eq!(run(&mut c, &["COMMAND", "GETKEYS", "MEMORY", "USAGE", "m"]), keys(&["m"]));
+        assert_eq!(run(&mut c, &["COMMAND", "GETKEYS", "PING", "x"]), err("ERR The command has no key arguments"));
+        assert_eq!(run(&mut c, &["COMMAND", "GETKEYS", "NOSUCH", "x"]), err("ERR Invalid command specified"));
+        assert_eq!(
+            run(&mut c, &["COMMAND", "GETKEYS", "GET", "a", "b"]),
+            err("ERR Invalid number of arguments specified for command")
+        );
+        let Reply::Map(docs) = run(&mut c, &["COMMAND", "DOCS", "incrbyfloat", "nosuch"]) else { panic!("not a map") };
+        assert_eq!(docs.len(), 1);
+        assert_eq!(docs[0].0, Reply::bulk_str("incrbyfloat"));
+        let Reply::Map(fields) = &docs[0].1 else { panic!("not a map") };
+        assert_eq!(
+            fields[0],
+            (Reply::bulk_str("summary"), Reply::bulk_str("Increment the floating point value of a key by a number."))
+        );
+        assert_eq!(run(&mut c, &["COMMAND", "FOO"]), err("ERR unknown subcommand 'FOO'. Try COMMAND HELP."));
+        assert_eq!(run(&mut c, &["SLOWLOG", "FOO"]), err("ERR unknown subcommand 'FOO'. Try SLOWLOG HELP."));
+        assert_eq!(run(&mut c, &["LATENCY", "DOCTOR"]), err("ERR unknown subcommand 'DOCTOR'. Try LATENCY HELP."));
+        assert_eq!(run(&mut c, &["MEMORY", "STATS"]), err("ERR unknown subcommand 'STATS'. Try MEMORY HELP."));
+        for container in ["CLIENT", "CONFIG", "COMMAND", "SLOWLOG", "LATENCY", "MEMORY", "OBJECT"] {
+            let Reply::Array(lines) = run(&mut c, &[container, "HELP"]) else { panic!("{container} HELP") };
+            assert!(lines.len() > 2, "{container}");
+        }
+    }
+
+    #[test]
+    fn memory_usage_object_and_time() {
+        let server = Server::new();
+        let mut c = server.client(1);
+        run(&mut c, &["MSET", "n", "12345", "s", "hello", "big", &"x".repeat(45)]);
+        // MemStore's measure: key and value bytes.
+        assert_eq!(run(&mut c, &["MEMORY", "USAGE", "s"]), Reply::Integer(6));
+        assert_eq!(run(&mut c, &["MEMORY", "USAGE", "s", "SAMPLES", "5"]), Reply::Integer(6));
+        assert_eq!(run(&mut c, &["MEMORY", "USAGE", "missing"]), Reply::Nil);
+        assert_eq!(run(&mut c, &["MEMORY", "USAGE", "s", "SAMPLES"]), err("ERR syntax error"));
+        assert_eq!(run(&mut c, &["MEMORY", "USAGE", "s", "SAMPLES", "-1"]), err("ERR syntax error"));
+        assert_eq!(run(&mut c, &["OBJECT", "ENCODING", "n"]), Reply::bulk_str("int"));
+        assert_eq!(run(&mut c, &["OBJECT", "ENCODING", "s"]), Reply::bulk_str("embstr"));
+        assert_eq!(run(&mut c, &["OBJECT", "ENCODING", "big"]), Reply::bulk_str("raw"));
+        assert_eq!(run(&mut c, &["OBJECT", "ENCODING", "missing"]), Reply::Nil);
+        assert_eq!(run(&mut c, &["OBJECT", "REFCOUNT", "s"]), Reply::Integer(1));
+        let Reply::Error(freq) = run(&mut c, &["OBJECT", "FREQ", "s"]) else { panic!("FREQ answered") };
+        assert!(freq.starts_with("ERR An LFU maxmemory policy is not selected"), "{freq}");
+        assert!(run(&mut c, &["OBJECT", "IDLETIME", "s"]).is_error());
+        assert_eq!(run(&mut c, &["OBJECT", "IDLETIME", "missing"]), Reply::Nil);
+        let Reply::Array(time) = run(&mut c, &["TIME"]) else { panic!("not an array") };
+        let parts: Vec<u64> = time.iter().map(|t| text(t.clone()).parse().unwrap()).collect();
+        assert!(parts[0] > 1_600_000_000 && parts[1] < 1_000_000, "{parts:?}");
+        assert!(text(run(&mut c, &["LOLWUT"])).starts_with("Redis ver. 7.2.0"));
+    }
+
+    #[test]
+    fn info_reports_keyspace_commandstats_errorstats_and_resets() {
+        let server = Server::new();
+        let mut c = server.client(1);
+        run(&mut c, &["MSET", "a", "1", "b", "2"]);
+        run(&mut c, &["GET", "a"]);
+        run(&mut c, &["GET", "zz"]);
+        run(&mut c, &["GET"]);
+        run(&mut c, &["INCR", "zz", "x"]);
+        run(&mut c, &["NOSUCH"]);
+        run(&mut c, &["INCRBYFLOAT", "a", "x"]);
+        let info = text(run(&mut c, &["INFO", "everything"]));
+        for needle in [
+            "# Keyspace\r\ndb0:keys=2,expires=0,avg_ttl=0\r\n",
+            "keyspace_hits:1\r\nkeyspace_misses:1\r\n",
+            "cmdstat_get:calls=2,",
+            "rejected_calls=1,failed_calls=0\r\n",
+            "cmdstat_incrbyfloat:calls=1,",
+            "failed_calls=1\r\n",
+            "errorstat_ERR:count=4\r\n",
+            "total_error_replies:4\r\n",
+            "# Storage\r\nstorage_backend:memstore-test-double\r\n",
+        ] {
+            assert!(info.contains(needle), "{needle:?} not in {info}");
+        }
+        assert_eq!(run(&mut c, &["CONFIG", "RESETSTAT"]), Reply::ok());
+        let info = text(run(&mut c, &["INFO", "stats", "commandstats", "errorstats"]));
+        assert!(info.contains("keyspace_hits:0\r\n") && info.contains("total_error_replies:0\r\n"), "{info}");
+        assert!(!info.contains("cmdstat_get"), "{info}");
+        assert!(info.contains("cmdstat_config|resetstat:calls=1,"), "RESETSTAT itself is counted after: {info}");
+    }
 
     #[test]
     fn encodings_follow_redis_rules_for_set_values() {
