@@ -362,11 +362,18 @@ pub(crate) fn render(
             "cluster" => out.push_str("# Cluster\r\ncluster_enabled:0\r\n"),
             "keyspace" => {
                 out.push_str("# Keyspace\r\n");
-                let keys = store.key_count()?;
-                // Redis lists only databases that have keys.
-                if keys > 0 {
-                    let expires = store.keys_with_expiry()?;
-                    let _ = write!(out, "db0:keys={keys},expires={expires},avg_ttl=0\r\n");
+                // Counting keys asks the memnodes; when they cannot answer, INFO still
+                // answers (monitoring polls it hardest when something is wrong) and says so.
+                match store.key_count().and_then(|keys| Ok((keys, store.keys_with_expiry()?))) {
+                    // Redis lists only databases that have keys.
+                    Ok((0, _)) => {}
+                    Ok((keys, expires)) => {
+                        let _ = write!(out, "db0:keys={keys},expires={expires},avg_ttl=0\r\n");
+                    }
+                    Err(e) => {
+                        METRICS.store_errors.with_label_values(&[e.kind.as_str()]).inc();
+                        let _ = write!(out, "racekv_keyspace_error:{}\r\n", e.kind);
+                    }
                 }
             }
             _ => {
@@ -702,6 +709,29 @@ mod tests {
             "# Commandstats\r\ncmdstat_cmd3:calls=1,usec=10,usec_per_call=10.00,rejected_calls=0,failed_calls=0\r\n"
         ));
         assert!(all.contains("# Keyspace\r\n\r\n# Storage"), "an empty database is not listed: {all:?}");
+    }
+
+    /// A store that cannot count its keys.
+    struct Unavailable;
+
+    impl InfoSource for Unavailable {
+        fn storage_lines(&mut self) -> Result<String, StoreError> {
+            Ok("memnodes:0\n".into())
+        }
+        fn key_count(&mut self) -> Result<u64, StoreError> {
+            Err(StoreError::new(crate::store::StoreErrorKind::Unavailable, "memnode 0"))
+        }
+        fn keys_with_expiry(&mut self) -> Result<u64, StoreError> {
+            unreachable!("asked only after the key count")
+        }
+    }
+
+    #[test]
+    fn info_answers_when_the_keys_cannot_be_counted() {
+        let stats = ServerStats::new(1, 1, None);
+        let text = render(&stats, &[], &names, &mut Unavailable).unwrap();
+        assert!(text.contains("# Keyspace\r\nracekv_keyspace_error:unavailable\r\n"), "{text}");
+        assert!(text.contains("# Server\r\n") && text.contains("# Storage\r\nmemnodes:0\r\n"), "{text}");
     }
 
     #[test]
