@@ -613,6 +613,45 @@ mod tests {
         assert_eq!(ok(None, "1\0junk"), "1", "strtold stops at a NUL, as in Redis");
     }
 
+    proptest::proptest! {
+        /// Any bytes: an answer, never a panic, and work bounded by the 5 KiB cut.
+        #[test]
+        fn any_text_parses_or_is_refused(text in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64)) {
+            let _ = Ext::parse(&text);
+            let _ = increment(Some(&text), b"1");
+        }
+
+        /// Number-like texts, with exponents far out of range.
+        #[test]
+        fn number_like_texts_never_panic(
+            mantissa in "[-+]?[0-9]{0,30}(\\.[0-9]{0,30})?",
+            exponent in proptest::option::of(-100_000i64..100_000),
+        ) {
+            let text = match exponent {
+                Some(e) => format!("{mantissa}e{e}"),
+                None => mantissa,
+            };
+            let _ = increment(Some(text.as_bytes()), text.as_bytes());
+        }
+
+        /// Integers below 2^64 are exact, and so are sums below 2^64.
+        #[test]
+        fn integers_are_exact(a in 0u64..(1 << 62), b in 0u64..(1 << 62)) {
+            let sum = increment(Some(a.to_string().as_bytes()), b.to_string().as_bytes()).unwrap();
+            proptest::prop_assert_eq!(sum, (a + b).to_string());
+            let difference = increment(Some(a.to_string().as_bytes()), format!("-{b}").as_bytes()).unwrap();
+            proptest::prop_assert_eq!(difference, (i128::from(a) - i128::from(b)).to_string());
+        }
+
+        /// A double's shortest text, read and printed, keeps the double's value (17
+        /// places are more than a double has; only the trimming may differ).
+        #[test]
+        fn doubles_read_back(x in -1e15f64..1e15) {
+            let text = increment(None, format!("{x}").as_bytes()).unwrap();
+            proptest::prop_assert_eq!(text.parse::<f64>().unwrap(), x);
+        }
+    }
+
     #[test]
     fn round_trips_and_ties() {
         // Integers up to 2^64 are exact.

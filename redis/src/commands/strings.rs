@@ -695,6 +695,92 @@ mod tests {
         }
     }
 
+    /// Redis' `lcsCommand` as written (a full table of lengths), the oracle for the
+    /// one-bit-per-cell version.
+    fn redis_lcs(a: &[u8], b: &[u8], options: &LcsOptions) -> Reply {
+        let width = b.len() + 1;
+        let mut dp = vec![0u32; (a.len() + 1) * width];
+        for i in 1..=a.len() {
+            for j in 1..=b.len() {
+                dp[i * width + j] = if a[i - 1] == b[j - 1] {
+                    dp[(i - 1) * width + j - 1] + 1
+                } else {
+                    dp[(i - 1) * width + j].max(dp[i * width + j - 1])
+                };
+            }
+        }
+        let total = dp[a.len() * width + b.len()];
+        if options.len && !options.idx {
+            return Reply::Integer(i64::from(total));
+        }
+        let mut result = vec![0u8; total as usize];
+        let mut idx = total as usize;
+        let mut matches = Vec::new();
+        let (mut i, mut j) = (a.len(), b.len());
+        let (mut a_start, mut a_end, mut b_start, mut b_end) = (a.len(), 0, 0, 0);
+        while i > 0 && j > 0 {
+            let mut emit = false;
+            if a[i - 1] == b[j - 1] {
+                result[idx - 1] = a[i - 1];
+                if a_start == a.len() {
+                    (a_start, a_end, b_start, b_end) = (i - 1, i - 1, j - 1, j - 1);
+                } else if a_start == i && b_start == j {
+                    a_start -= 1;
+                    b_start -= 1;
+                } else {
+                    emit = true;
+                }
+                if a_start == 0 || b_start == 0 {
+                    emit = true;
+                }
+                idx -= 1;
+                i -= 1;
+                j -= 1;
+            } else {
+                if dp[(i - 1) * width + j] > dp[i * width + j - 1] {
+                    i -= 1;
+                } else {
+                    j -= 1;
+                }
+                if a_start != a.len() {
+                    emit = true;
+                }
+            }
+            if emit {
+                let len = (a_end - a_start + 1) as u64;
+                if options.idx && (options.min_match_len == 0 || len >= options.min_match_len) {
+                    let range = |x: usize, y: usize| Reply::Array(vec![int(x), int(y)]);
+                    let mut entry = vec![range(a_start, a_end), range(b_start, b_end)];
+                    if options.with_match_len {
+                        entry.push(Reply::Integer(len as i64));
+                    }
+                    matches.push(Reply::Array(entry));
+                }
+                a_start = a.len();
+            }
+        }
+        if options.idx {
+            Reply::map([("matches", Reply::Array(matches)), ("len", Reply::Integer(i64::from(total)))])
+        } else {
+            Reply::Bulk(result)
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn lcs_matches_redis_full_table(
+            a in proptest::collection::vec(b'a'..b'e', 0..40),
+            b in proptest::collection::vec(b'a'..b'e', 0..40),
+            len in proptest::prelude::any::<bool>(),
+            idx in proptest::prelude::any::<bool>(),
+            with_match_len in proptest::prelude::any::<bool>(),
+            min_match_len in 0u64..4,
+        ) {
+            let options = LcsOptions { len: len && !idx, idx, with_match_len, min_match_len };
+            proptest::prop_assert_eq!(lcs_reply(&a, &b, &options), redis_lcs(&a, &b, &options));
+        }
+    }
+
     #[test]
     fn lcs_walks_back_as_redis_does() {
         let all = LcsOptions { len: false, idx: true, with_match_len: true, min_match_len: 0 };
