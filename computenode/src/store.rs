@@ -5,10 +5,14 @@
 use std::sync::Arc;
 
 use racekv_client::{ClientError, Session};
+use racekv_hashing::layout::{block_units, BLOCK_UNIT_BYTES};
 use racekv_hashing::PutMode as TablePutMode;
 
 use crate::cluster::{Attached, Cluster, WorkerShards};
 use racekv_redis::{KvSession, KvStore, PutMode, StoreError, StoreErrorKind};
+
+/// A key's slot word in its bucket (`MEMORY USAGE` counts it with the block).
+const SLOT_BYTES: u64 = 8;
 
 /// Extra INFO lines (the daemon's view: memnodes, workers, connections).
 pub type InfoFn = Arc<dyn Fn() -> String + Send + Sync>;
@@ -80,6 +84,20 @@ impl KvSession for RedisSession {
 
     fn compare_and_swap(&mut self, key: &[u8], expected: Option<&[u8]>, new: &[u8]) -> Result<bool, StoreError> {
         self.s().compare_and_swap(key, expected, Some(new)).map_err(store_error)
+    }
+
+    fn compare_and_delete(&mut self, key: &[u8], expected: &[u8]) -> Result<bool, StoreError> {
+        self.s().compare_and_swap(key, Some(expected), None).map_err(store_error)
+    }
+
+    /// The value's KV block (header, key, value, padded to 64 B units) plus its 8 B slot in
+    /// the index: what the key costs the memnode.
+    fn memory_usage(&mut self, key: &[u8]) -> Result<Option<u64>, StoreError> {
+        let Some(value) = self.get(key)? else {
+            return Ok(None);
+        };
+        let units = block_units(key.len(), value.len()).map_or(u64::from(u8::MAX), u64::from);
+        Ok(Some(units * BLOCK_UNIT_BYTES + SLOT_BYTES))
     }
 
     fn get_in_order(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {

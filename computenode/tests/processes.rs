@@ -128,6 +128,20 @@ fn redis_cli_and_a_client_library_work_end_to_end() {
     assert_eq!(redis_cli(&port, &["dbsize"]), "3");
     assert!(redis_cli(&port, &["info"]).contains("racekv_memnodes:1"));
     assert!(redis_cli(&port, &["set", "k", &"v".repeat(20_000)]).contains("value too large"));
+    // String commands on the table: compare-and-swap writes, GETDEL's compare-and-delete,
+    // MEMORY USAGE's block size, the store's value limit in Redis' words.
+    assert_eq!(redis_cli(&port, &["append", "s", "abc"]), "3");
+    assert_eq!(redis_cli(&port, &["append", "s", "def"]), "6");
+    assert_eq!(redis_cli(&port, &["getrange", "s", "1", "-2"]), "bcde");
+    // A 16 B block header + 1 B key + 6 B value fit one 64 B unit; the slot is 8 B more.
+    assert_eq!(redis_cli(&port, &["memory", "usage", "s"]), "72");
+    assert_eq!(redis_cli(&port, &["getdel", "s"]), "abcdef");
+    assert_eq!(redis_cli(&port, &["exists", "s"]), "0");
+    assert_eq!(redis_cli(&port, &["incrbyfloat", "f", "10.50"]), "10.5");
+    assert_eq!(redis_cli(&port, &["incrbyfloat", "f", "0.1"]), "10.6");
+    assert!(redis_cli(&port, &["setrange", "big", "20000", "x"]).contains("string exceeds maximum allowed size"));
+    assert!(redis_cli(&port, &["info", "keyspace"]).contains("db0:keys="));
+    assert!(redis_cli(&port, &["client", "list"]).contains("cmd=client|list"));
 
     // A standard client library, with concurrent connections and pipelining.
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();

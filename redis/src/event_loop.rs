@@ -14,6 +14,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use mio::net::TcpStream;
@@ -42,6 +43,8 @@ pub(crate) struct Loop {
     waker: Waker,
     /// Connections accepted for this loop, not yet taken in.
     inbox: Mutex<Vec<(u64, std::net::TcpStream, SocketAddr)>>,
+    /// `CLIENT KILL` marked one of this loop's connections: look for it at the next turn.
+    kills: AtomicBool,
 }
 
 impl Loop {
@@ -49,7 +52,13 @@ impl Loop {
         let poll = Poll::new()?;
         let registry = poll.registry().try_clone()?;
         let waker = Waker::new(poll.registry(), WAKE)?;
-        Ok(Self { poll: Mutex::new(Some(poll)), registry, waker, inbox: Mutex::new(Vec::new()) })
+        Ok(Self {
+            poll: Mutex::new(Some(poll)),
+            registry,
+            waker,
+            inbox: Mutex::new(Vec::new()),
+            kills: AtomicBool::new(false),
+        })
     }
 
     /// Hands an admitted connection to this loop. Errors only before the loop owns it.
@@ -59,6 +68,12 @@ impl Loop {
         self.inbox.lock().push((id, stream, peer));
         self.wake();
         Ok(())
+    }
+
+    /// A connection of this loop was marked killed: the loop drops it at its next turn.
+    pub fn kill_requested(&self) {
+        self.kills.store(true, Ordering::Release);
+        self.wake();
     }
 
     /// Makes the loop look at its inbox and the shutdown flag now.
@@ -83,6 +98,8 @@ enum Turn {
     Wait,
     /// It has more to do: serve it again after the others.
     Again,
+    /// `CLIENT PAUSE` holds its next command: look again at the next tick (or wake-up).
+    Paused,
     Close(&'static str),
 }
 
@@ -119,6 +136,7 @@ pub(crate) fn run(shared: &Shared, index: usize) {
     let mut events = Events::with_capacity(EVENTS_PER_POLL);
     let mut conns: HashMap<usize, Conn> = HashMap::new();
     let mut again: VecDeque<usize> = VecDeque::new();
+    let mut paused: Vec<usize> = Vec::new();
     let mut chunk = vec![0u8; READ_CHUNK_BYTES];
     let mut last_sweep = Instant::now();
     // Whether the last turn served anything (then the loop spins before it sleeps).
@@ -129,6 +147,7 @@ pub(crate) fn run(shared: &Shared, index: usize) {
             (true, false) => TICK,
             (true, true) => IDLE_TICK,
         };
+        // A paused connection is looked at again every tick (UNPAUSE also wakes the loop).
         let spin = if served { shared.options.poll_spin } else { Duration::ZERO };
         if let Err(e) = poll_events(&mut poll, &mut events, spin, timeout) {
             if e.kind() == io::ErrorKind::Interrupted {
@@ -138,6 +157,14 @@ pub(crate) fn run(shared: &Shared, index: usize) {
             break;
         }
         let mut ready: Vec<usize> = std::mem::take(&mut again).into();
+        ready.append(&mut paused);
+        if this.kills.swap(false, Ordering::AcqRel) {
+            let killed: Vec<usize> = conns.iter().filter(|(_, c)| c.client.killed()).map(|(&t, _)| t).collect();
+            for token in killed {
+                ready.retain(|&t| t != token);
+                close(shared, this, conns.remove(&token).expect("a killed connection"), "killed");
+            }
+        }
         for event in &events {
             if event.token() == WAKE {
                 take_in(shared, this, &mut conns, &mut ready);
@@ -162,6 +189,7 @@ pub(crate) fn run(shared: &Shared, index: usize) {
             match serve(shared, conn, &mut chunk) {
                 Turn::Wait => {}
                 Turn::Again => again.push_back(token),
+                Turn::Paused => paused.push(token),
                 Turn::Close(reason) => close(shared, this, conns.remove(&token).expect("a served connection"), reason),
             }
         }
@@ -207,7 +235,8 @@ fn take_in(shared: &Shared, this: &Loop, conns: &mut HashMap<usize, Conn>, ready
     let adopted: Vec<_> = this.inbox.lock().drain(..).collect();
     for (id, stream, peer) in adopted {
         let mut stream = TcpStream::from_std(stream);
-        let client = new_client(shared, id);
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
+        let client = new_client(shared, id, Some(peer), stream.local_addr().ok(), i64::from(fd));
         let token = Token(id as usize);
         if let Err(e) = this.registry.register(&mut stream, token, Interest::READABLE | Interest::WRITABLE) {
             tracing::warn!("redis front end: cannot poll client {id} ({peer}): {e}");
@@ -253,7 +282,7 @@ fn expired(shared: &Shared, conn: &Conn, now: Instant) -> Option<&'static str> {
     if conn.blocked_since.is_some_and(|since| now.duration_since(since) >= shared.options.write_timeout) {
         return Some("io_error");
     }
-    let idle = shared.options.idle_timeout.filter(|t| !t.is_zero())?;
+    let idle = shared.stats.idle_timeout().filter(|t| !t.is_zero())?;
     (conn.out.len() == conn.written && now.duration_since(conn.last_input) >= idle).then_some("idle_timeout")
 }
 
@@ -297,6 +326,7 @@ fn serve(shared: &Shared, conn: &mut Conn, chunk: &mut [u8]) -> Turn {
         if let Step::End(reason) = step {
             conn.ending = Some(reason);
         }
+        let held = matches!(step, Step::Paused(_));
         match flush(shared, conn) {
             Ok(true) => {}
             Ok(false) => return Turn::Wait, // the socket's writable event resumes us
@@ -304,6 +334,10 @@ fn serve(shared: &Shared, conn: &mut Conn, chunk: &mut [u8]) -> Turn {
         }
         if conn.ending.is_some() {
             return linger(conn, chunk);
+        }
+        if held {
+            // Read nothing more until the pause lets the held command run.
+            return Turn::Paused;
         }
         if let Step::Flush = step {
             continue; // more commands may be buffered

@@ -10,6 +10,9 @@
 //! * [`server`]: TCP listener, a thread per connection or a few event loops
 //!   (`event_loop`), pipelining, limits, shutdown.
 //! * [`info`]: per-server counters and `INFO` text; prometheus metrics are `racekv_redis_*`.
+//!   Beside it: the connection registry and `CLIENT PAUSE` (`clients`), run-time settings
+//!   (`settings`, `CONFIG SET`), the slow log and latency monitor (`slowlog`), and
+//!   INCRBYFLOAT's extended-precision arithmetic (`float80`).
 //!
 //! ```no_run
 //! # #[cfg(feature = "test-support")] {
@@ -21,9 +24,11 @@
 //! ```
 
 pub mod acl;
+mod clients;
 pub mod commands;
 mod conn;
 mod event_loop;
+mod float80;
 pub mod glob;
 pub mod info;
 mod inline;
@@ -33,6 +38,8 @@ mod metrics;
 pub mod reply;
 pub mod resp;
 pub mod server;
+mod settings;
+mod slowlog;
 pub mod store;
 mod tls;
 

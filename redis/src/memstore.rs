@@ -88,6 +88,15 @@ impl KvSession for MemStore {
         Ok(true)
     }
 
+    fn compare_and_delete(&mut self, key: &[u8], expected: &[u8]) -> Result<bool, StoreError> {
+        let mut map = self.map.lock();
+        if map.get(key).map(Vec::as_slice) != Some(expected) {
+            return Ok(false);
+        }
+        map.remove(key);
+        Ok(true)
+    }
+
     fn get_in_order(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         let map = self.map.lock();
         Ok(keys.iter().map(|k| map.get(*k).cloned()).collect())

@@ -24,6 +24,11 @@ pub(crate) struct Metrics {
     pub acl_denied: IntCounterVec,
     pub cross_protocol: IntCounter,
     pub tls_handshake_failures: IntCounter,
+    pub cas_retries: IntCounterVec,
+    pub keyspace_lookups: IntCounterVec,
+    pub slow_commands: IntCounter,
+    pub paused_commands: IntCounter,
+    pub config_changes: IntCounterVec,
 }
 
 pub(crate) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
@@ -116,6 +121,47 @@ pub(crate) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         IntCounter::new(
             "racekv_redis_tls_handshake_failures_total",
             "Connections to the TLS port whose handshake failed (wrong certificate, plaintext, timeout)",
+        )
+        .unwrap(),
+    ),
+    cas_retries: register(
+        IntCounterVec::new(
+            Opts::new(
+                "racekv_redis_cas_retries_total",
+                "Compare-and-swaps a read-modify-write string command lost to another writer and retried, by command",
+            ),
+            &["command"],
+        )
+        .unwrap(),
+    ),
+    keyspace_lookups: register(
+        IntCounterVec::new(
+            Opts::new(
+                "racekv_redis_keyspace_lookups_total",
+                "Keys looked up by reading commands (GET, MGET, EXISTS, GETRANGE, ...), by result (hit, miss): INFO's keyspace_hits/misses",
+            ),
+            &["result"],
+        )
+        .unwrap(),
+    ),
+    slow_commands: register(
+        IntCounter::new(
+            "racekv_redis_slow_commands_total",
+            "Commands that took at least slowlog-log-slower-than (each is added to SLOWLOG)",
+        )
+        .unwrap(),
+    ),
+    paused_commands: register(
+        IntCounter::new(
+            "racekv_redis_paused_commands_total",
+            "Commands that waited for a CLIENT PAUSE to end before they ran",
+        )
+        .unwrap(),
+    ),
+    config_changes: register(
+        IntCounterVec::new(
+            Opts::new("racekv_redis_config_changes_total", "Settings changed at run time by CONFIG SET, by parameter"),
+            &["parameter"],
         )
         .unwrap(),
     ),

@@ -152,6 +152,8 @@ impl RedisServer {
         let listener = TcpListener::bind(addr)?;
         let addr = listener.local_addr()?;
         let stats = Arc::new(ServerStats::new(addr.port(), options.max_clients, options.idle_timeout));
+        stats.settings.set_protected_mode(options.protected_mode);
+        stats.settings.set_proto_max_bulk_len(options.limits.max_bulk_bytes);
         let loops = match options.io {
             IoModel::ThreadPerConnection => Vec::new(),
             IoModel::EventLoop { threads } => {
@@ -167,6 +169,20 @@ impl RedisServer {
             open: Mutex::new(HashMap::new()),
             threads: Mutex::new(Vec::new()),
             loops,
+        });
+        // CLIENT KILL and CLIENT UNPAUSE reach connections through the server; a weak handle
+        // keeps the registry (inside `shared`) from keeping `shared` alive.
+        let weak = Arc::downgrade(&shared);
+        shared.stats.clients.set_closer(move |id| {
+            if let Some(shared) = weak.upgrade() {
+                close_connection(&shared, id);
+            }
+        });
+        let weak = Arc::downgrade(&shared);
+        shared.stats.clients.pause.add_waker(move || {
+            for l in weak.upgrade().iter().flat_map(|shared| shared.loops.iter()) {
+                l.wake();
+            }
         });
         for i in 0..shared.loops.len() {
             let serving = Arc::clone(&shared);
@@ -224,6 +240,8 @@ impl RedisServer {
         for stream in self.shared.open.lock().values() {
             let _ = stream.shutdown(Shutdown::Both);
         }
+        // Connection threads waiting out a CLIENT PAUSE look at the stop flag.
+        self.shared.stats.clients.pause.stop();
         for l in &self.shared.loops {
             l.wake();
         }
@@ -256,7 +274,7 @@ fn admit(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr, tls: Option<
     // A refusal is a Redis error line on the plain port; a TLS client could not read one
     // before its handshake, so it just sees the close.
     let refusal = |reply: &'static [u8]| if tls.is_none() { reply } else { b"" };
-    if protected_mode_refuses(&shared.options, peer) {
+    if protected_mode_refuses(shared.stats.settings.protected_mode(), &shared.options.acl, peer) {
         METRICS.connections_rejected.with_label_values(&["protected_mode"]).inc();
         limited_warn(&PROTECTED_MODE_LOG, || {
             format!("redis front end: refused {peer}: protected mode, and the default user has no password")
@@ -325,10 +343,22 @@ fn admit(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr, tls: Option<
     }
 }
 
-/// Whether protected mode turns `peer` away: it is on, the peer is not on loopback, and
-/// anyone could connect without a password.
-fn protected_mode_refuses(options: &ServerOptions, peer: SocketAddr) -> bool {
-    options.protected_mode && !peer.ip().is_loopback() && options.acl.is_open()
+/// Whether protected mode turns `peer` away: it is on (`CONFIG SET protected-mode` may
+/// change it), the peer is not on loopback, and anyone could connect without a password.
+fn protected_mode_refuses(protected_mode: bool, acl: &Acl, peer: SocketAddr) -> bool {
+    protected_mode && !peer.ip().is_loopback() && acl.is_open()
+}
+
+/// Closes connection `id` for `CLIENT KILL`: a connection thread's socket is shut down (its
+/// blocked read returns), an event loop is told to drop it.
+fn close_connection(shared: &Shared, id: u64) {
+    if let Some(stream) = shared.open.lock().get(&id) {
+        let _ = stream.shutdown(Shutdown::Both);
+        return;
+    }
+    if !shared.loops.is_empty() {
+        shared.loops[id as usize % shared.loops.len()].kill_requested();
+    }
 }
 
 /// Redis' reply to a non-loopback client in protected mode.
@@ -369,20 +399,49 @@ fn is_timeout(e: &io::Error) -> bool {
 fn serve<C: ClientConn>(shared: &Shared, mut stream: C, id: u64) -> &'static str {
     let options = &shared.options;
     let tcp = stream.tcp();
-    let configured = tcp
-        .set_nodelay(true)
-        .and_then(|()| tcp.set_read_timeout(options.idle_timeout.filter(|t| !t.is_zero())))
-        .and_then(|()| tcp.set_write_timeout(Some(options.write_timeout)));
+    let configured = tcp.set_nodelay(true).and_then(|()| tcp.set_write_timeout(Some(options.write_timeout)));
     if configured.is_err() {
         return "io_error";
     }
-    let mut client = new_client(shared, id);
-    let mut parser = Parser::new(options.limits);
+    let fd = std::os::fd::AsRawFd::as_raw_fd(tcp);
+    let mut client = new_client(shared, id, tcp.peer_addr().ok(), tcp.local_addr().ok(), i64::from(fd));
+    let reason = serve_client(shared, &mut stream, &mut client);
+    if client.killed() {
+        "killed"
+    } else {
+        reason
+    }
+}
+
+/// The read-execute-write loop of [`serve`].
+fn serve_client<C: ClientConn>(shared: &Shared, stream: &mut C, client: &mut Client) -> &'static str {
+    let mut parser = Parser::new(shared.options.limits);
     let mut chunk = vec![0u8; READ_CHUNK_BYTES];
     let mut out = Vec::with_capacity(READ_CHUNK_BYTES);
+    let mut last_input = Instant::now();
+    // The idle timeout the socket's read timeout was last set from (`CONFIG SET timeout`
+    // changes it while we run: a read already waiting keeps the old one); `None` forces
+    // setting it again. `partial`: it was set to what was left of an idle period (after a
+    // timeout under an older, shorter setting), so the next input re-arms a full one.
+    let mut armed: Option<Option<Duration>> = None;
+    let mut partial = false;
+    let mut rearm_partial = false;
     loop {
         if shared.stopping.is_stopped() {
             return "shutdown";
+        }
+        let idle = shared.stats.idle_timeout().filter(|t| !t.is_zero());
+        if armed != Some(idle) {
+            let left = match idle {
+                Some(t) if rearm_partial => Some(t.saturating_sub(last_input.elapsed()).max(Duration::from_millis(1))),
+                full => full,
+            };
+            if stream.tcp().set_read_timeout(left).is_err() {
+                return "io_error";
+            }
+            partial = rearm_partial;
+            rearm_partial = false;
+            armed = Some(idle);
         }
         let n = match stream.read(&mut chunk) {
             Ok(0) if shared.stopping.is_stopped() => return "shutdown",
@@ -390,20 +449,45 @@ fn serve<C: ClientConn>(shared: &Shared, mut stream: C, id: u64) -> &'static str
             Ok(0) => return "peer_closed",
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) if is_timeout(&e) => return "idle_timeout",
+            Err(e) if is_timeout(&e) => {
+                if idle.is_some_and(|t| last_input.elapsed() >= t) {
+                    return "idle_timeout";
+                }
+                // The timeout was armed from an older, shorter setting: wait out what is left.
+                armed = None;
+                rearm_partial = true;
+                continue;
+            }
             Err(_) => return if shared.stopping.is_stopped() { "shutdown" } else { "io_error" },
         };
+        if partial {
+            // Armed with what was left of an idle period: the next read gets a full one.
+            armed = None;
+        }
+        last_input = Instant::now();
         METRICS.received_bytes.inc_by(n as u64);
         parser.feed(&chunk[..n]);
         let mut sent = 0;
         let ending = loop {
-            match run_commands(shared, &mut client, &mut parser, &mut out) {
+            match run_commands(shared, client, &mut parser, &mut out) {
                 Step::Flush => {
                     if stream.write_all(&out).and_then(|()| stream.flush()).is_err() {
                         return "io_error";
                     }
                     sent += out.len();
                     out.clear();
+                }
+                Step::Paused(until) => {
+                    // Answer what ran before the held command, then wait out the pause.
+                    if stream.write_all(&out).and_then(|()| stream.flush()).is_err() {
+                        return "io_error";
+                    }
+                    sent += out.len();
+                    out.clear();
+                    client.wait_for_pause(until);
+                    if shared.stopping.is_stopped() {
+                        return "shutdown";
+                    }
                 }
                 Step::NeedInput => break None,
                 Step::End(reason) => break Some(reason),
@@ -418,7 +502,7 @@ fn serve<C: ClientConn>(shared: &Shared, mut stream: C, id: u64) -> &'static str
             return "io_error";
         }
         if let Some(reason) = ending {
-            linger(&mut stream, &mut chunk);
+            linger(stream, &mut chunk);
             return reason;
         }
         if !parser.has_partial_command() {
@@ -428,9 +512,17 @@ fn serve<C: ClientConn>(shared: &Shared, mut stream: C, id: u64) -> &'static str
 }
 
 /// A [`Client`] over the server's store (its storage session comes with its first command
-/// that needs one).
-pub(super) fn new_client(shared: &Shared, id: u64) -> Client {
-    Client::new(id, Arc::clone(&shared.store), Arc::clone(&shared.stats), Arc::clone(&shared.options.acl))
+/// that needs one), registered with where it connects from.
+pub(super) fn new_client(
+    shared: &Shared,
+    id: u64,
+    addr: Option<SocketAddr>,
+    laddr: Option<SocketAddr>,
+    fd: i64,
+) -> Client {
+    let client = Client::new(id, Arc::clone(&shared.store), Arc::clone(&shared.stats), Arc::clone(&shared.options.acl));
+    client.set_connection(addr, laddr, fd);
+    client
 }
 
 /// What [`run_commands`] stopped for.
@@ -439,6 +531,9 @@ pub(super) enum Step {
     NeedInput,
     /// The gathered replies reached [`MAX_PENDING_REPLY_BYTES`]: write them, then call again.
     Flush,
+    /// `CLIENT PAUSE` holds the next command (kept by the client) until at most this
+    /// instant: write the replies so far, then call again (after the pause, or to look again).
+    Paused(Instant),
     /// The connection ends once the replies are written (the metric label says why).
     End(&'static str),
 }
@@ -448,17 +543,24 @@ pub(super) fn run_commands(shared: &Shared, client: &mut Client, parser: &mut Pa
     // Consecutive GETs wait in the client's run and execute together, before anything that
     // follows them. Executed commands go back to the parser for reuse.
     let step = loop {
-        let cmd = match parser.next_command() {
-            Ok(Some(cmd)) => cmd,
-            Ok(None) => break Step::NeedInput,
-            Err(e) => {
-                run_gets(client, parser, out);
-                METRICS.protocol_errors.with_label_values(&[e.reason()]).inc();
-                shared.stats.protocol_error();
-                tracing::debug!("redis client {}: protocol error: {e}", client.id());
-                Reply::Error(format!("ERR Protocol error: {e}").into()).encode(out, client.protocol());
-                return Step::End("protocol_error");
-            }
+        if client.killed() {
+            run_gets(client, parser, out);
+            return Step::End("killed");
+        }
+        let (cmd, held_before) = match client.take_postponed() {
+            Some(cmd) => (cmd, true),
+            None => match parser.next_command() {
+                Ok(Some(cmd)) => (cmd, false),
+                Ok(None) => break Step::NeedInput,
+                Err(e) => {
+                    run_gets(client, parser, out);
+                    METRICS.protocol_errors.with_label_values(&[e.reason()]).inc();
+                    shared.stats.protocol_error();
+                    tracing::debug!("redis client {}: protocol error: {e}", client.id());
+                    Reply::Error(format!("ERR Protocol error: {e}").into()).encode(out, client.protocol());
+                    return Step::End("protocol_error");
+                }
+            },
         };
         if is_cross_protocol(&cmd) {
             // An HTTP request (a browser made to POST to this port): close without executing
@@ -474,6 +576,17 @@ pub(super) fn run_commands(shared: &Shared, client: &mut Client, parser: &mut Pa
             });
             return Step::End("cross_protocol");
         }
+        if let Some(until) = client.pause_holds(&cmd) {
+            run_gets(client, parser, out);
+            if !held_before {
+                METRICS.paused_commands.inc();
+            }
+            client.postpone(cmd, !held_before);
+            return Step::Paused(until);
+        }
+        if held_before {
+            client.resume();
+        }
         if client.may_batch_get(&cmd) {
             if client.queue_get(cmd) < MAX_GET_RUN {
                 continue;
@@ -485,7 +598,7 @@ pub(super) fn run_commands(shared: &Shared, client: &mut Client, parser: &mut Pa
             reply.encode(out, client.protocol());
             parser.recycle(cmd);
             if client.wants_close() {
-                return Step::End("client_quit");
+                return Step::End(if client.killed() { "killed" } else { "client_quit" });
             }
         }
         if out.len() >= MAX_PENDING_REPLY_BYTES {
@@ -537,19 +650,15 @@ mod tests {
         let remote: SocketAddr = "10.1.2.3:5000".parse().unwrap();
         let local: SocketAddr = "127.0.0.1:5000".parse().unwrap();
         let local6: SocketAddr = "[::1]:5000".parse().unwrap();
-        let open = ServerOptions::default();
-        assert!(protected_mode_refuses(&open, remote));
-        assert!(!protected_mode_refuses(&open, local) && !protected_mode_refuses(&open, local6));
-        let off = ServerOptions { protected_mode: false, ..ServerOptions::default() };
-        assert!(!protected_mode_refuses(&off, remote));
+        let open = Acl::open(commands::catalog());
+        assert!(protected_mode_refuses(true, &open, remote));
+        assert!(!protected_mode_refuses(true, &open, local) && !protected_mode_refuses(true, &open, local6));
+        assert!(!protected_mode_refuses(false, &open, remote));
         let options = crate::acl::AclOptions { requirepass: Some("pw".into()), file: None };
-        let with_password = ServerOptions {
-            acl: Arc::new(Acl::new(commands::catalog(), options).unwrap()),
-            ..ServerOptions::default()
-        };
-        assert!(!protected_mode_refuses(&with_password, remote));
-        with_password.acl.set_user(b"default", &[b"nopass"]).unwrap();
-        assert!(protected_mode_refuses(&with_password, remote), "looked at per connection, not once at start");
+        let with_password = Acl::new(commands::catalog(), options).unwrap();
+        assert!(!protected_mode_refuses(true, &with_password, remote));
+        with_password.set_user(b"default", &[b"nopass"]).unwrap();
+        assert!(protected_mode_refuses(true, &with_password, remote), "looked at per connection, not once at start");
     }
 
     #[test]

@@ -123,6 +123,21 @@ pub trait KvSession: Send {
     /// Returns whether the swap happened.
     fn compare_and_swap(&mut self, key: &[u8], expected: Option<&[u8]>, new: &[u8]) -> Result<bool, StoreError>;
 
+    /// Atomically removes `key` if its value currently equals `expected`; returns whether it
+    /// did (GETDEL is built on it). The default refuses: a read then a delete would not be
+    /// atomic, and another writer's value could be deleted unseen.
+    fn compare_and_delete(&mut self, key: &[u8], expected: &[u8]) -> Result<bool, StoreError> {
+        let _ = (key, expected);
+        Err(StoreError::new(StoreErrorKind::Other, "this store has no atomic compare-and-delete"))
+    }
+
+    /// Bytes `key` takes in storage, `None` when absent (`MEMORY USAGE`). The default reads
+    /// the value and counts key and value bytes only; a store with per-item overhead (the
+    /// RACE table's blocks and slots) reports that too.
+    fn memory_usage(&mut self, key: &[u8]) -> Result<Option<u64>, StoreError> {
+        Ok(self.get(key)?.map(|value| (key.len() + value.len()) as u64))
+    }
+
     /// The values of `keys`, in order (`None` for absent keys), exactly as consecutive
     /// [`KvSession::get`]s would return them (each read after the one before; not a snapshot
     /// across keys). Pipelined GETs, MGET and EXISTS use it; implementations may batch.

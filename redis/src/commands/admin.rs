@@ -1,10 +1,9 @@
-//! Connection and server commands: PING, ECHO, INFO, COMMAND, CLIENT, CONFIG, HELLO,
-//! SELECT, QUIT. Just enough for redis-cli, redis-benchmark and client libraries to start
-//! and for people to inspect the server; everything else is refused by name.
+//! Connection and server commands: PING, ECHO, COMMAND (COUNT, INFO, LIST), CLIENT (ID,
+//! GETNAME, SETNAME, SETINFO), HELLO, SELECT, QUIT. The introspection the tools read (INFO,
+//! CONFIG, the rest of CLIENT and COMMAND, ...) is `introspection`'s.
 
 use super::{arity_error, fail, lookup, unsupported_subcommand, Client, CmdResult, CommandSpec, COMMANDS};
-use crate::glob::glob_match;
-use crate::info::{self, REDIS_COMPAT_VERSION};
+use crate::info::REDIS_COMPAT_VERSION;
 use crate::reply::{Protocol, Reply};
 use crate::resp::{parse_i64, Command};
 
@@ -34,13 +33,6 @@ pub(super) fn select(_c: &mut Client, cmd: &Command) -> CmdResult {
     }
 }
 
-pub(super) fn info(c: &mut Client, cmd: &Command) -> CmdResult {
-    let sections: Vec<&[u8]> = cmd.args().skip(1).collect();
-    let stats = std::sync::Arc::clone(&c.stats);
-    let text = info::render(&stats, &sections, || c.store()?.info())?;
-    Ok(Reply::Verbatim("txt", text.into_bytes()))
-}
-
 /// The Redis 7 `COMMAND INFO` entry of `spec`: name, arity, flags, key positions, ACL
 /// categories, then empty tips, key specs and subcommands.
 fn command_info(spec: &CommandSpec) -> Reply {
@@ -58,8 +50,7 @@ fn command_info(spec: &CommandSpec) -> Reply {
     ])
 }
 
-/// `COMMAND`, `COMMAND COUNT|INFO|LIST|DOCS`. DOCS answers an empty array: redis-cli then
-/// starts without per-command hints.
+/// `COMMAND`, `COMMAND COUNT|INFO|LIST` (`introspection::command` has the others).
 pub(super) fn command(_c: &mut Client, cmd: &Command) -> CmdResult {
     let Some(sub) = cmd.get(1) else {
         return Ok(Reply::Array(COMMANDS.iter().map(command_info).collect()));
@@ -68,7 +59,6 @@ pub(super) fn command(_c: &mut Client, cmd: &Command) -> CmdResult {
     match upper.as_slice() {
         b"COUNT" if cmd.len() == 2 => Ok(Reply::Integer(COMMANDS.len() as i64)),
         b"COUNT" => Ok(arity_error("command|count")),
-        b"DOCS" => Ok(Reply::Map(vec![])),
         b"LIST" if cmd.len() == 2 => Ok(Reply::Array(COMMANDS.iter().map(|c| Reply::bulk_str(c.name)).collect())),
         b"INFO" if cmd.len() == 2 => Ok(Reply::Array(COMMANDS.iter().map(command_info).collect())),
         b"INFO" => Ok(Reply::Array(
@@ -122,29 +112,6 @@ pub(super) fn client(c: &mut Client, cmd: &Command) -> CmdResult {
         (b"ID", _) => Ok(arity_error("client|id")),
         _ => Err(unsupported_subcommand("CLIENT", sub)),
     }
-}
-
-/// `CONFIG GET pattern [pattern ...]` over the few read-only parameters that describe racekv
-/// in Redis terms (redis-benchmark asks for `save` and `appendonly`); nothing can be set.
-pub(super) fn config(c: &mut Client, cmd: &Command) -> CmdResult {
-    let sub = cmd.arg(1);
-    if !sub.eq_ignore_ascii_case(b"GET") {
-        return Err(unsupported_subcommand("CONFIG", sub));
-    }
-    if cmd.len() < 3 {
-        return Ok(arity_error("config|get"));
-    }
-    let timeout = c.stats.idle_timeout().map_or(0, |t| t.as_secs().max(1));
-    let params: [(&str, String); 5] = [
-        ("maxclients", c.stats.max_clients().to_string()),
-        ("timeout", timeout.to_string()),
-        ("databases", "1".into()),
-        // No RDB snapshots or AOF: durability is the memory nodes' business.
-        ("save", String::new()),
-        ("appendonly", "no".into()),
-    ];
-    let matching = params.iter().filter(|(name, _)| cmd.args().skip(2).any(|p| glob_match(p, name.as_bytes(), true)));
-    Ok(Reply::map(matching.map(|(name, value)| (*name, Reply::bulk_str(value)))))
 }
 
 /// `HELLO [2|3 [AUTH user pass] [SETNAME name]]`: switches the connection to RESP2 or RESP3

@@ -7,13 +7,16 @@
 
 mod access;
 mod admin;
+mod introspection;
 mod keys;
+mod strings;
 
 use std::borrow::Cow;
 use std::sync::{Arc, LazyLock};
 use std::time::Instant;
 
-use super::info::ServerStats;
+use super::clients::ClientHandle;
+use super::info::{Outcome, ServerStats};
 use super::metrics::{CommandMetrics, METRICS};
 use super::reply::{Protocol, Reply};
 use super::resp::Command;
@@ -127,6 +130,19 @@ const fn container(
     CommandSpec { name, arity, flags, categories: SLOW, keys: NO_KEYS, subcommands, handler }
 }
 
+/// A container whose subcommands take a key at argument 2 (`MEMORY USAGE key`, `OBJECT
+/// ENCODING key`): ACL key patterns and `COMMAND GETKEYS` see it.
+const fn container_with_key(
+    name: &'static str,
+    arity: i32,
+    flags: &'static [&'static str],
+    categories: Categories,
+    subcommands: &'static [Subcommand],
+    handler: Handler,
+) -> CommandSpec {
+    CommandSpec { name, arity, flags, categories, keys: key_spec(2, 2, 1, KeyAccess::Read), subcommands, handler }
+}
+
 const fn sub(name: &'static str, arity: i32, categories: Categories) -> Subcommand {
     Subcommand { name, arity, categories }
 }
@@ -149,6 +165,9 @@ const CONNECTION_FAST: Categories = Categories::FAST.and(Categories::CONNECTION)
 const CONNECTION_SLOW: Categories = Categories::SLOW.and(Categories::CONNECTION);
 const ADMIN: Categories = Categories::ADMIN.and(Categories::SLOW).and(Categories::DANGEROUS);
 const SLOW: Categories = Categories::SLOW;
+const READ_STRING_SLOW: Categories = Categories::READ.and(Categories::STRING).and(Categories::SLOW);
+const ADMIN_CONNECTION: Categories = ADMIN.and(Categories::CONNECTION);
+const KEYSPACE_READ_SLOW: Categories = Categories::KEYSPACE.and(Categories::READ).and(Categories::SLOW);
 
 /// Every command racekv answers. Anything else gets Redis' "unknown command" error.
 pub(crate) static COMMANDS: &[CommandSpec] = &[
@@ -170,6 +189,16 @@ pub(crate) static COMMANDS: &[CommandSpec] = &[
     spec("decr", 2, &["write", "denyoom", "fast"], WRITE_STRING_FAST, UPDATES_ONE, keys::decr),
     spec("incrby", 3, &["write", "denyoom", "fast"], WRITE_STRING_FAST, UPDATES_ONE, keys::incrby),
     spec("decrby", 3, &["write", "denyoom", "fast"], WRITE_STRING_FAST, UPDATES_ONE, keys::decrby),
+    spec("append", 3, &["write", "denyoom", "fast"], WRITE_STRING_FAST, WRITES_ONE, strings::append),
+    spec("strlen", 2, &["readonly", "fast"], READ_STRING_FAST, READS_ONE, strings::strlen),
+    spec("getrange", 4, &["readonly"], READ_STRING_SLOW, READS_ONE, strings::getrange),
+    spec("substr", 4, &["readonly"], READ_STRING_SLOW, READS_ONE, strings::getrange),
+    spec("setrange", 4, &["write", "denyoom"], WRITE_STRING_SLOW, WRITES_ONE, strings::setrange),
+    spec("getdel", 2, &["write", "fast"], WRITE_STRING_FAST, UPDATES_ONE, strings::getdel),
+    spec("getset", 3, &["write", "denyoom", "fast"], WRITE_STRING_FAST, UPDATES_ONE, strings::getset),
+    spec("msetnx", -3, &["write", "denyoom"], WRITE_STRING_SLOW, key_spec(1, -1, 2, KeyAccess::Write), strings::msetnx),
+    spec("incrbyfloat", 3, &["write", "denyoom", "fast"], WRITE_STRING_FAST, UPDATES_ONE, strings::incrbyfloat),
+    spec("lcs", -3, &["readonly"], READ_STRING_SLOW, key_spec(1, 2, 1, KeyAccess::Read), strings::lcs),
     spec(
         "dbsize",
         1,
@@ -180,7 +209,7 @@ pub(crate) static COMMANDS: &[CommandSpec] = &[
     ),
     spec("ping", -1, &["fast"], CONNECTION_FAST, NO_KEYS, admin::ping),
     spec("echo", 2, &["fast"], CONNECTION_FAST, NO_KEYS, admin::echo),
-    spec("info", -1, &["loading", "stale"], SLOW.and(Categories::DANGEROUS), NO_KEYS, admin::info),
+    spec("info", -1, &["loading", "stale"], SLOW.and(Categories::DANGEROUS), NO_KEYS, introspection::info),
     container(
         "command",
         -1,
@@ -188,10 +217,12 @@ pub(crate) static COMMANDS: &[CommandSpec] = &[
         &[
             sub("count", 2, CONNECTION_SLOW),
             sub("docs", -2, CONNECTION_SLOW),
+            sub("getkeys", -4, CONNECTION_SLOW),
+            sub("help", 2, CONNECTION_SLOW),
             sub("info", -2, CONNECTION_SLOW),
             sub("list", -2, CONNECTION_SLOW),
         ],
-        admin::command,
+        introspection::command,
     ),
     container(
         "client",
@@ -202,10 +233,68 @@ pub(crate) static COMMANDS: &[CommandSpec] = &[
             sub("getname", 2, CONNECTION_SLOW),
             sub("setname", 3, CONNECTION_SLOW),
             sub("setinfo", 4, CONNECTION_SLOW),
+            sub("help", 2, CONNECTION_SLOW),
+            sub("info", 2, CONNECTION_SLOW),
+            sub("kill", -3, ADMIN_CONNECTION),
+            sub("list", -2, ADMIN_CONNECTION),
+            sub("no-evict", 3, ADMIN_CONNECTION),
+            sub("no-touch", 3, CONNECTION_SLOW),
+            sub("pause", -3, ADMIN_CONNECTION),
+            sub("unpause", 2, ADMIN_CONNECTION),
         ],
-        admin::client,
+        introspection::client,
     ),
-    container("config", -2, &["admin", "loading", "stale"], &[sub("get", -3, ADMIN)], admin::config),
+    container(
+        "config",
+        -2,
+        &["admin", "loading", "stale"],
+        &[
+            sub("get", -3, ADMIN),
+            sub("help", 2, SLOW),
+            sub("resetstat", 2, ADMIN),
+            sub("rewrite", 2, ADMIN),
+            sub("set", -4, ADMIN),
+        ],
+        introspection::config,
+    ),
+    container(
+        "slowlog",
+        -2,
+        &["admin", "loading", "stale"],
+        &[sub("get", -2, ADMIN), sub("help", 2, SLOW), sub("len", 2, ADMIN), sub("reset", 2, ADMIN)],
+        introspection::slowlog,
+    ),
+    container(
+        "latency",
+        -2,
+        &["admin", "loading", "stale"],
+        &[sub("help", 2, SLOW), sub("history", 3, ADMIN), sub("latest", 2, ADMIN), sub("reset", -2, ADMIN)],
+        introspection::latency,
+    ),
+    container_with_key(
+        "memory",
+        -2,
+        &["readonly"],
+        SLOW,
+        &[sub("help", 2, SLOW), sub("usage", -3, Categories::READ.and(SLOW))],
+        introspection::memory,
+    ),
+    container_with_key(
+        "object",
+        -2,
+        &["readonly"],
+        SLOW,
+        &[
+            sub("encoding", 3, KEYSPACE_READ_SLOW),
+            sub("freq", 3, KEYSPACE_READ_SLOW),
+            sub("help", 2, Categories::KEYSPACE.and(SLOW)),
+            sub("idletime", 3, KEYSPACE_READ_SLOW),
+            sub("refcount", 3, KEYSPACE_READ_SLOW),
+        ],
+        introspection::object,
+    ),
+    spec("time", 1, &["loading", "stale", "fast"], Categories::FAST, NO_KEYS, introspection::time),
+    spec("lolwut", -1, &["readonly", "fast"], Categories::READ.and(Categories::FAST), NO_KEYS, introspection::lolwut),
     spec("hello", -1, &["fast", "loading", "stale", "no-auth"], CONNECTION_FAST, NO_KEYS, admin::hello),
     spec("auth", -2, &["fast", "loading", "stale", "no-auth"], CONNECTION_FAST, NO_KEYS, access::auth),
     container(
@@ -309,6 +398,10 @@ pub struct Client {
     closing: bool,
     /// Pipelined GETs waiting to run together ([`Client::queue_get`]).
     queued_gets: Vec<Command>,
+    /// This connection in the server's registry (`CLIENT LIST`, `CLIENT KILL`).
+    handle: Arc<ClientHandle>,
+    /// A command held by `CLIENT PAUSE`, run first once the pause ends.
+    postponed: Option<Command>,
 }
 
 impl Client {
@@ -317,6 +410,7 @@ impl Client {
     pub fn new(id: u64, kv: Arc<dyn KvStore>, stats: Arc<ServerStats>, acl: Arc<Acl>) -> Self {
         let acl_generation = acl.generation();
         let user = acl.initial_user();
+        let handle = stats.clients.register(id);
         Self {
             id,
             kv,
@@ -332,6 +426,8 @@ impl Client {
             protocol: Protocol::Resp2,
             closing: false,
             queued_gets: Vec::new(),
+            handle,
+            postponed: None,
         }
     }
 
@@ -504,17 +600,20 @@ impl Client {
                 });
             match looked_up {
                 Ok(values) => {
-                    let seconds = started.elapsed().as_secs_f64() / cmds.len() as f64;
-                    for value in values {
+                    let each = started.elapsed() / cmds.len() as u32;
+                    for (value, cmd) in values.into_iter().zip(cmds) {
                         let reply = value.map_or(Reply::Nil, Reply::Bulk);
-                        self.record(*GET_INDEX, seconds, &reply);
+                        self.record(*GET_INDEX, each.as_secs_f64(), &reply);
+                        self.account(*GET_INDEX, cmd, &reply, Outcome::Ok, started, each);
                         reply.encode(out, self.protocol);
                     }
                     return;
                 }
                 Err(failure) => {
                     let reply = reply_for(&COMMANDS[*GET_INDEX], Err(failure));
-                    self.record(*GET_INDEX, started.elapsed().as_secs_f64(), &reply);
+                    let elapsed = started.elapsed();
+                    self.record(*GET_INDEX, elapsed.as_secs_f64(), &reply);
+                    self.account(*GET_INDEX, &cmds[0], &reply, Outcome::Failed, started, elapsed);
                     reply.encode(out, self.protocol);
                     cmds = &cmds[1..];
                 }
@@ -528,15 +627,21 @@ impl Client {
         let Some(name) = cmd.get(0) else {
             return Reply::error("ERR empty command");
         };
-        let (metrics_index, reply) = match lookup(name) {
-            None => (COMMANDS.len(), unknown_command(cmd)),
-            Some((index, spec)) if !spec.arity_ok(cmd.len()) => (index, arity_error(spec.name)),
+        let (metrics_index, reply, outcome) = match lookup(name) {
+            None => (COMMANDS.len(), unknown_command(cmd), Outcome::Rejected),
+            Some((index, spec)) if !spec.arity_ok(cmd.len()) => (index, arity_error(spec.name), Outcome::Rejected),
             Some((index, spec)) => match self.authorize(index, spec, cmd) {
-                Ok(()) => (index, reply_for(spec, (spec.handler)(self, cmd))),
-                Err(denied) => (index, denied),
+                Ok(()) => {
+                    let reply = reply_for(spec, (spec.handler)(self, cmd));
+                    let outcome = if reply.is_error() { Outcome::Failed } else { Outcome::Ok };
+                    (index, reply, outcome)
+                }
+                Err(denied) => (index, denied, Outcome::Rejected),
             },
         };
-        self.record(metrics_index, started.elapsed().as_secs_f64(), &reply);
+        let elapsed = started.elapsed();
+        self.record(metrics_index, elapsed.as_secs_f64(), &reply);
+        self.account(metrics_index, cmd, &reply, outcome, started, elapsed);
         reply
     }
 
@@ -546,6 +651,15 @@ impl Client {
         metrics.seconds.observe(seconds);
         if reply.is_error() { &metrics.error } else { &metrics.ok }.inc();
         self.stats.command_done();
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        if self.postponed.is_some() {
+            self.stats.clients.pause.set_held(false);
+        }
+        self.stats.clients.unregister(&self.handle);
     }
 }
 
@@ -597,12 +711,10 @@ fn unknown_command(cmd: &Command) -> Reply {
     )
 }
 
-/// `ERR <WHAT> subcommand 'X' is not supported by racekv`.
+/// Redis' reply to a subcommand it does not have (racekv answers it for the ones it does
+/// not support): `ERR unknown subcommand 'x'. Try CLIENT HELP.`
 fn unsupported_subcommand(container: &str, sub: &[u8]) -> Failure {
-    fail(format!(
-        "ERR {container} subcommand '{}' is not supported by racekv",
-        String::from_utf8_lossy(sub).to_ascii_uppercase()
-    ))
+    fail(format!("ERR unknown subcommand '{}'. Try {container} HELP.", truncated(&String::from_utf8_lossy(sub), 128)))
 }
 
 #[cfg(test)]

@@ -272,7 +272,8 @@ fn connection_commands() {
     assert_eq!(run(&mut c, &["CLIENT", "SETINFO", "LIB-VER", "1.8.1"]), Reply::ok());
     assert_eq!(c.library(), (Some(b"redis-rs".as_slice()), Some(b"1.8.1".as_slice())));
     assert_eq!(run(&mut c, &["CLIENT", "SETINFO", "color", "x"]), err("ERR Unrecognized option 'color'"));
-    assert_eq!(run(&mut c, &["CLIENT", "kill", "x"]), err("ERR CLIENT subcommand 'KILL' is not supported by racekv"));
+    assert_eq!(run(&mut c, &["CLIENT", "kill", "x"]), err("ERR No such client"));
+    assert_eq!(run(&mut c, &["CLIENT", "tracking", "on"]), err("ERR unknown subcommand 'tracking'. Try CLIENT HELP."));
     assert_eq!(run(&mut c, &["CLIENT", "SETNAME"]), err("ERR wrong number of arguments for 'client|setname' command"));
     assert!(!c.wants_close());
     assert_eq!(run(&mut c, &["QUIT"]), Reply::ok());
@@ -306,7 +307,8 @@ fn command_introspection_is_enough_for_redis_cli() {
     let store = MemStore::new();
     let mut c = client_over(&store);
     assert_eq!(run(&mut c, &["COMMAND", "COUNT"]), Reply::Integer(COMMANDS.len() as i64));
-    assert_eq!(run(&mut c, &["COMMAND", "DOCS"]), Reply::Map(vec![]));
+    let Reply::Map(docs) = run(&mut c, &["COMMAND", "DOCS"]) else { panic!("not a map") };
+    assert_eq!(docs.len(), COMMANDS.len());
     let Reply::Array(all) = run(&mut c, &["COMMAND"]) else { panic!("not an array") };
     assert_eq!(all.len(), COMMANDS.len());
     let Reply::Array(infos) = run(&mut c, &["command", "info", "GET", "nosuch"]) else { panic!("not an array") };
@@ -315,7 +317,7 @@ fn command_introspection_is_enough_for_redis_cli() {
     assert_eq!(get[0..2], [bulk("get"), Reply::Integer(2)]);
     assert_eq!(
         run(&mut c, &["COMMAND", "GETKEYS", "x"]),
-        err("ERR COMMAND subcommand 'GETKEYS' is not supported by racekv")
+        err("ERR wrong number of arguments for 'command|getkeys' command")
     );
 }
 
@@ -327,11 +329,11 @@ fn config_get_answers_read_only_parameters() {
         run(&mut c, &["CONFIG", "GET", "save", "APPENDONLY"]),
         Reply::map([("save", bulk("")), ("appendonly", bulk("no"))])
     );
-    assert_eq!(run(&mut c, &["CONFIG", "GET", "max*"]), Reply::map([("maxclients", bulk("100"))]));
+    assert_eq!(run(&mut c, &["CONFIG", "GET", "maxc*"]), Reply::map([("maxclients", bulk("100"))]));
     assert_eq!(run(&mut c, &["CONFIG", "GET", "nosuch"]), Reply::Map(vec![]));
     assert_eq!(
         run(&mut c, &["CONFIG", "SET", "x", "y"]),
-        err("ERR CONFIG subcommand 'SET' is not supported by racekv")
+        err("ERR Unknown option or number of arguments for CONFIG SET - 'x'")
     );
 }
 
