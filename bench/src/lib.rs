@@ -9,6 +9,7 @@
 //! * [`attach`]: a worker's wait for a session: attach vs building its own connections.
 //! * [`spike`]: KRCORE's load spike: 1 -> N workers, throughput every 100 us (PNG plot).
 //! * [`redis`]: GETs through the Redis front end vs a real redis-server, same flags, same run.
+//! * [`scan`]: SCAN over every key through the Redis front end vs a real redis-server.
 //! * [`rpc`]: RPC with per-thread, lock-shared and FLOCK-coalescing connections.
 //! * [`coldstart`]: a new process's start to its first GET, attached vs embedded.
 //! * [`reclaim`]: a memnode start's reclaim of unreferenced heap space vs one pass over it.
@@ -25,4 +26,5 @@ pub mod reclaim;
 pub mod redis;
 pub mod report;
 pub mod rpc;
+pub mod scan;
 pub mod spike;

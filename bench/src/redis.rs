@@ -107,12 +107,12 @@ pub struct RedisReport {
     pub environment: Environment,
 }
 
-fn free_port() -> anyhow::Result<u16> {
+pub(crate) fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// A redis-server child, stopped on drop.
-struct RedisServer(Child);
+pub(crate) struct RedisServer(pub(crate) Child);
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
@@ -121,7 +121,7 @@ impl Drop for RedisServer {
     }
 }
 
-fn wait_for_port(port: u16) -> anyhow::Result<()> {
+pub(crate) fn wait_for_port(port: u16) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(10);
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
         anyhow::ensure!(Instant::now() < deadline, "nothing listens on port {port}");
@@ -131,12 +131,14 @@ fn wait_for_port(port: u16) -> anyhow::Result<()> {
 }
 
 /// Sets every key with one pipelined connection (raw RESP).
-fn load(port: u16, keys: u64, value: &[u8]) -> anyhow::Result<()> {
+pub(crate) fn load(port: u16, keys: u64, value: &[u8]) -> anyhow::Result<()> {
     let mut stream = TcpStream::connect(("127.0.0.1", port))?;
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut line = String::new();
+    let bar = crate::report::progress(keys, "loading");
     for start in (0..keys).step_by(1000) {
         let end = (start + 1000).min(keys);
+        bar.inc(end - start);
         let mut buf = Vec::new();
         for i in start..end {
             let key = format!("key:{i:012}");
@@ -153,6 +155,7 @@ fn load(port: u16, keys: u64, value: &[u8]) -> anyhow::Result<()> {
             anyhow::ensure!(line == "+OK\r\n", "SET answered {line:?}");
         }
     }
+    bar.finish_and_clear();
     Ok(())
 }
 

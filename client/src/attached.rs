@@ -222,6 +222,22 @@ impl Attached {
         self.call(&Request::Stats)?.stats().map_err(|r| self.unexpected(r))
     }
 
+    /// SCAN, with pages no larger than a ring slot holds (a key longer than that cannot
+    /// come back: with slots under 16 KiB the daemon's answer does not fit, an error).
+    pub(crate) fn scan(&self, cursor: u64, count: u32) -> Result<(u64, Vec<Vec<u8>>), ClientError> {
+        let room = self.attachment()?.payload_bytes().saturating_sub(crate::op::SCAN_REPLY_HEADER_BYTES);
+        let max_bytes = (room.min(crate::op::MAX_SCAN_REPLY_BYTES as usize) as u32).max(1);
+        self.call(&Request::Scan { cursor, count, max_bytes })?.keys().map_err(|r| self.unexpected(r))
+    }
+
+    pub(crate) fn random_key(&self) -> Result<Option<Vec<u8>>, ClientError> {
+        self.call(&Request::RandomKey)?.value().map_err(|r| self.unexpected(r))
+    }
+
+    pub(crate) fn delete_all(&self) -> Result<u64, ClientError> {
+        self.call(&Request::DeleteAll)?.count().map_err(|r| self.unexpected(r))
+    }
+
     /// Values of many keys: chunks that fit a slot and the daemon's key limit travel
     /// pipelined; a chunk whose reply outgrew its slot is split and asked again.
     pub(crate) fn multi_get(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, ClientError> {

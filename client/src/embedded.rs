@@ -207,6 +207,10 @@ impl Shards for EmbeddedShards {
         &self.core.memnodes[shard].label
     }
 
+    fn node_id(&self, shard: usize) -> u64 {
+        self.core.memnodes[shard].node_id
+    }
+
     fn timeout(&self) -> Duration {
         self.core.timeout
     }

@@ -67,7 +67,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use racekv_hashing::{PutMode, TableOptions, TableStats};
+use racekv_hashing::{PutMode, ScanLimits, TableOptions, TableStats};
 use racekv_transport::ConnectOptions;
 
 pub use error::ClientError;
@@ -465,6 +465,62 @@ impl Client {
                 tracing::warn!("asking the computenode for its memnodes failed: {e}");
                 Vec::new()
             }
+        }
+    }
+
+    /// About `count` keys (at least 1, at most [`op::MAX_MULTI`]) from `cursor` on, and the
+    /// cursor to continue from: Redis' SCAN. Start with 0; the walk is over when the cursor
+    /// comes back 0. A key present from the walk's first call to its last is returned at
+    /// least once, however the tables split meanwhile; some may come twice, and a call may
+    /// return none and still not be the last (a split in progress). Pages carry at most
+    /// [`op::MAX_SCAN_REPLY_BYTES`] of keys (attached: what a ring slot holds). Cursors
+    /// are the same in every mode and every session of the same memnodes
+    /// ([`Session::scan`] has their format).
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), racekv_client::ClientError> {
+    /// let client = racekv_client::Client::builder().connect()?;
+    /// let mut cursor = 0;
+    /// loop {
+    ///     let (next, keys) = client.scan(cursor, 1000)?;
+    ///     for key in keys {
+    ///         println!("{}", String::from_utf8_lossy(&key));
+    ///     }
+    ///     if next == 0 {
+    ///         break;
+    ///     }
+    ///     cursor = next;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn scan(&self, cursor: u64, count: usize) -> Result<(u64, Vec<Vec<u8>>), ClientError> {
+        let count = count.clamp(1, op::MAX_MULTI);
+        match &self.backend {
+            Backend::Embedded(c) => {
+                c.with(|s| s.scan(cursor, ScanLimits::new(count, op::MAX_MULTI, op::MAX_SCAN_REPLY_BYTES as usize)))
+            }
+            Backend::Attached(a) => a.scan(cursor, count as u32),
+            Backend::Remote(r) => r.scan(cursor, count as u32),
+        }
+    }
+
+    /// A key picked at random, or None when there are none (Redis' RANDOMKEY; not uniform:
+    /// keys after empty stretches of a table come up more often).
+    pub fn random_key(&self) -> Result<Option<Vec<u8>>, ClientError> {
+        match &self.backend {
+            Backend::Embedded(c) => c.with(|s| s.random_key(session::random_seed())),
+            Backend::Attached(a) => a.random_key(),
+            Backend::Remote(r) => r.random_key(),
+        }
+    }
+
+    /// Deletes every key on every memnode (Redis' FLUSHALL); returns how many it removed.
+    /// Not atomic: a key written while it runs may survive it.
+    pub fn delete_all(&self) -> Result<u64, ClientError> {
+        match &self.backend {
+            Backend::Embedded(c) => c.with(|s| s.delete_all()),
+            Backend::Attached(a) => a.delete_all(),
+            Backend::Remote(r) => r.delete_all(),
         }
     }
 

@@ -11,9 +11,13 @@
 //!   MGET        : count x key
 //!   MPUT        : count x (key, value)
 //!   LEN, STATS  : -
+//!   SCAN        : cursor u64 | keys wanted u32 (1..=MAX_MULTI) | reply bytes u32 (1..=MAX_SCAN_REPLY_BYTES)
+//!   RANDOMKEY   : -
+//!   DELETE_ALL  : -
 //! reply   : status u8 (0 ok, else an ErrorKind) | kind u8 | count u16 | then:
 //!   VALUE       : u8 present + bytes       DONE : u8 (0/1)      COUNT : u64
 //!   VALUES      : count x (u8 present + bytes)                  OK    : -
+//!   KEYS        : cursor u64 | count x key (SCAN; RANDOMKEY answers VALUE, DELETE_ALL COUNT)
 //!   STATS       : count x (endpoint bytes, u8 0 + stats bytes | u8 ErrorKind + message bytes)
 //!                 stats: layout [64] | global depth u32 | items u64 | slots u64 | load factor f64 |
 //!                        heap capacity, used, free, subtables, chunks u64
@@ -34,6 +38,11 @@ pub const MAX_FIELD_BYTES: usize = 1 << 20;
 pub const MAX_MULTI: usize = 4096;
 /// Bytes of one encoded request or reply.
 pub const MAX_MESSAGE_BYTES: usize = 8 << 20;
+/// Bytes of keys one SCAN reply may carry (each key counting its length plus
+/// `racekv_hashing::scan::SCAN_KEY_OVERHEAD_BYTES`); a single longer key still comes alone.
+pub const MAX_SCAN_REPLY_BYTES: u32 = 1 << 20;
+/// Bytes of a SCAN reply besides its keys: the header and the cursor.
+pub const SCAN_REPLY_HEADER_BYTES: usize = 4 + 8;
 
 /// What an application asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +64,17 @@ pub enum Request {
     Len,
     /// Each memnode's endpoint and table statistics.
     Stats,
+    /// About `count` keys from `cursor` on (0 starts a walk), in a reply of at most
+    /// `max_bytes` bytes of keys (`Session::scan`).
+    Scan {
+        cursor: u64,
+        count: u32,
+        max_bytes: u32,
+    },
+    /// One key, picked at random (a VALUE reply: the key, or none when there are none).
+    RandomKey,
+    /// Deletes every key on every memnode (a COUNT reply: how many).
+    DeleteAll,
 }
 
 /// What comes back.
@@ -72,6 +92,11 @@ pub enum Reply {
     Ok,
     /// STATS.
     Stats(Vec<MemnodeStats>),
+    /// SCAN: where the next call starts (0: the walk is over) and the keys.
+    Keys {
+        cursor: u64,
+        keys: Vec<Vec<u8>>,
+    },
     Error(ErrorKind, String),
 }
 
@@ -181,6 +206,14 @@ impl Reply {
     pub fn stats(self) -> Result<Vec<MemnodeStats>, Reply> {
         match self {
             Reply::Stats(entries) => Ok(entries),
+            other => Err(other),
+        }
+    }
+
+    /// SCAN's cursor and keys, or the reply itself when it is anything else.
+    pub fn keys(self) -> Result<(u64, Vec<Vec<u8>>), Reply> {
+        match self {
+            Reply::Keys { cursor, keys } => Ok((cursor, keys)),
             other => Err(other),
         }
     }
@@ -342,6 +375,9 @@ const MGET: u8 = 5;
 const MPUT: u8 = 6;
 const LEN: u8 = 7;
 const STATS: u8 = 8;
+const SCAN: u8 = 9;
+const RANDOM_KEY: u8 = 10;
+const DELETE_ALL: u8 = 11;
 
 fn mode_code(mode: PutMode) -> u8 {
     match mode {
@@ -363,6 +399,9 @@ impl Request {
             Request::MultiPut(pairs) => (MPUT, 0, pairs.len()),
             Request::Len => (LEN, 0, 0),
             Request::Stats => (STATS, 0, 0),
+            Request::Scan { .. } => (SCAN, 0, 0),
+            Request::RandomKey => (RANDOM_KEY, 0, 0),
+            Request::DeleteAll => (DELETE_ALL, 0, 0),
         };
         assert!(count <= MAX_MULTI, "at most {MAX_MULTI} keys per multi-key request");
         out.push(kind);
@@ -384,7 +423,12 @@ impl Request {
                 put_field(out, k);
                 put_field(out, v);
             }),
-            Request::Len | Request::Stats => {}
+            Request::Scan { cursor, count, max_bytes } => {
+                out.extend_from_slice(&cursor.to_le_bytes());
+                out.extend_from_slice(&count.to_le_bytes());
+                out.extend_from_slice(&max_bytes.to_le_bytes());
+            }
+            Request::Len | Request::Stats | Request::RandomKey | Request::DeleteAll => {}
         }
     }
 
@@ -419,6 +463,18 @@ impl Request {
             MPUT => Request::MultiPut((0..count).map(|_| Ok((r.field()?, r.field()?))).collect::<Result<_, _>>()?),
             LEN => Request::Len,
             STATS => Request::Stats,
+            SCAN => {
+                let (cursor, count, max_bytes) = (r.u64()?, r.u32()?, r.u32()?);
+                if count == 0 || count as usize > MAX_MULTI {
+                    return Err(bad(format!("SCAN of {count} keys; allowed 1..={MAX_MULTI}")));
+                }
+                if max_bytes == 0 || max_bytes > MAX_SCAN_REPLY_BYTES {
+                    return Err(bad(format!("SCAN reply of {max_bytes} bytes; allowed 1..={MAX_SCAN_REPLY_BYTES}")));
+                }
+                Request::Scan { cursor, count, max_bytes }
+            }
+            RANDOM_KEY => Request::RandomKey,
+            DELETE_ALL => Request::DeleteAll,
             other => return Err(bad(format!("unknown request kind {other}"))),
         };
         r.finish()?;
@@ -432,6 +488,7 @@ const VALUES: u8 = 3;
 const COUNT: u8 = 4;
 const OK: u8 = 5;
 const STATS_REPLY: u8 = 6;
+const KEYS: u8 = 7;
 
 impl Reply {
     pub fn encode(&self, out: &mut Vec<u8>) {
@@ -458,6 +515,13 @@ impl Reply {
                 out.extend_from_slice(&n.to_le_bytes());
             }
             Reply::Ok => out.extend_from_slice(&[0, OK, 0, 0]),
+            Reply::Keys { cursor, keys } => {
+                assert!(keys.len() <= MAX_MULTI);
+                out.extend_from_slice(&[0, KEYS]);
+                out.extend_from_slice(&(keys.len() as u16).to_le_bytes());
+                out.extend_from_slice(&cursor.to_le_bytes());
+                keys.iter().for_each(|k| put_field(out, k));
+            }
             Reply::Stats(entries) => {
                 assert!(entries.len() <= MAX_MULTI);
                 out.extend_from_slice(&[0, STATS_REPLY]);
@@ -491,7 +555,7 @@ impl Reply {
             let kind = ErrorKind::from_code(status).ok_or_else(|| bad(format!("error status {status}")))?;
             return Ok(Reply::Error(kind, String::from_utf8_lossy(r.bytes).into_owned()));
         }
-        if count > MAX_MULTI || (count != 0 && kind != VALUES && kind != STATS_REPLY) {
+        if count > MAX_MULTI || (count != 0 && kind != VALUES && kind != STATS_REPLY && kind != KEYS) {
             return Err(bad(format!("count {count} on reply kind {kind}")));
         }
         let reply = match kind {
@@ -505,6 +569,10 @@ impl Reply {
             COUNT => Reply::Count(r.u64()?),
             OK => Reply::Ok,
             STATS_REPLY => Reply::Stats((0..count).map(|_| r.memnode_stats()).collect::<Result<_, _>>()?),
+            KEYS => {
+                let cursor = r.u64()?;
+                Reply::Keys { cursor, keys: (0..count).map(|_| r.field()).collect::<Result<_, _>>()? }
+            }
             other => return Err(bad(format!("unknown reply kind {other}"))),
         };
         r.finish()?;
@@ -533,6 +601,10 @@ mod tests {
             proptest::collection::vec((bytes(), bytes()), 0..10).prop_map(Request::MultiPut),
             Just(Request::Len),
             Just(Request::Stats),
+            (any::<u64>(), 1..=MAX_MULTI as u32, 1..=MAX_SCAN_REPLY_BYTES)
+                .prop_map(|(cursor, count, max_bytes)| Request::Scan { cursor, count, max_bytes }),
+            Just(Request::RandomKey),
+            Just(Request::DeleteAll),
         ]
     }
 
@@ -544,6 +616,8 @@ mod tests {
             any::<u64>().prop_map(Reply::Count),
             Just(Reply::Ok),
             "[a-z ]{0,30}".prop_map(|m| Reply::Error(ErrorKind::Unavailable, m)),
+            (any::<u64>(), proptest::collection::vec(bytes(), 0..10))
+                .prop_map(|(cursor, keys)| Reply::Keys { cursor, keys }),
             proptest::collection::vec(("[a-z:0-9]{0,20}", any::<u64>(), proptest::option::of("[a-z ]{0,20}")), 0..4)
                 .prop_map(|entries| Reply::Stats(
                     entries
@@ -600,6 +674,27 @@ mod tests {
                 prop_assert!(Request::decode(&out[..cut]).is_err());
             }
         }
+    }
+
+    #[test]
+    fn scan_requests_out_of_bounds_are_refused() {
+        let encoded = |count: u32, max_bytes: u32| {
+            let mut out = Vec::new();
+            Request::Scan { cursor: 7, count, max_bytes }.encode(&mut out);
+            out
+        };
+        assert!(Request::decode(&encoded(1, 1)).is_ok());
+        assert!(Request::decode(&encoded(MAX_MULTI as u32, MAX_SCAN_REPLY_BYTES)).is_ok());
+        for (count, max_bytes) in [(0, 100), (MAX_MULTI as u32 + 1, 100), (10, 0), (10, MAX_SCAN_REPLY_BYTES + 1)] {
+            assert!(Request::decode(&encoded(count, max_bytes)).is_err(), "count {count}, {max_bytes} bytes");
+        }
+        // A KEYS reply claiming more keys than it carries, or more than MAX_MULTI.
+        let mut reply = Vec::new();
+        Reply::Keys { cursor: 1, keys: vec![b"a".to_vec()] }.encode(&mut reply);
+        reply[2] = 2;
+        assert!(Reply::decode(&reply).is_err());
+        reply[2..4].copy_from_slice(&u16::MAX.to_le_bytes());
+        assert!(Reply::decode(&reply).is_err());
     }
 
     #[test]

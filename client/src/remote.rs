@@ -10,7 +10,12 @@ use racekv_hashing::{PutMode, MAX_KV_BYTES};
 use racekv_transport::{ConnectOptions, Connection, Endpoint, TransportError};
 
 use crate::error::ClientError;
-use crate::op::{MemnodeStats, Reply, Request, MAX_MULTI, REMOTE_METHOD};
+use crate::op::{MemnodeStats, Reply, Request, MAX_MULTI, MAX_SCAN_REPLY_BYTES, REMOTE_METHOD};
+
+// A SCAN page and its header fit one RPC reply.
+const _: () = assert!(
+    (MAX_SCAN_REPLY_BYTES as usize) + 4 + 8 + 4 + racekv_hashing::MAX_KV_BYTES < racekv_transport::wire::MAX_RPC_BYTES
+);
 
 /// Reconnect attempts are at least this far apart.
 const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
@@ -135,6 +140,20 @@ impl Remote {
 
     pub(crate) fn stats(&self) -> Result<Vec<MemnodeStats>, ClientError> {
         self.call(&Request::Stats)?.stats().map_err(|r| self.unexpected(r))
+    }
+
+    pub(crate) fn scan(&self, cursor: u64, count: u32) -> Result<(u64, Vec<Vec<u8>>), ClientError> {
+        // A page fits an RPC reply with room to spare (1 MiB against 4 MiB).
+        let request = Request::Scan { cursor, count, max_bytes: MAX_SCAN_REPLY_BYTES };
+        self.call(&request)?.keys().map_err(|r| self.unexpected(r))
+    }
+
+    pub(crate) fn random_key(&self) -> Result<Option<Vec<u8>>, ClientError> {
+        self.call(&Request::RandomKey)?.value().map_err(|r| self.unexpected(r))
+    }
+
+    pub(crate) fn delete_all(&self) -> Result<u64, ClientError> {
+        self.call(&Request::DeleteAll)?.count().map_err(|r| self.unexpected(r))
     }
 
     /// Values of many keys, in requests of at most [`MAX_MULTI`] keys and the RPC size limit.

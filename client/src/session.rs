@@ -5,12 +5,27 @@
 //! business: the embedded client opens its own connections; a computenode worker borrows
 //! virtual connections from its daemon's pre-initialized pool.
 
+use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
-use racekv_hashing::{PutMode, PutOutcome, TableClient, TableStats};
+use racekv_hashing::scan::TABLE_CURSOR_BITS;
+use racekv_hashing::{PutMode, PutOutcome, ScanLimits, TableClient, TableCursor, TableStats};
 
 use crate::error::ClientError;
-use crate::op::{MemnodeStats, Reply, Request};
+use crate::op::{MemnodeStats, Reply, Request, MAX_MULTI};
+
+/// Bits of a session's scan cursor above the table cursor: which memnode, in the order of
+/// their node ids.
+pub const MEMNODE_CURSOR_BITS: u32 = 64 - TABLE_CURSOR_BITS;
+/// Memnodes a scan cursor can name.
+pub const MAX_SCAN_MEMNODES: usize = 1 << MEMNODE_CURSOR_BITS;
+
+/// A random number for picking keys (no generator to seed: std's hasher keys are random).
+pub fn random_seed() -> u64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.finish()
+}
 
 /// The memnodes a session can reach.
 pub trait Shards: Send {
@@ -19,6 +34,9 @@ pub trait Shards: Send {
     fn count(&self) -> usize;
     /// A name for memnode `shard` in errors.
     fn label(&self, shard: usize) -> &str;
+    /// Memnode `shard`'s persistent node id (scans visit memnodes in the order of their ids,
+    /// so a cursor means the same to every session of the same memnodes).
+    fn node_id(&self, shard: usize) -> u64;
     /// The timeout errors report.
     fn timeout(&self) -> Duration;
     /// The table client for `shard` (implementations may connect or reconnect here).
@@ -164,6 +182,86 @@ impl<S: Shards> Session<S> {
         self.len().map(|n| n == 0)
     }
 
+    /// About `limits.count` keys from `cursor` on (0 starts a walk), and where the next call
+    /// starts (0: the walk is over). A key present from a walk's first call to its last is
+    /// returned at least once, however the tables split meanwhile (`racekv_hashing::scan`);
+    /// some may come twice. The cursor is `memnode << 55 | table cursor`, memnodes in the
+    /// order of their node ids: the set of memnodes is fixed today (placement is a fixed
+    /// consistent-hash ring), so a cursor stays meaningful for as long as a walk takes.
+    /// A cursor naming no memnode ends the walk. Each page holds keys of one memnode.
+    pub fn scan(&mut self, cursor: u64, limits: ScanLimits) -> Result<(u64, Vec<Vec<u8>>), ClientError> {
+        let order = self.scan_order()?;
+        let mut memnode = (cursor >> TABLE_CURSOR_BITS) as usize;
+        let mut table_cursor = TableCursor::decode(cursor);
+        while memnode < order.len() {
+            let page = self.on(order[memnode], |c| c.scan(table_cursor, limits))?;
+            if let Some(next) = page.next {
+                return Ok(((memnode as u64) << TABLE_CURSOR_BITS | next.encode(), page.keys));
+            }
+            memnode += 1;
+            table_cursor = TableCursor::START;
+            // Pages stay within one memnode, so their limits hold as they are.
+            if !page.keys.is_empty() {
+                let next = if memnode < order.len() { (memnode as u64) << TABLE_CURSOR_BITS } else { 0 };
+                return Ok((next, page.keys));
+            }
+        }
+        Ok((0, Vec::new()))
+    }
+
+    /// Shard indices in the order of their node ids.
+    fn scan_order(&self) -> Result<Vec<usize>, ClientError> {
+        let mut order: Vec<usize> = (0..self.shards.count()).collect();
+        if order.len() > MAX_SCAN_MEMNODES {
+            return Err(ClientError::Config(format!(
+                "a scan cursor names at most {MAX_SCAN_MEMNODES} memnodes, not {}",
+                order.len()
+            )));
+        }
+        order.sort_by_key(|&s| self.shards.node_id(s));
+        Ok(order)
+    }
+
+    /// A key picked at random (None when there are none): a memnode in proportion to its
+    /// item count, then a key of its table (`TableClient::random_key`); one at random from
+    /// `seed`.
+    pub fn random_key(&mut self, seed: u64) -> Result<Option<Vec<u8>>, ClientError> {
+        let mut items = Vec::with_capacity(self.shards.count());
+        for s in 0..self.shards.count() {
+            items.push(self.on(s, |c| c.table_stats())?.items);
+        }
+        let total: u64 = items.iter().sum();
+        let mut first = (seed as usize) % items.len().max(1);
+        if total > 0 {
+            let mut pick = seed % total;
+            for (shard, &n) in items.iter().enumerate() {
+                if pick < n {
+                    first = shard;
+                    break;
+                }
+                pick -= n;
+            }
+        }
+        // Counts trail writes in flight: a memnode that turns out empty passes to the next.
+        for i in 0..self.shards.count() {
+            let shard = (first + i) % self.shards.count();
+            if let Some(key) = self.on(shard, |c| c.random_key(seed.rotate_left(17)))? {
+                return Ok(Some(key));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Deletes every key on every memnode; returns how many it removed. Not atomic: a key
+    /// written meanwhile may survive (`TableClient::delete_all`).
+    pub fn delete_all(&mut self) -> Result<u64, ClientError> {
+        let mut removed = 0;
+        for s in 0..self.shards.count() {
+            removed += self.on(s, |c| c.delete_all())?;
+        }
+        Ok(removed)
+    }
+
     /// Publishes pending item-count changes (a round trip per memnode that has one, nothing
     /// otherwise): for sessions going idle, so counts do not wait for their next operation.
     pub fn publish_counts(&mut self) -> Result<(), ClientError> {
@@ -233,6 +331,13 @@ impl<S: Shards> Session<S> {
                     })
                     .collect(),
             )),
+            Request::Scan { cursor, count, max_bytes } => {
+                let max_bytes = (*max_bytes).min(crate::op::MAX_SCAN_REPLY_BYTES) as usize;
+                let limits = ScanLimits::new(*count as usize, MAX_MULTI, max_bytes);
+                self.scan(*cursor, limits).map(|(cursor, keys)| Reply::Keys { cursor, keys })
+            }
+            Request::RandomKey => self.random_key(random_seed()).map(Reply::Value),
+            Request::DeleteAll => self.delete_all().map(Reply::Count),
         };
         result.unwrap_or_else(|e| Reply::from_error(&e))
     }

@@ -133,3 +133,93 @@ fn prepare_fetches_a_chunk_from_every_memnode_ahead_of_the_first_write() {
     }
     assert_eq!(chunks(), prepared, "a prepared client fetched chunks again for its first writes");
 }
+
+/// Every key of one walk of `client.scan` with pages of about `count` keys.
+fn scan_all(client: &Client, count: usize) -> Vec<Vec<u8>> {
+    let (mut keys, mut cursor) = (Vec::new(), 0u64);
+    for _ in 0..1_000_000 {
+        let (next, page) = client.scan(cursor, count).unwrap();
+        assert!(page.len() <= racekv_client::op::MAX_MULTI);
+        keys.extend(page);
+        if next == 0 {
+            return keys;
+        }
+        cursor = next;
+    }
+    panic!("the walk did not end");
+}
+
+/// SCAN over several memnodes: every key exactly once on a quiet cluster, and every key
+/// present for a whole walk while other threads insert (splitting the tables), update and
+/// delete other keys. Then RANDOMKEY and deleting everything.
+#[test]
+fn scans_cover_every_memnode_while_others_write() {
+    use std::collections::HashSet;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    let (memnodes, client) = cluster(3, TransportKind::Tcp);
+    let stable: HashSet<Vec<u8>> = (0..600u32).map(|i| format!("stable-{i}").into_bytes()).collect();
+    for k in &stable {
+        client.put(k, b"v").unwrap();
+    }
+    for count in [1, 10, 1_000, 100_000] {
+        let keys = scan_all(&client, count);
+        let unique: HashSet<Vec<u8>> = keys.iter().cloned().collect();
+        assert_eq!(unique.len(), keys.len(), "COUNT {count}: a quiet walk returned a key twice");
+        assert_eq!(unique, stable, "COUNT {count}");
+    }
+    let depths: Vec<u32> = memnodes.iter().map(|m| m.stats().global_depth).collect();
+    let stop = AtomicBool::new(false);
+    let walks = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        let writers: Vec<_> = (0..2u32)
+            .map(|w| {
+                let client = &client;
+                s.spawn(move || {
+                    for i in 0..3_000u32 {
+                        client.put(format!("w{w}-{i}").as_bytes(), b"x").unwrap();
+                        if i % 4 == 0 {
+                            client.put(format!("w{w}-{}", i / 2).as_bytes(), b"y").unwrap();
+                            client.delete(format!("w{w}-{}", i / 3).as_bytes()).unwrap();
+                        }
+                    }
+                })
+            })
+            .collect();
+        let scanner = {
+            let (client, stable, stop, walks) = (&client, &stable, &stop, &walks);
+            s.spawn(move || {
+                let mut n = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    let count = [3, 50, 2_000][n % 3];
+                    let got: HashSet<Vec<u8>> = scan_all(client, count).into_iter().collect();
+                    let missed: Vec<_> = stable.difference(&got).collect();
+                    assert!(missed.is_empty(), "walk {n} (COUNT {count}) missed {} stable keys", missed.len());
+                    walks.fetch_add(1, Ordering::Relaxed);
+                    n += 1;
+                }
+            })
+        };
+        for w in writers {
+            w.join().unwrap();
+        }
+        let seen = walks.load(Ordering::Relaxed);
+        while walks.load(Ordering::Relaxed) < seen + 1 && !scanner.is_finished() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    let grown = memnodes.iter().zip(&depths).filter(|(m, &d)| m.stats().global_depth > d).count();
+    assert_eq!(grown, 3, "every memnode's table should have split during the walks");
+    assert!(walks.load(Ordering::Relaxed) >= 2);
+
+    // Quiet again: the walk, DBSIZE and the memnodes agree.
+    let keys: HashSet<Vec<u8>> = scan_all(&client, 500).into_iter().collect();
+    assert_eq!(client.len().unwrap(), keys.len() as u64, "DBSIZE and a quiet walk disagree");
+    let picked: HashSet<Vec<u8>> = (0..50).map(|_| client.random_key().unwrap().expect("keys exist")).collect();
+    assert!(picked.is_subset(&keys) && picked.len() > 10, "{} distinct random keys", picked.len());
+    assert_eq!(client.delete_all().unwrap(), keys.len() as u64);
+    assert_eq!(client.len().unwrap(), 0);
+    assert!(scan_all(&client, 100).is_empty());
+    assert_eq!(client.random_key().unwrap(), None);
+}

@@ -19,6 +19,10 @@ fn as_command(request: &Request) -> (&'static str, Vec<(&[u8], KeyAccess)>) {
         Request::MultiPut(pairs) => ("mset", pairs.iter().map(|(k, _)| (&k[..], KeyAccess::Write)).collect()),
         Request::Len => ("dbsize", vec![]),
         Request::Stats => ("info", vec![]),
+        // As on the Redis port, SCAN's keys are not checked against key patterns.
+        Request::Scan { .. } => ("scan", vec![]),
+        Request::RandomKey => ("randomkey", vec![]),
+        Request::DeleteAll => ("flushall", vec![]),
     }
 }
 
@@ -50,5 +54,10 @@ mod tests {
         let pairs = vec![(b"cache:1".to_vec(), vec![]), (b"x".to_vec(), vec![])];
         assert!(check(&acl, "cache", &Request::MultiPut(pairs)).is_err(), "one key outside the patterns");
         assert!(check(&acl, "default", &cas).is_ok());
+        // The keyspace: a reader walks it and picks keys but may not empty it.
+        assert!(check(&acl, "ro", &Request::Scan { cursor: 0, count: 10, max_bytes: 100 }).is_ok());
+        assert!(check(&acl, "ro", &Request::RandomKey).is_ok());
+        assert!(check(&acl, "ro", &Request::DeleteAll).unwrap_err().contains("'flushall'"));
+        assert!(check(&acl, "cache", &Request::DeleteAll).is_ok());
     }
 }

@@ -303,6 +303,10 @@ impl Shards for WorkerShards {
         &self.cluster.memnodes[shard].label
     }
 
+    fn node_id(&self, shard: usize) -> u64 {
+        self.cluster.memnodes[shard].node_id
+    }
+
     fn timeout(&self) -> Duration {
         self.cluster.options.connect.timeout
     }

@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use racekv_client::{ClientError, Session};
 use racekv_hashing::layout::{block_units, BLOCK_UNIT_BYTES};
-use racekv_hashing::PutMode as TablePutMode;
+use racekv_hashing::{PutMode as TablePutMode, ScanLimits};
 
 use crate::cluster::{Attached, Cluster, WorkerShards};
+use racekv_redis::store::{SCAN_PAGE_MAX_BYTES, SCAN_PAGE_MAX_KEYS};
 use racekv_redis::{KvSession, KvStore, PutMode, StoreError, StoreErrorKind};
 
 /// A key's slot word in its bucket (`MEMORY USAGE` counts it with the block).
@@ -108,8 +109,25 @@ impl KvSession for RedisSession {
         self.s().multi_put(pairs).map_err(store_error)
     }
 
+    /// The memnodes' item counters: every insert and delete adds its +1 or -1 in the batch
+    /// of its CAS, before it is acknowledged, and this session's own pending changes are
+    /// sent first; so with no write in flight the sum is the number of keys. (Other
+    /// sessions' clean-ups of racing duplicate inserts publish when they go idle.)
     fn len(&mut self) -> Result<u64, StoreError> {
         self.s().len().map_err(store_error)
+    }
+
+    fn scan(&mut self, cursor: u64, count: usize) -> Result<(u64, Vec<Vec<u8>>), StoreError> {
+        let limits = ScanLimits::new(count.min(SCAN_PAGE_MAX_KEYS), SCAN_PAGE_MAX_KEYS, SCAN_PAGE_MAX_BYTES);
+        self.s().scan(cursor, limits).map_err(store_error)
+    }
+
+    fn random_key(&mut self) -> Result<Option<Vec<u8>>, StoreError> {
+        self.s().random_key(racekv_client::session::random_seed()).map_err(store_error)
+    }
+
+    fn flush(&mut self) -> Result<u64, StoreError> {
+        self.s().delete_all().map_err(store_error)
     }
 
     fn info(&mut self) -> Result<String, StoreError> {

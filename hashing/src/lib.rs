@@ -3,6 +3,8 @@
 //! * [`layout`]: where everything lives in a memnode's region and how words are encoded.
 //! * [`table`]: the client protocols ([`Table`], [`TableClient`]): search, upsert, delete,
 //!   compare-and-swap, each a few one-sided round trips.
+//! * [`scan`]: the cursor of walks over a whole table (SCAN), and why a key present for the
+//!   whole walk is returned however the table splits.
 //! * [`split`]: the memnode-side split that grows the table, with its invariants.
 //! * [`service`]: the memnode's RPC methods (metadata, chunk allocation, split, stats).
 //! * [`directory`], [`alloc`], [`heap`], [`format`]: the directory cache, client-side block
@@ -23,6 +25,7 @@ pub mod layout;
 mod probe;
 pub mod reclaim;
 pub mod rpc;
+pub mod scan;
 pub mod service;
 pub mod split;
 pub(crate) mod stall;
@@ -33,5 +36,6 @@ mod words;
 
 pub use error::Error;
 pub use layout::{Layout, MAX_KV_BYTES};
+pub use scan::{ScanLimits, ScanPage, TableCursor};
 pub use service::{TableService, TableStats};
 pub use table::{ClientStats, PutMode, PutOutcome, Table, TableClient, TableOptions};

@@ -30,6 +30,10 @@
 //!    within its two round trips, with its block reused past the grace period for a key of
 //!    the same fingerprint and size, is left as rare; waiting for such a slot to hold still
 //!    could stall a split behind a hot key.
+//! 8. Buckets are claimed in order, bucket 0 first (its CAS is the first op of the first
+//!    round's batch, and a batch's ops run in order): a subtable's bucket 0 is always at
+//!    least as deep as any of its buckets. A scan relies on it (`scan.rs`): bucket 0's header
+//!    read after a run of buckets says whether any of them could have been claimed yet.
 
 use std::sync::{Arc, LazyLock};
 use std::time::Instant;

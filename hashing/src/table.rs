@@ -40,6 +40,8 @@ use crate::probe::{Probe, ProbeReads};
 use crate::rpc::{self, method, SplitRequest};
 use crate::stall::{StallClock, Stamp};
 
+mod walk;
+
 /// Tunables of table clients.
 #[derive(Debug, Clone, Copy)]
 pub struct TableOptions {
@@ -98,7 +100,7 @@ enum Cond<'a> {
     Equals(Option<&'a [u8]>),
 }
 
-const OPS: [&str; 6] = ["get", "put", "insert", "update", "delete", "cas"];
+const OPS: [&str; 8] = ["get", "put", "insert", "update", "delete", "cas", "scan", "delete_all"];
 const RESULTS: [&str; 3] = ["ok", "not_applied", "error"];
 
 struct Metrics {

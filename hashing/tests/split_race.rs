@@ -11,7 +11,7 @@ mod common;
 
 use std::sync::{Arc, Mutex};
 
-use common::{read_word, BeforeRead, Hook};
+use common::{read_word, BeforeRead, Hook, TornReads};
 
 use racekv_hashing::hash::KeyHash;
 use racekv_hashing::heap::Heap;
@@ -20,88 +20,7 @@ use racekv_hashing::rpc::SplitRequest;
 use racekv_hashing::split::Splitter;
 use racekv_hashing::testing::{scan, TestMemnode, Via};
 use racekv_hashing::{Table, TableOptions};
-use racekv_transport::{Batch, Connection, OpKind, TransportError};
-
-fn op_error(error: racekv_transport::OpError) -> TransportError {
-    TransportError::Op { index: 0, error }
-}
-
-/// Passes everything through to `inner`, except that the first READ covering `split_at`
-/// is carried out in two parts, with `hook` run in between (as if the reader were
-/// preempted right there).
-struct TornReads {
-    inner: Arc<dyn Connection>,
-    split_at: u64,
-    hook: Mutex<Option<Hook>>,
-}
-
-impl TornReads {
-    fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>, TransportError> {
-        let mut b = Batch::new();
-        let r = b.read(offset, len);
-        self.inner.execute(&mut b)?;
-        Ok(b.read_result(r).map_err(op_error)?.to_vec())
-    }
-}
-
-impl Connection for TornReads {
-    fn execute(&self, batch: &mut Batch) -> Result<(), TransportError> {
-        let torn = batch.ops().iter().position(|op| {
-            op.kind == OpKind::Read && (op.offset..op.offset + u64::from(op.len)).contains(&self.split_at)
-        });
-        let hook = match torn {
-            Some(_) => self.hook.lock().unwrap().take(),
-            None => None,
-        };
-        let (Some(index), Some(hook)) = (torn, hook) else {
-            return self.inner.execute(batch);
-        };
-        let mut hook = Some(hook);
-        // Ops before and after the torn read run as they are; the torn read runs in halves.
-        for i in 0..batch.len() {
-            let op = batch.ops()[i];
-            if i == index {
-                let first = (self.split_at - op.offset) as u32;
-                let head = self.read(op.offset, first)?;
-                (hook.take().expect("one torn read"))();
-                let tail = self.read(self.split_at, op.len - first)?;
-                let target = batch.read_target(i);
-                target[..head.len()].copy_from_slice(&head);
-                target[head.len()..].copy_from_slice(&tail);
-                batch.complete(i, 0);
-                continue;
-            }
-            let mut one = Batch::new();
-            let value = match op.kind {
-                OpKind::Read => {
-                    let r = one.read(op.offset, op.len);
-                    self.inner.execute(&mut one)?;
-                    batch.read_target(i).copy_from_slice(one.read_result(r).map_err(op_error)?);
-                    0
-                }
-                OpKind::Write => {
-                    one.write(op.offset, batch.write_payload(i));
-                    self.inner.execute(&mut one)?;
-                    0
-                }
-                OpKind::Cas => {
-                    let id = one.cas(op.offset, op.arg0, op.arg1);
-                    self.inner.execute(&mut one)?;
-                    one.result(id).map_err(op_error)?
-                }
-                OpKind::Faa => {
-                    let id = one.faa(op.offset, op.arg0);
-                    self.inner.execute(&mut one)?;
-                    one.result(id).map_err(op_error)?
-                }
-            };
-            batch.complete(i, value);
-        }
-        Ok(())
-    }
-
-    pass_through!();
-}
+use racekv_transport::{Batch, Connection};
 
 /// A memnode whose table holds 400 keys in its one subtable (returned), not split yet.
 fn one_subtable_of_keys() -> (TestMemnode, u64) {

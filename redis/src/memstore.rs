@@ -6,11 +6,12 @@
 //! (no memory nodes, no one-sided operations, one global lock) and must not be deployed.
 
 use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::store::{KvSession, KvStore, PutMode, StoreError, StoreErrorKind};
+use super::store::{KvSession, KvStore, PutMode, StoreError, StoreErrorKind, SCAN_PAGE_MAX_KEYS};
 
 /// In-memory test double of the storage trait. Cloning shares the same map.
 #[derive(Clone, Default)]
@@ -120,4 +121,46 @@ impl KvSession for MemStore {
     fn info(&mut self) -> Result<String, StoreError> {
         Ok("storage_backend:memstore-test-double\n".to_string())
     }
+
+    /// Keys in the order of a fixed hash; the cursor is the hash to resume at (keys of equal
+    /// hashes go in one page), so a key present throughout is returned whatever else is
+    /// added or removed, as the contract asks.
+    fn scan(&mut self, cursor: u64, count: usize) -> Result<(u64, Vec<Vec<u8>>), StoreError> {
+        let map = self.map.lock();
+        let mut ahead: Vec<(u64, &Vec<u8>)> =
+            map.keys().map(|k| (position(k), k)).filter(|&(h, _)| h >= cursor).collect();
+        ahead.sort_unstable();
+        let count = count.clamp(1, SCAN_PAGE_MAX_KEYS);
+        let mut page = Vec::new();
+        for (i, &(h, key)) in ahead.iter().enumerate() {
+            if page.len() >= count && h != ahead[i - 1].0 {
+                return Ok((h, page));
+            }
+            page.push(key.clone());
+        }
+        Ok((0, page))
+    }
+
+    fn random_key(&mut self) -> Result<Option<Vec<u8>>, StoreError> {
+        let map = self.map.lock();
+        if map.is_empty() {
+            return Ok(None);
+        }
+        Ok(map.keys().nth(rand::random_range(0..map.len())).cloned())
+    }
+
+    fn flush(&mut self) -> Result<u64, StoreError> {
+        let mut map = self.map.lock();
+        let n = map.len() as u64;
+        map.clear();
+        Ok(n)
+    }
+}
+
+/// A key's place in [`MemStore`]'s scan order: a hash that is the same in every process
+/// (SipHash with fixed keys), never 0 so that 0 can end a walk.
+fn position(key: &[u8]) -> u64 {
+    let mut h = std::hash::DefaultHasher::new();
+    key.hash(&mut h);
+    h.finish().max(1)
 }

@@ -18,6 +18,12 @@
 
 use std::fmt;
 
+/// The most keys one [`KvSession::scan`] page may hold (SCAN's COUNT is clamped to it).
+pub const SCAN_PAGE_MAX_KEYS: usize = 100_000;
+/// The most bytes of keys one [`KvSession::scan`] page may hold, each key counting its
+/// length plus 8; a single longer key comes on its own.
+pub const SCAN_PAGE_MAX_BYTES: usize = 16 << 20;
+
 /// How a put treats an existing key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PutMode {
@@ -147,8 +153,25 @@ pub trait KvSession: Send {
     /// keys: on error, a prefix may have been applied.
     fn multi_put(&mut self, pairs: &[(&[u8], &[u8])]) -> Result<(), StoreError>;
 
-    /// Number of keys (DBSIZE). May be approximate under concurrent writes.
+    /// Number of keys (DBSIZE): exact while no write is in flight (a write in flight may
+    /// or may not be counted yet).
     fn len(&mut self) -> Result<u64, StoreError>;
+
+    /// One page of a walk over every key (SCAN): about `count` keys from `cursor` on, and
+    /// the cursor to continue from. The walk starts at 0 and is over when the returned
+    /// cursor is 0. Every number is a cursor (one that no walk returned may end the walk or
+    /// continue it from anywhere; never an error). A key present from a walk's first call
+    /// to its last is returned at least once; a key may be returned more than once, and a
+    /// page may be empty before the end. A page holds at most [`SCAN_PAGE_MAX_KEYS`] keys
+    /// and [`SCAN_PAGE_MAX_BYTES`] bytes of them.
+    fn scan(&mut self, cursor: u64, count: usize) -> Result<(u64, Vec<Vec<u8>>), StoreError>;
+
+    /// A key picked at random (RANDOMKEY), or `None` when there are none.
+    fn random_key(&mut self) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// Deletes every key (FLUSHALL); returns how many. Not atomic: a key written while it
+    /// runs may survive it.
+    fn flush(&mut self) -> Result<u64, StoreError>;
 
     /// Extra `key:value` lines for INFO (cluster/memnode/worker details), one per line,
     /// without a section header; lines end in `\n` or `\r\n` (the front end normalizes).

@@ -95,8 +95,15 @@ pub fn reply_bound(request: &Request) -> u64 {
         Request::MultiGet(keys) => 4 + keys.len() as u64 * VALUE_REPLY_BOUND,
         Request::Put { .. } | Request::Delete(_) | Request::CompareAndSwap { .. } => 5,
         Request::MultiPut(_) => 4,
-        Request::Len => 12,
+        Request::Len | Request::DeleteAll => 12,
         Request::Stats => STATS_REPLY_BOUND,
+        Request::RandomKey => 4 + VALUE_REPLY_BOUND,
+        // Keys count their length plus 8 against max_bytes and take 4 + length; one key
+        // longer than max_bytes still comes alone.
+        Request::Scan { max_bytes, .. } => {
+            let keys = u64::from((*max_bytes).min(crate::op::MAX_SCAN_REPLY_BYTES)).max(4 + MAX_KV_BYTES as u64);
+            crate::op::SCAN_REPLY_HEADER_BYTES as u64 + keys
+        }
     };
     specific.max(ERROR_REPLY_BOUND)
 }

@@ -394,6 +394,15 @@ fn reply_bounds_cover_their_replies() {
         (Request::Len, Reply::Count(u64::MAX)),
         (Request::MultiPut(vec![]), Reply::Ok),
         (Request::Len, Reply::Error(crate::op::ErrorKind::Internal, "x".repeat(10_000))),
+        (Request::RandomKey, Reply::Value(Some(big.clone()))),
+        (Request::DeleteAll, Reply::Count(u64::MAX)),
+        // A page of keys each counting length + 8 against max_bytes, and one key longer
+        // than max_bytes alone.
+        (
+            Request::Scan { cursor: 0, count: 10, max_bytes: 1_000 },
+            Reply::Keys { cursor: u64::MAX, keys: vec![vec![1; 17]; 40] },
+        ),
+        (Request::Scan { cursor: 0, count: 10, max_bytes: 1 }, Reply::Keys { cursor: 1, keys: vec![big.clone()] }),
     ];
     for (request, reply) in cases {
         assert!(encoded_reply(&reply).len() as u64 <= reply_bound(&request), "{request:?}");

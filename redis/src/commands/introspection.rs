@@ -1297,6 +1297,15 @@ mod tests {
         fn len(&mut self) -> Result<u64, StoreError> {
             self.0.len()
         }
+        fn scan(&mut self, cursor: u64, count: usize) -> Result<(u64, Vec<Vec<u8>>), StoreError> {
+            self.0.scan(cursor, count)
+        }
+        fn random_key(&mut self) -> Result<Option<Vec<u8>>, StoreError> {
+            self.0.random_key()
+        }
+        fn flush(&mut self) -> Result<u64, StoreError> {
+            self.0.flush()
+        }
         fn info(&mut self) -> Result<String, StoreError> {
             self.0.info()
         }

@@ -9,6 +9,7 @@ mod access;
 mod admin;
 mod introspection;
 mod keys;
+mod keyspace;
 mod strings;
 
 use std::borrow::Cow;
@@ -167,7 +168,12 @@ const ADMIN: Categories = Categories::ADMIN.and(Categories::SLOW).and(Categories
 const SLOW: Categories = Categories::SLOW;
 const READ_STRING_SLOW: Categories = Categories::READ.and(Categories::STRING).and(Categories::SLOW);
 const ADMIN_CONNECTION: Categories = ADMIN.and(Categories::CONNECTION);
-const KEYSPACE_READ_SLOW: Categories = Categories::KEYSPACE.and(Categories::READ).and(Categories::SLOW);
+const KEYSPACE_READ_SLOW: Categories = Categories::KEYSPACE.and(Categories::READ).and(SLOW);
+const KEYSPACE_READ_FAST: Categories = Categories::KEYSPACE.and(Categories::READ).and(Categories::FAST);
+const KEYSPACE_WRITE_SLOW: Categories = Categories::KEYSPACE.and(Categories::WRITE).and(SLOW);
+const KEYSPACE_WRITE_FAST: Categories = Categories::KEYSPACE.and(Categories::WRITE).and(Categories::FAST);
+const FLUSHES: Categories = KEYSPACE_WRITE_SLOW.and(Categories::DANGEROUS);
+const WRITES_TWO: Keys = key_spec(1, 2, 1, KeyAccess::Write);
 
 /// Every command racekv answers. Anything else gets Redis' "unknown command" error.
 pub(crate) static COMMANDS: &[CommandSpec] = &[
@@ -207,6 +213,18 @@ pub(crate) static COMMANDS: &[CommandSpec] = &[
         NO_KEYS,
         keys::dbsize,
     ),
+    // The keyspace as a whole (keyspace.rs); flags and categories as Redis 7 reports them.
+    spec("scan", -2, &["readonly"], KEYSPACE_READ_SLOW, NO_KEYS, keyspace::scan),
+    spec("keys", 2, &["readonly"], KEYSPACE_READ_SLOW.and(Categories::DANGEROUS), NO_KEYS, keyspace::keys),
+    spec("randomkey", 1, &["readonly"], KEYSPACE_READ_SLOW, NO_KEYS, keyspace::randomkey),
+    spec("type", 2, &["readonly", "fast"], KEYSPACE_READ_FAST, READS_ONE, keyspace::type_of),
+    spec("touch", -2, &["readonly", "fast"], KEYSPACE_READ_FAST, READS_ALL, keyspace::touch),
+    spec("unlink", -2, &["write", "fast"], KEYSPACE_WRITE_FAST, WRITES_ALL, keyspace::unlink),
+    spec("flushdb", -1, &["write"], FLUSHES, NO_KEYS, keyspace::flush),
+    spec("flushall", -1, &["write"], FLUSHES, NO_KEYS, keyspace::flush),
+    spec("rename", 3, &["write"], KEYSPACE_WRITE_SLOW, WRITES_TWO, keyspace::multi_key_write),
+    spec("renamenx", 3, &["write", "fast"], KEYSPACE_WRITE_FAST, WRITES_TWO, keyspace::multi_key_write),
+    spec("copy", -3, &["write", "denyoom"], KEYSPACE_WRITE_SLOW, WRITES_TWO, keyspace::multi_key_write),
     spec("ping", -1, &["fast"], CONNECTION_FAST, NO_KEYS, admin::ping),
     spec("echo", 2, &["fast"], CONNECTION_FAST, NO_KEYS, admin::echo),
     spec("info", -1, &["loading", "stale"], SLOW.and(Categories::DANGEROUS), NO_KEYS, introspection::info),

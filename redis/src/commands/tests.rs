@@ -164,6 +164,15 @@ impl KvSession for Contended {
     fn info(&mut self) -> Result<String, StoreError> {
         self.inner.info()
     }
+    fn scan(&mut self, cursor: u64, count: usize) -> Result<(u64, Vec<Vec<u8>>), StoreError> {
+        self.inner.scan(cursor, count)
+    }
+    fn random_key(&mut self) -> Result<Option<Vec<u8>>, StoreError> {
+        self.inner.random_key()
+    }
+    fn flush(&mut self) -> Result<u64, StoreError> {
+        self.inner.flush()
+    }
 }
 
 fn contended_client(losses: usize) -> (Client, MemStore, Arc<AtomicUsize>) {

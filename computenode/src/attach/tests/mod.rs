@@ -39,6 +39,9 @@ impl Shards for OneShard {
     fn label(&self, _shard: usize) -> &str {
         &self.label
     }
+    fn node_id(&self, _shard: usize) -> u64 {
+        0
+    }
     fn timeout(&self) -> Duration {
         Duration::from_secs(10)
     }
