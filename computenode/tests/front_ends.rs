@@ -3,6 +3,10 @@
 
 use std::time::Duration;
 
+#[path = "../../client/tests/shared/expiry.rs"]
+mod expiry_exercise;
+
+use expiry_exercise::exercise_expiry;
 use racekv_client::{Client, ClientError, Mode};
 use racekv_computenode::config::ComputenodeConfig;
 use racekv_computenode::Computenode;
@@ -69,6 +73,7 @@ fn remote_mode_runs_every_operation() {
     let client = Client::builder().remote(remote).password(PASSWORD).connect().unwrap();
     assert_eq!(client.mode(), Mode::Remote);
     exercise(&client);
+    exercise_expiry(&client);
     // A wrong password, the memnodes' token, or no password: refused with a clear error.
     for attempt in
         [Client::builder().password("wrong"), Client::builder().password(TestMemnode::TOKEN), Client::builder()]
@@ -94,5 +99,6 @@ fn attached_mode_reaches_the_daemons_socket() {
     let client = Client::builder().attach(&socket).connect().unwrap();
     assert_eq!(client.mode(), Mode::Attached);
     exercise(&client);
+    exercise_expiry(&client);
     assert_eq!(node.status().attached_clients, Some(1));
 }

@@ -16,27 +16,10 @@
 //! The wall clock can step (an NTP correction, an administrator): a step forward expires
 //! keys early, one back keeps them longer, by the step.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 /// The clock skew between hosts racekv is built to tolerate (see the module doc): the
 /// memnode's active expiry waits this long past an item's expiry before removing it.
 pub const MAX_CLOCK_SKEW_MS: u64 = 100;
 
-/// Now, as absolute Unix time in milliseconds (0 for a clock set before 1970).
-pub fn now_unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_clock_is_unix_milliseconds() {
-        let seconds = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
-        let ms = now_unix_ms();
-        // Within a second of the seconds read just before (2020-01-01 is 1_577_836_800 s).
-        assert!(ms / 1000 >= seconds && ms / 1000 <= seconds + 1, "{ms} ms against {seconds} s");
-        assert!(ms > 1_577_836_800_000);
-    }
-}
+/// Now, as absolute Unix time in milliseconds: the one clock every part of racekv reads
+/// (it lives in `racekv-telemetry`, which the Redis front end shares).
+pub use racekv_telemetry::clock::now_unix_ms;

@@ -97,6 +97,11 @@ pub fn reply_bound(request: &Request) -> u64 {
         Request::MultiPut(_) => 4,
         Request::Len => 12,
         Request::Stats => STATS_REPLY_BOUND,
+        Request::Expire { .. } => 5,
+        // Outcome, then the old value.
+        Request::PutOpts { .. } => 5 + VALUE_REPLY_BOUND,
+        // Presence, the value, the expiry.
+        Request::GetItem(_) => 4 + VALUE_REPLY_BOUND + 9,
     };
     specific.max(ERROR_REPLY_BOUND)
 }

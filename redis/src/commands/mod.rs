@@ -7,6 +7,7 @@
 
 mod access;
 mod admin;
+mod expiry;
 mod keys;
 
 use std::borrow::Cow;
@@ -64,6 +65,9 @@ pub(crate) struct CommandSpec {
     pub keys: Keys,
     /// For a container (`CONFIG`, `CLIENT`, ...), the subcommands ACL rules can name.
     pub subcommands: &'static [Subcommand],
+    /// For a command whose key access depends on its arguments (Redis' `VARIABLE_FLAGS`):
+    /// the access of this invocation.
+    pub variable_access: Option<fn(&Command) -> KeyAccess>,
     handler: Handler,
 }
 
@@ -93,6 +97,7 @@ impl CommandSpec {
     /// The keys of `cmd` (an invocation of this command), with their argument positions.
     fn keys_of<'c>(&self, cmd: &'c Command) -> impl Iterator<Item = (usize, &'c [u8], KeyAccess)> + 'c {
         let Keys { first, last, step, access } = self.keys;
+        let access = self.variable_access.map_or(access, |of| of(cmd));
         let argc = cmd.len() as i64;
         let last = if last < 0 { argc + i64::from(last) } else { i64::from(last).min(argc - 1) };
         let (first, step) = (i64::from(first), i64::from(step.max(1)));
@@ -114,7 +119,21 @@ const fn spec(
     keys: Keys,
     handler: Handler,
 ) -> CommandSpec {
-    CommandSpec { name, arity, flags, categories, keys, subcommands: &[], handler }
+    CommandSpec { name, arity, flags, categories, keys, subcommands: &[], variable_access: None, handler }
+}
+
+/// `spec` whose key access depends on its arguments (`of` says which).
+const fn variable_access(spec: CommandSpec, of: fn(&Command) -> KeyAccess) -> CommandSpec {
+    CommandSpec { variable_access: Some(of), ..spec }
+}
+
+/// SET writes its key, and reads it too with `GET` (Redis' key spec: OW, or RW with GET).
+fn set_key_access(cmd: &Command) -> KeyAccess {
+    if cmd.args().skip(3).any(|a| a.eq_ignore_ascii_case(b"GET")) {
+        KeyAccess::ReadWrite
+    } else {
+        KeyAccess::Write
+    }
 }
 
 const fn container(
@@ -124,7 +143,7 @@ const fn container(
     subcommands: &'static [Subcommand],
     handler: Handler,
 ) -> CommandSpec {
-    CommandSpec { name, arity, flags, categories: SLOW, keys: NO_KEYS, subcommands, handler }
+    CommandSpec { name, arity, flags, categories: SLOW, keys: NO_KEYS, subcommands, variable_access: None, handler }
 }
 
 const fn sub(name: &'static str, arity: i32, categories: Categories) -> Subcommand {
@@ -145,6 +164,8 @@ const WRITES_ALL: Keys = key_spec(1, -1, 1, KeyAccess::Write);
 const READ_STRING_FAST: Categories = Categories::READ.and(Categories::STRING).and(Categories::FAST);
 const WRITE_STRING_FAST: Categories = Categories::WRITE.and(Categories::STRING).and(Categories::FAST);
 const WRITE_STRING_SLOW: Categories = Categories::WRITE.and(Categories::STRING).and(Categories::SLOW);
+const WRITE_KEYSPACE_FAST: Categories = Categories::KEYSPACE.and(Categories::WRITE).and(Categories::FAST);
+const READ_KEYSPACE_FAST: Categories = Categories::KEYSPACE.and(Categories::READ).and(Categories::FAST);
 const CONNECTION_FAST: Categories = Categories::FAST.and(Categories::CONNECTION);
 const CONNECTION_SLOW: Categories = Categories::SLOW.and(Categories::CONNECTION);
 const ADMIN: Categories = Categories::ADMIN.and(Categories::SLOW).and(Categories::DANGEROUS);
@@ -153,7 +174,19 @@ const SLOW: Categories = Categories::SLOW;
 /// Every command racekv answers. Anything else gets Redis' "unknown command" error.
 pub(crate) static COMMANDS: &[CommandSpec] = &[
     spec("get", 2, &["readonly", "fast"], READ_STRING_FAST, READS_ONE, keys::get),
-    spec("set", -3, &["write", "denyoom"], WRITE_STRING_SLOW, WRITES_ONE, keys::set),
+    variable_access(spec("set", -3, &["write", "denyoom"], WRITE_STRING_SLOW, WRITES_ONE, expiry::set), set_key_access),
+    spec("setex", 4, &["write", "denyoom"], WRITE_STRING_SLOW, WRITES_ONE, expiry::setex),
+    spec("psetex", 4, &["write", "denyoom"], WRITE_STRING_SLOW, WRITES_ONE, expiry::psetex),
+    spec("getex", -2, &["write", "fast"], WRITE_STRING_FAST, UPDATES_ONE, expiry::getex),
+    spec("expire", -3, &["write", "fast"], WRITE_KEYSPACE_FAST, WRITES_ONE, expiry::expire),
+    spec("pexpire", -3, &["write", "fast"], WRITE_KEYSPACE_FAST, WRITES_ONE, expiry::pexpire),
+    spec("expireat", -3, &["write", "fast"], WRITE_KEYSPACE_FAST, WRITES_ONE, expiry::expireat),
+    spec("pexpireat", -3, &["write", "fast"], WRITE_KEYSPACE_FAST, WRITES_ONE, expiry::pexpireat),
+    spec("persist", 2, &["write", "fast"], WRITE_KEYSPACE_FAST, WRITES_ONE, expiry::persist),
+    spec("ttl", 2, &["readonly", "fast"], READ_KEYSPACE_FAST, READS_ONE, expiry::ttl),
+    spec("pttl", 2, &["readonly", "fast"], READ_KEYSPACE_FAST, READS_ONE, expiry::pttl),
+    spec("expiretime", 2, &["readonly", "fast"], READ_KEYSPACE_FAST, READS_ONE, expiry::expiretime),
+    spec("pexpiretime", 2, &["readonly", "fast"], READ_KEYSPACE_FAST, READS_ONE, expiry::pexpiretime),
     spec("setnx", 3, &["write", "denyoom", "fast"], WRITE_STRING_FAST, WRITES_ONE, keys::setnx),
     spec("del", -2, &["write"], Categories::KEYSPACE.and(Categories::WRITE).and(SLOW), WRITES_ALL, keys::del),
     spec(
