@@ -192,7 +192,7 @@ pub struct Cycle {
     pub sampled: Sampled,
     /// Heap bytes given back this cycle (blocks whose grace period ended).
     pub freed_bytes: u64,
-    /// When the next cycle is due.
+    /// How long after this cycle the next one is due.
     pub next_in: Duration,
 }
 
@@ -212,6 +212,9 @@ pub struct ActiveExpiry {
     pending_bytes: u64,
     /// Current wait between cycles (grows while nothing expires).
     wait: Duration,
+    /// When [`ActiveExpiry::run_due`] runs the next cycle.
+    next_cycle: Instant,
+    cycles: u64,
 }
 
 impl ActiveExpiry {
@@ -228,7 +231,31 @@ impl ActiveExpiry {
             pending: VecDeque::new(),
             pending_bytes: 0,
             wait: options.interval,
+            next_cycle: Instant::now(),
+            cycles: 0,
         }
+    }
+
+    /// Cycles run so far.
+    pub fn cycles(&self) -> u64 {
+        self.cycles
+    }
+
+    /// What a memnode's expiry thread calls whenever it wakes: runs a cycle if one is due
+    /// (cycles are at least the interval apart, so a cycle's time budget bounds the share
+    /// of a core they take), gives back the blocks whose grace period ended, and returns
+    /// how long to sleep until either is due again.
+    pub fn run_due(&mut self) -> Result<Duration, Error> {
+        let now = Instant::now();
+        if now >= self.next_cycle {
+            let cycle = self.cycle()?;
+            self.next_cycle = Instant::now() + cycle.next_in;
+        } else {
+            self.release_due(now)?;
+        }
+        let release = self.pending.front().map(|&(removed, ..)| removed + self.options.grace);
+        let next = release.map_or(self.next_cycle, |r| r.min(self.next_cycle));
+        Ok(next.saturating_duration_since(Instant::now()))
     }
 
     /// Heap bytes removed and waiting out the grace period.
@@ -252,6 +279,7 @@ impl ActiveExpiry {
         let freed_bytes = self.release_due(Instant::now())?;
         let m = &*METRICS;
         m.cycles.inc();
+        self.cycles += 1;
         m.cycle_seconds.observe(started.elapsed().as_secs_f64());
         if sampled.with_expiry > 0 {
             m.stale_ratio.set(sampled.expired as f64 / sampled.with_expiry as f64);
@@ -261,14 +289,7 @@ impl ActiveExpiry {
         } else {
             (self.wait * 2).min(self.options.idle_interval.max(self.options.interval))
         };
-        // Blocks in grace are given back on time even while the cycles slow down.
-        let next_in = match self.pending.front() {
-            Some(&(removed, ..)) => {
-                self.wait.min((removed + self.options.grace).saturating_duration_since(Instant::now()))
-            }
-            None => self.wait,
-        };
-        Ok(Cycle { sampled, freed_bytes, next_in })
+        Ok(Cycle { sampled, freed_bytes, next_in: self.wait })
     }
 
     /// Sweeps the next run of buckets and removes the expired items in it, judging expiry

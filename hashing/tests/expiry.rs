@@ -282,6 +282,31 @@ fn keys_expiring_unread_come_back_as_free_heap_tcp() {
     keys_expiring_unread_come_back_as_free_heap(Via::Transport(TransportKind::Tcp));
 }
 
+/// However often the memnode's thread wakes to give blocks back, cycles (and their time
+/// budgets) are at least the interval apart: the share of a core they take stays bounded.
+#[test]
+fn cycles_are_at_least_the_interval_apart() {
+    let memnode = TestMemnode::start(Via::Local, 16 * MIB, 16);
+    let table = memnode.table(options(1));
+    let mut c = table.client(memnode.connect());
+    let past = now_unix_ms() - MAX_CLOCK_SKEW_MS - 1000;
+    for i in 0..200 {
+        c.put_opts(format!("k{i}").as_bytes(), b"v", at(past, PutMode::Upsert)).unwrap();
+    }
+    let interval = Duration::from_secs(3600);
+    let grace = Duration::from_millis(1);
+    let mut expiry = memnode.active_expiry(ExpiryOptions { interval, grace, ..ExpiryOptions::default() });
+    let sleep = expiry.run_due().unwrap();
+    assert_eq!(expiry.cycles(), 1);
+    assert!(expiry.pending_bytes() > 0, "the cycle removed the expired items");
+    assert!(sleep <= grace, "woken to give the removed blocks back: {sleep:?}");
+    std::thread::sleep(sleep);
+    let sleep = expiry.run_due().unwrap();
+    assert_eq!(expiry.pending_bytes(), 0, "given back");
+    assert_eq!(expiry.cycles(), 1, "no cycle before the interval is over");
+    assert!(sleep > interval / 2, "nothing is due before the next cycle: {sleep:?}");
+}
+
 /// The memnode leaves an item alone until its expiry is the tolerated clock skew past.
 #[test]
 fn active_expiry_waits_out_the_tolerated_skew() {

@@ -318,8 +318,8 @@ impl Memnode {
             /// After a failed cycle (the loopback lost, say), the next try waits this long.
             const AFTER_FAILURE: Duration = Duration::from_secs(1);
             while !stopping.load(Ordering::Acquire) {
-                let next = match expiry.cycle() {
-                    Ok(cycle) => cycle.next_in,
+                let next = match expiry.run_due() {
+                    Ok(next) => next,
                     Err(e) => {
                         tracing::warn!("active expiry cycle failed: {e}");
                         AFTER_FAILURE
