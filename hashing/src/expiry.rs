@@ -5,8 +5,9 @@
 //! forever. So the memnode sweeps the table in the background, as Redis' active expiry
 //! sweeps its expires dictionary with a cursor: each round ([`ActiveExpiry::sample_round`])
 //! takes the next run of [`BUCKETS_PER_ROUND`] buckets (one READ; directory entries are
-//! read 64 at a time to find the next subtable), then the blocks of their used slots (one
-//! batch), and CASes the slots of expired items from the word it read to 0 (one batch).
+//! read 64 at a time to find the next subtable), then the first 24 bytes of the blocks of
+//! their used slots (sizes and expiry; one batch), and CASes the slots of expired items from
+//! the word it read to 0 (one batch).
 //! A cycle ([`ActiveExpiry::cycle`], ten a second while items with an expiry are around)
 //! runs [`MIN_ROUNDS_PER_CYCLE`] rounds, and more while more than [`STALE_PERCENT`] of the
 //! items with an expiry in the last round had expired, until its time budget (a share of
@@ -19,7 +20,10 @@
 //! Safety is the clients' own: the CAS succeeds only if the slot still holds the very word
 //! whose block was judged expired (a later write, a split's move, a client's lazy removal
 //! all change it), and whoever swings a word away frees its block, so each block is freed
-//! once. The block goes back to the heap (`heap.rs`: merged with free runs beside it,
+//! once. That CAS is also why reading a block's header without its checksum is enough:
+//! while the slot holds the word, the block it points to is complete and immutable, so the
+//! header read was that block's; a header read from a block reused meanwhile belongs to a
+//! slot that moved on, and the CAS fails. The block goes back to the heap (`heap.rs`: merged with free runs beside it,
 //! used again by clients as free blocks or, grown to a chunk, as a chunk) only after the
 //! grace period, as a client's freed block would: a reader may still be reading it. The
 //! work goes through the memnode's loopback connection, so its CAS is atomic against
@@ -39,7 +43,9 @@ use racekv_transport::{Batch, Connection};
 use crate::clock::{now_unix_ms, MAX_CLOCK_SKEW_MS};
 use crate::error::Error;
 use crate::heap::Heap;
-use crate::layout::{decode_block, parse_bucket, sb, slot_offset, DirEntry, Layout, Slot, BUCKET_BYTES};
+use crate::layout::{
+    parse_bucket, peek_block_header, sb, slot_offset, DirEntry, Layout, Slot, BLOCK_PEEK_BYTES, BUCKET_BYTES,
+};
 use crate::words::read_word;
 
 /// Expired items removed, by how they were found: `lazy` (a client met one while reading or
@@ -116,18 +122,19 @@ pub fn register_metrics() {
     LazyLock::force(&METRICS);
 }
 
-/// Buckets one round reads: one READ of 1 KiB, up to 112 slots (their block READs and
-/// CASes fit one batch each).
-pub const BUCKETS_PER_ROUND: u64 = 16;
+/// Buckets one round reads: one READ of 2 KiB, up to 224 slots (their block-header READs
+/// and CASes fit one batch each).
+pub const BUCKETS_PER_ROUND: u64 = 32;
 /// A cycle samples another round while more than this share (percent) of the last round's
 /// items with an expiry had expired (Redis' `ACTIVE_EXPIRE_CYCLE_ACCEPTABLE_STALE`).
 pub const STALE_PERCENT: u64 = 10;
 /// Rounds every cycle runs (time budget permitting): 256 buckets, so a sweep of a table
 /// with few items to expire still passes 2560 buckets a second.
-pub const MIN_ROUNDS_PER_CYCLE: u64 = 16;
+pub const MIN_ROUNDS_PER_CYCLE: u64 = 8;
 /// Directory entries read at once while looking for the next subtable to sweep.
 const DIRECTORY_ENTRIES_PER_READ: u64 = 64;
 
+// A round's header READs and CASes each fit one batch (the bucket READ carries an FAA).
 const _: () = assert!(BUCKETS_PER_ROUND as usize * crate::layout::SLOTS_PER_BUCKET <= racekv_transport::MAX_BATCH_OPS);
 
 /// How the active expiry paces itself.
@@ -215,6 +222,12 @@ pub struct ActiveExpiry {
     /// When [`ActiveExpiry::run_due`] runs the next cycle.
     next_cycle: Instant,
     cycles: u64,
+    /// Removals not yet taken off the superblock's item count (it rides on the next batch,
+    /// as clients' counts do; a cycle's end sends it).
+    count_delta: u64,
+    /// A round's working space: used slots (offset, word, slot), then the expired ones.
+    used: Vec<(u64, u64, Slot)>,
+    expired: Vec<(u64, u64, Slot)>,
 }
 
 impl ActiveExpiry {
@@ -233,6 +246,9 @@ impl ActiveExpiry {
             wait: options.interval,
             next_cycle: Instant::now(),
             cycles: 0,
+            count_delta: 0,
+            used: Vec::new(),
+            expired: Vec::new(),
         }
     }
 
@@ -303,12 +319,33 @@ impl ActiveExpiry {
         let buckets = self.layout.buckets_per_subtable();
         let run = BUCKETS_PER_ROUND.min(buckets - first);
         self.sweeping = (first + run < buckets).then_some((subtable, first + run));
+        let mut used = std::mem::take(&mut self.used);
+        let mut expired = std::mem::take(&mut self.expired);
+        let result = self.sweep_run(subtable + first * BUCKET_BYTES, run, now_ms, &mut used, &mut expired, &mut out);
+        (self.used, self.expired) = (used, expired);
+        result.map(|()| out)
+    }
+
+    /// One round's work on the run of `run` buckets at `start` (see `sample_round`).
+    fn sweep_run(
+        &mut self,
+        start: u64,
+        run: u64,
+        now_ms: u64,
+        used: &mut Vec<(u64, u64, Slot)>,
+        expired: &mut Vec<(u64, u64, Slot)>,
+        out: &mut Sampled,
+    ) -> Result<(), Error> {
+        used.clear();
+        expired.clear();
         let b = &mut self.batch;
         b.clear();
-        let start = subtable + first * BUCKET_BYTES;
+        if self.count_delta > 0 {
+            b.faa(sb::ITEM_COUNT, self.count_delta.wrapping_neg());
+        }
         let image = b.read(start, (run * BUCKET_BYTES) as u32);
         self.conn.execute(b)?;
-        let mut used = Vec::new();
+        self.count_delta = 0;
         for (i, bucket) in b.read_result(image)?.chunks_exact(BUCKET_BYTES as usize).enumerate() {
             let (_, slots) = parse_bucket(bucket);
             for (j, &word) in slots.iter().enumerate() {
@@ -320,21 +357,18 @@ impl ActiveExpiry {
         out.slots = used.len() as u64;
         METRICS.sampled_slots.inc_by(out.slots);
         if used.is_empty() {
-            return Ok(out);
+            return Ok(());
         }
-        // Their blocks.
+        // The start of their blocks: sizes and expiry (not the whole block: the CAS below
+        // is what makes acting on it safe, see `peek_block_header`).
         b.clear();
-        let reads: Vec<_> = used.iter().map(|(_, _, slot)| b.read(slot.block, slot.block_bytes() as u32)).collect();
+        let reads: Vec<_> = used.iter().map(|&(_, _, slot)| b.read(slot.block, BLOCK_PEEK_BYTES as u32)).collect();
         self.conn.execute(b)?;
-        let groups = self.layout.groups_per_subtable;
-        let mut expired = Vec::new();
         for (&(at, word, slot), read) in used.iter().zip(reads) {
             // A block that does not fit its word was reused since the bucket read: the
             // slot moved on, and its new word is not what was judged. Left for next time.
-            let Some(block) = decode_block(b.read_result(read)?).filter(|block| slot.fits_block(block, groups)) else {
-                continue;
-            };
-            let Some(expires_at_ms) = block.expires_at_ms else { continue };
+            let Some((units, expires_at_ms)) = peek_block_header(b.read_result(read)?) else { continue };
+            let Some(expires_at_ms) = expires_at_ms.filter(|_| units == slot.units) else { continue };
             out.with_expiry += 1;
             if now_ms > expires_at_ms.saturating_add(MAX_CLOCK_SKEW_MS) {
                 expired.push((at, word, slot));
@@ -342,7 +376,7 @@ impl ActiveExpiry {
         }
         out.expired = expired.len() as u64;
         if expired.is_empty() {
-            return Ok(out);
+            return Ok(());
         }
         // Remove them: each CAS succeeds only if its slot still holds the word judged.
         b.clear();
@@ -356,16 +390,24 @@ impl ActiveExpiry {
                 self.pending.push_back((removed_at, slot.block, slot.block_bytes()));
             }
         }
-        if out.removed > 0 {
-            // The item count, as clients keep it for their deletes.
-            b.clear();
-            b.faa(sb::ITEM_COUNT, (out.removed as i64).wrapping_neg() as u64);
-            self.conn.execute(b)?;
-            self.pending_bytes += out.removed_bytes;
-            METRICS.active.inc_by(out.removed);
-            METRICS.pending_bytes.set(self.pending_bytes as i64);
+        // The item count, as clients keep it for their deletes (with the next batch).
+        self.count_delta += out.removed;
+        self.pending_bytes += out.removed_bytes;
+        METRICS.active.inc_by(out.removed);
+        METRICS.pending_bytes.set(self.pending_bytes as i64);
+        Ok(())
+    }
+
+    /// Takes removals not yet counted off the superblock's item count now (rounds leave
+    /// theirs to ride on the next batch; cycles and [`Self::release_due`] send them).
+    pub fn flush_count(&mut self) -> Result<(), Error> {
+        if self.count_delta > 0 {
+            self.batch.clear();
+            self.batch.faa(sb::ITEM_COUNT, self.count_delta.wrapping_neg());
+            self.conn.execute(&mut self.batch)?;
+            self.count_delta = 0;
         }
-        Ok(out)
+        Ok(())
     }
 
     /// The subtable the sweep is in and its next bucket, moving on through the directory
@@ -408,6 +450,7 @@ impl ActiveExpiry {
     /// Gives the blocks whose grace period has passed by `now` back to the heap; returns
     /// their bytes.
     pub fn release_due(&mut self, now: Instant) -> Result<u64, Error> {
+        self.flush_count()?;
         let mut due = Vec::new();
         while let Some(&(removed, offset, bytes)) = self.pending.front() {
             if now.saturating_duration_since(removed) < self.options.grace {

@@ -393,6 +393,32 @@ impl Block<'_> {
     }
 }
 
+/// Bytes at the start of a block that say its sizes and expiry ([`peek_block_header`]).
+pub const BLOCK_PEEK_BYTES: usize = BLOCK_HEADER_BYTES + BLOCK_EXPIRY_BYTES;
+
+/// What the first [`BLOCK_PEEK_BYTES`] of a block say, **unverified** (the checksum covers
+/// the whole block): the block's units and its expiry. Only for decisions that a CAS on the
+/// slot word that pointed there validates (the memnode's expiry sweep): while the slot holds
+/// that word, its block is complete and immutable, so these bytes are its own; once it does
+/// not, the CAS fails. None when the bytes cannot be a block header (unknown flags, a zero
+/// key length, sizes past a block).
+pub fn peek_block_header(bytes: &[u8]) -> Option<(u8, Option<u64>)> {
+    let len_word = u64::from_le_bytes(bytes.get(0..8)?.try_into().ok()?);
+    let key_len = (len_word & 0xFFFF) as usize;
+    let flags = ((len_word >> 16) & 0xFFFF) as u16;
+    let value_len = (len_word >> 32) as usize;
+    if key_len == 0 || flags & !BLOCK_KNOWN_FLAGS != 0 {
+        return None;
+    }
+    let expires = flags & BLOCK_FLAG_EXPIRES != 0;
+    let units = block_units_for(key_len, value_len, expires)?;
+    let expires_at_ms = match expires {
+        true => Some(u64::from_le_bytes(bytes.get(BLOCK_HEADER_BYTES..BLOCK_PEEK_BYTES)?.try_into().ok()?)),
+        false => None,
+    };
+    Some((units, expires_at_ms))
+}
+
 /// Units needed for a block holding `key_len + value_len` bytes and no expiry, or None if
 /// too large.
 pub fn block_units(key_len: usize, value_len: usize) -> Option<u8> {
@@ -592,8 +618,21 @@ mod tests {
             prop_assert_eq!(new, old, "a block without an expiry is written as before");
         }
 
+        /// The peek agrees with the full decode on every block.
+        #[test]
+        fn a_peek_sees_what_the_block_says(
+            key in proptest::collection::vec(any::<u8>(), 1..100),
+            value in proptest::collection::vec(any::<u8>(), 0..300),
+            expires_at_ms in proptest::option::of(any::<u64>()),
+        ) {
+            let mut out = Vec::new();
+            let units = encode_block(&mut out, &key, &value, expires_at_ms);
+            prop_assert_eq!(peek_block_header(&out[..BLOCK_PEEK_BYTES]), Some((units, expires_at_ms)));
+        }
+
         #[test]
         fn decode_block_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = peek_block_header(&bytes);
             let _ = decode_block(&bytes);
             let _ = Layout::decode(&bytes);
         }

@@ -335,6 +335,7 @@ fn active_expiry_waits_out_the_tolerated_skew() {
         }
     }
     assert_eq!(removed, 20);
+    expiry.flush_count().unwrap();
     assert_eq!(memnode.stats().items, 0);
 }
 
