@@ -7,8 +7,8 @@
 //! takes the next run of [`BUCKETS_PER_ROUND`] buckets (one READ; directory entries are
 //! read 64 at a time to find the next subtable), then the first 24 bytes of the blocks of
 //! their used slots (sizes and expiry; one batch), and CASes the slots of expired items from
-//! the word it read to 0 (one batch).
-//! A cycle ([`ActiveExpiry::cycle`], ten a second while items with an expiry are around)
+//! the word it read to 0 (one batch). A cycle ([`ActiveExpiry::cycle`], ten a second while
+//! items with an expiry are around; [`ActiveExpiry::run_due`] keeps them that far apart)
 //! runs [`MIN_ROUNDS_PER_CYCLE`] rounds, and more while more than [`STALE_PERCENT`] of the
 //! items with an expiry in the last round had expired, until its time budget (a share of
 //! one core) is spent: a table full of expired items is swept fast, one with few costs a
@@ -23,11 +23,11 @@
 //! once. That CAS is also why reading a block's header without its checksum is enough:
 //! while the slot holds the word, the block it points to is complete and immutable, so the
 //! header read was that block's; a header read from a block reused meanwhile belongs to a
-//! slot that moved on, and the CAS fails. The block goes back to the heap (`heap.rs`: merged with free runs beside it,
-//! used again by clients as free blocks or, grown to a chunk, as a chunk) only after the
-//! grace period, as a client's freed block would: a reader may still be reading it. The
-//! work goes through the memnode's loopback connection, so its CAS is atomic against
-//! clients' NIC atomics.
+//! slot that moved on, and the CAS fails. The block goes back to the heap (`heap.rs`:
+//! merged with free runs beside it, used again by clients as free blocks or, grown to a
+//! chunk, as a chunk) only after the grace period, as a client's freed block would: a
+//! reader may still be reading it. The work goes through the memnode's loopback
+//! connection, so its CAS is atomic against clients' NIC atomics.
 //!
 //! An item is removed only once its expiry is [`crate::clock::MAX_CLOCK_SKEW_MS`] past by
 //! the memnode's clock: clients judge expiry by their own clocks, and one a little behind
@@ -279,8 +279,9 @@ impl ActiveExpiry {
         self.pending_bytes
     }
 
-    /// One cycle: rounds while the items sampled keep being stale and the time budget
-    /// lasts (at least one), then the blocks whose grace period ended go back to the heap.
+    /// One cycle: [`MIN_ROUNDS_PER_CYCLE`] rounds, more while the items sampled keep being
+    /// stale, within the time budget (at least one round); then the blocks whose grace
+    /// period ended go back to the heap.
     pub fn cycle(&mut self) -> Result<Cycle, Error> {
         let started = Instant::now();
         let budget = self.options.interval * self.options.cpu_percent.min(100) / 100;
