@@ -32,6 +32,9 @@ enum Command {
     Put {
         key: String,
         value: String,
+        /// Make the key expire this many milliseconds from now (as Redis' `SET ... PX`).
+        #[arg(long)]
+        ttl_ms: Option<u64>,
         #[command(flatten)]
         target: Target,
     },
@@ -162,8 +165,12 @@ fn main() -> anyhow::Result<()> {
                 std::process::exit(1);
             }
         },
-        Command::Put { key, value, target } => {
-            target.client()?.put(key.as_bytes(), value.as_bytes())?;
+        Command::Put { key, value, ttl_ms, target } => {
+            let client = target.client()?;
+            match ttl_ms {
+                Some(ms) => client.put_ex(key.as_bytes(), value.as_bytes(), std::time::Duration::from_millis(ms))?,
+                None => client.put(key.as_bytes(), value.as_bytes())?,
+            }
             println!("OK");
             Ok(())
         }

@@ -1,6 +1,9 @@
-//! `racekv bench redis`: GET throughput through racekv's Redis front end against a real
-//! redis-server, both driven by the real redis-benchmark with the same flags, in the same
-//! run, in alternating rounds (the machine is shared and noisy: compare the ratio).
+//! `racekv bench redis`: GET (and SET) throughput through racekv's Redis front end against
+//! a real redis-server, both driven by the real redis-benchmark with the same flags, in the
+//! same run, in alternating rounds (the machine is shared and noisy: compare the ratio).
+//! With `--ttl-ms`, every key carries an expiry: the loaded keys are set with `PX`, and the
+//! SET runs are redis-benchmark's `SET key:__rand_int__ <value> PX <ttl>` (what expiry
+//! costs on the read and write paths; a TTL far ahead keeps every key live).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -31,6 +34,13 @@ pub struct RedisArgs {
     pub keys: u64,
     #[arg(long, default_value_t = 64)]
     pub value_size: usize,
+    /// What redis-benchmark runs, comma-separated: `get`, `set`.
+    #[arg(long, value_delimiter = ',', default_value = "get")]
+    pub ops: Vec<Op>,
+    /// Give every key an expiry this many milliseconds after it is written (the loaded keys,
+    /// and the SET runs' writes): `SET ... PX <ttl>`.
+    #[arg(long)]
+    pub ttl_ms: Option<u64>,
     /// Pipeline depths (-P) to compare, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,16")]
     pub pipeline: Vec<u32>,
@@ -65,6 +75,14 @@ pub struct RedisArgs {
     pub json: bool,
 }
 
+/// A command redis-benchmark runs (see [`RedisArgs::ops`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Op {
+    Get,
+    Set,
+}
+
 /// A way of serving racekv besides the plain one (see [`RedisArgs::variants`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -75,6 +93,7 @@ pub enum Variant {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct PipelineResult {
+    pub op: Op,
     pub pipeline: u32,
     pub redis_server_ops_per_sec: Vec<f64>,
     pub racekv_ops_per_sec: Vec<f64>,
@@ -103,6 +122,8 @@ pub struct RedisReport {
     pub racekv_poll_spin_us: u64,
     /// Whether racekv's region was on huge pages.
     pub huge_pages: bool,
+    /// Every key's expiry, milliseconds after its write (None: keys never expire).
+    pub ttl_ms: Option<u64>,
     pub results: Vec<PipelineResult>,
     pub environment: Environment,
 }
@@ -130,8 +151,10 @@ pub(crate) fn wait_for_port(port: u16) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Sets every key with one pipelined connection (raw RESP).
-pub(crate) fn load(port: u16, keys: u64, value: &[u8]) -> anyhow::Result<()> {
+/// Sets every key with one pipelined connection (raw RESP), each expiring `ttl_ms` after
+/// its write when given.
+pub(crate) fn load(port: u16, keys: u64, value: &[u8], ttl_ms: Option<u64>) -> anyhow::Result<()> {
+    let ttl = ttl_ms.map(|ms| ms.to_string());
     let mut stream = TcpStream::connect(("127.0.0.1", port))?;
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut line = String::new();
@@ -142,11 +165,15 @@ pub(crate) fn load(port: u16, keys: u64, value: &[u8]) -> anyhow::Result<()> {
         let mut buf = Vec::new();
         for i in start..end {
             let key = format!("key:{i:012}");
+            let args = if ttl.is_some() { 5 } else { 3 };
             buf.extend_from_slice(
-                format!("*3\r\n$3\r\nSET\r\n${}\r\n{key}\r\n${}\r\n", key.len(), value.len()).as_bytes(),
+                format!("*{args}\r\n$3\r\nSET\r\n${}\r\n{key}\r\n${}\r\n", key.len(), value.len()).as_bytes(),
             );
             buf.extend_from_slice(value);
             buf.extend_from_slice(b"\r\n");
+            if let Some(ttl) = &ttl {
+                buf.extend_from_slice(format!("$2\r\nPX\r\n${}\r\n{ttl}\r\n", ttl.len()).as_bytes());
+            }
         }
         stream.write_all(&buf)?;
         for _ in start..end {
@@ -177,24 +204,55 @@ fn command(port: u16, args: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One redis-benchmark GET run; returns requests per second.
-fn run_benchmark(port: u16, flags: &[String]) -> anyhow::Result<f64> {
-    run_benchmark_with(port, flags, &[])
+/// What redis-benchmark is told to run for `op`: a test (`-t get`), or for a SET with a
+/// TTL the command itself (redis-benchmark has no test for it), and how its CSV line starts.
+fn op_args(op: Op, value_size: usize, ttl_ms: Option<u64>) -> (Vec<String>, String) {
+    match (op, ttl_ms) {
+        (Op::Get, _) => (vec!["-t".into(), "get".into()], "\"GET\"".into()),
+        (Op::Set, None) => (vec!["-t".into(), "set".into()], "\"SET\"".into()),
+        (Op::Set, Some(ttl)) => {
+            let command: Vec<String> =
+                ["SET", "key:__rand_int__", &"x".repeat(value_size), "PX", &ttl.to_string()].map(String::from).to_vec();
+            (command, "\"SET key:__rand_int__".into())
+        }
+    }
+}
+
+/// Requests per second of the CSV line that starts with `line_start` in redis-benchmark's
+/// `--csv` output.
+fn parse_rps(text: &str, line_start: &str) -> anyhow::Result<f64> {
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(line_start))
+        .with_context(|| format!("no {line_start} line in {text:?}"))?;
+    // The rps column follows the quoted test name (which may hold commas of its own).
+    let after_name = line[1..].split_once("\",").context("no test name")?.1;
+    let rps = after_name.split(',').next().context("no rps column")?.trim_matches('"');
+    Ok(rps.parse()?)
+}
+
+/// One redis-benchmark run of `op` (its arguments from [`op_args`]); returns requests per
+/// second.
+fn run_benchmark(port: u16, op: &(Vec<String>, String), flags: &[String]) -> anyhow::Result<f64> {
+    run_benchmark_with(port, op, flags, &[])
 }
 
 /// [`run_benchmark`] with `connect` flags (credentials, TLS).
-fn run_benchmark_with(port: u16, flags: &[String], connect: &[String]) -> anyhow::Result<f64> {
+fn run_benchmark_with(
+    port: u16,
+    (op_args, line_start): &(Vec<String>, String),
+    flags: &[String],
+    connect: &[String],
+) -> anyhow::Result<f64> {
     let out = Command::new("redis-benchmark")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-t", "get", "--csv"])
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "--csv"])
         .args(connect)
         .args(flags)
+        .args(op_args)
         .output()
         .context("running redis-benchmark (Debian package redis-tools)")?;
     anyhow::ensure!(out.status.success(), "redis-benchmark failed: {}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().find(|l| l.starts_with("\"GET\"")).with_context(|| format!("no GET line in {text:?}"))?;
-    let rps = line.split(',').nth(1).context("no rps column")?.trim_matches('"');
-    Ok(rps.parse()?)
+    parse_rps(&String::from_utf8_lossy(&out.stdout), line_start)
 }
 
 pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
@@ -244,8 +302,8 @@ pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
     let racekv_port = node.redis_addr().context("redis front end")?.port();
 
     let value = vec![b'x'; args.value_size];
-    load(redis_port, args.keys, &value)?;
-    load(racekv_port, args.keys, &value)?;
+    load(redis_port, args.keys, &value, args.ttl_ms)?;
+    load(racekv_port, args.keys, &value, args.ttl_ms)?;
     if args.variants.contains(&Variant::Auth) {
         command(racekv_port, &["ACL", "SETUSER", BENCH_USER, "on", &format!(">{BENCH_PASSWORD}"), "~*", "+@all"])?;
     }
@@ -265,7 +323,9 @@ pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
 
     let mut results = Vec::new();
     let mut flags_text = String::new();
-    for &pipeline in &args.pipeline {
+    let runs: Vec<(Op, u32)> = args.ops.iter().flat_map(|&op| args.pipeline.iter().map(move |&p| (op, p))).collect();
+    for (op, pipeline) in runs {
+        let op_args = op_args(op, args.value_size, args.ttl_ms);
         let mut flags: Vec<String> = vec![
             "-n".into(),
             args.requests.to_string(),
@@ -285,10 +345,10 @@ pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
         let (mut theirs, mut ours) = (Vec::new(), Vec::new());
         let mut others: Vec<Vec<f64>> = vec![Vec::new(); args.variants.len()];
         for _ in 0..args.rounds {
-            theirs.push(run_benchmark(redis_port, &flags)?);
-            ours.push(run_benchmark(racekv_port, &flags)?);
+            theirs.push(run_benchmark(redis_port, &op_args, &flags)?);
+            ours.push(run_benchmark(racekv_port, &op_args, &flags)?);
             for (i, &variant) in args.variants.iter().enumerate() {
-                others[i].push(run_benchmark_with(variant_port(variant), &flags, &variant_flags(variant))?);
+                others[i].push(run_benchmark_with(variant_port(variant), &op_args, &flags, &variant_flags(variant))?);
             }
         }
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
@@ -303,6 +363,7 @@ pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
             })
             .collect();
         results.push(PipelineResult {
+            op,
             pipeline,
             ratio: mean(&ours) / mean(&theirs),
             redis_server_ops_per_sec: theirs,
@@ -316,12 +377,35 @@ pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
     let _ = s.read(&mut [0u8; 64]);
     Ok(RedisReport {
         bench: "redis",
-        redis_benchmark_flags: format!("-t get {flags_text} (with -P from the list)"),
+        redis_benchmark_flags: format!(
+            "{flags_text} (with -P from the list; -t get, -t set, or SET key:__rand_int__ <value> PX <ttl> with a TTL)"
+        ),
         redis_server_version: version,
         racekv_io,
         racekv_poll_spin_us,
         huge_pages: args.huge_pages,
+        ttl_ms: args.ttl_ms,
         results,
         environment: Environment::capture(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rps_comes_from_the_named_line_even_when_the_name_has_commas() {
+        let csv = "\"test\",\"rps\",\"avg_latency_ms\"\n\"GET\",\"91743.12\",\"0.3\"\n\"SET key:__rand_int__ xx,x PX 5\",\"45000.50\",\"0.5\"\n";
+        assert_eq!(parse_rps(csv, "\"GET\"").unwrap(), 91743.12);
+        assert_eq!(parse_rps(csv, "\"SET key:__rand_int__").unwrap(), 45000.5);
+        assert!(parse_rps(csv, "\"SET\"").is_err());
+    }
+
+    #[test]
+    fn a_set_with_a_ttl_is_sent_as_a_command() {
+        assert_eq!(op_args(Op::Get, 3, Some(5)).0, ["-t", "get"]);
+        assert_eq!(op_args(Op::Set, 3, None).0, ["-t", "set"]);
+        assert_eq!(op_args(Op::Set, 3, Some(5)).0, ["SET", "key:__rand_int__", "xxx", "PX", "5"]);
+    }
 }

@@ -167,8 +167,8 @@ pub fn run(args: &ScanArgs) -> anyhow::Result<ScanReport> {
     let racekv_port = node.redis_addr().context("redis front end")?.port();
 
     let value = vec![b'x'; args.value_size];
-    load(redis_port, args.keys, &value)?;
-    load(racekv_port, args.keys, &value)?;
+    load(redis_port, args.keys, &value, None)?;
+    load(racekv_port, args.keys, &value, None)?;
 
     let (mut theirs, mut ours) = (Vec::new(), Vec::new());
     for _ in 0..args.rounds.max(1) {

@@ -22,12 +22,13 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use racekv_hashing::{PutMode, MAX_KV_BYTES};
+use racekv_hashing::{Item, PutMode, PutOptions, PutResult, MAX_KV_BYTES};
 
 use crate::attach::area::status;
 use crate::attach::handshake::{refusal, FRAME_HEADER_BYTES, MAX_FRAME_BODY};
 use crate::attach::{doorbell, monotonic_ns, Accepted, ClientRing, Doorbell, Frame, Hello};
 use crate::error::ClientError;
+use crate::expiry::ExpiryChange;
 use crate::op::{ErrorKind, MemnodeStats, Reply, Request};
 
 /// Re-attach attempts are at least this far apart.
@@ -174,6 +175,33 @@ impl Attached {
             Reply::Error(ErrorKind::TooLarge, _) => Err(too_large()),
             other => Err(self.unexpected(other)),
         }
+    }
+
+    pub(crate) fn put_opts(&self, key: &[u8], value: &[u8], options: PutOptions) -> Result<PutResult, ClientError> {
+        let too_large = || ClientError::TooLarge { key: key.len(), value: value.len(), max: MAX_KV_BYTES };
+        // Header, two fields, the expiry (kind and time), the return-old flag.
+        if key.len() + value.len() > MAX_KV_BYTES && !self.fits(4 + 8 + key.len() + value.len() + 10)? {
+            return Err(if key.is_empty() { ClientError::EmptyKey } else { too_large() });
+        }
+        match self.call(&Request::PutOpts { key: key.to_vec(), value: value.to_vec(), options })? {
+            Reply::Put(result) => Ok(result),
+            Reply::Error(ErrorKind::TooLarge, _) => Err(too_large()),
+            other => Err(self.unexpected(other)),
+        }
+    }
+
+    pub(crate) fn get_item(&self, key: &[u8]) -> Result<Option<Item>, ClientError> {
+        if key.len() > MAX_KV_BYTES && !self.fits(key.len() + 8)? {
+            return Ok(None);
+        }
+        self.call(&Request::GetItem(key.to_vec()))?.item().map_err(|r| self.unexpected(r))
+    }
+
+    pub(crate) fn expire(&self, key: &[u8], change: ExpiryChange) -> Result<bool, ClientError> {
+        if key.len() > MAX_KV_BYTES && !self.fits(key.len() + 18)? {
+            return Ok(false);
+        }
+        self.call(&Request::Expire { key: key.to_vec(), change })?.done().map_err(|r| self.unexpected(r))
     }
 
     pub(crate) fn delete(&self, key: &[u8]) -> Result<bool, ClientError> {

@@ -58,6 +58,7 @@ pub mod attach;
 mod attached;
 mod embedded;
 mod error;
+pub mod expiry;
 pub mod op;
 mod remote;
 pub mod ring;
@@ -67,11 +68,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use racekv_hashing::{PutMode, ScanLimits, TableOptions, TableStats};
+use racekv_hashing::{ScanLimits, TableOptions, TableStats};
 use racekv_transport::ConnectOptions;
 
 pub use error::ClientError;
-pub use racekv_hashing::MAX_KV_BYTES;
+pub use expiry::{ExpireCondition, ExpiryChange, Ttl};
+pub use racekv_hashing::{Expiry, Item, PutMode, PutOptions, PutOutcome, PutResult, MAX_KV_BYTES};
 pub use session::{Session, Shards};
 
 /// Settings for [`Client`]; start from [`Client::builder`].
@@ -384,6 +386,66 @@ impl Client {
         }
     }
 
+    /// Sets `key` to `value` as `options` say: its mode (an expired key counts as absent),
+    /// its expiry (absolute Unix milliseconds, none, or the key's current one), and
+    /// whether to return the value it had.
+    ///
+    /// ```no_run
+    /// use racekv_client::{Expiry, PutMode, PutOptions};
+    /// # let client = racekv_client::Client::builder().connect()?;
+    /// let in_a_minute = racekv_client::now_unix_ms() + 60_000;
+    /// let options = PutOptions { mode: PutMode::InsertOnly, expiry: Expiry::At(in_a_minute), return_old: false };
+    /// let applied = client.put_opts(b"lock:job-7", b"worker-3", options)?.outcome != racekv_client::PutOutcome::NotApplied;
+    /// # Ok::<(), racekv_client::ClientError>(())
+    /// ```
+    pub fn put_opts(&self, key: &[u8], value: &[u8], options: PutOptions) -> Result<PutResult, ClientError> {
+        match &self.backend {
+            Backend::Embedded(c) => c.with(|s| s.put_opts(key, value, options)),
+            Backend::Attached(a) => a.put_opts(key, value, options),
+            Backend::Remote(r) => r.put_opts(key, value, options),
+        }
+    }
+
+    /// Sets `key` to `value`, expiring `ttl` from now (by this host's clock).
+    pub fn put_ex(&self, key: &[u8], value: &[u8], ttl: Duration) -> Result<(), ClientError> {
+        let options = PutOptions { expiry: Expiry::At(expires_in(ttl)), ..PutOptions::default() };
+        self.put_opts(key, value, options).map(|_| ())
+    }
+
+    /// The value and expiry of `key`, if it exists.
+    pub fn get_item(&self, key: &[u8]) -> Result<Option<Item>, ClientError> {
+        match &self.backend {
+            Backend::Embedded(c) => c.with(|s| s.get_item(key)),
+            Backend::Attached(a) => a.get_item(key),
+            Backend::Remote(r) => r.get_item(key),
+        }
+    }
+
+    /// What `key`'s expiry is: missing, none, or an absolute Unix time in milliseconds.
+    pub fn ttl(&self, key: &[u8]) -> Result<Ttl, ClientError> {
+        self.get_item(key).map(|item| Ttl::of(item.as_ref()))
+    }
+
+    /// Changes `key`'s expiry (a time not after now removes the key, as Redis' EXPIRE
+    /// does); returns whether it applied (false: no such key, or the condition failed).
+    pub fn expire(&self, key: &[u8], change: ExpiryChange) -> Result<bool, ClientError> {
+        match &self.backend {
+            Backend::Embedded(c) => c.with(|s| s.expire(key, change)),
+            Backend::Attached(a) => a.expire(key, change),
+            Backend::Remote(r) => r.expire(key, change),
+        }
+    }
+
+    /// Makes `key` expire `ttl` from now; returns whether it exists.
+    pub fn expire_in(&self, key: &[u8], ttl: Duration) -> Result<bool, ClientError> {
+        self.expire(key, ExpiryChange::At { at_ms: expires_in(ttl), condition: ExpireCondition::ALWAYS })
+    }
+
+    /// Removes `key`'s expiry; returns whether it had one.
+    pub fn persist(&self, key: &[u8]) -> Result<bool, ClientError> {
+        self.expire(key, ExpiryChange::Persist)
+    }
+
     /// Removes `key`; returns whether it had a value.
     pub fn delete(&self, key: &[u8]) -> Result<bool, ClientError> {
         match &self.backend {
@@ -555,6 +617,14 @@ impl Client {
             Backend::Attached(_) | Backend::Remote(_) => Ok(()),
         }
     }
+}
+
+/// Now, as absolute Unix time in milliseconds: the clock expiry times are in.
+pub use racekv_hashing::clock::now_unix_ms;
+
+/// The absolute time `ttl` from now, in Unix milliseconds.
+fn expires_in(ttl: Duration) -> u64 {
+    now_unix_ms().saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]

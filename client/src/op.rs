@@ -14,19 +14,26 @@
 //!   SCAN        : cursor u64 | keys wanted u32 (1..=MAX_MULTI) | reply bytes u32 (1..=MAX_SCAN_REPLY_BYTES)
 //!   RANDOMKEY   : -
 //!   DELETE_ALL  : -
+//!   PUT_OPTS    : key, value, expiry u8 (0 never, 1 at + u64 Unix ms, 2 keep), return old u8 (0/1)
+//!                 (mode as PUT's)
+//!   GET_ITEM    : key
+//!   EXPIRE      : key, change u8 (0 at: condition u8 (bits NX XX GT LT) + u64 Unix ms; 1 persist)
 //! reply   : status u8 (0 ok, else an ErrorKind) | kind u8 | count u16 | then:
 //!   VALUE       : u8 present + bytes       DONE : u8 (0/1)      COUNT : u64
 //!   VALUES      : count x (u8 present + bytes)                  OK    : -
 //!   KEYS        : cursor u64 | count x key (SCAN; RANDOMKEY answers VALUE, DELETE_ALL COUNT)
+//!   PUT         : outcome u8 (0 inserted, 1 updated, 2 not applied), old value (u8 present + bytes)
+//!   ITEM        : u8 present, then value bytes and expiry (u8 present + u64 Unix ms)
 //!   STATS       : count x (endpoint bytes, u8 0 + stats bytes | u8 ErrorKind + message bytes)
 //!                 stats: layout [64] | global depth u32 | items u64 | slots u64 | load factor f64 |
 //!                        heap capacity, used, free, subtables, chunks u64
 //!   error       : UTF-8 message
 //! ```
 
-use racekv_hashing::{PutMode, TableStats};
+use racekv_hashing::{Expiry, Item, PutMode, PutOptions, PutOutcome, PutResult, TableStats};
 
 use crate::error::ClientError;
+use crate::expiry::{ExpireCondition, ExpiryChange};
 
 /// The RPC method a computenode's remote front end answers: the request/reply of this module.
 pub const REMOTE_METHOD: u16 = 0x4B56;
@@ -75,6 +82,19 @@ pub enum Request {
     RandomKey,
     /// Deletes every key on every memnode (a COUNT reply: how many).
     DeleteAll,
+    /// A put with a mode, an expiry, and optionally the old value back.
+    PutOpts {
+        key: Vec<u8>,
+        value: Vec<u8>,
+        options: PutOptions,
+    },
+    /// The value and expiry of a key.
+    GetItem(Vec<u8>),
+    /// A change of a key's expiry (answered `Done`: whether it applied).
+    Expire {
+        key: Vec<u8>,
+        change: ExpiryChange,
+    },
 }
 
 /// What comes back.
@@ -97,6 +117,10 @@ pub enum Reply {
         cursor: u64,
         keys: Vec<Vec<u8>>,
     },
+    /// PUT_OPTS.
+    Put(PutResult),
+    /// GET_ITEM.
+    Item(Option<Item>),
     Error(ErrorKind, String),
 }
 
@@ -194,6 +218,22 @@ impl Reply {
         }
     }
 
+    /// PUT_OPTS's result, or the reply itself when it is anything else.
+    pub fn put_result(self) -> Result<PutResult, Reply> {
+        match self {
+            Reply::Put(r) => Ok(r),
+            other => Err(other),
+        }
+    }
+
+    /// GET_ITEM's item, or the reply itself when it is anything else.
+    pub fn item(self) -> Result<Option<Item>, Reply> {
+        match self {
+            Reply::Item(i) => Ok(i),
+            other => Err(other),
+        }
+    }
+
     /// LEN's count, or the reply itself when it is anything else.
     pub fn count(self) -> Result<u64, Reply> {
         match self {
@@ -280,6 +320,20 @@ impl<'a> Reader<'a> {
         match self.u8()? {
             0 => Ok(None),
             1 => self.field().map(Some),
+            other => Err(bad(format!("presence byte {other}"))),
+        }
+    }
+    fn boolean(&mut self) -> Result<bool, DecodeError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            other => Err(bad(format!("boolean {other}"))),
+        }
+    }
+    fn optional_u64(&mut self) -> Result<Option<u64>, DecodeError> {
+        match self.u8()? {
+            0 => Ok(None),
+            1 => self.u64().map(Some),
             other => Err(bad(format!("presence byte {other}"))),
         }
     }
@@ -378,12 +432,34 @@ const STATS: u8 = 8;
 const SCAN: u8 = 9;
 const RANDOM_KEY: u8 = 10;
 const DELETE_ALL: u8 = 11;
+const PUT_OPTS: u8 = 12;
+const GET_ITEM: u8 = 13;
+const EXPIRE: u8 = 14;
 
 fn mode_code(mode: PutMode) -> u8 {
     match mode {
         PutMode::Upsert => 0,
         PutMode::InsertOnly => 1,
         PutMode::UpdateOnly => 2,
+    }
+}
+
+fn mode_of(code: u8) -> Result<PutMode, DecodeError> {
+    match code {
+        0 => Ok(PutMode::Upsert),
+        1 => Ok(PutMode::InsertOnly),
+        2 => Ok(PutMode::UpdateOnly),
+        other => Err(bad(format!("put mode {other}"))),
+    }
+}
+
+fn put_u64_optional(out: &mut Vec<u8>, value: Option<u64>) {
+    match value {
+        None => out.push(0),
+        Some(v) => {
+            out.push(1);
+            out.extend_from_slice(&v.to_le_bytes());
+        }
     }
 }
 
@@ -402,13 +478,16 @@ impl Request {
             Request::Scan { .. } => (SCAN, 0, 0),
             Request::RandomKey => (RANDOM_KEY, 0, 0),
             Request::DeleteAll => (DELETE_ALL, 0, 0),
+            Request::PutOpts { options, .. } => (PUT_OPTS, mode_code(options.mode), 0),
+            Request::GetItem(_) => (GET_ITEM, 0, 0),
+            Request::Expire { .. } => (EXPIRE, 0, 0),
         };
         assert!(count <= MAX_MULTI, "at most {MAX_MULTI} keys per multi-key request");
         out.push(kind);
         out.push(mode);
         out.extend_from_slice(&(count as u16).to_le_bytes());
         match self {
-            Request::Get(key) | Request::Delete(key) => put_field(out, key),
+            Request::Get(key) | Request::Delete(key) | Request::GetItem(key) => put_field(out, key),
             Request::Put { key, value, .. } => {
                 put_field(out, key);
                 put_field(out, value);
@@ -429,6 +508,30 @@ impl Request {
                 out.extend_from_slice(&max_bytes.to_le_bytes());
             }
             Request::Len | Request::Stats | Request::RandomKey | Request::DeleteAll => {}
+            Request::PutOpts { key, value, options } => {
+                put_field(out, key);
+                put_field(out, value);
+                match options.expiry {
+                    Expiry::Never => out.push(0),
+                    Expiry::At(at) => {
+                        out.push(1);
+                        out.extend_from_slice(&at.to_le_bytes());
+                    }
+                    Expiry::Keep => out.push(2),
+                }
+                out.push(u8::from(options.return_old));
+            }
+            Request::Expire { key, change } => {
+                put_field(out, key);
+                match change {
+                    ExpiryChange::At { at_ms, condition } => {
+                        out.push(0);
+                        out.push(condition.bits());
+                        out.extend_from_slice(&at_ms.to_le_bytes());
+                    }
+                    ExpiryChange::Persist => out.push(1),
+                }
+            }
         }
     }
 
@@ -443,20 +546,38 @@ impl Request {
         if count > MAX_MULTI {
             return Err(bad(format!("{count} keys exceed {MAX_MULTI}")));
         }
-        if (mode != 0 && kind != PUT) || (count != 0 && kind != MGET && kind != MPUT) {
+        if (mode != 0 && kind != PUT && kind != PUT_OPTS) || (count != 0 && kind != MGET && kind != MPUT) {
             return Err(bad("mode or count set on a request that takes none"));
         }
         let request = match kind {
             GET => Request::Get(r.field()?),
             DEL => Request::Delete(r.field()?),
-            PUT => {
-                let mode = match mode {
-                    0 => PutMode::Upsert,
-                    1 => PutMode::InsertOnly,
-                    2 => PutMode::UpdateOnly,
-                    other => return Err(bad(format!("put mode {other}"))),
+            PUT => Request::Put { key: r.field()?, value: r.field()?, mode: mode_of(mode)? },
+            PUT_OPTS => {
+                let (key, value) = (r.field()?, r.field()?);
+                let expiry = match r.u8()? {
+                    0 => Expiry::Never,
+                    1 => Expiry::At(r.u64()?),
+                    2 => Expiry::Keep,
+                    other => return Err(bad(format!("expiry kind {other}"))),
                 };
-                Request::Put { key: r.field()?, value: r.field()?, mode }
+                let options = PutOptions { mode: mode_of(mode)?, expiry, return_old: r.boolean()? };
+                Request::PutOpts { key, value, options }
+            }
+            GET_ITEM => Request::GetItem(r.field()?),
+            EXPIRE => {
+                let key = r.field()?;
+                let change = match r.u8()? {
+                    0 => {
+                        let bits = r.u8()?;
+                        let condition = ExpireCondition::from_bits(bits)
+                            .ok_or_else(|| bad(format!("expire condition {bits:#x} (NX alone, GT or LT with XX)")))?;
+                        ExpiryChange::At { at_ms: r.u64()?, condition }
+                    }
+                    1 => ExpiryChange::Persist,
+                    other => return Err(bad(format!("expiry change {other}"))),
+                };
+                Request::Expire { key, change }
             }
             CAS => Request::CompareAndSwap { key: r.field()?, expected: r.optional()?, new: r.optional()? },
             MGET => Request::MultiGet((0..count).map(|_| r.field()).collect::<Result<_, _>>()?),
@@ -489,6 +610,8 @@ const COUNT: u8 = 4;
 const OK: u8 = 5;
 const STATS_REPLY: u8 = 6;
 const KEYS: u8 = 7;
+const PUT_REPLY: u8 = 8;
+const ITEM: u8 = 9;
 
 impl Reply {
     pub fn encode(&self, out: &mut Vec<u8>) {
@@ -521,6 +644,26 @@ impl Reply {
                 out.extend_from_slice(&(keys.len() as u16).to_le_bytes());
                 out.extend_from_slice(&cursor.to_le_bytes());
                 keys.iter().for_each(|k| put_field(out, k));
+            }
+            Reply::Put(result) => {
+                let outcome = match result.outcome {
+                    PutOutcome::Inserted => 0,
+                    PutOutcome::Updated => 1,
+                    PutOutcome::NotApplied => 2,
+                };
+                out.extend_from_slice(&[0, PUT_REPLY, 0, 0, outcome]);
+                put_optional(out, result.old.as_deref());
+            }
+            Reply::Item(item) => {
+                out.extend_from_slice(&[0, ITEM, 0, 0]);
+                match item {
+                    None => out.push(0),
+                    Some(item) => {
+                        out.push(1);
+                        put_field(out, &item.value);
+                        put_u64_optional(out, item.expires_at_ms);
+                    }
+                }
             }
             Reply::Stats(entries) => {
                 assert!(entries.len() <= MAX_MULTI);
@@ -568,6 +711,20 @@ impl Reply {
             VALUES => Reply::Values((0..count).map(|_| r.optional()).collect::<Result<_, _>>()?),
             COUNT => Reply::Count(r.u64()?),
             OK => Reply::Ok,
+            PUT_REPLY => {
+                let outcome = match r.u8()? {
+                    0 => PutOutcome::Inserted,
+                    1 => PutOutcome::Updated,
+                    2 => PutOutcome::NotApplied,
+                    other => return Err(bad(format!("put outcome {other}"))),
+                };
+                Reply::Put(PutResult { outcome, old: r.optional()? })
+            }
+            ITEM => match r.u8()? {
+                0 => Reply::Item(None),
+                1 => Reply::Item(Some(Item { value: r.field()?, expires_at_ms: r.optional_u64()? })),
+                other => return Err(bad(format!("presence byte {other}"))),
+            },
             STATS_REPLY => Reply::Stats((0..count).map(|_| r.memnode_stats()).collect::<Result<_, _>>()?),
             KEYS => {
                 let cursor = r.u64()?;
@@ -605,6 +762,29 @@ mod tests {
                 .prop_map(|(cursor, count, max_bytes)| Request::Scan { cursor, count, max_bytes }),
             Just(Request::RandomKey),
             Just(Request::DeleteAll),
+            (bytes(), bytes(), put_mode(), expiry(), any::<bool>()).prop_map(
+                |(key, value, mode, expiry, return_old)| {
+                    Request::PutOpts { key, value, options: PutOptions { mode, expiry, return_old } }
+                }
+            ),
+            bytes().prop_map(Request::GetItem),
+            (bytes(), change()).prop_map(|(key, change)| Request::Expire { key, change }),
+        ]
+    }
+
+    fn put_mode() -> impl Strategy<Value = PutMode> {
+        prop_oneof![Just(PutMode::Upsert), Just(PutMode::InsertOnly), Just(PutMode::UpdateOnly)]
+    }
+
+    fn expiry() -> impl Strategy<Value = Expiry> {
+        prop_oneof![Just(Expiry::Never), any::<u64>().prop_map(Expiry::At), Just(Expiry::Keep)]
+    }
+
+    fn change() -> impl Strategy<Value = ExpiryChange> {
+        let condition = (0u8..16).prop_filter_map("a valid combination", ExpireCondition::from_bits);
+        prop_oneof![
+            (any::<u64>(), condition).prop_map(|(at_ms, condition)| ExpiryChange::At { at_ms, condition }),
+            Just(ExpiryChange::Persist),
         ]
     }
 
@@ -612,6 +792,13 @@ mod tests {
         prop_oneof![
             proptest::option::of(bytes()).prop_map(Reply::Value),
             any::<bool>().prop_map(Reply::Done),
+            (
+                prop_oneof![Just(PutOutcome::Inserted), Just(PutOutcome::Updated), Just(PutOutcome::NotApplied)],
+                proptest::option::of(bytes())
+            )
+                .prop_map(|(outcome, old)| Reply::Put(PutResult { outcome, old })),
+            proptest::option::of((bytes(), proptest::option::of(any::<u64>())))
+                .prop_map(|item| Reply::Item(item.map(|(value, expires_at_ms)| Item { value, expires_at_ms }))),
             proptest::collection::vec(proptest::option::of(bytes()), 0..10).prop_map(Reply::Values),
             any::<u64>().prop_map(Reply::Count),
             Just(Reply::Ok),
@@ -695,6 +882,34 @@ mod tests {
         assert!(Reply::decode(&reply).is_err());
         reply[2..4].copy_from_slice(&u16::MAX.to_le_bytes());
         assert!(Reply::decode(&reply).is_err());
+    }
+
+    #[test]
+    fn bad_expiry_fields_are_refused() {
+        let encoded = |r: &Request| {
+            let mut out = Vec::new();
+            r.encode(&mut out);
+            out
+        };
+        let change = ExpiryChange::At { at_ms: 5, condition: ExpireCondition::NX };
+        let mut bytes = encoded(&Request::Expire { key: b"k".to_vec(), change });
+        let bits = 4 + 4 + 1 + 1; // header, key, change kind: the condition byte
+        assert_eq!(bytes[bits], 1);
+        bytes[bits] = 0b0011; // NX with XX
+        assert!(Request::decode(&bytes).unwrap_err().0.contains("expire condition"));
+        bytes[bits] = 0x10;
+        assert!(Request::decode(&bytes).is_err());
+        let options = PutOptions { expiry: Expiry::Keep, ..PutOptions::default() };
+        let mut bytes = encoded(&Request::PutOpts { key: b"k".to_vec(), value: b"v".to_vec(), options });
+        let kind = 4 + 5 + 5;
+        assert_eq!(bytes[kind], 2);
+        bytes[kind] = 3;
+        assert!(Request::decode(&bytes).unwrap_err().0.contains("expiry kind"));
+        bytes[kind] = 2;
+        *bytes.last_mut().unwrap() = 2; // return-old is a boolean
+        assert!(Request::decode(&bytes).is_err());
+        bytes[1] = 3; // put mode
+        assert!(Request::decode(&bytes).is_err());
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
-use racekv_hashing::{PutMode, MAX_KV_BYTES};
+use racekv_hashing::{Item, PutMode, PutOptions, PutResult, MAX_KV_BYTES};
 use racekv_transport::{ConnectOptions, Connection, Endpoint, TransportError};
 
 use crate::error::ClientError;
@@ -16,6 +16,7 @@ use crate::op::{MemnodeStats, Reply, Request, MAX_MULTI, MAX_SCAN_REPLY_BYTES, R
 const _: () = assert!(
     (MAX_SCAN_REPLY_BYTES as usize) + 4 + 8 + 4 + racekv_hashing::MAX_KV_BYTES < racekv_transport::wire::MAX_RPC_BYTES
 );
+use crate::expiry::ExpiryChange;
 
 /// Reconnect attempts are at least this far apart.
 const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
@@ -114,6 +115,23 @@ impl Remote {
         self.call(&Request::Put { key: key.to_vec(), value: value.to_vec(), mode })?
             .done()
             .map_err(|r| self.unexpected(r))
+    }
+
+    pub(crate) fn put_opts(&self, key: &[u8], value: &[u8], options: PutOptions) -> Result<PutResult, ClientError> {
+        if key.len() + value.len() > MAX_KV_BYTES {
+            return Err(ClientError::TooLarge { key: key.len(), value: value.len(), max: MAX_KV_BYTES });
+        }
+        self.call(&Request::PutOpts { key: key.to_vec(), value: value.to_vec(), options })?
+            .put_result()
+            .map_err(|r| self.unexpected(r))
+    }
+
+    pub(crate) fn get_item(&self, key: &[u8]) -> Result<Option<Item>, ClientError> {
+        self.call(&Request::GetItem(key.to_vec()))?.item().map_err(|r| self.unexpected(r))
+    }
+
+    pub(crate) fn expire(&self, key: &[u8], change: ExpiryChange) -> Result<bool, ClientError> {
+        self.call(&Request::Expire { key: key.to_vec(), change })?.done().map_err(|r| self.unexpected(r))
     }
 
     pub(crate) fn delete(&self, key: &[u8]) -> Result<bool, ClientError> {

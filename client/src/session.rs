@@ -9,9 +9,12 @@ use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
 use racekv_hashing::scan::TABLE_CURSOR_BITS;
-use racekv_hashing::{PutMode, PutOutcome, ScanLimits, TableClient, TableCursor, TableStats};
+use racekv_hashing::{
+    ExpiryUpdate, Item, PutMode, PutOptions, PutOutcome, PutResult, ScanLimits, TableClient, TableCursor, TableStats,
+};
 
 use crate::error::ClientError;
+use crate::expiry::{ExpiryChange, Ttl};
 use crate::op::{MemnodeStats, Reply, Request, MAX_MULTI};
 
 /// Bits of a session's scan cursor above the table cursor: which memnode, in the order of
@@ -109,6 +112,40 @@ impl<S: Shards> Session<S> {
     /// Sets `key` to `value`, replacing any previous value.
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), ClientError> {
         self.put_with(key, value, PutMode::Upsert).map(|_| ())
+    }
+
+    /// Sets `key` to `value` as `options` say (mode, expiry, the old value back).
+    pub fn put_opts(&mut self, key: &[u8], value: &[u8], options: PutOptions) -> Result<PutResult, ClientError> {
+        self.on_key(key, |c| c.put_opts(key, value, options))
+    }
+
+    /// The value and expiry of `key`, if it exists.
+    pub fn get_item(&mut self, key: &[u8]) -> Result<Option<Item>, ClientError> {
+        self.on_key(key, |c| c.get_item(key))
+    }
+
+    /// What `key`'s expiry is.
+    pub fn ttl(&mut self, key: &[u8]) -> Result<Ttl, ClientError> {
+        self.get_item(key).map(|item| Ttl::of(item.as_ref()))
+    }
+
+    /// Changes `key`'s expiry as `decide` says given its current one (see
+    /// `TableClient::update_expiry`): the item as it was, and whether it changed; None
+    /// for an absent key.
+    pub fn update_expiry(
+        &mut self,
+        key: &[u8],
+        decide: impl FnMut(Option<u64>) -> ExpiryUpdate,
+    ) -> Result<Option<(Item, bool)>, ClientError> {
+        self.on_key(key, |c| c.update_expiry(key, decide))
+    }
+
+    /// Applies `change` to `key`'s expiry (judged by this host's clock); returns whether it
+    /// applied (false: no such key, or its condition did not hold).
+    pub fn expire(&mut self, key: &[u8], change: ExpiryChange) -> Result<bool, ClientError> {
+        let now = racekv_hashing::clock::now_unix_ms();
+        let changed = self.update_expiry(key, |current| change.decide(current, now))?;
+        Ok(changed.is_some_and(|(_, changed)| changed))
     }
 
     /// Removes `key`; returns whether it had a value.
@@ -319,6 +356,9 @@ impl<S: Shards> Session<S> {
                 self.multi_put(&pairs).map(|()| Reply::Ok)
             }
             Request::Len => self.len().map(Reply::Count),
+            Request::PutOpts { key, value, options } => self.put_opts(key, value, *options).map(Reply::Put),
+            Request::GetItem(key) => self.get_item(key).map(Reply::Item),
+            Request::Expire { key, change } => self.expire(key, *change).map(Reply::Done),
             Request::Stats => Ok(Reply::Stats(
                 self.stats()
                     .into_iter()

@@ -1,5 +1,8 @@
 //! The client against several in-process memnodes on real transports.
 
+#[path = "shared/expiry.rs"]
+mod expiry_exercise;
+
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -52,6 +55,12 @@ fn keys_spread_over_memnodes_and_every_operation_works() {
     for (k, v) in &pairs {
         assert_eq!(client.get(k).unwrap().as_ref(), Some(v));
     }
+}
+
+#[test]
+fn expiry_works_across_memnodes() {
+    let (_memnodes, client) = cluster(3, TransportKind::Tcp);
+    expiry_exercise::exercise_expiry(&client);
 }
 
 #[test]

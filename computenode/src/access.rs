@@ -3,6 +3,7 @@
 //! governs the Redis port, remote clients and attached processes alike.
 
 use racekv_client::op::Request;
+use racekv_client::ExpiryChange;
 use racekv_hashing::PutMode;
 use racekv_redis::acl::{Acl, KeyAccess};
 
@@ -23,6 +24,13 @@ fn as_command(request: &Request) -> (&'static str, Vec<(&[u8], KeyAccess)>) {
         Request::Scan { .. } => ("scan", vec![]),
         Request::RandomKey => ("randomkey", vec![]),
         Request::DeleteAll => ("flushall", vec![]),
+        // SET with its options; with the old value back it reads the key too (SET ... GET).
+        Request::PutOpts { key, options, .. } if options.return_old => ("set", vec![(key, KeyAccess::ReadWrite)]),
+        Request::PutOpts { key, .. } => ("set", vec![(key, KeyAccess::Write)]),
+        // The value and its expiry: what GET reads.
+        Request::GetItem(key) => ("get", vec![(key, KeyAccess::Read)]),
+        Request::Expire { key, change: ExpiryChange::At { .. } } => ("pexpireat", vec![(key, KeyAccess::Write)]),
+        Request::Expire { key, change: ExpiryChange::Persist } => ("persist", vec![(key, KeyAccess::Write)]),
     }
 }
 
@@ -59,5 +67,19 @@ mod tests {
         assert!(check(&acl, "ro", &Request::RandomKey).is_ok());
         assert!(check(&acl, "ro", &Request::DeleteAll).unwrap_err().contains("'flushall'"));
         assert!(check(&acl, "cache", &Request::DeleteAll).is_ok());
+        // Expiry requests, as SET, GET, PEXPIREAT and PERSIST.
+        let expire = Request::Expire { key: b"k".to_vec(), change: ExpiryChange::Persist };
+        assert!(check(&acl, "ro", &Request::GetItem(b"k".to_vec())).is_ok());
+        assert!(check(&acl, "ro", &expire).unwrap_err().contains("'persist'"));
+        acl.set_user(b"w", &[b"on", b"nopass", b"+@all", b"%W~*"]).unwrap();
+        let put = |return_old| Request::PutOpts {
+            key: b"k".to_vec(),
+            value: b"v".to_vec(),
+            options: racekv_hashing::PutOptions { return_old, ..Default::default() },
+        };
+        assert!(check(&acl, "w", &put(false)).is_ok());
+        assert!(check(&acl, "w", &put(true)).is_err(), "returning the old value reads the key");
+        assert!(check(&acl, "w", &expire).is_ok());
+        assert!(check(&acl, "w", &Request::GetItem(b"k".to_vec())).is_err());
     }
 }

@@ -1,16 +1,22 @@
 //! The Redis front end's storage: each client connection attaches a session (pre-initialized
 //! virtual connections, so a new connection costs microseconds) and runs its commands on it
 //! directly, on the connection's own thread.
+//!
+//! Expiry is the table's (`racekv_hashing::table`): the expiry time lives in the item's
+//! block, expired items are absent to every call, and `update_expiry` is the table's
+//! read-then-CAS rewrite.
 
 use std::sync::Arc;
 
 use racekv_client::{ClientError, Session};
 use racekv_hashing::layout::{block_units, BLOCK_UNIT_BYTES};
-use racekv_hashing::{PutMode as TablePutMode, ScanLimits};
+use racekv_hashing::{Expiry as TableExpiry, ExpiryUpdate as TableExpiryUpdate, PutMode as TablePutMode, ScanLimits};
 
 use crate::cluster::{Attached, Cluster, WorkerShards};
 use racekv_redis::store::{SCAN_PAGE_MAX_BYTES, SCAN_PAGE_MAX_KEYS};
-use racekv_redis::{KvSession, KvStore, PutMode, StoreError, StoreErrorKind};
+use racekv_redis::{
+    Expiry, ExpiryUpdate, Item, KvSession, KvStore, PutMode, PutOptions, PutResult, StoreError, StoreErrorKind,
+};
 
 /// A key's slot word in its bucket (`MEMORY USAGE` counts it with the block).
 const SLOT_BYTES: u64 = 8;
@@ -64,6 +70,22 @@ fn mode(m: PutMode) -> TablePutMode {
     }
 }
 
+fn expiry(e: Expiry) -> TableExpiry {
+    match e {
+        Expiry::Never => TableExpiry::Never,
+        Expiry::At(at) => TableExpiry::At(at),
+        Expiry::Keep => TableExpiry::Keep,
+    }
+}
+
+fn expiry_update(u: ExpiryUpdate) -> TableExpiryUpdate {
+    match u {
+        ExpiryUpdate::Unchanged => TableExpiryUpdate::Unchanged,
+        ExpiryUpdate::Set(at) => TableExpiryUpdate::Set(at),
+        ExpiryUpdate::Delete => TableExpiryUpdate::Delete,
+    }
+}
+
 impl RedisSession {
     fn s(&mut self) -> &mut Session<WorkerShards> {
         &mut self.session
@@ -99,6 +121,26 @@ impl KvSession for RedisSession {
         };
         let units = block_units(key.len(), value.len()).map_or(u64::from(u8::MAX), u64::from);
         Ok(Some(units * BLOCK_UNIT_BYTES + SLOT_BYTES))
+    }
+
+    fn put_opts(&mut self, key: &[u8], value: &[u8], o: PutOptions) -> Result<PutResult, StoreError> {
+        let options = racekv_hashing::PutOptions { mode: mode(o.mode), expiry: expiry(o.expiry), return_old: o.get };
+        let result = self.s().put_opts(key, value, options).map_err(store_error)?;
+        Ok(PutResult { applied: result.outcome != racekv_hashing::PutOutcome::NotApplied, old: result.old })
+    }
+
+    fn get_item(&mut self, key: &[u8]) -> Result<Option<Item>, StoreError> {
+        let item = self.s().get_item(key).map_err(store_error)?;
+        Ok(item.map(|i| Item { value: i.value, expires_at_ms: i.expires_at_ms }))
+    }
+
+    fn update_expiry(
+        &mut self,
+        key: &[u8],
+        decide: &mut dyn FnMut(Option<u64>) -> ExpiryUpdate,
+    ) -> Result<Option<(Vec<u8>, bool)>, StoreError> {
+        let before = self.s().update_expiry(key, |current| expiry_update(decide(current))).map_err(store_error)?;
+        Ok(before.map(|(item, changed)| (item.value, changed)))
     }
 
     fn get_in_order(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {

@@ -5,6 +5,10 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+#[path = "../../client/tests/shared/expiry.rs"]
+mod expiry_exercise;
+
+use expiry_exercise::exercise_expiry;
 use racekv_client::{Client, ClientError, Mode};
 use racekv_computenode::config::ComputenodeConfig;
 use racekv_computenode::Computenode;
@@ -165,6 +169,7 @@ fn remote_mode_runs_every_operation() {
     assert_eq!(client.mode(), Mode::Remote);
     exercise(&client);
     walk_keyspace(&client);
+    exercise_expiry(&client);
     // A wrong password, the memnodes' token, or no password: refused with a clear error.
     for attempt in
         [Client::builder().password("wrong"), Client::builder().password(TestMemnode::TOKEN), Client::builder()]
@@ -191,5 +196,6 @@ fn attached_mode_reaches_the_daemons_socket() {
     assert_eq!(client.mode(), Mode::Attached);
     exercise(&client);
     walk_keyspace(&client);
+    exercise_expiry(&client);
     assert_eq!(node.status().attached_clients, Some(1));
 }

@@ -1,20 +1,30 @@
 //! Fuzzes what the table reads back from a region or receives by RPC: KV blocks, the
 //! superblock layout, slot and directory words, and the memnode's RPC messages.
 //!
-//! Beyond "no panic": a block that decodes has lengths inside the bytes read; a layout that
-//! decodes passes its own consistency check and re-encodes to the same bytes.
+//! Beyond "no panic": a block that decodes has lengths inside the bytes read and (when it
+//! fits a block) re-encodes to the same bytes; a layout that decodes passes its own
+//! consistency check and re-encodes to the same bytes.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use racekv_hashing::layout::{decode_block, BucketHeader, DirEntry, Layout, Slot, MAX_GLOBAL_DEPTH_LIMIT};
+use racekv_hashing::layout::{block_units_for, decode_block, encode_block, BucketHeader, DirEntry, Layout, Slot, MAX_GLOBAL_DEPTH_LIMIT};
 use racekv_hashing::rpc::{
     decode_chunk, decode_chunk_request, encode_chunk, decode_fragments_request, decode_ranges, encode_ranges, Metadata, SplitRequest,
 };
 
 fuzz_target!(|data: &[u8]| {
-    if let Some((key, value)) = decode_block(data) {
-        assert!(!key.is_empty());
-        assert!(16 + key.len() + value.len() <= data.len());
+    if let Some(block) = decode_block(data) {
+        assert!(!block.key.is_empty());
+        let header = 16 + block.expires_at_ms.map_or(0, |_| 8);
+        assert!(header + block.key.len() + block.value.len() <= data.len());
+        // It re-encodes to the same bytes (up to the padding), if it is small enough to be
+        // a block at all (the bytes read may be longer than any block).
+        if block_units_for(block.key.len(), block.value.len(), block.expires_at_ms.is_some()).is_some() {
+            let mut again = Vec::new();
+            encode_block(&mut again, block.key, block.value, block.expires_at_ms);
+            let used = header + block.key.len() + block.value.len();
+            assert_eq!(&again[..used], &data[..used]);
+        }
     }
     if let Ok(layout) = Layout::decode(data) {
         layout.check().unwrap();

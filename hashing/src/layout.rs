@@ -7,8 +7,14 @@
 //! bucket (64 B): header {local depth u32 | suffix u32} + 7 slots of 8 B
 //! slot (8 B):  fingerprint 8 | length 8 (64 B units) | tag 6 | block offset / 64 42
 //! directory entry (8 B): lock 1 | unused 7 | local depth 8 | subtable offset 48
-//! KV block: key_len u16 | zero u16 | value_len u32 | checksum u64 | key | value | pad to 64 B
+//! KV block: key_len u16 | flags u16 | value_len u32 | checksum u64 | [expires_at_ms u64] | key | value | pad to 64 B
 //! ```
+//!
+//! A block's `flags` were an always-zero field before expiry existed: a block with no flag
+//! set decodes exactly as those did, so regions written by earlier builds stay readable.
+//! [`BLOCK_FLAG_EXPIRES`] says an absolute expiry time (Unix milliseconds, [`crate::clock`])
+//! follows the header; the checksum covers it (the flags are in its seed, the time in its
+//! input), and the block's size counts it.
 //!
 //! A combined bucket is a main bucket plus its overflow neighbour, contiguous, so one READ of
 //! 128 B fetches 14 slots. Every key has two combined buckets (4 buckets, 28 slots).
@@ -25,7 +31,13 @@ pub const COMBINED_BUCKET_BYTES: u64 = 2 * BUCKET_BYTES;
 pub const BLOCK_UNIT_BYTES: u64 = 64;
 pub const MAX_BLOCK_UNITS: u64 = 255;
 pub const BLOCK_HEADER_BYTES: usize = 16;
-/// Largest key + value that fits a block.
+/// Block flag: an `expires_at_ms u64` follows the header.
+pub const BLOCK_FLAG_EXPIRES: u16 = 1;
+/// Flags this build understands; a block with any other bit set is not a valid block.
+const BLOCK_KNOWN_FLAGS: u16 = BLOCK_FLAG_EXPIRES;
+/// Bytes an expiry time adds to a block.
+pub const BLOCK_EXPIRY_BYTES: usize = 8;
+/// Largest key + value that fits a block (without an expiry; one takes 8 more bytes).
 pub const MAX_KV_BYTES: usize = (MAX_BLOCK_UNITS * BLOCK_UNIT_BYTES) as usize - BLOCK_HEADER_BYTES;
 /// Directory depth limit (a 2^30-entry directory is 8 GiB).
 pub const MAX_GLOBAL_DEPTH_LIMIT: u32 = 30;
@@ -349,12 +361,12 @@ impl Slot {
         })
     }
 
-    /// Whether a block holding `key` and `value` could be the one this word was written
-    /// for: the writer put the key's fingerprint and the block's size in it. A block that
-    /// does not fit was reused since the word was read (a freed block can hold any key).
-    pub fn fits_block(&self, key: &[u8], value: &[u8], groups_per_subtable: u32) -> bool {
-        block_units(key.len(), value.len()) == Some(self.units)
-            && crate::hash::KeyHash::of(key, groups_per_subtable).fingerprint == self.fingerprint
+    /// Whether `block` could be the one this word was written for: the writer put the key's
+    /// fingerprint and the block's size in it. A block that does not fit was reused since
+    /// the word was read (a freed block can hold any key).
+    pub fn fits_block(&self, block: &Block<'_>, groups_per_subtable: u32) -> bool {
+        block_units_for(block.key.len(), block.value.len(), block.expires_at_ms.is_some()) == Some(self.units)
+            && crate::hash::KeyHash::of(block.key, groups_per_subtable).fingerprint == self.fingerprint
     }
 
     pub fn block_bytes(&self) -> u64 {
@@ -364,25 +376,81 @@ impl Slot {
 
 // ---- KV blocks ----
 
-/// Units needed for a block holding `key_len + value_len` bytes, or None if too large.
+/// A KV block read back from the region and checked ([`decode_block`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Block<'a> {
+    pub key: &'a [u8],
+    pub value: &'a [u8],
+    /// When the item expires: absolute Unix time in milliseconds; None: never.
+    pub expires_at_ms: Option<u64>,
+}
+
+impl Block<'_> {
+    /// Whether the item's expiry time has passed at `now_ms` (Redis: a key lives through
+    /// its expiry millisecond and is gone after it).
+    pub fn expired_at(&self, now_ms: u64) -> bool {
+        self.expires_at_ms.is_some_and(|at| now_ms > at)
+    }
+}
+
+/// Bytes at the start of a block that say its sizes and expiry ([`peek_block_header`]).
+pub const BLOCK_PEEK_BYTES: usize = BLOCK_HEADER_BYTES + BLOCK_EXPIRY_BYTES;
+
+/// What the first [`BLOCK_PEEK_BYTES`] of a block say, **unverified** (the checksum covers
+/// the whole block): the block's units and its expiry. Only for decisions that a CAS on the
+/// slot word that pointed there validates (the memnode's expiry sweep): while the slot holds
+/// that word, its block is complete and immutable, so these bytes are its own; once it does
+/// not, the CAS fails. None when the bytes cannot be a block header (unknown flags, a zero
+/// key length, sizes past a block).
+pub fn peek_block_header(bytes: &[u8]) -> Option<(u8, Option<u64>)> {
+    let len_word = u64::from_le_bytes(bytes.get(0..8)?.try_into().ok()?);
+    let key_len = (len_word & 0xFFFF) as usize;
+    let flags = ((len_word >> 16) & 0xFFFF) as u16;
+    let value_len = (len_word >> 32) as usize;
+    if key_len == 0 || flags & !BLOCK_KNOWN_FLAGS != 0 {
+        return None;
+    }
+    let expires = flags & BLOCK_FLAG_EXPIRES != 0;
+    let units = block_units_for(key_len, value_len, expires)?;
+    let expires_at_ms = match expires {
+        true => Some(u64::from_le_bytes(bytes.get(BLOCK_HEADER_BYTES..BLOCK_PEEK_BYTES)?.try_into().ok()?)),
+        false => None,
+    };
+    Some((units, expires_at_ms))
+}
+
+/// Units needed for a block holding `key_len + value_len` bytes and no expiry, or None if
+/// too large.
 pub fn block_units(key_len: usize, value_len: usize) -> Option<u8> {
-    let bytes = BLOCK_HEADER_BYTES.checked_add(key_len)?.checked_add(value_len)? as u64;
+    block_units_for(key_len, value_len, false)
+}
+
+/// Units needed for a block holding `key_len + value_len` bytes, with an expiry time when
+/// `expires`, or None if too large.
+pub fn block_units_for(key_len: usize, value_len: usize, expires: bool) -> Option<u8> {
+    let header = BLOCK_HEADER_BYTES + if expires { BLOCK_EXPIRY_BYTES } else { 0 };
+    let bytes = header.checked_add(key_len)?.checked_add(value_len)? as u64;
     let units = bytes.div_ceil(BLOCK_UNIT_BYTES);
     (units <= MAX_BLOCK_UNITS).then_some(units as u8)
 }
 
-fn block_checksum(len_word: u64, key_and_value: &[u8]) -> u64 {
-    xxh3_64_with_seed(key_and_value, len_word)
+fn block_checksum(len_word: u64, covered: &[u8]) -> u64 {
+    xxh3_64_with_seed(covered, len_word)
 }
 
-/// Writes a KV block for `key` and `value` into `out` (cleared first, padded to 64 B units).
-pub fn encode_block(out: &mut Vec<u8>, key: &[u8], value: &[u8]) -> u8 {
-    let units = block_units(key.len(), value.len()).expect("caller checked the size");
+/// Writes a KV block for `key` and `value`, expiring at `expires_at_ms` (None: never), into
+/// `out` (cleared first, padded to 64 B units). Returns its units.
+pub fn encode_block(out: &mut Vec<u8>, key: &[u8], value: &[u8], expires_at_ms: Option<u64>) -> u8 {
+    let units = block_units_for(key.len(), value.len(), expires_at_ms.is_some()).expect("caller checked the size");
     assert!(!key.is_empty() && key.len() <= u16::MAX as usize);
     out.clear();
-    let len_word = (key.len() as u64) | ((value.len() as u64) << 32);
+    let flags = if expires_at_ms.is_some() { BLOCK_FLAG_EXPIRES } else { 0 };
+    let len_word = (key.len() as u64) | (u64::from(flags) << 16) | ((value.len() as u64) << 32);
     out.extend_from_slice(&len_word.to_le_bytes());
     out.extend_from_slice(&[0u8; 8]);
+    if let Some(at) = expires_at_ms {
+        out.extend_from_slice(&at.to_le_bytes());
+    }
     out.extend_from_slice(key);
     out.extend_from_slice(value);
     let checksum = block_checksum(len_word, &out[BLOCK_HEADER_BYTES..]);
@@ -391,21 +459,23 @@ pub fn encode_block(out: &mut Vec<u8>, key: &[u8], value: &[u8]) -> u8 {
     units
 }
 
-/// A block read back from the region, checked: lengths in bounds and the checksum matching.
-/// Returns (key, value), or None if the bytes are not a whole, valid block (torn, reused,
-/// or garbage), in which case the reader must re-read.
-pub fn decode_block(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
+/// A block read back from the region, checked: flags known, lengths in bounds and the
+/// checksum matching. None if the bytes are not a whole, valid block (torn, reused, or
+/// garbage), in which case the reader must re-read.
+pub fn decode_block(bytes: &[u8]) -> Option<Block<'_>> {
     if bytes.len() < BLOCK_HEADER_BYTES {
         return None;
     }
     let len_word = u64::from_le_bytes(bytes[0..8].try_into().ok()?);
     let key_len = (len_word & 0xFFFF) as usize;
-    let zero = (len_word >> 16) & 0xFFFF;
+    let flags = ((len_word >> 16) & 0xFFFF) as u16;
     let value_len = (len_word >> 32) as usize;
-    if key_len == 0 || zero != 0 {
+    if key_len == 0 || flags & !BLOCK_KNOWN_FLAGS != 0 {
         return None;
     }
-    let end = BLOCK_HEADER_BYTES.checked_add(key_len)?.checked_add(value_len)?;
+    let expires = flags & BLOCK_FLAG_EXPIRES != 0;
+    let body = BLOCK_HEADER_BYTES + if expires { BLOCK_EXPIRY_BYTES } else { 0 };
+    let end = body.checked_add(key_len)?.checked_add(value_len)?;
     if end > bytes.len() {
         return None;
     }
@@ -413,7 +483,9 @@ pub fn decode_block(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
     if block_checksum(len_word, &bytes[BLOCK_HEADER_BYTES..end]) != checksum {
         return None;
     }
-    Some((&bytes[BLOCK_HEADER_BYTES..BLOCK_HEADER_BYTES + key_len], &bytes[BLOCK_HEADER_BYTES + key_len..end]))
+    let expires_at_ms = expires
+        .then(|| u64::from_le_bytes(bytes[BLOCK_HEADER_BYTES..BLOCK_HEADER_BYTES + 8].try_into().expect("8 bytes")));
+    Some(Block { key: &bytes[body..body + key_len], value: &bytes[body + key_len..end], expires_at_ms })
 }
 
 // ---- subtable geometry ----
@@ -507,21 +579,60 @@ mod tests {
         }
 
         #[test]
-        fn blocks_round_trip_and_detect_damage(key in proptest::collection::vec(any::<u8>(), 1..100), value in proptest::collection::vec(any::<u8>(), 0..300), flip in any::<usize>()) {
+        fn blocks_round_trip_and_detect_damage(
+            key in proptest::collection::vec(any::<u8>(), 1..100),
+            value in proptest::collection::vec(any::<u8>(), 0..300),
+            expires_at_ms in proptest::option::of(any::<u64>()),
+            flip in any::<usize>(),
+        ) {
             let mut out = Vec::new();
-            let units = encode_block(&mut out, &key, &value);
+            let units = encode_block(&mut out, &key, &value, expires_at_ms);
             prop_assert_eq!(out.len(), units as usize * 64);
-            let (k, v) = decode_block(&out).unwrap();
-            prop_assert_eq!(k, &key[..]);
-            prop_assert_eq!(v, &value[..]);
-            let used = BLOCK_HEADER_BYTES + key.len() + value.len();
+            prop_assert_eq!(Some(units), block_units_for(key.len(), value.len(), expires_at_ms.is_some()));
+            let block = decode_block(&out).unwrap();
+            prop_assert_eq!(block, Block { key: &key, value: &value, expires_at_ms });
+            let used = BLOCK_HEADER_BYTES + expires_at_ms.map_or(0, |_| BLOCK_EXPIRY_BYTES) + key.len() + value.len();
             let at = flip % used;
             out[at] ^= 0x40;
             prop_assert!(decode_block(&out).is_none(), "a flipped bit at {} went unnoticed", at);
         }
 
+        /// Blocks as builds before expiry wrote them (a zero where the flags are now)
+        /// decode as blocks without an expiry.
+        #[test]
+        fn blocks_of_earlier_builds_still_decode(
+            key in proptest::collection::vec(any::<u8>(), 1..100),
+            value in proptest::collection::vec(any::<u8>(), 0..300),
+        ) {
+            // The encoding of earlier builds, spelled out: lengths, checksum seeded with
+            // the length word over key and value, padding.
+            let len_word = (key.len() as u64) | ((value.len() as u64) << 32);
+            let mut old = len_word.to_le_bytes().to_vec();
+            let body: Vec<u8> = key.iter().chain(&value).copied().collect();
+            old.extend_from_slice(&xxh3_64_with_seed(&body, len_word).to_le_bytes());
+            old.extend_from_slice(&body);
+            old.resize(old.len().div_ceil(64) * 64, 0);
+            prop_assert_eq!(decode_block(&old), Some(Block { key: &key, value: &value, expires_at_ms: None }));
+            let mut new = Vec::new();
+            encode_block(&mut new, &key, &value, None);
+            prop_assert_eq!(new, old, "a block without an expiry is written as before");
+        }
+
+        /// The peek agrees with the full decode on every block.
+        #[test]
+        fn a_peek_sees_what_the_block_says(
+            key in proptest::collection::vec(any::<u8>(), 1..100),
+            value in proptest::collection::vec(any::<u8>(), 0..300),
+            expires_at_ms in proptest::option::of(any::<u64>()),
+        ) {
+            let mut out = Vec::new();
+            let units = encode_block(&mut out, &key, &value, expires_at_ms);
+            prop_assert_eq!(peek_block_header(&out[..BLOCK_PEEK_BYTES]), Some((units, expires_at_ms)));
+        }
+
         #[test]
         fn decode_block_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = peek_block_header(&bytes);
             let _ = decode_block(&bytes);
             let _ = Layout::decode(&bytes);
         }
@@ -534,5 +645,32 @@ mod tests {
         assert_eq!(block_units(8, 41), Some(2));
         assert!(block_units(1, MAX_KV_BYTES - 1).is_some());
         assert!(block_units(1, MAX_KV_BYTES).is_none());
+        assert_eq!(block_units_for(8, 40, true), Some(2), "an expiry takes 8 bytes");
+        assert_eq!(block_units_for(8, 32, true), Some(1));
+        assert!(block_units_for(1, MAX_KV_BYTES - 1 - BLOCK_EXPIRY_BYTES, true).is_some());
+        assert!(block_units_for(1, MAX_KV_BYTES - BLOCK_EXPIRY_BYTES, true).is_none());
+    }
+
+    #[test]
+    fn unknown_flags_are_not_a_block() {
+        // Well formed but for a flag this build does not know (its checksum is right).
+        let len_word = 1u64 | (0x02 << 16) | (1 << 32);
+        let mut out = len_word.to_le_bytes().to_vec();
+        out.extend_from_slice(&xxh3_64_with_seed(b"kv", len_word).to_le_bytes());
+        out.extend_from_slice(b"kv");
+        out.resize(64, 0);
+        assert_eq!(decode_block(&out), None);
+        // The same with no flag is a block.
+        let len_word = 1u64 | (1 << 32);
+        out[..8].copy_from_slice(&len_word.to_le_bytes());
+        out[8..16].copy_from_slice(&xxh3_64_with_seed(b"kv", len_word).to_le_bytes());
+        assert_eq!(decode_block(&out), Some(Block { key: b"k", value: b"v", expires_at_ms: None }));
+    }
+
+    #[test]
+    fn an_item_lives_through_its_expiry_millisecond() {
+        let block = Block { key: b"k", value: b"v", expires_at_ms: Some(1000) };
+        assert!(!block.expired_at(999) && !block.expired_at(1000) && block.expired_at(1001));
+        assert!(!Block { expires_at_ms: None, ..block }.expired_at(u64::MAX));
     }
 }

@@ -10,14 +10,19 @@
 //! * [`directory`], [`alloc`], [`heap`], [`format`]: the directory cache, client-side block
 //!   allocation with a grace period, the memnode's heap, and formatting a region.
 //! * [`reclaim`]: at a memnode's start, every heap byte no slot references becomes free.
+//! * [`clock`], [`expiry`]: the clock items' expiry times are kept in, and the memnode's
+//!   active expiry (sampling slots, removing expired items nobody reads, freeing their
+//!   blocks). Readers treat expired items as absent and remove those they meet.
 //!
 //! This crate opens no sockets and starts no threads: it runs on any
 //! [`racekv_transport::Connection`].
 
 pub mod alloc;
+pub mod clock;
 pub mod directory;
 mod epoch_cell;
 pub mod error;
+pub mod expiry;
 pub mod format;
 pub mod hash;
 pub mod heap;
@@ -38,4 +43,7 @@ pub use error::Error;
 pub use layout::{Layout, MAX_KV_BYTES};
 pub use scan::{ScanLimits, ScanPage, TableCursor};
 pub use service::{TableService, TableStats};
-pub use table::{ClientStats, PutMode, PutOutcome, Table, TableClient, TableOptions};
+pub use table::{
+    ClientStats, Expiry, ExpiryUpdate, Item, PutMode, PutOptions, PutOutcome, PutResult, Table, TableClient,
+    TableOptions,
+};

@@ -44,6 +44,7 @@ pub struct TableService {
 impl TableService {
     pub fn new(layout: Layout, node_id: u64) -> Self {
         crate::split::register_metrics();
+        crate::expiry::register_metrics();
         Self { layout, node_id, ready: OnceLock::new() }
     }
 
@@ -71,6 +72,13 @@ impl TableService {
     /// Of the heap's free bytes, those in runs too short to hand out yet (see `heap.rs`).
     pub fn heap_fragment_bytes(&self) -> u64 {
         self.ready.get().map_or(0, |r| r.heap.fragment_bytes())
+    }
+
+    /// The active expiry over the service's loopback connection and heap (None before
+    /// [`Self::attach`]). The memnode runs one.
+    pub fn active_expiry(&self, options: crate::expiry::ExpiryOptions) -> Option<crate::expiry::ActiveExpiry> {
+        let ready = self.ready.get()?;
+        Some(crate::expiry::ActiveExpiry::new(Arc::clone(&ready.conn), self.layout, Arc::clone(&ready.heap), options))
     }
 
     /// Gives the heap the short free runs found at start (after [`Self::attach`]).

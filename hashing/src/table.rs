@@ -23,6 +23,15 @@
 //!   read is checked (key and checksum) before its value is used. A read that may have
 //!   taken longer than the grace period reads its slot again before it trusts the block
 //!   (`stall.rs`): the block may hold a newer write of the same key by then.
+//!
+//! Expiry: a block may carry an absolute expiry time (`layout.rs`, [`crate::clock`]). An
+//! item past it is absent to every operation; its slot is still the key's, so a write
+//! swings it (no second copy beside it), and a reader that meets one removes it with a CAS
+//! from the word it followed (lazy expiry: it fails harmlessly if the slot moved on).
+//! Rewrites that keep a value and change its expiry (`update_expiry`) read, then CAS the
+//! slot word they read; writes that keep the expiry (`Expiry::Keep`, compare-and-swap)
+//! encode their block with a guess and, when the key's expiry turns out to differ, encode
+//! it again before anything is swung.
 
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
@@ -35,7 +44,7 @@ use crate::alloc::{BlockAllocator, Chunk, ChunkSource, Fragments, FreePool};
 use crate::directory::{CachedEntry, DirectoryCache};
 use crate::error::Error;
 use crate::hash::KeyHash;
-use crate::layout::{block_units, decode_block, encode_block, sb, Layout, Slot};
+use crate::layout::{block_units_for, decode_block, encode_block, sb, Layout, Slot};
 use crate::probe::{Probe, ProbeReads};
 use crate::rpc::{self, method, SplitRequest};
 use crate::stall::{StallClock, Stamp};
@@ -72,6 +81,8 @@ pub struct ClientStats {
     pub absence_checks: u64,
     /// Reads that may have outlasted the grace period and read their slot again.
     pub stalled_reads: u64,
+    /// Expired items this client found and removed (lazy expiry).
+    pub expired_removed: u64,
 }
 
 /// The outcome of a put.
@@ -84,12 +95,77 @@ pub enum PutOutcome {
     NotApplied,
 }
 
-/// How a put treats an existing key.
+/// How a put treats an existing key. An expired key counts as absent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PutMode {
     Upsert,
     InsertOnly,
     UpdateOnly,
+}
+
+/// What a write does to the key's expiry. Times are absolute Unix milliseconds
+/// ([`crate::clock`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Expiry {
+    /// The key never expires (a plain put clears any expiry the key had, as Redis' SET).
+    #[default]
+    Never,
+    /// The key expires after this time (a time already past writes an item no reader sees).
+    At(u64),
+    /// The key keeps the expiry it has (none for a key that is absent or expired): Redis'
+    /// `KEEPTTL`.
+    Keep,
+}
+
+impl Expiry {
+    /// [`Expiry::At`] for `Some`, [`Expiry::Never`] for `None`.
+    pub fn from_ms(expires_at_ms: Option<u64>) -> Self {
+        expires_at_ms.map_or(Expiry::Never, Expiry::At)
+    }
+}
+
+/// How [`TableClient::put_opts`] writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PutOptions {
+    pub mode: PutMode,
+    pub expiry: Expiry,
+    /// Return the value the key had before (Redis' `SET ... GET`).
+    pub return_old: bool,
+}
+
+impl Default for PutOptions {
+    fn default() -> Self {
+        Self { mode: PutMode::Upsert, expiry: Expiry::Never, return_old: false }
+    }
+}
+
+/// What [`TableClient::put_opts`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PutResult {
+    pub outcome: PutOutcome,
+    /// The live value the key had when the put ran (asked for with
+    /// [`PutOptions::return_old`]; None: absent or expired, or not asked for). Set whether
+    /// or not the put applied.
+    pub old: Option<Vec<u8>>,
+}
+
+/// A key's value and expiry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Item {
+    pub value: Vec<u8>,
+    /// Absolute Unix milliseconds; None: never expires.
+    pub expires_at_ms: Option<u64>,
+}
+
+/// A new expiry for a key, decided from its current one ([`TableClient::update_expiry`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpiryUpdate {
+    /// Leave the key as it is.
+    Unchanged,
+    /// Expire at this time (None: never).
+    Set(Option<u64>),
+    /// Remove the key (an expiry already past, as Redis' EXPIRE with a time in the past).
+    Delete,
 }
 
 #[derive(Clone, Copy)]
@@ -98,9 +174,20 @@ enum Cond<'a> {
     Absent,
     Present,
     Equals(Option<&'a [u8]>),
+    /// The key's canonical slot still holds this word (a read-then-CAS rewrite).
+    Word(u64),
 }
 
-const OPS: [&str; 8] = ["get", "put", "insert", "update", "delete", "cas", "scan", "delete_all"];
+/// How far one attempt of a write got.
+enum Step {
+    Done(PutOutcome),
+    /// A write keeping the key's expiry found it is not the one its block was encoded with:
+    /// encode again with this one.
+    Reencode(Option<u64>),
+}
+
+const OPS: [&str; 9] = ["get", "put", "insert", "update", "delete", "cas", "scan", "delete_all", "expire"];
+const OP_EXPIRE: usize = 8;
 const RESULTS: [&str; 3] = ["ok", "not_applied", "error"];
 
 struct Metrics {
@@ -173,6 +260,7 @@ struct LocalMetrics {
     splits: LocalIntCounter,
     torn: LocalIntCounter,
     stalled: LocalIntCounter,
+    expired: LocalIntCounter,
     since_flush: u32,
 }
 
@@ -200,6 +288,7 @@ impl LocalMetrics {
             splits: m.splits.local(),
             torn: m.torn.local(),
             stalled: m.stalled.local(),
+            expired: crate::expiry::EXPIRED.with_label_values(&["lazy"]).local(),
             since_flush: 0,
         }
     }
@@ -207,7 +296,9 @@ impl LocalMetrics {
     fn flush(&mut self) {
         self.ops.iter().for_each(|c| c.flush());
         self.op_seconds.iter().for_each(|h| h.flush());
-        for c in [&self.round_trips, &self.cas_failures, &self.stale, &self.splits, &self.torn, &self.stalled] {
+        for c in
+            [&self.round_trips, &self.cas_failures, &self.stale, &self.splits, &self.torn, &self.stalled, &self.expired]
+        {
             c.flush();
         }
         self.since_flush = 0;
@@ -375,6 +466,7 @@ impl Table {
             probe_sent: s.stall.now(),
             tag: first_tag(),
             count_delta: 0,
+            found_live: false,
             stats: ClientStats::default(),
             metrics: LocalMetrics::new(),
         }
@@ -451,6 +543,15 @@ impl Attempts {
 struct KeyCopy {
     slot: u64,
     word: u64,
+    /// The expiry in its block.
+    expires_at_ms: Option<u64>,
+}
+
+impl KeyCopy {
+    /// Whether the item has expired by this host's clock (read only for items that expire).
+    fn expired(&self) -> bool {
+        self.expires_at_ms.is_some_and(|at| crate::clock::now_unix_ms() > at)
+    }
 }
 
 /// Who is responsible for a put's new block when the operation ends.
@@ -480,6 +581,8 @@ fn first_tag() -> u8 {
 struct NewBlock {
     block: u64,
     units: u8,
+    /// The expiry encoded in it.
+    expires_at_ms: Option<u64>,
     word: u64,
 }
 
@@ -501,6 +604,8 @@ struct RoundScratch {
     settled: Vec<usize>,
     foreign: Vec<bool>,
     done: Vec<bool>,
+    /// Index into `wanted` of settled copies that had expired (removed after the round).
+    expired: Vec<usize>,
 }
 
 impl RoundScratch {
@@ -511,6 +616,7 @@ impl RoundScratch {
         self.settled.clear();
         self.foreign.clear();
         self.done.clear();
+        self.expired.clear();
     }
 }
 
@@ -536,6 +642,9 @@ pub struct TableClient {
     tag: u8,
     /// Item-count changes not yet added to the superblock (sent with the next batch).
     count_delta: i64,
+    /// Whether the last write attempt found the key live (present and not expired); its
+    /// value is then in `value`.
+    found_live: bool,
     stats: ClientStats,
     metrics: LocalMetrics,
 }
@@ -549,17 +658,27 @@ impl TableClient {
         &self.shared.layout
     }
 
-    /// The value of `key`, if present.
+    /// The value of `key`, if present (an expired key is absent: see [`crate::clock`]).
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         let mut out = Vec::new();
         Ok(self.get_into(key, &mut out)?.then_some(out))
     }
 
     /// Puts the value of `key` into `out` (cleared first); returns whether the key exists.
+    /// An expired item found on the way is removed (lazy expiry).
     pub fn get_into(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, Error> {
         let sample = self.begin();
-        let result = self.search(key, out);
+        let result = self.search(key, out).map(|found| found.is_some());
         self.end(0, sample, result, |&found| found)
+    }
+
+    /// The value and expiry of `key`, if present.
+    pub fn get_item(&mut self, key: &[u8]) -> Result<Option<Item>, Error> {
+        let sample = self.begin();
+        let mut value = Vec::new();
+        let result =
+            self.search(key, &mut value).map(|found| found.map(|c| Item { value, expires_at_ms: c.expires_at_ms }));
+        self.end(0, sample, result, Option::is_some)
     }
 
     /// Looks up many keys at once: the bucket reads of up to [`KEYS_PER_ROUND`] keys travel
@@ -634,7 +753,7 @@ impl TableClient {
         let groups = self.shared.layout.groups_per_subtable;
         self.batch.clear();
         for key in keys {
-            Self::check_key(key, 0)?;
+            Self::check_key(key, 0, false)?;
             let hash = self.hash(key);
             let cached = self.shared.directory.lookup(hash.dir);
             let cbs = hash.combined_buckets(cached.entry.subtable, groups);
@@ -677,9 +796,13 @@ impl TableClient {
         for (n, &(i, _, _)) in r.wanted.iter().enumerate() {
             match decode_block(self.batch.read_result(r.reads[n])?) {
                 None => r.foreign[i] = true,
-                Some((k, v)) if k == keys[i] => {
+                Some(block) if block.key == keys[i] => {
                     if !r.done[i] {
-                        values[i] = Some(v.to_vec());
+                        if block.expires_at_ms.is_some_and(|at| crate::clock::now_unix_ms() > at) {
+                            r.expired.push(n);
+                        } else {
+                            values[i] = Some(block.value.to_vec());
+                        }
                         r.done[i] = true;
                         r.settled.push(n);
                     } else {
@@ -699,6 +822,24 @@ impl TableClient {
                 slow.push(i);
             }
         }
+        // Expired copies the round settled on: removed now, by a CAS from the very word
+        // that led to them (lazy expiry; it fails harmlessly if the slot moved on).
+        let expired: Vec<(u64, u64)> = r
+            .expired
+            .iter()
+            .map(|&n| r.wanted[n])
+            .filter(|&(i, _, _)| !r.foreign[i])
+            .map(|(_, slot, word)| (slot, word))
+            .collect();
+        self.expire_lazily(&expired)?;
+        Ok(())
+    }
+
+    /// Removes expired copies (slot, word) by CAS, counting those that swung.
+    fn expire_lazily(&mut self, copies: &[(u64, u64)]) -> Result<(), Error> {
+        let removed = self.remove_copies(copies)? as u64;
+        self.stats.expired_removed += removed;
+        self.metrics.expired.inc_by(removed);
         Ok(())
     }
 
@@ -727,40 +868,94 @@ impl TableClient {
         self.metrics.stalled.inc();
     }
 
-    /// Sets `key` to `value` (insert or replace).
+    /// Sets `key` to `value` (insert or replace), with no expiry.
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<PutOutcome, Error> {
         self.put_with(key, value, PutMode::Upsert)
     }
 
-    /// Sets `key` to `value` if `mode` allows it.
+    /// Sets `key` to `value` if `mode` allows it, with no expiry.
     pub fn put_with(&mut self, key: &[u8], value: &[u8], mode: PutMode) -> Result<PutOutcome, Error> {
-        let (kind, cond) = match mode {
+        Ok(self.put_opts(key, value, PutOptions { mode, ..PutOptions::default() })?.outcome)
+    }
+
+    /// Sets `key` to `value` as `options` say: if its mode allows (an expired key counts as
+    /// absent), with its expiry, returning the value the key had when asked to.
+    ///
+    /// [`Expiry::Keep`] costs nothing extra for a key without an expiry; for one with an
+    /// expiry the first attempt learns it (two round trips) and writes again.
+    pub fn put_opts(&mut self, key: &[u8], value: &[u8], options: PutOptions) -> Result<PutResult, Error> {
+        let (kind, cond) = match options.mode {
             PutMode::Upsert => (1, Cond::Any),
             PutMode::InsertOnly => (2, Cond::Absent),
             PutMode::UpdateOnly => (3, Cond::Present),
         };
         let sample = self.begin();
-        let result = self.mutate(key, Some(value), cond);
-        self.end(kind, sample, result, |o| *o != PutOutcome::NotApplied)
+        let result = self.mutate(key, Some(value), options.expiry, cond).map(|outcome| PutResult {
+            outcome,
+            old: (options.return_old && self.found_live).then(|| self.value.clone()),
+        });
+        self.end(kind, sample, result, |r| r.outcome != PutOutcome::NotApplied)
     }
 
-    /// Removes `key`; returns whether it was there.
+    /// Removes `key`; returns whether it was there (an expired item is removed too, and
+    /// counts as not there).
     pub fn delete(&mut self, key: &[u8]) -> Result<bool, Error> {
         let sample = self.begin();
-        let result = self.mutate(key, None, Cond::Any).map(|o| o != PutOutcome::NotApplied);
+        let result = self.mutate(key, None, Expiry::Never, Cond::Any).map(|o| o != PutOutcome::NotApplied);
         self.end(4, sample, result, |&d| d)
     }
 
     /// Atomically replaces the value of `key` with `new` (None deletes) if it currently is
-    /// `expected` (None: absent). Returns whether it did.
+    /// `expected` (None: absent or expired). Returns whether it did. The key keeps its
+    /// expiry (as Redis' INCR and friends keep a key's TTL; a new key gets none).
     pub fn compare_and_swap(&mut self, key: &[u8], expected: Option<&[u8]>, new: Option<&[u8]>) -> Result<bool, Error> {
         let sample = self.begin();
         let result = match new {
             // Absent -> absent: true exactly when the key is absent.
-            None if expected.is_none() => self.search(key, &mut Vec::new()).map(|found| !found),
-            _ => self.mutate(key, new, Cond::Equals(expected)).map(|o| o != PutOutcome::NotApplied),
+            None if expected.is_none() => self.search(key, &mut Vec::new()).map(|found| found.is_none()),
+            _ => self.mutate(key, new, Expiry::Keep, Cond::Equals(expected)).map(|o| o != PutOutcome::NotApplied),
         };
         self.end(5, sample, result, |&d| d)
+    }
+
+    /// Changes the expiry of `key` as `decide` says, given its current one (None: never);
+    /// `decide` is not called for an absent or expired key. Returns the item as it was
+    /// before (None: absent) and whether `decide` asked for a change (an unchanged time
+    /// counts, as Redis' EXPIRE does; nothing is written then).
+    ///
+    /// A read, then a compare-and-swap of the slot word read: a write in between wins and
+    /// this starts over (calling `decide` again). Five round trips, uncontended.
+    pub fn update_expiry(
+        &mut self,
+        key: &[u8],
+        mut decide: impl FnMut(Option<u64>) -> ExpiryUpdate,
+    ) -> Result<Option<(Item, bool)>, Error> {
+        let sample = self.begin();
+        let result = self.update_expiry_loop(key, &mut decide);
+        self.end(OP_EXPIRE, sample, result, |r| r.as_ref().is_some_and(|(_, changed)| *changed))
+    }
+
+    fn update_expiry_loop(
+        &mut self,
+        key: &[u8],
+        decide: &mut dyn FnMut(Option<u64>) -> ExpiryUpdate,
+    ) -> Result<Option<(Item, bool)>, Error> {
+        let mut attempts = Attempts::new(self.shared.options.op_timeout);
+        loop {
+            let mut value = Vec::new();
+            let Some(copy) = self.search(key, &mut value)? else { return Ok(None) };
+            let item = Item { value, expires_at_ms: copy.expires_at_ms };
+            let (new, expiry) = match decide(item.expires_at_ms) {
+                ExpiryUpdate::Unchanged => return Ok(Some((item, false))),
+                ExpiryUpdate::Set(at) if at == item.expires_at_ms => return Ok(Some((item, true))),
+                ExpiryUpdate::Set(at) => (Some(&item.value[..]), Expiry::from_ms(at)),
+                ExpiryUpdate::Delete => (None, Expiry::Never),
+            };
+            if self.mutate(key, new, expiry, Cond::Word(copy.word))? != PutOutcome::NotApplied {
+                return Ok(Some((item, true)));
+            }
+            attempts.retry("the key kept changing under an expiry update")?;
+        }
     }
 
     /// Gets ready ahead of need: fetches a heap chunk now, so the first write makes no
@@ -836,14 +1031,16 @@ impl TableClient {
         self.metrics.round_trips.inc();
     }
 
-    fn check_key(key: &[u8], value_len: usize) -> Result<u8, Error> {
+    /// The units of a block for `key`, a value of `value_len` bytes and an expiry if
+    /// `expires`, after checking they fit one.
+    fn check_key(key: &[u8], value_len: usize, expires: bool) -> Result<u8, Error> {
         if key.is_empty() {
             return Err(Error::EmptyKey);
         }
         if key.len() > u16::MAX as usize {
             return Err(Error::TooLarge { key: key.len(), value: value_len });
         }
-        block_units(key.len(), value_len).ok_or(Error::TooLarge { key: key.len(), value: value_len })
+        block_units_for(key.len(), value_len, expires).ok_or(Error::TooLarge { key: key.len(), value: value_len })
     }
 
     fn hash(&self, key: &[u8]) -> KeyHash {
@@ -918,14 +1115,14 @@ impl TableClient {
             let read = reads[i].expect("read issued");
             match decode_block(self.batch.read_result(read)?) {
                 None => torn = true,
-                Some((k, _)) if k == key => {
-                    self.copies.push(KeyCopy { slot, word });
+                Some(block) if block.key == key => {
+                    self.copies.push(KeyCopy { slot, word, expires_at_ms: block.expires_at_ms });
                     if best.is_none_or(|(s, _)| slot < s) {
                         best = Some((slot, read));
                     }
                 }
                 // Another key whose fingerprint collides: the slot is its.
-                Some((k, v)) if Slot::decode(word).is_some_and(|s| s.fits_block(k, v, groups)) => {
+                Some(block) if Slot::decode(word).is_some_and(|s| s.fits_block(&block, groups)) => {
                     self.others.push((slot, word))
                 }
                 // A block that cannot be the one its slot word was written for: reused
@@ -941,9 +1138,9 @@ impl TableClient {
         }
         self.copies.sort_by_key(|c| c.slot);
         if let (Some(out), Some((_, read))) = (value_out, best) {
-            let (_, value) = decode_block(self.batch.read_result(read)?).expect("verified above");
+            let block = decode_block(self.batch.read_result(read)?).expect("verified above");
             out.clear();
-            out.extend_from_slice(value);
+            out.extend_from_slice(block.value);
             if !self.shared.stall.surely_within(self.probe_sent) {
                 self.count_stall();
                 let canonical = self.copies[0];
@@ -956,8 +1153,10 @@ impl TableClient {
         Ok(Verified::Done)
     }
 
-    fn search(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, Error> {
-        Self::check_key(key, 0)?;
+    /// Finds `key`: its value goes to `out`, its canonical copy is returned; None when it
+    /// is absent or expired (an expired copy is removed on the way: lazy expiry).
+    fn search(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<Option<KeyCopy>, Error> {
+        Self::check_key(key, 0, false)?;
         let hash = self.hash(key);
         let mut attempts = Attempts::new(self.shared.options.op_timeout);
         loop {
@@ -969,14 +1168,22 @@ impl TableClient {
             }
             probe.candidates(hash.fingerprint, &mut self.cands);
             if self.cands.is_empty() {
-                return Ok(false);
+                return Ok(None);
             }
             match self.verify(key, Some(out))? {
                 Verified::Torn => attempts.retry("a block kept changing under a read")?,
-                Verified::Done if !self.copies.is_empty() => return Ok(true),
+                Verified::Done if !self.copies.is_empty() => {
+                    let canonical = self.copies[0];
+                    if !canonical.expired() {
+                        return Ok(Some(canonical));
+                    }
+                    out.clear();
+                    self.expire_lazily(&[(canonical.slot, canonical.word)])?;
+                    return Ok(None);
+                }
                 Verified::Done => {
                     if self.others_unchanged(&hash, entry.entry.subtable)? {
-                        return Ok(false);
+                        return Ok(None);
                     }
                     attempts.retry("the key's buckets kept changing")?;
                 }
@@ -1053,11 +1260,31 @@ impl TableClient {
         self.count_delta -= 1;
     }
 
-    fn mutate(&mut self, key: &[u8], value: Option<&[u8]>, cond: Cond<'_>) -> Result<PutOutcome, Error> {
+    fn mutate(
+        &mut self,
+        key: &[u8],
+        value: Option<&[u8]>,
+        expiry: Expiry,
+        cond: Cond<'_>,
+    ) -> Result<PutOutcome, Error> {
         let mut restarts = 0;
+        // The expiry the block is encoded with; for `Keep`, first a guess (most keys have
+        // none), corrected once the key's own is known.
+        let mut expires_at_ms = match expiry {
+            Expiry::At(at) => Some(at),
+            Expiry::Never | Expiry::Keep => None,
+        };
+        let keep = matches!(expiry, Expiry::Keep) && value.is_some();
+        let mut attempts = Attempts::new(self.shared.options.op_timeout);
+        self.found_live = false;
         loop {
-            let (e, state) = match self.mutate_once(key, value, cond) {
-                Ok(outcome) => return Ok(outcome),
+            let (e, state) = match self.mutate_once(key, value, expires_at_ms, keep, cond) {
+                Ok(Step::Done(outcome)) => return Ok(outcome),
+                Ok(Step::Reencode(at)) => {
+                    expires_at_ms = at;
+                    attempts.retry("the key's expiry kept changing under a write keeping it")?;
+                    continue;
+                }
                 Err(failed) => failed,
             };
             let Error::Transport(TransportError::InstanceChanged { expected, .. }) = e else { return Err(e) };
@@ -1071,16 +1298,23 @@ impl TableClient {
         }
     }
 
-    /// The block a write of `value` goes into (None for a delete), after checking sizes.
-    fn new_block(&mut self, hash: &KeyHash, key: &[u8], value: Option<&[u8]>) -> Result<Option<NewBlock>, Error> {
+    /// The block a write of `value` expiring at `expires_at_ms` goes into (None for a
+    /// delete), after checking sizes.
+    fn new_block(
+        &mut self,
+        hash: &KeyHash,
+        key: &[u8],
+        value: Option<&[u8]>,
+        expires_at_ms: Option<u64>,
+    ) -> Result<Option<NewBlock>, Error> {
         let Some(value) = value else {
-            Self::check_key(key, 0)?;
+            Self::check_key(key, 0, false)?;
             return Ok(None);
         };
-        let units = Self::check_key(key, value.len())?;
+        let units = Self::check_key(key, value.len(), expires_at_ms.is_some())?;
         let block = self.alloc.alloc(units)?;
-        encode_block(&mut self.block, key, value);
-        Ok(Some(NewBlock { block, units, word: self.next_word(hash, block, units) }))
+        encode_block(&mut self.block, key, value, expires_at_ms);
+        Ok(Some(NewBlock { block, units, expires_at_ms, word: self.next_word(hash, block, units) }))
     }
 
     /// One attempt of [`Self::mutate`]; an error comes with how far the new block got.
@@ -1088,16 +1322,18 @@ impl TableClient {
         &mut self,
         key: &[u8],
         value: Option<&[u8]>,
+        expires_at_ms: Option<u64>,
+        keep: bool,
         cond: Cond<'_>,
-    ) -> Result<PutOutcome, (Error, BlockState)> {
+    ) -> Result<Step, (Error, BlockState)> {
         let hash = self.hash(key);
-        let new = self.new_block(&hash, key, value).map_err(|e| (e, BlockState::Unpublished))?;
+        let new = self.new_block(&hash, key, value, expires_at_ms).map_err(|e| (e, BlockState::Unpublished))?;
         // The block is space of the run that handed it out: write it, and put it in a
         // slot, only there (see `alloc::Chunk`).
         let run = new.map(|_| self.alloc.instance().expect("an allocated block belongs to a run"));
         self.batch.require_instance(run);
         let mut state = BlockState::Unpublished;
-        let result = self.mutate_loop(key, &hash, new.as_ref(), cond, &mut state);
+        let result = self.mutate_loop(key, &hash, new.as_ref(), keep, cond, &mut state);
         self.batch.require_instance(None);
         if let (Some(new), Some(run)) = (new, run) {
             match state {
@@ -1109,14 +1345,18 @@ impl TableClient {
         result.map_err(|e| (e, state))
     }
 
+    /// Runs a write until it applies or its condition fails. `keep`: the block must carry
+    /// the key's current expiry (none for an absent or expired key); one that does not
+    /// comes back as [`Step::Reencode`] before anything is swung.
     fn mutate_loop(
         &mut self,
         key: &[u8],
         hash: &KeyHash,
         new: Option<&NewBlock>,
+        keep: bool,
         cond: Cond<'_>,
         state: &mut BlockState,
-    ) -> Result<PutOutcome, Error> {
+    ) -> Result<Step, Error> {
         let mut attempts = Attempts::new(self.shared.options.op_timeout);
         let mut written = false;
         loop {
@@ -1143,15 +1383,26 @@ impl TableClient {
                 attempts.retry("the key's buckets kept changing")?;
                 continue;
             }
+            // An expired key is absent to every condition; its slot is still the one a write
+            // swings (an insert beside it would leave two copies).
+            let live = exists && !self.copies[0].expired();
+            self.found_live = live;
             let allowed = match cond {
                 Cond::Any => true,
-                Cond::Absent => !exists,
-                Cond::Present => exists,
-                Cond::Equals(None) => !exists,
-                Cond::Equals(Some(expected)) => exists && self.value == expected,
+                Cond::Absent => !live,
+                Cond::Present => live,
+                Cond::Equals(None) => !live,
+                Cond::Equals(Some(expected)) => live && self.value == expected,
+                Cond::Word(word) => exists && self.copies[0].word == word,
             };
             if !allowed {
-                return Ok(PutOutcome::NotApplied);
+                return Ok(Step::Done(PutOutcome::NotApplied));
+            }
+            if let Some(new) = new.filter(|_| keep) {
+                let current = if live { self.copies[0].expires_at_ms } else { None };
+                if current != new.expires_at_ms {
+                    return Ok(Step::Reencode(current));
+                }
             }
             if exists {
                 match self.replace(new)? {
@@ -1159,7 +1410,14 @@ impl TableClient {
                         if new.is_some() {
                             *state = BlockState::InSlot;
                         }
-                        return Ok(outcome);
+                        if live {
+                            return Ok(Step::Done(outcome));
+                        }
+                        // It replaced (or removed) an expired item: the key was absent.
+                        self.stats.expired_removed += 1;
+                        self.metrics.expired.inc();
+                        let outcome = if new.is_some() { PutOutcome::Inserted } else { PutOutcome::NotApplied };
+                        return Ok(Step::Done(outcome));
                     }
                     None => {
                         attempts.retry("the key kept changing under an update")?;
@@ -1168,7 +1426,7 @@ impl TableClient {
                 }
             }
             let Some(new) = new else {
-                return Ok(PutOutcome::NotApplied); // deleting an absent key
+                return Ok(Step::Done(PutOutcome::NotApplied)); // deleting an absent key
             };
             let Some(free) = probe.free_slot() else {
                 self.request_split(hash, &entry)?;
@@ -1176,7 +1434,7 @@ impl TableClient {
                 continue;
             };
             match self.insert_at(key, hash, free, new, cond, &entry, state)? {
-                Some(outcome) => return Ok(outcome),
+                Some(outcome) => return Ok(Step::Done(outcome)),
                 None => attempts.retry("inserts kept racing")?,
             }
         }

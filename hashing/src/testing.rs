@@ -102,6 +102,12 @@ impl TestMemnode {
         crate::format::publish_grace_period(&LocalConnection::new(Arc::clone(&self.region), None), grace).unwrap();
     }
 
+    /// The memnode's active expiry, as a memnode daemon runs it (over the service's
+    /// loopback connection).
+    pub fn active_expiry(&self, options: crate::expiry::ExpiryOptions) -> crate::expiry::ActiveExpiry {
+        self.service.active_expiry(options).expect("the service is attached")
+    }
+
     /// Free heap bytes the memnode holds in runs shorter than a chunk.
     pub fn heap_fragment_bytes(&self) -> u64 {
         self.service.heap_fragment_bytes()
@@ -144,6 +150,8 @@ fn connect(endpoint: &Endpoint) -> Arc<dyn Connection> {
 pub struct ScannedItem {
     pub key: Vec<u8>,
     pub value: Vec<u8>,
+    /// The expiry in its block (expired items included: this reads the region as it is).
+    pub expires_at_ms: Option<u64>,
     pub slot: u64,
     /// Whether its bucket's header admits the key (false: a misplaced entry).
     pub admitted: bool,
@@ -183,11 +191,12 @@ pub fn scan(conn: &dyn Connection, layout: &Layout) -> Vec<ScannedItem> {
                 b.clear();
                 let r = b.read(slot.block, slot.block_bytes() as u32);
                 conn.execute(&mut b).unwrap();
-                let (key, value) = decode_block(b.read_result(r).unwrap()).expect("every slot points to a valid block");
-                let dir = KeyHash::of(key, layout.groups_per_subtable).dir;
+                let block = decode_block(b.read_result(r).unwrap()).expect("every slot points to a valid block");
+                let dir = KeyHash::of(block.key, layout.groups_per_subtable).dir;
                 items.push(ScannedItem {
-                    key: key.to_vec(),
-                    value: value.to_vec(),
+                    key: block.key.to_vec(),
+                    value: block.value.to_vec(),
+                    expires_at_ms: block.expires_at_ms,
                     slot: slot_offset(subtable + i as u64 * BUCKET_BYTES, j),
                     admitted: header.admits(dir),
                 });

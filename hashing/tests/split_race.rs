@@ -115,7 +115,7 @@ fn a_block_reused_between_the_splitters_slot_and_block_reads_does_not_misjudge_t
     let (spare, _) = Heap::new(Arc::clone(&conn), layout).alloc_chunk(0).unwrap();
     // The first update lands between the bucket round's slot and block reads; the second
     // between the one-slot path's (the slot changed, so the splitter looks at it alone).
-    let updated = Slot { units: encode_block(&mut Vec::new(), &victim.key, b"updated"), block: spare, ..first };
+    let updated = Slot { units: encode_block(&mut Vec::new(), &victim.key, b"updated", None), block: spare, ..first };
     let updates = [(first, spare, &b"updated"[..]), (updated, spare + 64 * 4, &b"updated again"[..])];
 
     let hooks: Vec<(u64, Hook)> = updates
@@ -128,14 +128,14 @@ fn a_block_reused_between_the_splitters_slot_and_block_reads_does_not_misjudge_t
                 // its old block holds a key that stays.
                 let from_word = Slot { tag: first.tag.wrapping_add(n as u8), ..from }.encode();
                 let mut block = Vec::new();
-                let units = encode_block(&mut block, &key, value);
+                let units = encode_block(&mut block, &key, value, None);
                 let to_word = Slot { units, tag: first.tag.wrapping_add(n as u8 + 1), block: to, ..first }.encode();
                 let mut b = Batch::new();
                 b.write(to, &block);
                 let cas = b.cas(slot, from_word, to_word);
                 conn.execute(&mut b).unwrap();
                 assert!(b.cas_succeeded(cas).unwrap(), "late update {n}");
-                encode_block(&mut block, &stayer, b"s");
+                encode_block(&mut block, &stayer, b"s", None);
                 assert!(block.len() as u64 <= from.block_bytes());
                 b.clear();
                 b.write(from.block, &block);

@@ -80,7 +80,11 @@ fn replay(via: Via, lookup: Lookup) -> (Option<Vec<u8>>, u64) {
         assert!(!writer.compare_and_swap(KEY, Some(b"not the value"), Some(b"v3")).unwrap());
         // The scene holds only if the lost write's block is the one the reader will read.
         let block = read_bytes(&*reused, v1.block, v1.block_bytes() as u32);
-        assert_eq!(decode_block(&block), Some((KEY, &b"v3"[..])), "the allocator did not reuse the block");
+        assert_eq!(
+            decode_block(&block).map(|b| (b.key, b.value)),
+            Some((KEY, &b"v3"[..])),
+            "the allocator did not reuse the block"
+        );
     });
     let hooked = BeforeRead::new(memnode.connect(), vec![(v1.block, stall)]);
     let mut reader = table.client(hooked.clone());
@@ -266,7 +270,7 @@ fn a_block_reused_for_another_key_does_not_make_the_key_absent() {
             w.put(KEY, b"v2").unwrap();
             w.put(&other, b"x1").unwrap();
             let block = read_bytes(&*c1, first.block, first.block_bytes() as u32);
-            assert_eq!(decode_block(&block).map(|(k, _)| k), Some(&other[..]), "the block was not reused");
+            assert_eq!(decode_block(&block).map(|b| b.key), Some(&other[..]), "the block was not reused");
         });
         // Before the reader looks at the buckets again: the block comes back to the key, and
         // the slot word with it, tag and all.

@@ -70,6 +70,11 @@ pub struct MemnodeConfig {
     /// taken longer than this checks its slot again, so this is a trade of heap held in
     /// grace (about write rate x grace) against how often slow reads cost a round trip.
     pub grace_period_ms: u64,
+    /// Share of one core (percent) the active expiry may spend per cycle finding expired
+    /// items nobody reads and freeing their memory (`racekv_hashing::expiry`; cycles run up
+    /// to 10 a second while items with an expiry are around). 0 turns it off: expired items
+    /// then go only when a client meets them.
+    pub active_expiry_cpu_percent: u32,
     /// RPC (FLOCK) credits per grant: how many requests a client lane may send before it
     /// must renew (it renews after using half).
     pub rpc_credits: u32,
@@ -120,6 +125,7 @@ impl Default for MemnodeConfig {
             sync_interval_ms: 1_000,
             reopen_fence_ms: 1_000,
             grace_period_ms: 10,
+            active_expiry_cpu_percent: 25,
             rpc_credits: 32,
             rpc_max_active_lanes: 256,
             rpc_max_outstanding: 256 * 48,
@@ -149,6 +155,7 @@ impl MemnodeConfig {
         anyhow::ensure!(self.max_connections > 0, "max_connections must be at least 1");
         anyhow::ensure!(self.reopen_fence_ms <= 60_000, "reopen_fence_ms must be at most 60000 (one minute)");
         anyhow::ensure!((1..=60_000).contains(&self.grace_period_ms), "grace_period_ms must be within 1..=60000");
+        anyhow::ensure!(self.active_expiry_cpu_percent <= 100, "active_expiry_cpu_percent must be within 0..=100");
         anyhow::ensure!((2..=65536).contains(&self.rpc_credits), "rpc_credits must be within 2..=65536");
         anyhow::ensure!(self.rpc_max_active_lanes > 0, "rpc_max_active_lanes must be at least 1");
         anyhow::ensure!(self.rpc_max_outstanding > 0, "rpc_max_outstanding must be at least 1");

@@ -5,6 +5,9 @@
 //! serves it on the configured transports, and answers the table's RPCs (metadata, chunk
 //! allocation, split, stats) through a loopback connection of the transport clients use.
 //!
+//! A thread runs the active expiry (`racekv_hashing::expiry`): it samples slots through the
+//! same loopback connection, removes expired items nobody reads and frees their blocks.
+//!
 //! Every client proves the token when it connects (`racekv_transport::auth`); the tcp
 //! listener speaks only TLS when a certificate is configured, re-read by
 //! [`Memnode::reload_tls`] (the daemon calls it on SIGHUP).
@@ -26,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use prometheus::{Gauge, IntGauge};
+use racekv_hashing::expiry::ExpiryOptions;
 use racekv_hashing::format::{format, is_formatted, publish_grace_period, read_layout, read_node_id};
 use racekv_hashing::heap::Heap;
 use racekv_hashing::reclaim::{reclaim, Reclaimed};
@@ -121,6 +125,7 @@ pub struct Memnode {
     metrics: Option<MetricsServer>,
     stopping: Arc<AtomicBool>,
     housekeeping: Option<JoinHandle<()>>,
+    expiry: Option<JoinHandle<()>>,
     start_reclaim: Option<StartReclaim>,
     /// Holds the exclusive lock on the data file while we run.
     _lock: Option<nix::fcntl::Flock<File>>,
@@ -286,11 +291,48 @@ impl Memnode {
             metrics,
             stopping,
             housekeeping: None,
+            expiry: None,
             start_reclaim,
             _lock: lock,
         };
         memnode.housekeeping = Some(memnode.spawn_housekeeping()?);
+        memnode.expiry = memnode.spawn_expiry()?;
         Ok(memnode)
+    }
+
+    /// Runs the active expiry's cycles, asleep in between (None when it is turned off).
+    fn spawn_expiry(&self) -> anyhow::Result<Option<JoinHandle<()>>> {
+        if self.config.active_expiry_cpu_percent == 0 {
+            return Ok(None);
+        }
+        let options = ExpiryOptions {
+            cpu_percent: self.config.active_expiry_cpu_percent,
+            grace: Duration::from_millis(self.config.grace_period_ms),
+            ..ExpiryOptions::default()
+        };
+        let Some(mut expiry) = self.service.active_expiry(options) else {
+            bail!("the table service has no loopback connection");
+        };
+        let stopping = Arc::clone(&self.stopping);
+        Ok(Some(std::thread::Builder::new().name("memnode-expiry".into()).spawn(move || {
+            /// After a failed cycle (the loopback lost, say), the next try waits this long.
+            const AFTER_FAILURE: Duration = Duration::from_secs(1);
+            while !stopping.load(Ordering::Acquire) {
+                let next = match expiry.run_due() {
+                    Ok(next) => next,
+                    Err(e) => {
+                        tracing::warn!("active expiry cycle failed: {e}");
+                        AFTER_FAILURE
+                    }
+                };
+                std::thread::park_timeout(next);
+            }
+            // Blocks still in grace go back too (a few milliseconds); else the next start's
+            // reclaim finds them.
+            if let Err(e) = expiry.drain() {
+                tracing::debug!("giving back expired blocks at stop failed: {e}");
+            }
+        })?))
     }
 
     /// Refreshes the gauges every second and flushes a data file every `sync_interval_ms`,
@@ -388,6 +430,11 @@ impl Memnode {
 
     fn stop(&mut self) -> anyhow::Result<()> {
         self.stopping.store(true, Ordering::Release);
+        // The expiry first: it gives back what it freed through the loopback connection.
+        if let Some(h) = self.expiry.take() {
+            h.thread().unpark();
+            let _ = h.join();
+        }
         if let Some(mut server) = self.server.take() {
             server.shutdown();
         }

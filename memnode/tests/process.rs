@@ -637,3 +637,53 @@ fn a_tls_listener_reloads_its_certificate_on_sighup() {
     signal(&m.child, 15);
     assert!(wait_exit(&mut m.child, Duration::from_secs(10)).success());
 }
+
+/// Keys that expire and are never read again are removed by the memnode itself (its active
+/// expiry), their blocks freed, and the metrics say so; keys without an expiry stay.
+#[test]
+fn the_memnode_frees_expired_keys_nobody_reads() {
+    let args: Vec<String> = ["--listen-tcp", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0", "--region-bytes", "32MiB"]
+        .map(String::from)
+        .to_vec();
+    let m = spawn(&args);
+    let conn = connect(&m.endpoints[0]);
+    const EXPIRING: u64 = 2000;
+    {
+        // A process that writes and goes away: what it held but did not publish goes back.
+        let table = Table::open(Arc::clone(&conn), TableOptions::default()).unwrap();
+        let mut c = table.client(Arc::clone(&conn));
+        let past = racekv_hashing::clock::now_unix_ms() - racekv_hashing::clock::MAX_CLOCK_SKEW_MS - 1000;
+        let expiring = racekv_hashing::PutOptions { expiry: racekv_hashing::Expiry::At(past), ..Default::default() };
+        for i in 0..EXPIRING {
+            c.put_opts(format!("gone{i}").as_bytes(), &[1u8; 500], expiring).unwrap();
+        }
+        c.put(b"kept", b"v").unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while stats(&*conn).items > 1 {
+        assert!(Instant::now() < deadline, "the memnode left {} items after 60 s", stats(&*conn).items);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Then every block goes back after its grace period (10 ms; a cycle is due within
+    // 100 ms): what is left in use is the subtables and the kept key's block.
+    let in_use = || {
+        let s = stats(&*conn);
+        (s.heap.heap_used_bytes, s.heap.subtables * s.layout.subtable_bytes() + 64)
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while in_use().0 != in_use().1 {
+        assert!(Instant::now() < deadline, "heap used, against subtables and the kept block: {:?}", in_use());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let table = Table::open(Arc::clone(&conn), TableOptions::default()).unwrap();
+    assert_eq!(table.client(Arc::clone(&conn)).get(b"kept").unwrap().as_deref(), Some(&b"v"[..]));
+    let metrics = http_get(m.metrics.as_ref().unwrap(), "/metrics");
+    let active = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("racekv_table_expired_total{how=\"active\"} "))
+        .unwrap_or_else(|| panic!("no active expiry counter:\n{metrics}"));
+    assert_eq!(active.trim().parse::<u64>().unwrap(), EXPIRING);
+    for name in ["racekv_expiry_cycles_total", "racekv_expiry_sampled_slots_total", "racekv_expiry_freed_bytes_total"] {
+        assert!(metrics.contains(name), "metrics lack {name}");
+    }
+}

@@ -50,4 +50,6 @@ pub use memstore::MemStore;
 pub use reply::{Protocol, Reply};
 pub use resp::{Command, Limits, Parser, ProtocolError};
 pub use server::{IoModel, RedisServer, ServerOptions, TlsPort};
-pub use store::{KvSession, KvStore, PutMode, StoreError, StoreErrorKind};
+pub use store::{
+    Expiry, ExpiryUpdate, Item, KvSession, KvStore, PutMode, PutOptions, PutResult, StoreError, StoreErrorKind,
+};

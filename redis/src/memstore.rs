@@ -4,19 +4,29 @@
 //! RACE table; it is compiled for this crate's unit tests and, through the `test-support`
 //! feature, for its integration tests and examples. It has none of racekv's properties
 //! (no memory nodes, no one-sided operations, one global lock) and must not be deployed.
+//!
+//! It honours expiry as the storage contract says (`store.rs`): an expired key is absent
+//! to every call and is dropped when a call meets it; DBSIZE counts the ones not met yet.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use racekv_telemetry::clock::now_unix_ms;
 
-use super::store::{KvSession, KvStore, PutMode, StoreError, StoreErrorKind, SCAN_PAGE_MAX_KEYS};
+use super::store::{
+    Expiry, ExpiryUpdate, Item, KvSession, KvStore, PutMode, PutOptions, PutResult, StoreError, StoreErrorKind,
+    SCAN_PAGE_MAX_KEYS,
+};
+
+/// A stored value and its expiry (absolute Unix milliseconds).
+type Entry = (Vec<u8>, Option<u64>);
 
 /// In-memory test double of the storage trait. Cloning shares the same map.
 #[derive(Clone, Default)]
 pub struct MemStore {
-    map: Arc<Mutex<HashMap<Vec<u8>, Vec<u8>>>>,
+    map: Arc<Mutex<HashMap<Vec<u8>, Entry>>>,
     max_value_bytes: Option<usize>,
 }
 
@@ -32,10 +42,23 @@ impl MemStore {
         Self { max_value_bytes: Some(max_value_bytes), ..Self::default() }
     }
 
-    /// A copy of the value of `key`, for assertions.
+    /// A copy of the live value of `key`, for assertions.
     pub fn peek(&self, key: &[u8]) -> Option<Vec<u8>> {
-        self.map.lock().get(key).cloned()
+        live(&mut self.map.lock(), key).map(|(v, _)| v.clone())
     }
+
+    /// The expiry of `key` (None: absent, or no expiry), for assertions.
+    pub fn peek_expiry(&self, key: &[u8]) -> Option<u64> {
+        live(&mut self.map.lock(), key).and_then(|(_, e)| *e)
+    }
+}
+
+/// The entry of `key` if it has not expired; an expired one is dropped (lazy expiry).
+fn live<'m>(map: &'m mut HashMap<Vec<u8>, Entry>, key: &[u8]) -> Option<&'m mut Entry> {
+    if map.get(key).is_some_and(|(_, e)| e.is_some_and(|at| now_unix_ms() > at)) {
+        map.remove(key);
+    }
+    map.get_mut(key)
 }
 
 impl KvStore for MemStore {
@@ -57,50 +80,91 @@ impl MemStore {
 
 impl KvSession for MemStore {
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self.map.lock().get(key).cloned())
+        Ok(live(&mut self.map.lock(), key).map(|(v, _)| v.clone()))
     }
 
     fn put(&mut self, key: &[u8], value: &[u8], mode: PutMode) -> Result<bool, StoreError> {
-        self.check_value(value)?;
-        let mut map = self.map.lock();
-        let present = map.contains_key(key);
-        let apply = match mode {
-            PutMode::Upsert => true,
-            PutMode::InsertOnly => !present,
-            PutMode::UpdateOnly => present,
-        };
-        if apply {
-            map.insert(key.to_vec(), value.to_vec());
-        }
-        Ok(apply)
+        let options = PutOptions { mode, expiry: Expiry::Never, get: false };
+        self.put_opts(key, value, options).map(|r| r.applied)
     }
 
     fn delete(&mut self, key: &[u8]) -> Result<bool, StoreError> {
-        Ok(self.map.lock().remove(key).is_some())
+        let mut map = self.map.lock();
+        let present = live(&mut map, key).is_some();
+        map.remove(key);
+        Ok(present)
     }
 
     fn compare_and_swap(&mut self, key: &[u8], expected: Option<&[u8]>, new: &[u8]) -> Result<bool, StoreError> {
         self.check_value(new)?;
         let mut map = self.map.lock();
-        if map.get(key).map(Vec::as_slice) != expected {
+        let current = live(&mut map, key);
+        if current.as_ref().map(|(v, _)| v.as_slice()) != expected {
             return Ok(false);
         }
-        map.insert(key.to_vec(), new.to_vec());
+        let expiry = current.and_then(|(_, e)| *e);
+        map.insert(key.to_vec(), (new.to_vec(), expiry));
         Ok(true)
     }
 
     fn compare_and_delete(&mut self, key: &[u8], expected: &[u8]) -> Result<bool, StoreError> {
         let mut map = self.map.lock();
-        if map.get(key).map(Vec::as_slice) != Some(expected) {
+        if live(&mut map, key).map(|(value, _)| value.as_slice()) != Some(expected) {
             return Ok(false);
         }
         map.remove(key);
         Ok(true)
     }
 
+    fn put_opts(&mut self, key: &[u8], value: &[u8], options: PutOptions) -> Result<PutResult, StoreError> {
+        self.check_value(value)?;
+        let mut map = self.map.lock();
+        let current = live(&mut map, key).cloned();
+        let apply = match options.mode {
+            PutMode::Upsert => true,
+            PutMode::InsertOnly => current.is_none(),
+            PutMode::UpdateOnly => current.is_some(),
+        };
+        if apply {
+            let expiry = match options.expiry {
+                Expiry::Never => None,
+                Expiry::At(at) => Some(at),
+                Expiry::Keep => current.as_ref().and_then(|(_, e)| *e),
+            };
+            map.insert(key.to_vec(), (value.to_vec(), expiry));
+        }
+        Ok(PutResult { applied: apply, old: if options.get { current.map(|(v, _)| v) } else { None } })
+    }
+
+    fn get_item(&mut self, key: &[u8]) -> Result<Option<Item>, StoreError> {
+        Ok(live(&mut self.map.lock(), key).map(|(value, e)| Item { value: value.clone(), expires_at_ms: *e }))
+    }
+
+    fn update_expiry(
+        &mut self,
+        key: &[u8],
+        decide: &mut dyn FnMut(Option<u64>) -> ExpiryUpdate,
+    ) -> Result<Option<(Vec<u8>, bool)>, StoreError> {
+        let mut map = self.map.lock();
+        let Some((value, expiry)) = live(&mut map, key) else { return Ok(None) };
+        let before = value.clone();
+        let changed = match decide(*expiry) {
+            ExpiryUpdate::Unchanged => false,
+            ExpiryUpdate::Set(at) => {
+                *expiry = at;
+                true
+            }
+            ExpiryUpdate::Delete => {
+                map.remove(key);
+                true
+            }
+        };
+        Ok(Some((before, changed)))
+    }
+
     fn get_in_order(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
-        let map = self.map.lock();
-        Ok(keys.iter().map(|k| map.get(*k).cloned()).collect())
+        let mut map = self.map.lock();
+        Ok(keys.iter().map(|k| live(&mut map, k).map(|(v, _)| v.clone())).collect())
     }
 
     fn multi_put(&mut self, pairs: &[(&[u8], &[u8])]) -> Result<(), StoreError> {
@@ -109,7 +173,7 @@ impl KvSession for MemStore {
         }
         let mut map = self.map.lock();
         for (key, value) in pairs {
-            map.insert(key.to_vec(), value.to_vec());
+            map.insert(key.to_vec(), (value.to_vec(), None));
         }
         Ok(())
     }

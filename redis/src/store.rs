@@ -15,6 +15,12 @@
 //! * A failed call may or may not have taken effect when the error kind is
 //!   [`StoreErrorKind::Timeout`] or [`StoreErrorKind::Unavailable`]; the front end reports the
 //!   error to the client and does not retry writes on its own.
+//! * Keys may expire. Expiry times are absolute Unix milliseconds on the hosts' wall clocks
+//!   (`racekv_telemetry::clock::now_unix_ms`); a key is live through its expiry millisecond
+//!   and gone after it. An expired key is absent to every call (reads, conditions, DEL), as
+//!   in Redis. A plain [`KvSession::put`] and [`KvSession::multi_put`] leave the key with no
+//!   expiry (Redis' SET and MSET); [`KvSession::compare_and_swap`] keeps the key's expiry
+//!   (INCR and friends keep a key's TTL); [`KvSession::put_opts`] says what to do.
 
 use std::fmt;
 
@@ -33,6 +39,56 @@ pub enum PutMode {
     InsertOnly,
     /// Only when the key is present (`SET ... XX`).
     UpdateOnly,
+}
+
+/// What a write does to the key's expiry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expiry {
+    /// No expiry (plain `SET`).
+    Never,
+    /// Expires after this absolute Unix time in milliseconds (one already past writes a key
+    /// no read sees, as Redis 7 does for `SET ... PXAT <past>`).
+    At(u64),
+    /// Whatever expiry the key has (none for an absent key): `SET ... KEEPTTL`.
+    Keep,
+}
+
+/// How [`KvSession::put_opts`] writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PutOptions {
+    pub mode: PutMode,
+    pub expiry: Expiry,
+    /// Return the value the key had (`SET ... GET`).
+    pub get: bool,
+}
+
+/// What [`KvSession::put_opts`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PutResult {
+    /// Whether the write was applied (false: NX found the key / XX did not).
+    pub applied: bool,
+    /// With [`PutOptions::get`]: the value the key had when the write ran (None: absent or
+    /// expired), whether or not it applied.
+    pub old: Option<Vec<u8>>,
+}
+
+/// A key's value and expiry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Item {
+    pub value: Vec<u8>,
+    /// Absolute Unix milliseconds; None: never expires.
+    pub expires_at_ms: Option<u64>,
+}
+
+/// A new expiry for a key, decided from its current one ([`KvSession::update_expiry`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpiryUpdate {
+    /// Leave the key as it is.
+    Unchanged,
+    /// Expire after this time (None: never).
+    Set(Option<u64>),
+    /// Remove the key (an expiry in the past: `EXPIRE` deletes at once).
+    Delete,
 }
 
 /// What went wrong in the store, coarse enough to choose a client-facing reply.
@@ -125,8 +181,8 @@ pub trait KvSession: Send {
     /// Removes `key`; returns whether it was present.
     fn delete(&mut self, key: &[u8]) -> Result<bool, StoreError>;
 
-    /// Atomically replace the value if it currently equals `expected` (None = absent).
-    /// Returns whether the swap happened.
+    /// Atomically replace the value if it currently equals `expected` (None = absent). The
+    /// key keeps its expiry (a new key gets none). Returns whether the swap happened.
     fn compare_and_swap(&mut self, key: &[u8], expected: Option<&[u8]>, new: &[u8]) -> Result<bool, StoreError>;
 
     /// Atomically removes `key` if its value currently equals `expected`; returns whether it
@@ -144,6 +200,23 @@ pub trait KvSession: Send {
         Ok(self.get(key)?.map(|value| (key.len() + value.len()) as u64))
     }
 
+    /// Writes `value` under `key` as `options` say: its mode, its expiry, and whether to
+    /// return the value the key had (atomically with the write).
+    fn put_opts(&mut self, key: &[u8], value: &[u8], options: PutOptions) -> Result<PutResult, StoreError>;
+
+    /// The value and expiry of `key`, or `None` when absent.
+    fn get_item(&mut self, key: &[u8]) -> Result<Option<Item>, StoreError>;
+
+    /// Atomically changes `key`'s expiry as `decide` says given its current one (None: no
+    /// expiry): `decide` is not called for an absent key, and may be called again when a
+    /// write got in between. Returns the key's value as it was and whether `decide` asked
+    /// for a change (setting the same time counts); `None` when the key is absent.
+    fn update_expiry(
+        &mut self,
+        key: &[u8],
+        decide: &mut dyn FnMut(Option<u64>) -> ExpiryUpdate,
+    ) -> Result<Option<(Vec<u8>, bool)>, StoreError>;
+
     /// The values of `keys`, in order (`None` for absent keys), exactly as consecutive
     /// [`KvSession::get`]s would return them (each read after the one before; not a snapshot
     /// across keys). Pipelined GETs, MGET and EXISTS use it; implementations may batch.
@@ -154,7 +227,8 @@ pub trait KvSession: Send {
     fn multi_put(&mut self, pairs: &[(&[u8], &[u8])]) -> Result<(), StoreError>;
 
     /// Number of keys (DBSIZE): exact while no write is in flight (a write in flight may
-    /// or may not be counted yet).
+    /// or may not be counted yet); counts expired keys nobody has removed yet (as Redis'
+    /// DBSIZE does).
     fn len(&mut self) -> Result<u64, StoreError>;
 
     /// One page of a walk over every key (SCAN): about `count` keys from `cursor` on, and

@@ -43,8 +43,11 @@ fn string_commands_through_redis_rs() {
     cmd("SET").arg("s").arg("abc").query::<()>(&mut con).unwrap();
     let e = cmd("INCR").arg("s").query::<i64>(&mut con).unwrap_err();
     assert!(e.to_string().contains("value is not an integer or out of range"), "{e}");
-    let e = cmd("SET").arg("s").arg("x").arg("PX").arg(10).query::<()>(&mut con).unwrap_err();
-    assert!(e.to_string().contains("SET option 'PX' is not supported by racekv"), "{e}");
+    let e = cmd("SET").arg("s").arg("x").arg("PX").arg(0).query::<()>(&mut con).unwrap_err();
+    assert!(e.to_string().contains("invalid expire time in 'set' command"), "{e}");
+    cmd("SET").arg("s").arg("x").arg("PX").arg(600_000).query::<()>(&mut con).unwrap();
+    let pttl = cmd("PTTL").arg("s").query::<i64>(&mut con).unwrap();
+    assert!((1..=600_000).contains(&pttl), "{pttl}");
     let e = cmd("LPUSH").arg("l").arg("x").query::<i64>(&mut con).unwrap_err();
     assert!(e.to_string().contains("unknown command 'LPUSH', with args beginning with: 'l' 'x'"), "{e}");
     // The connection survives command errors.

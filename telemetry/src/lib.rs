@@ -5,6 +5,7 @@
 //! * [`MetricsServer`]: serves the process-wide default registry on `/metrics`, `/healthz`,
 //!   and optionally a JSON `/status`, within the limits of [`http`].
 //! * [`ratelimit`]: warnings a peer can trigger at will, written at most once per period.
+//! * [`clock`]: the wall clock expiry times are kept in (Unix milliseconds).
 //! * [`init_logging`]: `tracing` to stderr, filtered by `RACEKV_LOG` (or `RUST_LOG`).
 //! * [`load_config`]: defaults < TOML file < environment variables, into a serde struct;
 //!   secrets may come from files (`X_file`), and [`secret`] prints configs with them masked.
@@ -12,6 +13,7 @@
 //! Components register their metrics once, in a `LazyLock`, on the default registry; several
 //! components in one process (tests, `racekv up`) therefore share and sum their series.
 
+pub mod clock;
 pub mod http;
 pub mod ratelimit;
 pub mod secret;

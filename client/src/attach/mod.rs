@@ -104,6 +104,11 @@ pub fn reply_bound(request: &Request) -> u64 {
             let keys = u64::from((*max_bytes).min(crate::op::MAX_SCAN_REPLY_BYTES)).max(4 + MAX_KV_BYTES as u64);
             crate::op::SCAN_REPLY_HEADER_BYTES as u64 + keys
         }
+        Request::Expire { .. } => 5,
+        // Outcome, then the old value.
+        Request::PutOpts { .. } => 5 + VALUE_REPLY_BOUND,
+        // Presence, the value, the expiry.
+        Request::GetItem(_) => 4 + VALUE_REPLY_BOUND + 9,
     };
     specific.max(ERROR_REPLY_BOUND)
 }

@@ -245,14 +245,17 @@ impl TableClient {
             // changed under the read (it will be read again).
             let mut cut = None;
             let mut judged: Vec<(u64, u64, Option<Vec<u8>>)> = Vec::with_capacity(cands.len());
+            let now_ms = crate::clock::now_unix_ms();
             for (&(index, slot_at, word), read) in cands.iter().zip(&reads) {
                 let slot = Slot::decode(word).expect("used slots decode");
                 match decode_block(self.batch.read_result(*read)?) {
-                    Some((key, value)) if slot.fits_block(key, value, groups) => {
+                    Some(block) if slot.fits_block(&block, groups) => {
                         // An entry the header does not admit is an insert its client is
                         // about to undo (`split.rs`, invariant 6): not a key of this table.
-                        let admitted = header.admits(KeyHash::of(key, groups).dir);
-                        judged.push((index, slot_at, admitted.then(|| key.to_vec())));
+                        // An expired one is absent, as to every other operation.
+                        let admitted = header.admits(KeyHash::of(block.key, groups).dir);
+                        let live = admitted && !block.expired_at(now_ms);
+                        judged.push((index, slot_at, live.then(|| block.key.to_vec())));
                     }
                     _ => {
                         self.stats.torn_reads += 1;

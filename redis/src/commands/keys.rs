@@ -1,4 +1,6 @@
-//! Commands on keys: GET, SET, SETNX, DEL, EXISTS, MGET, MSET, INCR and friends, DBSIZE.
+//! Commands on keys: GET, SETNX, DEL, EXISTS, MGET, MSET, INCR and friends, DBSIZE (SET,
+//! with its expiry options, is in `expiry.rs`). INCR and friends keep the key's expiry: the
+//! store's compare-and-swap keeps it.
 
 use super::{arity_error, fail, Client, CmdResult, Failure};
 use crate::reply::Reply;
@@ -14,34 +16,6 @@ const NOT_AN_INTEGER: &str = "ERR value is not an integer or out of range";
 
 pub(super) fn get(c: &mut Client, cmd: &Command) -> CmdResult {
     Ok(c.store()?.get(cmd.arg(1))?.map_or(Reply::Nil, Reply::Bulk))
-}
-
-/// `SET key value [NX|XX]`. Expiry options and `GET` are refused by name: racekv keeps no
-/// TTLs, and silently ignoring one would keep a key the client expects to vanish.
-pub(super) fn set(c: &mut Client, cmd: &Command) -> CmdResult {
-    let (mut nx, mut xx) = (false, false);
-    for option in cmd.args().skip(3) {
-        let upper = option.to_ascii_uppercase();
-        match upper.as_slice() {
-            b"NX" => nx = true,
-            b"XX" => xx = true,
-            b"EX" | b"PX" | b"EXAT" | b"PXAT" | b"KEEPTTL" | b"GET" => {
-                return Err(fail(format!(
-                    "ERR SET option '{}' is not supported by racekv",
-                    String::from_utf8_lossy(&upper)
-                )));
-            }
-            _ => return Err(fail("ERR syntax error")),
-        }
-    }
-    let mode = match (nx, xx) {
-        (true, true) => return Err(fail("ERR syntax error")),
-        (true, false) => PutMode::InsertOnly,
-        (false, true) => PutMode::UpdateOnly,
-        (false, false) => PutMode::Upsert,
-    };
-    let applied = c.store()?.put(cmd.arg(1), cmd.arg(2), mode)?;
-    Ok(if applied { Reply::ok() } else { Reply::Nil })
 }
 
 pub(super) fn setnx(c: &mut Client, cmd: &Command) -> CmdResult {

@@ -7,6 +7,7 @@
 
 mod access;
 mod admin;
+mod expiry;
 mod introspection;
 mod keys;
 mod keyspace;
@@ -68,6 +69,9 @@ pub(crate) struct CommandSpec {
     pub keys: Keys,
     /// For a container (`CONFIG`, `CLIENT`, ...), the subcommands ACL rules can name.
     pub subcommands: &'static [Subcommand],
+    /// For a command whose key access depends on its arguments (Redis' `VARIABLE_FLAGS`):
+    /// the access of this invocation.
+    pub variable_access: Option<fn(&Command) -> KeyAccess>,
     handler: Handler,
 }
 
@@ -97,6 +101,7 @@ impl CommandSpec {
     /// The keys of `cmd` (an invocation of this command), with their argument positions.
     fn keys_of<'c>(&self, cmd: &'c Command) -> impl Iterator<Item = (usize, &'c [u8], KeyAccess)> + 'c {
         let Keys { first, last, step, access } = self.keys;
+        let access = self.variable_access.map_or(access, |of| of(cmd));
         let argc = cmd.len() as i64;
         let last = if last < 0 { argc + i64::from(last) } else { i64::from(last).min(argc - 1) };
         let (first, step) = (i64::from(first), i64::from(step.max(1)));
@@ -118,7 +123,21 @@ const fn spec(
     keys: Keys,
     handler: Handler,
 ) -> CommandSpec {
-    CommandSpec { name, arity, flags, categories, keys, subcommands: &[], handler }
+    CommandSpec { name, arity, flags, categories, keys, subcommands: &[], variable_access: None, handler }
+}
+
+/// `spec` whose key access depends on its arguments (`of` says which).
+const fn variable_access(spec: CommandSpec, of: fn(&Command) -> KeyAccess) -> CommandSpec {
+    CommandSpec { variable_access: Some(of), ..spec }
+}
+
+/// SET writes its key, and reads it too with `GET` (Redis' key spec: OW, or RW with GET).
+fn set_key_access(cmd: &Command) -> KeyAccess {
+    if cmd.args().skip(3).any(|a| a.eq_ignore_ascii_case(b"GET")) {
+        KeyAccess::ReadWrite
+    } else {
+        KeyAccess::Write
+    }
 }
 
 const fn container(
@@ -128,7 +147,7 @@ const fn container(
     subcommands: &'static [Subcommand],
     handler: Handler,
 ) -> CommandSpec {
-    CommandSpec { name, arity, flags, categories: SLOW, keys: NO_KEYS, subcommands, handler }
+    CommandSpec { name, arity, flags, categories: SLOW, keys: NO_KEYS, subcommands, variable_access: None, handler }
 }
 
 /// A container whose subcommands take a key at argument 2 (`MEMORY USAGE key`, `OBJECT
@@ -141,7 +160,16 @@ const fn container_with_key(
     subcommands: &'static [Subcommand],
     handler: Handler,
 ) -> CommandSpec {
-    CommandSpec { name, arity, flags, categories, keys: key_spec(2, 2, 1, KeyAccess::Read), subcommands, handler }
+    CommandSpec {
+        name,
+        arity,
+        flags,
+        categories,
+        keys: key_spec(2, 2, 1, KeyAccess::Read),
+        subcommands,
+        variable_access: None,
+        handler,
+    }
 }
 
 const fn sub(name: &'static str, arity: i32, categories: Categories) -> Subcommand {
@@ -162,6 +190,8 @@ const WRITES_ALL: Keys = key_spec(1, -1, 1, KeyAccess::Write);
 const READ_STRING_FAST: Categories = Categories::READ.and(Categories::STRING).and(Categories::FAST);
 const WRITE_STRING_FAST: Categories = Categories::WRITE.and(Categories::STRING).and(Categories::FAST);
 const WRITE_STRING_SLOW: Categories = Categories::WRITE.and(Categories::STRING).and(Categories::SLOW);
+const WRITE_KEYSPACE_FAST: Categories = Categories::KEYSPACE.and(Categories::WRITE).and(Categories::FAST);
+const READ_KEYSPACE_FAST: Categories = Categories::KEYSPACE.and(Categories::READ).and(Categories::FAST);
 const CONNECTION_FAST: Categories = Categories::FAST.and(Categories::CONNECTION);
 const CONNECTION_SLOW: Categories = Categories::SLOW.and(Categories::CONNECTION);
 const ADMIN: Categories = Categories::ADMIN.and(Categories::SLOW).and(Categories::DANGEROUS);
@@ -178,7 +208,19 @@ const WRITES_TWO: Keys = key_spec(1, 2, 1, KeyAccess::Write);
 /// Every command racekv answers. Anything else gets Redis' "unknown command" error.
 pub(crate) static COMMANDS: &[CommandSpec] = &[
     spec("get", 2, &["readonly", "fast"], READ_STRING_FAST, READS_ONE, keys::get),
-    spec("set", -3, &["write", "denyoom"], WRITE_STRING_SLOW, WRITES_ONE, keys::set),
+    variable_access(spec("set", -3, &["write", "denyoom"], WRITE_STRING_SLOW, WRITES_ONE, expiry::set), set_key_access),
+    spec("setex", 4, &["write", "denyoom"], WRITE_STRING_SLOW, WRITES_ONE, expiry::setex),
+    spec("psetex", 4, &["write", "denyoom"], WRITE_STRING_SLOW, WRITES_ONE, expiry::psetex),
+    spec("getex", -2, &["write", "fast"], WRITE_STRING_FAST, UPDATES_ONE, expiry::getex),
+    spec("expire", -3, &["write", "fast"], WRITE_KEYSPACE_FAST, WRITES_ONE, expiry::expire),
+    spec("pexpire", -3, &["write", "fast"], WRITE_KEYSPACE_FAST, WRITES_ONE, expiry::pexpire),
+    spec("expireat", -3, &["write", "fast"], WRITE_KEYSPACE_FAST, WRITES_ONE, expiry::expireat),
+    spec("pexpireat", -3, &["write", "fast"], WRITE_KEYSPACE_FAST, WRITES_ONE, expiry::pexpireat),
+    spec("persist", 2, &["write", "fast"], WRITE_KEYSPACE_FAST, WRITES_ONE, expiry::persist),
+    spec("ttl", 2, &["readonly", "fast"], READ_KEYSPACE_FAST, READS_ONE, expiry::ttl),
+    spec("pttl", 2, &["readonly", "fast"], READ_KEYSPACE_FAST, READS_ONE, expiry::pttl),
+    spec("expiretime", 2, &["readonly", "fast"], READ_KEYSPACE_FAST, READS_ONE, expiry::expiretime),
+    spec("pexpiretime", 2, &["readonly", "fast"], READ_KEYSPACE_FAST, READS_ONE, expiry::pexpiretime),
     spec("setnx", 3, &["write", "denyoom", "fast"], WRITE_STRING_FAST, WRITES_ONE, keys::setnx),
     spec("del", -2, &["write"], Categories::KEYSPACE.and(Categories::WRITE).and(SLOW), WRITES_ALL, keys::del),
     spec(

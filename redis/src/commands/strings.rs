@@ -183,9 +183,10 @@ pub(super) fn getdel(c: &mut Client, cmd: &Command) -> CmdResult {
 
 /// `GETSET key value`: sets the value, answers the previous one (nil if none).
 pub(super) fn getset(c: &mut Client, cmd: &Command) -> CmdResult {
-    let (key, new) = (cmd.arg(1), cmd.arg(2));
-    let old =
-        read_modify_write(c, "getset", key, |current| Ok((Write::Put(new.to_vec()), current.map(<[u8]>::to_vec))))?;
+    // SET key value GET: one atomic write that returns the old value and, as a SET, clears
+    // any expiry the key had.
+    let options = crate::store::PutOptions { mode: PutMode::Upsert, expiry: crate::store::Expiry::Never, get: true };
+    let old = c.store()?.put_opts(cmd.arg(1), cmd.arg(2), options)?.old;
     c.stats.keyspace_lookup(old.is_some());
     Ok(old.map_or(Reply::Nil, Reply::Bulk))
 }
@@ -618,6 +619,24 @@ mod tests {
         }
         fn flush(&mut self) -> Result<u64, StoreError> {
             self.inner.flush()
+        }
+        fn put_opts(
+            &mut self,
+            key: &[u8],
+            value: &[u8],
+            options: crate::store::PutOptions,
+        ) -> Result<crate::store::PutResult, StoreError> {
+            self.inner.put_opts(key, value, options)
+        }
+        fn get_item(&mut self, key: &[u8]) -> Result<Option<crate::store::Item>, StoreError> {
+            self.inner.get_item(key)
+        }
+        fn update_expiry(
+            &mut self,
+            key: &[u8],
+            decide: &mut dyn FnMut(Option<u64>) -> crate::store::ExpiryUpdate,
+        ) -> Result<Option<(Vec<u8>, bool)>, StoreError> {
+            self.inner.update_expiry(key, decide)
         }
         fn info(&mut self) -> Result<String, StoreError> {
             self.inner.info()

@@ -70,15 +70,161 @@ fn set_honours_nx_and_xx() {
 }
 
 #[test]
-fn set_refuses_unsupported_and_unknown_options() {
+fn set_refuses_unknown_and_conflicting_options() {
     let store = MemStore::new();
     let mut c = client_over(&store);
-    assert_eq!(run(&mut c, &["SET", "k", "v", "ex", "10"]), err("ERR SET option 'EX' is not supported by racekv"));
-    assert_eq!(run(&mut c, &["SET", "k", "v", "KEEPTTL"]), err("ERR SET option 'KEEPTTL' is not supported by racekv"));
-    assert_eq!(run(&mut c, &["SET", "k", "v", "GET"]), err("ERR SET option 'GET' is not supported by racekv"));
-    assert_eq!(run(&mut c, &["SET", "k", "v", "NX", "XX"]), err("ERR syntax error"));
-    assert_eq!(run(&mut c, &["SET", "k", "v", "BOGUS"]), err("ERR syntax error"));
+    for args in [
+        &["SET", "k", "v", "NX", "XX"][..],
+        &["SET", "k", "v", "BOGUS"],
+        &["SET", "k", "v", "EX"],
+        &["SET", "k", "v", "EX", "10", "PX", "10"],
+        &["SET", "k", "v", "EX", "10", "KEEPTTL"],
+        &["SET", "k", "v", "KEEPTTL", "PXAT", "10"],
+        &["SET", "k", "v", "PERSIST"],
+    ] {
+        assert_eq!(run(&mut c, args), err("ERR syntax error"), "{args:?}");
+    }
+    for (args, command) in [
+        (&["SET", "k", "v", "EX", "0"][..], "set"),
+        (&["SET", "k", "v", "PX", "-5"], "set"),
+        (&["SET", "k", "v", "EX", "9223372036854776"], "set"),
+        (&["SET", "k", "v", "PX", "9223372036854775807"], "set"),
+        (&["SETEX", "k", "0", "v"], "setex"),
+        (&["PSETEX", "k", "-1", "v"], "psetex"),
+    ] {
+        assert_eq!(run(&mut c, args), err(&format!("ERR invalid expire time in '{command}' command")), "{args:?}");
+    }
+    assert_eq!(run(&mut c, &["SET", "k", "v", "EX", "ten"]), err("ERR value is not an integer or out of range"));
+    // The syntax is judged before the time.
+    assert_eq!(run(&mut c, &["SET", "k", "v", "EX", "0", "BOGUS"]), err("ERR syntax error"));
     assert_eq!(store.peek(b"k"), None, "a refused SET must not write");
+    // The same option twice: the last one counts.
+    assert_eq!(run(&mut c, &["SET", "k", "v", "EX", "10", "EX", "100", "NX", "NX"]), Reply::ok());
+    let expiry = store.peek_expiry(b"k").unwrap();
+    let now = racekv_telemetry::clock::now_unix_ms();
+    assert!(expiry > now + 90_000 && expiry <= now + 100_000, "{expiry} against {now}");
+}
+
+#[test]
+fn set_with_expiry_keepttl_and_get() {
+    let store = MemStore::new();
+    let mut c = client_over(&store);
+    let later = racekv_telemetry::clock::now_unix_ms() + 3_600_000;
+    assert_eq!(run(&mut c, &["SET", "k", "1", "PXAT", &later.to_string()]), Reply::ok());
+    assert_eq!(store.peek_expiry(b"k"), Some(later));
+    assert_eq!(run(&mut c, &["PEXPIRETIME", "k"]), Reply::Integer(later as i64));
+    assert_eq!(run(&mut c, &["EXPIRETIME", "k"]), Reply::Integer((later as i64 + 500) / 1000));
+    // KEEPTTL keeps it, a plain SET clears it, GET returns the old value either way.
+    assert_eq!(run(&mut c, &["SET", "k", "2", "KEEPTTL", "GET"]), bulk("1"));
+    assert_eq!(store.peek_expiry(b"k"), Some(later));
+    assert_eq!(run(&mut c, &["SET", "k", "3", "GET"]), bulk("2"));
+    assert_eq!(run(&mut c, &["TTL", "k"]), Reply::Integer(-1));
+    // NX GET on a present key: the value, nothing written.
+    assert_eq!(run(&mut c, &["SET", "k", "4", "NX", "GET"]), bulk("3"));
+    assert_eq!(store.peek(b"k"), Some(b"3".to_vec()));
+    assert_eq!(run(&mut c, &["SET", "new", "4", "XX", "GET"]), Reply::Nil);
+    assert_eq!(store.peek(b"new"), None);
+    // INCR keeps the TTL.
+    assert_eq!(run(&mut c, &["SET", "n", "1", "PXAT", &later.to_string()]), Reply::ok());
+    assert_eq!(run(&mut c, &["INCRBY", "n", "41"]), Reply::Integer(42));
+    assert_eq!(store.peek_expiry(b"n"), Some(later));
+    // A time already past writes a key nobody sees.
+    assert_eq!(run(&mut c, &["SET", "gone", "x", "PXAT", "1"]), Reply::ok());
+    assert_eq!(run(&mut c, &["GET", "gone"]), Reply::Nil);
+    assert_eq!(run(&mut c, &["EXISTS", "gone"]), Reply::Integer(0));
+    assert_eq!(run(&mut c, &["SET", "gone", "y", "NX", "EX", "100"]), Reply::ok(), "expired counts as absent");
+    assert_eq!(run(&mut c, &["SETEX", "s", "100", "v"]), Reply::ok());
+    assert_eq!(run(&mut c, &["TTL", "s"]), Reply::Integer(100));
+    assert_eq!(run(&mut c, &["PSETEX", "p", "100000", "v"]), Reply::ok());
+    assert!(matches!(run(&mut c, &["PTTL", "p"]), Reply::Integer(t) if (99_000..=100_000).contains(&t)));
+}
+
+#[test]
+fn expire_family_follows_redis() {
+    let store = MemStore::new();
+    let mut c = client_over(&store);
+    assert_eq!(run(&mut c, &["EXPIRE", "missing", "10"]), Reply::Integer(0));
+    assert_eq!(run(&mut c, &["TTL", "missing"]), Reply::Integer(-2));
+    assert_eq!(run(&mut c, &["PERSIST", "missing"]), Reply::Integer(0));
+    run(&mut c, &["SET", "k", "v"]);
+    assert_eq!(run(&mut c, &["TTL", "k"]), Reply::Integer(-1));
+    assert_eq!(run(&mut c, &["PTTL", "k"]), Reply::Integer(-1));
+    assert_eq!(run(&mut c, &["EXPIRETIME", "k"]), Reply::Integer(-1));
+    assert_eq!(run(&mut c, &["PERSIST", "k"]), Reply::Integer(0));
+    // Conditions.
+    assert_eq!(run(&mut c, &["EXPIRE", "k", "100", "XX"]), Reply::Integer(0));
+    assert_eq!(run(&mut c, &["EXPIRE", "k", "100", "GT"]), Reply::Integer(0), "no TTL is infinite");
+    assert_eq!(run(&mut c, &["EXPIRE", "k", "100", "nx"]), Reply::Integer(1));
+    assert_eq!(run(&mut c, &["EXPIRE", "k", "200", "NX"]), Reply::Integer(0));
+    assert_eq!(run(&mut c, &["EXPIRE", "k", "50", "GT"]), Reply::Integer(0));
+    assert_eq!(run(&mut c, &["EXPIRE", "k", "200", "GT", "XX"]), Reply::Integer(1));
+    assert_eq!(run(&mut c, &["TTL", "k"]), Reply::Integer(200));
+    assert_eq!(run(&mut c, &["EXPIRE", "k", "300", "LT"]), Reply::Integer(0));
+    assert_eq!(run(&mut c, &["PEXPIRE", "k", "150000", "LT"]), Reply::Integer(1));
+    assert_eq!(run(&mut c, &["TTL", "k"]), Reply::Integer(150));
+    assert_eq!(run(&mut c, &["PERSIST", "k"]), Reply::Integer(1));
+    assert_eq!(run(&mut c, &["EXPIRE", "k", "5", "LT"]), Reply::Integer(1), "LT applies to a key without TTL");
+    assert_eq!(run(&mut c, &["EXPIRE", "k", "5", "LT", "XX"]), Reply::Integer(0));
+    // Absolute times; a past one deletes and answers 1.
+    let at = racekv_telemetry::clock::now_unix_ms() / 1000 + 1000;
+    assert_eq!(run(&mut c, &["EXPIREAT", "k", &at.to_string()]), Reply::Integer(1));
+    assert_eq!(run(&mut c, &["EXPIRETIME", "k"]), Reply::Integer(at as i64));
+    assert_eq!(run(&mut c, &["PEXPIREAT", "k", "1000"]), Reply::Integer(1));
+    assert_eq!(run(&mut c, &["EXISTS", "k"]), Reply::Integer(0));
+    run(&mut c, &["SET", "k", "v"]);
+    assert_eq!(run(&mut c, &["EXPIRE", "k", "-1"]), Reply::Integer(1));
+    assert_eq!(store.peek(b"k"), None);
+    run(&mut c, &["SET", "k", "v"]);
+    assert_eq!(run(&mut c, &["EXPIRE", "k", "0", "GT"]), Reply::Integer(0), "a failed condition deletes nothing");
+    assert_eq!(store.peek(b"k"), Some(b"v".to_vec()));
+    // Errors: options first, then the number, then its range.
+    assert_eq!(run(&mut c, &["EXPIRE", "k", "x", "bogus"]), err("ERR Unsupported option bogus"));
+    for flags in [&["NX", "XX"][..], &["NX", "GT"], &["LT", "NX"]] {
+        let mut args = vec!["EXPIRE", "k", "10"];
+        args.extend_from_slice(flags);
+        assert_eq!(
+            run(&mut c, &args),
+            err("ERR NX and XX, GT or LT options at the same time are not compatible"),
+            "{flags:?}"
+        );
+    }
+    assert_eq!(
+        run(&mut c, &["EXPIRE", "k", "10", "GT", "LT"]),
+        err("ERR GT and LT options at the same time are not compatible")
+    );
+    assert_eq!(run(&mut c, &["EXPIRE", "k", "ten"]), err("ERR value is not an integer or out of range"));
+    assert_eq!(run(&mut c, &["EXPIRE", "k", "9223372036854776"]), err("ERR invalid expire time in 'expire' command"));
+    assert_eq!(
+        run(&mut c, &["PEXPIRE", "k", "9223372036854775807"]),
+        err("ERR invalid expire time in 'pexpire' command")
+    );
+    assert_eq!(
+        run(&mut c, &["EXPIREAT", "k", "-9223372036854776"]),
+        err("ERR invalid expire time in 'expireat' command")
+    );
+    assert_eq!(run(&mut c, &["PEXPIREAT", "k", "9223372036854775807"]), Reply::Integer(1));
+    assert_eq!(run(&mut c, &["EXPIRE", "k"]), err("ERR wrong number of arguments for 'expire' command"));
+}
+
+#[test]
+fn getex_changes_the_expiry_as_it_reads() {
+    let store = MemStore::new();
+    let mut c = client_over(&store);
+    assert_eq!(run(&mut c, &["GETEX", "missing", "EX", "-1"]), Reply::Nil, "a missing key answers before the time");
+    assert_eq!(run(&mut c, &["GETEX", "missing", "KEEPTTL"]), err("ERR syntax error"));
+    run(&mut c, &["SET", "k", "v"]);
+    assert_eq!(run(&mut c, &["GETEX", "k"]), bulk("v"));
+    assert_eq!(run(&mut c, &["GETEX", "k", "EX", "100"]), bulk("v"));
+    assert_eq!(run(&mut c, &["TTL", "k"]), Reply::Integer(100));
+    assert_eq!(run(&mut c, &["GETEX", "k", "PERSIST"]), bulk("v"));
+    assert_eq!(run(&mut c, &["TTL", "k"]), Reply::Integer(-1));
+    assert_eq!(run(&mut c, &["GETEX", "k", "EX", "0"]), err("ERR invalid expire time in 'getex' command"));
+    assert_eq!(run(&mut c, &["GETEX", "k", "EX", "1", "PERSIST"]), err("ERR syntax error"));
+    for option in ["NX", "XX", "GET", "KEEPTTL"] {
+        assert_eq!(run(&mut c, &["GETEX", "k", option]), err("ERR syntax error"), "{option}");
+    }
+    assert_eq!(run(&mut c, &["GETEX", "k", "PXAT", "1"]), bulk("v"), "a past time: the value, then gone");
+    assert_eq!(run(&mut c, &["GET", "k"]), Reply::Nil);
 }
 
 #[test]
@@ -157,6 +303,24 @@ impl KvSession for Contended {
     }
     fn multi_put(&mut self, pairs: &[(&[u8], &[u8])]) -> Result<(), StoreError> {
         self.inner.multi_put(pairs)
+    }
+    fn put_opts(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        options: crate::store::PutOptions,
+    ) -> Result<crate::store::PutResult, StoreError> {
+        self.inner.put_opts(key, value, options)
+    }
+    fn get_item(&mut self, key: &[u8]) -> Result<Option<crate::store::Item>, StoreError> {
+        self.inner.get_item(key)
+    }
+    fn update_expiry(
+        &mut self,
+        key: &[u8],
+        decide: &mut dyn FnMut(Option<u64>) -> crate::store::ExpiryUpdate,
+    ) -> Result<Option<(Vec<u8>, bool)>, StoreError> {
+        self.inner.update_expiry(key, decide)
     }
     fn len(&mut self) -> Result<u64, StoreError> {
         self.inner.len()

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use racekv_redis::{MemStore, RedisServer, ServerOptions};
 
+pub mod expiry_script;
+
 /// A server over a fresh `MemStore` (the test double) on 127.0.0.1, port chosen by the OS.
 pub fn start(mut options: ServerOptions) -> (RedisServer, MemStore) {
     // The same suites run on each io model: ops/test.sh runs them again with this set.
@@ -114,4 +116,36 @@ pub fn cli_output(bin: &Path, port: u16, args: &[&str], input: &[u8]) -> std::pr
         .expect("spawn redis-cli");
     child.stdin.take().unwrap().write_all(input).unwrap();
     child.wait_with_output().unwrap()
+}
+
+/// A real redis-server on a free loopback port, persistence off; killed (by its pid) on drop.
+pub struct RealRedis {
+    child: std::process::Child,
+    pub port: u16,
+}
+
+impl RealRedis {
+    pub fn start() -> Option<Self> {
+        let bin = redis_tool("redis-server")?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new(bin)
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not listen on {port}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(Self { child, port })
+    }
+}
+
+impl Drop for RealRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
