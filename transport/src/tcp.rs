@@ -62,6 +62,24 @@ fn await_hello_ok<S: Read>(stream: &mut S, timeout: Duration, peer: &str) -> Res
     }
 }
 
+/// Connects to the first address `addr` resolves to that accepts, as `TcpStream::connect`
+/// does (a name like `localhost` may resolve to `::1` before `127.0.0.1`), each try
+/// bounded by what is left of the deadline.
+fn connect_any(addr: &str, deadline: Instant) -> Result<TcpStream, String> {
+    let mut last = String::from("the name resolves to no address");
+    for target in addr.to_socket_addrs().map_err(|e| e.to_string())? {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!("timed out ({last})"));
+        }
+        match TcpStream::connect_timeout(&target, left) {
+            Ok(stream) => return Ok(stream),
+            Err(e) => last = format!("{target}: {e}"),
+        }
+    }
+    Err(last)
+}
+
 /// Connects to the region server at `addr` and authenticates: connected within the
 /// timeout, no Nagle delay, reads that wake every [`POLL_INTERVAL`], writes bounded by the
 /// timeout, TLS if [`ConnectOptions::tls`] is set, the token handshake done and HelloOk
@@ -73,9 +91,7 @@ pub(crate) fn dial(
 ) -> Result<(TcpLink, wire::HelloOk), TransportError> {
     let fail = |reason: String| TransportError::Connect { endpoint: endpoint.into(), reason };
     let deadline = Instant::now() + options.timeout;
-    let target =
-        addr.to_socket_addrs().map_err(|e| fail(e.to_string()))?.next().ok_or_else(|| fail("no address".into()))?;
-    let stream = TcpStream::connect_timeout(&target, options.timeout).map_err(|e| fail(e.to_string()))?;
+    let stream = connect_any(addr, deadline).map_err(fail)?;
     stream.set_nodelay(true).map_err(|e| fail(e.to_string()))?;
     stream.set_read_timeout(Some(POLL_INTERVAL)).map_err(|e| fail(e.to_string()))?;
     stream.set_write_timeout(Some(options.timeout)).map_err(|e| fail(e.to_string()))?;

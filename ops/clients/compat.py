@@ -1,0 +1,137 @@
+"""What applications do with redis-py, default settings (RESP3 since redis-py 8), against one
+server. Run against racekv and against a real redis-server as the control: a scenario that
+passes on redis-server and fails on racekv is a compatibility bug.
+
+usage: compat.py PORT [SCENARIO ...]   (default: every scenario)
+Prints one line per scenario, `PASS name` or `FAIL name: why`, and exits 1 if any failed.
+Keys live under the prefix `compat:py:` and are deleted first.
+"""
+import json
+import sys
+import time
+import traceback
+
+import redis
+
+PREFIX = "compat:py:"
+
+
+def k(name):
+    return PREFIX + name
+
+
+def cache_with_ttls(r):
+    # A read-through cache: miss, fill with a TTL, hit; the entry expires on its own.
+    assert r.get(k("user:1")) is None
+    assert r.set(k("user:1"), json.dumps({"id": 1, "name": "ada"}), ex=60) is True
+    assert json.loads(r.get(k("user:1")))["name"] == "ada"
+    assert 0 < r.ttl(k("user:1")) <= 60
+    assert r.set(k("short"), "x", px=300) is True
+    assert r.pttl(k("short")) > 0
+    time.sleep(0.6)
+    assert r.get(k("short")) is None, "an expired entry was returned"
+    assert r.exists(k("short")) == 0
+    # SET ... NX for a lock with a TTL, GETEX to refresh, PERSIST to keep.
+    assert r.set(k("lock"), "owner-1", nx=True, ex=30) is True
+    assert r.set(k("lock"), "owner-2", nx=True, ex=30) is None
+    assert r.getex(k("lock"), ex=120) == b"owner-1"
+    assert r.ttl(k("lock")) > 60
+    assert r.persist(k("lock")) is True
+    assert r.ttl(k("lock")) == -1
+
+
+def session_store(r):
+    # Sessions as JSON strings with a sliding expiry.
+    sid = k("session:abc")
+    r.setex(sid, 1800, json.dumps({"user": 7, "cart": [1, 2]}))
+    data = json.loads(r.get(sid))
+    data["cart"].append(3)
+    assert r.set(sid, json.dumps(data), keepttl=True) is True
+    assert r.ttl(sid) > 1700
+    assert r.expire(sid, 3600, gt=True) is True
+    assert r.expire(sid, 10, gt=True) is False
+    assert json.loads(r.getdel(sid))["cart"] == [1, 2, 3]
+    assert r.get(sid) is None
+
+
+def rate_limiter(r):
+    # Fixed window: INCR + EXPIRE in one pipeline (MULTI/EXEC is not used here).
+    key = k("rate:1.2.3.4")
+    counts = []
+    for _ in range(5):
+        with r.pipeline(transaction=False) as p:
+            p.incr(key)
+            p.expire(key, 60, nx=True)
+            count, _ = p.execute()
+        counts.append(count)
+    assert counts == [1, 2, 3, 4, 5], counts
+    assert 0 < r.ttl(key) <= 60
+    assert r.incrby(key, 10) == 15
+    assert float(r.incrbyfloat(key, 0.5)) == 15.5
+
+
+def bulk_mget_mset(r):
+    pairs = {k(f"bulk:{i}"): f"value-{i}" for i in range(500)}
+    assert r.mset(pairs) is True
+    got = r.mget(list(pairs) + [k("bulk:missing")])
+    assert got[:500] == [v.encode() for v in pairs.values()]
+    assert got[500] is None
+    assert r.delete(*pairs) == 500
+
+
+def scan_iteration(r):
+    keys = {k(f"scan:{i}") for i in range(300)}
+    with r.pipeline(transaction=False) as p:
+        for key in keys:
+            p.set(key, "1")
+        p.execute()
+    seen = {key.decode() for key in r.scan_iter(match=k("scan:*"), count=50)}
+    assert seen == keys, f"{len(seen)} of {len(keys)}"
+    assert sorted(x.decode() for x in r.keys(k("scan:1?"))) == sorted(k(f"scan:1{d}") for d in range(10))
+    assert r.type(k("scan:0")) == b"string"
+    assert r.unlink(*keys) == 300
+
+
+def binary_keys_and_values(r):
+    key = (PREFIX + "bin:").encode() + bytes(range(256))
+    value = bytes(reversed(range(256))) * 4 + b"\x00\r\n"
+    assert r.set(key, value) is True
+    assert r.get(key) == value
+    assert r.strlen(key) == len(value)
+    assert r.append(key, b"\xff") == len(value) + 1
+    assert r.getrange(key, -2, -1) == b"\n\xff"
+    assert r.delete(key) == 1
+
+
+def value_of_16_kib(r):
+    # The largest values racekv keeps today are about 16 KiB (key + value).
+    value = b"v" * (16 * 1024 - 200)
+    assert r.set(k("big"), value) is True
+    assert r.get(k("big")) == value
+
+
+SCENARIOS = [cache_with_ttls, session_store, rate_limiter, bulk_mget_mset, scan_iteration, binary_keys_and_values, value_of_16_kib]
+
+
+def main():
+    port = int(sys.argv[1])
+    wanted = set(sys.argv[2:])
+    r = redis.Redis(host="127.0.0.1", port=port)
+    for key in r.scan_iter(match=PREFIX + "*", count=1000):
+        r.delete(key)
+    failed = 0
+    for scenario in SCENARIOS:
+        if wanted and scenario.__name__ not in wanted:
+            continue
+        try:
+            scenario(r)
+            print(f"PASS {scenario.__name__}")
+        except Exception as e:  # noqa: BLE001 - every failure is reported the same way
+            failed += 1
+            where = traceback.extract_tb(e.__traceback__)[-1]
+            print(f"FAIL {scenario.__name__}: {type(e).__name__} {e} (line {where.lineno})")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
