@@ -152,6 +152,12 @@ impl Attached {
         Reply::decode(&payload).map_err(|e| ClientError::Protocol(format!("reply from the computenode: {e}")))
     }
 
+    /// The most key and value bytes one request carries (a ring slot, less framing): the
+    /// limit an attached client reports (its own table's is larger).
+    fn item_limit(&self) -> usize {
+        self.attachment().map_or(MAX_KV_BYTES, |a| a.payload_bytes().saturating_sub(32))
+    }
+
     /// Whether `request` fits one slot of the current attachment.
     fn fits(&self, request_bytes: usize) -> Result<bool, ClientError> {
         Ok(request_bytes <= self.attachment()?.payload_bytes())
@@ -166,7 +172,7 @@ impl Attached {
     }
 
     pub(crate) fn put_with(&self, key: &[u8], value: &[u8], mode: PutMode) -> Result<bool, ClientError> {
-        let too_large = || ClientError::TooLarge { key: key.len(), value: value.len(), max: MAX_KV_BYTES };
+        let too_large = || ClientError::TooLarge { key: key.len(), value: value.len(), max: self.item_limit() };
         if key.len() + value.len() > MAX_KV_BYTES && !self.fits(key.len() + value.len() + 12)? {
             return Err(if key.is_empty() { ClientError::EmptyKey } else { too_large() });
         }
@@ -178,7 +184,7 @@ impl Attached {
     }
 
     pub(crate) fn put_opts(&self, key: &[u8], value: &[u8], options: PutOptions) -> Result<PutResult, ClientError> {
-        let too_large = || ClientError::TooLarge { key: key.len(), value: value.len(), max: MAX_KV_BYTES };
+        let too_large = || ClientError::TooLarge { key: key.len(), value: value.len(), max: self.item_limit() };
         // Header, two fields, the expiry (kind and time), the return-old flag.
         if key.len() + value.len() > MAX_KV_BYTES && !self.fits(4 + 8 + key.len() + value.len() + 10)? {
             return Err(if key.is_empty() { ClientError::EmptyKey } else { too_large() });
@@ -218,7 +224,7 @@ impl Attached {
         new: Option<&[u8]>,
     ) -> Result<bool, ClientError> {
         let new_len = new.map_or(0, <[u8]>::len);
-        let too_large = || ClientError::TooLarge { key: key.len(), value: new_len, max: MAX_KV_BYTES };
+        let too_large = || ClientError::TooLarge { key: key.len(), value: new_len, max: self.item_limit() };
         let request = Request::CompareAndSwap {
             key: key.to_vec(),
             expected: expected.map(<[u8]>::to_vec),
@@ -301,7 +307,7 @@ impl Attached {
             return Err(if k.is_empty() {
                 ClientError::EmptyKey
             } else {
-                ClientError::TooLarge { key: k.len(), value: v.len(), max: MAX_KV_BYTES }
+                ClientError::TooLarge { key: k.len(), value: v.len(), max: self.item_limit() }
             });
         }
         let all: Vec<usize> = (0..pairs.len()).collect();
@@ -320,7 +326,7 @@ impl Attached {
                     .map(|&i| pairs[i])
                     .find(|(k, v)| k.len() + v.len() > MAX_KV_BYTES)
                     .unwrap_or((&[], &[]));
-                Err(ClientError::TooLarge { key: k.len(), value: v.len(), max: MAX_KV_BYTES })
+                Err(ClientError::TooLarge { key: k.len(), value: v.len(), max: self.item_limit() })
             }
             other => Err(self.unexpected(other)),
         })

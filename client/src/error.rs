@@ -8,7 +8,7 @@ use racekv_hashing::Error as TableError;
 pub enum ClientError {
     #[error("keys must not be empty")]
     EmptyKey,
-    #[error("key of {key} B plus value of {value} B exceed the limit of {max} B per item")]
+    #[error("key of {key} B and value of {value} B are too large: this path carries at most {max} B per item")]
     TooLarge { key: usize, value: usize, max: usize },
     #[error("memnode {endpoint} is unavailable: {reason}")]
     Unavailable { endpoint: String, reason: String },
@@ -36,7 +36,7 @@ impl ClientError {
         match e {
             TableError::EmptyKey => ClientError::EmptyKey,
             TableError::TooLarge { key, value } => {
-                ClientError::TooLarge { key, value, max: racekv_hashing::MAX_KV_BYTES }
+                ClientError::TooLarge { key, value, max: racekv_hashing::layout::MAX_VALUE_BYTES as usize }
             }
             TableError::Timeout { .. } => ClientError::Timeout { endpoint, after: timeout },
             TableError::OutOfMemory(reason) | TableError::TableFull(reason) => {

@@ -85,7 +85,10 @@ fn threads_share_a_client() {
 fn errors_are_typed_and_clear() {
     let (mut memnodes, client) = cluster(1, TransportKind::Tcp);
     assert!(matches!(client.put(b"", b"x"), Err(ClientError::EmptyKey)));
-    assert!(matches!(client.put(b"k", &vec![0u8; 20_000]), Err(ClientError::TooLarge { .. })));
+    let long_key = vec![b'k'; racekv_hashing::layout::MAX_KEY_BYTES + 1];
+    let e = client.put(&long_key, &vec![0u8; 20_000]).unwrap_err();
+    assert!(matches!(e, ClientError::TooLarge { .. }), "{e}");
+    client.put(b"k", &vec![0u8; 20_000]).unwrap(); // a large value: in an extent
     memnodes[0].stop();
     let err = (0..50).find_map(|_| {
         std::thread::sleep(Duration::from_millis(20));

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use racekv_client::{ClientError, Session};
-use racekv_hashing::layout::{block_units, BLOCK_UNIT_BYTES};
+use racekv_hashing::layout::item_heap_bytes;
 use racekv_hashing::{Expiry as TableExpiry, ExpiryUpdate as TableExpiryUpdate, PutMode as TablePutMode, ScanLimits};
 
 use crate::cluster::{Attached, Cluster, WorkerShards};
@@ -113,14 +113,15 @@ impl KvSession for RedisSession {
         self.s().compare_and_swap(key, Some(expected), None).map_err(store_error)
     }
 
-    /// The value's KV block (header, key, value, padded to 64 B units) plus its 8 B slot in
-    /// the index: what the key costs the memnode.
+    /// The value's KV block (header, key, value, padded to 64 B units; for a large value
+    /// the block saying where, and the extent holding it) plus its 8 B slot in the index:
+    /// what the key costs the memnode.
     fn memory_usage(&mut self, key: &[u8]) -> Result<Option<u64>, StoreError> {
-        let Some(value) = self.get(key)? else {
+        let Some(item) = self.get_item(key)? else {
             return Ok(None);
         };
-        let units = block_units(key.len(), value.len()).map_or(u64::from(u8::MAX), u64::from);
-        Ok(Some(units * BLOCK_UNIT_BYTES + SLOT_BYTES))
+        let bytes = item_heap_bytes(key.len(), item.value.len(), item.expires_at_ms.is_some()).unwrap_or(0);
+        Ok(Some(bytes + SLOT_BYTES))
     }
 
     fn put_opts(&mut self, key: &[u8], value: &[u8], o: PutOptions) -> Result<PutResult, StoreError> {

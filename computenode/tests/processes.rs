@@ -127,7 +127,10 @@ fn redis_cli_and_a_client_library_work_end_to_end() {
     assert_eq!(redis_cli(&port, &["exists", "y", "x"]), "1");
     assert_eq!(redis_cli(&port, &["dbsize"]), "3");
     assert!(redis_cli(&port, &["info"]).contains("racekv_memnodes:1"));
-    assert!(redis_cli(&port, &["set", "k", &"v".repeat(20_000)]).contains("value too large"));
+    // A value past a block's limit lives in an extent.
+    assert_eq!(redis_cli(&port, &["set", "k", &"v".repeat(20_000)]), "OK");
+    assert_eq!(redis_cli(&port, &["strlen", "k"]), "20000");
+    assert_eq!(redis_cli(&port, &["get", "k"]), "v".repeat(20_000));
     // String commands on the table: compare-and-swap writes, GETDEL's compare-and-delete,
     // MEMORY USAGE's block size, the store's value limit in Redis' words.
     assert_eq!(redis_cli(&port, &["append", "s", "abc"]), "3");
@@ -139,7 +142,10 @@ fn redis_cli_and_a_client_library_work_end_to_end() {
     assert_eq!(redis_cli(&port, &["exists", "s"]), "0");
     assert_eq!(redis_cli(&port, &["incrbyfloat", "f", "10.50"]), "10.5");
     assert_eq!(redis_cli(&port, &["incrbyfloat", "f", "0.1"]), "10.6");
-    assert!(redis_cli(&port, &["setrange", "big", "20000", "x"]).contains("string exceeds maximum allowed size"));
+    assert_eq!(redis_cli(&port, &["setrange", "big", "20000", "x"]), "20001");
+    // A large value's block (header, key, extent descriptor: one unit), its extent, its slot.
+    assert_eq!(redis_cli(&port, &["memory", "usage", "big"]), (64 + 20_032 + 8).to_string());
+    assert!(redis_cli(&port, &["setrange", "big", "536870912", "x"]).contains("string exceeds maximum allowed size"));
     assert!(redis_cli(&port, &["info", "keyspace"]).contains("db0:keys="));
     assert!(redis_cli(&port, &["client", "list"]).contains("cmd=client|list"));
 

@@ -2,7 +2,7 @@
 
 use racekv_transport::{OpError, TransportError};
 
-use crate::layout::{LayoutError, MAX_KV_BYTES};
+use crate::layout::{LayoutError, MAX_KEY_BYTES, MAX_VALUE_BYTES};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -12,7 +12,7 @@ pub enum Error {
     Op(#[from] OpError),
     #[error("keys must not be empty")]
     EmptyKey,
-    #[error("key of {key} B plus value of {value} B exceed the limit of {MAX_KV_BYTES} B per item")]
+    #[error("key of {key} B or value of {value} B too large: keys take at most {MAX_KEY_BYTES} B, values {MAX_VALUE_BYTES} B")]
     TooLarge { key: usize, value: usize },
     #[error("the memnode is out of memory: {0}")]
     OutOfMemory(String),

@@ -42,9 +42,11 @@ use racekv_transport::{Batch, Connection};
 
 use crate::clock::{now_unix_ms, MAX_CLOCK_SKEW_MS};
 use crate::error::Error;
+use crate::extents::Extents;
 use crate::heap::Heap;
 use crate::layout::{
-    parse_bucket, peek_block_header, sb, slot_offset, DirEntry, Layout, Slot, BLOCK_PEEK_BYTES, BUCKET_BYTES,
+    decode_block, parse_bucket, peek_block_header, sb, slot_offset, DirEntry, Layout, Slot, BLOCK_PEEK_BYTES,
+    BUCKET_BYTES,
 };
 use crate::words::read_word;
 
@@ -208,6 +210,7 @@ pub struct ActiveExpiry {
     conn: Arc<dyn Connection>,
     layout: Layout,
     heap: Arc<Heap>,
+    extents: Arc<Extents>,
     options: ExpiryOptions,
     batch: Batch,
     /// The sweep's position: the next directory index to look at, and the subtable being
@@ -231,12 +234,19 @@ pub struct ActiveExpiry {
 }
 
 impl ActiveExpiry {
-    pub fn new(conn: Arc<dyn Connection>, layout: Layout, heap: Arc<Heap>, options: ExpiryOptions) -> Self {
+    pub fn new(
+        conn: Arc<dyn Connection>,
+        layout: Layout,
+        heap: Arc<Heap>,
+        extents: Arc<Extents>,
+        options: ExpiryOptions,
+    ) -> Self {
         register_metrics();
         Self {
             conn,
             layout,
             heap,
+            extents,
             options,
             batch: Batch::new(),
             next_index: 0,
@@ -384,11 +394,27 @@ impl ActiveExpiry {
         let cases: Vec<_> = expired.iter().map(|&(at, word, _)| b.cas(at, word, 0)).collect();
         self.conn.execute(b)?;
         let removed_at = Instant::now();
+        let mut indirect = Vec::new();
         for (&(_, _, slot), cas) in expired.iter().zip(cases) {
             if b.cas_succeeded(cas)? {
                 out.removed += 1;
                 out.removed_bytes += slot.block_bytes();
                 self.pending.push_back((removed_at, slot.block, slot.block_bytes()));
+                if slot.indirect {
+                    indirect.push(slot);
+                }
+            }
+        }
+        if !indirect.is_empty() {
+            // Their blocks are ours until the grace period ends: read where the values are.
+            b.clear();
+            let reads: Vec<_> = indirect.iter().map(|s| b.read(s.block, s.block_bytes() as u32)).collect();
+            self.conn.execute(b)?;
+            for read in reads {
+                match decode_block(b.read_result(read)?).and_then(|block| block.extent) {
+                    Some(extent) => self.extents.retire(extent.offset, extent.value_len)?,
+                    None => tracing::warn!("an expired indirect block did not decode; its extent waits for reclaim"),
+                }
             }
         }
         // The item count, as clients keep it for their deletes (with the next batch).
@@ -452,6 +478,7 @@ impl ActiveExpiry {
     /// their bytes.
     pub fn release_due(&mut self, now: Instant) -> Result<u64, Error> {
         self.flush_count()?;
+        self.extents.release()?;
         let mut due = Vec::new();
         while let Some(&(removed, offset, bytes)) = self.pending.front() {
             if now.saturating_duration_since(removed) < self.options.grace {

@@ -30,6 +30,10 @@ use crate::words::{read_words, write_words};
 /// would be one more is dropped (its bytes stay allocated to nobody) and counted.
 pub const MAX_FRAGMENTS: usize = 1 << 20;
 
+/// Free-list ranges an extent allocation looks at before it moves the heap top (each is
+/// a loopback read; the list is LIFO, so recently freed extents come first).
+pub const MAX_FIT_PROBES: usize = 64;
+
 static DROPPED_FRAGMENT_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
     racekv_telemetry::register(
         IntCounter::new(
@@ -158,6 +162,58 @@ impl Heap {
         Ok((offset, bytes))
     }
 
+    /// Space for a value's extent of `bytes` (a multiple of 64): the first free-list range
+    /// that holds it among the first [`MAX_FIT_PROBES`] (the rest of that range stays free),
+    /// else the heap top moves.
+    pub fn alloc_extent(&self, bytes: u64) -> Result<u64, Error> {
+        assert!(bytes > 0 && bytes.is_multiple_of(64));
+        let mut batch = self.batch.lock();
+        let b = &mut *batch;
+        let head = self.words(b, &[sb::FREE_CHUNKS])?[0];
+        let (mut link, mut at) = (sb::FREE_CHUNKS, head);
+        for _ in 0..MAX_FIT_PROBES {
+            if at == 0 {
+                break;
+            }
+            let (next, len) = self.free_entry(b, at)?;
+            if len >= bytes {
+                let free_bytes = self.words(b, &[sb::FREE_BYTES])?[0];
+                self.write_words(b, &[(sb::FREE_BYTES, free_bytes - len), (link, next)])?;
+                if len > bytes {
+                    let mut fragments = self.fragments.lock();
+                    self.keep_free(b, &mut fragments, at + bytes, at + len)?;
+                    self.write_words(b, &[(sb::FRAGMENT_BYTES, fragments.bytes)])?;
+                }
+                return Ok(at);
+            }
+            (link, at) = (at, next);
+        }
+        self.bump(b, bytes, 64, sb::CHUNKS)
+    }
+
+    /// Puts the free run [start, end) where it belongs: onto the free list when it (merged
+    /// with the fragments beside it) is chunk-sized, else among the fragments.
+    fn keep_free(&self, b: &mut Batch, fragments: &mut Fragments, start: u64, end: u64) -> Result<(), Error> {
+        if let Some((start, end)) = fragments.add(start, end) {
+            self.push_free(b, start, end - start)?;
+        }
+        Ok(())
+    }
+
+    /// The free-list range at `at`: (next, bytes), checked.
+    fn free_entry(&self, b: &mut Batch, at: u64) -> Result<(u64, u64), Error> {
+        let link = self.words(b, &[at, at + 8])?;
+        let (next, bytes) = (link[0], link[1]);
+        let sane = at >= self.layout.heap_offset
+            && at.checked_add(bytes).is_some_and(|e| e <= self.layout.region_len)
+            && bytes >= MIN_CHUNK_BYTES
+            && (next == 0 || next >= self.layout.heap_offset);
+        if !sane {
+            return Err(Error::Corrupt(format!("free chunk list entry at {at} says next={next} bytes={bytes}")));
+        }
+        Ok((next, bytes))
+    }
+
     /// Links the unused range (`offset`, `bytes`) into the free list (the caller checked it).
     fn push_free(&self, b: &mut Batch, offset: u64, bytes: u64) -> Result<(), Error> {
         assert!(offset.is_multiple_of(64) && bytes.is_multiple_of(64) && bytes >= MIN_CHUNK_BYTES);
@@ -196,9 +252,7 @@ impl Heap {
             )));
         }
         for &(offset, bytes) in ranges {
-            if let Some((start, end)) = fragments.add(offset, offset + bytes) {
-                self.push_free(b, start, end - start)?;
-            }
+            self.keep_free(b, &mut fragments, offset, offset + bytes)?;
         }
         self.write_words(b, &[(sb::FRAGMENT_BYTES, fragments.bytes)])
     }
@@ -257,15 +311,9 @@ impl Heap {
         if head == 0 {
             return Ok(None);
         }
-        let link = self.words(b, &[head, head + 8])?;
-        let (next, bytes) = (link[0], link[1]);
-        let sane = head >= self.layout.heap_offset
-            && head.checked_add(bytes).is_some_and(|e| e <= self.layout.region_len)
-            && bytes >= MIN_CHUNK_BYTES
-            && bytes <= w[1]
-            && (next == 0 || next >= self.layout.heap_offset);
-        if !sane {
-            return Err(Error::Corrupt(format!("free chunk list entry at {head} says next={next} bytes={bytes}")));
+        let (next, bytes) = self.free_entry(b, head)?;
+        if bytes > w[1] {
+            return Err(Error::Corrupt(format!("free chunk list entry at {head} holds {bytes} B of {} B free", w[1])));
         }
         self.write_words(b, &[(sb::FREE_BYTES, w[1] - bytes), (sb::FREE_CHUNKS, next)])?;
         Ok(Some((head, bytes)))

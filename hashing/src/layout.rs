@@ -5,10 +5,22 @@
 //! heap:   subtables (allocated by the memnode on split) and KV chunks (handed to clients)
 //! subtable: groups of 3 buckets [main0 | overflow | main1], 192 B per group
 //! bucket (64 B): header {local depth u32 | suffix u32} + 7 slots of 8 B
-//! slot (8 B):  fingerprint 8 | length 8 (64 B units) | tag 6 | block offset / 64 42
+//! slot (8 B):  fingerprint 8 | length 8 (64 B units) | tag 6 | indirect 1 | block offset / 64 41
 //! directory entry (8 B): lock 1 | unused 7 | local depth 8 | subtable offset 48
 //! KV block: key_len u16 | flags u16 | value_len u32 | checksum u64 | [expires_at_ms u64] | key | value | pad to 64 B
+//! indirect block: the same, flag INDIRECT, and in place of the value an extent descriptor:
+//!                 extent offset u64 | value_len u64 | value checksum u64
+//! extent: the value's bytes, contiguous, 64 B aligned, allocated by the memnode
 //! ```
+//!
+//! A value too large for a block (more than [`MAX_KV_BYTES`] with its key) lives in an
+//! extent, and the block (the slot's target, swung by one CAS as any other) holds where.
+//! An extent is written once, before the CAS that publishes it, and freed only after the
+//! block that points to it is retired and a grace period has passed, so a reader that
+//! checked the block and then the value's checksum has the value as it was published. The
+//! slot word's `indirect` bit says the block is one (reclaim and expiry need not read every
+//! block to find extents); it was the top bit of the block offset, which no region below
+//! 2^47 B (128 TiB) sets.
 //!
 //! A block's `flags` were an always-zero field before expiry existed: a block with no flag
 //! set decodes exactly as those did, so regions written by earlier builds stay readable.
@@ -33,8 +45,16 @@ pub const MAX_BLOCK_UNITS: u64 = 255;
 pub const BLOCK_HEADER_BYTES: usize = 16;
 /// Block flag: an `expires_at_ms u64` follows the header.
 pub const BLOCK_FLAG_EXPIRES: u16 = 1;
+/// Block flag: the value is in an extent; the block holds its [`Extent`] descriptor.
+pub const BLOCK_FLAG_INDIRECT: u16 = 2;
 /// Flags this build understands; a block with any other bit set is not a valid block.
-const BLOCK_KNOWN_FLAGS: u16 = BLOCK_FLAG_EXPIRES;
+const BLOCK_KNOWN_FLAGS: u16 = BLOCK_FLAG_EXPIRES | BLOCK_FLAG_INDIRECT;
+/// Bytes of an extent descriptor (the inline "value" of an indirect block).
+pub const EXTENT_DESCRIPTOR_BYTES: usize = 24;
+/// Largest value the format can describe (Redis' `proto-max-bulk-len` ceiling, 512 MiB).
+pub const MAX_VALUE_BYTES: u64 = 512 << 20;
+/// Largest key (it stays in the block, beside the descriptor).
+pub const MAX_KEY_BYTES: usize = MAX_KV_BYTES - BLOCK_EXPIRY_BYTES - EXTENT_DESCRIPTOR_BYTES;
 /// Bytes an expiry time adds to a block.
 pub const BLOCK_EXPIRY_BYTES: usize = 8;
 /// Largest key + value that fits a block (without an expiry; one takes 8 more bytes).
@@ -149,8 +169,8 @@ impl Layout {
     /// Checks internal consistency (also of layouts read back from a region).
     pub fn check(&self) -> Result<(), LayoutError> {
         let fail = |m: String| Err(LayoutError(m));
-        if !self.region_len.is_multiple_of(4096) || self.region_len >= 1 << 48 {
-            return fail(format!("region length {} is not a multiple of 4096 below 2^48", self.region_len));
+        if !self.region_len.is_multiple_of(4096) || self.region_len >= 1 << 47 {
+            return fail(format!("region length {} is not a multiple of 4096 below 2^47", self.region_len));
         }
         if self.directory_offset != SUPERBLOCK_BYTES {
             return fail(format!("directory at {}, expected {SUPERBLOCK_BYTES}", self.directory_offset));
@@ -322,6 +342,9 @@ impl BucketHeader {
 
 const SLOT_POINTER_BITS: u32 = 42;
 const SLOT_TAG_BITS: u32 = 6;
+/// The top bit of the pointer field: the block is an indirect one.
+const SLOT_INDIRECT_BIT: u64 = 1 << (SLOT_POINTER_BITS - 1);
+const SLOT_BLOCK_MASK: u64 = SLOT_INDIRECT_BIT - 1;
 
 /// A slot, the unit of CAS. All zero is empty; a used slot always has length >= 1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -334,16 +357,19 @@ pub struct Slot {
     pub tag: u8,
     /// Region offset of the KV block (64 B aligned).
     pub block: u64,
+    /// The block is an indirect one (its value is in an extent).
+    pub indirect: bool,
 }
 
 impl Slot {
     pub fn encode(&self) -> u64 {
         debug_assert!(self.units >= 1);
         debug_assert_eq!(self.block % BLOCK_UNIT_BYTES, 0);
-        debug_assert!(self.block >> 6 < 1 << SLOT_POINTER_BITS);
+        debug_assert!(self.block >> 6 <= SLOT_BLOCK_MASK);
         (u64::from(self.fingerprint) << 56)
             | (u64::from(self.units) << 48)
             | (u64::from(self.tag & ((1 << SLOT_TAG_BITS) - 1)) << SLOT_POINTER_BITS)
+            | if self.indirect { SLOT_INDIRECT_BIT } else { 0 }
             | (self.block >> 6)
     }
 
@@ -357,7 +383,8 @@ impl Slot {
             fingerprint: (word >> 56) as u8,
             units,
             tag: ((word >> SLOT_POINTER_BITS) & ((1 << SLOT_TAG_BITS) - 1)) as u8,
-            block: (word & ((1 << SLOT_POINTER_BITS) - 1)) << 6,
+            block: (word & SLOT_BLOCK_MASK) << 6,
+            indirect: word & SLOT_INDIRECT_BIT != 0,
         })
     }
 
@@ -365,7 +392,9 @@ impl Slot {
     /// fingerprint and the block's size in it. A block that does not fit was reused since
     /// the word was read (a freed block can hold any key).
     pub fn fits_block(&self, block: &Block<'_>, groups_per_subtable: u32) -> bool {
-        block_units_for(block.key.len(), block.value.len(), block.expires_at_ms.is_some()) == Some(self.units)
+        self.indirect == block.extent.is_some()
+            && block_units_for(block.key.len(), block.inline_value_len(), block.expires_at_ms.is_some())
+                == Some(self.units)
             && crate::hash::KeyHash::of(block.key, groups_per_subtable).fingerprint == self.fingerprint
     }
 
@@ -380,12 +409,90 @@ impl Slot {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Block<'a> {
     pub key: &'a [u8],
+    /// The value, for a direct block; empty for an indirect one (see `extent`).
     pub value: &'a [u8],
     /// When the item expires: absolute Unix time in milliseconds; None: never.
     pub expires_at_ms: Option<u64>,
+    /// Where the value is, for an indirect block.
+    pub extent: Option<Extent>,
+}
+
+/// Where an indirect block's value lives, and its checksum (a reader checks the bytes it
+/// read from the extent against it: an extent freed and reused under a slow read fails).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    /// Region offset (64 B aligned).
+    pub offset: u64,
+    pub value_len: u64,
+    pub checksum: u64,
+}
+
+impl Extent {
+    /// The extent for `value` at `offset`.
+    pub fn of(offset: u64, value: &[u8]) -> Self {
+        Self { offset, value_len: value.len() as u64, checksum: value_checksum(value) }
+    }
+
+    /// Bytes the extent occupies in the heap (the value rounded up to 64 B units).
+    pub fn bytes(&self) -> u64 {
+        extent_bytes(self.value_len)
+    }
+
+    fn encode(&self) -> [u8; EXTENT_DESCRIPTOR_BYTES] {
+        let mut out = [0u8; EXTENT_DESCRIPTOR_BYTES];
+        out[0..8].copy_from_slice(&self.offset.to_le_bytes());
+        out[8..16].copy_from_slice(&self.value_len.to_le_bytes());
+        out[16..24].copy_from_slice(&self.checksum.to_le_bytes());
+        out
+    }
+
+    /// None unless the descriptor is well formed (aligned, a size the format allows).
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        let word = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+        if bytes.len() != EXTENT_DESCRIPTOR_BYTES {
+            return None;
+        }
+        let extent = Self { offset: word(0), value_len: word(8), checksum: word(16) };
+        let sane = extent.offset.is_multiple_of(BLOCK_UNIT_BYTES)
+            && extent.value_len <= MAX_VALUE_BYTES
+            && extent.offset.checked_add(extent.bytes()).is_some();
+        sane.then_some(extent)
+    }
+}
+
+/// Heap bytes an item of these sizes takes: its block, and its extent if the value is in
+/// one. None past the format's limits.
+pub fn item_heap_bytes(key_len: usize, value_len: usize, expires: bool) -> Option<u64> {
+    if let Some(units) = block_units_for(key_len, value_len, expires) {
+        return Some(u64::from(units) * BLOCK_UNIT_BYTES);
+    }
+    if key_len > MAX_KEY_BYTES || value_len as u64 > MAX_VALUE_BYTES {
+        return None;
+    }
+    let units = block_units_for(key_len, EXTENT_DESCRIPTOR_BYTES, expires)?;
+    Some(u64::from(units) * BLOCK_UNIT_BYTES + extent_bytes(value_len as u64))
+}
+
+/// Heap bytes an extent for a value of `value_len` bytes takes.
+pub fn extent_bytes(value_len: u64) -> u64 {
+    round_up(value_len.max(1), BLOCK_UNIT_BYTES)
+}
+
+/// The checksum an extent's descriptor keeps for its value.
+pub fn value_checksum(value: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(value)
 }
 
 impl Block<'_> {
+    /// Bytes after the key: the value, or the extent descriptor of an indirect block.
+    pub fn inline_value_len(&self) -> usize {
+        if self.extent.is_some() {
+            EXTENT_DESCRIPTOR_BYTES
+        } else {
+            self.value.len()
+        }
+    }
+
     /// Whether the item's expiry time has passed at `now_ms` (Redis: a key lives through
     /// its expiry millisecond and is gone after it).
     pub fn expired_at(&self, now_ms: u64) -> bool {
@@ -441,10 +548,19 @@ fn block_checksum(len_word: u64, covered: &[u8]) -> u64 {
 /// Writes a KV block for `key` and `value`, expiring at `expires_at_ms` (None: never), into
 /// `out` (cleared first, padded to 64 B units). Returns its units.
 pub fn encode_block(out: &mut Vec<u8>, key: &[u8], value: &[u8], expires_at_ms: Option<u64>) -> u8 {
+    encode_block_with(out, key, value, expires_at_ms, 0)
+}
+
+/// Writes an indirect block for `key` whose value is in `extent` (see [`encode_block`]).
+pub fn encode_indirect_block(out: &mut Vec<u8>, key: &[u8], extent: &Extent, expires_at_ms: Option<u64>) -> u8 {
+    encode_block_with(out, key, &extent.encode(), expires_at_ms, BLOCK_FLAG_INDIRECT)
+}
+
+fn encode_block_with(out: &mut Vec<u8>, key: &[u8], value: &[u8], expires_at_ms: Option<u64>, flags: u16) -> u8 {
     let units = block_units_for(key.len(), value.len(), expires_at_ms.is_some()).expect("caller checked the size");
     assert!(!key.is_empty() && key.len() <= u16::MAX as usize);
     out.clear();
-    let flags = if expires_at_ms.is_some() { BLOCK_FLAG_EXPIRES } else { 0 };
+    let flags = flags | if expires_at_ms.is_some() { BLOCK_FLAG_EXPIRES } else { 0 };
     let len_word = (key.len() as u64) | (u64::from(flags) << 16) | ((value.len() as u64) << 32);
     out.extend_from_slice(&len_word.to_le_bytes());
     out.extend_from_slice(&[0u8; 8]);
@@ -485,7 +601,12 @@ pub fn decode_block(bytes: &[u8]) -> Option<Block<'_>> {
     }
     let expires_at_ms = expires
         .then(|| u64::from_le_bytes(bytes[BLOCK_HEADER_BYTES..BLOCK_HEADER_BYTES + 8].try_into().expect("8 bytes")));
-    Some(Block { key: &bytes[body..body + key_len], value: &bytes[body + key_len..end], expires_at_ms })
+    let (key, value) = (&bytes[body..body + key_len], &bytes[body + key_len..end]);
+    if flags & BLOCK_FLAG_INDIRECT != 0 {
+        let extent = Some(Extent::decode(value)?);
+        return Some(Block { key, value: &[], expires_at_ms, extent });
+    }
+    Some(Block { key, value, expires_at_ms, extent: None })
 }
 
 // ---- subtable geometry ----
@@ -566,10 +687,29 @@ mod tests {
 
     proptest! {
         #[test]
-        fn slots_round_trip(fp in any::<u8>(), units in 1u8.., tag in 0u8..64, block in (0u64..(1 << 42)).prop_map(|b| b << 6)) {
-            let s = Slot { fingerprint: fp, units, tag, block };
+        fn slots_round_trip(fp in any::<u8>(), units in 1u8.., tag in 0u8..64, block in (0u64..(1 << 41)).prop_map(|b| b << 6), indirect in any::<bool>()) {
+            let s = Slot { fingerprint: fp, units, tag, block, indirect };
             prop_assert_eq!(Slot::decode(s.encode()), Some(s));
             prop_assert_ne!(s.encode(), 0);
+        }
+
+        #[test]
+        fn indirect_blocks_round_trip(
+            key in proptest::collection::vec(any::<u8>(), 1..100),
+            offset in (0u64..(1 << 40)).prop_map(|o| o << 6),
+            value_len in 0..=MAX_VALUE_BYTES,
+            checksum in any::<u64>(),
+            expires_at_ms in proptest::option::of(any::<u64>()),
+        ) {
+            let extent = Extent { offset, value_len, checksum };
+            let mut out = Vec::new();
+            let units = encode_indirect_block(&mut out, &key, &extent, expires_at_ms);
+            let block = decode_block(&out).unwrap();
+            prop_assert_eq!(block, Block { key: &key, value: &[], expires_at_ms, extent: Some(extent) });
+            let slot = Slot { fingerprint: crate::hash::KeyHash::of(&key, 64).fingerprint, units, tag: 1, block: 64, indirect: true };
+            prop_assert!(slot.fits_block(&block, 64));
+            let direct = Slot { indirect: false, ..slot };
+            prop_assert!(!direct.fits_block(&block, 64));
         }
 
         #[test]
@@ -590,7 +730,7 @@ mod tests {
             prop_assert_eq!(out.len(), units as usize * 64);
             prop_assert_eq!(Some(units), block_units_for(key.len(), value.len(), expires_at_ms.is_some()));
             let block = decode_block(&out).unwrap();
-            prop_assert_eq!(block, Block { key: &key, value: &value, expires_at_ms });
+            prop_assert_eq!(block, Block { key: &key, value: &value, expires_at_ms, extent: None });
             let used = BLOCK_HEADER_BYTES + expires_at_ms.map_or(0, |_| BLOCK_EXPIRY_BYTES) + key.len() + value.len();
             let at = flip % used;
             out[at] ^= 0x40;
@@ -612,7 +752,7 @@ mod tests {
             old.extend_from_slice(&xxh3_64_with_seed(&body, len_word).to_le_bytes());
             old.extend_from_slice(&body);
             old.resize(old.len().div_ceil(64) * 64, 0);
-            prop_assert_eq!(decode_block(&old), Some(Block { key: &key, value: &value, expires_at_ms: None }));
+            prop_assert_eq!(decode_block(&old), Some(Block { key: &key, value: &value, expires_at_ms: None, extent: None }));
             let mut new = Vec::new();
             encode_block(&mut new, &key, &value, None);
             prop_assert_eq!(new, old, "a block without an expiry is written as before");
@@ -664,12 +804,12 @@ mod tests {
         let len_word = 1u64 | (1 << 32);
         out[..8].copy_from_slice(&len_word.to_le_bytes());
         out[8..16].copy_from_slice(&xxh3_64_with_seed(b"kv", len_word).to_le_bytes());
-        assert_eq!(decode_block(&out), Some(Block { key: b"k", value: b"v", expires_at_ms: None }));
+        assert_eq!(decode_block(&out), Some(Block { key: b"k", value: b"v", expires_at_ms: None, extent: None }));
     }
 
     #[test]
     fn an_item_lives_through_its_expiry_millisecond() {
-        let block = Block { key: b"k", value: b"v", expires_at_ms: Some(1000) };
+        let block = Block { key: b"k", value: b"v", expires_at_ms: Some(1000), extent: None };
         assert!(!block.expired_at(999) && !block.expired_at(1000) && block.expired_at(1001));
         assert!(!Block { expires_at_ms: None, ..block }.expired_at(u64::MAX));
     }

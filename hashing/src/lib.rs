@@ -23,6 +23,7 @@ pub mod directory;
 mod epoch_cell;
 pub mod error;
 pub mod expiry;
+pub mod extents;
 pub mod format;
 pub mod hash;
 pub mod heap;

@@ -21,7 +21,7 @@ use racekv_transport::{Batch, Connection, MAX_OP_BYTES};
 use crate::alloc::MIN_CHUNK_BYTES;
 use crate::directory::read_directory;
 use crate::error::Error;
-use crate::layout::{parse_bucket, sb, DirEntry, Layout, Slot, BLOCK_UNIT_BYTES, BUCKET_BYTES};
+use crate::layout::{decode_block, parse_bucket, sb, DirEntry, Layout, Slot, BLOCK_UNIT_BYTES, BUCKET_BYTES};
 use crate::words::{read_words, write_words};
 
 /// What [`reclaim`] found and did.
@@ -35,6 +35,11 @@ pub struct Reclaimed {
     pub live_bytes: u64,
     /// Slots whose block lies outside the heap (corrupt): left as they are.
     pub bad_slots: u64,
+    /// Live value extents (offset, bytes), for the memnode's [`crate::extents::Extents`].
+    pub extents: Vec<(u64, u64)>,
+    /// Indirect blocks that did not decode, or whose extent lies outside the heap: their
+    /// extents (if any) cannot be known and may be reused.
+    pub bad_extents: u64,
     pub heap_top_before: u64,
     pub heap_top_after: u64,
     /// Bytes put on the free list (runs of at least [`MIN_CHUNK_BYTES`]).
@@ -85,6 +90,7 @@ pub fn reclaim(conn: &dyn Connection, layout: &Layout) -> Result<Reclaimed, Erro
     subtables.dedup();
     found.subtables = subtables.len() as u64;
 
+    let mut indirect = Vec::new();
     for &subtable in &subtables {
         live.mark(subtable, layout.subtable_bytes());
         read_pieces(conn, &mut b, subtable, layout.subtable_bytes(), |bytes| {
@@ -97,6 +103,9 @@ pub fn reclaim(conn: &dyn Connection, layout: &Layout) -> Result<Reclaimed, Erro
                     }
                     live.mark(slot.block, slot.block_bytes());
                     found.live_blocks += 1;
+                    if slot.indirect {
+                        indirect.push(slot);
+                    }
                 }
             }
             Ok(())
@@ -104,6 +113,27 @@ pub fn reclaim(conn: &dyn Connection, layout: &Layout) -> Result<Reclaimed, Erro
     }
     if found.bad_slots > 0 {
         tracing::error!(bad_slots = found.bad_slots, "slots point outside the heap; left as they are");
+    }
+    // The extents the indirect blocks point to (a block shared by two slots, as in a
+    // duplicate, names its extent twice: kept once).
+    indirect.sort_unstable_by_key(|s| s.block);
+    indirect.dedup_by_key(|s| s.block);
+    for group in indirect.chunks(racekv_transport::MAX_BATCH_OPS) {
+        b.clear();
+        let reads: Vec<_> = group.iter().map(|s| b.read(s.block, s.block_bytes() as u32)).collect();
+        conn.execute(&mut b)?;
+        for read in reads {
+            match decode_block(b.read_result(read)?).and_then(|block| block.extent) {
+                Some(e) if e.offset >= heap && e.offset + e.bytes() <= top => {
+                    live.mark(e.offset, e.bytes());
+                    found.extents.push((e.offset, e.bytes()));
+                }
+                _ => found.bad_extents += 1,
+            }
+        }
+    }
+    if found.bad_extents > 0 {
+        tracing::error!(bad_extents = found.bad_extents, "indirect blocks with no readable extent");
     }
 
     let mut runs = live.free_runs();

@@ -24,6 +24,12 @@ pub mod method {
     /// (most bytes u64) -> (instance u64, count x (offset u64, bytes u64)): free runs
     /// shorter than a chunk the memnode holds, for a client to use as free blocks.
     pub const TAKE_FRAGMENTS: u16 = 6;
+    /// (value_len u64) -> (instance u64, offset u64): an extent for a large value
+    /// (`crate::extents`), space of that server instance.
+    pub const ALLOC_EXTENT: u16 = 7;
+    /// (instance u64, offset u64, value_len u64) -> (): retires an extent whose block was
+    /// swung away; freed after the grace period.
+    pub const RETIRE_EXTENT: u16 = 8;
 }
 
 /// Status codes beyond the transport's generic ones.
@@ -44,6 +50,8 @@ pub fn method_name(method: u16) -> &'static str {
         method::STATS => "stats",
         method::RETURN_RANGES => "return_ranges",
         method::TAKE_FRAGMENTS => "take_fragments",
+        method::ALLOC_EXTENT => "alloc_extent",
+        method::RETIRE_EXTENT => "retire_extent",
         _ => "unknown",
     }
 }
@@ -160,6 +168,22 @@ pub fn decode_ranges(bytes: &[u8]) -> Result<(u64, Vec<(u64, u64)>), WireError> 
     Ok((instance, out))
 }
 
+/// A fixed number of little-endian words (the extent messages).
+pub fn encode_words(words: &[u64]) -> Vec<u8> {
+    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+/// Exactly `N` little-endian words, or an error.
+pub fn decode_words<const N: usize>(bytes: &[u8]) -> Result<[u64; N], WireError> {
+    let mut r = Reader::new(bytes);
+    let mut out = [0u64; N];
+    for word in &mut out {
+        *word = r.u64()?;
+    }
+    r.finish()?;
+    Ok(out)
+}
+
 /// The byte budget in a TAKE_FRAGMENTS request.
 pub fn decode_fragments_request(bytes: &[u8]) -> Result<u64, WireError> {
     let mut r = Reader::new(bytes);
@@ -198,11 +222,18 @@ mod tests {
             let _ = decode_ranges(&bytes);
             let _ = decode_fragments_request(&bytes);
             let _ = decode_chunk_request(&bytes);
+            let _ = decode_words::<3>(&bytes);
         }
 
         #[test]
         fn ranges_round_trip(instance in any::<u64>(), ranges in proptest::collection::vec((any::<u64>(), any::<u64>()), 0..50)) {
             prop_assert_eq!(decode_ranges(&encode_ranges(instance, &ranges)).unwrap(), (instance, ranges));
+        }
+
+        #[test]
+        fn words_round_trip(a in any::<u64>(), b in any::<u64>(), c in any::<u64>()) {
+            prop_assert_eq!(decode_words::<3>(&encode_words(&[a, b, c])).unwrap(), [a, b, c]);
+            prop_assert!(decode_words::<2>(&encode_words(&[a, b, c])).is_err());
         }
 
         #[test]

@@ -2,16 +2,22 @@
 //! A pure handler: the memnode daemon owns the sockets and threads.
 
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use racekv_transport::{Batch, Connection, RpcService, RpcStatus};
 
 use crate::alloc::Chunk;
 use crate::error::Error;
+use crate::extents::Extents;
 use crate::heap::{Heap, HeapUsage};
 use crate::layout::{sb, Layout};
 use crate::rpc::{self, method, status, Metadata, SplitRequest};
 use crate::split::{SplitOutcome, Splitter};
 use crate::words::read_word;
+
+/// The shortest wait before a retired extent is reused, whatever the published grace
+/// period: a large value takes a while to read.
+const DEFAULT_EXTENT_GRACE: Duration = Duration::from_millis(100);
 
 /// Statistics of one memnode's table.
 #[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
@@ -30,6 +36,7 @@ struct Ready {
     conn: Arc<dyn Connection>,
     heap: Arc<Heap>,
     splitter: Splitter,
+    extents: Arc<Extents>,
     /// The server instance clients reach this run through (see [`crate::alloc::Chunk`]).
     instance: u64,
 }
@@ -45,6 +52,7 @@ impl TableService {
     pub fn new(layout: Layout, node_id: u64) -> Self {
         crate::split::register_metrics();
         crate::expiry::register_metrics();
+        crate::extents::register_metrics();
         Self { layout, node_id, ready: OnceLock::new() }
     }
 
@@ -57,7 +65,10 @@ impl TableService {
             tracing::warn!("could not zero the fragment count in the superblock: {e}");
         }
         let splitter = Splitter::new(Arc::clone(&conn), self.layout, Arc::clone(&heap));
-        let _ = self.ready.set(Ready { conn, heap, splitter, instance });
+        // Retired extents wait as long as clients wait before reusing a block.
+        let grace = crate::format::read_grace_period(&*conn).ok().flatten().unwrap_or(DEFAULT_EXTENT_GRACE);
+        let extents = Arc::new(Extents::new(Arc::clone(&heap), grace.max(DEFAULT_EXTENT_GRACE)));
+        let _ = self.ready.set(Ready { conn, heap, splitter, extents, instance });
     }
 
     fn ready(&self) -> Result<&Ready, RpcStatus> {
@@ -78,7 +89,30 @@ impl TableService {
     /// [`Self::attach`]). The memnode runs one.
     pub fn active_expiry(&self, options: crate::expiry::ExpiryOptions) -> Option<crate::expiry::ActiveExpiry> {
         let ready = self.ready.get()?;
-        Some(crate::expiry::ActiveExpiry::new(Arc::clone(&ready.conn), self.layout, Arc::clone(&ready.heap), options))
+        Some(crate::expiry::ActiveExpiry::new(
+            Arc::clone(&ready.conn),
+            self.layout,
+            Arc::clone(&ready.heap),
+            Arc::clone(&ready.extents),
+            options,
+        ))
+    }
+
+    /// The value extents (None before [`Self::attach`]): the memnode's expiry retires
+    /// extents through it, and its loop gives retired ones back ([`Extents::release`]).
+    pub fn extents(&self) -> Option<Arc<Extents>> {
+        self.ready.get().map(|r| Arc::clone(&r.extents))
+    }
+
+    /// Takes in the live extents found at start (after [`Self::attach`]).
+    pub fn seed_extents(&self, live: &[(u64, u64)]) -> Result<(), Error> {
+        match self.ready.get() {
+            Some(r) => {
+                r.extents.seed(live);
+                Ok(())
+            }
+            None => Err(Error::Remote("the service is not attached".into())),
+        }
     }
 
     /// Gives the heap the short free runs found at start (after [`Self::attach`]).
@@ -154,6 +188,24 @@ impl RpcService for TableService {
                     ))));
                 }
                 ready.heap.return_ranges(&ranges).map_err(failure)?;
+                Ok(Vec::new())
+            }
+            method::ALLOC_EXTENT => {
+                let [value_len] = rpc::decode_words::<1>(request).map_err(rpc::bad_request)?;
+                let ready = self.ready()?;
+                let offset = ready.extents.alloc(value_len).map_err(failure)?;
+                Ok(rpc::encode_words(&[ready.instance, offset]))
+            }
+            method::RETIRE_EXTENT => {
+                let [instance, offset, value_len] = rpc::decode_words::<3>(request).map_err(rpc::bad_request)?;
+                let ready = self.ready()?;
+                if instance != ready.instance {
+                    return Err(failure(Error::StaleInstance(format!(
+                        "extent at {offset} handed out by run {instance:#x}; this is run {:#x}",
+                        ready.instance
+                    ))));
+                }
+                ready.extents.retire(offset, value_len).map_err(failure)?;
                 Ok(Vec::new())
             }
             method::SPLIT => {

@@ -32,6 +32,14 @@
 //! slot word they read; writes that keep the expiry (`Expiry::Keep`, compare-and-swap)
 //! encode their block with a guess and, when the key's expiry turns out to differ, encode
 //! it again before anything is swung.
+//!
+//! Large values: a value too large for a block goes into an extent the memnode allocates
+//! (`crate::extents`); the client writes it there, then publishes an indirect block that
+//! says where, through the same CAS as any other write. A reader checks the value it read
+//! against the block's checksum of it, and, if the read may have outlasted the grace
+//! period, that the slot still holds the word that led to the block. Whoever swings an
+//! indirect block's word away retires its extent by RPC at the end of the operation (its
+//! block, retired into the grace queue, still says where the extent is).
 
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
@@ -44,7 +52,10 @@ use crate::alloc::{BlockAllocator, Chunk, ChunkSource, Fragments, FreePool};
 use crate::directory::{CachedEntry, DirectoryCache};
 use crate::error::Error;
 use crate::hash::KeyHash;
-use crate::layout::{block_units_for, decode_block, encode_block, sb, Layout, Slot};
+use crate::layout::{
+    block_units_for, decode_block, encode_block, encode_indirect_block, sb, value_checksum, Extent, Layout, Slot,
+    EXTENT_DESCRIPTOR_BYTES, MAX_KEY_BYTES, MAX_VALUE_BYTES,
+};
 use crate::probe::{Probe, ProbeReads};
 use crate::rpc::{self, method, SplitRequest};
 use crate::stall::{StallClock, Stamp};
@@ -251,6 +262,17 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
 });
 
 /// Per-client copies of the metrics, published every [`FLUSH_EVERY_OPS`] operations.
+/// Extents a client could not retire (the memnode's next start reclaims them).
+static EXTENTS_LEAKED: LazyLock<IntCounter> = LazyLock::new(|| {
+    racekv_telemetry::register(
+        IntCounter::new(
+            "racekv_table_extents_unretired_total",
+            "Value extents a client swung away but could not retire (reclaimed at the memnode's next start)",
+        )
+        .unwrap(),
+    )
+});
+
 struct LocalMetrics {
     ops: Vec<LocalIntCounter>,
     op_seconds: Vec<LocalHistogram>,
@@ -467,6 +489,8 @@ impl Table {
             tag: first_tag(),
             count_delta: 0,
             found_live: false,
+            read_large: false,
+            retired_indirect: Vec::new(),
             stats: ClientStats::default(),
             metrics: LocalMetrics::new(),
         }
@@ -581,6 +605,8 @@ fn first_tag() -> u8 {
 struct NewBlock {
     block: u64,
     units: u8,
+    /// The extent holding the value, for an indirect block.
+    extent: Option<Extent>,
     /// The expiry encoded in it.
     expires_at_ms: Option<u64>,
     word: u64,
@@ -643,8 +669,14 @@ pub struct TableClient {
     /// Item-count changes not yet added to the superblock (sent with the next batch).
     count_delta: i64,
     /// Whether the last write attempt found the key live (present and not expired); its
-    /// value is then in `value`.
+    /// value is then in `value` (a large one only if `read_large` was set).
     found_live: bool,
+    /// Whether writes read a large current value into `value` (compare-and-swap, and a
+    /// put returning the old value); others do not move megabytes they will not use.
+    read_large: bool,
+    /// Indirect blocks this client retired whose extents are still to be retired
+    /// (block, units, server instance): done at the end of the operation.
+    retired_indirect: Vec<(u64, u8, u64)>,
     stats: ClientStats,
     metrics: LocalMetrics,
 }
@@ -796,6 +828,8 @@ impl TableClient {
         for (n, &(i, _, _)) in r.wanted.iter().enumerate() {
             match decode_block(self.batch.read_result(r.reads[n])?) {
                 None => r.foreign[i] = true,
+                // A large value: read by the single-key way, which fetches its extent.
+                Some(block) if block.extent.is_some() => r.foreign[i] = true,
                 Some(block) if block.key == keys[i] => {
                     if !r.done[i] {
                         if block.expires_at_ms.is_some_and(|at| crate::clock::now_unix_ms() > at) {
@@ -890,6 +924,7 @@ impl TableClient {
             PutMode::UpdateOnly => (3, Cond::Present),
         };
         let sample = self.begin();
+        self.read_large = options.return_old;
         let result = self.mutate(key, Some(value), options.expiry, cond).map(|outcome| PutResult {
             outcome,
             old: (options.return_old && self.found_live).then(|| self.value.clone()),
@@ -913,7 +948,10 @@ impl TableClient {
         let result = match new {
             // Absent -> absent: true exactly when the key is absent.
             None if expected.is_none() => self.search(key, &mut Vec::new()).map(|found| found.is_none()),
-            _ => self.mutate(key, new, Expiry::Keep, Cond::Equals(expected)).map(|o| o != PutOutcome::NotApplied),
+            _ => {
+                self.read_large = expected.is_some();
+                self.mutate(key, new, Expiry::Keep, Cond::Equals(expected)).map(|o| o != PutOutcome::NotApplied)
+            }
         };
         self.end(5, sample, result, |&d| d)
     }
@@ -1004,6 +1042,8 @@ impl TableClient {
         result: Result<T, Error>,
         applied: impl FnOnce(&T) -> bool,
     ) -> Result<T, Error> {
+        self.read_large = false;
+        self.retire_extents();
         let outcome = match &result {
             Ok(v) if applied(v) => 0,
             Ok(_) => 1,
@@ -1095,7 +1135,10 @@ impl TableClient {
     /// of `key` (lowest slot first; the first one's value lands in `value_out`) and other
     /// keys. A value is handed out only if it was surely read within the grace period of
     /// the probe, or its slot still holds the word that led to it.
-    fn verify(&mut self, key: &[u8], value_out: Option<&mut Vec<u8>>) -> Result<Verified, Error> {
+    ///
+    /// A large value (in an extent) is read only when `read_large`, else `value_out` is left
+    /// empty; one read is checked against its block's checksum of it.
+    fn verify(&mut self, key: &[u8], value_out: Option<&mut Vec<u8>>, read_large: bool) -> Result<Verified, Error> {
         self.copies.clear();
         self.others.clear();
         if self.cands.is_empty() {
@@ -1141,6 +1184,12 @@ impl TableClient {
             let block = decode_block(self.batch.read_result(read)?).expect("verified above");
             out.clear();
             out.extend_from_slice(block.value);
+            if let Some(extent) = block.extent.filter(|_| read_large) {
+                if !self.read_extent(&extent, out)? {
+                    out.clear();
+                    return Ok(Verified::Torn);
+                }
+            }
             if !self.shared.stall.surely_within(self.probe_sent) {
                 self.count_stall();
                 let canonical = self.copies[0];
@@ -1170,7 +1219,7 @@ impl TableClient {
             if self.cands.is_empty() {
                 return Ok(None);
             }
-            match self.verify(key, Some(out))? {
+            match self.verify(key, Some(out), true)? {
                 Verified::Torn => attempts.retry("a block kept changing under a read")?,
                 Verified::Done if !self.copies.is_empty() => {
                     let canonical = self.copies[0];
@@ -1208,9 +1257,9 @@ impl TableClient {
 
     // ---- writing ----
 
-    fn next_word(&mut self, hash: &KeyHash, block: u64, units: u8) -> u64 {
+    fn next_word(&mut self, hash: &KeyHash, block: u64, units: u8, indirect: bool) -> u64 {
         self.tag = self.tag.wrapping_add(1);
-        Slot { fingerprint: hash.fingerprint, units, tag: self.tag, block }.encode()
+        Slot { fingerprint: hash.fingerprint, units, tag: self.tag, block, indirect }.encode()
     }
 
     /// Adds the pending item-count change to the batch being built (one FAA; nothing when
@@ -1256,8 +1305,111 @@ impl TableClient {
 
     fn retire_word(&mut self, word: u64) {
         let slot = Slot::decode(word).expect("a used slot");
-        self.alloc.retire(slot.block, slot.units, self.batch.executed_instance());
+        self.retire_slot(&slot, self.batch.executed_instance());
         self.count_delta -= 1;
+    }
+
+    /// Retires the block `slot` pointed to (swung away by this client), and notes its
+    /// extent, if any, for [`Self::retire_extents`].
+    fn retire_slot(&mut self, slot: &Slot, instance: u64) {
+        self.alloc.retire(slot.block, slot.units, instance);
+        if slot.indirect {
+            self.retired_indirect.push((slot.block, slot.units, instance));
+        }
+    }
+
+    /// Retires the extents of the indirect blocks this operation swung away: each block
+    /// is in this client's grace queue, so it still says where its extent is. A failure
+    /// leaves the extent to the memnode's next start (logged and counted).
+    fn retire_extents(&mut self) {
+        while let Some((block, units, instance)) = self.retired_indirect.pop() {
+            let extent = self.read_descriptor(block, units, instance);
+            let result = extent.and_then(|e| self.retire_extent(&e, instance));
+            if let Err(e) = result {
+                EXTENTS_LEAKED.inc();
+                tracing::warn!("an extent could not be retired (the memnode's next start reclaims it): {e}");
+            }
+        }
+    }
+
+    /// The extent an indirect block of ours (retired, in grace) describes.
+    fn read_descriptor(&mut self, block: u64, units: u8, instance: u64) -> Result<Extent, Error> {
+        self.batch.clear();
+        self.batch.require_instance(Some(instance));
+        let read = self.batch.read(block, u32::from(units) * crate::layout::BLOCK_UNIT_BYTES as u32);
+        let executed = self.execute();
+        self.batch.require_instance(None);
+        executed?;
+        decode_block(self.batch.read_result(read)?)
+            .and_then(|b| b.extent)
+            .ok_or_else(|| Error::Corrupt(format!("the retired indirect block at {block} does not decode")))
+    }
+
+    fn retire_extent(&mut self, extent: &Extent, instance: u64) -> Result<(), Error> {
+        let request = rpc::encode_words(&[instance, extent.offset, extent.value_len]);
+        self.conn.call(method::RETIRE_EXTENT, &request).map_err(rpc::map_error)?;
+        Ok(())
+    }
+
+    /// Allocates an extent for `value` in server instance `run` and writes the value there
+    /// (not yet visible: no block points to it).
+    fn write_extent(&mut self, value: &[u8], run: u64) -> Result<Extent, Error> {
+        let reply =
+            self.conn.call(method::ALLOC_EXTENT, &rpc::encode_words(&[value.len() as u64])).map_err(rpc::map_error)?;
+        let [instance, offset] = rpc::decode_words::<2>(&reply).map_err(|e| Error::Remote(e.to_string()))?;
+        let extent = Extent::of(offset, value);
+        if instance != run {
+            // The memnode restarted since our block's run: start over in the new one.
+            let _ = self.retire_extent(&extent, instance);
+            return Err(Error::Transport(TransportError::InstanceChanged { expected: run, found: instance }));
+        }
+        let layout = &self.shared.layout;
+        let inside =
+            offset >= layout.heap_offset && offset.checked_add(extent.bytes()).is_some_and(|e| e <= layout.region_len);
+        if !inside || !offset.is_multiple_of(crate::layout::BLOCK_UNIT_BYTES) {
+            return Err(Error::Remote(format!("the memnode handed out an extent at {offset} outside its heap")));
+        }
+        let written = self.write_pieces(offset, value, run);
+        if let Err(e) = written {
+            let _ = self.retire_extent(&extent, run);
+            return Err(e);
+        }
+        Ok(extent)
+    }
+
+    fn write_pieces(&mut self, offset: u64, value: &[u8], run: u64) -> Result<(), Error> {
+        let piece = racekv_transport::MAX_OP_BYTES as usize;
+        let result = value.chunks(piece).enumerate().try_for_each(|(i, bytes)| {
+            self.batch.clear();
+            self.batch.require_instance(Some(run));
+            self.batch.write(offset + (i * piece) as u64, bytes);
+            self.execute()
+        });
+        self.batch.require_instance(None);
+        result
+    }
+
+    /// Reads the value `extent` holds into `out` (appended); whether it matches the
+    /// checksum its block keeps (a mismatch: the extent was freed and reused under us).
+    fn read_extent(&mut self, extent: &Extent, out: &mut Vec<u8>) -> Result<bool, Error> {
+        let layout = &self.shared.layout;
+        let end = extent.offset.checked_add(extent.value_len);
+        if extent.offset < layout.heap_offset || end.is_none_or(|e| e > layout.region_len) {
+            return Ok(false);
+        }
+        let start = out.len();
+        out.reserve(extent.value_len as usize);
+        let piece = racekv_transport::MAX_OP_BYTES;
+        let mut at = 0;
+        while at < extent.value_len {
+            let n = piece.min(extent.value_len - at);
+            self.batch.clear();
+            let read = self.batch.read(extent.offset + at, n as u32);
+            self.execute()?;
+            out.extend_from_slice(self.batch.read_result(read)?);
+            at += n;
+        }
+        Ok(value_checksum(&out[start..]) == extent.checksum)
     }
 
     fn mutate(
@@ -1311,10 +1463,33 @@ impl TableClient {
             Self::check_key(key, 0, false)?;
             return Ok(None);
         };
-        let units = Self::check_key(key, value.len(), expires_at_ms.is_some())?;
+        let expires = expires_at_ms.is_some();
+        match Self::check_key(key, value.len(), expires) {
+            Ok(units) => {
+                let block = self.alloc.alloc(units)?;
+                encode_block(&mut self.block, key, value, expires_at_ms);
+                let word = self.next_word(hash, block, units, false);
+                return Ok(Some(NewBlock { block, units, extent: None, expires_at_ms, word }));
+            }
+            Err(Error::TooLarge { .. }) => {} // for a block: an extent, then
+            Err(e) => return Err(e),
+        }
+        if key.len() > MAX_KEY_BYTES || value.len() as u64 > MAX_VALUE_BYTES {
+            return Err(Error::TooLarge { key: key.len(), value: value.len() });
+        }
+        let units = block_units_for(key.len(), EXTENT_DESCRIPTOR_BYTES, expires).expect("keys this short fit");
         let block = self.alloc.alloc(units)?;
-        encode_block(&mut self.block, key, value, expires_at_ms);
-        Ok(Some(NewBlock { block, units, expires_at_ms, word: self.next_word(hash, block, units) }))
+        let run = self.alloc.instance().expect("an allocated block belongs to a run");
+        let extent = match self.write_extent(value, run) {
+            Ok(extent) => extent,
+            Err(e) => {
+                self.alloc.release_unpublished(block, units, run);
+                return Err(e);
+            }
+        };
+        encode_indirect_block(&mut self.block, key, &extent, expires_at_ms);
+        let word = self.next_word(hash, block, units, true);
+        Ok(Some(NewBlock { block, units, extent: Some(extent), expires_at_ms, word }))
     }
 
     /// One attempt of [`Self::mutate`]; an error comes with how far the new block got.
@@ -1340,6 +1515,13 @@ impl TableClient {
                 BlockState::Unpublished => self.alloc.release_unpublished(new.block, new.units, run),
                 BlockState::VisibleNotInSlot => self.alloc.retire(new.block, new.units, run),
                 BlockState::InSlot | BlockState::RetiredByOther => {}
+            }
+            // Our extent goes with our block (the memnode waits out the grace period).
+            if let (Some(extent), BlockState::Unpublished | BlockState::VisibleNotInSlot) = (new.extent, state) {
+                if let Err(e) = self.retire_extent(&extent, run) {
+                    EXTENTS_LEAKED.inc();
+                    tracing::warn!("an unused extent could not be retired (the memnode's next start reclaims it): {e}");
+                }
             }
         }
         result.map_err(|e| (e, state))
@@ -1369,7 +1551,7 @@ impl TableClient {
             }
             probe.candidates(hash.fingerprint, &mut self.cands);
             let mut current = std::mem::take(&mut self.value);
-            let verified = self.verify(key, Some(&mut current));
+            let verified = self.verify(key, Some(&mut current), self.read_large);
             self.value = current;
             if let Verified::Torn = verified? {
                 attempts.retry("a block kept changing under a read")?;
@@ -1474,7 +1656,7 @@ impl TableClient {
             return Ok(None);
         }
         let old = Slot::decode(canonical.word).expect("a used slot");
-        self.alloc.retire(old.block, old.units, self.batch.executed_instance());
+        self.retire_slot(&old, self.batch.executed_instance());
         Ok(Some(PutOutcome::Updated))
     }
 
@@ -1536,7 +1718,7 @@ impl TableClient {
         if self.cands.is_empty() {
             return Ok(Some(PutOutcome::Inserted));
         }
-        if let Verified::Torn = self.verify(key, None)? {
+        if let Verified::Torn = self.verify(key, None, false)? {
             // A candidate changed under us: whatever copies exist, readers and later
             // writers settle on the lowest address, so the insert stands.
             return Ok(Some(PutOutcome::Inserted));

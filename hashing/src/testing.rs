@@ -113,6 +113,11 @@ impl TestMemnode {
         self.service.heap_fragment_bytes()
     }
 
+    /// The memnode's value extents (live and retired bytes; releases the due ones).
+    pub fn extents(&self) -> Arc<crate::extents::Extents> {
+        self.service.extents().expect("the service is attached")
+    }
+
     /// Heap bytes allocated for KV data: everything handed out except subtables (which
     /// splits add and nobody gives back).
     pub fn kv_heap_used_bytes(&self) -> u64 {
@@ -132,6 +137,7 @@ impl TestMemnode {
         let conn = LocalConnection::new(Arc::clone(&self.region), None);
         let reclaimed = crate::reclaim::reclaim(&conn, &self.layout).unwrap();
         self.service.seed_fragments(&reclaimed.fragments).unwrap();
+        self.service.seed_extents(&reclaimed.extents).unwrap();
         reclaimed
     }
 
@@ -193,10 +199,21 @@ pub fn scan(conn: &dyn Connection, layout: &Layout) -> Vec<ScannedItem> {
                 conn.execute(&mut b).unwrap();
                 let block = decode_block(b.read_result(r).unwrap()).expect("every slot points to a valid block");
                 let dir = KeyHash::of(block.key, layout.groups_per_subtable).dir;
+                let (key, expires_at_ms, extent) = (block.key.to_vec(), block.expires_at_ms, block.extent);
+                let mut value = block.value.to_vec();
+                if let Some(extent) = extent {
+                    let piece = racekv_transport::MAX_OP_BYTES;
+                    for at in (0..extent.value_len).step_by(piece as usize) {
+                        b.clear();
+                        let r = b.read(extent.offset + at, piece.min(extent.value_len - at) as u32);
+                        conn.execute(&mut b).unwrap();
+                        value.extend_from_slice(b.read_result(r).unwrap());
+                    }
+                }
                 items.push(ScannedItem {
-                    key: block.key.to_vec(),
-                    value: block.value.to_vec(),
-                    expires_at_ms: block.expires_at_ms,
+                    key,
+                    value,
+                    expires_at_ms,
                     slot: slot_offset(subtable + i as u64 * BUCKET_BYTES, j),
                     admitted: header.admits(dir),
                 });

@@ -179,6 +179,7 @@ impl Memnode {
         // Format or reopen, before anyone can connect.
         let local = LocalConnection::new(Arc::clone(&region), None);
         let mut found_fragments = Vec::new();
+        let mut found_extents = Vec::new();
         let mut start_reclaim = None;
         let (layout, node_id) = if is_formatted(&local)? {
             let layout = read_layout(&local)?;
@@ -190,6 +191,7 @@ impl Memnode {
             start_reclaim = reclaim_at_start(&*local, &layout, Duration::from_millis(config.reopen_fence_ms));
             if let Some(found) = &mut start_reclaim {
                 found_fragments = std::mem::take(&mut found.reclaimed.fragments);
+                found_extents = std::mem::take(&mut found.reclaimed.extents);
             }
             let node_id = read_node_id(&*local)?;
             tracing::info!(region_bytes = layout.region_len, node_id, "reopened an existing table");
@@ -273,6 +275,9 @@ impl Memnode {
             .with_context(|| format!("connecting the loopback to {loopback_endpoint}"))?
         };
         service.attach(loopback, server.instance());
+        // The live extents, so retiring them works (without a reclaim, retires of extents
+        // from an earlier run are refused and the next start's reclaim frees them).
+        service.seed_extents(&found_extents).context("taking in the live value extents found at start")?;
         if !found_fragments.is_empty() {
             service.seed_fragments(&found_fragments).context("keeping the short free runs found at start")?;
         }

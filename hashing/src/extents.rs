@@ -1,0 +1,181 @@
+//! The memnode's value extents: heap space for values too large for a block.
+//!
+//! A client writing a large value asks for an extent by RPC, writes the value there, then
+//! publishes an indirect block that points to it (`layout.rs`). Whoever swings that block's
+//! slot word away (an overwrite, a delete, lazy or active expiry, FLUSHALL) retires the
+//! extent by RPC, or in-process for the memnode's own sweep. A retired extent waits out the
+//! grace period here, as a retired block waits in its client's queue (a reader that found
+//! the block may still be reading the value), then goes back to the heap.
+//!
+//! The memnode keeps the extents it handed out in memory and accepts a retire only for
+//! exactly one of them, so a client's mistake cannot free a range twice or free a range
+//! that is not an extent. After a restart the start's reclaim finds the live ones again
+//! (the indirect blocks their slots point to) and [`Extents::seed`] takes them in.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use prometheus::{IntCounter, IntGauge};
+
+use crate::error::Error;
+use crate::heap::Heap;
+use crate::layout::{extent_bytes, MAX_VALUE_BYTES};
+
+/// Retired extents waiting out the grace period, at most; past it a retire is refused
+/// (the client logs it; the extent is reclaimed at the next start), so a flood of retires
+/// cannot grow the memnode's memory.
+pub const MAX_PENDING_EXTENTS: usize = 1 << 20;
+
+struct Metrics {
+    live_bytes: IntGauge,
+    live: IntGauge,
+    pending_bytes: IntGauge,
+    allocated: IntCounter,
+    retired: IntCounter,
+    refused: IntCounter,
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
+    use racekv_telemetry::register;
+    Metrics {
+        live_bytes: register(IntGauge::new("racekv_memnode_extent_bytes", "Heap bytes in live value extents").unwrap()),
+        live: register(IntGauge::new("racekv_memnode_extents", "Live value extents").unwrap()),
+        pending_bytes: register(
+            IntGauge::new(
+                "racekv_memnode_extent_pending_bytes",
+                "Bytes of retired extents waiting out the grace period",
+            )
+            .unwrap(),
+        ),
+        allocated: register(
+            IntCounter::new("racekv_memnode_extents_allocated_total", "Value extents handed out").unwrap(),
+        ),
+        retired: register(IntCounter::new("racekv_memnode_extents_retired_total", "Value extents retired").unwrap()),
+        refused: register(
+            IntCounter::new(
+                "racekv_memnode_extent_retires_refused_total",
+                "Extent retires refused (not a live extent, or too many pending)",
+            )
+            .unwrap(),
+        ),
+    }
+});
+
+/// Registers the extent metrics (so they show at zero before the first large value).
+pub fn register_metrics() {
+    LazyLock::force(&METRICS);
+}
+
+#[derive(Default)]
+struct State {
+    /// offset -> bytes of every extent handed out and not retired.
+    live: BTreeMap<u64, u64>,
+    live_bytes: u64,
+    /// (retired at, offset, bytes), oldest first.
+    pending: VecDeque<(Instant, u64, u64)>,
+    pending_bytes: u64,
+}
+
+/// See the module doc.
+pub struct Extents {
+    heap: Arc<Heap>,
+    grace: Duration,
+    state: Mutex<State>,
+}
+
+impl Extents {
+    pub fn new(heap: Arc<Heap>, grace: Duration) -> Self {
+        register_metrics();
+        Self { heap, grace, state: Mutex::new(State::default()) }
+    }
+
+    /// An extent for a value of `value_len` bytes: its offset.
+    pub fn alloc(&self, value_len: u64) -> Result<u64, Error> {
+        if value_len > MAX_VALUE_BYTES {
+            return Err(Error::Remote(format!("a value of {value_len} B exceeds the limit of {MAX_VALUE_BYTES} B")));
+        }
+        let bytes = extent_bytes(value_len);
+        let mut state = self.state.lock();
+        self.release_due(&mut state, Instant::now())?;
+        let offset = self.heap.alloc_extent(bytes)?;
+        let clash = state.live.range(..offset + bytes).next_back().is_some_and(|(&o, &b)| o + b > offset);
+        assert!(!clash, "the heap handed out [{offset}, +{bytes}) over a live extent");
+        state.live.insert(offset, bytes);
+        state.live_bytes += bytes;
+        METRICS.allocated.inc();
+        publish(&state);
+        Ok(offset)
+    }
+
+    /// Retires the live extent at `offset` of `value_len` bytes: freed after the grace period.
+    pub fn retire(&self, offset: u64, value_len: u64) -> Result<(), Error> {
+        let bytes = extent_bytes(value_len);
+        let mut state = self.state.lock();
+        let now = Instant::now();
+        self.release_due(&mut state, now)?;
+        if state.live.get(&offset) != Some(&bytes) || state.pending.len() >= MAX_PENDING_EXTENTS {
+            METRICS.refused.inc();
+            return Err(Error::Remote(format!("({offset}, {bytes} B) is not a live extent of this memnode")));
+        }
+        state.live.remove(&offset);
+        state.live_bytes -= bytes;
+        state.pending.push_back((now, offset, bytes));
+        state.pending_bytes += bytes;
+        METRICS.retired.inc();
+        publish(&state);
+        Ok(())
+    }
+
+    /// Gives back the retired extents whose grace period is over (the memnode also calls it
+    /// from its background loop, so nothing waits for the next extent RPC).
+    pub fn release(&self) -> Result<(), Error> {
+        let mut state = self.state.lock();
+        self.release_due(&mut state, Instant::now())
+    }
+
+    fn release_due(&self, state: &mut State, now: Instant) -> Result<(), Error> {
+        let mut due = Vec::new();
+        while let Some(&(at, offset, bytes)) = state.pending.front() {
+            if now < at + self.grace || due.len() == crate::rpc::MAX_RANGES_PER_CALL {
+                break;
+            }
+            state.pending.pop_front();
+            state.pending_bytes -= bytes;
+            due.push((offset, bytes));
+        }
+        if !due.is_empty() {
+            self.heap.return_ranges(&due)?;
+            publish(state);
+        }
+        Ok(())
+    }
+
+    /// Takes in the live extents a start's reclaim found (offset, bytes).
+    pub fn seed(&self, live: &[(u64, u64)]) {
+        let mut state = self.state.lock();
+        for &(offset, bytes) in live {
+            if state.live.insert(offset, bytes).is_none() {
+                state.live_bytes += bytes;
+            }
+        }
+        publish(&state);
+    }
+
+    /// Bytes in live extents.
+    pub fn live_bytes(&self) -> u64 {
+        self.state.lock().live_bytes
+    }
+
+    /// Bytes of retired extents still in their grace period.
+    pub fn pending_bytes(&self) -> u64 {
+        self.state.lock().pending_bytes
+    }
+}
+
+fn publish(state: &State) {
+    METRICS.live_bytes.set(state.live_bytes as i64);
+    METRICS.live.set(state.live.len() as i64);
+    METRICS.pending_bytes.set(state.pending_bytes as i64);
+}
