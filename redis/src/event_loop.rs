@@ -12,7 +12,7 @@
 //! `idle_timeout`, `write_timeout`, the parser's limits, error reply then linger.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::{Shutdown, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -23,8 +23,11 @@ use parking_lot::Mutex;
 
 use super::commands::Client;
 use super::metrics::METRICS;
+use super::reply::Output;
 use super::resp::Parser;
-use super::server::{new_client, release, run_commands, Shared, Step, LINGER, LINGER_MAX_BYTES, READ_CHUNK_BYTES};
+use super::server::{
+    feed, new_client, new_parser, release, run_commands, Shared, Step, LINGER, LINGER_MAX_BYTES, READ_CHUNK_BYTES,
+};
 
 /// Reads one connection gets before the loop turns to the others.
 const MAX_READS_PER_TURN: usize = 16;
@@ -109,10 +112,9 @@ struct Conn {
     stream: TcpStream,
     client: Client,
     parser: Parser,
-    out: Vec<u8>,
-    /// Bytes of `out` already written.
-    written: usize,
-    /// Since when `out` has waited for the socket to take it.
+    out: Output,
+    /// Since when `out` has waited for the socket to take any of it (as a connection
+    /// thread's send timeout: a large reply making progress never times out).
     blocked_since: Option<Instant>,
     last_input: Instant,
     /// Input since the storage was last told the client is idle.
@@ -251,9 +253,8 @@ fn take_in(shared: &Shared, this: &Loop, conns: &mut HashMap<usize, Conn>, ready
                 peer,
                 stream,
                 client,
-                parser: Parser::new(shared.options.limits),
-                out: Vec::with_capacity(READ_CHUNK_BYTES),
-                written: 0,
+                parser: new_parser(shared),
+                out: Output::with_capacity(READ_CHUNK_BYTES),
                 blocked_since: None,
                 last_input: now,
                 fed: false,
@@ -283,16 +284,16 @@ fn expired(shared: &Shared, conn: &Conn, now: Instant) -> Option<&'static str> {
         return Some("io_error");
     }
     let idle = shared.stats.idle_timeout().filter(|t| !t.is_zero())?;
-    (conn.out.len() == conn.written && now.duration_since(conn.last_input) >= idle).then_some("idle_timeout")
+    (conn.out.is_empty() && now.duration_since(conn.last_input) >= idle).then_some("idle_timeout")
 }
 
 /// Writes what `conn` has pending. Ok(true): all of it.
 fn flush(shared: &Shared, conn: &mut Conn) -> io::Result<bool> {
-    while conn.written < conn.out.len() {
-        match conn.stream.write(&conn.out[conn.written..]) {
+    while !conn.out.is_empty() {
+        match conn.out.write_to(&mut conn.stream) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => {
-                conn.written += n;
+                conn.blocked_since = None;
                 METRICS.sent_bytes.inc_by(n as u64);
                 shared.stats.add_io(0, n as u64);
             }
@@ -304,8 +305,6 @@ fn flush(shared: &Shared, conn: &mut Conn) -> io::Result<bool> {
             Err(e) => return Err(e),
         }
     }
-    conn.out.clear();
-    conn.written = 0;
     conn.blocked_since = None;
     Ok(true)
 }
@@ -359,7 +358,7 @@ fn serve(shared: &Shared, conn: &mut Conn, chunk: &mut [u8]) -> Turn {
                 reads += 1;
                 METRICS.received_bytes.inc_by(n as u64);
                 shared.stats.add_io(n as u64, 0);
-                conn.parser.feed(&chunk[..n]);
+                feed(shared, &mut conn.parser, &chunk[..n]);
                 conn.last_input = Instant::now();
                 conn.fed = true;
                 drained = n < chunk.len();

@@ -351,7 +351,7 @@ pub(crate) fn render(
         match name {
             "server" => server(stats, &mut out),
             "clients" => clients(stats, &mut out),
-            "memory" => memory(&mut out),
+            "memory" => memory(stats, &mut out),
             "persistence" => persistence(stats, &mut out),
             "stats" => stats_section(stats, &mut out),
             "replication" => replication(stats, &mut out),
@@ -486,7 +486,7 @@ fn proc_kib(path: &str, field: &str) -> u64 {
 /// `used_memory` is the process' resident memory: racekv keeps its data in the memnodes
 /// (see the storage section), so what Redis reports as the dataset's allocation is the front
 /// end's (and its process') own memory here.
-fn memory(out: &mut String) {
+fn memory(stats: &ServerStats, out: &mut String) {
     let rss = proc_kib("/proc/self/status", "VmRSS");
     let peak = proc_kib("/proc/self/status", "VmHWM").max(rss);
     let total = proc_kib("/proc/meminfo", "MemTotal");
@@ -509,8 +509,16 @@ fn memory(out: &mut String) {
             ("maxmemory_policy", "noeviction".into()),
             ("mem_fragmentation_ratio", "1.00".into()),
             ("mem_allocator", "libc".into()),
+            // racekv's own: large commands' buffers against the query buffer budget.
+            ("racekv_query_buffer_bytes", stats.settings.query_budget().used().to_string()),
+            ("racekv_query_buffer_budget", stats.settings.query_budget().limit().to_string()),
         ],
     );
+}
+
+/// The machine's memory in bytes (0 when it cannot be read).
+pub(crate) fn total_memory_bytes() -> u64 {
+    proc_kib("/proc/meminfo", "MemTotal")
 }
 
 /// racekv writes no RDB or AOF: durability is the memnodes' business.
@@ -693,6 +701,7 @@ mod tests {
             "total_commands_processed:1\r\n",
             "# Memory\r\nused_memory:",
             "maxmemory_policy:noeviction\r\n",
+            "racekv_query_buffer_bytes:0\r\nracekv_query_buffer_budget:0\r\n",
             "# Persistence\r\nloading:0\r\n",
             "# Replication\r\nrole:master\r\n",
             "# CPU\r\nused_cpu_sys:",

@@ -47,8 +47,8 @@ pub use commands::Client;
 pub use info::ServerStats;
 #[cfg(any(test, feature = "test-support"))]
 pub use memstore::MemStore;
-pub use reply::{Protocol, Reply};
-pub use resp::{Command, Limits, Parser, ProtocolError};
+pub use reply::{Output, Protocol, Reply};
+pub use resp::{Command, Limits, Parser, ProtocolError, QueryBudget};
 pub use server::{IoModel, RedisServer, ServerOptions, TlsPort};
 pub use store::{
     Expiry, ExpiryUpdate, Item, KvSession, KvStore, PutMode, PutOptions, PutResult, StoreError, StoreErrorKind,

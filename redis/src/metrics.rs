@@ -29,6 +29,9 @@ pub(crate) struct Metrics {
     pub slow_commands: IntCounter,
     pub paused_commands: IntCounter,
     pub config_changes: IntCounterVec,
+    pub query_buffer_bytes: IntGauge,
+    pub query_buffer_budget: IntGauge,
+    pub query_buffer_refusals: IntCounter,
 }
 
 pub(crate) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
@@ -162,6 +165,27 @@ pub(crate) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         IntCounterVec::new(
             Opts::new("racekv_redis_config_changes_total", "Settings changed at run time by CONFIG SET, by parameter"),
             &["parameter"],
+        )
+        .unwrap(),
+    ),
+    query_buffer_bytes: register(
+        IntGauge::new(
+            "racekv_redis_query_buffer_bytes",
+            "Bytes partly received (or executing) large commands hold, charged to the query buffer budget",
+        )
+        .unwrap(),
+    ),
+    query_buffer_budget: register(
+        IntGauge::new(
+            "racekv_redis_query_buffer_budget_bytes",
+            "The query buffer budget: the most bytes large commands of all clients may hold together (0: unlimited)",
+        )
+        .unwrap(),
+    ),
+    query_buffer_refusals: register(
+        IntCounter::new(
+            "racekv_redis_query_buffer_budget_refusals_total",
+            "Connections closed because their command would have taken the query buffer budget past its limit",
         )
         .unwrap(),
     ),

@@ -6,6 +6,8 @@
 //! a boolean an integer, a verbatim string a bulk string, a push frame an array.
 
 use std::borrow::Cow;
+use std::collections::VecDeque;
+use std::io::{self, IoSlice, Write};
 
 /// The protocol a connection speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -166,6 +168,134 @@ fn line(out: &mut Vec<u8>, prefix: u8, text: &str) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// Bulk replies at least this long are queued as their own buffer, not copied.
+pub const LARGE_REPLY_BYTES: usize = 64 << 10;
+
+/// Most buffers handed to one vectored write.
+const MAX_WRITE_SLICES: usize = 16;
+
+/// Replies waiting to be written to a connection, in order: small ones gathered into one
+/// buffer, while a large bulk value ([`LARGE_REPLY_BYTES`] or more, e.g. a big GET) keeps
+/// the buffer the store returned it in (moved, never copied), so a 512 MiB value costs
+/// 512 MiB here, not twice that. Written with vectored writes.
+#[derive(Debug, Default)]
+pub struct Output {
+    /// Pieces to write before `tail`.
+    queue: VecDeque<Vec<u8>>,
+    /// Bytes in `queue`.
+    queued: usize,
+    /// Small replies gathered after the queued pieces.
+    tail: Vec<u8>,
+    /// Bytes already written of the first piece (the queue's front, else `tail`).
+    written: usize,
+}
+
+impl Output {
+    /// An empty output whose small-reply buffer starts with `capacity` bytes.
+    pub fn with_capacity(capacity: usize) -> Self {
+        Self { tail: Vec::with_capacity(capacity), ..Self::default() }
+    }
+
+    /// Bytes not written yet.
+    pub fn len(&self) -> usize {
+        self.queued + self.tail.len() - self.written
+    }
+
+    /// Whether everything was written.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Appends `reply` encoded in `protocol`; a large bulk value is moved in, not copied.
+    pub fn push(&mut self, reply: Reply, protocol: Protocol) {
+        match reply {
+            Reply::Bulk(value) if value.len() >= LARGE_REPLY_BYTES => {
+                header(&mut self.tail, b'$', value.len() as i64);
+                self.queued += self.tail.len() + value.len();
+                self.queue.push_back(std::mem::take(&mut self.tail));
+                self.queue.push_back(value);
+                self.tail.extend_from_slice(b"\r\n");
+            }
+            other => other.encode(&mut self.tail, protocol),
+        }
+    }
+
+    /// The buffer small replies are appended to (for [`Reply::encode`]).
+    pub fn bytes(&mut self) -> &mut Vec<u8> {
+        &mut self.tail
+    }
+
+    /// One (vectored) write of what is pending; returns the bytes written.
+    pub fn write_to<W: Write + ?Sized>(&mut self, w: &mut W) -> io::Result<usize> {
+        let n = if self.queue.is_empty() {
+            w.write(&self.tail[self.written..])?
+        } else {
+            let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(MAX_WRITE_SLICES);
+            let pieces = self.queue.iter().map(Vec::as_slice).chain(std::iter::once(self.tail.as_slice()));
+            for (i, piece) in pieces.take(MAX_WRITE_SLICES).enumerate() {
+                slices.push(IoSlice::new(if i == 0 { &piece[self.written..] } else { piece }));
+            }
+            w.write_vectored(&slices)?
+        };
+        self.advance(n);
+        Ok(n)
+    }
+
+    /// Writes everything pending (a blocking writer); returns the bytes written.
+    pub fn write_all_to<W: Write + ?Sized>(&mut self, w: &mut W) -> io::Result<usize> {
+        let mut total = 0;
+        while !self.is_empty() {
+            match self.write_to(w) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => total += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(total)
+    }
+
+    /// Everything pending, as one buffer (tests).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut all = Vec::with_capacity(self.len());
+        for (i, piece) in self.queue.iter().chain(std::iter::once(&self.tail)).enumerate() {
+            all.extend_from_slice(if i == 0 { &piece[self.written..] } else { piece });
+        }
+        all
+    }
+
+    /// Drops everything pending.
+    pub fn clear(&mut self) {
+        self.queue.clear();
+        self.queued = 0;
+        self.tail.clear();
+        self.written = 0;
+    }
+
+    fn advance(&mut self, mut n: usize) {
+        while n > 0 {
+            let Some(front) = self.queue.front() else {
+                self.written += n;
+                break;
+            };
+            let left = front.len() - self.written;
+            if n < left {
+                self.written += n;
+                break;
+            }
+            n -= left;
+            self.queued -= front.len();
+            self.queue.pop_front();
+            self.written = 0;
+        }
+        if self.queue.is_empty() && self.written == self.tail.len() {
+            // Keeps the small-reply buffer's capacity for the next replies.
+            self.tail.clear();
+            self.written = 0;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -209,5 +339,71 @@ mod tests {
         assert_eq!(three(&Reply::Verbatim("txt", b"hi".to_vec())), "=6\r\ntxt:hi\r\n");
         assert_eq!(three(&Reply::Push(vec![Reply::bulk_str("m")])), ">1\r\n$1\r\nm\r\n");
         assert_eq!(three(&Reply::Array(vec![Reply::Nil])), "*1\r\n_\r\n");
+    }
+
+    /// Takes at most `max` bytes per write, and every fourth call would block.
+    struct Trickle {
+        got: Vec<u8>,
+        max: usize,
+        calls: usize,
+    }
+
+    impl Write for Trickle {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.calls += 1;
+            if self.calls.is_multiple_of(4) {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            let n = buf.len().min(self.max);
+            self.got.extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A large bulk is queued as the very buffer it came in; what is written, in pieces of
+    /// any size, is byte for byte what encoding every reply in order gives.
+    #[test]
+    fn large_bulks_are_queued_not_copied_and_written_in_order() {
+        let big: Vec<u8> = (0..LARGE_REPLY_BYTES * 3).map(|i| i as u8).collect();
+        let replies = vec![
+            Reply::ok(),
+            Reply::Bulk(big.clone()),
+            Reply::Integer(7),
+            Reply::Bulk(big[..LARGE_REPLY_BYTES].to_vec()),
+            Reply::Bulk(big[..LARGE_REPLY_BYTES].to_vec()),
+            Reply::Nil,
+        ];
+        let mut want = Vec::new();
+        for r in &replies {
+            r.encode(&mut want, Protocol::Resp2);
+        }
+        for max in [1, 7, 4096, usize::MAX] {
+            let mut out = Output::with_capacity(64);
+            let mut pending = replies.clone().into_iter();
+            out.push(pending.next().unwrap(), Protocol::Resp2);
+            let big_reply = pending.next().unwrap();
+            let Reply::Bulk(ref value) = big_reply else { unreachable!() };
+            let at = value.as_ptr();
+            out.push(big_reply, Protocol::Resp2);
+            assert!(out.queue.iter().any(|piece| piece.as_ptr() == at), "the value was copied");
+            let mut sink = Trickle { got: Vec::new(), max, calls: 0 };
+            // Half written, then the rest of the replies arrive behind it.
+            while sink.got.len() < 100_000 {
+                let _ = out.write_to(&mut sink);
+            }
+            for r in pending {
+                out.push(r, Protocol::Resp2);
+            }
+            assert_eq!(out.len(), want.len() - sink.got.len());
+            while !out.is_empty() {
+                let _ = out.write_to(&mut sink);
+            }
+            assert!(sink.got == want, "max {max}: written bytes differ");
+            assert!(out.queue.is_empty() && out.tail.is_empty() && out.written == 0);
+        }
     }
 }

@@ -14,10 +14,20 @@
 //! Deviation from Redis, on purpose: every limit is checked on the content, never on how much
 //! happens to be buffered, so the outcome is the same however the input is split (Redis accepts
 //! an over-long inline line if it arrives in one read).
+//!
+//! Large values (up to `proto-max-bulk-len`, 512 MiB as in Redis) are never held twice: a
+//! bulk string of at least [`BIG_ARG_BYTES`] is received straight into a buffer of its own,
+//! grown as its bytes arrive (never from the claimed length), and that buffer becomes the
+//! argument of the [`Command`] (no copy). What partly received commands hold beyond a small
+//! per-connection allowance is charged to a server-wide [`QueryBudget`], so many clients
+//! sending large values at once cannot exhaust memory.
 
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use super::inline;
+use super::metrics::METRICS;
 
 /// Longest count line (`*<n>\r\n` or `$<n>\r\n`) accepted, CRLF included: a sign and 19
 /// digits fit with room to spare, and a peer cannot make us scan further for a CR.
@@ -29,8 +39,8 @@ pub const ARG_OVERHEAD_BYTES: usize = std::mem::size_of::<usize>();
 /// Limits on what one connection may make the parser hold. All sizes in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Longest bulk string (one argument). Redis allows 512 MiB; racekv values are a few KiB
-    /// (the RACE table's KV blocks), so 1 MiB leaves room for any real value and protects memory.
+    /// Longest bulk string (one argument): Redis' `proto-max-bulk-len`, 512 MiB by default
+    /// as in Redis. Longer ones get Redis' `Protocol error: invalid bulk length`.
     pub max_bulk_bytes: usize,
     /// Most arguments in one array command (Redis: 1024 * 1024 for unauthenticated peers is
     /// far lower; we keep Redis' general bound, memory is bounded by `max_command_bytes`).
@@ -39,14 +49,25 @@ pub struct Limits {
     pub max_inline_bytes: usize,
     /// Most memory one command may occupy once parsed: its argument bytes plus
     /// [`ARG_OVERHEAD_BYTES`] per argument (vector growth may add up to as much again).
-    /// Checked as each argument header arrives. Default 4 MiB: an MSET of about 250 values
-    /// of 16 KiB, far beyond what a table of small values needs in one command.
+    /// Checked as each argument header arrives. This is Redis' `client-query-buffer-limit`
+    /// (a client past it is closed), 1 GiB by default as in Redis: a full-size bulk plus its
+    /// key and other arguments. Memory across connections is bounded by the [`QueryBudget`].
     pub max_command_bytes: usize,
 }
 
+/// Redis' default `proto-max-bulk-len`.
+pub const DEFAULT_MAX_BULK_BYTES: usize = 512 << 20;
+/// Redis' default `client-query-buffer-limit`.
+pub const DEFAULT_MAX_COMMAND_BYTES: usize = 1 << 30;
+
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_bulk_bytes: 1 << 20, max_array_len: 1 << 20, max_inline_bytes: 64 << 10, max_command_bytes: 4 << 20 }
+        Self {
+            max_bulk_bytes: DEFAULT_MAX_BULK_BYTES,
+            max_array_len: 1 << 20,
+            max_inline_bytes: 64 << 10,
+            max_command_bytes: DEFAULT_MAX_COMMAND_BYTES,
+        }
     }
 }
 
@@ -74,8 +95,8 @@ pub enum ProtocolError {
     /// The bulk length is not a decimal integer, or is negative.
     #[error("invalid bulk length")]
     InvalidBulkLength,
-    /// The bulk length exceeds [`Limits::max_bulk_bytes`].
-    #[error("invalid bulk length {len}: more than {max} bytes")]
+    /// The bulk length exceeds [`Limits::max_bulk_bytes`] (Redis' text, word for word).
+    #[error("invalid bulk length")]
     BulkTooLong { len: u64, max: usize },
     /// Inside an array, an element is not a bulk string.
     #[error("expected '$', got '{}'", Printable(*.0))]
@@ -101,6 +122,13 @@ pub enum ProtocolError {
     /// The command would occupy more than [`Limits::max_command_bytes`].
     #[error("command larger than {max} bytes")]
     CommandTooLarge { max: usize },
+    /// Not malformed input: the server-wide [`QueryBudget`] (`limit` bytes) cannot take what
+    /// this connection's partly received command needs next.
+    #[error(
+        "query buffer budget exhausted: partly received commands of all clients would hold more than \
+         {limit} bytes (query-buffer-budget); try again later"
+    )]
+    QueryBufferBudget { limit: usize },
 }
 
 impl ProtocolError {
@@ -118,6 +146,130 @@ impl ProtocolError {
             ProtocolError::InlineTooLong => "inline_too_long",
             ProtocolError::UnbalancedQuotes => "unbalanced_quotes",
             ProtocolError::CommandTooLarge { .. } => "command_too_large",
+            ProtocolError::QueryBufferBudget { .. } => "query_buffer_budget",
+        }
+    }
+
+    /// The error reply's text (without `-` and CRLF): `ERR Protocol error: ...` as Redis
+    /// words it, or for the budget, which is no protocol error, `ERR query buffer budget ...`.
+    pub fn reply_text(&self) -> String {
+        match self {
+            ProtocolError::QueryBufferBudget { .. } => format!("ERR {self}"),
+            _ => format!("ERR Protocol error: {self}"),
+        }
+    }
+}
+
+/// Bulk strings at least this long are received into a buffer of their own (Redis' 32 KiB
+/// `PROTO_MBULK_BIG_ARG`); shorter ones are gathered with the rest of their command.
+pub const BIG_ARG_BYTES: usize = 32 << 10;
+
+/// Bytes of its buffers a parser holds without charging the [`QueryBudget`]: the read buffer,
+/// an inline line, small commands. Only large commands are charged, and a connection that
+/// holds little never touches the shared counter.
+pub const UNCHARGED_BYTES: usize = 256 << 10;
+
+/// A large argument's buffer grows by at least this much at a time (then doubles, never
+/// past the claimed length), so a claim costs at most this until its bytes come.
+const MIN_BIG_ARG_GROWTH: usize = 64 << 10;
+
+/// The bytes every connection's partly received commands may hold together, beyond each
+/// one's [`UNCHARGED_BYTES`]: taken as their buffers grow (what really arrived, never a
+/// claimed length), given back when the command has executed or the connection closes.
+/// A parser that would go past it fails with [`ProtocolError::QueryBufferBudget`].
+#[derive(Debug)]
+pub struct QueryBudget {
+    /// 0: unlimited.
+    limit: AtomicUsize,
+    used: AtomicUsize,
+}
+
+impl QueryBudget {
+    /// A budget of `limit` bytes (0: unlimited).
+    pub fn new(limit: usize) -> Arc<Self> {
+        METRICS.query_buffer_budget.set(limit as i64);
+        Arc::new(Self { limit: AtomicUsize::new(limit), used: AtomicUsize::new(0) })
+    }
+
+    /// The budget in bytes (0: unlimited).
+    pub fn limit(&self) -> usize {
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    /// Changes the budget; bytes already held stay held (a lower budget refuses new growth).
+    pub fn set_limit(&self, limit: usize) {
+        METRICS.query_buffer_budget.set(limit as i64);
+        self.limit.store(limit, Ordering::Relaxed);
+    }
+
+    /// Bytes held now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Whether `bytes` more would fit now (a hint: others may take them first).
+    fn fits(&self, bytes: usize) -> bool {
+        let limit = self.limit();
+        limit == 0 || self.used().saturating_add(bytes) <= limit
+    }
+
+    fn try_take(&self, bytes: usize) -> bool {
+        let taken = self.used.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |used| {
+            let limit = self.limit();
+            let after = used.checked_add(bytes)?;
+            (limit == 0 || after <= limit).then_some(after)
+        });
+        if taken.is_ok() {
+            METRICS.query_buffer_bytes.add(bytes as i64);
+        }
+        taken.is_ok()
+    }
+
+    fn give(&self, bytes: usize) {
+        self.used.fetch_sub(bytes, Ordering::AcqRel);
+        METRICS.query_buffer_bytes.sub(bytes as i64);
+    }
+}
+
+/// Bytes taken from a [`QueryBudget`], given back when dropped.
+#[derive(Default)]
+struct Charge {
+    budget: Option<Arc<QueryBudget>>,
+    bytes: usize,
+}
+
+impl Charge {
+    /// Makes the charge `target` bytes; false (and unchanged) when the budget refuses.
+    fn set(&mut self, budget: &Arc<QueryBudget>, target: usize) -> bool {
+        if target > self.bytes {
+            if !budget.try_take(target - self.bytes) {
+                return false;
+            }
+        } else if target < self.bytes {
+            budget.give(self.bytes - target);
+        }
+        self.bytes = target;
+        if self.budget.is_none() && target > 0 {
+            self.budget = Some(Arc::clone(budget));
+        }
+        true
+    }
+
+    /// Moves `bytes` of this charge into a new one.
+    fn split(&mut self, bytes: usize) -> Charge {
+        let bytes = bytes.min(self.bytes);
+        if bytes == 0 {
+            return Charge::default();
+        }
+        self.bytes -= bytes;
+        Charge { budget: self.budget.clone(), bytes }
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        if let (Some(budget), true) = (&self.budget, self.bytes > 0) {
+            budget.give(self.bytes);
         }
     }
 }
@@ -136,13 +288,20 @@ impl fmt::Display for Printable {
     }
 }
 
-/// One request: its arguments (the command name first), stored contiguously so a command
-/// costs two allocations however many arguments it has.
-#[derive(Clone, Default, PartialEq, Eq)]
+/// One request: its arguments (the command name first). Small arguments are stored
+/// contiguously, so a command of small arguments costs two allocations however many it has;
+/// a large one ([`BIG_ARG_BYTES`] or more) keeps the buffer it was received into.
+#[derive(Default)]
 pub struct Command {
     data: Vec<u8>,
-    /// End offset of each argument in `data`.
+    /// End offset of each argument in `data` (a large argument takes an empty range there).
     ends: Vec<usize>,
+    /// Large arguments by index, ascending.
+    big: Vec<(usize, Vec<u8>)>,
+    big_bytes: usize,
+    /// What this command holds of its server's [`QueryBudget`], given back when it is dropped
+    /// or recycled (after it has executed).
+    charge: Charge,
 }
 
 impl Command {
@@ -170,6 +329,13 @@ impl Command {
         self.ends.push(self.data.len());
     }
 
+    /// Appends one argument, keeping its buffer (no copy).
+    pub fn push_owned(&mut self, arg: Vec<u8>) {
+        self.big_bytes += arg.len();
+        self.big.push((self.ends.len(), arg));
+        self.ends.push(self.data.len());
+    }
+
     /// Number of arguments, the name included.
     pub fn len(&self) -> usize {
         self.ends.len()
@@ -183,6 +349,11 @@ impl Command {
     /// Argument `i`, or `None` past the end.
     pub fn get(&self, i: usize) -> Option<&[u8]> {
         let end = *self.ends.get(i)?;
+        if !self.big.is_empty() {
+            if let Ok(k) = self.big.binary_search_by_key(&i, |(j, _)| *j) {
+                return Some(&self.big[k].1);
+            }
+        }
         let start = if i == 0 { 0 } else { self.ends[i - 1] };
         Some(&self.data[start..end])
     }
@@ -199,14 +370,45 @@ impl Command {
 
     /// The memory this command is charged for against [`Limits::max_command_bytes`].
     pub fn charged_bytes(&self) -> usize {
-        self.data.len() + self.ends.len() * ARG_OVERHEAD_BYTES
+        self.data.len() + self.big_bytes + self.ends.len() * ARG_OVERHEAD_BYTES
+    }
+
+    /// Bytes of its buffers not held by large arguments (what [`Parser`] charges beyond its
+    /// allowance).
+    fn small_capacity(&self) -> usize {
+        self.data.capacity() + self.ends.capacity() * ARG_OVERHEAD_BYTES
     }
 
     fn clear(&mut self) {
         self.data.clear();
         self.ends.clear();
+        self.big.clear();
+        self.big_bytes = 0;
+        self.charge = Charge::default();
     }
 }
+
+/// A copy holds no budget (only the parser's own commands are charged).
+impl Clone for Command {
+    fn clone(&self) -> Self {
+        Self {
+            data: self.data.clone(),
+            ends: self.ends.clone(),
+            big: self.big.clone(),
+            big_bytes: self.big_bytes,
+            charge: Charge::default(),
+        }
+    }
+}
+
+/// Equal arguments, however they are stored.
+impl PartialEq for Command {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len() && self.args().zip(other.args()).all(|(a, b)| a == b)
+    }
+}
+
+impl Eq for Command {}
 
 impl fmt::Debug for Command {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -223,6 +425,8 @@ enum State {
     Header { remaining: usize },
     /// Inside an array: a `$len` line was read; waiting for `len` bytes and CRLF.
     Bulk { remaining: usize, len: usize },
+    /// As `Bulk`, for a large argument: its bytes go to `Parser::big_arg` as they arrive.
+    BigBulk { remaining: usize, len: usize },
 }
 
 /// Buffers beyond this capacity are given back once empty, so one large command does not pin
@@ -246,16 +450,23 @@ pub struct Parser {
     state: State,
     /// The array command being assembled.
     partial: Command,
+    /// The large argument being received (`State::BigBulk`).
+    big_arg: Vec<u8>,
+    /// Bulk strings at least this long are large ([`BIG_ARG_BYTES`]).
+    big_arg_bytes: usize,
     /// Cleared commands for the next ones to reuse.
     spare: Vec<Command>,
     /// How many bytes after `pos` are known to hold no `\n` (an inline line still arriving),
     /// so a line trickling in byte by byte is scanned once, not once per byte.
     inline_scanned: usize,
     failed: Option<ProtocolError>,
+    budget: Option<Arc<QueryBudget>>,
+    /// What this parser holds of `budget`: [`Parser::held`] after every call.
+    charge: Charge,
 }
 
 impl Parser {
-    /// A parser enforcing `limits`.
+    /// A parser enforcing `limits`, charging no budget.
     pub fn new(limits: Limits) -> Self {
         Self {
             limits,
@@ -263,10 +474,20 @@ impl Parser {
             pos: 0,
             state: State::Idle,
             partial: Command::new(),
+            big_arg: Vec::new(),
+            big_arg_bytes: BIG_ARG_BYTES,
             spare: Vec::new(),
             inline_scanned: 0,
             failed: None,
+            budget: None,
+            charge: Charge::default(),
         }
+    }
+
+    /// A parser enforcing `limits` that charges what it holds beyond [`UNCHARGED_BYTES`] to
+    /// `budget` (shared by a server's connections).
+    pub fn with_budget(limits: Limits, budget: Arc<QueryBudget>) -> Self {
+        Self { budget: Some(budget), ..Self::new(limits) }
     }
 
     /// The limits in force.
@@ -274,10 +495,36 @@ impl Parser {
         &self.limits
     }
 
+    /// Changes [`Limits::max_command_bytes`] (`CONFIG SET client-query-buffer-limit`); it
+    /// applies from the next argument header on.
+    pub fn set_max_command_bytes(&mut self, bytes: usize) {
+        self.limits.max_command_bytes = bytes;
+    }
+
+    /// Makes bulk strings of at least `bytes` large (received into their own buffer); the
+    /// default is [`BIG_ARG_BYTES`]. For tests and fuzzing: the outcome never depends on it.
+    pub fn set_big_arg_bytes(&mut self, bytes: usize) {
+        self.big_arg_bytes = bytes.max(1);
+    }
+
     /// Appends bytes received from the peer (dropped once the parser has failed).
-    pub fn feed(&mut self, bytes: &[u8]) {
+    pub fn feed(&mut self, mut bytes: &[u8]) {
         if self.failed.is_some() {
             return;
+        }
+        if let State::BigBulk { len, .. } = self.state {
+            if self.pos == self.buf.len() {
+                // Straight into the argument's own buffer: no copy through `buf`.
+                let take = bytes.len().min(len - self.big_arg.len());
+                if take > 0 {
+                    if let Err(e) = self.grow_big_arg(take, len) {
+                        self.fail(e);
+                        return;
+                    }
+                    self.big_arg.extend_from_slice(&bytes[..take]);
+                    bytes = &bytes[take..];
+                }
+            }
         }
         if self.pos > 0 {
             // Move the unconsumed tail to the front. In the steady state the tail is a fraction
@@ -289,11 +536,19 @@ impl Parser {
             self.buf = Vec::new();
         }
         self.buf.extend_from_slice(bytes);
+        if let Err(e) = self.account() {
+            self.fail(e);
+        }
     }
 
     /// Bytes held for the peer: unconsumed input plus the partial command.
     pub fn buffered_bytes(&self) -> usize {
-        self.buf.len() - self.pos + self.partial.charged_bytes()
+        self.buf.len() - self.pos + self.partial.charged_bytes() + self.big_arg.len()
+    }
+
+    /// Bytes this parser holds charged to its budget now (0 without one).
+    pub fn charged_bytes(&self) -> usize {
+        self.charge.bytes
     }
 
     /// Whether the parser holds part of a command (so a peer closing now cut a request short).
@@ -310,13 +565,78 @@ impl Parser {
         }
         let result = self.step();
         if let Err(e) = &result {
-            self.failed = Some(e.clone());
-            self.partial = Command::new();
-            self.spare = Vec::new();
-            self.buf = Vec::new();
-            self.pos = 0;
+            self.fail(e.clone());
         }
         result
+    }
+
+    /// Stops for good: keeps `e`, drops every buffer and gives the budget back.
+    fn fail(&mut self, e: ProtocolError) {
+        self.failed = Some(e);
+        self.partial = Command::new();
+        self.spare = Vec::new();
+        self.buf = Vec::new();
+        self.big_arg = Vec::new();
+        self.pos = 0;
+        self.charge = Charge::default();
+    }
+
+    /// What the budget is charged for: buffers beyond the allowance, and large arguments.
+    fn held(&self) -> usize {
+        let small = self.buf.capacity() + self.partial.small_capacity();
+        small.saturating_sub(UNCHARGED_BYTES) + self.partial.big_bytes + self.big_arg.capacity()
+    }
+
+    /// Brings the charge to [`Parser::held`].
+    fn account(&mut self) -> Result<(), ProtocolError> {
+        let target = self.held();
+        match &self.budget {
+            Some(budget) if target != self.charge.bytes => {
+                if self.charge.set(budget, target) {
+                    Ok(())
+                } else {
+                    Err(ProtocolError::QueryBufferBudget { limit: budget.limit() })
+                }
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Makes room for `extra` more bytes of the large argument (of `len` bytes): the budget
+    /// is charged before anything is allocated, and the buffer never outgrows `len`.
+    fn grow_big_arg(&mut self, extra: usize, len: usize) -> Result<(), ProtocolError> {
+        let need = self.big_arg.len() + extra;
+        let cap = self.big_arg.capacity();
+        if need <= cap {
+            return Ok(());
+        }
+        let new_cap = need.max(cap.saturating_mul(2)).max(MIN_BIG_ARG_GROWTH).min(len);
+        if let Some(budget) = &self.budget {
+            let target = self.held() - cap + new_cap;
+            if !self.charge.set(budget, target) {
+                return Err(ProtocolError::QueryBufferBudget { limit: budget.limit() });
+            }
+        }
+        self.big_arg.reserve_exact(new_cap - self.big_arg.len());
+        Ok(())
+    }
+
+    /// An argument of the partial command is complete: the command, when it was the last
+    /// one, carrying its share of the charge.
+    fn argument_done(&mut self, remaining: usize) -> Result<Option<Command>, ProtocolError> {
+        if remaining > 1 {
+            self.state = State::Header { remaining: remaining - 1 };
+            return self.account().map(|()| None);
+        }
+        self.state = State::Idle;
+        let next = self.spare.pop().unwrap_or_default();
+        let mut cmd = std::mem::replace(&mut self.partial, next);
+        if self.budget.is_some() {
+            let moved = self.charge.bytes.saturating_sub(self.held());
+            cmd.charge = self.charge.split(moved);
+            self.account()?;
+        }
+        Ok(Some(cmd))
     }
 
     fn step(&mut self) -> Result<Option<Command>, ProtocolError> {
@@ -378,7 +698,16 @@ impl Parser {
                         return Err(ProtocolError::CommandTooLarge { max: self.limits.max_command_bytes });
                     }
                     self.pos += used;
-                    self.state = State::Bulk { remaining, len };
+                    if len >= self.big_arg_bytes {
+                        // A value that cannot fit the budget now is refused before the client
+                        // sends it (the charge itself is taken as its bytes arrive).
+                        if let Some(budget) = self.budget.as_ref().filter(|b| !b.fits(len)) {
+                            return Err(ProtocolError::QueryBufferBudget { limit: budget.limit() });
+                        }
+                        self.state = State::BigBulk { remaining, len };
+                    } else {
+                        self.state = State::Bulk { remaining, len };
+                    }
                 }
                 State::Bulk { remaining, len } => {
                     if rest.len() < len + 2 {
@@ -389,12 +718,36 @@ impl Parser {
                     }
                     self.partial.push(&rest[..len]);
                     self.pos += len + 2;
-                    if remaining == 1 {
-                        self.state = State::Idle;
-                        let next = self.spare.pop().unwrap_or_default();
-                        return Ok(Some(std::mem::replace(&mut self.partial, next)));
+                    match self.argument_done(remaining)? {
+                        Some(cmd) => return Ok(Some(cmd)),
+                        None => continue,
                     }
-                    self.state = State::Header { remaining: remaining - 1 };
+                }
+                State::BigBulk { remaining, len } => {
+                    let missing = len - self.big_arg.len();
+                    if missing > 0 {
+                        let take = rest.len().min(missing);
+                        if take == 0 {
+                            return Ok(None);
+                        }
+                        self.grow_big_arg(take, len)?;
+                        self.big_arg.extend_from_slice(&self.buf[self.pos..self.pos + take]);
+                        self.pos += take;
+                        continue;
+                    }
+                    if rest.len() < 2 {
+                        return Ok(None);
+                    }
+                    if &rest[..2] != b"\r\n" {
+                        return Err(ProtocolError::MissingBulkTerminator { len });
+                    }
+                    self.pos += 2;
+                    let arg = std::mem::take(&mut self.big_arg);
+                    self.partial.push_owned(arg);
+                    match self.argument_done(remaining)? {
+                        Some(cmd) => return Ok(Some(cmd)),
+                        None => continue,
+                    }
                 }
             }
         }
@@ -404,6 +757,7 @@ impl Parser {
     /// to [`SPARE_COMMANDS`]; others are dropped).
     pub fn recycle(&mut self, mut cmd: Command) {
         if self.spare.len() < SPARE_COMMANDS
+            && cmd.big.is_empty()
             && cmd.data.capacity() <= SPARE_COMMAND_DATA_BYTES
             && cmd.ends.capacity() <= SPARE_COMMAND_ARGS
         {
@@ -507,7 +861,11 @@ mod tests {
 
     /// Every command parsed, each handed back to the parser for reuse as a server does.
     fn parse_all(limits: Limits, chunks: &[&[u8]]) -> (Vec<Command>, Option<ProtocolError>) {
-        let mut parser = Parser::new(limits);
+        parse_with(Parser::new(limits), chunks)
+    }
+
+    /// As [`parse_all`], with a parser set up by the caller (budget, large-argument size).
+    fn parse_with(mut parser: Parser, chunks: &[&[u8]]) -> (Vec<Command>, Option<ProtocolError>) {
         let mut out = Vec::new();
         for chunk in chunks {
             parser.feed(chunk);
@@ -573,7 +931,10 @@ mod tests {
             (b"*1099511627776\r\n", ProtocolError::MultibulkTooLong { len: 1 << 40, max: 1 << 20 }),
             (b"*1\r\n$-1\r\n", ProtocolError::InvalidBulkLength),
             (b"*1\r\n$x\r\n", ProtocolError::InvalidBulkLength),
-            (b"*1\r\n$999999999999\r\n", ProtocolError::BulkTooLong { len: 999_999_999_999, max: 1 << 20 }),
+            (
+                b"*1\r\n$999999999999\r\n",
+                ProtocolError::BulkTooLong { len: 999_999_999_999, max: DEFAULT_MAX_BULK_BYTES },
+            ),
             (b"*1\r\n:5\r\n", ProtocolError::ExpectedBulk(b':')),
             (b"*1\r\n$1\r\nab\r\n", ProtocolError::MissingBulkTerminator { len: 1 }),
             (b"*1\rX", ProtocolError::MissingLineFeed),
@@ -647,6 +1008,141 @@ mod tests {
         }
     }
 
+    fn set_command(key: &[u8], value: &[u8]) -> Vec<u8> {
+        let mut wire = Vec::new();
+        encode_command(&Command::from_args([b"SET".as_slice(), key, value]), &mut wire);
+        wire
+    }
+
+    /// A large value is received into a buffer of its own, exactly its size, and that very
+    /// buffer is the command's argument: no second copy, however the bytes come.
+    #[test]
+    fn large_arguments_are_received_once_into_their_own_buffer() {
+        let value: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let wire = set_command(b"k", &value);
+        let mut parser = Parser::new(Limits::default());
+        let (body, crlf) = wire.split_at(wire.len() - 2);
+        for piece in body.chunks(16 << 10) {
+            parser.feed(piece);
+            assert_eq!(parser.next_command(), Ok(None));
+            assert!(parser.buf.capacity() <= 32 << 10, "bulk bytes piled up in the read buffer");
+        }
+        let received_at = parser.big_arg.as_ptr();
+        assert_eq!(parser.big_arg.capacity(), value.len());
+        parser.feed(crlf);
+        let cmd = parser.next_command().unwrap().unwrap();
+        assert_eq!(cmd, Command::from_args([b"SET".as_slice(), b"k", &value]));
+        assert_eq!(cmd.arg(2).as_ptr(), received_at, "the argument was copied");
+        assert_eq!(cmd.charged_bytes(), 3 + 1 + value.len() + 3 * ARG_OVERHEAD_BYTES);
+    }
+
+    #[test]
+    fn a_claimed_512_mib_value_costs_only_what_arrives() {
+        let budget = QueryBudget::new(1 << 30);
+        let mut parser = Parser::with_budget(Limits::default(), Arc::clone(&budget));
+        parser.feed(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$536870912\r\n0123456789");
+        assert_eq!(parser.next_command(), Ok(None));
+        assert!(parser.big_arg.capacity() <= MIN_BIG_ARG_GROWTH, "{}", parser.big_arg.capacity());
+        assert!(budget.used() <= MIN_BIG_ARG_GROWTH, "{}", budget.used());
+        assert_eq!(parser.charged_bytes(), budget.used());
+        drop(parser);
+        assert_eq!(budget.used(), 0, "a closed connection gives its bytes back");
+    }
+
+    #[test]
+    fn the_budget_refuses_whoever_would_exceed_it_and_is_given_back() {
+        let budget = QueryBudget::new(1 << 20);
+        let new = || Parser::with_budget(Limits::default(), Arc::clone(&budget));
+        // As a server feeds: one read at a time, each followed by parsing.
+        let feed = |p: &mut Parser, bytes: &[u8]| {
+            let mut last = Ok(None);
+            for piece in bytes.chunks(16 << 10) {
+                p.feed(piece);
+                last = p.next_command();
+                if !matches!(last, Ok(None)) {
+                    break;
+                }
+            }
+            last
+        };
+        let value = vec![b'v'; 900_000];
+        let wire = set_command(b"a", &value);
+        let mut a = new();
+        assert_eq!(feed(&mut a, &wire[..100_000]), Ok(None));
+        let held = budget.used();
+        assert!((100_000..=200_000).contains(&held), "{held}");
+
+        // Refused at its header: it cannot fit beside what A holds.
+        let mut b = new();
+        let refused = Err(ProtocolError::QueryBufferBudget { limit: 1 << 20 });
+        assert_eq!(feed(&mut b, b"*3\r\n$3\r\nSET\r\n$1\r\nb\r\n$950000\r\n"), refused);
+        assert!(refused.clone().unwrap_err().reply_text().starts_with("ERR query buffer budget exhausted"));
+        assert_eq!(b.next_command(), refused, "sticky");
+        assert_eq!(budget.used(), held);
+
+        // Admitted at its header (it fit then); A completes, and its command holds its charge
+        // until it has executed; C is refused as its buffer grows past the budget.
+        let mut c = new();
+        assert_eq!(feed(&mut c, b"*3\r\n$3\r\nSET\r\n$1\r\nc\r\n$800000\r\n"), Ok(None));
+        let cmd = feed(&mut a, &wire[100_000..]).unwrap().unwrap();
+        assert_eq!(cmd.arg(2), value.as_slice());
+        assert_eq!(budget.used(), value.len());
+        assert_eq!(a.charged_bytes(), 0);
+        assert_eq!(feed(&mut c, &[b'c'; 300_000]), refused);
+        assert_eq!(budget.used(), value.len(), "the refused connection gave its bytes back");
+
+        a.recycle(cmd);
+        assert_eq!(budget.used(), 0);
+        let mut d = new();
+        assert!(feed(&mut d, &set_command(b"d", &value)).unwrap().is_some(), "room again");
+    }
+
+    #[test]
+    fn many_small_arguments_are_charged_beyond_the_allowance() {
+        let budget = QueryBudget::new(UNCHARGED_BYTES);
+        let mut parser = Parser::with_budget(Limits::default(), Arc::clone(&budget));
+        let cmd = Command::from_args((0..200).map(|_| vec![b'x'; 10_000]));
+        let mut wire = Vec::new();
+        encode_command(&cmd, &mut wire);
+        let mut result = Ok(None);
+        for piece in wire.chunks(16 << 10) {
+            parser.feed(piece);
+            result = parser.next_command();
+            if result.is_err() {
+                break;
+            }
+        }
+        assert_eq!(result, Err(ProtocolError::QueryBufferBudget { limit: UNCHARGED_BYTES }));
+        assert_eq!(budget.used(), 0);
+        // Unlimited, the same command passes and is charged until dropped.
+        budget.set_limit(0);
+        let mut parser = Parser::with_budget(Limits::default(), Arc::clone(&budget));
+        let (cmds, err) = {
+            let mut out = Vec::new();
+            for piece in wire.chunks(16 << 10) {
+                parser.feed(piece);
+                if let Some(c) = parser.next_command().unwrap() {
+                    out.push(c);
+                }
+            }
+            (out, None::<ProtocolError>)
+        };
+        assert_eq!((cmds.len(), err), (1, None));
+        assert!(budget.used() > 0);
+        drop(cmds);
+        drop(parser);
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn over_proto_max_bulk_len_is_redis_invalid_bulk_length() {
+        let err = parse_one(b"*2\r\n$3\r\nSET\r\n$536870913\r\n").unwrap_err();
+        assert_eq!(err, ProtocolError::BulkTooLong { len: (512 << 20) + 1, max: 512 << 20 });
+        assert_eq!(err.reply_text(), "ERR Protocol error: invalid bulk length");
+        let exactly = b"*2\r\n$3\r\nSET\r\n$536870912\r\n";
+        assert_eq!(parse_one(exactly), Ok(None));
+    }
+
     fn arb_command() -> impl Strategy<Value = Command> {
         proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 1..8).prop_map(Command::from_args)
     }
@@ -699,6 +1195,32 @@ mod tests {
             prop_assert_eq!(parse_all(Limits::default(), &chunks), (expected, None));
         }
 
+        /// Large arguments (any threshold, the budget charged) split anywhere come out
+        /// whole, and every byte charged is given back once the commands are dropped.
+        #[test]
+        fn large_arguments_split_anywhere(
+            cmds in proptest::collection::vec(
+                proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..3000), 1..5)
+                    .prop_map(Command::from_args),
+                1..5,
+            ),
+            big in 1usize..2000,
+            points in proptest::collection::vec(any::<usize>(), 0..40),
+        ) {
+            let mut wire = Vec::new();
+            for c in &cmds {
+                encode_command(c, &mut wire);
+            }
+            let chunks = split_at_points(&wire, &points);
+            let budget = QueryBudget::new(0);
+            let mut parser = Parser::with_budget(Limits::default(), Arc::clone(&budget));
+            parser.set_big_arg_bytes(big);
+            let (parsed, err) = parse_with(parser, &chunks);
+            prop_assert_eq!(err, None);
+            prop_assert_eq!(parsed, cmds);
+            prop_assert_eq!(budget.used(), 0);
+        }
+
         /// Arbitrary bytes never panic, and split points never change the outcome, even
         /// with small limits that make every limit reachable.
         #[test]
@@ -716,6 +1238,12 @@ mod tests {
             prop_assert_eq!(&whole.0, &split.0);
             // The chunked run may stop earlier only by finding the same error sooner.
             prop_assert_eq!(&whole.1, &split.1);
+            // Nor does receiving arguments into buffers of their own, with a budget to charge.
+            let budget = QueryBudget::new(0);
+            let mut parser = Parser::with_budget(limits, Arc::clone(&budget));
+            parser.set_big_arg_bytes(3);
+            prop_assert_eq!(&parse_with(parser, &chunks), &whole);
+            prop_assert_eq!(budget.used(), 0);
         }
 
         /// With whole commands drained after each feed, memory stays under the documented bound.
@@ -739,6 +1267,29 @@ mod tests {
                     break;
                 }
             }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(12))]
+
+        /// A 3 MiB value split at arbitrary points (pieces from one byte to megabytes).
+        #[test]
+        fn a_multi_mib_value_split_anywhere(
+            seed in any::<u8>(),
+            points in proptest::collection::vec(any::<usize>(), 0..24),
+        ) {
+            let value: Vec<u8> = (0..3usize << 20).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect();
+            let expected = Command::from_args([b"SET".as_slice(), b"key", &value]);
+            let mut wire = Vec::new();
+            encode_command(&expected, &mut wire);
+            encode_command(&Command::from_args(["PING"]), &mut wire);
+            let chunks = split_at_points(&wire, &points);
+            let budget = QueryBudget::new(8 << 20);
+            let (parsed, err) = parse_with(Parser::with_budget(Limits::default(), Arc::clone(&budget)), &chunks);
+            prop_assert_eq!(err, None);
+            prop_assert_eq!(parsed, vec![expected, Command::from_args(["PING"])]);
+            prop_assert_eq!(budget.used(), 0);
         }
     }
 }

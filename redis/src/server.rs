@@ -32,8 +32,8 @@ use super::commands::{self, Client};
 use super::conn::ClientConn;
 use super::info::ServerStats;
 use super::metrics::METRICS;
-use super::reply::Reply;
-use super::resp::{Command, Limits, Parser};
+use super::reply::{Output, Reply};
+use super::resp::{Command, Limits, Parser, ProtocolError, QueryBudget};
 use super::store::KvStore;
 use racekv_telemetry::ratelimit::{limited_warn, RateLimit};
 
@@ -54,16 +54,25 @@ pub(super) const LINGER_MAX_BYTES: usize = 4 << 20;
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
     /// Connections beyond this are refused with `-ERR max number of clients reached`.
-    /// Each connection holds a thread and, at worst, about
-    /// `limits.max_buffered_bytes(READ_CHUNK_BYTES)` of input (5 MiB with default limits).
+    /// Each connection holds a thread (thread model) and up to
+    /// [`UNCHARGED_BYTES`](super::resp::UNCHARGED_BYTES) of input buffers of its own; more
+    /// comes out of `query_buffer_budget`.
     pub max_clients: usize,
     /// Close a connection from which nothing arrives for this long (`None`: never, like
     /// Redis' default `timeout 0`). Also bounds a request that stalls half-way.
     pub idle_timeout: Option<Duration>,
     /// Close a connection whose client does not take its replies for this long.
     pub write_timeout: Duration,
-    /// What one connection may make the parser hold.
+    /// What one connection may make the parser hold: `max_bulk_bytes` is
+    /// `proto-max-bulk-len`, `max_command_bytes` is `client-query-buffer-limit` (`CONFIG
+    /// SET` changes it for every connection).
     pub limits: Limits,
+    /// `query-buffer-budget`: the most bytes the partly received large commands of all
+    /// connections may hold together (each connection's first
+    /// [`UNCHARGED_BYTES`](super::resp::UNCHARGED_BYTES) excepted); a connection whose
+    /// command would go past it gets `-ERR query buffer budget exhausted ...` and is closed.
+    /// 0: unlimited. Default [`default_query_buffer_budget`].
+    pub query_buffer_budget: usize,
     /// How connections are served.
     pub io: IoModel,
     /// Event loops only: after a turn that served something, a loop keeps polling (without
@@ -109,12 +118,24 @@ impl Default for ServerOptions {
             idle_timeout: None,
             write_timeout: Duration::from_secs(30),
             limits: Limits::default(),
+            query_buffer_budget: default_query_buffer_budget(),
             io: IoModel::ThreadPerConnection,
             poll_spin: DEFAULT_POLL_SPIN,
             acl: Arc::new(Acl::open(commands::catalog())),
             protected_mode: true,
             tls: None,
         }
+    }
+}
+
+/// [`ServerOptions::query_buffer_budget`]'s default: a quarter of the machine's memory, at
+/// most 2 GiB (2 GiB where the memory cannot be read): four full-size (512 MiB) values
+/// arriving at once.
+pub fn default_query_buffer_budget() -> usize {
+    const MAX: usize = 2 << 30;
+    match super::info::total_memory_bytes() {
+        0 => MAX,
+        total => (total / 4).min(MAX as u64) as usize,
     }
 }
 
@@ -154,6 +175,8 @@ impl RedisServer {
         let stats = Arc::new(ServerStats::new(addr.port(), options.max_clients, options.idle_timeout));
         stats.settings.set_protected_mode(options.protected_mode);
         stats.settings.set_proto_max_bulk_len(options.limits.max_bulk_bytes);
+        stats.settings.set_client_query_buffer_limit(options.limits.max_command_bytes);
+        stats.settings.query_budget().set_limit(options.query_buffer_budget);
         let loops = match options.io {
             IoModel::ThreadPerConnection => Vec::new(),
             IoModel::EventLoop { threads } => {
@@ -224,6 +247,11 @@ impl RedisServer {
     /// This server's counters (what `INFO` reports).
     pub fn stats(&self) -> &ServerStats {
         &self.shared.stats
+    }
+
+    /// The query buffer budget all this server's connections share.
+    pub fn query_budget(&self) -> &Arc<QueryBudget> {
+        self.shared.stats.settings.query_budget()
     }
 
     /// Stops accepting, closes every connection and waits for their threads. A command
@@ -367,6 +395,7 @@ const PROTECTED_MODE_DENIED: &[u8] = b"-DENIED Redis is running in protected mod
 static PROTECTED_MODE_LOG: RateLimit = RateLimit::per_minute();
 static CROSS_PROTOCOL_LOG: RateLimit = RateLimit::per_minute();
 static TLS_HANDSHAKE_LOG: RateLimit = RateLimit::per_minute();
+static BUDGET_LOG: RateLimit = RateLimit::per_minute();
 
 pub(super) fn release(shared: &Shared, id: u64, reason: &'static str) {
     shared.open.lock().remove(&id);
@@ -415,9 +444,9 @@ fn serve<C: ClientConn>(shared: &Shared, mut stream: C, id: u64) -> &'static str
 
 /// The read-execute-write loop of [`serve`].
 fn serve_client<C: ClientConn>(shared: &Shared, stream: &mut C, client: &mut Client) -> &'static str {
-    let mut parser = Parser::new(shared.options.limits);
+    let mut parser = new_parser(shared);
     let mut chunk = vec![0u8; READ_CHUNK_BYTES];
-    let mut out = Vec::with_capacity(READ_CHUNK_BYTES);
+    let mut out = Output::with_capacity(READ_CHUNK_BYTES);
     let mut last_input = Instant::now();
     // The idle timeout the socket's read timeout was last set from (`CONFIG SET timeout`
     // changes it while we run: a read already waiting keeps the old one); `None` forces
@@ -466,24 +495,20 @@ fn serve_client<C: ClientConn>(shared: &Shared, stream: &mut C, client: &mut Cli
         }
         last_input = Instant::now();
         METRICS.received_bytes.inc_by(n as u64);
-        parser.feed(&chunk[..n]);
+        feed(shared, &mut parser, &chunk[..n]);
         let mut sent = 0;
         let ending = loop {
             match run_commands(shared, client, &mut parser, &mut out) {
-                Step::Flush => {
-                    if stream.write_all(&out).and_then(|()| stream.flush()).is_err() {
-                        return "io_error";
-                    }
-                    sent += out.len();
-                    out.clear();
-                }
+                Step::Flush => match out.write_all_to(stream).and_then(|n| stream.flush().map(|()| n)) {
+                    Ok(n) => sent += n,
+                    Err(_) => return "io_error",
+                },
                 Step::Paused(until) => {
                     // Answer what ran before the held command, then wait out the pause.
-                    if stream.write_all(&out).and_then(|()| stream.flush()).is_err() {
-                        return "io_error";
+                    match out.write_all_to(stream).and_then(|n| stream.flush().map(|()| n)) {
+                        Ok(n) => sent += n,
+                        Err(_) => return "io_error",
                     }
-                    sent += out.len();
-                    out.clear();
                     client.wait_for_pause(until);
                     if shared.stopping.is_stopped() {
                         return "shutdown";
@@ -493,8 +518,9 @@ fn serve_client<C: ClientConn>(shared: &Shared, stream: &mut C, client: &mut Cli
                 Step::End(reason) => break Some(reason),
             }
         };
-        let written = stream.write_all(&out).and_then(|()| stream.flush());
-        sent += out.len();
+        let pending = out.len();
+        let written = out.write_all_to(stream).and_then(|_| stream.flush());
+        sent += pending;
         out.clear();
         shared.stats.add_io(n as u64, sent as u64);
         METRICS.sent_bytes.inc_by(sent as u64);
@@ -525,11 +551,28 @@ pub(super) fn new_client(
     client
 }
 
+/// A connection's parser: the server's limits, charging the server's query buffer budget.
+pub(super) fn new_parser(shared: &Shared) -> Parser {
+    let mut limits = shared.options.limits;
+    limits.max_command_bytes = shared.stats.settings.client_query_buffer_limit();
+    Parser::with_budget(limits, Arc::clone(shared.stats.settings.query_budget()))
+}
+
+/// Feeds what a connection read to its parser, under the current `client-query-buffer-limit`.
+pub(super) fn feed(shared: &Shared, parser: &mut Parser, bytes: &[u8]) {
+    let limit = shared.stats.settings.client_query_buffer_limit();
+    if parser.limits().max_command_bytes != limit {
+        parser.set_max_command_bytes(limit);
+    }
+    parser.feed(bytes);
+}
+
 /// What [`run_commands`] stopped for.
 pub(super) enum Step {
     /// Every complete command buffered was executed.
     NeedInput,
-    /// The gathered replies reached [`MAX_PENDING_REPLY_BYTES`]: write them, then call again.
+    /// The gathered replies reached [`MAX_PENDING_REPLY_BYTES`]: write them, then call again
+    /// (nothing more executes until they are down to less).
     Flush,
     /// `CLIENT PAUSE` holds the next command (kept by the client) until at most this
     /// instant: write the replies so far, then call again (after the pause, or to look again).
@@ -539,10 +582,15 @@ pub(super) enum Step {
 }
 
 /// Executes the complete commands `parser` holds, appending their replies to `out`.
-pub(super) fn run_commands(shared: &Shared, client: &mut Client, parser: &mut Parser, out: &mut Vec<u8>) -> Step {
+pub(super) fn run_commands(shared: &Shared, client: &mut Client, parser: &mut Parser, out: &mut Output) -> Step {
     // Consecutive GETs wait in the client's run and execute together, before anything that
     // follows them. Executed commands go back to the parser for reuse.
     let step = loop {
+        // Checked first: a slow reader's pending replies (an event loop's connection) stop
+        // the execution of more commands until they are written.
+        if out.len() >= MAX_PENDING_REPLY_BYTES {
+            break Step::Flush;
+        }
         if client.killed() {
             run_gets(client, parser, out);
             return Step::End("killed");
@@ -554,10 +602,21 @@ pub(super) fn run_commands(shared: &Shared, client: &mut Client, parser: &mut Pa
                 Ok(None) => break Step::NeedInput,
                 Err(e) => {
                     run_gets(client, parser, out);
+                    out.push(Reply::Error(e.reply_text().into()), client.protocol());
+                    if let ProtocolError::QueryBufferBudget { limit } = e {
+                        METRICS.query_buffer_refusals.inc();
+                        limited_warn(&BUDGET_LOG, || {
+                            format!(
+                                "redis client {}: closed, its command would take the query buffer budget \
+                                 ({limit} bytes, query-buffer-budget) past its limit",
+                                client.id()
+                            )
+                        });
+                        return Step::End("query_buffer_budget");
+                    }
                     METRICS.protocol_errors.with_label_values(&[e.reason()]).inc();
                     shared.stats.protocol_error();
                     tracing::debug!("redis client {}: protocol error: {e}", client.id());
-                    Reply::Error(format!("ERR Protocol error: {e}").into()).encode(out, client.protocol());
                     return Step::End("protocol_error");
                 }
             },
@@ -595,14 +654,11 @@ pub(super) fn run_commands(shared: &Shared, client: &mut Client, parser: &mut Pa
         } else {
             run_gets(client, parser, out);
             let reply = client.execute(&cmd);
-            reply.encode(out, client.protocol());
+            out.push(reply, client.protocol());
             parser.recycle(cmd);
             if client.wants_close() {
                 return Step::End(if client.killed() { "killed" } else { "client_quit" });
             }
-        }
-        if out.len() >= MAX_PENDING_REPLY_BYTES {
-            break Step::Flush;
         }
     };
     run_gets(client, parser, out);
@@ -615,7 +671,7 @@ fn is_cross_protocol(cmd: &Command) -> bool {
     cmd.get(0).is_some_and(|name| name.eq_ignore_ascii_case(b"post") || name.eq_ignore_ascii_case(b"host:"))
 }
 
-fn run_gets(client: &mut Client, parser: &mut Parser, out: &mut Vec<u8>) {
+fn run_gets(client: &mut Client, parser: &mut Parser, out: &mut Output) {
     client.run_queued_gets(out, |cmd| parser.recycle(cmd));
 }
 
@@ -662,8 +718,11 @@ mod tests {
     }
 
     #[test]
-    fn default_per_connection_memory_bound_is_as_documented() {
-        let bound = ServerOptions::default().limits.max_buffered_bytes(READ_CHUNK_BYTES);
-        assert!(bound > 5 << 20 && bound < 6 << 20, "{bound}");
+    fn defaults_are_redis_limits_under_a_bounded_budget() {
+        let options = ServerOptions::default();
+        assert_eq!(options.limits.max_bulk_bytes, 512 << 20, "proto-max-bulk-len");
+        assert_eq!(options.limits.max_command_bytes, 1 << 30, "client-query-buffer-limit");
+        assert!(options.limits.max_command_bytes > options.limits.max_bulk_bytes + (1 << 20));
+        assert!(options.query_buffer_budget > 0 && options.query_buffer_budget <= 2 << 30);
     }
 }

@@ -7,8 +7,10 @@
 //! answers Redis' "can't set immutable config".
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
+use crate::resp::QueryBudget;
 use crate::slowlog::MAX_SLOWLOG_LEN;
 
 /// Largest `maxclients` `CONFIG SET` accepts (each connection may hold a thread and a few
@@ -34,6 +36,10 @@ pub(crate) struct Settings {
     latency_threshold_ms: AtomicU64,
     protected_mode: AtomicBool,
     proto_max_bulk_len: AtomicUsize,
+    /// Bytes; the parsers' `max_command_bytes`.
+    client_query_buffer_limit: AtomicUsize,
+    /// Shared by every connection's parser; its limit is `query-buffer-budget`.
+    query_budget: Arc<QueryBudget>,
 }
 
 impl Settings {
@@ -46,6 +52,8 @@ impl Settings {
             latency_threshold_ms: AtomicU64::new(0),
             protected_mode: AtomicBool::new(true),
             proto_max_bulk_len: AtomicUsize::new(crate::resp::Limits::default().max_bulk_bytes),
+            client_query_buffer_limit: AtomicUsize::new(crate::resp::Limits::default().max_command_bytes),
+            query_budget: QueryBudget::new(0),
         }
     }
 
@@ -88,6 +96,20 @@ impl Settings {
     pub fn set_proto_max_bulk_len(&self, bytes: usize) {
         self.proto_max_bulk_len.store(bytes, Ordering::Relaxed);
     }
+
+    /// The most one command may hold (the parsers' `max_command_bytes`), read at each feed.
+    pub fn client_query_buffer_limit(&self) -> usize {
+        self.client_query_buffer_limit.load(Ordering::Relaxed)
+    }
+
+    pub fn set_client_query_buffer_limit(&self, bytes: usize) {
+        self.client_query_buffer_limit.store(bytes, Ordering::Relaxed);
+    }
+
+    /// The server-wide budget of partly received large commands (`query-buffer-budget`).
+    pub fn query_budget(&self) -> &Arc<QueryBudget> {
+        &self.query_budget
+    }
 }
 
 /// What kind of value a parameter takes.
@@ -95,6 +117,8 @@ impl Settings {
 pub(crate) enum Kind {
     /// An integer within bounds.
     Integer { min: i64, max: i64 },
+    /// Bytes within bounds, with Redis' units (`1mb`, `512k`, `1gb`: k = 1000, kb = 1024).
+    Memory { min: i64, max: i64 },
     /// `yes` or `no`.
     Bool,
     /// Any text.
@@ -126,6 +150,10 @@ pub(crate) static PARAMETERS: &[Parameter] = &[
     param("requirepass", Kind::Text),
     param("protected-mode", Kind::Bool),
     param("proto-max-bulk-len", Kind::Immutable),
+    // Redis' bounds: at least 1 MiB.
+    param("client-query-buffer-limit", Kind::Memory { min: 1 << 20, max: i64::MAX }),
+    // racekv's own: the budget every connection's large commands share (0: unlimited).
+    param("query-buffer-budget", Kind::Memory { min: 0, max: i64::MAX }),
     param("maxmemory", Kind::Immutable),
     param("maxmemory-policy", Kind::Immutable),
     param("port", Kind::Immutable),
@@ -162,7 +190,32 @@ pub(crate) fn validate(p: &Parameter, raw: &[u8]) -> Result<Value, String> {
             }
             Ok(Value::Integer(n))
         }
+        Kind::Memory { min, max } => {
+            let n = parse_memory(raw).ok_or("argument must be a memory value")?;
+            if n < min || n > max {
+                return Err(format!("argument must be between {min} and {max} inclusive"));
+            }
+            Ok(Value::Integer(n))
+        }
     }
+}
+
+/// A byte count as Redis' `memtoull` reads it: digits and an optional unit, `b`, `k`
+/// (1000), `kb` (1024), `m`, `mb`, `g`, `gb`, in any case.
+fn parse_memory(raw: &[u8]) -> Option<i64> {
+    let split = raw.iter().position(|b| !b.is_ascii_digit()).unwrap_or(raw.len());
+    let (digits, unit) = raw.split_at(split);
+    let multiplier: i64 = match unit.to_ascii_lowercase().as_slice() {
+        b"" | b"b" => 1,
+        b"k" => 1000,
+        b"kb" => 1024,
+        b"m" => 1000 * 1000,
+        b"mb" => 1024 * 1024,
+        b"g" => 1000 * 1000 * 1000,
+        b"gb" => 1024 * 1024 * 1024,
+        _ => return None,
+    };
+    crate::resp::parse_i64(digits)?.checked_mul(multiplier)
 }
 
 impl Settings {
@@ -179,6 +232,8 @@ impl Settings {
                 self.latency_threshold_ms.store(*ms as u64, Ordering::Relaxed)
             }
             ("protected-mode", Value::Bool(on)) => self.set_protected_mode(*on),
+            ("client-query-buffer-limit", Value::Integer(n)) => self.set_client_query_buffer_limit(*n as usize),
+            ("query-buffer-budget", Value::Integer(n)) => self.query_budget.set_limit(*n as usize),
             _ => debug_assert!(false, "no setting {name} = {value:?}"),
         }
     }
@@ -212,5 +267,25 @@ mod tests {
         assert_eq!(settings.max_clients(), 3);
         settings.apply("protected-mode", &Value::Bool(false));
         assert!(!settings.protected_mode());
+        settings.apply("client-query-buffer-limit", &Value::Integer(2 << 20));
+        assert_eq!(settings.client_query_buffer_limit(), 2 << 20);
+        settings.apply("query-buffer-budget", &Value::Integer(5));
+        assert_eq!(settings.query_budget().limit(), 5);
+    }
+
+    #[test]
+    fn memory_values_take_redis_units() {
+        let limit = parameter(b"client-query-buffer-limit").unwrap();
+        assert_eq!(validate(limit, b"1gb"), Ok(Value::Integer(1 << 30)));
+        assert_eq!(validate(limit, b"2MB"), Ok(Value::Integer(2 << 20)));
+        assert_eq!(validate(limit, b"5000000"), Ok(Value::Integer(5_000_000)));
+        assert_eq!(validate(limit, b"2m"), Ok(Value::Integer(2_000_000)));
+        assert_eq!(
+            validate(limit, b"1kb"),
+            Err(format!("argument must be between {} and {} inclusive", 1 << 20, i64::MAX))
+        );
+        assert_eq!(validate(limit, b"1xb"), Err("argument must be a memory value".into()));
+        assert_eq!(validate(limit, b"-1"), Err("argument must be a memory value".into()));
+        assert_eq!(validate(parameter(b"query-buffer-budget").unwrap(), b"0"), Ok(Value::Integer(0)));
     }
 }

@@ -450,6 +450,8 @@ fn info_and_client_list_use_redis_field_names() {
     // racekv's own, and fields redis-server 7.0 does not have yet.
     let own: BTreeSet<&str> = [
         "server.racekv_version",
+        "memory.racekv_query_buffer_bytes",
+        "memory.racekv_query_buffer_budget",
         "stats.total_protocol_errors",
         "clients.total_blocking_keys",
         "clients.paused_actions",

@@ -74,11 +74,7 @@ fn hostile_connections_fail_alone() {
             protocol_error("invalid multibulk length 1099511627776: more than 1048576 arguments"),
         ),
         ("array length not a number", b"*\x01\xfe garbage\r\n".to_vec(), protocol_error("invalid multibulk length")),
-        (
-            "huge bulk length",
-            b"*1\r\n$999999999999\r\n".to_vec(),
-            protocol_error("invalid bulk length 999999999999: more than 1048576 bytes"),
-        ),
+        ("huge bulk length", b"*1\r\n$999999999999\r\n".to_vec(), protocol_error("invalid bulk length")),
         ("negative bulk length", b"*1\r\n$-3\r\n".to_vec(), protocol_error("invalid bulk length")),
         ("not a bulk string", b"*1\r\n:1\r\n".to_vec(), protocol_error("expected '$', got ':'")),
         (

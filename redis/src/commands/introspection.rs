@@ -515,6 +515,8 @@ fn config_value(c: &Client, name: &str) -> String {
         "requirepass" => if c.acl.is_open() { "" } else { "(set; racekv does not show it)" }.into(),
         "protected-mode" => yes_no(settings.protected_mode()),
         "proto-max-bulk-len" => settings.proto_max_bulk_len().to_string(),
+        "client-query-buffer-limit" => settings.client_query_buffer_limit().to_string(),
+        "query-buffer-budget" => settings.query_budget().limit().to_string(),
         "maxmemory" => "0".into(),
         "maxmemory-policy" => "noeviction".into(),
         "port" => c.stats.tcp_port().to_string(),

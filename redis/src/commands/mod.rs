@@ -20,7 +20,7 @@ use std::time::Instant;
 use super::clients::ClientHandle;
 use super::info::{Outcome, ServerStats};
 use super::metrics::{CommandMetrics, METRICS};
-use super::reply::{Protocol, Reply};
+use super::reply::{Output, Protocol, Reply};
 use super::resp::Command;
 use super::store::{KvSession, KvStore, StoreError};
 use crate::acl::{Acl, AuthFailure, Catalog, Categories, CommandId, Denial, KeyAccess, User};
@@ -631,7 +631,7 @@ impl Client {
 
     /// Executes the queued GETs together ([`Client::execute_gets`]), then hands their
     /// commands to `recycle` (the parser reuses their buffers).
-    pub fn run_queued_gets(&mut self, out: &mut Vec<u8>, mut recycle: impl FnMut(Command)) {
+    pub fn run_queued_gets(&mut self, out: &mut Output, mut recycle: impl FnMut(Command)) {
         if self.queued_gets.is_empty() {
             return;
         }
@@ -646,7 +646,7 @@ impl Client {
     /// (on shm their memory misses overlap instead of queueing one behind another).
     /// Records metrics and stats as `execute` does. When the lookup fails, the run's first
     /// GET gets the error (as it would have met it first) and the rest are tried again.
-    pub fn execute_gets(&mut self, mut cmds: &[Command], out: &mut Vec<u8>) {
+    pub fn execute_gets(&mut self, mut cmds: &[Command], out: &mut Output) {
         while !cmds.is_empty() {
             let started = Instant::now();
             let keys: Vec<&[u8]> = cmds.iter().map(|c| c.arg(1)).collect();
@@ -665,7 +665,7 @@ impl Client {
                         let reply = value.map_or(Reply::Nil, Reply::Bulk);
                         self.record(*GET_INDEX, each.as_secs_f64(), &reply);
                         self.account(*GET_INDEX, cmd, &reply, Outcome::Ok, started, each);
-                        reply.encode(out, self.protocol);
+                        out.push(reply, self.protocol);
                     }
                     return;
                 }
@@ -674,7 +674,7 @@ impl Client {
                     let elapsed = started.elapsed();
                     self.record(*GET_INDEX, elapsed.as_secs_f64(), &reply);
                     self.account(*GET_INDEX, &cmds[0], &reply, Outcome::Failed, started, elapsed);
-                    reply.encode(out, self.protocol);
+                    out.push(reply, self.protocol);
                     cmds = &cmds[1..];
                 }
             }

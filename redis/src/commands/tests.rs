@@ -356,8 +356,9 @@ fn a_failed_get_run_fails_only_its_first_get() {
     let mut c = Client::new(1, Prepared::store(session), Arc::new(ServerStats::new(1, 1, None)), open_acl());
     assert_eq!(run(&mut c, &["SET", "a", "1"]), Reply::ok());
     let gets: Vec<Command> = ["a", "b", "a"].iter().map(|k| Command::from_args(["GET", k])).collect();
-    let mut out = Vec::new();
+    let mut out = crate::reply::Output::default();
     c.execute_gets(&gets, &mut out);
+    let out = out.to_vec();
     // Two failed lookups: [a b a] fails (GET a gets it), [b a] fails (GET b), [a] succeeds.
     let unavailable = Reply::Error(StoreError::new(StoreErrorKind::Unavailable, "memnode 0").to_resp_error().into());
     let mut want = Vec::new();
