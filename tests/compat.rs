@@ -96,7 +96,8 @@ fn compare(script: &str, racekv: &[String], control: &[String]) {
 
 fn library_scenarios(script: &str) {
     let Some(bin) = runner(script) else { return };
-    let up = Up::start(&[]);
+    // Room for the 100 MiB values (the region is memory only as it is touched).
+    let up = Up::start(&["--region-bytes", "512MiB"]);
     let control = RedisServer::start();
     let theirs = run_script(&bin, script, control.port);
     let ours = run_script(&bin, script, up.redis);
@@ -137,12 +138,19 @@ fn redis_rs_scenarios(port: u16) -> redis::RedisResult<()> {
     let _: () = redis::cmd("SET").arg(&binary[..]).arg(&binary[..]).query(&mut con)?;
     let got: Vec<u8> = redis::cmd("GET").arg(&binary[..]).query(&mut con)?;
     assert_eq!(got, binary);
+    for size in [1usize << 20, 100 << 20] {
+        let value: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+        let _: () = redis::cmd("SET").arg(k("large")).arg(&value[..]).query(&mut con)?;
+        let got: Vec<u8> = redis::cmd("GET").arg(k("large")).query(&mut con)?;
+        assert!(got == value, "{size} B came back as {} B", got.len());
+    }
+    let _: () = redis::cmd("DEL").arg(k("large")).query(&mut con)?;
     Ok(())
 }
 
 #[test]
 fn redis_rs_scenarios_on_both_servers() {
-    let up = Up::start(&[]);
+    let up = Up::start(&["--region-bytes", "512MiB"]);
     let control = RedisServer::start();
     redis_rs_scenarios(control.port).expect("the control");
     redis_rs_scenarios(up.redis).expect("racekv");

@@ -68,6 +68,16 @@ async function nodeRedisScenarios() {
       assert.equal(await client.strLen(k("bin")), 256);
       assert.equal(await client.append(k("bin"), Buffer.from([0, 13, 10])), 259);
     },
+    async largeValues() {
+      for (const size of [1 << 20, 100 << 20]) {
+        await client.set(k("big"), Buffer.alloc(size, 0x61));
+        assert.equal(await client.strLen(k("big")), size);
+        const got = await client.get(k("big"));
+        assert.equal(got.length, size);
+        assert.ok(got === "a".repeat(size), `${size} B came back different`);
+      }
+      await client.del(k("big"));
+    },
   };
   const results = [];
   for (const [name, run] of Object.entries(scenarios)) {
@@ -130,6 +140,15 @@ async function ioredisScenarios() {
       const value = Buffer.from(Array.from({ length: 256 }, (_, i) => i));
       await r.set(k("bin"), value);
       assert.deepEqual(await r.getBuffer(k("bin")), value);
+    },
+    async largeValues() {
+      for (const size of [1 << 20, 100 << 20]) {
+        const value = Buffer.alloc(size);
+        for (let i = 0; i < size; i += 4096) value.writeUInt32LE(i, i);
+        assert.equal(await r.set(k("big"), value), "OK");
+        assert.ok(value.equals(await r.getBuffer(k("big"))), `${size} B came back different`);
+      }
+      await r.del(k("big"));
     },
   };
   const results = [];

@@ -103,14 +103,24 @@ def binary_keys_and_values(r):
     assert r.delete(key) == 1
 
 
-def value_of_16_kib(r):
-    # The largest values racekv keeps today are about 16 KiB (key + value).
-    value = b"v" * (16 * 1024 - 200)
-    assert r.set(k("big"), value) is True
-    assert r.get(k("big")) == value
+def large_values(r):
+    # A 17 KB JSON document, 1 MiB and 100 MiB values: byte-exact, with STRLEN and GETRANGE.
+    doc = json.dumps({"items": ["x" * 100] * 170}).encode()
+    assert len(doc) > 17_000
+    assert r.set(k("doc"), doc) is True
+    assert r.get(k("doc")) == doc
+    for size in (1 << 20, 100 << 20):
+        value = bytes(range(256)) * (size // 256)
+        assert r.set(k("big"), value) is True
+        got = r.get(k("big"))
+        assert got == value, f"{size} B came back as {len(got or b'')} B"
+        assert r.strlen(k("big")) == size
+        assert r.getrange(k("big"), size // 2, size // 2 + 3) == value[size // 2 : size // 2 + 4]
+        del got, value
+    assert r.delete(k("big"), k("doc")) == 2
 
 
-SCENARIOS = [cache_with_ttls, session_store, rate_limiter, bulk_mget_mset, scan_iteration, binary_keys_and_values, value_of_16_kib]
+SCENARIOS = [cache_with_ttls, session_store, rate_limiter, bulk_mget_mset, scan_iteration, binary_keys_and_values, large_values]
 
 
 def main():

@@ -24,13 +24,14 @@ pub struct Up {
 }
 
 impl Up {
-    /// Starts `racekv up` with a 64 MiB region and `extra` arguments; returns once it printed
+    /// Starts `racekv up` with a 64 MiB region (unless `extra` names one) and `extra` arguments; returns once it printed
     /// its banner.
     pub fn start(extra: &[&str]) -> Self {
         let (redis, memnode, metrics, remote) = (free_port(), free_port(), free_port(), free_port());
         let dir = tempfile::tempdir().unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_racekv"))
-            .args(["up", "--region-bytes", "64MiB", "--redis-port", &redis.to_string()])
+            .args(["up", "--redis-port", &redis.to_string()])
+            .args(if extra.contains(&"--region-bytes") { &[][..] } else { &["--region-bytes", "64MiB"][..] })
             .args(["--base-port", &memnode.to_string(), "--remote-port", &remote.to_string()])
             .args(["--metrics-addr", &format!("127.0.0.1:{metrics}")])
             .args(extra)
