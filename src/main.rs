@@ -7,7 +7,7 @@ use std::io::Write;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use racekv_bench::{attach, churn, coldstart, loadfactor, ops, reclaim, redis, rpc, scan, spike};
+use racekv_bench::{attach, churn, coldstart, large, loadfactor, ops, reclaim, redis, rpc, scan, spike};
 use racekv_client::Client;
 
 /// racekv: a disaggregated key-value store (RACE hashing over one-sided operations).
@@ -79,6 +79,8 @@ enum Bench {
     Redis(redis::RedisArgs),
     /// SCAN of every key through the Redis front end vs a real redis-server, same COUNT.
     Scan(scan::ScanArgs),
+    /// SET/GET of 1-100 MiB values through the Redis front end vs a real redis-server (MB/s, PNG).
+    Large(large::LargeArgs),
     /// RPC: per-thread, lock-shared and FLOCK-coalescing connections; writes a PNG plot.
     Rpc(rpc::RpcArgs),
     /// A new process's start to its first completed GET: attached vs embedded.
@@ -187,6 +189,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(Bench::Spike(args)) => print(&spike::run(&args)?, args.json),
         Command::Bench(Bench::Redis(args)) => print(&redis::run(&args)?, args.json),
         Command::Bench(Bench::Scan(args)) => print(&scan::run(&args)?, args.json),
+        Command::Bench(Bench::Large(args)) => print(&large::run(&args)?, args.json),
         Command::Bench(Bench::Rpc(args)) => print(&rpc::run(&args)?, args.json),
         Command::Bench(Bench::Coldstart(args)) => print(&coldstart::run(&args)?, args.json),
         Command::Bench(Bench::Reclaim(args)) => print(&reclaim::run(&args)?, args.json),

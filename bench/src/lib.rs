@@ -18,6 +18,7 @@ pub mod attach;
 pub mod churn;
 pub mod cluster;
 pub mod coldstart;
+pub mod large;
 pub mod loadfactor;
 pub mod membaseline;
 pub mod ops;

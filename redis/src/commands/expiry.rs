@@ -38,13 +38,11 @@ enum TimeArg {
 
 impl TimeArg {
     fn of(option: &[u8]) -> Option<Self> {
-        Some(match option.to_ascii_uppercase().as_slice() {
-            b"EX" => TimeArg::Ex,
-            b"PX" => TimeArg::Px,
-            b"EXAT" => TimeArg::ExAt,
-            b"PXAT" => TimeArg::PxAt,
-            _ => return None,
-        })
+        // Compared in place: SET ... PX is hot, and an uppercased copy is an allocation.
+        [(&b"EX"[..], TimeArg::Ex), (b"PX", TimeArg::Px), (b"EXAT", TimeArg::ExAt), (b"PXAT", TimeArg::PxAt)]
+            .into_iter()
+            .find(|(name, _)| option.eq_ignore_ascii_case(name))
+            .map(|(_, t)| t)
     }
 
     fn is_absolute(self) -> bool {
@@ -91,16 +89,17 @@ fn parse_options<'c>(args: &[&'c [u8]], parsing: Parsing) -> Result<StringOption
     let set = parsing == Parsing::Set;
     let mut i = 0;
     while i < args.len() {
-        let option = args[i].to_ascii_uppercase();
+        let option = args[i];
+        let is = |word: &[u8]| option.eq_ignore_ascii_case(word);
         let next = args.get(i + 1).copied();
         let timed = o.time.map(|(t, _)| t);
-        match option.as_slice() {
-            b"NX" if set && !o.xx => o.nx = true,
-            b"XX" if set && !o.nx => o.xx = true,
-            b"GET" if set => o.get = true,
-            b"KEEPTTL" if set && !o.persist && timed.is_none() => o.keepttl = true,
-            b"PERSIST" if !set && !o.keepttl && timed.is_none() => o.persist = true,
-            _ => match (TimeArg::of(&option), next) {
+        match () {
+            _ if is(b"NX") && set && !o.xx => o.nx = true,
+            _ if is(b"XX") && set && !o.nx => o.xx = true,
+            _ if is(b"GET") && set => o.get = true,
+            _ if is(b"KEEPTTL") && set && !o.persist && timed.is_none() => o.keepttl = true,
+            _ if is(b"PERSIST") && !set && !o.keepttl && timed.is_none() => o.persist = true,
+            _ => match (TimeArg::of(option), next) {
                 // The same time option again replaces it; another one conflicts.
                 (Some(t), Some(value)) if !o.keepttl && !o.persist && timed.is_none_or(|had| had == t) => {
                     o.time = Some((t, value));
@@ -116,8 +115,19 @@ fn parse_options<'c>(args: &[&'c [u8]], parsing: Parsing) -> Result<StringOption
 
 /// `SET key value [NX|XX] [GET] [EX s|PX ms|EXAT s|PXAT ms|KEEPTTL]`.
 pub(super) fn set(c: &mut Client, cmd: &Command) -> CmdResult {
-    let args: Vec<&[u8]> = cmd.args().skip(3).collect();
-    let o = parse_options(&args, Parsing::Set)?;
+    // A handful of options, on the stack (this is the hot path); repeated ones (Redis
+    // accepts `NX NX ...`) past that in a Vec.
+    let mut buf: [&[u8]; 8] = [&[]; 8];
+    let mut n = 0;
+    for arg in cmd.args().skip(3).take(buf.len()) {
+        buf[n] = arg;
+        n += 1;
+    }
+    let o = if cmd.args().len() <= 3 + buf.len() {
+        parse_options(&buf[..n], Parsing::Set)?
+    } else {
+        parse_options(&cmd.args().skip(3).collect::<Vec<_>>(), Parsing::Set)?
+    };
     let expiry = match o.time {
         Some((t, arg)) => Expiry::At(t.resolve(arg, "set", now_unix_ms())?),
         None if o.keepttl => Expiry::Keep,

@@ -100,6 +100,10 @@ fn set_refuses_unknown_and_conflicting_options() {
     assert_eq!(store.peek(b"k"), None, "a refused SET must not write");
     // The same option twice: the last one counts.
     assert_eq!(run(&mut c, &["SET", "k", "v", "EX", "10", "EX", "100", "NX", "NX"]), Reply::ok());
+    // More options than the parser keeps on its stack: the same rules.
+    let many = ["SET", "k2", "v", "xx", "Xx", "XX", "xX", "XX", "XX", "XX", "XX", "XX", "px", "5000"];
+    assert_eq!(run(&mut c, &many), Reply::Nil, "XX on a missing key");
+    assert_eq!(run(&mut c, &[&many[..12], &["BOGUS"]].concat()), err("ERR syntax error"));
     let expiry = store.peek_expiry(b"k").unwrap();
     let now = racekv_telemetry::clock::now_unix_ms();
     assert!(expiry > now + 90_000 && expiry <= now + 100_000, "{expiry} against {now}");
