@@ -7,22 +7,34 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use racekv_hashing::layout::{block_units_for, decode_block, encode_block, BucketHeader, DirEntry, Layout, Slot, MAX_GLOBAL_DEPTH_LIMIT};
+use racekv_hashing::layout::{
+    block_units_for, decode_block, encode_block, encode_indirect_block, BucketHeader, DirEntry, Layout, Slot, MAX_GLOBAL_DEPTH_LIMIT,
+    MAX_VALUE_BYTES,
+};
 use racekv_hashing::rpc::{
-    decode_chunk, decode_chunk_request, encode_chunk, decode_fragments_request, decode_ranges, encode_ranges, Metadata, SplitRequest,
+    decode_chunk, decode_chunk_request, decode_fragments_request, decode_ranges, decode_words, encode_chunk, encode_ranges, encode_words,
+    Metadata, SplitRequest,
 };
 
 fuzz_target!(|data: &[u8]| {
     if let Some(block) = decode_block(data) {
         assert!(!block.key.is_empty());
         let header = 16 + block.expires_at_ms.map_or(0, |_| 8);
-        assert!(header + block.key.len() + block.value.len() <= data.len());
+        let inline = block.inline_value_len();
+        assert!(header + block.key.len() + inline <= data.len());
+        // An indirect block's descriptor stays within the format's limits.
+        if let Some(extent) = block.extent {
+            assert!(block.value.is_empty() && extent.value_len <= MAX_VALUE_BYTES && extent.offset % 64 == 0);
+        }
         // It re-encodes to the same bytes (up to the padding), if it is small enough to be
         // a block at all (the bytes read may be longer than any block).
-        if block_units_for(block.key.len(), block.value.len(), block.expires_at_ms.is_some()).is_some() {
+        if block_units_for(block.key.len(), inline, block.expires_at_ms.is_some()).is_some() {
             let mut again = Vec::new();
-            encode_block(&mut again, block.key, block.value, block.expires_at_ms);
-            let used = header + block.key.len() + block.value.len();
+            match block.extent {
+                Some(extent) => encode_indirect_block(&mut again, block.key, &extent, block.expires_at_ms),
+                None => encode_block(&mut again, block.key, block.value, block.expires_at_ms),
+            };
+            let used = header + block.key.len() + inline;
             assert_eq!(&again[..used], &data[..used]);
         }
     }
@@ -52,6 +64,9 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(encode_chunk(&chunk), data);
     }
     let _ = decode_chunk_request(data);
+    if let Ok(words) = decode_words::<3>(data) {
+        assert_eq!(encode_words(&words), data);
+    }
     if let Ok(most) = decode_fragments_request(data) {
         assert_eq!(&most.to_le_bytes()[..], data);
     }
