@@ -57,7 +57,9 @@ mkdir -p /tmp/bin /tmp/work
 run_test() {
     local name=$1
     shift
-    cp "/mnt/host/bin/$name" "/tmp/bin/$name" && chmod +x "/tmp/bin/$name"
+    if ! cp "/mnt/host/bin/$name" "/tmp/bin/$name" || ! chmod +x "/tmp/bin/$name"; then
+        echo "$name: could not copy the test binary into the guest (df: $(df -h /tmp | tail -1))"
+    fi
     marker "START $name $*"
     local t0 t1 rc status
     # Per-binary limit: tests.sh (sourced below) sets it before its first run_test.
@@ -66,6 +68,8 @@ run_test() {
     (cd /tmp/work && timeout --signal=KILL "$test_timeout" "/tmp/bin/$name" "$@")
     rc=$?
     t1=$(date +%s.%N)
+    # /tmp is RAM in the guest: a binary is not kept once it ran (they are ~100 MB each).
+    rm -f "/tmp/bin/$name"
     if [[ $rc -eq 0 ]]; then
         status=PASS
         passed=$((passed + 1))
