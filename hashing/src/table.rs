@@ -589,6 +589,18 @@ enum BlockState {
     VisibleNotInSlot,
     /// Another client removed our copy and retired the block itself.
     RetiredByOther,
+    /// The batch with the CAS that would put it in a slot failed in a way that may have
+    /// executed it (a lost answer, a timeout): it may be the key's value now, so it is
+    /// neither reused nor retired (leaked, with its extent, until the memnode's next start).
+    MaybeInSlot,
+}
+
+/// Whether a failed batch may still have been carried out.
+fn may_have_executed(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Transport(TransportError::ConnectionLost { maybe_executed: true, .. } | TransportError::Timeout { .. })
+    )
 }
 
 /// Where a new client's per-write slot tags start: spread over clients, so two clients
@@ -1066,6 +1078,19 @@ impl TableClient {
         Ok(())
     }
 
+    /// [`Self::execute`] for a batch whose CAS may put the write's new block in a slot
+    /// (`publishes`): if it fails in a way that may have executed, the block may be in the
+    /// slot, which `state` records.
+    fn execute_publishing(&mut self, publishes: bool, state: &mut BlockState) -> Result<(), Error> {
+        let result = self.execute();
+        if let Err(e) = &result {
+            if publishes && may_have_executed(e) {
+                *state = BlockState::MaybeInSlot;
+            }
+        }
+        result
+    }
+
     fn count_round_trip(&mut self) {
         self.stats.round_trips += 1;
         self.metrics.round_trips.inc();
@@ -1515,6 +1540,11 @@ impl TableClient {
                 BlockState::Unpublished => self.alloc.release_unpublished(new.block, new.units, run),
                 BlockState::VisibleNotInSlot => self.alloc.retire(new.block, new.units, run),
                 BlockState::InSlot | BlockState::RetiredByOther => {}
+                BlockState::MaybeInSlot => {
+                    if new.extent.is_some() {
+                        EXTENTS_LEAKED.inc();
+                    }
+                }
             }
             // Our extent goes with our block (the memnode waits out the grace period).
             if let (Some(extent), BlockState::Unpublished | BlockState::VisibleNotInSlot) = (new.extent, state) {
@@ -1587,7 +1617,7 @@ impl TableClient {
                 }
             }
             if exists {
-                match self.replace(new)? {
+                match self.replace(new, state)? {
                     Some(outcome) => {
                         if new.is_some() {
                             *state = BlockState::InSlot;
@@ -1624,7 +1654,7 @@ impl TableClient {
 
     /// Swings the canonical copy to `new` (or to 0 to delete) and removes any duplicates, in
     /// one batch. None when the canonical CAS lost a race.
-    fn replace(&mut self, new: Option<&NewBlock>) -> Result<Option<PutOutcome>, Error> {
+    fn replace(&mut self, new: Option<&NewBlock>, state: &mut BlockState) -> Result<Option<PutOutcome>, Error> {
         let canonical = self.copies[0];
         if self.copies.len() > 1 && !self.still_holds(canonical.slot, canonical.word)? {
             // The copies came from one bucket read, which is not a snapshot: the canonical
@@ -1641,7 +1671,7 @@ impl TableClient {
         // reader between the two must not see one surface.
         let dups: Vec<_> = self.copies[1..].iter().map(|c| (self.batch.cas(c.slot, c.word, 0), c.word)).collect();
         let swing = self.batch.cas(canonical.slot, canonical.word, new.map_or(0, |n| n.word));
-        self.execute()?;
+        self.execute_publishing(new.is_some(), state)?;
         for (id, word) in dups {
             if self.batch.cas_succeeded(id)? {
                 self.retire_word(word);
@@ -1681,7 +1711,7 @@ impl TableClient {
         self.queue_count();
         let cas = self.batch.cas(free, 0, new.word);
         let reads = ProbeReads::queue(&mut self.batch, cbs);
-        self.execute()?;
+        self.execute_publishing(true, state)?;
         if !self.batch.cas_succeeded(cas)? {
             self.count_delta -= 1;
             self.stats.cas_failures += 1;
