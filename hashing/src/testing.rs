@@ -222,3 +222,153 @@ pub fn scan(conn: &dyn Connection, layout: &Layout) -> Vec<ScannedItem> {
     }
     items
 }
+
+pub mod model;
+
+/// A fault [`FaultyConnection`] injects into one `execute` or `call`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Fails before forwarding: `ConnectionLost { maybe_executed: false }`, nothing ran.
+    LostBefore,
+    /// Forwards, then reports `ConnectionLost { maybe_executed: true }`: the request ran
+    /// (or failed on its own), but the client cannot know.
+    LostAfter,
+}
+
+#[derive(Default)]
+struct FaultState {
+    /// Explicit faults, first come: (calls to let through first, fault).
+    schedule: std::collections::VecDeque<(u32, Fault)>,
+    /// Random faults after the schedule is used up: xorshift state and the chance per call
+    /// in thousandths (0: none).
+    rng: u64,
+    per_mille: u32,
+    calls: u64,
+    injected: u64,
+}
+
+impl FaultState {
+    fn next(&mut self) -> Option<Fault> {
+        self.calls += 1;
+        let fault = if let Some((skip, fault)) = self.schedule.front_mut() {
+            if *skip > 0 {
+                *skip -= 1;
+                None
+            } else {
+                let fault = *fault;
+                self.schedule.pop_front();
+                Some(fault)
+            }
+        } else if self.per_mille > 0 {
+            self.rng ^= self.rng << 13;
+            self.rng ^= self.rng >> 7;
+            self.rng ^= self.rng << 17;
+            let roll = (self.rng % 2000) as u32;
+            (roll < 2 * self.per_mille).then_some(if roll.is_multiple_of(2) {
+                Fault::LostBefore
+            } else {
+                Fault::LostAfter
+            })
+        } else {
+            None
+        };
+        self.injected += u64::from(fault.is_some());
+        fault
+    }
+}
+
+/// A [`Connection`] that loses some `execute`s and `call`s, as a connection that breaks
+/// would, on a schedule the test controls: explicit faults ([`Self::schedule`]), then
+/// seeded random ones ([`Self::random`]). A lost request either did not run
+/// ([`Fault::LostBefore`]) or ran and its answer was lost ([`Fault::LostAfter`]); either way
+/// the connection stays usable, so a client's next operation goes through. Everything
+/// else delegates to the wrapped connection.
+pub struct FaultyConnection {
+    inner: Arc<dyn Connection>,
+    state: parking_lot::Mutex<FaultState>,
+}
+
+impl FaultyConnection {
+    /// No faults until some are scheduled.
+    pub fn new(inner: Arc<dyn Connection>) -> Self {
+        Self { inner, state: parking_lot::Mutex::new(FaultState::default()) }
+    }
+
+    /// After the faults scheduled, each request fails with a chance of `per_mille`/1000,
+    /// half of them before and half after forwarding, drawn from `seed` (0: no random faults).
+    pub fn random(&self, seed: u64, per_mille: u32) {
+        let mut state = self.state.lock();
+        state.rng = seed | 1;
+        state.per_mille = per_mille.min(1000);
+    }
+
+    /// Lets `skip` more requests through (after the faults already scheduled), then fails
+    /// the next with `fault`.
+    pub fn schedule(&self, skip: u32, fault: Fault) {
+        self.state.lock().schedule.push_back((skip, fault));
+    }
+
+    /// Drops the faults scheduled and not yet injected, and stops random ones.
+    pub fn clear(&self) {
+        let mut state = self.state.lock();
+        state.schedule.clear();
+        state.per_mille = 0;
+    }
+
+    /// Requests (`execute`s and `call`s) seen so far.
+    pub fn requests(&self) -> u64 {
+        self.state.lock().calls
+    }
+
+    /// Faults injected so far.
+    pub fn injected(&self) -> u64 {
+        self.state.lock().injected
+    }
+
+    fn lost(maybe_executed: bool) -> racekv_transport::TransportError {
+        racekv_transport::TransportError::ConnectionLost {
+            reason: "injected by FaultyConnection".into(),
+            maybe_executed,
+        }
+    }
+}
+
+impl Connection for FaultyConnection {
+    fn execute(&self, batch: &mut racekv_transport::Batch) -> Result<(), racekv_transport::TransportError> {
+        let fault = self.state.lock().next();
+        match fault {
+            None => self.inner.execute(batch),
+            Some(Fault::LostBefore) => Err(Self::lost(false)),
+            Some(Fault::LostAfter) => self.inner.execute(batch).and(Err(Self::lost(true))),
+        }
+    }
+
+    fn call(&self, method: u16, request: &[u8]) -> Result<Vec<u8>, racekv_transport::TransportError> {
+        let fault = self.state.lock().next();
+        match fault {
+            None => self.inner.call(method, request),
+            Some(Fault::LostBefore) => Err(Self::lost(false)),
+            Some(Fault::LostAfter) => self.inner.call(method, request).and(Err(Self::lost(true))),
+        }
+    }
+
+    fn region_len(&self) -> u64 {
+        self.inner.region_len()
+    }
+
+    fn kind(&self) -> TransportKind {
+        self.inner.kind()
+    }
+
+    fn instance(&self) -> u64 {
+        self.inner.instance()
+    }
+
+    fn is_healthy(&self) -> bool {
+        self.inner.is_healthy()
+    }
+
+    fn execute_unchecked(&self, batch: &mut racekv_transport::Batch) -> Result<(), racekv_transport::TransportError> {
+        self.inner.execute_unchecked(batch)
+    }
+}
