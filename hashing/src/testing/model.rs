@@ -532,8 +532,11 @@ impl<'a> Driver<'a> {
                 let result = self.clients[c].0.delete_all().map(|removed| {
                     assert!(removed >= live, "{ctx}: delete_all emptied {removed} slots, the model has {live} keys");
                 });
-                let mut keys: Vec<Vec<u8>> = self.model.keys().cloned().collect();
+                // Expired large items still in place (ghosts) are swung away too: a lost
+                // answer may leak their extents as well.
+                let mut keys: Vec<Vec<u8>> = self.model.keys().chain(self.ghosts.keys()).cloned().collect();
                 keys.sort();
+                keys.dedup();
                 (
                     keys.into_iter()
                         .map(|k| {
