@@ -41,6 +41,10 @@ pub struct RedisArgs {
     /// and the SET runs' writes): `SET ... PX <ttl>`.
     #[arg(long)]
     pub ttl_ms: Option<u64>,
+    /// Without a TTL, send SETs as the command `SET key:__rand_int__ <value>` too (not `-t
+    /// set`), so that a run with `--ttl-ms` differs from one without only by `PX <ttl>`.
+    #[arg(long)]
+    pub set_as_command: bool,
     /// Pipeline depths (-P) to compare, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,16")]
     pub pipeline: Vec<u32>,
@@ -206,13 +210,16 @@ fn command(port: u16, args: &[&str]) -> anyhow::Result<()> {
 
 /// What redis-benchmark is told to run for `op`: a test (`-t get`), or for a SET with a
 /// TTL the command itself (redis-benchmark has no test for it), and how its CSV line starts.
-fn op_args(op: Op, value_size: usize, ttl_ms: Option<u64>) -> (Vec<String>, String) {
+fn op_args(op: Op, value_size: usize, ttl_ms: Option<u64>, set_as_command: bool) -> (Vec<String>, String) {
     match (op, ttl_ms) {
         (Op::Get, _) => (vec!["-t".into(), "get".into()], "\"GET\"".into()),
-        (Op::Set, None) => (vec!["-t".into(), "set".into()], "\"SET\"".into()),
-        (Op::Set, Some(ttl)) => {
-            let command: Vec<String> =
-                ["SET", "key:__rand_int__", &"x".repeat(value_size), "PX", &ttl.to_string()].map(String::from).to_vec();
+        (Op::Set, None) if !set_as_command => (vec!["-t".into(), "set".into()], "\"SET\"".into()),
+        (Op::Set, ttl) => {
+            let mut command: Vec<String> =
+                ["SET", "key:__rand_int__", &"x".repeat(value_size)].map(String::from).to_vec();
+            if let Some(ttl) = ttl {
+                command.extend(["PX".to_string(), ttl.to_string()]);
+            }
             (command, "\"SET key:__rand_int__".into())
         }
     }
@@ -325,7 +332,7 @@ pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
     let mut flags_text = String::new();
     let runs: Vec<(Op, u32)> = args.ops.iter().flat_map(|&op| args.pipeline.iter().map(move |&p| (op, p))).collect();
     for (op, pipeline) in runs {
-        let op_args = op_args(op, args.value_size, args.ttl_ms);
+        let op_args = op_args(op, args.value_size, args.ttl_ms, args.set_as_command);
         let mut flags: Vec<String> = vec![
             "-n".into(),
             args.requests.to_string(),
@@ -404,8 +411,9 @@ mod tests {
 
     #[test]
     fn a_set_with_a_ttl_is_sent_as_a_command() {
-        assert_eq!(op_args(Op::Get, 3, Some(5)).0, ["-t", "get"]);
-        assert_eq!(op_args(Op::Set, 3, None).0, ["-t", "set"]);
-        assert_eq!(op_args(Op::Set, 3, Some(5)).0, ["SET", "key:__rand_int__", "xxx", "PX", "5"]);
+        assert_eq!(op_args(Op::Get, 3, Some(5), false).0, ["-t", "get"]);
+        assert_eq!(op_args(Op::Set, 3, None, false).0, ["-t", "set"]);
+        assert_eq!(op_args(Op::Set, 3, None, true).0, ["SET", "key:__rand_int__", "xxx"]);
+        assert_eq!(op_args(Op::Set, 3, Some(5), false).0, ["SET", "key:__rand_int__", "xxx", "PX", "5"]);
     }
 }
