@@ -7,7 +7,6 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use anyhow::Context;
@@ -19,7 +18,7 @@ use serde::Serialize;
 
 use crate::cluster::BenchMemnode;
 use crate::plot::{drawn, line_chart_with, Series};
-use crate::redis::{free_port, wait_for_port, RedisServer};
+use crate::redis::RedisServer;
 use crate::report::{progress, Environment};
 
 /// The largest value this bench moves (Redis' default `proto-max-bulk-len`).
@@ -163,19 +162,8 @@ fn throughput(rounds: Vec<(f64, f64)>) -> Throughput {
 pub fn run(args: &LargeArgs) -> anyhow::Result<LargeReport> {
     let largest = args.sizes_mib.iter().max().copied().unwrap_or(1) << 20;
     anyhow::ensure!(largest <= MAX_VALUE_BYTES, "values go up to {} MiB", MAX_VALUE_BYTES >> 20);
-    let redis_port = free_port()?;
-    let child = Command::new("redis-server")
-        .args(["--port", &redis_port.to_string(), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1"])
-        .stdout(Stdio::null())
-        .spawn()
-        .context("starting redis-server (Debian package redis-server)")?;
-    let _redis = RedisServer(child);
-    wait_for_port(redis_port)?;
-    let version = Command::new("redis-server")
-        .arg("--version")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
+    let redis = RedisServer::start()?;
+    let (redis_port, version) = (redis.port, redis.version.clone());
 
     // racekv: a memnode and a computenode in this process, on shm (as `bench redis`), with
     // room for the largest value three times over (one live, the retired ones in grace).
@@ -214,9 +202,7 @@ pub fn run(args: &LargeArgs) -> anyhow::Result<LargeReport> {
             racekv: ours,
         });
     }
-    let mut s = TcpStream::connect(("127.0.0.1", redis_port))?;
-    let _ = s.write_all(b"*1\r\n$8\r\nSHUTDOWN\r\n");
-    let _ = s.read(&mut [0u8; 64]);
+    redis.shutdown();
 
     let line = |name: &str, pick: &dyn Fn(&SizeReport) -> f64| Series {
         name: name.into(),

@@ -136,13 +136,46 @@ pub(crate) fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// A redis-server child, stopped on drop.
-pub(crate) struct RedisServer(pub(crate) Child);
+/// A redis-server child on a free loopback port, no persistence, stopped on drop.
+pub(crate) struct RedisServer {
+    child: Child,
+    pub(crate) port: u16,
+    /// What `redis-server --version` printed.
+    pub(crate) version: String,
+}
+
+impl RedisServer {
+    /// Starts one and waits until it listens.
+    pub(crate) fn start() -> anyhow::Result<Self> {
+        let port = free_port()?;
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1"])
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting redis-server (Debian package redis-server)")?;
+        let version = Command::new("redis-server")
+            .arg("--version")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default();
+        let server = Self { child, port, version };
+        wait_for_port(port)?;
+        Ok(server)
+    }
+
+    /// Asks it to exit (SHUTDOWN), leaving its socket clean; drop then reaps it.
+    pub(crate) fn shutdown(&self) {
+        if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) {
+            let _ = s.write_all(b"*1\r\n$8\r\nSHUTDOWN\r\n");
+            let _ = s.read(&mut [0u8; 64]);
+        }
+    }
+}
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -264,19 +297,8 @@ fn run_benchmark_with(
 
 pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
     // A real redis-server, no persistence.
-    let redis_port = free_port()?;
-    let child = Command::new("redis-server")
-        .args(["--port", &redis_port.to_string(), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1"])
-        .stdout(Stdio::null())
-        .spawn()
-        .context("starting redis-server (Debian package redis-server)")?;
-    let _redis = RedisServer(child);
-    wait_for_port(redis_port)?;
-    let version = Command::new("redis-server")
-        .arg("--version")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
+    let redis = RedisServer::start()?;
+    let (redis_port, version) = (redis.port, redis.version.clone());
 
     // racekv: a memnode and a computenode in this process, on shm.
     let region = (args.keys * 256 + (256 << 20)).div_ceil(2 << 20) << 21;
@@ -378,10 +400,7 @@ pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
             variants,
         });
     }
-    // Leave the server's socket clean.
-    let mut s = TcpStream::connect(("127.0.0.1", redis_port))?;
-    let _ = s.write_all(b"*1\r\n$8\r\nSHUTDOWN\r\n");
-    let _ = s.read(&mut [0u8; 64]);
+    redis.shutdown();
     Ok(RedisReport {
         bench: "redis",
         redis_benchmark_flags: format!(

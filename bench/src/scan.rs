@@ -7,7 +7,6 @@
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use anyhow::Context;
@@ -18,7 +17,7 @@ use racekv_transport::TransportKind;
 use serde::Serialize;
 
 use crate::cluster::BenchMemnode;
-use crate::redis::{free_port, load, wait_for_port, RedisServer};
+use crate::redis::{load, RedisServer};
 use crate::report::{progress, Environment};
 
 /// The longest RESP line or bulk string a reply may carry here (keys are short).
@@ -136,19 +135,8 @@ fn walk(port: u16, count: u64, expected: u64, what: &str) -> anyhow::Result<Walk
 }
 
 pub fn run(args: &ScanArgs) -> anyhow::Result<ScanReport> {
-    let redis_port = free_port()?;
-    let child = Command::new("redis-server")
-        .args(["--port", &redis_port.to_string(), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1"])
-        .stdout(Stdio::null())
-        .spawn()
-        .context("starting redis-server (Debian package redis-server)")?;
-    let _redis = RedisServer(child);
-    wait_for_port(redis_port)?;
-    let version = Command::new("redis-server")
-        .arg("--version")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
+    let redis = RedisServer::start()?;
+    let (redis_port, version) = (redis.port, redis.version.clone());
 
     // racekv: a memnode and a computenode in this process, on shm (as `bench redis`).
     let region = (args.keys * 256 + (256 << 20)).div_ceil(2 << 20) << 21;
@@ -177,9 +165,7 @@ pub fn run(args: &ScanArgs) -> anyhow::Result<ScanReport> {
     }
     let mean = |v: &[Walk]| v.iter().map(|w| w.keys_per_sec).sum::<f64>() / v.len() as f64;
     let (redis_server_keys_per_sec, racekv_keys_per_sec) = (mean(&theirs), mean(&ours));
-    let mut s = TcpStream::connect(("127.0.0.1", redis_port))?;
-    let _ = s.write_all(b"*1\r\n$8\r\nSHUTDOWN\r\n");
-    let _ = s.read(&mut [0u8; 64]);
+    redis.shutdown();
     Ok(ScanReport {
         bench: "scan",
         keys: args.keys,
