@@ -411,8 +411,8 @@ impl ActiveExpiry {
             let reads: Vec<_> = indirect.iter().map(|s| b.read(s.block, s.block_bytes() as u32)).collect();
             self.conn.execute(b)?;
             for read in reads {
-                match decode_block(b.read_result(read)?).and_then(|block| block.extent) {
-                    Some(extent) => self.extents.retire(extent.offset, extent.value_len)?,
+                match decode_block(b.read_result(read)?).filter(|block| block.extent.is_some()) {
+                    Some(block) => block.extents().try_for_each(|e| self.extents.retire(e.offset, e.value_len))?,
                     None => tracing::warn!("an expired indirect block did not decode; its extent waits for reclaim"),
                 }
             }

@@ -1,6 +1,6 @@
 //! Where a key goes: its directory hash, fingerprint and two combined buckets.
 
-use crate::layout::{combined_bucket, CombinedBucket};
+use crate::layout::{combined_bucket, digest_fingerprint, key_digest, CombinedBucket};
 
 /// Everything the table derives from a key's bytes (one xxh3-128 per operation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -14,9 +14,14 @@ pub struct KeyHash {
 
 impl KeyHash {
     pub fn of(key: &[u8], groups_per_subtable: u32) -> Self {
+        Self::from_digest(key_digest(key), groups_per_subtable)
+    }
+
+    /// The hash of the key whose [`key_digest`] is `digest` (a long-key block keeps it, so
+    /// its key need not be read to place it).
+    pub fn from_digest(digest: u128, groups_per_subtable: u32) -> Self {
         debug_assert!(groups_per_subtable.is_power_of_two() && groups_per_subtable >= 2);
-        let h = xxhash_rust::xxh3::xxh3_128(key);
-        let (lo, hi) = (h as u64, (h >> 64) as u64);
+        let (lo, hi) = (digest as u64, (digest >> 64) as u64);
         let combined = 2 * u64::from(groups_per_subtable);
         let c1 = (hi & 0xFFFF_FFFF) & (combined - 1);
         let c2 = (hi >> 32) & (combined - 1);
@@ -26,7 +31,7 @@ impl KeyHash {
             // Two distinct groups give four distinct buckets.
             g2 = (g1 + 1) % u64::from(groups_per_subtable);
         }
-        Self { dir: lo, fingerprint: (lo >> 56) as u8, choices: [(g1, s1), (g2, s2)] }
+        Self { dir: lo, fingerprint: digest_fingerprint(digest), choices: [(g1, s1), (g2, s2)] }
     }
 
     /// The key's two combined buckets in the subtable at `subtable`.

@@ -10,6 +10,8 @@
 //! KV block: key_len u16 | flags u16 | value_len u32 | checksum u64 | [expires_at_ms u64] | key | value | pad to 64 B
 //! indirect block: the same, flag INDIRECT, and in place of the value an extent descriptor:
 //!                 extent offset u64 | value_len u64 | value checksum u64
+//! long-key block: an indirect block, flag LONG_KEY, and in place of the key a key descriptor:
+//!                 key extent offset u64 | key_len u64 | key checksum u64 | key digest u128
 //! extent: the value's bytes, contiguous, 64 B aligned, allocated by the memnode
 //! ```
 //!
@@ -21,6 +23,12 @@
 //! slot word's `indirect` bit says the block is one (reclaim and expiry need not read every
 //! block to find extents); it was the top bit of the block offset, which no region below
 //! 2^47 B (128 TiB) sets.
+//!
+//! A key too long for a block (over [`MAX_INLINE_KEY_BYTES`]) lives in an extent of its
+//! own, the value always in another: the block keeps the key's length, its checksum and
+//! its xxh3-128 digest (what the key's hash is derived from, so a split or a scan places
+//! the block without reading the key; `KeyHash::from_digest`). A lookup whose key has that
+//! length and digest reads the key extent and compares bytes: a digest is not proof.
 //!
 //! A block's `flags` were an always-zero field before expiry existed: a block with no flag
 //! set decodes exactly as those did, so regions written by earlier builds stay readable.
@@ -47,14 +55,21 @@ pub const BLOCK_HEADER_BYTES: usize = 16;
 pub const BLOCK_FLAG_EXPIRES: u16 = 1;
 /// Block flag: the value is in an extent; the block holds its [`Extent`] descriptor.
 pub const BLOCK_FLAG_INDIRECT: u16 = 2;
+/// Block flag (with [`BLOCK_FLAG_INDIRECT`]): the key is in an extent too; the block holds
+/// its [`LongKey`] descriptor in place of the key.
+pub const BLOCK_FLAG_LONG_KEY: u16 = 4;
 /// Flags this build understands; a block with any other bit set is not a valid block.
-const BLOCK_KNOWN_FLAGS: u16 = BLOCK_FLAG_EXPIRES | BLOCK_FLAG_INDIRECT;
+const BLOCK_KNOWN_FLAGS: u16 = BLOCK_FLAG_EXPIRES | BLOCK_FLAG_INDIRECT | BLOCK_FLAG_LONG_KEY;
 /// Bytes of an extent descriptor (the inline "value" of an indirect block).
 pub const EXTENT_DESCRIPTOR_BYTES: usize = 24;
+/// Bytes of a long key's descriptor (the inline "key" of a long-key block).
+pub const LONG_KEY_DESCRIPTOR_BYTES: usize = EXTENT_DESCRIPTOR_BYTES + 16;
 /// Largest value the format can describe (Redis' `proto-max-bulk-len` ceiling, 512 MiB).
 pub const MAX_VALUE_BYTES: u64 = 512 << 20;
-/// Largest key (it stays in the block, beside the descriptor).
-pub const MAX_KEY_BYTES: usize = MAX_KV_BYTES - BLOCK_EXPIRY_BYTES - EXTENT_DESCRIPTOR_BYTES;
+/// Largest key (Redis' limit too): longer than [`MAX_INLINE_KEY_BYTES`], it is in an extent.
+pub const MAX_KEY_BYTES: usize = 512 << 20;
+/// Longest key a block holds itself (beside an extent descriptor and an expiry).
+pub const MAX_INLINE_KEY_BYTES: usize = MAX_KV_BYTES - BLOCK_EXPIRY_BYTES - EXTENT_DESCRIPTOR_BYTES;
 /// Bytes an expiry time adds to a block.
 pub const BLOCK_EXPIRY_BYTES: usize = 8;
 /// Largest key + value that fits a block (without an expiry; one takes 8 more bytes).
@@ -391,11 +406,11 @@ impl Slot {
     /// Whether `block` could be the one this word was written for: the writer put the key's
     /// fingerprint and the block's size in it. A block that does not fit was reused since
     /// the word was read (a freed block can hold any key).
-    pub fn fits_block(&self, block: &Block<'_>, groups_per_subtable: u32) -> bool {
+    pub fn fits_block(&self, block: &Block<'_>) -> bool {
         self.indirect == block.extent.is_some()
-            && block_units_for(block.key.len(), block.inline_value_len(), block.expires_at_ms.is_some())
+            && block_units_for(block.inline_key_len(), block.inline_value_len(), block.expires_at_ms.is_some())
                 == Some(self.units)
-            && crate::hash::KeyHash::of(block.key, groups_per_subtable).fingerprint == self.fingerprint
+            && digest_fingerprint(block.key_digest()) == self.fingerprint
     }
 
     pub fn block_bytes(&self) -> u64 {
@@ -405,9 +420,21 @@ impl Slot {
 
 // ---- KV blocks ----
 
+/// The digest a key's hash derives from (`KeyHash::from_digest`): xxh3-128 of its bytes.
+pub fn key_digest(key: &[u8]) -> u128 {
+    xxhash_rust::xxh3::xxh3_128(key)
+}
+
+/// The slot fingerprint of a key with this digest (`KeyHash` keeps it too).
+pub fn digest_fingerprint(digest: u128) -> u8 {
+    ((digest as u64) >> 56) as u8
+}
+
 /// A KV block read back from the region and checked ([`decode_block`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Block<'a> {
+    /// The key, for a block that holds it; empty for a long-key block (see `long_key`), so
+    /// comparing it with a key (never empty) cannot match one.
     pub key: &'a [u8],
     /// The value, for a direct block; empty for an indirect one (see `extent`).
     pub value: &'a [u8],
@@ -415,6 +442,47 @@ pub struct Block<'a> {
     pub expires_at_ms: Option<u64>,
     /// Where the value is, for an indirect block.
     pub extent: Option<Extent>,
+    /// Where the key is, for a long-key block.
+    pub long_key: Option<LongKey>,
+}
+
+/// Where a long key lives ([`BLOCK_FLAG_LONG_KEY`]): its extent (whose checksum covers the
+/// key's bytes) and the digest its hash derives from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LongKey {
+    /// The key's bytes: `value_len` is the key's length.
+    pub extent: Extent,
+    pub digest: u128,
+}
+
+impl LongKey {
+    /// The descriptor for `key` stored at `offset`.
+    pub fn of(offset: u64, key: &[u8]) -> Self {
+        Self { extent: Extent::of(offset, key), digest: key_digest(key) }
+    }
+
+    /// Whether `key` (of digest `digest`) may be this one: only reading the extent tells.
+    pub fn may_be(&self, key: &[u8], digest: u128) -> bool {
+        self.extent.value_len == key.len() as u64 && self.digest == digest
+    }
+
+    fn encode(&self) -> [u8; LONG_KEY_DESCRIPTOR_BYTES] {
+        let mut out = [0u8; LONG_KEY_DESCRIPTOR_BYTES];
+        out[..EXTENT_DESCRIPTOR_BYTES].copy_from_slice(&self.extent.encode());
+        out[EXTENT_DESCRIPTOR_BYTES..].copy_from_slice(&self.digest.to_le_bytes());
+        out
+    }
+
+    /// None unless well formed, and long enough that a block could not hold it.
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        if bytes.len() != LONG_KEY_DESCRIPTOR_BYTES {
+            return None;
+        }
+        let extent = Extent::decode(&bytes[..EXTENT_DESCRIPTOR_BYTES])?;
+        let digest = u128::from_le_bytes(bytes[EXTENT_DESCRIPTOR_BYTES..].try_into().ok()?);
+        let long = extent.value_len > MAX_INLINE_KEY_BYTES as u64 && extent.value_len <= MAX_KEY_BYTES as u64;
+        long.then_some(Self { extent, digest })
+    }
 }
 
 /// Where an indirect block's value lives, and its checksum (a reader checks the bytes it
@@ -469,6 +537,11 @@ pub fn item_heap_bytes(key_len: usize, value_len: usize, expires: bool) -> Optio
     if key_len > MAX_KEY_BYTES || value_len as u64 > MAX_VALUE_BYTES {
         return None;
     }
+    if key_len > MAX_INLINE_KEY_BYTES {
+        let units = block_units_for(LONG_KEY_DESCRIPTOR_BYTES, EXTENT_DESCRIPTOR_BYTES, expires)?;
+        let extents = extent_bytes(key_len as u64) + extent_bytes(value_len as u64);
+        return Some(u64::from(units) * BLOCK_UNIT_BYTES + extents);
+    }
     let units = block_units_for(key_len, EXTENT_DESCRIPTOR_BYTES, expires)?;
     Some(u64::from(units) * BLOCK_UNIT_BYTES + extent_bytes(value_len as u64))
 }
@@ -484,6 +557,25 @@ pub fn value_checksum(value: &[u8]) -> u64 {
 }
 
 impl Block<'_> {
+    /// Bytes of the key field: the key, or the descriptor of a long key.
+    pub fn inline_key_len(&self) -> usize {
+        if self.long_key.is_some() {
+            LONG_KEY_DESCRIPTOR_BYTES
+        } else {
+            self.key.len()
+        }
+    }
+
+    /// The digest of the block's key (`KeyHash::from_digest` derives its hash from it).
+    pub fn key_digest(&self) -> u128 {
+        self.long_key.map_or_else(|| key_digest(self.key), |long| long.digest)
+    }
+
+    /// The extents the block's item occupies: its value's, then its key's.
+    pub fn extents(&self) -> impl Iterator<Item = Extent> {
+        self.extent.into_iter().chain(self.long_key.map(|long| long.extent))
+    }
+
     /// Bytes after the key: the value, or the extent descriptor of an indirect block.
     pub fn inline_value_len(&self) -> usize {
         if self.extent.is_some() {
@@ -553,7 +645,15 @@ pub fn encode_block(out: &mut Vec<u8>, key: &[u8], value: &[u8], expires_at_ms: 
 
 /// Writes an indirect block for `key` whose value is in `extent` (see [`encode_block`]).
 pub fn encode_indirect_block(out: &mut Vec<u8>, key: &[u8], extent: &Extent, expires_at_ms: Option<u64>) -> u8 {
+    assert!(key.len() <= MAX_INLINE_KEY_BYTES, "a long key goes in an extent");
     encode_block_with(out, key, &extent.encode(), expires_at_ms, BLOCK_FLAG_INDIRECT)
+}
+
+/// Writes a long-key block: the key is in `long_key`'s extent, the value in `extent`.
+pub fn encode_long_key_block(out: &mut Vec<u8>, long_key: &LongKey, extent: &Extent, expires_at_ms: Option<u64>) -> u8 {
+    assert!(long_key.extent.value_len > MAX_INLINE_KEY_BYTES as u64, "a short key stays in its block");
+    let flags = BLOCK_FLAG_INDIRECT | BLOCK_FLAG_LONG_KEY;
+    encode_block_with(out, &long_key.encode(), &extent.encode(), expires_at_ms, flags)
 }
 
 fn encode_block_with(out: &mut Vec<u8>, key: &[u8], value: &[u8], expires_at_ms: Option<u64>, flags: u16) -> u8 {
@@ -602,11 +702,18 @@ pub fn decode_block(bytes: &[u8]) -> Option<Block<'_>> {
     let expires_at_ms = expires
         .then(|| u64::from_le_bytes(bytes[BLOCK_HEADER_BYTES..BLOCK_HEADER_BYTES + 8].try_into().expect("8 bytes")));
     let (key, value) = (&bytes[body..body + key_len], &bytes[body + key_len..end]);
-    if flags & BLOCK_FLAG_INDIRECT != 0 {
+    let indirect = flags & BLOCK_FLAG_INDIRECT != 0;
+    if flags & BLOCK_FLAG_LONG_KEY != 0 {
+        // A long key always comes with its value in an extent.
+        let long_key = Some(LongKey::decode(key).filter(|_| indirect)?);
         let extent = Some(Extent::decode(value)?);
-        return Some(Block { key, value: &[], expires_at_ms, extent });
+        return Some(Block { key: &[], value: &[], expires_at_ms, extent, long_key });
     }
-    Some(Block { key, value, expires_at_ms, extent: None })
+    if indirect {
+        let extent = Some(Extent::decode(value)?);
+        return Some(Block { key, value: &[], expires_at_ms, extent, long_key: None });
+    }
+    Some(Block { key, value, expires_at_ms, extent: None, long_key: None })
 }
 
 // ---- subtable geometry ----
@@ -705,11 +812,40 @@ mod tests {
             let mut out = Vec::new();
             let units = encode_indirect_block(&mut out, &key, &extent, expires_at_ms);
             let block = decode_block(&out).unwrap();
-            prop_assert_eq!(block, Block { key: &key, value: &[], expires_at_ms, extent: Some(extent) });
-            let slot = Slot { fingerprint: crate::hash::KeyHash::of(&key, 64).fingerprint, units, tag: 1, block: 64, indirect: true };
-            prop_assert!(slot.fits_block(&block, 64));
+            prop_assert_eq!(block, Block { key: &key, value: &[], expires_at_ms, extent: Some(extent), long_key: None });
+            let slot = Slot { fingerprint: digest_fingerprint(key_digest(&key)), units, tag: 1, block: 64, indirect: true };
+            prop_assert!(slot.fits_block(&block));
             let direct = Slot { indirect: false, ..slot };
-            prop_assert!(!direct.fits_block(&block, 64));
+            prop_assert!(!direct.fits_block(&block));
+        }
+
+        #[test]
+        fn long_key_blocks_round_trip(
+            key_len in (MAX_INLINE_KEY_BYTES + 1)..(MAX_INLINE_KEY_BYTES + 3000),
+            fill in any::<u8>(),
+            offsets in ((0u64..(1 << 40)).prop_map(|o| o << 6), (0u64..(1 << 40)).prop_map(|o| o << 6)),
+            value_len in 0..=MAX_VALUE_BYTES,
+            expires_at_ms in proptest::option::of(any::<u64>()),
+            flip in any::<usize>(),
+        ) {
+            let key = vec![fill; key_len];
+            let long_key = LongKey::of(offsets.0, &key);
+            let extent = Extent { offset: offsets.1, value_len, checksum: 7 };
+            let mut out = Vec::new();
+            let units = encode_long_key_block(&mut out, &long_key, &extent, expires_at_ms);
+            let block = decode_block(&out).unwrap();
+            let want = Block { key: &[], value: &[], expires_at_ms, extent: Some(extent), long_key: Some(long_key) };
+            prop_assert_eq!(block, want);
+            prop_assert_eq!(block.key_digest(), key_digest(&key));
+            prop_assert!(long_key.may_be(&key, key_digest(&key)));
+            prop_assert!(!long_key.may_be(&key[1..], key_digest(&key[1..])));
+            prop_assert_eq!(block.extents().collect::<Vec<_>>(), vec![extent, long_key.extent]);
+            let slot = Slot { fingerprint: digest_fingerprint(key_digest(&key)), units, tag: 1, block: 64, indirect: true };
+            prop_assert!(slot.fits_block(&block));
+            prop_assert_eq!(peek_block_header(&out), Some((units, expires_at_ms)));
+            let used = BLOCK_HEADER_BYTES + expires_at_ms.map_or(0, |_| BLOCK_EXPIRY_BYTES) + LONG_KEY_DESCRIPTOR_BYTES + EXTENT_DESCRIPTOR_BYTES;
+            out[flip % used] ^= 0x10;
+            prop_assert!(decode_block(&out).is_none());
         }
 
         #[test]
@@ -730,7 +866,7 @@ mod tests {
             prop_assert_eq!(out.len(), units as usize * 64);
             prop_assert_eq!(Some(units), block_units_for(key.len(), value.len(), expires_at_ms.is_some()));
             let block = decode_block(&out).unwrap();
-            prop_assert_eq!(block, Block { key: &key, value: &value, expires_at_ms, extent: None });
+            prop_assert_eq!(block, Block { key: &key, value: &value, expires_at_ms, extent: None, long_key: None });
             let used = BLOCK_HEADER_BYTES + expires_at_ms.map_or(0, |_| BLOCK_EXPIRY_BYTES) + key.len() + value.len();
             let at = flip % used;
             out[at] ^= 0x40;
@@ -752,7 +888,7 @@ mod tests {
             old.extend_from_slice(&xxh3_64_with_seed(&body, len_word).to_le_bytes());
             old.extend_from_slice(&body);
             old.resize(old.len().div_ceil(64) * 64, 0);
-            prop_assert_eq!(decode_block(&old), Some(Block { key: &key, value: &value, expires_at_ms: None, extent: None }));
+            prop_assert_eq!(decode_block(&old), Some(Block { key: &key, value: &value, expires_at_ms: None, extent: None, long_key: None }));
             let mut new = Vec::new();
             encode_block(&mut new, &key, &value, None);
             prop_assert_eq!(new, old, "a block without an expiry is written as before");
@@ -794,7 +930,7 @@ mod tests {
     #[test]
     fn unknown_flags_are_not_a_block() {
         // Well formed but for a flag this build does not know (its checksum is right).
-        let len_word = 1u64 | (0x02 << 16) | (1 << 32);
+        let len_word = 1u64 | (0x08 << 16) | (1 << 32);
         let mut out = len_word.to_le_bytes().to_vec();
         out.extend_from_slice(&xxh3_64_with_seed(b"kv", len_word).to_le_bytes());
         out.extend_from_slice(b"kv");
@@ -804,12 +940,15 @@ mod tests {
         let len_word = 1u64 | (1 << 32);
         out[..8].copy_from_slice(&len_word.to_le_bytes());
         out[8..16].copy_from_slice(&xxh3_64_with_seed(b"kv", len_word).to_le_bytes());
-        assert_eq!(decode_block(&out), Some(Block { key: b"k", value: b"v", expires_at_ms: None, extent: None }));
+        assert_eq!(
+            decode_block(&out),
+            Some(Block { key: b"k", value: b"v", expires_at_ms: None, extent: None, long_key: None })
+        );
     }
 
     #[test]
     fn an_item_lives_through_its_expiry_millisecond() {
-        let block = Block { key: b"k", value: b"v", expires_at_ms: Some(1000), extent: None };
+        let block = Block { key: b"k", value: b"v", expires_at_ms: Some(1000), extent: None, long_key: None };
         assert!(!block.expired_at(999) && !block.expired_at(1000) && block.expired_at(1001));
         assert!(!Block { expires_at_ms: None, ..block }.expired_at(u64::MAX));
     }

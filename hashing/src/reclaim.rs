@@ -123,12 +123,17 @@ pub fn reclaim(conn: &dyn Connection, layout: &Layout) -> Result<Reclaimed, Erro
         let reads: Vec<_> = group.iter().map(|s| b.read(s.block, s.block_bytes() as u32)).collect();
         conn.execute(&mut b)?;
         for read in reads {
-            match decode_block(b.read_result(read)?).and_then(|block| block.extent) {
-                Some(e) if e.offset >= heap && e.offset + e.bytes() <= top => {
+            let Some(block) = decode_block(b.read_result(read)?).filter(|block| block.extent.is_some()) else {
+                found.bad_extents += 1;
+                continue;
+            };
+            for e in block.extents() {
+                if e.offset >= heap && e.offset + e.bytes() <= top {
                     live.mark(e.offset, e.bytes());
                     found.extents.push((e.offset, e.bytes()));
+                } else {
+                    found.bad_extents += 1;
                 }
-                _ => found.bad_extents += 1,
             }
         }
     }

@@ -169,8 +169,8 @@ impl ScanLimits {
     }
 
     /// What a key costs against [`Self::max_bytes`].
-    pub fn key_cost(key: &[u8]) -> usize {
-        key.len() + SCAN_KEY_OVERHEAD_BYTES
+    pub fn key_cost(key_len: usize) -> usize {
+        key_len + SCAN_KEY_OVERHEAD_BYTES
     }
 }
 

@@ -389,14 +389,14 @@ impl Splitter {
             match decode_block(b.read_result(blocks[k])?) {
                 // Torn, or reused for a block its slot word was not written for.
                 None => slow.push((old_slot, new_slot)),
-                Some(block) if !slot.fits_block(&block, self.layout.groups_per_subtable) => {
-                    slow.push((old_slot, new_slot))
+                Some(block) if !slot.fits_block(&block) => slow.push((old_slot, new_slot)),
+                Some(block) => {
+                    match job.fate(KeyHash::from_digest(block.key_digest(), self.layout.groups_per_subtable).dir) {
+                        Fate::Stay => kept.push((old_slot, new_slot, word, false)),
+                        Fate::Move => moves.push((old_slot, new_slot, word)),
+                        Fate::Misplaced => kept.push((old_slot, new_slot, word, true)),
+                    }
                 }
-                Some(block) => match job.fate(KeyHash::of(block.key, self.layout.groups_per_subtable).dir) {
-                    Fate::Stay => kept.push((old_slot, new_slot, word, false)),
-                    Fate::Move => moves.push((old_slot, new_slot, word)),
-                    Fate::Misplaced => kept.push((old_slot, new_slot, word, true)),
-                },
             }
         }
         // Round 3: copy, then clear the old slot; and read each kept slot again (at most
@@ -445,12 +445,10 @@ impl Splitter {
             b.clear();
             let r = b.read(slot.block, slot.block_bytes() as u32);
             self.conn.execute(b)?;
-            let Some(block) =
-                decode_block(b.read_result(r)?).filter(|block| slot.fits_block(block, self.layout.groups_per_subtable))
-            else {
+            let Some(block) = decode_block(b.read_result(r)?).filter(|block| slot.fits_block(block)) else {
                 continue; // the slot changed and its old block was reused: look again
             };
-            match job.fate(KeyHash::of(block.key, self.layout.groups_per_subtable).dir) {
+            match job.fate(KeyHash::from_digest(block.key_digest(), self.layout.groups_per_subtable).dir) {
                 // Not re-checked here as round 3 does: under hot updates the slot may never
                 // hold still for three round trips, and a split must finish (see the note on
                 // invariant 7).

@@ -53,8 +53,9 @@ use crate::directory::{CachedEntry, DirectoryCache};
 use crate::error::Error;
 use crate::hash::KeyHash;
 use crate::layout::{
-    block_units_for, decode_block, encode_block, encode_indirect_block, sb, value_checksum, Extent, Layout, Slot,
-    EXTENT_DESCRIPTOR_BYTES, MAX_KEY_BYTES, MAX_VALUE_BYTES,
+    block_units_for, decode_block, encode_block, encode_indirect_block, encode_long_key_block, key_digest, sb,
+    value_checksum, Extent, Layout, LongKey, Slot, EXTENT_DESCRIPTOR_BYTES, LONG_KEY_DESCRIPTOR_BYTES,
+    MAX_INLINE_KEY_BYTES, MAX_KEY_BYTES, MAX_VALUE_BYTES,
 };
 use crate::probe::{Probe, ProbeReads};
 use crate::rpc::{self, method, SplitRequest};
@@ -619,9 +620,18 @@ struct NewBlock {
     units: u8,
     /// The extent holding the value, for an indirect block.
     extent: Option<Extent>,
+    /// The extent holding the key, for a long-key block.
+    long_key: Option<LongKey>,
     /// The expiry encoded in it.
     expires_at_ms: Option<u64>,
     word: u64,
+}
+
+impl NewBlock {
+    /// The extents the block's item occupies (as [`crate::layout::Block::extents`]).
+    fn extents(&self) -> impl Iterator<Item = Extent> {
+        self.extent.into_iter().chain(self.long_key.map(|long| long.extent))
+    }
 }
 
 enum Verified {
@@ -797,7 +807,7 @@ impl TableClient {
         let groups = self.shared.layout.groups_per_subtable;
         self.batch.clear();
         for key in keys {
-            Self::check_key(key, 0, false)?;
+            Self::check_key(key)?;
             let hash = self.hash(key);
             let cached = self.shared.directory.lookup(hash.dir);
             let cbs = hash.combined_buckets(cached.entry.subtable, groups);
@@ -1096,16 +1106,15 @@ impl TableClient {
         self.metrics.round_trips.inc();
     }
 
-    /// The units of a block for `key`, a value of `value_len` bytes and an expiry if
-    /// `expires`, after checking they fit one.
-    fn check_key(key: &[u8], value_len: usize, expires: bool) -> Result<u8, Error> {
+    /// Checks `key` is one the table can hold (not empty, not past [`MAX_KEY_BYTES`]).
+    fn check_key(key: &[u8]) -> Result<(), Error> {
         if key.is_empty() {
             return Err(Error::EmptyKey);
         }
-        if key.len() > u16::MAX as usize {
-            return Err(Error::TooLarge { key: key.len(), value: value_len });
+        if key.len() > MAX_KEY_BYTES {
+            return Err(Error::TooLarge { key: key.len(), value: 0 });
         }
-        block_units_for(key.len(), value_len, expires).ok_or(Error::TooLarge { key: key.len(), value: value_len })
+        Ok(())
     }
 
     fn hash(&self, key: &[u8]) -> KeyHash {
@@ -1176,21 +1185,21 @@ impl TableClient {
             reads[i] = Some(self.batch.read(slot.block, slot.block_bytes() as u32));
         }
         self.execute()?;
+        let long_keys_found = self.find_long_keys(key, &reads)?;
         let mut torn = false;
-        let groups = self.shared.layout.groups_per_subtable;
         let mut best: Option<(u64, ReadId)> = None;
         for (i, &(slot, word)) in self.cands.iter().enumerate() {
             let read = reads[i].expect("read issued");
             match decode_block(self.batch.read_result(read)?) {
                 None => torn = true,
-                Some(block) if block.key == key => {
+                Some(block) if block.key == key || long_keys_found.contains(&i) => {
                     self.copies.push(KeyCopy { slot, word, expires_at_ms: block.expires_at_ms });
                     if best.is_none_or(|(s, _)| slot < s) {
                         best = Some((slot, read));
                     }
                 }
                 // Another key whose fingerprint collides: the slot is its.
-                Some(block) if Slot::decode(word).is_some_and(|s| s.fits_block(&block, groups)) => {
+                Some(block) if Slot::decode(word).is_some_and(|s| s.fits_block(&block)) => {
                     self.others.push((slot, word))
                 }
                 // A block that cannot be the one its slot word was written for: reused
@@ -1227,10 +1236,74 @@ impl TableClient {
         Ok(Verified::Done)
     }
 
+    /// Which of the candidate blocks `reads` read hold `key`, when it is a long key: those
+    /// whose length and digest match, confirmed by reading the key. One that turns out to
+    /// hold other bytes counts as another key's (the absence check then makes sure its slot
+    /// held still, so its key extent was not reused under the read).
+    fn find_long_keys(&mut self, key: &[u8], reads: &[Option<ReadId>]) -> Result<Vec<usize>, Error> {
+        if key.len() <= MAX_INLINE_KEY_BYTES {
+            return Ok(Vec::new());
+        }
+        let digest = key_digest(key);
+        let mut maybe = Vec::new();
+        for (i, read) in reads.iter().enumerate().take(self.cands.len()) {
+            let read = read.expect("read issued");
+            if let Some(long) = decode_block(self.batch.read_result(read)?).and_then(|b| b.long_key) {
+                if long.may_be(key, digest) {
+                    maybe.push((i, long.extent));
+                }
+            }
+        }
+        if maybe.is_empty() {
+            return Ok(Vec::new());
+        }
+        // The candidates' reads stay in the batch for the caller: read the keys in another.
+        let candidates = std::mem::take(&mut self.batch);
+        let mut found = Vec::new();
+        let mut result = Ok(());
+        for (i, extent) in maybe {
+            match self.extent_holds(&extent, key) {
+                Ok(true) => found.push(i),
+                Ok(false) => {}
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        self.batch = candidates;
+        result.map(|()| found)
+    }
+
+    /// Whether `extent` holds exactly `bytes` (read a piece at a time, compared as it comes).
+    fn extent_holds(&mut self, extent: &Extent, bytes: &[u8]) -> Result<bool, Error> {
+        if extent.value_len != bytes.len() as u64 || !self.inside_heap(extent) {
+            return Ok(false);
+        }
+        let piece = racekv_transport::MAX_OP_BYTES as usize;
+        for (i, want) in bytes.chunks(piece).enumerate() {
+            self.batch.clear();
+            let read = self.batch.read(extent.offset + (i * piece) as u64, want.len() as u32);
+            self.execute()?;
+            if self.batch.read_result(read)? != want {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Whether `extent` lies inside the heap (a descriptor from a torn or reused block may
+    /// point anywhere).
+    fn inside_heap(&self, extent: &Extent) -> bool {
+        let layout = &self.shared.layout;
+        let end = extent.offset.checked_add(extent.value_len);
+        extent.offset >= layout.heap_offset && end.is_some_and(|e| e <= layout.region_len)
+    }
+
     /// Finds `key`: its value goes to `out`, its canonical copy is returned; None when it
     /// is absent or expired (an expired copy is removed on the way: lazy expiry).
     fn search(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<Option<KeyCopy>, Error> {
-        Self::check_key(key, 0, false)?;
+        Self::check_key(key)?;
         let hash = self.hash(key);
         let mut attempts = Attempts::new(self.shared.options.op_timeout);
         loop {
@@ -1348,8 +1421,8 @@ impl TableClient {
     /// leaves the extent to the memnode's next start (logged and counted).
     fn retire_extents(&mut self) {
         while let Some((block, units, instance)) = self.retired_indirect.pop() {
-            let extent = self.read_descriptor(block, units, instance);
-            let result = extent.and_then(|e| self.retire_extent(&e, instance));
+            let extents = self.read_descriptor(block, units, instance);
+            let result = extents.and_then(|extents| extents.iter().try_for_each(|e| self.retire_extent(e, instance)));
             if let Err(e) = result {
                 EXTENTS_LEAKED.inc();
                 tracing::warn!("an extent could not be retired (the memnode's next start reclaims it): {e}");
@@ -1357,8 +1430,8 @@ impl TableClient {
         }
     }
 
-    /// The extent an indirect block of ours (retired, in grace) describes.
-    fn read_descriptor(&mut self, block: u64, units: u8, instance: u64) -> Result<Extent, Error> {
+    /// The extents an indirect block of ours (retired, in grace) describes.
+    fn read_descriptor(&mut self, block: u64, units: u8, instance: u64) -> Result<Vec<Extent>, Error> {
         self.batch.clear();
         self.batch.require_instance(Some(instance));
         let read = self.batch.read(block, u32::from(units) * crate::layout::BLOCK_UNIT_BYTES as u32);
@@ -1366,7 +1439,8 @@ impl TableClient {
         self.batch.require_instance(None);
         executed?;
         decode_block(self.batch.read_result(read)?)
-            .and_then(|b| b.extent)
+            .filter(|b| b.extent.is_some())
+            .map(|b| b.extents().collect())
             .ok_or_else(|| Error::Corrupt(format!("the retired indirect block at {block} does not decode")))
     }
 
@@ -1416,23 +1490,14 @@ impl TableClient {
 
     /// Reads the value `extent` holds into `out` (appended); whether it matches the
     /// checksum its block keeps (a mismatch: the extent was freed and reused under us).
-    fn read_extent(&mut self, extent: &Extent, out: &mut Vec<u8>) -> Result<bool, Error> {
-        let layout = &self.shared.layout;
-        let end = extent.offset.checked_add(extent.value_len);
-        if extent.offset < layout.heap_offset || end.is_none_or(|e| e > layout.region_len) {
+    pub(super) fn read_extent(&mut self, extent: &Extent, out: &mut Vec<u8>) -> Result<bool, Error> {
+        if !self.inside_heap(extent) {
             return Ok(false);
         }
         let start = out.len();
-        out.reserve(extent.value_len as usize);
-        let piece = racekv_transport::MAX_OP_BYTES;
-        let mut at = 0;
-        while at < extent.value_len {
-            let n = piece.min(extent.value_len - at);
-            self.batch.clear();
-            let read = self.batch.read(extent.offset + at, n as u32);
-            self.execute()?;
-            out.extend_from_slice(self.batch.read_result(read)?);
-            at += n;
+        let round_trips = crate::words::read_bytes(&*self.conn, &mut self.batch, extent.offset, extent.value_len, out)?;
+        for _ in 0..round_trips {
+            self.count_round_trip();
         }
         Ok(value_checksum(&out[start..]) == extent.checksum)
     }
@@ -1484,37 +1549,62 @@ impl TableClient {
         value: Option<&[u8]>,
         expires_at_ms: Option<u64>,
     ) -> Result<Option<NewBlock>, Error> {
+        Self::check_key(key)?;
         let Some(value) = value else {
-            Self::check_key(key, 0, false)?;
             return Ok(None);
         };
         let expires = expires_at_ms.is_some();
-        match Self::check_key(key, value.len(), expires) {
-            Ok(units) => {
-                let block = self.alloc.alloc(units)?;
-                encode_block(&mut self.block, key, value, expires_at_ms);
-                let word = self.next_word(hash, block, units, false);
-                return Ok(Some(NewBlock { block, units, extent: None, expires_at_ms, word }));
-            }
-            Err(Error::TooLarge { .. }) => {} // for a block: an extent, then
-            Err(e) => return Err(e),
+        if let Some(units) = block_units_for(key.len(), value.len(), expires) {
+            let block = self.alloc.alloc(units)?;
+            encode_block(&mut self.block, key, value, expires_at_ms);
+            let word = self.next_word(hash, block, units, false);
+            return Ok(Some(NewBlock { block, units, extent: None, long_key: None, expires_at_ms, word }));
         }
-        if key.len() > MAX_KEY_BYTES || value.len() as u64 > MAX_VALUE_BYTES {
+        if value.len() as u64 > MAX_VALUE_BYTES {
             return Err(Error::TooLarge { key: key.len(), value: value.len() });
         }
-        let units = block_units_for(key.len(), EXTENT_DESCRIPTOR_BYTES, expires).expect("keys this short fit");
+        // Too large for a block: the value in an extent, and a long key in another.
+        let long = key.len() > MAX_INLINE_KEY_BYTES;
+        let inline_key_len = if long { LONG_KEY_DESCRIPTOR_BYTES } else { key.len() };
+        let units = block_units_for(inline_key_len, EXTENT_DESCRIPTOR_BYTES, expires).expect("descriptors fit a block");
         let block = self.alloc.alloc(units)?;
         let run = self.alloc.instance().expect("an allocated block belongs to a run");
-        let extent = match self.write_extent(value, run) {
-            Ok(extent) => extent,
+        let (extent, long_key) = match self.write_extents(key, value, long, run) {
+            Ok(extents) => extents,
             Err(e) => {
                 self.alloc.release_unpublished(block, units, run);
                 return Err(e);
             }
         };
-        encode_indirect_block(&mut self.block, key, &extent, expires_at_ms);
+        match &long_key {
+            Some(long_key) => encode_long_key_block(&mut self.block, long_key, &extent, expires_at_ms),
+            None => encode_indirect_block(&mut self.block, key, &extent, expires_at_ms),
+        };
         let word = self.next_word(hash, block, units, true);
-        Ok(Some(NewBlock { block, units, extent: Some(extent), expires_at_ms, word }))
+        Ok(Some(NewBlock { block, units, extent: Some(extent), long_key, expires_at_ms, word }))
+    }
+
+    /// Writes `value`, and `key` when `long`, each in an extent of server instance `run`.
+    fn write_extents(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        long: bool,
+        run: u64,
+    ) -> Result<(Extent, Option<LongKey>), Error> {
+        let long_key = match long {
+            true => Some(LongKey { extent: self.write_extent(key, run)?, digest: key_digest(key) }),
+            false => None,
+        };
+        match self.write_extent(value, run) {
+            Ok(extent) => Ok((extent, long_key)),
+            Err(e) => {
+                if let Some(long_key) = long_key {
+                    let _ = self.retire_extent(&long_key.extent, run);
+                }
+                Err(e)
+            }
+        }
     }
 
     /// One attempt of [`Self::mutate`]; an error comes with how far the new block got.
@@ -1540,17 +1630,17 @@ impl TableClient {
                 BlockState::Unpublished => self.alloc.release_unpublished(new.block, new.units, run),
                 BlockState::VisibleNotInSlot => self.alloc.retire(new.block, new.units, run),
                 BlockState::InSlot | BlockState::RetiredByOther => {}
-                BlockState::MaybeInSlot => {
-                    if new.extent.is_some() {
-                        EXTENTS_LEAKED.inc();
-                    }
-                }
+                BlockState::MaybeInSlot => EXTENTS_LEAKED.inc_by(new.extents().count() as u64),
             }
-            // Our extent goes with our block (the memnode waits out the grace period).
-            if let (Some(extent), BlockState::Unpublished | BlockState::VisibleNotInSlot) = (new.extent, state) {
-                if let Err(e) = self.retire_extent(&extent, run) {
-                    EXTENTS_LEAKED.inc();
-                    tracing::warn!("an unused extent could not be retired (the memnode's next start reclaims it): {e}");
+            // Our extents go with our block (the memnode waits out the grace period).
+            if matches!(state, BlockState::Unpublished | BlockState::VisibleNotInSlot) {
+                for extent in new.extents() {
+                    if let Err(e) = self.retire_extent(&extent, run) {
+                        EXTENTS_LEAKED.inc();
+                        tracing::warn!(
+                            "an unused extent could not be retired (the memnode's next start reclaims it): {e}"
+                        );
+                    }
                 }
             }
         }

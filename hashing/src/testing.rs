@@ -168,7 +168,7 @@ pub struct ScannedItem {
 pub fn scan(conn: &dyn Connection, layout: &Layout) -> Vec<ScannedItem> {
     use crate::hash::KeyHash;
     use crate::layout::{decode_block, parse_bucket, sb, slot_offset, DirEntry, Slot, BUCKET_BYTES};
-    use crate::words::read_word;
+    use crate::words::{read_bytes, read_word};
     use racekv_transport::Batch;
 
     let mut b = Batch::new();
@@ -198,17 +198,16 @@ pub fn scan(conn: &dyn Connection, layout: &Layout) -> Vec<ScannedItem> {
                 let r = b.read(slot.block, slot.block_bytes() as u32);
                 conn.execute(&mut b).unwrap();
                 let block = decode_block(b.read_result(r).unwrap()).expect("every slot points to a valid block");
-                let dir = KeyHash::of(block.key, layout.groups_per_subtable).dir;
-                let (key, expires_at_ms, extent) = (block.key.to_vec(), block.expires_at_ms, block.extent);
+                let dir = KeyHash::from_digest(block.key_digest(), layout.groups_per_subtable).dir;
+                let (mut key, expires_at_ms, extent, long_key) =
+                    (block.key.to_vec(), block.expires_at_ms, block.extent, block.long_key);
                 let mut value = block.value.to_vec();
                 if let Some(extent) = extent {
-                    let piece = racekv_transport::MAX_OP_BYTES;
-                    for at in (0..extent.value_len).step_by(piece as usize) {
-                        b.clear();
-                        let r = b.read(extent.offset + at, piece.min(extent.value_len - at) as u32);
-                        conn.execute(&mut b).unwrap();
-                        value.extend_from_slice(b.read_result(r).unwrap());
-                    }
+                    read_bytes(conn, &mut b, extent.offset, extent.value_len, &mut value).unwrap();
+                }
+                if let Some(long_key) = long_key {
+                    key.clear();
+                    read_bytes(conn, &mut b, long_key.extent.offset, long_key.extent.value_len, &mut key).unwrap();
                 }
                 items.push(ScannedItem {
                     key,

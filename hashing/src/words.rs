@@ -1,7 +1,8 @@
 //! Reading and writing 8-byte words of the region over a connection: the superblock's
-//! counters, list links, directory entries.
+//! counters, list links, directory entries; and runs of bytes longer than one READ (value
+//! and key extents).
 
-use racekv_transport::{Batch, Connection, MAX_BATCH_OPS};
+use racekv_transport::{Batch, Connection, MAX_BATCH_OPS, MAX_OP_BYTES};
 
 use crate::error::Error;
 
@@ -29,4 +30,28 @@ pub(crate) fn write_words(conn: &dyn Connection, b: &mut Batch, words: &[(u64, u
         conn.execute(b)?;
     }
     Ok(())
+}
+
+/// READs `len` bytes from `offset` on, appended to `out`, one [`MAX_OP_BYTES`] piece per
+/// round trip (reusing `b`); returns the round trips it took.
+pub(crate) fn read_bytes(
+    conn: &dyn Connection,
+    b: &mut Batch,
+    offset: u64,
+    len: u64,
+    out: &mut Vec<u8>,
+) -> Result<u64, Error> {
+    out.reserve(len as usize);
+    let mut at = 0;
+    let mut round_trips = 0;
+    while at < len {
+        let n = MAX_OP_BYTES.min(len - at);
+        b.clear();
+        let read = b.read(offset + at, n as u32);
+        conn.execute(b)?;
+        round_trips += 1;
+        out.extend_from_slice(b.read_result(read)?);
+        at += n;
+    }
+    Ok(round_trips)
 }

@@ -3,6 +3,8 @@
 //! Byte-exact round trips across transports and sizes (past one transport operation's
 //! 16 MiB), every way a value is replaced or removed giving its extent back, a restart
 //! finding live extents again, and readers racing writers that never see a torn value.
+//! Keys too long for a block, in extents of their own: the same, and found by scans and
+//! moved by splits without reading them.
 //!
 //! Not built with `rdma`: that build runs in the emulated Soft-RoCE VM for the verbs suites,
 //! and these have no verbs case (moving hundreds of MiB under emulation only costs time).
@@ -14,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use racekv_hashing::clock::now_unix_ms;
 use racekv_hashing::expiry::ExpiryOptions;
-use racekv_hashing::layout::{MAX_KEY_BYTES, MAX_KV_BYTES};
+use racekv_hashing::layout::{MAX_INLINE_KEY_BYTES, MAX_KEY_BYTES, MAX_KV_BYTES};
+use racekv_hashing::scan::{ScanLimits, TableCursor};
 use racekv_hashing::testing::{TestMemnode, Via};
 use racekv_hashing::{Error, Expiry, PutOptions, PutOutcome, TableOptions};
 use racekv_transport::TransportKind;
@@ -156,9 +159,11 @@ fn limits_are_clear_errors() {
     let table = memnode.table(options());
     let mut c = table.client(memnode.connect());
     let long_key = vec![b'k'; MAX_KEY_BYTES + 1];
-    let e = c.put(&long_key, &vec![0u8; 100_000]).unwrap_err();
+    let e = c.put(&long_key, b"v").unwrap_err();
     assert!(matches!(e, Error::TooLarge { .. }), "{e}");
     assert!(e.to_string().contains("keys take at most"), "{e}");
+    assert!(matches!(c.get(&long_key).unwrap_err(), Error::TooLarge { .. }));
+    assert!(matches!(c.put(b"", b"v").unwrap_err(), Error::EmptyKey));
     // Longer than the region holds: the memnode's clear out-of-memory, and nothing leaks.
     let e = c.put(b"huge", &vec![0u8; 32 * MIB as usize]).unwrap_err();
     assert!(matches!(e, Error::OutOfMemory(_)), "{e}");
@@ -257,4 +262,148 @@ fn readers_never_see_a_torn_value_local() {
 #[test]
 fn readers_never_see_a_torn_value_tcp() {
     readers_never_see_a_torn_value(Via::Transport(TransportKind::Tcp));
+}
+
+/// A key of `len` bytes, distinct per `seed` (and differing from another seed's only at its
+/// end, so a comparison that stops early would confuse them).
+fn long_key(len: usize, seed: u8) -> Vec<u8> {
+    let mut key = vec![b'L'; len];
+    key[len - 1] = seed;
+    key
+}
+
+fn all_keys(c: &mut racekv_hashing::TableClient) -> Vec<Vec<u8>> {
+    let (mut keys, mut cursor) = (Vec::new(), Some(TableCursor::START));
+    while let Some(at) = cursor {
+        let page = c.scan(at, ScanLimits::new(100, 1000, 64 << 20)).unwrap();
+        keys.extend(page.keys);
+        cursor = page.next;
+    }
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+fn long_keys_round_trip(via: Via) {
+    let memnode = TestMemnode::start(via, 256 * MIB, 16);
+    let table = memnode.table(options());
+    let mut c = table.client(memnode.connect());
+    let extents = memnode.extents();
+    // (key length, value length): a long key fits a block with a tiny value; past it, or
+    // past the inline limit, the key goes to an extent; up to a key past one READ (16 MiB).
+    let cases = [
+        (MAX_INLINE_KEY_BYTES, 3 * MIB as usize),
+        (MAX_INLINE_KEY_BYTES + 1, 0),
+        (MAX_KV_BYTES - 1, 1),
+        (MAX_KV_BYTES, 0),
+        (100_000, 5),
+        (MIB as usize, 2 * MIB as usize),
+        ((16 << 20) + 777, 1000),
+    ];
+    let mut want = Vec::new();
+    for (i, &(key_len, value_len)) in cases.iter().enumerate() {
+        let key = long_key(key_len, i as u8);
+        let value = pattern(value_len, i as u8);
+        assert_eq!(c.put(&key, &value).unwrap(), PutOutcome::Inserted, "key {key_len} B, value {value_len} B");
+        assert!(c.get(&key).unwrap().as_deref() == Some(&value[..]), "key {key_len} B");
+        // The same length, one byte different: another key.
+        assert_eq!(c.get(&long_key(key_len, 200 + i as u8)).unwrap(), None, "key {key_len} B");
+        want.push((key, value));
+    }
+    let refs: Vec<&[u8]> = want.iter().map(|(k, _)| &k[..]).collect();
+    let got = c.get_many(&refs).unwrap();
+    for ((key, value), got) in want.iter().zip(&got) {
+        assert!(got.as_deref() == Some(&value[..]), "get_many of a {} B key", key.len());
+    }
+    let mut keys: Vec<Vec<u8>> = want.iter().map(|(k, _)| k.clone()).collect();
+    keys.sort();
+    assert!(all_keys(&mut c) == keys, "a scan returns every long key whole");
+    let item = c.get_item(&want[5].0).unwrap().unwrap();
+    assert!(item.value == want[5].1);
+
+    // Overwrite small over large and back, CAS, delete: every extent comes back.
+    let (key, value) = &want[5];
+    assert_eq!(c.put(key, b"tiny").unwrap(), PutOutcome::Updated);
+    assert_eq!(c.get(key).unwrap().as_deref(), Some(&b"tiny"[..]));
+    assert!(c.compare_and_swap(key, Some(b"tiny"), Some(value)).unwrap());
+    assert!(!c.compare_and_swap(key, Some(b"tiny"), None).unwrap());
+    assert!(c.compare_and_swap(key, Some(value), None).unwrap());
+    assert_eq!(c.get(key).unwrap(), None);
+    assert!(!c.delete(key).unwrap());
+    for (key, _) in &want {
+        c.delete(key).unwrap();
+    }
+    assert_eq!(extents.live_bytes(), 0, "deletes retire key and value extents");
+    assert!(all_keys(&mut c).is_empty());
+    extents_settle(&memnode);
+}
+
+#[test]
+fn long_keys_round_trip_local() {
+    long_keys_round_trip(Via::Local);
+}
+
+#[test]
+fn long_keys_round_trip_tcp() {
+    long_keys_round_trip(Via::Transport(TransportKind::Tcp));
+}
+
+/// Enough long keys to split the table several times: splits place them by the digest
+/// their blocks keep, and every one is still found, once, afterwards.
+#[test]
+fn splits_move_long_keys() {
+    let memnode = TestMemnode::start(Via::Local, 256 * MIB, 4);
+    let table = memnode.table(options());
+    let mut c = table.client(memnode.connect());
+    let depth_before = c.table_stats().unwrap().global_depth;
+    let keys: Vec<Vec<u8>> = (0..600u32)
+        .map(|i| {
+            let mut key = format!("{i}:").into_bytes();
+            key.resize(MAX_INLINE_KEY_BYTES + 1 + (i as usize % 500), b'.');
+            key
+        })
+        .collect();
+    for (i, key) in keys.iter().enumerate() {
+        c.put(key, &pattern(i % 300, i as u8)).unwrap();
+    }
+    assert!(c.table_stats().unwrap().global_depth > depth_before, "the table split");
+    for (i, key) in keys.iter().enumerate() {
+        assert!(c.get(key).unwrap().as_deref() == Some(&pattern(i % 300, i as u8)[..]), "key {i}");
+    }
+    let mut sorted = keys.clone();
+    sorted.sort();
+    assert!(all_keys(&mut c) == sorted);
+    let items = racekv_hashing::testing::scan(&*memnode.connect(), &memnode.layout());
+    assert_eq!(items.len(), keys.len(), "one copy each");
+    assert!(items.iter().all(|item| item.admitted), "every key in a bucket that admits it");
+}
+
+/// Expiry (lazy and active) and a restart's reclaim know key extents too.
+#[test]
+fn expiry_and_reclaim_handle_long_keys() {
+    let memnode = TestMemnode::start(Via::Local, 128 * MIB, 16);
+    let table = memnode.table(options());
+    let mut c = table.client(memnode.connect());
+    let extents = memnode.extents();
+    let key_bytes = |len: usize| (len as u64).div_ceil(64) * 64;
+    let expired = PutOptions { expiry: Expiry::At(now_unix_ms() - 1000), ..PutOptions::default() };
+    let (lazy, active, kept) = (long_key(40_000, 1), long_key(50_000, 2), long_key(60_000, 3));
+    c.put_opts(&lazy, b"v", expired).unwrap();
+    c.put_opts(&active, b"v", expired).unwrap();
+    c.put(&kept, b"kept").unwrap();
+    assert_eq!(extents.live_bytes(), key_bytes(40_000) + key_bytes(50_000) + key_bytes(60_000) + 3 * 64);
+    assert_eq!(c.get(&lazy).unwrap(), None);
+    let mut sweep =
+        memnode.active_expiry(ExpiryOptions { grace: Duration::from_millis(1), ..ExpiryOptions::default() });
+    sweep.cycle().unwrap();
+    assert_eq!(extents.live_bytes(), key_bytes(60_000) + 64, "only the kept item's two extents");
+    extents_settle(&memnode);
+    std::mem::forget(c);
+    let found = memnode.reclaim_as_if_restarted();
+    let mut sizes: Vec<u64> = found.extents.iter().map(|e| e.1).collect();
+    sizes.sort();
+    assert_eq!(sizes, vec![64, key_bytes(60_000)], "{found:?}");
+    assert_eq!(found.bad_extents, 0);
+    let mut c = table.client(memnode.connect());
+    assert_eq!(c.get(&kept).unwrap().as_deref(), Some(&b"kept"[..]));
 }

@@ -120,7 +120,33 @@ def large_values(r):
     assert r.delete(k("big"), k("doc")) == 2
 
 
-SCENARIOS = [cache_with_ttls, session_store, rate_limiter, bulk_mget_mset, scan_iteration, binary_keys_and_values, large_values]
+def long_keys(r):
+    # Keys of 100 KB and 2 MiB (a document's hash as its own key, a cache keyed by a query):
+    # byte-exact with their values, a TTL, EXISTS, found by SCAN MATCH, deleted.
+    for size in (100_000, 2 << 20):
+        key = (PREFIX + "long:").encode() + bytes(range(256)) * (size // 256)
+        other = key[:-1] + b"\x00"  # same length, differs only at the end
+        assert r.set(key, b"v" * 1000, ex=600) is True
+        assert r.get(key) == b"v" * 1000
+        assert r.get(other) is None
+        assert r.exists(key, other) == 1
+        assert 0 < r.ttl(key) <= 600
+        found = list(r.scan_iter(match=PREFIX + "long:*", count=1000))
+        assert found == [key], f"SCAN found {len(found)} keys of {[len(f) for f in found]} B"
+        assert r.delete(key) == 1
+        assert r.exists(key) == 0
+
+
+SCENARIOS = [
+    cache_with_ttls,
+    session_store,
+    rate_limiter,
+    bulk_mget_mset,
+    scan_iteration,
+    binary_keys_and_values,
+    large_values,
+    long_keys,
+]
 
 
 def main():

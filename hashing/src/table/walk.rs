@@ -14,7 +14,7 @@ use racekv_transport::ReadId;
 use super::{Attempts, TableClient};
 use crate::error::Error;
 use crate::hash::KeyHash;
-use crate::layout::{decode_block, slot_offset, BucketHeader, Slot, BUCKET_BYTES, SLOTS_PER_BUCKET};
+use crate::layout::{decode_block, slot_offset, BucketHeader, Extent, Slot, BUCKET_BYTES, SLOTS_PER_BUCKET};
 use crate::scan::{
     ScanLimits, ScanPage, TableCursor, SCAN_CHUNK_BUCKETS, SCAN_MAX_IDLE_STEPS, SCAN_SLOTS_PER_WANTED_KEY,
 };
@@ -34,6 +34,21 @@ struct Run {
     sent: Stamp,
     /// Slot index just past the run.
     end: u64,
+}
+
+/// A key a scan step found: in its block, or a long key in an extent still to read.
+enum FoundKey {
+    Inline(Vec<u8>),
+    Long(Extent),
+}
+
+impl FoundKey {
+    fn len(&self) -> usize {
+        match self {
+            Self::Inline(key) => key.len(),
+            Self::Long(extent) => extent.value_len as usize,
+        }
+    }
 }
 
 /// What a step's cursor should do after acting on a run.
@@ -244,18 +259,22 @@ impl TableClient {
             // Judge slots in order and stop at the first one that cannot be judged: its block
             // changed under the read (it will be read again).
             let mut cut = None;
-            let mut judged: Vec<(u64, u64, Option<Vec<u8>>)> = Vec::with_capacity(cands.len());
+            let mut judged: Vec<(u64, u64, Option<FoundKey>)> = Vec::with_capacity(cands.len());
             let now_ms = crate::clock::now_unix_ms();
             for (&(index, slot_at, word), read) in cands.iter().zip(&reads) {
                 let slot = Slot::decode(word).expect("used slots decode");
                 match decode_block(self.batch.read_result(*read)?) {
-                    Some(block) if slot.fits_block(&block, groups) => {
+                    Some(block) if slot.fits_block(&block) => {
                         // An entry the header does not admit is an insert its client is
                         // about to undo (`split.rs`, invariant 6): not a key of this table.
                         // An expired one is absent, as to every other operation.
-                        let admitted = header.admits(KeyHash::of(block.key, groups).dir);
+                        let admitted = header.admits(KeyHash::from_digest(block.key_digest(), groups).dir);
                         let live = admitted && !block.expired_at(now_ms);
-                        judged.push((index, slot_at, live.then(|| block.key.to_vec())));
+                        let key = match block.long_key {
+                            Some(long) => FoundKey::Long(long.extent),
+                            None => FoundKey::Inline(block.key.to_vec()),
+                        };
+                        judged.push((index, slot_at, live.then_some(key)));
                     }
                     _ => {
                         self.stats.torn_reads += 1;
@@ -280,12 +299,24 @@ impl TableClient {
             let mut limited = false;
             for (index, _, key) in judged {
                 let Some(key) = key else { continue };
-                let cost = ScanLimits::key_cost(&key);
+                let cost = ScanLimits::key_cost(key.len());
                 if !keys.is_empty() && (keys.len() >= limits.max_keys || bytes + cost > limits.max_bytes) {
                     cut = Some(index);
                     limited = true;
                     break;
                 }
+                let key = match key {
+                    FoundKey::Inline(key) => key,
+                    FoundKey::Long(extent) => {
+                        let mut key = Vec::new();
+                        if !self.read_extent(&extent, &mut key)? {
+                            // Its block was retired and the extent reused since: look again.
+                            cut = Some(index);
+                            break;
+                        }
+                        key
+                    }
+                };
                 bytes += cost;
                 keys.push(key);
             }

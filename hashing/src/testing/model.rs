@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{scan, Fault, FaultyConnection, TestMemnode, Via};
-use crate::layout::{block_units_for, extent_bytes, MAX_KV_BYTES};
+use crate::layout::{block_units_for, extent_bytes, MAX_INLINE_KEY_BYTES, MAX_KV_BYTES};
 use crate::{
     Error, Expiry, ExpiryUpdate, PutMode, PutOptions, PutOutcome, PutResult, Table, TableClient, TableOptions,
 };
@@ -255,10 +255,16 @@ impl<'a> Driver<'a> {
         }
     }
 
-    /// Key `i` (of `keys`): lengths vary a little, so the extent threshold moves with them.
+    /// Key `i` (of `keys`): lengths vary a little, so the extent threshold moves with them,
+    /// and one in 8 is about as long as a block holds, either side of the long-key threshold
+    /// (small values fit a block with it; larger ones put it in an extent of its own).
     pub fn key(&self, i: u16) -> Vec<u8> {
         let i = i % self.keys;
-        let pad = if i.is_multiple_of(4) { usize::from(i % 23) } else { 0 };
+        let pad = match i % 8 {
+            0 | 4 => usize::from(i % 23),
+            5 => MAX_INLINE_KEY_BYTES - 24 + usize::from(i % 48),
+            _ => 0,
+        };
         format!("{}key:{i}{}", self.prefix, ".".repeat(pad)).into_bytes()
     }
 
@@ -357,9 +363,7 @@ impl<'a> Driver<'a> {
             _ => None,
         };
         if let (Some(len), None) = (expired_write, new) {
-            if block_units_for(key.len(), len, true).is_none() {
-                *self.ghosts.entry(key.to_vec()).or_default() += extent_bytes(len as u64);
-            }
+            *self.ghosts.entry(key.to_vec()).or_default() += large_extent(key, len);
         }
     }
 
@@ -596,9 +600,7 @@ pub fn check_table(memnode: &TestMemnode, oracle: &mut TableClient, model: &Mode
     for item in &items {
         assert!(item.admitted, "check: {:?} sits in a bucket that does not admit it", item.key);
         *seen.entry(&item.key[..]).or_default() += 1;
-        if block_units_for(item.key.len(), item.value.len(), item.expires_at_ms.is_some()).is_none() {
-            referenced += extent_bytes(item.value.len() as u64);
-        }
+        referenced += extents_of(item.key.len(), item.value.len(), item.expires_at_ms.is_some());
         if item.expires_at_ms.is_some_and(|at| at < now) {
             assert!(!model.contains_key(&item.key), "check: {:?} is in the model but expired in the table", item.key);
             continue;
@@ -631,11 +633,16 @@ pub fn check_table(memnode: &TestMemnode, oracle: &mut TableClient, model: &Mode
 /// The extent bytes of a value of `len` bytes for `key`, if it is large with an expiry
 /// (8 bytes less fit a block then: an upper bound for either way).
 fn large_extent(key: &[u8], len: usize) -> u64 {
-    if block_units_for(key.len(), len, true).is_none() {
-        extent_bytes(len as u64)
-    } else {
-        0
+    extents_of(key.len(), len, true)
+}
+
+/// The extent bytes of an item too large for a block: its value's, and a long key's.
+fn extents_of(key_len: usize, value_len: usize, expires: bool) -> u64 {
+    if block_units_for(key_len, value_len, expires).is_some() {
+        return 0;
     }
+    let key = if key_len > MAX_INLINE_KEY_BYTES { extent_bytes(key_len as u64) } else { 0 };
+    extent_bytes(value_len as u64) + key
 }
 
 /// A state, short: value length and a few bytes, expiry.
