@@ -1,6 +1,5 @@
-//! Where a key goes: its directory hash, fingerprint and two combined buckets.
-
-use crate::layout::{combined_bucket, CombinedBucket};
+//! Where a key goes: its directory hash, fingerprint and two combined buckets (their offsets
+//! in a subtable are layout: `KeyHash::combined_buckets` is in `layout.rs`).
 
 /// Everything the table derives from a key's bytes (one xxh3-128 per operation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,11 +26,6 @@ impl KeyHash {
             g2 = (g1 + 1) % u64::from(groups_per_subtable);
         }
         Self { dir: lo, fingerprint: (lo >> 56) as u8, choices: [(g1, s1), (g2, s2)] }
-    }
-
-    /// The key's two combined buckets in the subtable at `subtable`.
-    pub fn combined_buckets(&self, subtable: u64, groups_per_subtable: u32) -> [CombinedBucket; 2] {
-        self.choices.map(|(group, side)| combined_bucket(subtable, groups_per_subtable, group, side))
     }
 }
 

@@ -640,6 +640,13 @@ pub fn combined_bucket(subtable: u64, groups: u32, group: u64, side: u8) -> Comb
     CombinedBucket { offset: subtable + group * GROUP_BYTES + u64::from(side) * BUCKET_BYTES, side }
 }
 
+impl crate::hash::KeyHash {
+    /// The key's two combined buckets in the subtable at `subtable`.
+    pub fn combined_buckets(&self, subtable: u64, groups_per_subtable: u32) -> [CombinedBucket; 2] {
+        self.choices.map(|(group, side)| combined_bucket(subtable, groups_per_subtable, group, side))
+    }
+}
+
 /// Offset of slot `slot` in the bucket at `bucket`.
 pub fn slot_offset(bucket: u64, slot: usize) -> u64 {
     debug_assert!(slot < SLOTS_PER_BUCKET);
