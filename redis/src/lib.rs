@@ -26,6 +26,7 @@
 
 pub mod acl;
 mod clients;
+mod command;
 pub mod commands;
 mod conn;
 mod event_loop;
@@ -37,6 +38,7 @@ mod inline;
 mod memstore;
 mod metrics;
 pub mod options;
+mod protocol_error;
 pub mod reply;
 pub mod resp;
 pub mod server;
