@@ -13,16 +13,22 @@ item of B:
   * a path in code (`crate::a::b()`, `super::X`, `child::Y::new()`).
 A path is resolved to the file that defines the item: through modules, and through `use`
 re-exports (`crate::Error` re-exported by lib.rs from error.rs is an edge to error.rs, not
-to lib.rs). The module tree itself is not an edge: a file declaring `mod child;` and
-re-exporting (`pub use`) items of its own descendants does not depend on them. But a parent
-whose own code uses a child's items depends on that child, so a child that also uses items
-defined in the parent file makes a circle.
+to lib.rs).
+
+The module tree itself is not an import: a file and the files of its own ancestor modules
+(lib.rs or a mod.rs and the children it declares, at any depth) are one unit, so edges
+between them are not counted: a parent declaring, re-exporting and dispatching to its
+children, and children using the items their parent file defines for them, is how a Rust
+module is built. Every other edge counts, so a child of A importing B while B imports A is
+still a circle. `--strict` counts the edges between a file and its ancestors too (then only
+a parent re-exporting its descendants with `pub use` is exempt).
 
 Skipped: tests/, benches/, examples/, fuzz/ and target/ (they sit on top of a crate's
 library and are not part of its module tree).
 
-Usage: python3 ops/check-import-cycles.py [repo root]; exit status 1 and one chain of file
-paths per cycle when there is any.
+Usage: python3 ops/check-import-cycles.py [--strict] [--edges] [repo root]
+Exit status 1 when there is a cycle, with one chain of `file:line` steps per cycle (the line
+of the first import of the next file); `--edges` also prints every edge.
 """
 
 import os
