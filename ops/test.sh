@@ -4,9 +4,10 @@
 #   bash ops/test.sh           everything (about 30-40 minutes on 2 cores)
 #   bash ops/test.sh --quick   skip the Soft-RoCE VM suite and fuzzing
 #
-# Steps: packages; rustfmt; clippy (warnings are errors); `cargo test --workspace`; the
-# `rdma` build; the verbs suites (transport conformance, table suite, end to end) in the
-# Soft-RoCE VM; a real Prometheus scraping a real memnode; each fuzz target for a while.
+# Steps: packages; rustfmt; no import cycle between source files; clippy (warnings are
+# errors); `cargo test --workspace`; the `rdma` build; the verbs suites (transport
+# conformance, table suite, end to end) in the Soft-RoCE VM; a real Prometheus scraping a
+# real memnode; each fuzz target for a while.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -21,6 +22,9 @@ if [[ $(id -u) -eq 0 ]]; then ops/install-packages.sh; else ops/install-packages
 
 step "rustfmt"
 cargo fmt --all -- --check
+
+step "no import cycle between source files"
+python3 ops/check-import-cycles.py
 
 step "clippy"
 cargo clippy --workspace --all-targets -- -D warnings

@@ -1,4 +1,4 @@
-//! Event loops for [`IoModel::EventLoop`](super::server::IoModel): each loop thread owns its
+//! Event loops for [`IoModel::EventLoop`](super::options::IoModel): each loop thread owns its
 //! connections (socket, parser, replies not yet written, storage session) and serves
 //! whichever are ready, executing their commands inline, as redis-server does. A client that
 //! keeps one request outstanding then costs no wake-up of a sleeping thread per request:
@@ -25,8 +25,8 @@ use super::commands::Client;
 use super::metrics::METRICS;
 use super::reply::Output;
 use super::resp::Parser;
-use super::server::{
-    feed, new_client, new_parser, release, run_commands, Shared, Step, LINGER, LINGER_MAX_BYTES, READ_CHUNK_BYTES,
+use super::serving::{
+    feed, new_client, new_parser, release, run_commands, Serving, Step, LINGER, LINGER_MAX_BYTES, READ_CHUNK_BYTES,
 };
 
 /// Reads one connection gets before the loop turns to the others.
@@ -87,7 +87,7 @@ impl Loop {
     }
 
     /// Releases connections accepted but never taken in (at shutdown).
-    pub fn release_inbox(&self, shared: &Shared) {
+    pub fn release_inbox(&self, shared: &Serving) {
         for (id, stream, _) in self.inbox.lock().drain(..) {
             let _ = stream.shutdown(Shutdown::Both);
             release(shared, id, "shutdown");
@@ -128,9 +128,8 @@ struct Conn {
     discarded: usize,
 }
 
-/// The loop thread: serves loop `index` of `shared` until the server stops.
-pub(crate) fn run(shared: &Shared, index: usize) {
-    let this = &shared.loops[index];
+/// The loop thread: serves the connections of `this`, loop `index`, until the server stops.
+pub(crate) fn run(shared: &Serving, this: &Loop, index: usize) {
     let Some(mut poll) = this.poll.lock().take() else {
         tracing::error!("redis front end: event loop {index} started twice");
         return;
@@ -233,7 +232,7 @@ fn poll_events(poll: &mut Poll, events: &mut Events, spin: Duration, timeout: Du
     poll.poll(events, Some(timeout))
 }
 
-fn take_in(shared: &Shared, this: &Loop, conns: &mut HashMap<usize, Conn>, ready: &mut Vec<usize>) {
+fn take_in(shared: &Serving, this: &Loop, conns: &mut HashMap<usize, Conn>, ready: &mut Vec<usize>) {
     let adopted: Vec<_> = this.inbox.lock().drain(..).collect();
     for (id, stream, peer) in adopted {
         let mut stream = TcpStream::from_std(stream);
@@ -269,14 +268,14 @@ fn take_in(shared: &Shared, this: &Loop, conns: &mut HashMap<usize, Conn>, ready
     }
 }
 
-fn close(shared: &Shared, this: &Loop, mut conn: Conn, reason: &'static str) {
+fn close(shared: &Serving, this: &Loop, mut conn: Conn, reason: &'static str) {
     let _ = this.registry.deregister(&mut conn.stream);
     tracing::debug!("redis client {} ({}) closed: {reason}", conn.id, conn.peer);
     release(shared, conn.id, reason);
 }
 
 /// The reason to close `conn` for a timeout, if one passed.
-fn expired(shared: &Shared, conn: &Conn, now: Instant) -> Option<&'static str> {
+fn expired(shared: &Serving, conn: &Conn, now: Instant) -> Option<&'static str> {
     if let Some(until) = conn.linger_until {
         return (now >= until).then_some(conn.ending.unwrap_or("shutdown"));
     }
@@ -288,7 +287,7 @@ fn expired(shared: &Shared, conn: &Conn, now: Instant) -> Option<&'static str> {
 }
 
 /// Writes what `conn` has pending. Ok(true): all of it.
-fn flush(shared: &Shared, conn: &mut Conn) -> io::Result<bool> {
+fn flush(shared: &Serving, conn: &mut Conn) -> io::Result<bool> {
     while !conn.out.is_empty() {
         match conn.out.write_to(&mut conn.stream) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
@@ -310,7 +309,7 @@ fn flush(shared: &Shared, conn: &mut Conn) -> io::Result<bool> {
 }
 
 /// Serves `conn` for one turn: writes pending replies, executes buffered commands, reads.
-fn serve(shared: &Shared, conn: &mut Conn, chunk: &mut [u8]) -> Turn {
+fn serve(shared: &Serving, conn: &mut Conn, chunk: &mut [u8]) -> Turn {
     let mut reads = 0;
     // A read shorter than asked emptied the socket (epoll(7): for stream sockets that is as
     // good as EAGAIN), and new input makes a new edge: no read just to hear EAGAIN. Not so

@@ -1,7 +1,8 @@
 //! Inline commands: splitting a typed line into arguments exactly as Redis' `sdssplitargs`
 //! does (whitespace separation, `"..."` with C-like escapes, `'...'`), and the reverse.
 
-use super::resp::{Command, ProtocolError, ARG_OVERHEAD_BYTES};
+use super::command::{Command, ARG_OVERHEAD_BYTES};
+use super::protocol_error::ProtocolError;
 
 fn is_space(b: u8) -> bool {
     // C isspace(): space, \t, \n, \v, \f, \r.

@@ -8,7 +8,8 @@
 //!   encoders; [`reply`]: replies.
 //! * [`commands`]: the command table and the per-connection [`Client`] executing commands.
 //! * [`server`]: TCP listener, a thread per connection or a few event loops
-//!   (`event_loop`), pipelining, limits, shutdown.
+//!   (`event_loop`), pipelining, limits, shutdown; both I/O models run a connection's
+//!   commands the same way (`serving`), under the server's [`options`].
 //! * [`info`]: per-server counters and `INFO` text; prometheus metrics are `racekv_redis_*`.
 //!   Beside it: the connection registry and `CLIENT PAUSE` (`clients`), run-time settings
 //!   (`settings`, `CONFIG SET`), the slow log and latency monitor (`slowlog`), and
@@ -25,6 +26,7 @@
 
 pub mod acl;
 mod clients;
+mod command;
 pub mod commands;
 mod conn;
 mod event_loop;
@@ -35,9 +37,12 @@ mod inline;
 #[cfg(any(test, feature = "test-support"))]
 mod memstore;
 mod metrics;
+pub mod options;
+mod protocol_error;
 pub mod reply;
 pub mod resp;
 pub mod server;
+mod serving;
 mod settings;
 mod slowlog;
 pub mod store;
@@ -47,9 +52,10 @@ pub use commands::Client;
 pub use info::ServerStats;
 #[cfg(any(test, feature = "test-support"))]
 pub use memstore::MemStore;
+pub use options::{IoModel, ServerOptions, TlsPort};
 pub use reply::{Output, Protocol, Reply};
 pub use resp::{Command, Limits, Parser, ProtocolError, QueryBudget};
-pub use server::{IoModel, RedisServer, ServerOptions, TlsPort};
+pub use server::RedisServer;
 pub use store::{
     Expiry, ExpiryUpdate, Item, KvSession, KvStore, PutMode, PutOptions, PutResult, StoreError, StoreErrorKind,
 };

@@ -28,134 +28,30 @@ use racekv_transport::stop::StopSignal;
 use racekv_transport::ServerTls;
 
 use super::acl::Acl;
-use super::commands::{self, Client};
+use super::commands::Client;
 use super::conn::ClientConn;
+use super::event_loop::{self, Loop};
 use super::info::ServerStats;
 use super::metrics::METRICS;
-use super::reply::{Output, Reply};
-use super::resp::{Command, Limits, Parser, ProtocolError, QueryBudget};
+use super::reply::Output;
+use super::resp::QueryBudget;
+use super::serving::{feed, new_client, new_parser, release, run_commands, Serving, Step, LINGER, LINGER_MAX_BYTES};
 use super::store::KvStore;
 use racekv_telemetry::ratelimit::{limited_warn, RateLimit};
 
-/// Bytes read from a socket at a time; also the most the parser buffers beyond one command.
-pub const READ_CHUNK_BYTES: usize = 16 << 10;
+// Where these were first defined, for the crates that name them here.
+pub use super::options::{
+    default_query_buffer_budget, IoModel, ServerOptions, TlsPort, DEFAULT_POLL_SPIN, MAX_POLL_SPIN,
+};
+pub use super::serving::{MAX_PENDING_REPLY_BYTES, READ_CHUNK_BYTES};
 
-/// Replies gathered beyond this are written before executing the next command of the same
-/// read, so a read full of large `MGET`s cannot pile up unbounded output.
-pub const MAX_PENDING_REPLY_BYTES: usize = 1 << 20;
-
-/// After an error reply, how long and how much we keep reading (and discarding) before
-/// closing: closing a socket with unread input sends a TCP reset, which can destroy the
-/// error reply before the client reads it.
-pub(super) const LINGER: Duration = Duration::from_millis(200);
-pub(super) const LINGER_MAX_BYTES: usize = 4 << 20;
-
-/// Limits and timeouts of a Redis server.
-#[derive(Debug, Clone)]
-pub struct ServerOptions {
-    /// Connections beyond this are refused with `-ERR max number of clients reached`.
-    /// Each connection holds a thread (thread model) and up to
-    /// [`UNCHARGED_BYTES`](super::resp::UNCHARGED_BYTES) of input buffers of its own; more
-    /// comes out of `query_buffer_budget`.
-    pub max_clients: usize,
-    /// Close a connection from which nothing arrives for this long (`None`: never, like
-    /// Redis' default `timeout 0`). Also bounds a request that stalls half-way.
-    pub idle_timeout: Option<Duration>,
-    /// Close a connection whose client does not take its replies for this long.
-    pub write_timeout: Duration,
-    /// What one connection may make the parser hold: `max_bulk_bytes` is
-    /// `proto-max-bulk-len`, `max_command_bytes` is `client-query-buffer-limit` (`CONFIG
-    /// SET` changes it for every connection).
-    pub limits: Limits,
-    /// `query-buffer-budget`: the most bytes the partly received large commands of all
-    /// connections may hold together (each connection's first
-    /// [`UNCHARGED_BYTES`](super::resp::UNCHARGED_BYTES) excepted); a connection whose
-    /// command would go past it gets `-ERR query buffer budget exhausted ...` and is closed.
-    /// 0: unlimited. Default [`default_query_buffer_budget`].
-    pub query_buffer_budget: usize,
-    /// How connections are served.
-    pub io: IoModel,
-    /// Event loops only: after a turn that served something, a loop keeps polling (without
-    /// sleeping) this long before it blocks. A request that arrives meanwhile finds it
-    /// awake, so its sender pays no wake-up of a sleeping thread (measured: +5-8% GET/s
-    /// for a one-request-per-connection client); an idle loop sleeps after one spin.
-    pub poll_spin: Duration,
-    /// Users and what they may do; the default ACL lets anyone do anything (no password).
-    pub acl: Arc<Acl>,
-    /// Redis' protected mode: while the default user needs no password, serve only
-    /// loopback clients (others get `-DENIED ...` and are closed).
-    pub protected_mode: bool,
-    /// A second port that speaks only TLS (Redis' `tls-port`); its connections are served
-    /// by a thread each, whatever `io` says.
-    pub tls: Option<TlsPort>,
-}
-
-/// The TLS port of a [`RedisServer`].
-#[derive(Debug, Clone)]
-pub struct TlsPort {
-    /// Where to listen (port 0 picks a free port).
-    pub addr: String,
-    /// Certificate, key, CA and client-certificate rule; reloadable.
-    pub tls: ServerTls,
-}
-
-/// How a [`RedisServer`] serves its connections.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IoModel {
-    /// One blocking thread per connection: storage calls of different clients overlap, which
-    /// suits storage behind a network round trip (tcp memnodes).
-    ThreadPerConnection,
-    /// `threads` event loops (at least 1), each polling its share of the connections and
-    /// executing their commands inline, as redis-server does: no wake-up of a sleeping
-    /// thread per request, but one slow storage call delays the other clients of its loop.
-    EventLoop { threads: usize },
-}
-
-impl Default for ServerOptions {
-    fn default() -> Self {
-        Self {
-            max_clients: 1024,
-            idle_timeout: None,
-            write_timeout: Duration::from_secs(30),
-            limits: Limits::default(),
-            query_buffer_budget: default_query_buffer_budget(),
-            io: IoModel::ThreadPerConnection,
-            poll_spin: DEFAULT_POLL_SPIN,
-            acl: Arc::new(Acl::open(commands::catalog())),
-            protected_mode: true,
-            tls: None,
-        }
-    }
-}
-
-/// [`ServerOptions::query_buffer_budget`]'s default: a quarter of the machine's memory, at
-/// most 2 GiB (2 GiB where the memory cannot be read): four full-size (512 MiB) values
-/// arriving at once.
-pub fn default_query_buffer_budget() -> usize {
-    const MAX: usize = 2 << 30;
-    match super::info::total_memory_bytes() {
-        0 => MAX,
-        total => (total / 4).min(MAX as u64) as usize,
-    }
-}
-
-/// [`ServerOptions::poll_spin`]'s default.
-pub const DEFAULT_POLL_SPIN: Duration = Duration::from_micros(20);
-/// The longest [`ServerOptions::poll_spin`] the computenode's configuration accepts.
-pub const MAX_POLL_SPIN: Duration = Duration::from_millis(1);
-
-pub(super) struct Shared {
-    pub(super) store: Arc<dyn KvStore>,
-    pub(super) options: ServerOptions,
-    pub(super) stats: Arc<ServerStats>,
-    /// Set at shutdown; wakes the acceptor, which waits on it with no timeout.
-    pub(super) stopping: StopSignal,
+/// A server: what its connections share, and the threads that serve them.
+struct Shared {
+    serving: Serving,
     next_id: AtomicU64,
-    /// A handle on every open connection, so shutdown can unblock its thread.
-    open: Mutex<HashMap<u64, TcpStream>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// The event loops ([`IoModel::EventLoop`]); empty otherwise.
-    pub(super) loops: Vec<super::event_loop::Loop>,
+    loops: Vec<Loop>,
 }
 
 /// A running Redis front end; stops (closing every connection) on [`RedisServer::shutdown`]
@@ -179,30 +75,24 @@ impl RedisServer {
         stats.settings.query_budget().set_limit(options.query_buffer_budget);
         let loops = match options.io {
             IoModel::ThreadPerConnection => Vec::new(),
-            IoModel::EventLoop { threads } => {
-                (0..threads.max(1)).map(super::event_loop::Loop::new).collect::<io::Result<_>>()?
-            }
+            IoModel::EventLoop { threads } => (0..threads.max(1)).map(Loop::new).collect::<io::Result<_>>()?,
         };
         let shared = Arc::new(Shared {
-            store,
-            options,
-            stats,
-            stopping: StopSignal::new()?,
+            serving: Serving { store, options, stats, stopping: StopSignal::new()?, open: Mutex::new(HashMap::new()) },
             next_id: AtomicU64::new(1),
-            open: Mutex::new(HashMap::new()),
             threads: Mutex::new(Vec::new()),
             loops,
         });
         // CLIENT KILL and CLIENT UNPAUSE reach connections through the server; a weak handle
         // keeps the registry (inside `shared`) from keeping `shared` alive.
         let weak = Arc::downgrade(&shared);
-        shared.stats.clients.set_closer(move |id| {
+        shared.serving.stats.clients.set_closer(move |id| {
             if let Some(shared) = weak.upgrade() {
                 close_connection(&shared, id);
             }
         });
         let weak = Arc::downgrade(&shared);
-        shared.stats.clients.pause.add_waker(move || {
+        shared.serving.stats.clients.pause.add_waker(move || {
             for l in weak.upgrade().iter().flat_map(|shared| shared.loops.iter()) {
                 l.wake();
             }
@@ -211,7 +101,7 @@ impl RedisServer {
             let serving = Arc::clone(&shared);
             let handle = std::thread::Builder::new()
                 .name(format!("redis-loop-{i}"))
-                .spawn(move || super::event_loop::run(&serving, i))?;
+                .spawn(move || event_loop::run(&serving.serving, &serving.loops[i], i))?;
             shared.threads.lock().push(handle);
         }
         let accepting = Arc::clone(&shared);
@@ -220,7 +110,7 @@ impl RedisServer {
             .spawn(move || accept_loop(&accepting, &listener, None))?];
         tracing::info!("redis front end listening on {addr}");
         let mut tls_addr = None;
-        if let Some(port) = shared.options.tls.clone() {
+        if let Some(port) = shared.serving.options.tls.clone() {
             let listener = TcpListener::bind(port.addr.as_str())?;
             tls_addr = Some(listener.local_addr()?);
             let accepting = Arc::clone(&shared);
@@ -246,18 +136,18 @@ impl RedisServer {
 
     /// This server's counters (what `INFO` reports).
     pub fn stats(&self) -> &ServerStats {
-        &self.shared.stats
+        &self.shared.serving.stats
     }
 
     /// The query buffer budget all this server's connections share.
     pub fn query_budget(&self) -> &Arc<QueryBudget> {
-        self.shared.stats.settings.query_budget()
+        self.shared.serving.stats.settings.query_budget()
     }
 
     /// Stops accepting, closes every connection and waits for their threads. A command
     /// already executing finishes in storage; its reply is lost with the connection.
     pub fn shutdown(&mut self) {
-        self.shared.stopping.stop();
+        self.shared.serving.stopping.stop();
         if self.acceptors.is_empty() {
             return;
         }
@@ -265,11 +155,11 @@ impl RedisServer {
         for acceptor in self.acceptors.drain(..) {
             let _ = acceptor.join();
         }
-        for stream in self.shared.open.lock().values() {
+        for stream in self.shared.serving.open.lock().values() {
             let _ = stream.shutdown(Shutdown::Both);
         }
         // Connection threads waiting out a CLIENT PAUSE look at the stop flag.
-        self.shared.stats.clients.pause.stop();
+        self.shared.serving.stats.clients.pause.stop();
         for l in &self.shared.loops {
             l.wake();
         }
@@ -278,7 +168,7 @@ impl RedisServer {
             let _ = thread.join();
         }
         for l in &self.shared.loops {
-            l.release_inbox(&self.shared);
+            l.release_inbox(&self.shared.serving);
         }
         tracing::info!("redis front end on {} stopped", self.addr);
     }
@@ -293,7 +183,7 @@ impl Drop for RedisServer {
 /// Accepts on `listener` until the server stops; `tls`: the port speaks TLS.
 fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener, tls: Option<ServerTls>) {
     // A failed accept (e.g. EMFILE) keeps serving the clients we have.
-    shared.stopping.accept_until_stopped("redis front end", listener, TcpListener::accept, |(stream, peer)| {
+    shared.serving.stopping.accept_until_stopped("redis front end", listener, TcpListener::accept, |(stream, peer)| {
         admit(shared, stream, peer, tls.as_ref())
     });
 }
@@ -302,7 +192,7 @@ fn admit(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr, tls: Option<
     // A refusal is a Redis error line on the plain port; a TLS client could not read one
     // before its handshake, so it just sees the close.
     let refusal = |reply: &'static [u8]| if tls.is_none() { reply } else { b"" };
-    if protected_mode_refuses(shared.stats.settings.protected_mode(), &shared.options.acl, peer) {
+    if protected_mode_refuses(shared.serving.stats.settings.protected_mode(), &shared.serving.options.acl, peer) {
         METRICS.connections_rejected.with_label_values(&["protected_mode"]).inc();
         limited_warn(&PROTECTED_MODE_LOG, || {
             format!("redis front end: refused {peer}: protected mode, and the default user has no password")
@@ -310,7 +200,7 @@ fn admit(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr, tls: Option<
         refuse(stream, refusal(PROTECTED_MODE_DENIED));
         return;
     }
-    if !shared.stats.try_admit() {
+    if !shared.serving.stats.try_admit() {
         METRICS.connections_rejected.with_label_values(&["max_clients"]).inc();
         refuse(stream, refusal(b"-ERR max number of clients reached\r\n"));
         return;
@@ -322,17 +212,17 @@ fn admit(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr, tls: Option<
         let l = &shared.loops[id as usize % shared.loops.len()];
         if let Err(e) = l.adopt(id, stream, peer) {
             tracing::warn!("redis front end: cannot hand a connection to its event loop: {e}");
-            release(shared, id, "io_error");
+            release(&shared.serving, id, "io_error");
         }
         return;
     }
     match stream.try_clone() {
         Ok(handle) => {
-            shared.open.lock().insert(id, handle);
+            shared.serving.open.lock().insert(id, handle);
         }
         Err(e) => {
             tracing::warn!("redis front end: cannot clone a connection handle: {e}");
-            release(shared, id, "io_error");
+            release(&shared.serving, id, "io_error");
             return;
         }
     }
@@ -340,9 +230,9 @@ fn admit(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr, tls: Option<
     let tls = tls.cloned();
     let spawned = std::thread::Builder::new().name(format!("redis-conn-{id}")).spawn(move || {
         let reason = match tls {
-            None => serve(&conn_shared, stream, id),
+            None => serve(&conn_shared.serving, stream, id),
             Some(tls) => match super::tls::accept(&tls, stream) {
-                Ok(conn) => serve(&conn_shared, conn, id),
+                Ok(conn) => serve(&conn_shared.serving, conn, id),
                 Err(e) => {
                     METRICS.tls_handshake_failures.inc();
                     limited_warn(&TLS_HANDSHAKE_LOG, || {
@@ -353,7 +243,7 @@ fn admit(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr, tls: Option<
             },
         };
         tracing::debug!("redis client {id} ({peer}) closed: {reason}");
-        release(&conn_shared, id, reason);
+        release(&conn_shared.serving, id, reason);
     });
     match spawned {
         Ok(handle) => {
@@ -363,10 +253,10 @@ fn admit(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr, tls: Option<
         }
         Err(e) => {
             tracing::error!("redis front end: cannot spawn a connection thread: {e}");
-            if let Some(stream) = shared.open.lock().get(&id) {
+            if let Some(stream) = shared.serving.open.lock().get(&id) {
                 let _ = stream.shutdown(Shutdown::Both);
             }
-            release(shared, id, "io_error");
+            release(&shared.serving, id, "io_error");
         }
     }
 }
@@ -380,7 +270,7 @@ fn protected_mode_refuses(protected_mode: bool, acl: &Acl, peer: SocketAddr) -> 
 /// Closes connection `id` for `CLIENT KILL`: a connection thread's socket is shut down (its
 /// blocked read returns), an event loop is told to drop it.
 fn close_connection(shared: &Shared, id: u64) {
-    if let Some(stream) = shared.open.lock().get(&id) {
+    if let Some(stream) = shared.serving.open.lock().get(&id) {
         let _ = stream.shutdown(Shutdown::Both);
         return;
     }
@@ -393,16 +283,7 @@ fn close_connection(shared: &Shared, id: u64) {
 const PROTECTED_MODE_DENIED: &[u8] = b"-DENIED Redis is running in protected mode because protected mode is enabled and no password is set for the default user. In this mode connections are only accepted from the loopback interface. If you want to connect from external computers to Redis you may adopt one of the following solutions: 1) Just disable protected mode sending the command 'CONFIG SET protected-mode no' from the loopback interface by connecting to Redis from the same host the server is running, however MAKE SURE Redis is not publicly accessible from internet if you do so. Use CONFIG REWRITE to make this change permanent. 2) Alternatively you can just disable the protected mode by editing the Redis configuration file, and setting the protected mode option to 'no', and then restarting the server. 3) If you started the server manually just for testing, restart it with the '--protected-mode no' option. 4) Set up an authentication password for the default user. NOTE: You only need to do one of the above things in order for the server to start accepting connections from the outside.\r\n";
 
 static PROTECTED_MODE_LOG: RateLimit = RateLimit::per_minute();
-static CROSS_PROTOCOL_LOG: RateLimit = RateLimit::per_minute();
 static TLS_HANDSHAKE_LOG: RateLimit = RateLimit::per_minute();
-static BUDGET_LOG: RateLimit = RateLimit::per_minute();
-
-pub(super) fn release(shared: &Shared, id: u64, reason: &'static str) {
-    shared.open.lock().remove(&id);
-    shared.stats.client_gone();
-    METRICS.connected_clients.dec();
-    METRICS.connections_closed.with_label_values(&[reason]).inc();
-}
 
 /// Answers a connection we will not serve, without blocking the accepting thread: the reply
 /// fits an empty socket buffer, and whatever the client already sent is drained so the close
@@ -425,7 +306,7 @@ fn is_timeout(e: &io::Error) -> bool {
 }
 
 /// Serves one connection until it ends; returns why it ended (a metric label).
-fn serve<C: ClientConn>(shared: &Shared, mut stream: C, id: u64) -> &'static str {
+fn serve<C: ClientConn>(shared: &Serving, mut stream: C, id: u64) -> &'static str {
     let options = &shared.options;
     let tcp = stream.tcp();
     let configured = tcp.set_nodelay(true).and_then(|()| tcp.set_write_timeout(Some(options.write_timeout)));
@@ -443,7 +324,7 @@ fn serve<C: ClientConn>(shared: &Shared, mut stream: C, id: u64) -> &'static str
 }
 
 /// The read-execute-write loop of [`serve`].
-fn serve_client<C: ClientConn>(shared: &Shared, stream: &mut C, client: &mut Client) -> &'static str {
+fn serve_client<C: ClientConn>(shared: &Serving, stream: &mut C, client: &mut Client) -> &'static str {
     let mut parser = new_parser(shared);
     let mut chunk = vec![0u8; READ_CHUNK_BYTES];
     let mut out = Output::with_capacity(READ_CHUNK_BYTES);
@@ -537,147 +418,6 @@ fn serve_client<C: ClientConn>(shared: &Shared, stream: &mut C, client: &mut Cli
     }
 }
 
-/// A [`Client`] over the server's store (its storage session comes with its first command
-/// that needs one), registered with where it connects from.
-pub(super) fn new_client(
-    shared: &Shared,
-    id: u64,
-    addr: Option<SocketAddr>,
-    laddr: Option<SocketAddr>,
-    fd: i64,
-) -> Client {
-    let client = Client::new(id, Arc::clone(&shared.store), Arc::clone(&shared.stats), Arc::clone(&shared.options.acl));
-    client.set_connection(addr, laddr, fd);
-    client
-}
-
-/// A connection's parser: the server's limits, charging the server's query buffer budget.
-pub(super) fn new_parser(shared: &Shared) -> Parser {
-    let mut limits = shared.options.limits;
-    limits.max_command_bytes = shared.stats.settings.client_query_buffer_limit();
-    Parser::with_budget(limits, Arc::clone(shared.stats.settings.query_budget()))
-}
-
-/// Feeds what a connection read to its parser, under the current `client-query-buffer-limit`.
-pub(super) fn feed(shared: &Shared, parser: &mut Parser, bytes: &[u8]) {
-    let limit = shared.stats.settings.client_query_buffer_limit();
-    if parser.limits().max_command_bytes != limit {
-        parser.set_max_command_bytes(limit);
-    }
-    parser.feed(bytes);
-}
-
-/// What [`run_commands`] stopped for.
-pub(super) enum Step {
-    /// Every complete command buffered was executed.
-    NeedInput,
-    /// The gathered replies reached [`MAX_PENDING_REPLY_BYTES`]: write them, then call again
-    /// (nothing more executes until they are down to less).
-    Flush,
-    /// `CLIENT PAUSE` holds the next command (kept by the client) until at most this
-    /// instant: write the replies so far, then call again (after the pause, or to look again).
-    Paused(Instant),
-    /// The connection ends once the replies are written (the metric label says why).
-    End(&'static str),
-}
-
-/// Executes the complete commands `parser` holds, appending their replies to `out`.
-pub(super) fn run_commands(shared: &Shared, client: &mut Client, parser: &mut Parser, out: &mut Output) -> Step {
-    // Consecutive GETs wait in the client's run and execute together, before anything that
-    // follows them. Executed commands go back to the parser for reuse.
-    let step = loop {
-        // Checked first: a slow reader's pending replies (an event loop's connection) stop
-        // the execution of more commands until they are written.
-        if out.len() >= MAX_PENDING_REPLY_BYTES {
-            break Step::Flush;
-        }
-        if client.killed() {
-            run_gets(client, parser, out);
-            return Step::End("killed");
-        }
-        let (cmd, held_before) = match client.take_postponed() {
-            Some(cmd) => (cmd, true),
-            None => match parser.next_command() {
-                Ok(Some(cmd)) => (cmd, false),
-                Ok(None) => break Step::NeedInput,
-                Err(e) => {
-                    run_gets(client, parser, out);
-                    out.push(Reply::Error(e.reply_text().into()), client.protocol());
-                    if let ProtocolError::QueryBufferBudget { limit } = e {
-                        METRICS.query_buffer_refusals.inc();
-                        limited_warn(&BUDGET_LOG, || {
-                            format!(
-                                "redis client {}: closed, its command would take the query buffer budget \
-                                 ({limit} bytes, query-buffer-budget) past its limit",
-                                client.id()
-                            )
-                        });
-                        return Step::End("query_buffer_budget");
-                    }
-                    METRICS.protocol_errors.with_label_values(&[e.reason()]).inc();
-                    shared.stats.protocol_error();
-                    tracing::debug!("redis client {}: protocol error: {e}", client.id());
-                    return Step::End("protocol_error");
-                }
-            },
-        };
-        if is_cross_protocol(&cmd) {
-            // An HTTP request (a browser made to POST to this port): close without executing
-            // anything after it, as Redis does.
-            run_gets(client, parser, out);
-            METRICS.cross_protocol.inc();
-            limited_warn(&CROSS_PROTOCOL_LOG, || {
-                format!(
-                    "redis client {}: POST or Host: sent as a command, probably a cross-protocol attack \
-                     (an HTTP request to the Redis port); connection closed",
-                    client.id()
-                )
-            });
-            return Step::End("cross_protocol");
-        }
-        if let Some(until) = client.pause_holds(&cmd) {
-            run_gets(client, parser, out);
-            if !held_before {
-                METRICS.paused_commands.inc();
-            }
-            client.postpone(cmd, !held_before);
-            return Step::Paused(until);
-        }
-        if held_before {
-            client.resume();
-        }
-        if client.may_batch_get(&cmd) {
-            if client.queue_get(cmd) < MAX_GET_RUN {
-                continue;
-            }
-            run_gets(client, parser, out);
-        } else {
-            run_gets(client, parser, out);
-            let reply = client.execute(&cmd);
-            out.push(reply, client.protocol());
-            parser.recycle(cmd);
-            if client.wants_close() {
-                return Step::End(if client.killed() { "killed" } else { "client_quit" });
-            }
-        }
-    };
-    run_gets(client, parser, out);
-    step
-}
-
-/// `POST` or `Host:` as a command: an HTTP request sent to the Redis port. No Redis command
-/// has these names; a browser can be made to send them (cross-protocol scripting).
-fn is_cross_protocol(cmd: &Command) -> bool {
-    cmd.get(0).is_some_and(|name| name.eq_ignore_ascii_case(b"post") || name.eq_ignore_ascii_case(b"host:"))
-}
-
-fn run_gets(client: &mut Client, parser: &mut Parser, out: &mut Output) {
-    client.run_queued_gets(out, |cmd| parser.recycle(cmd));
-}
-
-/// Most pipelined GETs looked up together (see [`Client::execute_gets`]).
-const MAX_GET_RUN: usize = 32;
-
 /// Half-closes and discards input for a moment, so the client reads our last reply before
 /// it sees the connection end (see [`LINGER`]).
 fn linger<C: ClientConn>(stream: &mut C, buf: &mut [u8]) {
@@ -706,23 +446,14 @@ mod tests {
         let remote: SocketAddr = "10.1.2.3:5000".parse().unwrap();
         let local: SocketAddr = "127.0.0.1:5000".parse().unwrap();
         let local6: SocketAddr = "[::1]:5000".parse().unwrap();
-        let open = Acl::open(commands::catalog());
+        let open = Acl::open(crate::commands::catalog());
         assert!(protected_mode_refuses(true, &open, remote));
         assert!(!protected_mode_refuses(true, &open, local) && !protected_mode_refuses(true, &open, local6));
         assert!(!protected_mode_refuses(false, &open, remote));
         let options = crate::acl::AclOptions { requirepass: Some("pw".into()), file: None };
-        let with_password = Acl::new(commands::catalog(), options).unwrap();
+        let with_password = Acl::new(crate::commands::catalog(), options).unwrap();
         assert!(!protected_mode_refuses(true, &with_password, remote));
         with_password.set_user(b"default", &[b"nopass"]).unwrap();
         assert!(protected_mode_refuses(true, &with_password, remote), "looked at per connection, not once at start");
-    }
-
-    #[test]
-    fn defaults_are_redis_limits_under_a_bounded_budget() {
-        let options = ServerOptions::default();
-        assert_eq!(options.limits.max_bulk_bytes, 512 << 20, "proto-max-bulk-len");
-        assert_eq!(options.limits.max_command_bytes, 1 << 30, "client-query-buffer-limit");
-        assert!(options.limits.max_command_bytes > options.limits.max_bulk_bytes + (1 << 20));
-        assert!(options.query_buffer_budget > 0 && options.query_buffer_budget <= 2 << 30);
     }
 }

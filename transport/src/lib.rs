@@ -28,8 +28,11 @@ pub mod fdpass;
 pub mod flock;
 pub mod local;
 mod mux;
+mod net;
 pub mod region;
+mod rpc_server;
 pub mod server;
+mod server_stream;
 pub mod shm;
 pub mod stop;
 mod stream;
@@ -53,8 +56,9 @@ use std::time::Duration;
 pub use auth::{Caller, Credentials, Keys};
 pub use batch::{Batch, OpId, OpKind, Outcome, ReadId, MAX_BATCH_BYTES, MAX_BATCH_OPS, MAX_OP_BYTES};
 pub use error::{OpError, RpcStatus, TransportError};
+pub use flock::{NoRpc, RpcService};
 pub use region::Region;
-pub use server::{NoRpc, RegionServer, RpcService, ServerOptions};
+pub use server::{RegionServer, ServerOptions};
 pub use tls::{ClientAuth, ClientTls, ServerTls, ServerTlsFiles};
 
 /// Which backend a connection uses.

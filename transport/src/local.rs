@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use crate::batch::Batch;
 use crate::error::TransportError;
+use crate::flock::RpcService;
 use crate::region::Region;
-use crate::server::RpcService;
 use crate::{Connection, TransportKind};
 
 pub struct LocalConnection {

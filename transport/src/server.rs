@@ -15,9 +15,11 @@
 //! its control connection closes; batches then travel on the queue pair.
 //!
 //! RPC goes through FLOCK lanes on every listener: a lane is a connection that sent
-//! FlockOpen after hello. On tcp its messages travel on that stream, on a Unix socket in
-//! shared-memory rings, on verbs as RDMA WRITEs into registered rings over the lane's own
-//! queue pair ([`crate::flock`]). The legacy RpcRequest frame is still answered.
+//! FlockOpen after hello, handed over to FLOCK's receiver ([`crate::flock`]). On tcp its
+//! messages travel on that stream, on a Unix socket in shared-memory rings, on verbs as RDMA
+//! WRITEs into registered rings over the lane's own queue pair. The legacy RpcRequest frame
+//! is still answered here. An RPC-only server ([`RegionServer::serve_rpc`]) runs the same
+//! loop with no region.
 //!
 //! The software NIC knows nothing of what lives in the region: it bounds-checks and executes.
 //! Malformed, truncated or oversized frames, and any frame before the handshake, get an
@@ -25,9 +27,9 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::io;
+use std::net::TcpListener;
+use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -36,44 +38,23 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts};
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts};
 
 use crate::auth::{self, Accepted, AuthFailure, Caller, Credentials, Token};
 use crate::batch::{Batch, OpKind};
-use crate::error::RpcStatus;
+use crate::flock::accept::{serve_lane_connection, LaneHost};
+use crate::flock::service::record_rpc;
+use crate::flock::RpcService;
+use crate::net::random_u64;
 use crate::region::Region;
+#[cfg(feature = "rdma")]
+use crate::server_stream::VerbsControl;
+use crate::server_stream::{refuse, ServerStream};
 use crate::stop::StopSignal;
 use crate::stream::{read_frame, FrameRead, POLL_INTERVAL};
-use crate::tls::{self, ServerTls, TcpLink, TlsStream};
+use crate::tls::{self, ServerTls, TcpLink};
 use crate::wire::{self, error_code, Kind};
 use crate::Endpoint;
-
-/// Answers RPCs arriving on a region server's connections.
-pub trait RpcService: Send + Sync + 'static {
-    /// Handles one request. Errors go back to the caller as an [`RpcStatus`].
-    fn call(&self, method: u16, request: &[u8]) -> Result<Vec<u8>, RpcStatus>;
-    /// Handles one request from a connection that authenticated as `caller`. The default
-    /// serves everyone alike (every caller of a memnode holds the same token); a service
-    /// whose callers are users checks what each may do.
-    fn call_as(&self, caller: &Caller, method: u16, request: &[u8]) -> Result<Vec<u8>, RpcStatus> {
-        let _ = caller;
-        self.call(method, request)
-    }
-    /// A metric label for `method`.
-    fn method_name(&self, method: u16) -> &'static str {
-        let _ = method;
-        "unknown"
-    }
-}
-
-/// An [`RpcService`] that knows no methods (a bare region server).
-pub struct NoRpc;
-
-impl RpcService for NoRpc {
-    fn call(&self, method: u16, _request: &[u8]) -> Result<Vec<u8>, RpcStatus> {
-        Err(RpcStatus::new(RpcStatus::UNKNOWN_METHOD, format!("no rpc method {method} on this server")))
-    }
-}
 
 /// Limits and credentials of a region server.
 #[derive(Clone)]
@@ -131,8 +112,6 @@ struct Metrics {
     read_bytes: IntCounter,
     written_bytes: IntCounter,
     batch_seconds: Histogram,
-    rpc_requests: IntCounterVec,
-    rpc_seconds: HistogramVec,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
@@ -184,168 +163,19 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             )
             .unwrap(),
         ),
-        rpc_requests: register(
-            IntCounterVec::new(Opts::new("racekv_rpc_server_requests_total", "RPCs served"), &["method", "status"])
-                .unwrap(),
-        ),
-        rpc_seconds: register(
-            HistogramVec::new(
-                HistogramOpts::new("racekv_rpc_server_seconds", "Time to serve one RPC")
-                    .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
-                &["method"],
-            )
-            .unwrap(),
-        ),
     }
 });
-
-/// A socket the server loop can serve.
-trait ServerStream: Read + Write + AsFd + Send + 'static {
-    fn listener(&self) -> &'static str;
-    /// The peer, for logs.
-    fn peer(&self) -> String;
-    /// Turns the connection into TLS when `tls` is given and this listener uses it (tcp).
-    fn start_tls(&mut self, tls: Option<&ServerTls>, deadline: Instant) -> io::Result<()> {
-        let _ = (tls, deadline);
-        Ok(())
-    }
-    fn try_clone_stream(&self) -> io::Result<Self>
-    where
-        Self: Sized;
-    fn shutdown_both(&self);
-    /// Sends `bytes` with `fd` attached (Unix sockets only).
-    fn send_with_fd(&mut self, bytes: &[u8], fd: BorrowedFd<'_>) -> io::Result<()>;
-    fn set_timeouts(&self, read: Duration, write: Duration) -> io::Result<()>;
-}
-
-impl ServerStream for TcpStream {
-    fn listener(&self) -> &'static str {
-        "tcp"
-    }
-    fn peer(&self) -> String {
-        self.peer_addr().map_or_else(|_| "unknown".into(), |a| a.to_string())
-    }
-    fn try_clone_stream(&self) -> io::Result<Self> {
-        self.try_clone()
-    }
-    fn shutdown_both(&self) {
-        let _ = self.shutdown(Shutdown::Both);
-    }
-    fn send_with_fd(&mut self, _bytes: &[u8], _fd: BorrowedFd<'_>) -> io::Result<()> {
-        Err(io::Error::new(io::ErrorKind::Unsupported, "file descriptors travel only over Unix sockets"))
-    }
-    fn set_timeouts(&self, read: Duration, write: Duration) -> io::Result<()> {
-        self.set_nodelay(true)?;
-        self.set_read_timeout(Some(read))?;
-        self.set_write_timeout(Some(write))
-    }
-}
-
-impl ServerStream for TcpLink {
-    fn listener(&self) -> &'static str {
-        "tcp"
-    }
-    fn peer(&self) -> String {
-        self.socket().peer()
-    }
-    fn start_tls(&mut self, tls: Option<&ServerTls>, deadline: Instant) -> io::Result<()> {
-        if let (Some(tls), TcpLink::Plain(socket)) = (tls, &*self) {
-            *self = TcpLink::Tls(TlsStream::server(socket.try_clone()?, tls, deadline)?);
-        }
-        Ok(())
-    }
-    fn try_clone_stream(&self) -> io::Result<Self> {
-        self.try_clone()
-    }
-    fn shutdown_both(&self) {
-        self.shutdown();
-    }
-    fn send_with_fd(&mut self, _bytes: &[u8], _fd: BorrowedFd<'_>) -> io::Result<()> {
-        Err(io::Error::new(io::ErrorKind::Unsupported, "file descriptors travel only over Unix sockets"))
-    }
-    fn set_timeouts(&self, read: Duration, write: Duration) -> io::Result<()> {
-        self.socket().set_timeouts(read, write)
-    }
-}
-
-impl ServerStream for UnixStream {
-    fn listener(&self) -> &'static str {
-        "unix"
-    }
-    fn peer(&self) -> String {
-        "unix socket".into()
-    }
-    fn try_clone_stream(&self) -> io::Result<Self> {
-        self.try_clone()
-    }
-    fn shutdown_both(&self) {
-        let _ = self.shutdown(Shutdown::Both);
-    }
-    fn send_with_fd(&mut self, bytes: &[u8], fd: BorrowedFd<'_>) -> io::Result<()> {
-        crate::fdpass::send_with_fd(self, bytes, fd)
-    }
-    fn set_timeouts(&self, read: Duration, write: Duration) -> io::Result<()> {
-        self.set_read_timeout(Some(read))?;
-        self.set_write_timeout(Some(write))
-    }
-}
-
-/// The control channel of a verbs client: a TCP stream that may carry the QP exchange and
-/// RPC, but no batches.
-#[cfg(feature = "rdma")]
-struct VerbsControl(TcpStream);
-
-#[cfg(feature = "rdma")]
-impl Read for VerbsControl {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.0.read(buf)
-    }
-}
-
-#[cfg(feature = "rdma")]
-impl Write for VerbsControl {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.write(buf)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        self.0.flush()
-    }
-}
-
-#[cfg(feature = "rdma")]
-impl AsFd for VerbsControl {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        self.0.as_fd()
-    }
-}
-
-#[cfg(feature = "rdma")]
-impl ServerStream for VerbsControl {
-    fn listener(&self) -> &'static str {
-        "verbs"
-    }
-    fn peer(&self) -> String {
-        self.0.peer()
-    }
-    fn try_clone_stream(&self) -> io::Result<Self> {
-        self.0.try_clone().map(VerbsControl)
-    }
-    fn shutdown_both(&self) {
-        self.0.shutdown_both();
-    }
-    fn send_with_fd(&mut self, bytes: &[u8], fd: BorrowedFd<'_>) -> io::Result<()> {
-        self.0.send_with_fd(bytes, fd)
-    }
-    fn set_timeouts(&self, read: Duration, write: Duration) -> io::Result<()> {
-        self.0.set_timeouts(read, write)
-    }
-}
 
 #[cfg(feature = "rdma")]
 type VerbsHost = crate::verbs::VerbsHost;
 /// Stands in for the verbs host in builds without RDMA support (never constructed).
 #[cfg(not(feature = "rdma"))]
 enum VerbsHost {}
+/// A verbs client's queue pair on this side (none without RDMA support).
+#[cfg(feature = "rdma")]
+type ServerQp = crate::verbs::ServerQp;
+#[cfg(not(feature = "rdma"))]
+type ServerQp = ();
 
 /// Registers the region with the RDMA device for `endpoint`.
 #[cfg(feature = "rdma")]
@@ -367,14 +197,14 @@ fn register_verbs(_region: &Arc<Region>, endpoint: &Endpoint) -> io::Result<Verb
 /// Answers a VerbsConnect: creates the client's queue pair (kept alive by the returned value
 /// until the connection ends) and encodes the VerbsAccept reply into `out`.
 #[cfg(feature = "rdma")]
-fn accept_verbs(host: &VerbsHost, client: &wire::QpInfo, out: &mut Vec<u8>) -> Result<crate::verbs::ServerQp, String> {
+fn accept_verbs(host: &VerbsHost, client: &wire::QpInfo, out: &mut Vec<u8>) -> Result<ServerQp, String> {
     let (qp, accept) = host.accept(client).map_err(|e| e.to_string())?;
     wire::encode_verbs_accept(out, &accept);
     Ok(qp)
 }
 
 #[cfg(not(feature = "rdma"))]
-fn accept_verbs(host: &VerbsHost, _client: &wire::QpInfo, _out: &mut Vec<u8>) -> Result<(), String> {
+fn accept_verbs(host: &VerbsHost, _client: &wire::QpInfo, _out: &mut Vec<u8>) -> Result<ServerQp, String> {
     match *host {}
 }
 
@@ -396,6 +226,20 @@ struct Shared {
     /// Open connections, so shutdown can unblock their threads.
     conns: Mutex<HashMap<u64, Box<dyn Fn() + Send>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Shared {
+    /// What FLOCK's lanes borrow from the server.
+    fn lane_host(&self) -> LaneHost<'_> {
+        LaneHost {
+            rpc: &*self.rpc,
+            scheduler: &self.flock,
+            stopping: &self.stopping,
+            stall: self.options.io_timeout,
+            #[cfg(feature = "rdma")]
+            verbs: self.verbs.as_ref(),
+        }
+    }
 }
 
 /// A running region server; stops (closing every connection) on [`RegionServer::shutdown`]
@@ -424,21 +268,8 @@ impl RegionServer {
         Self::start_inner(region, region_file, rpc, options, listen, false)
     }
 
-    /// Serves only RPCs (FLOCK lanes and RPC frames), on tcp endpoints, with no region: for
-    /// request/response services between tiers, such as a computenode's remote clients.
-    /// One-sided batches are refused; hello reports a region of 0 bytes.
-    pub fn serve_rpc(rpc: Arc<dyn RpcService>, options: ServerOptions, listen: &[Endpoint]) -> io::Result<Self> {
-        if let Some(other) = listen.iter().find(|e| !matches!(e, Endpoint::Tcp(_))) {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                format!("an RPC-only server listens on tcp endpoints, not {other}"),
-            ));
-        }
-        let placeholder = Arc::new(Region::anonymous(crate::region::REGION_ALIGN_BYTES)?);
-        Self::start_inner(placeholder, None, rpc, options, listen, true)
-    }
-
-    fn start_inner(
+    /// Starts the server; `rpc_only`: with no region to serve ([`RegionServer::serve_rpc`]).
+    pub(crate) fn start_inner(
         region: Arc<Region>,
         region_file: Option<File>,
         rpc: Arc<dyn RpcService>,
@@ -485,47 +316,53 @@ impl RegionServer {
         });
         let mut server = Self { shared: Arc::clone(&shared), endpoints: Vec::new(), unix_paths: Vec::new() };
         for endpoint in listen {
-            match endpoint {
-                Endpoint::Tcp(addr) => {
-                    let listener = TcpListener::bind(addr.as_str())?;
-                    let bound = listener.local_addr()?;
-                    server.endpoints.push(Endpoint::Tcp(bound.to_string()));
-                    server.spawn_acceptor(listener, |l| l.accept().map(|(s, _)| TcpLink::Plain(s)))?;
-                }
-                Endpoint::Shm(path) => {
-                    if shared.region_file.is_none() {
-                        return Err(io::Error::new(
-                            io::ErrorKind::InvalidInput,
-                            "an shm endpoint needs a file-backed region",
-                        ));
-                    }
-                    if path.exists() {
-                        // A socket left by a killed server; refuse if something still answers.
-                        if UnixStream::connect(path).is_ok() {
-                            return Err(io::Error::new(
-                                io::ErrorKind::AddrInUse,
-                                format!("{} is served by another process", path.display()),
-                            ));
-                        }
-                        std::fs::remove_file(path)?;
-                    }
-                    let listener = UnixListener::bind(path)?;
-                    server.unix_paths.push(path.clone());
-                    server.endpoints.push(endpoint.clone());
-                    server.spawn_acceptor(listener, |l| l.accept().map(|(s, _)| s))?;
-                }
-                #[cfg(feature = "rdma")]
-                Endpoint::Verbs(addr) => {
-                    let listener = TcpListener::bind(addr.as_str())?;
-                    let bound = listener.local_addr()?;
-                    server.endpoints.push(Endpoint::Verbs(bound.to_string()));
-                    server.spawn_acceptor(listener, |l| l.accept().map(|(s, _)| VerbsControl(s)))?;
-                }
-                #[cfg(not(feature = "rdma"))]
-                Endpoint::Verbs(_) => unreachable!("register_verbs refused it"),
-            }
+            server.listen(endpoint)?;
         }
         Ok(server)
+    }
+
+    /// Binds `endpoint` and starts accepting on it.
+    fn listen(&mut self, endpoint: &Endpoint) -> io::Result<()> {
+        match endpoint {
+            Endpoint::Tcp(addr) => {
+                let listener = TcpListener::bind(addr.as_str())?;
+                let bound = listener.local_addr()?;
+                self.endpoints.push(Endpoint::Tcp(bound.to_string()));
+                self.spawn_acceptor(listener, |l| l.accept().map(|(s, _)| TcpLink::Plain(s)))?;
+            }
+            Endpoint::Shm(path) => {
+                if self.shared.region_file.is_none() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "an shm endpoint needs a file-backed region",
+                    ));
+                }
+                if path.exists() {
+                    // A socket left by a killed server; refuse if something still answers.
+                    if UnixStream::connect(path).is_ok() {
+                        return Err(io::Error::new(
+                            io::ErrorKind::AddrInUse,
+                            format!("{} is served by another process", path.display()),
+                        ));
+                    }
+                    std::fs::remove_file(path)?;
+                }
+                let listener = UnixListener::bind(path)?;
+                self.unix_paths.push(path.clone());
+                self.endpoints.push(endpoint.clone());
+                self.spawn_acceptor(listener, |l| l.accept().map(|(s, _)| s))?;
+            }
+            #[cfg(feature = "rdma")]
+            Endpoint::Verbs(addr) => {
+                let listener = TcpListener::bind(addr.as_str())?;
+                let bound = listener.local_addr()?;
+                self.endpoints.push(Endpoint::Verbs(bound.to_string()));
+                self.spawn_acceptor(listener, |l| l.accept().map(|(s, _)| VerbsControl(s)))?;
+            }
+            #[cfg(not(feature = "rdma"))]
+            Endpoint::Verbs(_) => unreachable!("register_verbs refused it"),
+        }
+        Ok(())
     }
 
     /// Where the server listens (bound addresses, so port 0 is resolved).
@@ -599,16 +436,6 @@ impl Drop for RegionServer {
     }
 }
 
-pub(crate) fn random_u64() -> u64 {
-    let mut bytes = [0u8; 8];
-    if File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)).is_err() {
-        let nanos =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-        return xxhash_rust::xxh3::xxh3_64(&nanos.to_le_bytes()) ^ u64::from(std::process::id());
-    }
-    u64::from_le_bytes(bytes)
-}
-
 fn admit<S: ServerStream>(shared: &Arc<Shared>, mut stream: S) {
     let listener = stream.listener();
     if shared.live.load(Ordering::Acquire) >= shared.options.max_connections {
@@ -669,22 +496,6 @@ fn admit<S: ServerStream>(shared: &Arc<Shared>, mut stream: S) {
     }
 }
 
-/// Refuses the connection with an error frame; returns the metric reason.
-fn refuse<S: ServerStream>(
-    stream: &mut S,
-    out: &mut Vec<u8>,
-    request_id: u64,
-    code: u16,
-    message: &str,
-    reason: &'static str,
-) -> Result<(), &'static str> {
-    out.clear();
-    wire::encode_error(out, request_id, code, message);
-    let _ = stream.write_all(out);
-    stream.shutdown_both();
-    Err(reason)
-}
-
 /// TLS where configured, then the handshake, within the I/O timeout: who the peer is, or
 /// Ok(None) when it left before saying anything (a port probe).
 fn authenticate<S: ServerStream>(shared: &Shared, stream: &mut S) -> Result<Option<Caller>, AuthFailure> {
@@ -719,10 +530,10 @@ fn decoded<S: ServerStream, T>(
     request_id: u64,
     decoded: Result<T, wire::WireError>,
 ) -> Result<T, &'static str> {
-    decoded.map_err(|e| {
-        refuse(stream, out, request_id, error_code::MALFORMED, &e.to_string(), "malformed")
-            .expect_err("a refusal ends the connection")
-    })
+    match decoded {
+        Ok(value) => Ok(value),
+        Err(e) => refuse(stream, out, request_id, error_code::MALFORMED, &e.to_string(), "malformed"),
+    }
 }
 
 /// Serves one connection until it closes. Returns the reason when it ends badly.
@@ -732,30 +543,53 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
     if stream.set_timeouts(shared.options.io_timeout, shared.options.io_timeout).is_err() {
         return Err("io");
     }
-    let caller = match authenticate(shared, &mut stream) {
-        Ok(Some(caller)) => caller,
-        Ok(None) => return Ok(()),
-        Err(failure) => {
-            auth::record_failure(stream.listener(), &stream.peer(), &failure);
-            if let Some(frame) = failure.refusal() {
-                let _ = stream.write_all(&frame);
-            }
-            stream.shutdown_both();
-            return Err(if failure == AuthFailure::Timeout { "hello_timeout" } else { "auth" });
-        }
+    let Some(caller) = admit_peer(shared, &mut stream)? else {
+        return Ok(());
     };
     let mut out = Vec::with_capacity(4096);
+    say_hello(shared, &mut stream, &mut out)?;
+    serve_frames(shared, stream, &caller, out)
+}
+
+/// [`authenticate`], with a failure counted, logged and refused.
+fn admit_peer<S: ServerStream>(shared: &Shared, stream: &mut S) -> Result<Option<Caller>, &'static str> {
+    authenticate(shared, stream).map_err(|failure| {
+        auth::record_failure(stream.listener(), &stream.peer(), &failure);
+        if let Some(frame) = failure.refusal() {
+            let _ = stream.write_all(&frame);
+        }
+        stream.shutdown_both();
+        if failure == AuthFailure::Timeout {
+            "hello_timeout"
+        } else {
+            "auth"
+        }
+    })
+}
+
+/// HelloOk: the region's size, this start's instance and, on a Unix socket, the region's
+/// file descriptor.
+fn say_hello<S: ServerStream>(shared: &Shared, stream: &mut S, out: &mut Vec<u8>) -> Result<(), &'static str> {
     let send_fd = stream.listener() == "unix";
     let flags = if send_fd { wire::HELLO_FLAG_REGION_FD } else { 0 };
     let region_len = if shared.rpc_only { 0 } else { shared.region.len() };
-    wire::encode_hello_ok(&mut out, &wire::HelloOk { region_len, instance: shared.instance, flags });
+    wire::encode_hello_ok(out, &wire::HelloOk { region_len, instance: shared.instance, flags });
     let sent = match (&shared.region_file, send_fd) {
-        (Some(file), true) => stream.send_with_fd(&out, file.as_fd()),
+        (Some(file), true) => stream.send_with_fd(out, file.as_fd()),
         (None, true) => Err(io::Error::new(io::ErrorKind::Unsupported, "no region file")),
-        (_, false) => stream.write_all(&out),
+        (_, false) => stream.write_all(out),
     };
-    sent.map_err(|_| "io")?;
+    sent.map_err(|_| "io")
+}
 
+/// Answers frames after hello until the connection closes, or hands it to FLOCK when it
+/// opens a lane.
+fn serve_frames<S: ServerStream>(
+    shared: &Shared,
+    mut stream: S,
+    caller: &Caller,
+    mut out: Vec<u8>,
+) -> Result<(), &'static str> {
     let mut body = Vec::new();
     let mut batch = Batch::new();
     // A verbs client's queue pair on this side; destroyed when this connection ends.
@@ -773,239 +607,107 @@ fn serve<S: ServerStream>(shared: &Shared, mut stream: S) -> Result<(), &'static
             }
             Err(_) => return Err("io"),
         };
+        let id = header.request_id;
         out.clear();
         match header.kind {
-            Kind::Batch if shared.rpc_only => {
-                return refuse(
-                    &mut stream,
-                    &mut out,
-                    header.request_id,
-                    error_code::UNSUPPORTED,
-                    "this server answers RPCs only: it has no region for one-sided operations",
-                    "malformed",
-                );
-            }
-            Kind::Batch if stream.listener() == "verbs" => {
-                return refuse(
-                    &mut stream,
-                    &mut out,
-                    header.request_id,
-                    error_code::UNSUPPORTED,
-                    "a verbs control channel carries no batches: post them on the queue pair",
-                    "malformed",
-                );
-            }
+            Kind::Batch => execute_batch(shared, &mut stream, id, &body, &mut batch, &mut out)?,
             Kind::VerbsConnect => {
-                let client = decoded(&mut stream, &mut out, header.request_id, wire::decode_verbs_connect(&body))?;
-                let host = match (&shared.verbs, stream.listener()) {
-                    (Some(host), "verbs") => host,
-                    _ => {
-                        return refuse(
-                            &mut stream,
-                            &mut out,
-                            header.request_id,
-                            error_code::UNSUPPORTED,
-                            "this endpoint does not serve verbs",
-                            "malformed",
-                        )
-                    }
-                };
-                if queue_pair.is_some() {
-                    return refuse(
-                        &mut stream,
-                        &mut out,
-                        header.request_id,
-                        error_code::MALFORMED,
-                        "one queue pair per control connection",
-                        "malformed",
-                    );
-                }
-                match accept_verbs(host, &client, &mut out) {
-                    Ok(qp) => queue_pair = Some(qp),
-                    Err(message) => {
-                        tracing::warn!("region server: cannot set up a verbs client: {message}");
-                        return refuse(
-                            &mut stream,
-                            &mut out,
-                            header.request_id,
-                            error_code::SETUP_FAILED,
-                            &message,
-                            "verbs_setup",
-                        );
-                    }
-                }
-                stream.write_all(&out).map_err(|_| "io")?;
+                let has_queue_pair = queue_pair.is_some();
+                queue_pair = Some(connect_verbs(shared, &mut stream, id, &body, has_queue_pair, &mut out)?);
             }
-            Kind::Batch => {
-                decoded(&mut stream, &mut out, header.request_id, wire::decode_batch(&body, &mut batch))?;
-                let started = Instant::now();
-                shared.region.apply(&mut batch);
-                METRICS.batch_seconds.observe(started.elapsed().as_secs_f64());
-                record_batch(&batch);
-                wire::encode_batch_result(&mut out, header.request_id, &batch);
-                stream.write_all(&out).map_err(|_| "io")?;
-            }
-            Kind::RpcRequest => {
-                let (method, payload) =
-                    decoded(&mut stream, &mut out, header.request_id, wire::decode_rpc_request(&body))?;
-                let started = Instant::now();
-                let name = shared.rpc.method_name(method);
-                let result = shared.rpc.call_as(&caller, method, payload);
-                METRICS.rpc_seconds.with_label_values(&[name]).observe(started.elapsed().as_secs_f64());
-                match result {
-                    Ok(response) => {
-                        METRICS.rpc_requests.with_label_values(&[name, "ok"]).inc();
-                        wire::encode_rpc_response(&mut out, header.request_id, 0, &response);
-                    }
-                    Err(status) => {
-                        METRICS.rpc_requests.with_label_values(&[name, "error"]).inc();
-                        wire::encode_rpc_response(
-                            &mut out,
-                            header.request_id,
-                            status.code.max(1),
-                            status.message.as_bytes(),
-                        );
-                    }
-                }
-                stream.write_all(&out).map_err(|_| "io")?;
-            }
+            Kind::RpcRequest => answer_rpc(shared, &mut stream, caller, id, &body, &mut out)?,
             Kind::FlockOpen => {
-                let open = decoded(&mut stream, &mut out, header.request_id, wire::decode_flock_open(&body))?;
+                let open = decoded(&mut stream, &mut out, id, wire::decode_flock_open(&body))?;
                 // The connection is a FLOCK lane from now on.
-                let (lane, credits) = shared.flock.open(open.sender);
-                let result = serve_flock_lane(shared, &mut stream, &open, lane, credits, &caller, &mut out);
-                shared.flock.close(lane);
-                return result;
+                return serve_lane_connection(&shared.lane_host(), &mut stream, &open, caller, &mut out);
             }
             kind => {
-                return refuse(
-                    &mut stream,
-                    &mut out,
-                    header.request_id,
-                    error_code::UNSUPPORTED,
-                    &format!("a client may not send {kind:?} frames"),
-                    "malformed",
-                );
+                let message = format!("a client may not send {kind:?} frames");
+                return refuse(&mut stream, &mut out, id, error_code::UNSUPPORTED, &message, "malformed");
             }
         }
     }
 }
 
-/// Counts one RPC served (by FLOCK's receiver or the legacy RpcRequest frame).
-pub(crate) fn record_rpc(name: &'static str, ok: bool, took: Duration) {
-    METRICS.rpc_seconds.with_label_values(&[name]).observe(took.as_secs_f64());
-    METRICS.rpc_requests.with_label_values(&[name, if ok { "ok" } else { "error" }]).inc();
-}
-
-/// Answers FlockOpen with the carrier this listener offers and serves the lane.
-fn serve_flock_lane<S: ServerStream>(
+/// A one-sided batch, executed against the region: the software NIC.
+fn execute_batch<S: ServerStream>(
     shared: &Shared,
     stream: &mut S,
-    open: &wire::FlockOpen,
-    lane: crate::flock::scheduler::LaneId,
-    credits: u32,
-    caller: &Caller,
+    request_id: u64,
+    body: &[u8],
+    batch: &mut Batch,
     out: &mut Vec<u8>,
 ) -> Result<(), &'static str> {
-    use crate::flock::receiver::{serve_lane, LaneContext};
-    let key = (random_u64() as u32) | 1;
-    let batch = shared.flock.options().credits;
-    let cx = LaneContext {
-        rpc: &*shared.rpc,
-        caller,
-        scheduler: &shared.flock,
-        lane,
-        key,
-        initial_credits: credits,
-        stopping: &shared.stopping,
+    if shared.rpc_only {
+        let message = "this server answers RPCs only: it has no region for one-sided operations";
+        return refuse(stream, out, request_id, error_code::UNSUPPORTED, message, "malformed");
+    }
+    if stream.listener() == "verbs" {
+        let message = "a verbs control channel carries no batches: post them on the queue pair";
+        return refuse(stream, out, request_id, error_code::UNSUPPORTED, message, "malformed");
+    }
+    decoded(stream, out, request_id, wire::decode_batch(body, batch))?;
+    let started = Instant::now();
+    shared.region.apply(batch);
+    METRICS.batch_seconds.observe(started.elapsed().as_secs_f64());
+    record_batch(batch);
+    wire::encode_batch_result(out, request_id, batch);
+    stream.write_all(out).map_err(|_| "io")
+}
+
+/// A VerbsConnect: the client's queue pair on this side (one per control connection),
+/// answered with VerbsAccept.
+fn connect_verbs<S: ServerStream>(
+    shared: &Shared,
+    stream: &mut S,
+    request_id: u64,
+    body: &[u8],
+    has_queue_pair: bool,
+    out: &mut Vec<u8>,
+) -> Result<ServerQp, &'static str> {
+    let client = decoded(stream, out, request_id, wire::decode_verbs_connect(body))?;
+    let host = match (&shared.verbs, stream.listener()) {
+        (Some(host), "verbs") => host,
+        _ => {
+            let message = "this endpoint does not serve verbs";
+            return refuse(stream, out, request_id, error_code::UNSUPPORTED, message, "malformed");
+        }
     };
-    out.clear();
-    match stream.listener() {
-        "tcp" => {
-            if open.verbs.is_some() {
-                return refuse(stream, out, 0, error_code::MALFORMED, "a tcp lane has no queue pair", "malformed");
-            }
-            wire::encode_flock_accept(out, &wire::FlockAccept { key, credits, batch, ring_bytes: 0, verbs: None });
+    if has_queue_pair {
+        let message = "one queue pair per control connection";
+        return refuse(stream, out, request_id, error_code::MALFORMED, message, "malformed");
+    }
+    match accept_verbs(host, &client, out) {
+        Ok(qp) => {
             stream.write_all(out).map_err(|_| "io")?;
-            let stall = shared.options.io_timeout;
-            serve_lane(&mut crate::flock::stream::StreamCarrier { stream, stall }, &cx)
+            Ok(qp)
         }
-        "unix" => {
-            if open.verbs.is_some() {
-                return refuse(stream, out, 0, error_code::MALFORMED, "an shm lane has no queue pair", "malformed");
-            }
-            let (file, mut carrier) = match crate::flock::shm::ServerRings::create() {
-                Ok(parts) => parts,
-                Err(e) => {
-                    tracing::warn!("region server: cannot create flock rings: {e}");
-                    return refuse(stream, out, 0, error_code::SETUP_FAILED, &e.to_string(), "io");
-                }
-            };
-            carrier.keyed(key, shared.options.io_timeout);
-            let ring_bytes = carrier.ring_bytes();
-            wire::encode_flock_accept(out, &wire::FlockAccept { key, credits, batch, ring_bytes, verbs: None });
-            stream.send_with_fd(out, file.as_fd()).map_err(|_| "io")?;
-            drop(file);
-            carrier.watch(stream.as_fd());
-            serve_lane(&mut carrier, &cx)
+        Err(message) => {
+            tracing::warn!("region server: cannot set up a verbs client: {message}");
+            refuse(stream, out, request_id, error_code::SETUP_FAILED, &message, "verbs_setup")
         }
-        _ => serve_verbs_lane(shared, stream, open, &cx, credits, batch, out),
     }
 }
 
-/// A verbs lane: the client's FlockOpen carries its queue pair and response ring; we make
-/// ours (QP and request ring), connect, answer with their description and serve the lane
-/// over RDMA, keeping this TCP connection only to notice the client leaving.
-#[cfg(feature = "rdma")]
-fn serve_verbs_lane<S: ServerStream>(
+/// The legacy RpcRequest frame: one RPC answered on the connection itself.
+fn answer_rpc<S: ServerStream>(
     shared: &Shared,
     stream: &mut S,
-    open: &wire::FlockOpen,
-    cx: &crate::flock::receiver::LaneContext<'_>,
-    credits: u32,
-    batch: u32,
+    caller: &Caller,
+    request_id: u64,
+    body: &[u8],
     out: &mut Vec<u8>,
 ) -> Result<(), &'static str> {
-    let Some(peer) = open.verbs else {
-        return refuse(
-            stream,
-            out,
-            0,
-            error_code::MALFORMED,
-            "a verbs lane needs the sender's queue pair and ring (FlockOpen without its verbs part)",
-            "malformed",
-        );
-    };
-    let Some(host) = &shared.verbs else {
-        return refuse(stream, out, 0, error_code::UNSUPPORTED, "this endpoint does not serve verbs", "malformed");
-    };
-    let stall = shared.options.io_timeout;
-    let (mut carrier, mine) = match crate::flock::verbs::ServerLane::accept(host.device(), &peer, cx.key, stall) {
-        Ok(parts) => parts,
-        Err(message) => {
-            tracing::warn!("region server: cannot set up a flock verbs lane: {message}");
-            return refuse(stream, out, 0, error_code::SETUP_FAILED, &message, "verbs_setup");
-        }
-    };
-    let accept = wire::FlockAccept { key: cx.key, credits, batch, ring_bytes: mine.ring_len, verbs: Some(mine) };
-    wire::encode_flock_accept(out, &accept);
-    stream.write_all(out).map_err(|_| "io")?;
-    carrier.watch(stream.as_fd());
-    crate::flock::receiver::serve_lane(&mut carrier, cx)
-}
-
-#[cfg(not(feature = "rdma"))]
-fn serve_verbs_lane<S: ServerStream>(
-    _shared: &Shared,
-    stream: &mut S,
-    _open: &wire::FlockOpen,
-    _cx: &crate::flock::receiver::LaneContext<'_>,
-    _credits: u32,
-    _batch: u32,
-    out: &mut Vec<u8>,
-) -> Result<(), &'static str> {
-    // No verbs listener exists in a build without RDMA support.
-    refuse(stream, out, 0, error_code::UNSUPPORTED, "this build serves no verbs lanes", "malformed")
+    let (method, payload) = decoded(stream, out, request_id, wire::decode_rpc_request(body))?;
+    let started = Instant::now();
+    let name = shared.rpc.method_name(method);
+    let result = shared.rpc.call_as(caller, method, payload);
+    record_rpc(name, result.is_ok(), started.elapsed());
+    match result {
+        Ok(response) => wire::encode_rpc_response(out, request_id, 0, &response),
+        Err(status) => wire::encode_rpc_response(out, request_id, status.code.max(1), status.message.as_bytes()),
+    }
+    stream.write_all(out).map_err(|_| "io")
 }
 
 fn record_batch(batch: &Batch) {

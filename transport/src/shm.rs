@@ -9,26 +9,24 @@
 
 use std::cell::RefCell;
 use std::fs::File;
-use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 use prometheus::local::LocalIntCounter;
 use prometheus::IntCounter;
 
 use crate::batch::Batch;
 use crate::error::TransportError;
-use crate::fdpass::recv_with_fd;
 use crate::flock::shm::open_shm_lane;
 use crate::flock::{Channel, FlockOptions};
 use crate::mux::error_frame;
+use crate::net::{dial_unix, read_frame_with_fd, watch_peer};
 use crate::region::Region;
-use crate::stream::{read_body, POLL_INTERVAL};
-use crate::wire::{self, Kind, HEADER_BYTES};
+use crate::stream::POLL_INTERVAL;
+use crate::wire::{self, Kind};
 use crate::{ConnectOptions, Connection, TransportKind};
 
 static BATCHES: LazyLock<IntCounter> = LazyLock::new(|| {
@@ -63,45 +61,6 @@ pub struct ShmConnection {
     lost: Arc<AtomicBool>,
     control: UnixStream,
     watcher: Option<JoinHandle<()>>,
-}
-
-/// Connects to the region server's Unix socket at `path`, reads and writes bounded by
-/// `timeout`; `fail` turns an error into the caller's connect error.
-pub(crate) fn dial_unix(
-    path: &Path,
-    timeout: Duration,
-    fail: &dyn Fn(String) -> TransportError,
-) -> Result<UnixStream, TransportError> {
-    let stream = UnixStream::connect(path).map_err(|e| fail(e.to_string()))?;
-    stream.set_write_timeout(Some(timeout)).map_err(|e| fail(e.to_string()))?;
-    stream.set_read_timeout(Some(timeout)).map_err(|e| fail(e.to_string()))?;
-    Ok(stream)
-}
-
-/// Reads one frame whose first bytes may carry a descriptor: returns its header and the
-/// descriptor if one came, its body in `body`. `during` names the exchange for the error
-/// when the server hangs up.
-pub(crate) fn read_frame_with_fd(
-    stream: &mut UnixStream,
-    body: &mut Vec<u8>,
-    timeout: Duration,
-    during: &str,
-    fail: &dyn Fn(String) -> TransportError,
-) -> Result<(wire::Header, Option<OwnedFd>), TransportError> {
-    let mut header = [0u8; HEADER_BYTES];
-    let mut got = 0;
-    let mut passed = None;
-    while got < HEADER_BYTES {
-        let (n, fd) = recv_with_fd(stream, &mut header[got..]).map_err(|e| fail(e.to_string()))?;
-        if n == 0 {
-            return Err(fail(format!("closed {during}")));
-        }
-        got += n;
-        passed = passed.or(fd);
-    }
-    let header = wire::decode_header(&header).map_err(|e| TransportError::Protocol(e.to_string()))?;
-    read_body(stream, body, header.body_len as usize, timeout).map_err(|e| fail(e.to_string()))?;
-    Ok((header, passed))
 }
 
 impl ShmConnection {
@@ -153,25 +112,6 @@ impl ShmConnection {
             watcher: Some(watcher),
         })
     }
-}
-
-/// Blocks until the peer hangs up (or we shut the socket down), then raises `lost`. Also
-/// watches the verbs backend's control channel (a TCP stream).
-pub(crate) fn watch_peer(stream: &impl AsFd, lost: &AtomicBool) {
-    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-    // nix has no name for POLLRDHUP (Linux: the peer shut down its writing half).
-    let rdhup = PollFlags::from_bits_retain(libc::POLLRDHUP);
-    loop {
-        let mut fds = [PollFd::new(stream.as_fd(), rdhup)];
-        match poll(&mut fds, PollTimeout::NONE) {
-            // We only asked for hang-up events (POLLHUP and POLLERR always come too), so any
-            // ready descriptor means the peer is gone. (nix cannot decode POLLRDHUP in revents.)
-            Ok(n) if n > 0 => break,
-            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-            Err(_) => break,
-        }
-    }
-    lost.store(true, Ordering::Release);
 }
 
 impl Drop for ShmConnection {

@@ -1,10 +1,8 @@
 //! The tcp backend: batches travel as frames to the software NIC in the region server, over
 //! TLS when [`ConnectOptions::tls`] is set.
 
-use std::io::Read;
-use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::LazyLock;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use prometheus::{Histogram, HistogramOpts, IntCounter};
 
@@ -12,9 +10,9 @@ use crate::batch::Batch;
 use crate::error::TransportError;
 use crate::flock::stream::open_tcp_lane;
 use crate::flock::{Channel, FlockOptions};
-use crate::mux::{error_frame, Mux};
-use crate::stream::{read_frame, FrameRead, POLL_INTERVAL};
-use crate::tls::{TcpLink, TlsStream};
+use crate::mux::Mux;
+use crate::net::dial;
+use crate::tls::TcpLink;
 use crate::wire::{self, Kind};
 use crate::{ConnectOptions, Connection, TransportKind};
 
@@ -38,92 +36,6 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         rpcs: register(IntCounter::new("racekv_transport_tcp_rpcs_total", "RPCs sent over tcp").unwrap()),
     }
 });
-
-/// Reads the HelloOk that ends the handshake (blocking, bounded by `timeout`).
-fn await_hello_ok<S: Read>(stream: &mut S, timeout: Duration, peer: &str) -> Result<wire::HelloOk, TransportError> {
-    let started = Instant::now();
-    let mut body = Vec::new();
-    loop {
-        match read_frame(stream, &mut body, timeout) {
-            Ok(FrameRead::Frame(h)) if h.kind == Kind::HelloOk => {
-                return wire::decode_hello_ok(&body).map_err(|e| TransportError::Protocol(e.to_string()));
-            }
-            Ok(FrameRead::Frame(h)) if h.kind == Kind::Error => return Err(error_frame(&body, peer)),
-            Ok(FrameRead::Frame(h)) => {
-                return Err(TransportError::Protocol(format!("{peer} answered hello with {:?}", h.kind)))
-            }
-            Ok(FrameRead::Idle) if started.elapsed() < timeout => continue,
-            Ok(FrameRead::Idle) => return Err(TransportError::Timeout { waited_ms: timeout.as_millis() as u64 }),
-            Ok(FrameRead::Closed) => {
-                return Err(TransportError::Connect { endpoint: peer.into(), reason: "closed during hello".into() })
-            }
-            Err(e) => return Err(TransportError::Connect { endpoint: peer.into(), reason: e.to_string() }),
-        }
-    }
-}
-
-/// Connects to the first address `addr` resolves to that accepts, as `TcpStream::connect`
-/// does (a name like `localhost` may resolve to `::1` before `127.0.0.1`), each try
-/// bounded by what is left of the deadline.
-fn connect_any(addr: &str, deadline: Instant) -> Result<TcpStream, String> {
-    let mut last = String::from("the name resolves to no address");
-    for target in addr.to_socket_addrs().map_err(|e| e.to_string())? {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(format!("timed out ({last})"));
-        }
-        match TcpStream::connect_timeout(&target, left) {
-            Ok(stream) => return Ok(stream),
-            Err(e) => last = format!("{target}: {e}"),
-        }
-    }
-    Err(last)
-}
-
-/// Connects to the region server at `addr` and authenticates: connected within the
-/// timeout, no Nagle delay, reads that wake every [`POLL_INTERVAL`], writes bounded by the
-/// timeout, TLS if [`ConnectOptions::tls`] is set, the token handshake done and HelloOk
-/// read. `endpoint` names the server in errors (`tcp:host:port`, `verbs:host:port`).
-pub(crate) fn dial(
-    addr: &str,
-    endpoint: &str,
-    options: &ConnectOptions,
-) -> Result<(TcpLink, wire::HelloOk), TransportError> {
-    let fail = |reason: String| TransportError::Connect { endpoint: endpoint.into(), reason };
-    let deadline = Instant::now() + options.timeout;
-    let stream = connect_any(addr, deadline).map_err(fail)?;
-    stream.set_nodelay(true).map_err(|e| fail(e.to_string()))?;
-    stream.set_read_timeout(Some(POLL_INTERVAL)).map_err(|e| fail(e.to_string()))?;
-    stream.set_write_timeout(Some(options.timeout)).map_err(|e| fail(e.to_string()))?;
-    let mut link = match &options.tls {
-        Some(tls) => TcpLink::Tls(TlsStream::client(stream, tls, addr, deadline).map_err(|e| fail(e.to_string()))?),
-        None => TcpLink::Plain(stream),
-    };
-    let left = deadline.saturating_duration_since(Instant::now());
-    crate::auth::connect(&mut link, &options.token, options.user.as_deref(), left, endpoint)?;
-    let hello = await_hello_ok(&mut link, deadline.saturating_duration_since(Instant::now()), endpoint)?;
-    Ok((link, hello))
-}
-
-/// [`dial`] for a verbs control channel, which has no TLS: its one-sided traffic travels on
-/// queue pairs, unencrypted, whatever the channel does.
-#[cfg(feature = "rdma")]
-pub(crate) fn dial_plain(
-    addr: &str,
-    endpoint: &str,
-    options: &ConnectOptions,
-) -> Result<(TcpStream, wire::HelloOk), TransportError> {
-    if options.tls.is_some() {
-        return Err(TransportError::Connect {
-            endpoint: endpoint.into(),
-            reason: "verbs endpoints have no TLS (their one-sided traffic is not encrypted): connect without TLS options, or over tcp".into(),
-        });
-    }
-    match dial(addr, endpoint, options)? {
-        (TcpLink::Plain(stream), hello) => Ok((stream, hello)),
-        (TcpLink::Tls(_), _) => unreachable!("no TLS was asked for"),
-    }
-}
 
 /// A tcp connection; many threads may share it (batches are multiplexed by id on one
 /// stream; RPCs travel on FLOCK lanes of their own, opened on the first call).

@@ -11,8 +11,10 @@
 //!   coalesces everyone queued behind it into one [`message`] (header with length, count and
 //!   canary; per request size, thread id, sequence and rpc id; data; trailing canary), sends
 //!   it with one write, and passes leadership on.
+//! * [`accept`]: the region server hands a connection that sent FlockOpen over; it gets a
+//!   lane from the scheduler and is answered with the carrier its listener offers.
 //! * the receiver ([`receiver`], run by the region server, one loop per lane) checks both
-//!   canaries and every field, dispatches each request to the [`crate::RpcService`], and
+//!   canaries and every field, dispatches each request to the [`RpcService`] ([`service`]), and
 //!   coalesces the responses into one message the same way; responses carry the receiver's
 //!   ring head back, and the answer to a credit renewal.
 //! * the [`scheduler`] (one per region server) grants or refuses credits: it caps the active
@@ -51,6 +53,7 @@
 //! maximal RPC ([`crate::wire::MAX_RPC_BYTES`]); rings are sized for two such messages.
 //! Coalescing stops at the carrier's message limit or [`FlockOptions::max_coalesce`].
 
+pub(crate) mod accept;
 pub(crate) mod combine;
 pub(crate) mod mapping;
 pub mod message;
@@ -59,6 +62,7 @@ pub(crate) mod receiver;
 pub(crate) mod ring;
 pub mod scheduler;
 pub(crate) mod sender;
+pub(crate) mod service;
 pub(crate) mod shm;
 pub(crate) mod stream;
 #[cfg(feature = "rdma")]
@@ -75,6 +79,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 pub use scheduler::{Scheduler, SchedulerOptions, SenderStats};
+pub use service::{NoRpc, RpcService};
 
 use crate::error::TransportError;
 use sender::{LaneSetup, Sender};
@@ -155,7 +160,7 @@ impl Channel {
         if let Some(s) = slot.as_ref().filter(|s| !s.is_broken()) {
             return Ok(Arc::clone(s));
         }
-        let id = crate::server::random_u64();
+        let id = crate::net::random_u64();
         let lanes = (self.open)(id, self.options.lanes).map_err(|e| match e {
             TransportError::Connect { endpoint, reason } => TransportError::ConnectionLost {
                 reason: format!("cannot open an rpc lane to {endpoint}: {reason}"),

@@ -14,7 +14,7 @@ use std::time::Instant;
 use super::message::{self, canary, Builder, Entry, Header, FLAG_GRANT, FLAG_RENEW, KIND_REQUEST, KIND_RESPONSE};
 use super::metrics::METRICS;
 use super::scheduler::{LaneId, Scheduler, SenderStats};
-use crate::server::RpcService;
+use super::service::{record_rpc, RpcService};
 
 /// What one attempt to receive produced.
 pub(crate) enum Received {
@@ -122,7 +122,7 @@ pub(crate) fn serve_lane(carrier: &mut dyn ServerCarrier, cx: &LaneContext<'_>) 
             let name = cx.rpc.method_name(entry.rpc);
             let result = cx.rpc.call_as(cx.caller, entry.rpc, data);
             let ok = result.is_ok();
-            crate::server::record_rpc(name, ok, method_started.elapsed());
+            record_rpc(name, ok, method_started.elapsed());
             let fits = |len: usize| len <= crate::wire::MAX_RPC_BYTES && message::message_len(1, len) <= max;
             let (status, payload) = match &result {
                 Ok(response) if fits(response.len()) => (0, &response[..]),

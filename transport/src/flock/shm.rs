@@ -35,6 +35,7 @@ use super::message::{self, MAX_MESSAGE_BYTES};
 use super::receiver::{Received, ServerCarrier};
 use super::ring::{ring_bytes_for, RingReader, RingWriter, Span};
 use super::ClientCarrier;
+use crate::net::hung_up;
 
 const CONTROL_BYTES: usize = 4096;
 /// Where one direction's words sit in the control page: the reader's head (its tail word,
@@ -206,14 +207,6 @@ fn read(
     Ok(got)
 }
 
-/// True when the peer has hung up its end of `socket` (a non-blocking check).
-pub(crate) fn hung_up(socket: BorrowedFd<'_>) -> bool {
-    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-    let rdhup = PollFlags::from_bits_retain(libc::POLLRDHUP);
-    let mut fds = [PollFd::new(socket, rdhup)];
-    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
-}
-
 /// The receiver's end, in the region server.
 pub(crate) struct ServerRings {
     shared: Shared,
@@ -361,7 +354,7 @@ pub(crate) fn open_shm_lane(
 ) -> Result<super::sender::LaneSetup, crate::TransportError> {
     use std::io::Write;
 
-    use crate::shm::{dial_unix, read_frame_with_fd};
+    use crate::net::{dial_unix, read_frame_with_fd};
     use crate::wire::{self, Kind};
     use crate::TransportError;
     let peer = format!("shm:{}", path.display());

@@ -102,35 +102,6 @@ impl<S: Read + Write> ServerCarrier for StreamCarrier<'_, S> {
     }
 }
 
-/// Waits for the FlockAccept that answers a FlockOpen (blocking, bounded by `timeout`).
-pub(crate) fn await_accept<S: Read>(
-    stream: &mut S,
-    timeout: Duration,
-    peer: &str,
-) -> Result<crate::wire::FlockAccept, crate::TransportError> {
-    use crate::stream::{read_frame, FrameRead};
-    use crate::wire::{self, Kind};
-    use crate::TransportError;
-    let fail = |reason: String| TransportError::Connect { endpoint: peer.to_string(), reason };
-    let started = std::time::Instant::now();
-    let mut body = Vec::new();
-    loop {
-        match read_frame(stream, &mut body, timeout) {
-            Ok(FrameRead::Frame(h)) if h.kind == Kind::FlockAccept => {
-                return wire::decode_flock_accept(&body).map_err(|e| TransportError::Protocol(format!("{peer}: {e}")));
-            }
-            Ok(FrameRead::Frame(h)) if h.kind == Kind::Error => return Err(crate::mux::error_frame(&body, peer)),
-            Ok(FrameRead::Frame(h)) => {
-                return Err(TransportError::Protocol(format!("{peer} answered FlockOpen with {:?}", h.kind)))
-            }
-            Ok(FrameRead::Idle) if started.elapsed() < timeout => continue,
-            Ok(FrameRead::Idle) => return Err(TransportError::Timeout { waited_ms: timeout.as_millis() as u64 }),
-            Ok(FrameRead::Closed) => return Err(fail("closed while opening an rpc lane".into())),
-            Err(e) => return Err(fail(e.to_string())),
-        }
-    }
-}
-
 /// Opens lane `lane` of sender `sender` as its own TCP connection to `addr`.
 pub(crate) fn open_tcp_lane(
     addr: &str,
@@ -142,11 +113,11 @@ pub(crate) fn open_tcp_lane(
     use crate::TransportError;
     let peer = format!("tcp:{addr}");
     let fail = |reason: String| TransportError::Connect { endpoint: peer.clone(), reason };
-    let (mut stream, _) = crate::tcp::dial(addr, &peer, options)?;
+    let (mut stream, _) = crate::net::dial(addr, &peer, options)?;
     let mut out = Vec::new();
     wire::encode_flock_open(&mut out, &wire::FlockOpen { sender, lane, verbs: None });
     stream.write_all(&out).map_err(|e| fail(e.to_string()))?;
-    let accept = await_accept(&mut stream, options.timeout, &peer)?;
+    let accept = crate::net::await_accept(&mut stream, options.timeout, &peer)?;
     let carrier = TcpLane::new(stream, options.timeout).map_err(|e| fail(e.to_string()))?;
     Ok(super::sender::LaneSetup {
         carrier: Box::new(carrier),

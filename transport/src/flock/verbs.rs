@@ -871,7 +871,7 @@ impl ClientCarrier for VerbsLane {
                 format!("the region server sent {other:?} (only grants go that way)"),
             )),
             Got::Idle => {
-                if super::shm::hung_up(self.socket.as_fd()) {
+                if crate::net::hung_up(self.socket.as_fd()) {
                     return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the region server closed the lane"));
                 }
                 // Nobody may be sending: surface a failed WRITE here.
@@ -941,12 +941,12 @@ fn dial(addr: &str, options: &ConnectOptions, sender: u64, lane: u16) -> Result<
     let device = local::shared().map_err(|e| fail(e.to_string()))?;
     let resources =
         Resources::create(&device).map_err(|e| fail(format!("setting up an rpc lane's queue pair: {e}")))?;
-    let (mut stream, _) = crate::tcp::dial_plain(addr, &peer, options)?;
+    let (mut stream, _) = crate::net::dial_plain(addr, &peer, options)?;
     let mut out = Vec::new();
     let open = wire::FlockOpen { sender, lane, verbs: Some(resources.describe()) };
     wire::encode_flock_open(&mut out, &open);
     stream.write_all(&out).map_err(|e| fail(e.to_string()))?;
-    let accept = super::stream::await_accept(&mut stream, options.timeout, &peer)?;
+    let accept = crate::net::await_accept(&mut stream, options.timeout, &peer)?;
     let theirs = accept.verbs.ok_or_else(|| {
         TransportError::Protocol(format!("{peer} accepted an rpc lane without its queue pair and ring"))
     })?;
@@ -996,7 +996,7 @@ pub struct RawVerbsLane {
 impl RawVerbsLane {
     /// Opens a lane (hello, FlockOpen with our QP and ring) to the `verbs:` listener at `addr`.
     pub fn open(addr: &str, options: &ConnectOptions) -> Result<Self, TransportError> {
-        let Dialled { qp, tx, rx, stream, accept } = dial(addr, options, crate::server::random_u64(), 0)?;
+        let Dialled { qp, tx, rx, stream, accept } = dial(addr, options, crate::net::random_u64(), 0)?;
         Ok(Self { qp, tx, rx, stream, key: accept.key, credits: accept.credits, received: 0, buf: Vec::new() })
     }
 
@@ -1048,7 +1048,7 @@ impl RawVerbsLane {
     pub fn closed_within(&self, within: Duration) -> bool {
         let deadline = Instant::now() + within;
         loop {
-            if super::shm::hung_up(self.stream.as_fd()) {
+            if crate::net::hung_up(self.stream.as_fd()) {
                 return true;
             }
             if Instant::now() >= deadline {
@@ -1122,7 +1122,7 @@ impl ServerCarrier for ServerLane {
                 format!("a sender sent {other:?} (only renewals go that way)"),
             )),
             Got::Idle => {
-                if self.socket.as_ref().is_some_and(|s| super::shm::hung_up(s.as_fd())) {
+                if self.socket.as_ref().is_some_and(|s| crate::net::hung_up(s.as_fd())) {
                     return Ok(Received::Closed);
                 }
                 self.tx.reap(&self.qp)?;

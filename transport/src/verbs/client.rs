@@ -210,7 +210,7 @@ impl VerbsConnection {
         let staging = Staging::new(&device.pd).map_err(verbs)?;
 
         // Control channel: hello, then the QP exchange.
-        let (mut stream, hello) = crate::tcp::dial_plain(addr, &endpoint, options)?;
+        let (mut stream, hello) = crate::net::dial_plain(addr, &endpoint, options)?;
 
         let port = device.port;
         let psn = random_psn();
@@ -256,7 +256,7 @@ impl VerbsConnection {
         let watcher_lost = Arc::clone(&control_lost);
         let watcher = std::thread::Builder::new()
             .name("verbs-liveness".into())
-            .spawn(move || crate::shm::watch_peer(&watch, &watcher_lost))
+            .spawn(move || crate::net::watch_peer(&watch, &watcher_lost))
             .map_err(|e| fail(e.to_string()))?;
         let max_inline = qp.caps().max_inline_data;
         let (lane_addr, lane_options) = (addr.to_string(), options.clone());
