@@ -49,9 +49,15 @@ enum Command {
     Status {
         #[command(flatten)]
         target: Target,
-        /// The computenode's metrics address (its JSON /status), or `none`.
-        #[arg(long, env = "RACEKV_COMPUTENODE_STATUS", default_value = "127.0.0.1:9400")]
-        computenode: String,
+        /// The computenode's metrics addresses to try, first answer wins (its JSON /status),
+        /// or `none`. The defaults: a computenode daemon's, then `racekv up`'s.
+        #[arg(
+            long,
+            env = "RACEKV_STATUS_FROM",
+            value_delimiter = ',',
+            default_value = "127.0.0.1:9401,127.0.0.1:9400"
+        )]
+        computenode: Vec<String>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -196,7 +202,16 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-/// The computenode's `/status` document, if it answers.
+/// The first computenode `/status` document one of `addrs` answers with (a memnode's, which
+/// has no workers, does not count), and where.
+fn find_computenode(addrs: &[String]) -> Option<(String, serde_json::Value)> {
+    addrs.iter().find_map(|addr| {
+        let status = computenode_status(addr).filter(|s| s.get("workers").is_some())?;
+        Some((addr.clone(), status))
+    })
+}
+
+/// The `/status` document at `addr`, if it answers.
 fn computenode_status(addr: &str) -> Option<serde_json::Value> {
     use std::io::{Read, Write};
     if addr == "none" {
@@ -211,9 +226,10 @@ fn computenode_status(addr: &str) -> Option<serde_json::Value> {
     serde_json::from_str(text.split("\r\n\r\n").nth(1)?).ok()
 }
 
-fn status(client: &Client, computenode: &str, json: bool) -> anyhow::Result<()> {
+fn status(client: &Client, computenode: &[String], json: bool) -> anyhow::Result<()> {
     let stats = client.stats();
-    let node = computenode_status(computenode);
+    let found = find_computenode(computenode);
+    let node = found.as_ref().map(|(_, status)| status.clone());
     if json {
         let memnodes: Vec<_> = stats
             .iter()
@@ -240,11 +256,11 @@ fn status(client: &Client, computenode: &str, json: bool) -> anyhow::Result<()> 
             Err(e) => println!("{endpoint:<34} unavailable: {e}"),
         }
     }
-    match node {
-        Some(n) => {
+    match found {
+        Some((addr, n)) => {
             println!();
             println!(
-                "computenode: {} worker(s), queue depth {}, {} ready session(s), Redis on {} ({} client(s))",
+                "computenode at {addr}: {} worker(s), queue depth {}, {} ready session(s), Redis on {} ({} client(s))",
                 n["workers"],
                 n["queue_depth"],
                 n["ready_sessions"],
@@ -261,7 +277,10 @@ fn status(client: &Client, computenode: &str, json: bool) -> anyhow::Result<()> 
                 );
             }
         }
-        None => println!("\ncomputenode: no status at {computenode} (not running, or elsewhere: --computenode ADDR)"),
+        None => println!(
+            "\ncomputenode: no status at {} (not running, or elsewhere: --computenode ADDR)",
+            computenode.join(" or ")
+        ),
     }
     Ok(())
 }
@@ -275,4 +294,35 @@ fn human(bytes: u64) -> String {
         unit += 1;
     }
     format!("{value:.1} {}", UNITS[unit])
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every environment variable a command of the CLI reads, with the command's path.
+    fn env_vars(command: &clap::Command, path: &str, out: &mut Vec<(String, String)>) {
+        for arg in command.get_arguments() {
+            if let Some(env) = arg.get_env() {
+                out.push((format!("{path} --{}", arg.get_id()), env.to_string_lossy().into_owned()));
+            }
+        }
+        for sub in command.get_subcommands() {
+            env_vars(sub, &format!("{path} {}", sub.get_name()), out);
+        }
+    }
+
+    /// The daemons read every `RACEKV_MEMNODE_*` / `RACEKV_COMPUTENODE_*` variable as a
+    /// setting and refuse unknown ones: a CLI variable under those prefixes would stop them.
+    #[test]
+    fn no_cli_variable_is_under_a_daemon_prefix() {
+        let mut vars = Vec::new();
+        env_vars(&super::Cli::command(), "racekv", &mut vars);
+        assert!(vars.len() >= 5, "{vars:?}");
+        for (arg, var) in vars {
+            for prefix in ["RACEKV_MEMNODE_", "RACEKV_COMPUTENODE_"] {
+                assert!(!var.starts_with(prefix), "{arg} reads {var}, under the daemons' prefix {prefix}");
+            }
+        }
+    }
 }

@@ -123,3 +123,53 @@ fn reclaim_bench_finds_what_the_crashed_process_held() {
         assert!(report[field].as_f64().is_some_and(|v| v > 0.0), "{field}: {report}");
     }
 }
+
+/// The systemd install script stages binaries, units (which `systemd-analyze verify`
+/// accepts), configs and a token shared by both daemons' env files (0640), and a second
+/// run keeps what is there.
+#[test]
+fn the_systemd_install_script_stages_verified_units() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = env!("CARGO_MANIFEST_DIR");
+    let bin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_racekv")).parent().unwrap().to_path_buf();
+    if !bin_dir.join("racekv-memnode").exists() || !bin_dir.join("racekv-computenode").exists() {
+        panic!("the daemons are not built in {}: run cargo test --workspace", bin_dir.display());
+    }
+    let stage = tempfile::tempdir().unwrap();
+    let install = || {
+        let out = Command::new("bash")
+            .arg(format!("{root}/ops/systemd/install.sh"))
+            .args(["--root".as_ref(), stage.path().as_os_str(), "--bin-dir".as_ref(), bin_dir.as_os_str()])
+            .arg("--no-start")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    install();
+    let path = |p: &str| stage.path().join(p);
+    for bin in ["racekv", "racekv-memnode", "racekv-computenode"] {
+        assert!(path(&format!("usr/local/bin/{bin}")).exists(), "{bin}");
+    }
+    for unit in ["racekv-memnode.service", "racekv-computenode.service"] {
+        let text = std::fs::read_to_string(path(&format!("etc/systemd/system/{unit}"))).unwrap();
+        assert!(text.contains("Type=notify"), "{unit}");
+    }
+    let token = |daemon: &str| {
+        let file = path(&format!("etc/racekv/{daemon}.env"));
+        assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o640, "{daemon}.env");
+        let text = std::fs::read_to_string(file).unwrap();
+        text.trim().split_once('=').unwrap().1.to_string()
+    };
+    let first = token("memnode");
+    assert_eq!(first.len(), 64);
+    assert_eq!(token("computenode"), first, "one token for both");
+    std::fs::write(path("etc/racekv/memnode.toml"), "region_bytes = 1024\n").unwrap();
+    install();
+    assert_eq!(token("memnode"), first, "a second run keeps the token");
+    assert_eq!(std::fs::read_to_string(path("etc/racekv/memnode.toml")).unwrap(), "region_bytes = 1024\n");
+}

@@ -47,11 +47,14 @@ struct Args {
     /// Print the effective configuration as TOML (secrets shown as ***) and exit.
     #[arg(long)]
     print_config: bool,
+    /// Log lines as `text` (colour only on a terminal) or `json` (one object per line).
+    #[arg(long, env = "RACEKV_LOG_FORMAT", default_value = "text")]
+    log_format: racekv_telemetry::LogFormat,
 }
 
 fn main() -> anyhow::Result<()> {
-    racekv_telemetry::init_logging();
     let args = Args::parse();
+    racekv_telemetry::init_logging_as(args.log_format);
     let mut cfg = ComputenodeConfig::load(args.config.as_deref())?;
     if let Some(v) = args.memnodes {
         cfg.memnodes = v;
@@ -89,6 +92,7 @@ fn main() -> anyhow::Result<()> {
     let node = Computenode::start(cfg)?;
     tracing::info!("computenode ready: {}", node.ready_line());
     println!("READY {}", node.ready_line());
+    racekv_telemetry::systemd::notify_ready(&node.ready_line());
     // SIGHUP re-reads the TLS files; anything else stops.
     let signal = signals.forever().find(|&signal| {
         if signal != SIGHUP {
@@ -102,6 +106,7 @@ fn main() -> anyhow::Result<()> {
         false
     });
     tracing::info!(?signal, "shutting down");
+    racekv_telemetry::systemd::notify_stopping();
     node.shutdown();
     tracing::info!("computenode stopped cleanly");
     Ok(())

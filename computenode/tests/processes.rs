@@ -312,3 +312,35 @@ fn the_pool_recovers_after_the_memnode_restarts(endpoint: usize) {
         assert_eq!(got, format!("before-{i}-").repeat(1 + i % 40), "before{i}");
     }
 }
+
+/// Every setting can come from the environment, lists too (comma-separated); the CLI's own
+/// variables do not disturb the daemon; `--print-config` prints TOML that, as a config
+/// file, gives the same configuration.
+#[test]
+fn settings_come_from_the_environment_and_print_as_toml_that_loads_back() {
+    let bin = env!("CARGO_BIN_EXE_racekv-computenode");
+    let out = Command::new(bin)
+        .arg("--print-config")
+        .env("RACEKV_COMPUTENODE_MEMNODES", "tcp:10.0.0.1:7400,tcp:10.0.0.2:7400")
+        .env("RACEKV_COMPUTENODE_MAX_WORKERS", "7")
+        .env("RACEKV_STATUS_FROM", "127.0.0.1:1,127.0.0.1:2")
+        .env("RACEKV_MEMNODES", "tcp:127.0.0.1:1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let printed = String::from_utf8(out.stdout).unwrap();
+    let parsed: toml::Table = printed.parse().expect("valid TOML");
+    let memnodes = toml::Value::Array(vec!["tcp:10.0.0.1:7400".into(), "tcp:10.0.0.2:7400".into()]);
+    assert_eq!(parsed["memnodes"], memnodes);
+    assert_eq!(parsed["max_workers"].as_integer(), Some(7));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("computenode.toml");
+    std::fs::write(&file, &printed).unwrap();
+    let again = Command::new(bin).arg("--print-config").arg("--config").arg(&file).output().unwrap();
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+    assert_eq!(String::from_utf8(again.stdout).unwrap(), printed);
+    // An unknown setting stops the daemon with a clear error, naming it.
+    let out = Command::new(bin).arg("--print-config").env("RACEKV_COMPUTENODE_NO_SUCH", "1").output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no_such"), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -53,6 +53,9 @@ struct Args {
     /// Print the effective configuration as TOML (secrets shown as ***) and exit.
     #[arg(long)]
     print_config: bool,
+    /// Log lines as `text` (colour only on a terminal) or `json` (one object per line).
+    #[arg(long, env = "RACEKV_LOG_FORMAT", default_value = "text")]
+    log_format: racekv_telemetry::LogFormat,
 }
 
 fn optional(value: Option<String>, current: &mut Option<String>) {
@@ -62,8 +65,8 @@ fn optional(value: Option<String>, current: &mut Option<String>) {
 }
 
 fn main() -> anyhow::Result<()> {
-    racekv_telemetry::init_logging();
     let args = Args::parse();
+    racekv_telemetry::init_logging_as(args.log_format);
     let mut cfg = MemnodeConfig::load(args.config.as_deref())?;
     if let Some(v) = args.region_bytes {
         cfg.region_bytes = v;
@@ -100,6 +103,7 @@ fn main() -> anyhow::Result<()> {
     tracing::info!("memnode ready: {}", memnode.ready_line());
     // For supervisors and tests: one machine-readable line on stdout.
     println!("READY {}", memnode.ready_line());
+    racekv_telemetry::systemd::notify_ready(&memnode.ready_line());
     let signal = signals.forever().find(|&signal| {
         if signal != SIGHUP {
             return true;
@@ -112,6 +116,7 @@ fn main() -> anyhow::Result<()> {
         false
     });
     tracing::info!(?signal, "shutting down");
+    racekv_telemetry::systemd::notify_stopping();
     memnode.shutdown()?;
     tracing::info!("memnode stopped cleanly");
     Ok(())

@@ -687,3 +687,49 @@ fn the_memnode_frees_expired_keys_nobody_reads() {
         assert!(metrics.contains(name), "metrics lack {name}");
     }
 }
+
+/// Under systemd (`Type=notify`): READY=1 once serving, STOPPING=1 on SIGTERM. Logs are
+/// JSON lines with `--log-format json`, and plain text without colour codes when stderr is
+/// not a terminal.
+#[test]
+fn tells_systemd_its_state_and_logs_plain_text_or_json() {
+    use std::os::unix::net::UnixDatagram;
+    let dir = tempfile::tempdir().unwrap();
+    let notify = dir.path().join("notify.sock");
+    let systemd = UnixDatagram::bind(&notify).unwrap();
+    systemd.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let receive = || {
+        let mut buf = [0u8; 4096];
+        let n = systemd.recv(&mut buf).expect("a notification");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    for format in ["json", "text"] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_racekv-memnode"))
+            .args(["--listen-tcp", "127.0.0.1:0", "--metrics-addr", "none", "--region-bytes", "16MiB"])
+            .args(["--log-format", format])
+            .env("RACEKV_MEMNODE_TOKEN", TOKEN)
+            .env("RACEKV_LOG", "info")
+            .env("NOTIFY_SOCKET", &notify)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let ready = receive();
+        assert!(ready.lines().any(|l| l == "READY=1"), "{ready}");
+        assert!(ready.contains("STATUS={"), "the ready line as status: {ready}");
+        signal(&child, 15);
+        assert_eq!(receive().trim_end(), "STOPPING=1");
+        assert!(wait_exit(&mut child, Duration::from_secs(10)).success());
+        let mut logs = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut logs).unwrap();
+        assert!(logs.contains("shutting down"), "{logs}");
+        assert!(!logs.contains('\x1b'), "colour codes in a log that is not a terminal: {logs:?}");
+        for line in logs.lines() {
+            let parsed = serde_json::from_str::<serde_json::Value>(line);
+            match format {
+                "json" => assert!(parsed.is_ok_and(|v| v["level"].is_string()), "not a JSON log line: {line}"),
+                _ => assert!(parsed.is_err() && (line.contains("INFO") || line.contains("WARN")), "{line}"),
+            }
+        }
+    }
+}
