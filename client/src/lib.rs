@@ -60,6 +60,7 @@ mod embedded;
 mod error;
 pub mod expiry;
 pub mod op;
+mod parts;
 mod remote;
 pub mod ring;
 pub mod session;

@@ -131,16 +131,22 @@ impl Computenode {
             attach: parking_lot::Mutex::new(None),
             tls: tls.clone(),
         });
+        // One budget for both front ends' requests and replies in parts.
+        let staging = crate::staging::Staging::start(config.staging_options());
         if let Some(path) = &config.attach_socket {
             let submit: Arc<dyn Submit> = parts.queue.clone();
             let auth = crate::attach::AttachAuth { acl: Arc::clone(&acl), trust_uid: config.attach_trust_uid };
-            let options = crate::attach::AttachOptions { auth: Some(auth), ..crate::attach::AttachOptions::default() };
+            let options = crate::attach::AttachOptions {
+                auth: Some(auth),
+                staging: Some(Arc::clone(&staging)),
+                ..crate::attach::AttachOptions::default()
+            };
             let server = crate::attach::AttachServer::start(path, submit, options)
                 .with_context(|| format!("starting the attach socket {}", path.display()))?;
             *parts.attach.lock() = Some(server);
         }
         if let Some(addr) = &config.remote_addr {
-            let server = crate::remote::serve(Arc::clone(&cluster), addr, Arc::clone(&acl), tls.clone())
+            let server = crate::remote::serve(Arc::clone(&cluster), addr, Arc::clone(&acl), tls.clone(), staging)
                 .with_context(|| format!("starting the remote front end on {addr}"))?;
             *parts.remote.lock() = Some(server);
         }
