@@ -162,8 +162,8 @@ impl Attached {
 
     pub(crate) fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
         if key.len() > MAX_KEY_BYTES {
-            // No stored key is this long.
-            return Ok(None);
+            // As the table says (embedded mode), without sending it.
+            return Err(too_large(key.len(), 0));
         }
         self.call(&Request::Get(key.to_vec()))?.value().map_err(|r| self.unexpected(r))
     }
@@ -186,21 +186,21 @@ impl Attached {
 
     pub(crate) fn get_item(&self, key: &[u8]) -> Result<Option<Item>, ClientError> {
         if key.len() > MAX_KEY_BYTES {
-            return Ok(None);
+            return Err(too_large(key.len(), 0));
         }
         self.call(&Request::GetItem(key.to_vec()))?.item().map_err(|r| self.unexpected(r))
     }
 
     pub(crate) fn expire(&self, key: &[u8], change: ExpiryChange) -> Result<bool, ClientError> {
         if key.len() > MAX_KEY_BYTES {
-            return Ok(false);
+            return Err(too_large(key.len(), 0));
         }
         self.call(&Request::Expire { key: key.to_vec(), change })?.done().map_err(|r| self.unexpected(r))
     }
 
     pub(crate) fn delete(&self, key: &[u8]) -> Result<bool, ClientError> {
         if key.len() > MAX_KEY_BYTES {
-            return Ok(false);
+            return Err(too_large(key.len(), 0));
         }
         self.call(&Request::Delete(key.to_vec()))?.done().map_err(|r| self.unexpected(r))
     }
@@ -264,14 +264,15 @@ impl Attached {
     /// pipelined (a chunk whose reply outgrew its slot comes back staged, or is split and
     /// asked again); a key too long for a slot goes alone, in parts.
     pub(crate) fn multi_get(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, ClientError> {
+        if let Some(k) = keys.iter().find(|k| k.len() > MAX_KEY_BYTES) {
+            return Err(too_large(k.len(), 0));
+        }
         let mut out = vec![None; keys.len()];
         let attachment = self.attachment()?;
         let payload = attachment.payload_bytes();
         let max_keys = (attachment.accepted.max_multi_keys as usize).min(crate::op::MAX_MULTI);
-        // A key longer than the table's limit cannot be stored: its value is None.
-        let (askable, alone): (Vec<usize>, Vec<usize>) = (0..keys.len())
-            .filter(|&i| keys[i].len() <= MAX_KEY_BYTES)
-            .partition(|&i| 4 + 4 + keys[i].len() <= payload);
+        let (askable, alone): (Vec<usize>, Vec<usize>) =
+            (0..keys.len()).partition(|&i| 4 + 4 + keys[i].len() <= payload);
         for i in alone {
             match self.call(&Request::MultiGet(vec![keys[i].to_vec()]))? {
                 Reply::Values(mut values) if values.len() == 1 => out[i] = values.pop().flatten(),

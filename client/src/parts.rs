@@ -110,5 +110,5 @@ pub(crate) fn check_item(key: &[u8], value_len: usize) -> Result<(), ClientError
 
 /// The table's TooLarge, naming the limit that was exceeded.
 pub(crate) fn too_large(key: usize, value: usize) -> ClientError {
-    ClientError::TooLarge { key, value, max: if key > MAX_KEY_BYTES { MAX_KEY_BYTES } else { MAX_VALUE_BYTES } }
+    ClientError::too_large(key, value)
 }

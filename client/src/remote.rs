@@ -118,8 +118,8 @@ impl Remote {
 
     pub(crate) fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
         if key.len() > MAX_KEY_BYTES {
-            // No stored key is this long.
-            return Ok(None);
+            // As the table says (embedded mode), without sending it.
+            return Err(too_large(key.len(), 0));
         }
         self.call(&Request::Get(key.to_vec()))?.value().map_err(|r| self.unexpected(r))
     }
@@ -140,21 +140,21 @@ impl Remote {
 
     pub(crate) fn get_item(&self, key: &[u8]) -> Result<Option<Item>, ClientError> {
         if key.len() > MAX_KEY_BYTES {
-            return Ok(None);
+            return Err(too_large(key.len(), 0));
         }
         self.call(&Request::GetItem(key.to_vec()))?.item().map_err(|r| self.unexpected(r))
     }
 
     pub(crate) fn expire(&self, key: &[u8], change: ExpiryChange) -> Result<bool, ClientError> {
         if key.len() > MAX_KEY_BYTES {
-            return Ok(false);
+            return Err(too_large(key.len(), 0));
         }
         self.call(&Request::Expire { key: key.to_vec(), change })?.done().map_err(|r| self.unexpected(r))
     }
 
     pub(crate) fn delete(&self, key: &[u8]) -> Result<bool, ClientError> {
         if key.len() > MAX_KEY_BYTES {
-            return Ok(false);
+            return Err(too_large(key.len(), 0));
         }
         self.call(&Request::Delete(key.to_vec()))?.done().map_err(|r| self.unexpected(r))
     }
@@ -204,30 +204,15 @@ impl Remote {
     /// Values of many keys, in requests of at most [`MAX_MULTI`] keys and the RPC size limit
     /// (a longer key goes alone, in parts; a reply past one RPC is fetched in parts).
     pub(crate) fn multi_get(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, ClientError> {
+        if let Some(k) = keys.iter().find(|k| k.len() > MAX_KEY_BYTES) {
+            return Err(too_large(k.len(), 0));
+        }
         let mut out = Vec::with_capacity(keys.len());
         for chunk in chunks(keys.len(), |i| 4 + keys[i].len()) {
-            // A key longer than the table's limit cannot be stored: its value is None.
-            let asked: Vec<Vec<u8>> =
-                keys[chunk.clone()].iter().filter(|k| k.len() <= MAX_KEY_BYTES).map(|k| k.to_vec()).collect();
-            let mut values = match asked.is_empty() {
-                true => Vec::new(),
-                false => match self.call(&Request::MultiGet(asked))? {
-                    Reply::Values(values) => values,
-                    other => return Err(self.unexpected(other)),
-                },
+            match self.call(&Request::MultiGet(keys[chunk.clone()].iter().map(|k| k.to_vec()).collect()))? {
+                Reply::Values(values) if values.len() == chunk.len() => out.extend(values),
+                other => return Err(self.unexpected(other)),
             }
-            .into_iter();
-            let expected = keys[chunk.clone()].iter().filter(|k| k.len() <= MAX_KEY_BYTES).count();
-            if values.len() != expected {
-                return Err(ClientError::Protocol(format!(
-                    "{} answered {} values for {expected} keys",
-                    self.label,
-                    values.len()
-                )));
-            }
-            out.extend(
-                keys[chunk].iter().map(|k| if k.len() <= MAX_KEY_BYTES { values.next().flatten() } else { None }),
-            );
         }
         Ok(out)
     }
