@@ -22,14 +22,15 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use racekv_hashing::{Item, PutMode, PutOptions, PutResult, MAX_KV_BYTES};
+use racekv_hashing::{Item, PutMode, PutOptions, PutResult};
 
 use crate::attach::area::status;
 use crate::attach::handshake::{refusal, FRAME_HEADER_BYTES, MAX_FRAME_BODY};
 use crate::attach::{doorbell, monotonic_ns, Accepted, ClientRing, Doorbell, Frame, Hello};
 use crate::error::ClientError;
 use crate::expiry::ExpiryChange;
-use crate::op::{ErrorKind, MemnodeStats, Reply, Request};
+use crate::op::{ErrorKind, MemnodeStats, Reply, Request, MAX_KEY_BYTES, MAX_VALUE_BYTES};
+use crate::parts::{check_item, too_large};
 
 /// Re-attach attempts are at least this far apart.
 const REATTACH_BACKOFF: Duration = Duration::from_millis(100);
@@ -134,13 +135,20 @@ impl Attached {
         }
     }
 
-    /// Runs one request that fits one slot.
+    /// Runs one request: in one slot when it fits (the fast path), else in parts; a reply
+    /// too large for a slot is fetched in parts. All parts go through one attachment (the
+    /// daemon keeps a transfer per attachment).
     fn call(&self, request: &Request) -> Result<Reply, ClientError> {
         let mut bytes = Vec::new();
         request.encode(&mut bytes);
         let attachment = self.attachment()?;
+        crate::parts::call(attachment.payload_bytes(), &bytes, &mut |message| self.send(&attachment, message))
+    }
+
+    /// One message in one slot, and its decoded reply.
+    fn send(&self, attachment: &Attachment, message: &[u8]) -> Result<Reply, ClientError> {
         let deadline = self.deadline();
-        let ticket = attachment.start(&bytes, deadline, true)?.expect("a blocking start gives a ticket");
+        let ticket = attachment.start(message, deadline, true)?.expect("a blocking start gives a ticket");
         let (reply, payload) = attachment.finish(ticket, deadline)?;
         if reply.status != status::REPLY {
             return Err(ClientError::Protocol(format!(
@@ -152,67 +160,47 @@ impl Attached {
         Reply::decode(&payload).map_err(|e| ClientError::Protocol(format!("reply from the computenode: {e}")))
     }
 
-    /// The most key and value bytes one request carries (a ring slot, less framing): the
-    /// limit an attached client reports (its own table's is larger).
-    fn item_limit(&self) -> usize {
-        self.attachment().map_or(MAX_KV_BYTES, |a| a.payload_bytes().saturating_sub(32))
-    }
-
-    /// Whether `request` fits one slot of the current attachment.
-    fn fits(&self, request_bytes: usize) -> Result<bool, ClientError> {
-        Ok(request_bytes <= self.attachment()?.payload_bytes())
-    }
-
     pub(crate) fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
-        if key.len() > MAX_KV_BYTES && !self.fits(key.len() + 8)? {
-            // No stored key is this long.
-            return Ok(None);
+        if key.len() > MAX_KEY_BYTES {
+            // As the table says (embedded mode), without sending it.
+            return Err(too_large(key.len(), 0));
         }
         self.call(&Request::Get(key.to_vec()))?.value().map_err(|r| self.unexpected(r))
     }
 
     pub(crate) fn put_with(&self, key: &[u8], value: &[u8], mode: PutMode) -> Result<bool, ClientError> {
-        let too_large = || ClientError::TooLarge { key: key.len(), value: value.len(), max: self.item_limit() };
-        if key.len() + value.len() > MAX_KV_BYTES && !self.fits(key.len() + value.len() + 12)? {
-            return Err(if key.is_empty() { ClientError::EmptyKey } else { too_large() });
-        }
+        check_item(key, value.len())?;
         match self.call(&Request::Put { key: key.to_vec(), value: value.to_vec(), mode })? {
             Reply::Done(applied) => Ok(applied),
-            Reply::Error(ErrorKind::TooLarge, _) => Err(too_large()),
-            other => Err(self.unexpected(other)),
+            other => Err(self.unexpected_for(other, key.len(), value.len())),
         }
     }
 
     pub(crate) fn put_opts(&self, key: &[u8], value: &[u8], options: PutOptions) -> Result<PutResult, ClientError> {
-        let too_large = || ClientError::TooLarge { key: key.len(), value: value.len(), max: self.item_limit() };
-        // Header, two fields, the expiry (kind and time), the return-old flag.
-        if key.len() + value.len() > MAX_KV_BYTES && !self.fits(4 + 8 + key.len() + value.len() + 10)? {
-            return Err(if key.is_empty() { ClientError::EmptyKey } else { too_large() });
-        }
+        check_item(key, value.len())?;
         match self.call(&Request::PutOpts { key: key.to_vec(), value: value.to_vec(), options })? {
             Reply::Put(result) => Ok(result),
-            Reply::Error(ErrorKind::TooLarge, _) => Err(too_large()),
-            other => Err(self.unexpected(other)),
+            other => Err(self.unexpected_for(other, key.len(), value.len())),
         }
     }
 
     pub(crate) fn get_item(&self, key: &[u8]) -> Result<Option<Item>, ClientError> {
-        if key.len() > MAX_KV_BYTES && !self.fits(key.len() + 8)? {
-            return Ok(None);
+        if key.len() > MAX_KEY_BYTES {
+            return Err(too_large(key.len(), 0));
         }
         self.call(&Request::GetItem(key.to_vec()))?.item().map_err(|r| self.unexpected(r))
     }
 
     pub(crate) fn expire(&self, key: &[u8], change: ExpiryChange) -> Result<bool, ClientError> {
-        if key.len() > MAX_KV_BYTES && !self.fits(key.len() + 18)? {
-            return Ok(false);
+        if key.len() > MAX_KEY_BYTES {
+            return Err(too_large(key.len(), 0));
         }
         self.call(&Request::Expire { key: key.to_vec(), change })?.done().map_err(|r| self.unexpected(r))
     }
 
     pub(crate) fn delete(&self, key: &[u8]) -> Result<bool, ClientError> {
-        if key.len() > MAX_KV_BYTES && !self.fits(key.len() + 8)? {
-            return Ok(false);
+        if key.len() > MAX_KEY_BYTES {
+            return Err(too_large(key.len(), 0));
         }
         self.call(&Request::Delete(key.to_vec()))?.done().map_err(|r| self.unexpected(r))
     }
@@ -224,27 +212,27 @@ impl Attached {
         new: Option<&[u8]>,
     ) -> Result<bool, ClientError> {
         let new_len = new.map_or(0, <[u8]>::len);
-        let too_large = || ClientError::TooLarge { key: key.len(), value: new_len, max: self.item_limit() };
+        check_item(key, new_len)?;
+        if expected.is_some_and(|e| e.len() > MAX_VALUE_BYTES) {
+            // No stored value is this long: it matches nothing.
+            return Ok(false);
+        }
         let request = Request::CompareAndSwap {
             key: key.to_vec(),
             expected: expected.map(<[u8]>::to_vec),
             new: new.map(<[u8]>::to_vec),
         };
-        let size = 4 + 4 + key.len() + 5 + expected.map_or(0, <[u8]>::len) + 5 + new_len;
-        if !self.fits(size)? {
-            if key.is_empty() {
-                return Err(ClientError::EmptyKey);
-            }
-            if key.len() + new_len > MAX_KV_BYTES {
-                return Err(too_large());
-            }
-            // Only an impossibly long expected value makes it this large: it matches nothing.
-            return Ok(false);
-        }
         match self.call(&request)? {
             Reply::Done(swapped) => Ok(swapped),
-            Reply::Error(ErrorKind::TooLarge, _) => Err(too_large()),
-            other => Err(self.unexpected(other)),
+            other => Err(self.unexpected_for(other, key.len(), new_len)),
+        }
+    }
+
+    /// [`Attached::unexpected`], with the table's TooLarge as the typed error for this item.
+    fn unexpected_for(&self, reply: Reply, key: usize, value: usize) -> ClientError {
+        match reply {
+            Reply::Error(ErrorKind::TooLarge, _) => too_large(key, value),
+            other => self.unexpected(other),
         }
     }
 
@@ -273,14 +261,24 @@ impl Attached {
     }
 
     /// Values of many keys: chunks that fit a slot and the daemon's key limit travel
-    /// pipelined; a chunk whose reply outgrew its slot is split and asked again.
+    /// pipelined (a chunk whose reply outgrew its slot comes back staged, or is split and
+    /// asked again); a key too long for a slot goes alone, in parts.
     pub(crate) fn multi_get(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, ClientError> {
+        if let Some(k) = keys.iter().find(|k| k.len() > MAX_KEY_BYTES) {
+            return Err(too_large(k.len(), 0));
+        }
         let mut out = vec![None; keys.len()];
         let attachment = self.attachment()?;
         let payload = attachment.payload_bytes();
         let max_keys = (attachment.accepted.max_multi_keys as usize).min(crate::op::MAX_MULTI);
-        // A key too long to fit a slot cannot be stored: its value is None.
-        let askable: Vec<usize> = (0..keys.len()).filter(|&i| 4 + 4 + keys[i].len() <= payload).collect();
+        let (askable, alone): (Vec<usize>, Vec<usize>) =
+            (0..keys.len()).partition(|&i| 4 + 4 + keys[i].len() <= payload);
+        for i in alone {
+            match self.call(&Request::MultiGet(vec![keys[i].to_vec()]))? {
+                Reply::Values(mut values) if values.len() == 1 => out[i] = values.pop().flatten(),
+                other => return Err(self.unexpected(other)),
+            }
+        }
         let chunks = pack(&askable, |i| 4 + keys[i].len(), 4, payload, max_keys);
         let encode = |indices: &[usize]| {
             let mut bytes = Vec::new();
@@ -299,42 +297,41 @@ impl Attached {
         Ok(out)
     }
 
-    /// Sets many keys, in pipelined chunks that fit a slot.
+    /// Sets many keys, in pipelined chunks that fit a slot; a pair too large for a slot
+    /// goes alone, in parts.
     pub(crate) fn multi_put(&self, pairs: &[(&[u8], &[u8])]) -> Result<(), ClientError> {
+        for (k, v) in pairs {
+            check_item(k, v.len())?;
+        }
         let attachment = self.attachment()?;
         let payload = attachment.payload_bytes();
-        if let Some((k, v)) = pairs.iter().find(|(k, v)| 4 + 8 + k.len() + v.len() > payload) {
-            return Err(if k.is_empty() {
-                ClientError::EmptyKey
-            } else {
-                ClientError::TooLarge { key: k.len(), value: v.len(), max: self.item_limit() }
-            });
+        let (fitting, alone): (Vec<usize>, Vec<usize>) =
+            (0..pairs.len()).partition(|&i| 4 + 8 + pairs[i].0.len() + pairs[i].1.len() <= payload);
+        for i in alone {
+            let (k, v) = pairs[i];
+            match self.call(&Request::MultiPut(vec![(k.to_vec(), v.to_vec())]))? {
+                Reply::Ok => {}
+                other => return Err(self.unexpected_for(other, k.len(), v.len())),
+            }
         }
-        let all: Vec<usize> = (0..pairs.len()).collect();
-        let chunks = pack(&all, |i| 8 + pairs[i].0.len() + pairs[i].1.len(), 4, payload, crate::op::MAX_MULTI);
+        let chunks = pack(&fitting, |i| 8 + pairs[i].0.len() + pairs[i].1.len(), 4, payload, crate::op::MAX_MULTI);
         let encode = |indices: &[usize]| {
             let mut bytes = Vec::new();
             Request::MultiPut(indices.iter().map(|&i| (pairs[i].0.to_vec(), pairs[i].1.to_vec())).collect())
                 .encode(&mut bytes);
             bytes
         };
-        self.pipeline(&attachment, chunks, encode, |indices, reply| match reply {
+        self.pipeline(&attachment, chunks, encode, |_, reply| match reply {
             Reply::Ok => Ok(()),
-            Reply::Error(ErrorKind::TooLarge, _) => {
-                let (k, v) = indices
-                    .iter()
-                    .map(|&i| pairs[i])
-                    .find(|(k, v)| k.len() + v.len() > MAX_KV_BYTES)
-                    .unwrap_or((&[], &[]));
-                Err(ClientError::TooLarge { key: k.len(), value: v.len(), max: self.item_limit() })
-            }
             other => Err(self.unexpected(other)),
         })
     }
 
     /// Sends `chunks` (index lists) with up to half the ring in flight, hands each reply to
-    /// `take`, splits chunks whose reply did not fit a slot. The first error wins; chunks
-    /// already in flight are still waited for, so no slot is left behind.
+    /// `take`, splits chunks whose reply did not fit a slot. Staged replies are fetched once
+    /// the pipeline has drained (fetching while holding slots could starve other threads).
+    /// The first error wins; chunks already in flight are still waited for, so no slot is
+    /// left behind.
     fn pipeline(
         &self,
         attachment: &Arc<Attachment>,
@@ -346,6 +343,7 @@ impl Attached {
         let window = (attachment.accepted.geometry.slots() as usize / 2).max(1);
         let mut work: std::collections::VecDeque<Vec<usize>> = chunks.into();
         let mut flying: std::collections::VecDeque<(Vec<usize>, Ticket)> = std::collections::VecDeque::new();
+        let mut staged: Vec<(Vec<usize>, u64, u64)> = Vec::new();
         let mut first_error: Option<ClientError> = None;
         loop {
             while first_error.is_none() && flying.len() < window {
@@ -377,10 +375,26 @@ impl Attached {
                     }
                     return Ok(());
                 }
-                let reply = Reply::decode(&payload)
-                    .map_err(|e| ClientError::Protocol(format!("reply from the computenode: {e}")))?;
-                take(&chunk, reply)
+                match Reply::decode(&payload)
+                    .map_err(|e| ClientError::Protocol(format!("reply from the computenode: {e}")))?
+                {
+                    Reply::Staged { id, total } => {
+                        staged.push((chunk, id, total));
+                        Ok(())
+                    }
+                    reply => take(&chunk, reply),
+                }
             });
+            if let Err(e) = outcome {
+                first_error.get_or_insert(e);
+            }
+        }
+        // Fetched even after an error, so the daemon frees them now.
+        for (chunk, id, total) in staged {
+            let outcome = crate::parts::fetch(attachment.payload_bytes(), id, total, &mut |message| {
+                self.send(attachment, message)
+            })
+            .and_then(|reply| take(&chunk, reply));
             if let Err(e) = outcome {
                 first_error.get_or_insert(e);
             }

@@ -30,14 +30,20 @@ pub enum ClientError {
 }
 
 impl ClientError {
+    /// The table's refusal of a key of `key` bytes with a value of `value` bytes, naming the
+    /// limit exceeded (`racekv_hashing::layout`'s, whatever their integer types).
+    pub fn too_large(key: usize, value: usize) -> Self {
+        let max_key = racekv_hashing::layout::MAX_KEY_BYTES as u128 as usize;
+        let max_value = racekv_hashing::layout::MAX_VALUE_BYTES as u128 as usize;
+        ClientError::TooLarge { key, value, max: if key > max_key { max_key } else { max_value } }
+    }
+
     /// Maps a table error from the memnode `endpoint` to what applications see.
     pub fn from_table(endpoint: &str, e: TableError, timeout: Duration) -> Self {
         let endpoint = endpoint.to_string();
         match e {
             TableError::EmptyKey => ClientError::EmptyKey,
-            TableError::TooLarge { key, value } => {
-                ClientError::TooLarge { key, value, max: racekv_hashing::layout::MAX_VALUE_BYTES as usize }
-            }
+            TableError::TooLarge { key, value } => ClientError::too_large(key, value),
             TableError::Timeout { .. } => ClientError::Timeout { endpoint, after: timeout },
             TableError::OutOfMemory(reason) | TableError::TableFull(reason) => {
                 ClientError::OutOfSpace { endpoint, reason }

@@ -16,6 +16,11 @@
 //! A client is cheap to clone and safe to share between threads; in attached mode many
 //! threads' requests are in flight on the ring at once.
 //!
+//! Limits are the table's in every mode: keys up to [`op::MAX_KEY_BYTES`], values up to
+//! [`op::MAX_VALUE_BYTES`] (512 MiB); more is [`ClientError::TooLarge`]. Attached and
+//! remote clients send a request larger than a ring slot or an RPC in parts, and fetch a
+//! reply that large in parts (see [`op`]).
+//!
 //! Attached mode, to the computenode `racekv up` started on this host:
 //!
 //! ```no_run
@@ -60,6 +65,7 @@ mod embedded;
 mod error;
 pub mod expiry;
 pub mod op;
+mod parts;
 mod remote;
 pub mod ring;
 pub mod session;

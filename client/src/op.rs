@@ -18,6 +18,8 @@
 //!                 (mode as PUT's)
 //!   GET_ITEM    : key
 //!   EXPIRE      : key, change u8 (0 at: condition u8 (bits NX XX GT LT) + u64 Unix ms; 1 persist)
+//!   PART        : upload id u64 | total u64 | offset u64 | bytes (u32 len + bytes)
+//!   FETCH_PART  : staged id u64 | offset u64 | max bytes u32
 //! reply   : status u8 (0 ok, else an ErrorKind) | kind u8 | count u16 | then:
 //!   VALUE       : u8 present + bytes       DONE : u8 (0/1)      COUNT : u64
 //!   VALUES      : count x (u8 present + bytes)                  OK    : -
@@ -27,8 +29,30 @@
 //!   STATS       : count x (endpoint bytes, u8 0 + stats bytes | u8 ErrorKind + message bytes)
 //!                 stats: layout [64] | global depth u32 | items u64 | slots u64 | load factor f64 |
 //!                        heap capacity, used, free, subtables, chunks u64
+//!   STAGED      : staged id u64 | total u64
+//!   PART        : bytes (u32 len + bytes)
 //!   error       : UTF-8 message
 //! ```
+//!
+//! # Requests and replies in parts
+//!
+//! One message (a ring slot of an attached client, an RPC of a remote one) carries at most a
+//! few MiB, while a key may take up to [`MAX_KEY_BYTES`] and a value [`MAX_VALUE_BYTES`].
+//! A request whose encoding fits one message goes as it is (one round trip, no extra copy).
+//! A larger one is encoded as usual and sent as PART requests: a random upload id, the
+//! total length, and consecutive byte ranges from offset 0 (see [`part_ranges`]). The
+//! computenode answers each part but the last with COUNT (bytes received so far); the last
+//! part makes it decode and run the assembled request (checked against the user's ACL like
+//! a direct one), and its answer is that request's reply. A reply that does not fit one
+//! message is kept by the computenode, which answers STAGED { id, total }; the client then
+//! asks FETCH_PART { id, offset, max } from offset 0 on, in order, and gets PART replies;
+//! the fetch that reaches the total frees it.
+//!
+//! The computenode keys uploads and staged replies by their owner (an attached connection;
+//! a remote user) and id, refuses a total above [`MAX_REQUEST_BYTES`], parts out of order
+//! or past the total, and bounds what it keeps per owner and in all (a byte budget);
+//! transfers idle too long are dropped. Buffers grow as bytes arrive, never by a claimed
+//! length.
 
 use racekv_hashing::{Expiry, Item, PutMode, PutOptions, PutOutcome, PutResult, TableStats};
 
@@ -38,13 +62,31 @@ use crate::expiry::{ExpireCondition, ExpiryChange};
 /// The RPC method a computenode's remote front end answers: the request/reply of this module.
 pub const REMOTE_METHOD: u16 = 0x4B56;
 
-/// Bytes a key or value may claim at most (the table's own limit is far lower; this bounds
-/// what a decoder will ever allocate for one field).
-pub const MAX_FIELD_BYTES: usize = 1 << 20;
+/// The table's key limit in bytes (`racekv_hashing::layout::MAX_KEY_BYTES`, whatever its
+/// integer type).
+pub const MAX_KEY_BYTES: usize = racekv_hashing::layout::MAX_KEY_BYTES as u128 as usize;
+/// The table's value limit in bytes (`racekv_hashing::layout::MAX_VALUE_BYTES`).
+pub const MAX_VALUE_BYTES: usize = racekv_hashing::layout::MAX_VALUE_BYTES as u128 as usize;
+/// Bytes a key or value may claim at most: the table's limits (a decoder checks each length
+/// against the bytes actually present before copying them).
+pub const MAX_FIELD_BYTES: usize = if MAX_KEY_BYTES > MAX_VALUE_BYTES { MAX_KEY_BYTES } else { MAX_VALUE_BYTES };
+// Field lengths travel as u32.
+const _: () = assert!(MAX_FIELD_BYTES <= u32::MAX as usize);
 /// Keys in one MGET or MPUT.
 pub const MAX_MULTI: usize = 4096;
-/// Bytes of one encoded request or reply.
+/// Bytes of one message carried at once: the largest ring slot's payload.
 pub const MAX_MESSAGE_BYTES: usize = 8 << 20;
+/// Bytes of a request's header (kind, mode, count).
+pub const REQUEST_HEADER_BYTES: usize = 4;
+/// Bytes of the largest request a client sends (in parts): a compare-and-swap of a maximal
+/// key with a maximal expected and new value. A multi-key request in parts carries one item.
+pub const MAX_REQUEST_BYTES: usize = REQUEST_HEADER_BYTES + 4 + MAX_KEY_BYTES + 2 * (1 + 4 + MAX_VALUE_BYTES);
+/// Bytes a PART request takes besides its data.
+pub const PART_REQUEST_OVERHEAD_BYTES: usize = REQUEST_HEADER_BYTES + 8 + 8 + 8 + 4;
+/// Bytes a PART reply takes besides its data.
+pub const PART_REPLY_OVERHEAD_BYTES: usize = 4 + 4;
+/// Bytes of one remote request or reply message (an RPC payload, less room for framing).
+pub const MAX_REMOTE_MESSAGE_BYTES: usize = racekv_transport::wire::MAX_RPC_BYTES - 64;
 /// Bytes of keys one SCAN reply may carry (each key counting its length plus
 /// `racekv_hashing::scan::SCAN_KEY_OVERHEAD_BYTES`); a single longer key still comes alone.
 pub const MAX_SCAN_REPLY_BYTES: u32 = 1 << 20;
@@ -95,6 +137,20 @@ pub enum Request {
         key: Vec<u8>,
         change: ExpiryChange,
     },
+    /// Bytes `offset..offset + bytes.len()` of a request of `total` bytes sent in parts
+    /// (answered COUNT of bytes received, or, for the last part, the request's reply).
+    Part {
+        id: u64,
+        total: u64,
+        offset: u64,
+        bytes: Vec<u8>,
+    },
+    /// Up to `max_len` bytes of a staged reply from `offset` on (answered PART).
+    FetchPart {
+        id: u64,
+        offset: u64,
+        max_len: u32,
+    },
 }
 
 /// What comes back.
@@ -121,6 +177,14 @@ pub enum Reply {
     Put(PutResult),
     /// GET_ITEM.
     Item(Option<Item>),
+    /// The reply took more than one message: the computenode keeps its `total` bytes under
+    /// `id` for FETCH_PART.
+    Staged {
+        id: u64,
+        total: u64,
+    },
+    /// FETCH_PART's bytes.
+    Part(Vec<u8>),
     Error(ErrorKind, String),
 }
 
@@ -435,6 +499,25 @@ const DELETE_ALL: u8 = 11;
 const PUT_OPTS: u8 = 12;
 const GET_ITEM: u8 = 13;
 const EXPIRE: u8 = 14;
+const PART: u8 = 15;
+const FETCH_PART: u8 = 16;
+
+/// Appends a PART request to `out` (without building a [`Request`]: the data is copied once).
+pub fn encode_part(id: u64, total: u64, offset: u64, bytes: &[u8], out: &mut Vec<u8>) {
+    out.reserve(PART_REQUEST_OVERHEAD_BYTES + bytes.len());
+    out.extend_from_slice(&[PART, 0, 0, 0]);
+    out.extend_from_slice(&id.to_le_bytes());
+    out.extend_from_slice(&total.to_le_bytes());
+    out.extend_from_slice(&offset.to_le_bytes());
+    put_field(out, bytes);
+}
+
+/// The byte ranges a message of `total` bytes travels in, at most `max_part_bytes` each
+/// (at least one byte each), in order.
+pub fn part_ranges(total: usize, max_part_bytes: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    let step = max_part_bytes.max(1);
+    (0..total).step_by(step).map(move |start| start..(start + step).min(total))
+}
 
 fn mode_code(mode: PutMode) -> u8 {
     match mode {
@@ -481,6 +564,8 @@ impl Request {
             Request::PutOpts { options, .. } => (PUT_OPTS, mode_code(options.mode), 0),
             Request::GetItem(_) => (GET_ITEM, 0, 0),
             Request::Expire { .. } => (EXPIRE, 0, 0),
+            Request::Part { id, total, offset, bytes } => return encode_part(*id, *total, *offset, bytes, out),
+            Request::FetchPart { .. } => (FETCH_PART, 0, 0),
         };
         assert!(count <= MAX_MULTI, "at most {MAX_MULTI} keys per multi-key request");
         out.push(kind);
@@ -532,12 +617,18 @@ impl Request {
                     ExpiryChange::Persist => out.push(1),
                 }
             }
+            Request::Part { .. } => unreachable!("encoded above"),
+            Request::FetchPart { id, offset, max_len } => {
+                out.extend_from_slice(&id.to_le_bytes());
+                out.extend_from_slice(&offset.to_le_bytes());
+                out.extend_from_slice(&max_len.to_le_bytes());
+            }
         }
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        if bytes.len() > MAX_MESSAGE_BYTES {
-            return Err(bad(format!("request of {} bytes exceeds {MAX_MESSAGE_BYTES}", bytes.len())));
+        if bytes.len() > MAX_REQUEST_BYTES {
+            return Err(bad(format!("request of {} bytes exceeds {MAX_REQUEST_BYTES}", bytes.len())));
         }
         let mut r = Reader { bytes };
         let kind = r.u8()?;
@@ -596,6 +687,8 @@ impl Request {
             }
             RANDOM_KEY => Request::RandomKey,
             DELETE_ALL => Request::DeleteAll,
+            PART => Request::Part { id: r.u64()?, total: r.u64()?, offset: r.u64()?, bytes: r.field()? },
+            FETCH_PART => Request::FetchPart { id: r.u64()?, offset: r.u64()?, max_len: r.u32()? },
             other => return Err(bad(format!("unknown request kind {other}"))),
         };
         r.finish()?;
@@ -612,6 +705,8 @@ const STATS_REPLY: u8 = 6;
 const KEYS: u8 = 7;
 const PUT_REPLY: u8 = 8;
 const ITEM: u8 = 9;
+const STAGED: u8 = 10;
+const PART_REPLY: u8 = 11;
 
 impl Reply {
     pub fn encode(&self, out: &mut Vec<u8>) {
@@ -665,6 +760,15 @@ impl Reply {
                     }
                 }
             }
+            Reply::Staged { id, total } => {
+                out.extend_from_slice(&[0, STAGED, 0, 0]);
+                out.extend_from_slice(&id.to_le_bytes());
+                out.extend_from_slice(&total.to_le_bytes());
+            }
+            Reply::Part(bytes) => {
+                out.extend_from_slice(&[0, PART_REPLY, 0, 0]);
+                put_field(out, bytes);
+            }
             Reply::Stats(entries) => {
                 assert!(entries.len() <= MAX_MULTI);
                 out.extend_from_slice(&[0, STATS_REPLY]);
@@ -686,10 +790,9 @@ impl Reply {
         }
     }
 
+    /// Decodes a reply of any size (a multi-get's may exceed [`MAX_REQUEST_BYTES`]; each
+    /// field is checked against [`MAX_FIELD_BYTES`] and the bytes present).
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        if bytes.len() > MAX_MESSAGE_BYTES {
-            return Err(bad(format!("reply of {} bytes exceeds {MAX_MESSAGE_BYTES}", bytes.len())));
-        }
         let mut r = Reader { bytes };
         let status = r.u8()?;
         let kind = r.u8()?;
@@ -730,6 +833,8 @@ impl Reply {
                 let cursor = r.u64()?;
                 Reply::Keys { cursor, keys: (0..count).map(|_| r.field()).collect::<Result<_, _>>()? }
             }
+            STAGED => Reply::Staged { id: r.u64()?, total: r.u64()? },
+            PART_REPLY => Reply::Part(r.field()?),
             other => return Err(bad(format!("unknown reply kind {other}"))),
         };
         r.finish()?;
@@ -769,6 +874,17 @@ mod tests {
             ),
             bytes().prop_map(Request::GetItem),
             (bytes(), change()).prop_map(|(key, change)| Request::Expire { key, change }),
+            (any::<u64>(), any::<u64>(), any::<u64>(), bytes()).prop_map(|(id, total, offset, bytes)| Request::Part {
+                id,
+                total,
+                offset,
+                bytes
+            }),
+            (any::<u64>(), any::<u64>(), any::<u32>()).prop_map(|(id, offset, max_len)| Request::FetchPart {
+                id,
+                offset,
+                max_len
+            }),
         ]
     }
 
@@ -803,6 +919,8 @@ mod tests {
             any::<u64>().prop_map(Reply::Count),
             Just(Reply::Ok),
             "[a-z ]{0,30}".prop_map(|m| Reply::Error(ErrorKind::Unavailable, m)),
+            (any::<u64>(), any::<u64>()).prop_map(|(id, total)| Reply::Staged { id, total }),
+            bytes().prop_map(Reply::Part),
             (any::<u64>(), proptest::collection::vec(bytes(), 0..10))
                 .prop_map(|(cursor, keys)| Reply::Keys { cursor, keys }),
             proptest::collection::vec(("[a-z:0-9]{0,20}", any::<u64>(), proptest::option::of("[a-z ]{0,20}")), 0..4)
@@ -848,9 +966,46 @@ mod tests {
         }
 
         #[test]
-        fn decoders_never_panic(junk in proptest::collection::vec(any::<u8>(), 0..200)) {
+        fn decoders_never_panic(junk in proptest::collection::vec(any::<u8>(), 0..2000)) {
             let _ = Request::decode(&junk);
             let _ = Reply::decode(&junk);
+        }
+
+        /// Arbitrary bytes after a valid header of every kind (so decoding gets past it).
+        #[test]
+        fn decoders_never_panic_past_the_header(kind in 0u8..20, mode in 0u8..4, count in 0u16..8,
+                                                 junk in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let mut bytes = vec![kind, mode];
+            bytes.extend_from_slice(&count.to_le_bytes());
+            bytes.extend_from_slice(&junk);
+            let _ = Request::decode(&bytes);
+            bytes[0] = 0;
+            bytes[1] = kind;
+            let _ = Reply::decode(&bytes);
+        }
+
+        /// Any request, split into PART requests (each through its own encoding) and put
+        /// back together, is the original.
+        #[test]
+        fn requests_in_parts_reassemble(req in request(), max_part in 1usize..64, id in any::<u64>()) {
+            let mut whole = Vec::new();
+            req.encode(&mut whole);
+            let mut assembled = Vec::new();
+            for range in part_ranges(whole.len(), max_part) {
+                prop_assert!(!range.is_empty() && range.len() <= max_part);
+                let mut msg = Vec::new();
+                encode_part(id, whole.len() as u64, range.start as u64, &whole[range.clone()], &mut msg);
+                prop_assert_eq!(msg.len(), PART_REQUEST_OVERHEAD_BYTES + range.len());
+                match Request::decode(&msg).unwrap() {
+                    Request::Part { id: got, total, offset, bytes } => {
+                        prop_assert_eq!((got, total, offset as usize), (id, whole.len() as u64, assembled.len()));
+                        assembled.extend_from_slice(&bytes);
+                    }
+                    other => prop_assert!(false, "{other:?}"),
+                }
+            }
+            prop_assert_eq!(&assembled, &whole);
+            prop_assert_eq!(Request::decode(&assembled).unwrap(), req);
         }
 
         #[test]
@@ -910,6 +1065,20 @@ mod tests {
         assert!(Request::decode(&bytes).is_err());
         bytes[1] = 3; // put mode
         assert!(Request::decode(&bytes).is_err());
+    }
+
+    #[test]
+    fn fields_may_take_the_tables_limits() {
+        const { assert!(MAX_FIELD_BYTES >= MAX_KEY_BYTES && MAX_FIELD_BYTES >= MAX_VALUE_BYTES) };
+        let mut msg = Vec::new();
+        let value = vec![5u8; (8 << 20) + 1];
+        Request::Put { key: b"k".to_vec(), value: value.clone(), mode: PutMode::Upsert }.encode(&mut msg);
+        assert!(msg.len() > MAX_MESSAGE_BYTES);
+        assert!(matches!(Request::decode(&msg).unwrap(), Request::Put { value: v, .. } if v == value));
+        // A length past the limit is refused before anything is copied.
+        let mut msg = vec![GET, 0, 0, 0];
+        msg.extend_from_slice(&(MAX_FIELD_BYTES as u32 + 1).to_le_bytes());
+        assert!(Request::decode(&msg).unwrap_err().0.contains("exceeds"));
     }
 
     #[test]

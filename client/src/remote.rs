@@ -1,16 +1,21 @@
 //! Remote mode: requests go to a computenode on another host as RPCs ([`REMOTE_METHOD`]),
 //! over FLOCK: threads of this process share its connection, and requests that meet in
-//! flight travel coalesced in one message.
+//! flight travel coalesced in one message. A request or reply larger than one RPC travels
+//! in parts ([`crate::parts`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
-use racekv_hashing::{Item, PutMode, PutOptions, PutResult, MAX_KV_BYTES};
+use racekv_hashing::{Item, PutMode, PutOptions, PutResult};
 use racekv_transport::{ConnectOptions, Connection, Endpoint, TransportError};
 
 use crate::error::ClientError;
-use crate::op::{MemnodeStats, Reply, Request, MAX_MULTI, MAX_SCAN_REPLY_BYTES, REMOTE_METHOD};
+use crate::op::{
+    ErrorKind, MemnodeStats, Reply, Request, MAX_KEY_BYTES, MAX_MULTI, MAX_REMOTE_MESSAGE_BYTES, MAX_SCAN_REPLY_BYTES,
+    MAX_VALUE_BYTES, REMOTE_METHOD,
+};
+use crate::parts::{check_item, too_large};
 
 // A SCAN page and its header fit one RPC reply.
 const _: () = assert!(
@@ -21,7 +26,7 @@ use crate::expiry::ExpiryChange;
 /// Reconnect attempts are at least this far apart.
 const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
 /// Request bytes per RPC (the transport's RPC payload limit, with room for framing).
-const MAX_REQUEST_BYTES: usize = racekv_transport::wire::MAX_RPC_BYTES - 64;
+const MAX_REQUEST_BYTES: usize = MAX_REMOTE_MESSAGE_BYTES;
 
 pub(crate) struct Remote {
     endpoint: Endpoint,
@@ -84,17 +89,24 @@ impl Remote {
         conn
     }
 
+    /// One request: in one RPC when it fits, else in parts (all on one connection: the
+    /// computenode keys a transfer by the user and its id, so any of its sessions serves it).
     fn call(&self, request: &Request) -> Result<Reply, ClientError> {
         let mut bytes = Vec::new();
         request.encode(&mut bytes);
-        if bytes.len() > MAX_REQUEST_BYTES {
-            return Err(ClientError::Protocol(format!(
-                "a request of {} bytes exceeds {MAX_REQUEST_BYTES}",
-                bytes.len()
-            )));
+        let conn = self.connection();
+        crate::parts::call(MAX_REQUEST_BYTES, &bytes, &mut |message| {
+            let reply = conn.call(REMOTE_METHOD, message).map_err(|e| self.failed(e))?;
+            Reply::decode(&reply).map_err(|e| ClientError::Protocol(format!("reply from {}: {e}", self.label)))
+        })
+    }
+
+    /// [`Remote::unexpected`], with the table's TooLarge as the typed error for this item.
+    fn unexpected_for(&self, reply: Reply, key: usize, value: usize) -> ClientError {
+        match reply {
+            Reply::Error(ErrorKind::TooLarge, _) => too_large(key, value),
+            other => self.unexpected(other),
         }
-        let reply = self.connection().call(REMOTE_METHOD, &bytes).map_err(|e| self.failed(e))?;
-        Reply::decode(&reply).map_err(|e| ClientError::Protocol(format!("reply from {}: {e}", self.label)))
     }
 
     fn unexpected(&self, reply: Reply) -> ClientError {
@@ -105,36 +117,45 @@ impl Remote {
     }
 
     pub(crate) fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
+        if key.len() > MAX_KEY_BYTES {
+            // As the table says (embedded mode), without sending it.
+            return Err(too_large(key.len(), 0));
+        }
         self.call(&Request::Get(key.to_vec()))?.value().map_err(|r| self.unexpected(r))
     }
 
     pub(crate) fn put_with(&self, key: &[u8], value: &[u8], mode: PutMode) -> Result<bool, ClientError> {
-        if key.len() + value.len() > MAX_KV_BYTES {
-            return Err(ClientError::TooLarge { key: key.len(), value: value.len(), max: MAX_KV_BYTES });
-        }
+        check_item(key, value.len())?;
         self.call(&Request::Put { key: key.to_vec(), value: value.to_vec(), mode })?
             .done()
-            .map_err(|r| self.unexpected(r))
+            .map_err(|r| self.unexpected_for(r, key.len(), value.len()))
     }
 
     pub(crate) fn put_opts(&self, key: &[u8], value: &[u8], options: PutOptions) -> Result<PutResult, ClientError> {
-        if key.len() + value.len() > MAX_KV_BYTES {
-            return Err(ClientError::TooLarge { key: key.len(), value: value.len(), max: MAX_KV_BYTES });
-        }
+        check_item(key, value.len())?;
         self.call(&Request::PutOpts { key: key.to_vec(), value: value.to_vec(), options })?
             .put_result()
-            .map_err(|r| self.unexpected(r))
+            .map_err(|r| self.unexpected_for(r, key.len(), value.len()))
     }
 
     pub(crate) fn get_item(&self, key: &[u8]) -> Result<Option<Item>, ClientError> {
+        if key.len() > MAX_KEY_BYTES {
+            return Err(too_large(key.len(), 0));
+        }
         self.call(&Request::GetItem(key.to_vec()))?.item().map_err(|r| self.unexpected(r))
     }
 
     pub(crate) fn expire(&self, key: &[u8], change: ExpiryChange) -> Result<bool, ClientError> {
+        if key.len() > MAX_KEY_BYTES {
+            return Err(too_large(key.len(), 0));
+        }
         self.call(&Request::Expire { key: key.to_vec(), change })?.done().map_err(|r| self.unexpected(r))
     }
 
     pub(crate) fn delete(&self, key: &[u8]) -> Result<bool, ClientError> {
+        if key.len() > MAX_KEY_BYTES {
+            return Err(too_large(key.len(), 0));
+        }
         self.call(&Request::Delete(key.to_vec()))?.done().map_err(|r| self.unexpected(r))
     }
 
@@ -144,12 +165,18 @@ impl Remote {
         expected: Option<&[u8]>,
         new: Option<&[u8]>,
     ) -> Result<bool, ClientError> {
+        let new_len = new.map_or(0, <[u8]>::len);
+        check_item(key, new_len)?;
+        if expected.is_some_and(|e| e.len() > MAX_VALUE_BYTES) {
+            // No stored value is this long: it matches nothing.
+            return Ok(false);
+        }
         let request = Request::CompareAndSwap {
             key: key.to_vec(),
             expected: expected.map(<[u8]>::to_vec),
             new: new.map(<[u8]>::to_vec),
         };
-        self.call(&request)?.done().map_err(|r| self.unexpected(r))
+        self.call(&request)?.done().map_err(|r| self.unexpected_for(r, key.len(), new_len))
     }
 
     pub(crate) fn len(&self) -> Result<u64, ClientError> {
@@ -174,8 +201,12 @@ impl Remote {
         self.call(&Request::DeleteAll)?.count().map_err(|r| self.unexpected(r))
     }
 
-    /// Values of many keys, in requests of at most [`MAX_MULTI`] keys and the RPC size limit.
+    /// Values of many keys, in requests of at most [`MAX_MULTI`] keys and the RPC size limit
+    /// (a longer key goes alone, in parts; a reply past one RPC is fetched in parts).
     pub(crate) fn multi_get(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, ClientError> {
+        if let Some(k) = keys.iter().find(|k| k.len() > MAX_KEY_BYTES) {
+            return Err(too_large(k.len(), 0));
+        }
         let mut out = Vec::with_capacity(keys.len());
         for chunk in chunks(keys.len(), |i| 4 + keys[i].len()) {
             match self.call(&Request::MultiGet(keys[chunk.clone()].iter().map(|k| k.to_vec()).collect()))? {
@@ -187,8 +218,8 @@ impl Remote {
     }
 
     pub(crate) fn multi_put(&self, pairs: &[(&[u8], &[u8])]) -> Result<(), ClientError> {
-        if let Some((k, v)) = pairs.iter().find(|(k, v)| k.len() + v.len() > MAX_KV_BYTES) {
-            return Err(ClientError::TooLarge { key: k.len(), value: v.len(), max: MAX_KV_BYTES });
+        for (k, v) in pairs {
+            check_item(k, v.len())?;
         }
         for chunk in chunks(pairs.len(), |i| 8 + pairs[i].0.len() + pairs[i].1.len()) {
             let request = Request::MultiPut(pairs[chunk].iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect());

@@ -378,6 +378,10 @@ impl<S: Shards> Session<S> {
             }
             Request::RandomKey => self.random_key(random_seed()).map(Reply::Value),
             Request::DeleteAll => self.delete_all().map(Reply::Count),
+            // Transfers are the front end's business: it assembles a request before it runs.
+            Request::Part { .. } | Request::FetchPart { .. } => {
+                Err(ClientError::Protocol("a request in parts reached a session unassembled".into()))
+            }
         };
         result.unwrap_or_else(|e| Reply::from_error(&e))
     }

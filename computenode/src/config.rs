@@ -123,6 +123,13 @@ pub struct ComputenodeConfig {
     /// `default` user without its password. Off: it must give a user and password
     /// (`ClientBuilder::user`, `password`) unless the default user needs none.
     pub attach_trust_uid: bool,
+    /// Bytes the attach and remote front ends hold, in all, for requests and replies too
+    /// large for one ring slot or RPC while they travel in parts (past it, such a request
+    /// gets an `Overloaded` error). Each client or user may hold as much (at least one
+    /// maximal request, about 1 GiB, must fit for the largest items to get through).
+    pub staging_budget_bytes: u64,
+    /// A request or reply in parts that its client leaves untouched this long is dropped.
+    pub staging_idle_timeout_ms: u64,
     /// Prometheus `/metrics` and JSON `/status`; unset turns it off.
     pub metrics_addr: Option<SocketAddr>,
 }
@@ -172,12 +179,24 @@ impl Default for ComputenodeConfig {
             remote_addr: Some("127.0.0.1:7410".into()),
             attach_socket: Some(racekv_client::default_attach_socket()),
             attach_trust_uid: true,
+            staging_budget_bytes: crate::staging::StagingOptions::default().budget_bytes,
+            staging_idle_timeout_ms: crate::staging::StagingOptions::default().idle_timeout.as_millis() as u64,
             metrics_addr: Some("127.0.0.1:9401".parse().expect("static address")),
         }
     }
 }
 
 impl ComputenodeConfig {
+    /// The limits of requests and replies in parts.
+    pub fn staging_options(&self) -> crate::staging::StagingOptions {
+        crate::staging::StagingOptions {
+            budget_bytes: self.staging_budget_bytes,
+            per_owner_bytes: self.staging_budget_bytes,
+            idle_timeout: Duration::from_millis(self.staging_idle_timeout_ms.max(1)),
+            ..Default::default()
+        }
+    }
+
     /// Loads defaults, then `file` (if given), then `RACEKV_COMPUTENODE_*` variables.
     pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
         racekv_telemetry::load_config(file, "RACEKV_COMPUTENODE")

@@ -52,6 +52,8 @@ struct Parts {
     attach: parking_lot::Mutex<Option<crate::attach::AttachServer>>,
     /// The front ends' TLS (shared by the Redis TLS port and the remote front end).
     tls: Option<ServerTls>,
+    /// The attach and remote front ends' requests and replies in parts.
+    staging: Arc<crate::staging::Staging>,
 }
 
 impl Parts {
@@ -122,7 +124,10 @@ impl Computenode {
         let queue = Arc::new(WorkQueue::new(config.queue_capacity));
         let workers = Workers::start(Arc::clone(&queue), Arc::clone(&cluster), config.scale_options())
             .context("starting workers")?;
+        // One budget for both front ends' requests and replies in parts.
+        let staging = crate::staging::Staging::start(config.staging_options());
         let parts = Arc::new(Parts {
+            staging: Arc::clone(&staging),
             cluster: Arc::clone(&cluster),
             queue,
             workers: parking_lot::Mutex::new(workers),
@@ -134,13 +139,17 @@ impl Computenode {
         if let Some(path) = &config.attach_socket {
             let submit: Arc<dyn Submit> = parts.queue.clone();
             let auth = crate::attach::AttachAuth { acl: Arc::clone(&acl), trust_uid: config.attach_trust_uid };
-            let options = crate::attach::AttachOptions { auth: Some(auth), ..crate::attach::AttachOptions::default() };
+            let options = crate::attach::AttachOptions {
+                auth: Some(auth),
+                staging: Some(Arc::clone(&staging)),
+                ..crate::attach::AttachOptions::default()
+            };
             let server = crate::attach::AttachServer::start(path, submit, options)
                 .with_context(|| format!("starting the attach socket {}", path.display()))?;
             *parts.attach.lock() = Some(server);
         }
         if let Some(addr) = &config.remote_addr {
-            let server = crate::remote::serve(Arc::clone(&cluster), addr, Arc::clone(&acl), tls.clone())
+            let server = crate::remote::serve(Arc::clone(&cluster), addr, Arc::clone(&acl), tls.clone(), staging)
                 .with_context(|| format!("starting the remote front end on {addr}"))?;
             *parts.remote.lock() = Some(server);
         }
@@ -188,6 +197,11 @@ impl Computenode {
     /// Where front ends hand requests to the workers.
     pub fn submitter(&self) -> Arc<dyn Submit> {
         self.parts.queue.clone()
+    }
+
+    /// Requests and replies in parts being transferred through the attach and remote front ends.
+    pub fn staging(&self) -> &Arc<crate::staging::Staging> {
+        &self.parts.staging
     }
 
     pub fn cluster(&self) -> &Arc<Cluster> {

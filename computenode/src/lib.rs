@@ -11,6 +11,7 @@
 //!   the `racekv-redis` crate);
 //!   [`remote`]: the request/reply model over FLOCK RPC for clients on other hosts.
 //! * [`access`]: what each ACL user may do through the remote and attach front ends.
+//! * [`staging`]: requests and replies too large for one ring slot or RPC, in parts.
 //! * [`daemon`]: [`Computenode`], which ties it together; `racekv-computenode` runs it.
 
 pub mod access;
@@ -22,6 +23,7 @@ pub mod daemon;
 pub mod pool;
 pub mod queue;
 pub mod remote;
+pub mod staging;
 pub mod store;
 pub mod workers;
 

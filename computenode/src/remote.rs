@@ -9,18 +9,24 @@
 //!
 //! A request runs on an attached session borrowed for the call, on the receiving thread:
 //! the lane's receiver is the worker, so a coalesced message costs no extra thread hop.
+//!
+//! A request or reply larger than one RPC travels in parts ([`crate::staging`]; the
+//! protocol is in [`racekv_client::op`]). Transfers are keyed by the caller's user and the
+//! transfer's id, not by connection or session: any session may serve any part. The
+//! assembled request is checked against the ACL like a direct one.
 
 use std::sync::{Arc, LazyLock};
 
 use parking_lot::Mutex;
 use prometheus::{IntCounterVec, Opts};
-use racekv_client::op::{ErrorKind, Reply, Request, REMOTE_METHOD};
+use racekv_client::op::{ErrorKind, Reply, Request, MAX_REMOTE_MESSAGE_BYTES, REMOTE_METHOD};
 use racekv_redis::acl::{Acl, DEFAULT_USER};
 use racekv_transport::{
     Caller, Credentials, Endpoint, Keys, RegionServer, RpcService, RpcStatus, ServerOptions, ServerTls,
 };
 
 use crate::cluster::{Attached, Cluster};
+use crate::staging::{self, Staging};
 
 static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     let c = racekv_telemetry::register(
@@ -36,6 +42,7 @@ static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
 struct KvService {
     cluster: Arc<Cluster>,
     acl: Arc<Acl>,
+    staging: Arc<Staging>,
     /// Sessions between calls (one per concurrently serving thread at most).
     idle: Mutex<Vec<Attached>>,
 }
@@ -72,8 +79,17 @@ impl RpcService for KvService {
             REQUESTS.with_label_values(&["bad_request"]).inc();
             RpcStatus::new(RpcStatus::BAD_REQUEST, e.to_string())
         })?;
-        if let Err(message) = crate::access::check(&self.acl, caller.user.as_deref().unwrap_or(DEFAULT_USER), &request)
-        {
+        let user = caller.user.as_deref().unwrap_or(DEFAULT_USER);
+        let owner = format!("user/{user}");
+        let request = match staging::assemble(&self.staging, &owner, request, MAX_REMOTE_MESSAGE_BYTES) {
+            Ok(request) => request,
+            Err(reply) => {
+                let mut out = Vec::new();
+                reply.encode(&mut out);
+                return Ok(out);
+            }
+        };
+        if let Err(message) = crate::access::check(&self.acl, user, &request) {
             REQUESTS.with_label_values(&["denied"]).inc();
             let mut out = Vec::new();
             Reply::Error(ErrorKind::Denied, message).encode(&mut out);
@@ -88,7 +104,7 @@ impl RpcService for KvService {
         REQUESTS.with_label_values(&[if matches!(reply, Reply::Error(..)) { "error" } else { "ok" }]).inc();
         let mut out = Vec::new();
         reply.encode(&mut out);
-        Ok(out)
+        Ok(staging::fit_reply(&self.staging, &owner, out, MAX_REMOTE_MESSAGE_BYTES))
     }
 
     fn method_name(&self, method: u16) -> &'static str {
@@ -101,15 +117,17 @@ impl RpcService for KvService {
 }
 
 /// Serves remote clients on `addr` (tcp), the users of `acl`; with `tls`, only over TLS.
+/// Requests and replies larger than an RPC are assembled and kept in `staging`.
 pub fn serve(
     cluster: Arc<Cluster>,
     addr: &str,
     acl: Arc<Acl>,
     tls: Option<ServerTls>,
+    staging: Arc<Staging>,
 ) -> std::io::Result<RegionServer> {
     LazyLock::force(&REQUESTS);
     let credentials = Arc::new(AclCredentials(Arc::clone(&acl)));
-    let service = Arc::new(KvService { cluster, acl, idle: Mutex::new(Vec::new()) });
+    let service = Arc::new(KvService { cluster, acl, staging, idle: Mutex::new(Vec::new()) });
     RegionServer::serve_rpc(
         service,
         ServerOptions { credentials: Some(credentials), tls, ..ServerOptions::default() },

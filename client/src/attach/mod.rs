@@ -39,8 +39,10 @@
 //! slot's index to the submission ring and advances `sq_tail`; the daemon takes it, runs it,
 //! writes the reply into the same slot, appends the index to the completion ring and
 //! advances `cq_tail`; the client reads the reply and frees the slot. A reply larger than a
-//! slot comes back as [`area::status::REPLY_TOO_LARGE`] with the size it needed (the client
-//! splits multi-key requests and retries).
+//! slot is staged by the daemon and fetched in parts, and a request larger than a slot is
+//! sent in parts (see [`crate::op`]); a daemon without staging answers
+//! [`area::status::REPLY_TOO_LARGE`] with the size it needed (the client then splits
+//! multi-key requests and retries).
 //!
 //! # Wake-up ([`doorbell`])
 //!
@@ -109,6 +111,10 @@ pub fn reply_bound(request: &Request) -> u64 {
         Request::PutOpts { .. } => 5 + VALUE_REPLY_BOUND,
         // Presence, the value, the expiry.
         Request::GetItem(_) => 4 + VALUE_REPLY_BOUND + 9,
+        // A part is acknowledged with a count; the last one's reply is its request's, which
+        // the daemon budgets once the request is assembled.
+        Request::Part { .. } => 12,
+        Request::FetchPart { max_len, .. } => crate::op::PART_REPLY_OVERHEAD_BYTES as u64 + u64::from(*max_len),
     };
     specific.max(ERROR_REPLY_BOUND)
 }

@@ -13,6 +13,8 @@ use racekv_client::attach::handshake::goodbye;
 use racekv_client::attach::{doorbell, monotonic_ns, reply_bound, Completer, DaemonRing, Doorbell, Frame, Submission};
 use racekv_client::op::{ErrorKind, Reply};
 
+use crate::staging::{self, Staging};
+
 use super::metrics::METRICS;
 use super::SharedSubmit;
 use racekv_redis::acl::Acl;
@@ -36,6 +38,10 @@ pub(crate) struct Conn {
     pub peer: String,
     /// The ACL user it attached as (None: the server checks no users).
     pub user: Option<String>,
+    /// Requests and replies larger than a slot, in parts: this connection's transfers.
+    staging: Arc<Staging>,
+    /// Who its transfers belong to (this attachment alone).
+    owner: String,
     completer: Completer,
     /// Wakes the client (it waits on it).
     to_client: Doorbell,
@@ -54,6 +60,7 @@ impl Conn {
     pub(crate) fn new(
         peer: String,
         user: Option<String>,
+        (staging, owner): (Arc<Staging>, String),
         completer: Completer,
         to_client: Doorbell,
         to_poller: Doorbell,
@@ -61,6 +68,8 @@ impl Conn {
         Self {
             peer,
             user,
+            staging,
+            owner,
             completer,
             to_client,
             to_poller,
@@ -100,6 +109,7 @@ impl Conn {
         if !self.is_ended() {
             let mut bytes = Vec::new();
             reply.encode(&mut bytes);
+            let bytes = staging::fit_reply(&self.staging, &self.owner, bytes, self.payload_bytes());
             match self.completer.complete(slot, request_id, &bytes) {
                 Ok(true) => self.to_client.ring(),
                 Ok(false) => {}
@@ -111,6 +121,16 @@ impl Conn {
         if self.blocked.load(Ordering::SeqCst) {
             self.to_poller.ring();
         }
+    }
+
+    fn payload_bytes(&self) -> usize {
+        self.completer.geometry().payload_bytes()
+    }
+
+    /// Answers a request at once, on the poller (parts, fetches, refusals before a worker).
+    fn answer(&self, slot: u32, request_id: u64, reply: Reply) {
+        METRICS.in_flight.inc();
+        self.complete(slot, request_id, 0, Instant::now(), reply);
     }
 }
 
@@ -149,7 +169,7 @@ pub(crate) fn run(
         // Take what the client published, as far as the budget allows.
         let mut progressed = false;
         for _ in 0..slots {
-            let sub = match pending.take() {
+            let mut sub = match pending.take() {
                 Some(sub) => sub,
                 None => match ring.take() {
                     Ok(Some(sub)) => sub,
@@ -160,6 +180,16 @@ pub(crate) fn run(
                     }
                 },
             };
+            // Parts and fetches are answered here; a last part becomes its whole request.
+            let request = std::mem::replace(&mut sub.request, racekv_client::op::Request::Len);
+            match staging::assemble(&conn.staging, &conn.owner, request, conn.payload_bytes()) {
+                Ok(request) => sub.request = request,
+                Err(reply) => {
+                    progressed = true;
+                    conn.answer(sub.slot, sub.request_id, reply);
+                    continue;
+                }
+            }
             let cost = reply_bound(&sub.request);
             if cost > budget {
                 conn.end(Ending::ProtocolError {
@@ -250,6 +280,7 @@ pub(crate) fn run(
         let _ = stream.write_all(&frame.encode());
     }
     let _ = stream.shutdown(std::net::Shutdown::Both);
+    conn.staging.forget(&conn.owner);
     ending
 }
 

@@ -45,6 +45,12 @@
 //! refuses (the queue is full) the request is answered at once with an `Overloaded` error
 //! reply (the client sees `ClientError::Overloaded`).
 //!
+//! A request larger than a slot arrives in parts, and a reply larger than a slot is staged
+//! and fetched in parts ([`crate::staging`]; the protocol is in [`racekv_client::op`]): the
+//! poller answers parts and fetches itself, and submits the assembled request like any
+//! other (budgeted, checked against the user's ACL). A connection's transfers are its own,
+//! and are dropped when it detaches.
+//!
 //! # Hostile clients
 //!
 //! The shared area is untrusted: see [`racekv_client::attach`] for how every word is
@@ -114,6 +120,10 @@ pub struct AttachOptions {
     pub allowed_uids: AllowedUids,
     /// A client must complete its hello within this.
     pub handshake_timeout: Duration,
+    /// Where requests and replies larger than a slot are assembled and kept (share the
+    /// daemon's, so one budget bounds every front end; None: one of its own, with the
+    /// default limits).
+    pub staging: Option<std::sync::Arc<crate::staging::Staging>>,
     /// How long a client's thread polls its ring after the last request before sleeping.
     /// Default 20 µs on hosts with more than two CPUs, else none (there it would take the
     /// core a worker needs).
@@ -128,6 +138,7 @@ impl Default for AttachOptions {
             slot_bytes: 64 << 10,
             reply_budget_bytes: 16 << 20,
             auth: None,
+            staging: None,
             allowed_uids: AllowedUids::SameUser,
             handshake_timeout: Duration::from_secs(2),
             spin: if std::thread::available_parallelism().is_ok_and(|n| n.get() > 2) {

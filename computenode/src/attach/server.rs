@@ -38,6 +38,7 @@ type Open = (UnixStream, Option<Arc<Conn>>);
 
 struct Shared {
     submit: SharedSubmit,
+    staging: Arc<crate::staging::Staging>,
     options: AttachOptions,
     geometry: Geometry,
     max_multi_keys: u32,
@@ -89,8 +90,10 @@ impl AttachServer {
             ((options.reply_budget_bytes - 4) / VALUE_REPLY_BOUND).min(racekv_client::op::MAX_MULTI as u64) as u32;
         let listener = bind(&path, &options.allowed_uids)?;
         listener.set_nonblocking(true)?;
+        let staging = options.staging.clone().unwrap_or_else(|| crate::staging::Staging::start(Default::default()));
         let shared = Arc::new(Shared {
             submit,
+            staging,
             geometry,
             max_multi_keys,
             own_uid: nix::unistd::geteuid().as_raw(),
@@ -380,6 +383,7 @@ fn handshake(shared: &Shared, id: u64, stream: &mut UnixStream) -> Result<(Arc<C
     // Our copies of what the client holds now close here; the client's stay open.
     drop(fds);
     let peer = format!("{peer} (says pid {})", hello.pid);
-    let conn = Arc::new(Conn::new(peer, user, ring.completer(), to_client, to_daemon));
+    let transfers = (Arc::clone(&shared.staging), format!("attach/{id}"));
+    let conn = Arc::new(Conn::new(peer, user, transfers, ring.completer(), to_client, to_daemon));
     Ok((conn, ring))
 }

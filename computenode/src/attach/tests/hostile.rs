@@ -344,3 +344,52 @@ fn random_scribbling_never_hurts_the_daemon() {
         assert_eq!(good.get(format!("round-{round}").as_bytes()).unwrap().as_deref(), Some(&b"ok"[..]));
     }
 }
+
+/// Sends `request` in slot 0 and waits for its reply (one request at a time).
+fn ask(raw: &Raw, ring: &ClientRing, request: &Request) -> racekv_client::op::Reply {
+    let before = ring.completion_tail();
+    raw.send(ring, 0, &encoded(request));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while ring.completion_tail() == before {
+        assert!(Instant::now() < deadline, "no reply");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(ring.completion(before).unwrap(), 0);
+    ring.consumed(before + 1);
+    let mut payload = Vec::new();
+    let reply = ring.read_reply(0, &mut payload).unwrap();
+    assert_eq!(reply.status, racekv_client::attach::area::status::REPLY);
+    racekv_client::op::Reply::decode(&payload).unwrap()
+}
+
+#[test]
+fn hostile_parts_get_error_replies_and_the_attachment_stays() {
+    use racekv_client::op::{ErrorKind, Reply, MAX_REQUEST_BYTES};
+    let h = Harness::start();
+    let raw = Raw::attach(&h.socket);
+    let ring = raw.ring();
+    let part = |id: u64, total: usize, offset: usize, bytes: &[u8]| Request::Part {
+        id,
+        total: total as u64,
+        offset: offset as u64,
+        bytes: bytes.to_vec(),
+    };
+    let refused = |reply: Reply, words: &str| match reply {
+        Reply::Error(ErrorKind::BadRequest, message) => assert!(message.contains(words), "{message}"),
+        other => panic!("expected a refusal saying {words:?}, got {other:?}"),
+    };
+    let put =
+        encoded(&Request::Put { key: b"p".to_vec(), value: vec![9; 1000], mode: racekv_hashing::PutMode::Upsert });
+    assert_eq!(ask(&raw, &ring, &part(1, put.len(), 0, &put[..10])), Reply::Count(10));
+    refused(ask(&raw, &ring, &part(1, put.len(), 20, &put[20..30])), "expected 10");
+    refused(ask(&raw, &ring, &part(2, MAX_REQUEST_BYTES + 1, 0, b"x")), "largest request");
+    assert_eq!(ask(&raw, &ring, &part(3, 4, 0, b"ab")), Reply::Count(2));
+    refused(ask(&raw, &ring, &part(3, 4, 2, b"cde")), "past its total");
+    refused(ask(&raw, &ring, &Request::FetchPart { id: 77, offset: 0, max_len: 100 }), "no staged reply");
+    // A well-formed upload runs, and the attachment is still there.
+    assert_eq!(ask(&raw, &ring, &part(4, put.len(), 0, &put[..500])), Reply::Count(500));
+    assert_eq!(ask(&raw, &ring, &part(4, put.len(), 500, &put[500..])), Reply::Done(true));
+    assert_eq!(ask(&raw, &ring, &Request::Get(b"p".to_vec())), Reply::Value(Some(vec![9; 1000])));
+    assert!(!raw.is_closed());
+    assert_eq!(h.client().get(b"p").unwrap(), Some(vec![9; 1000]));
+}
