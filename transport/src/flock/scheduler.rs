@@ -238,7 +238,10 @@ impl Scheduler {
         grant = grant.min(self.options.max_outstanding.saturating_sub(state.exposure));
         let service = self.service_ns.load(Ordering::Relaxed);
         if let Some(backlog) = (self.options.max_queue_delay.as_nanos() as u64).checked_div(service) {
-            grant = grant.min(backlog.saturating_sub(exposure));
+            // At least one request per lane: when one request takes longer than the whole
+            // delay (a large value), a floor of 0 would refuse every lane for good, since
+            // only answered requests bring the service time back down.
+            grant = grant.min(backlog.max(1).saturating_sub(exposure));
         }
         let grant = if may_be_active { grant } else { 0 };
         Self::set_active(state, lane, sender, grant > 0);
@@ -277,6 +280,24 @@ mod tests {
         assert_eq!(s.renew(lane, SenderStats { degree: 4.0, rate: 1e5 }, 0), 32);
         s.close(lane);
         assert_eq!(s.active(), 0);
+    }
+
+    /// Requests slower than the whole queue delay (large values) still get one credit at a
+    /// time per lane, so the service time can come down again; never more while one waits.
+    #[test]
+    fn requests_slower_than_the_queue_delay_still_go_one_at_a_time() {
+        let s = sched(8);
+        let (lane, credits) = s.open(1);
+        assert_eq!(credits, 32);
+        s.answered(lane, 1, Duration::from_secs(2));
+        assert!(s.service_time() > s.options().max_queue_delay);
+        // 31 credits still held, 31 unanswered: nothing more.
+        assert_eq!(s.renew(lane, SenderStats::default(), 31), 0);
+        s.answered(lane, 31, Duration::from_secs(62));
+        assert_eq!(s.renew(lane, SenderStats::default(), 0), 1, "one request at a time");
+        assert_eq!(s.renew(lane, SenderStats::default(), 1), 0, "not a second while it waits");
+        s.answered(lane, 1, Duration::from_millis(1));
+        assert_eq!(s.renew(lane, SenderStats::default(), 0), 1);
     }
 
     #[test]
