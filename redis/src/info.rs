@@ -241,7 +241,10 @@ impl ServerStats {
             *count += 1;
         } else if errors.len() < MAX_ERROR_CODES {
             errors.insert(code.to_string(), 1);
+        } else {
+            return;
         }
+        METRICS.error_replies.with_label_values(&[code]).inc();
     }
 
     /// `CONFIG RESETSTAT`: zeroes what Redis' does (command, error and keyspace counters,

@@ -1,7 +1,7 @@
 //! Prometheus metrics of the Redis front end, registered once on the default registry.
 //!
 //! Label values are bounded: commands are the names in the command table plus `unknown`,
-//! reasons are static strings.
+//! reasons are static strings, error codes the first [`crate::info::MAX_ERROR_CODES`] seen.
 
 use std::sync::LazyLock;
 
@@ -17,6 +17,7 @@ pub(crate) struct Metrics {
     pub command_seconds: HistogramVec,
     pub protocol_errors: IntCounterVec,
     pub store_errors: IntCounterVec,
+    pub error_replies: IntCounterVec,
     pub received_bytes: IntCounter,
     pub sent_bytes: IntCounter,
     pub event_loop_sleeps: IntCounter,
@@ -85,6 +86,16 @@ pub(crate) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         IntCounterVec::new(
             Opts::new("racekv_redis_store_errors_total", "Storage errors returned to Redis clients, by kind"),
             &["kind"],
+        )
+        .unwrap(),
+    ),
+    error_replies: register(
+        IntCounterVec::new(
+            Opts::new(
+                "racekv_redis_error_replies_total",
+                "Error replies sent to Redis clients, by code (the reply's first word, as INFO errorstats)",
+            ),
+            &["code"],
         )
         .unwrap(),
     ),

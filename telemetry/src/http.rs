@@ -277,6 +277,7 @@ impl MetricsServer {
     /// Like [`MetricsServer::start_with_status`], with explicit limits (tests use short ones).
     pub fn start_with_options(addr: SocketAddr, status: Option<StatusFn>, limits: HttpLimits) -> anyhow::Result<Self> {
         limits.validate().context("metrics endpoint limits")?;
+        crate::process::register_process_metrics();
         // Register the server's own series now, so a scrape shows them before any refusal.
         LazyLock::force(&REQUESTS);
         LazyLock::force(&REFUSED);

@@ -18,6 +18,7 @@
 pub mod clock;
 pub mod http;
 mod logging;
+mod process;
 pub mod ratelimit;
 pub mod secret;
 pub mod systemd;
@@ -29,6 +30,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 pub use logging::{init_logging, init_logging_as, LogFormat};
+pub use process::register_process_metrics;
 
 #[doc(hidden)]
 pub use http::{serve_bytes_for_fuzzing, FUZZ_MAX_OUTPUT_BYTES};
