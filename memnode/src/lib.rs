@@ -17,6 +17,8 @@
 //! reaches the disk within `sync_interval_ms` (msync) or at a clean shutdown. It does not
 //! survive a machine crash inside that interval.
 
+#![forbid(unsafe_code)]
+
 pub mod bytes;
 pub mod config;
 
