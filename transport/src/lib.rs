@@ -70,12 +70,16 @@ pub use tls::{ClientAuth, ClientTls, ServerTls, ServerTlsFiles};
 /// Which backend a connection uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TransportKind {
+    /// Same host, over a shared mapping.
     Shm,
+    /// Any host, over TCP (optionally TLS).
     Tcp,
+    /// RDMA RC queue pairs (feature `rdma`).
     Verbs,
 }
 
 impl TransportKind {
+    /// Its name, as in endpoints (`shm`, `tcp`, `verbs`).
     pub fn as_str(&self) -> &'static str {
         match self {
             TransportKind::Shm => "shm",
@@ -115,12 +119,16 @@ impl std::str::FromStr for TransportKind {
 /// (the verbs control channel).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Endpoint {
+    /// The region server's Unix socket.
     Shm(PathBuf),
+    /// The region server's `host:port`.
     Tcp(String),
+    /// The `host:port` of the region server's verbs control channel.
     Verbs(String),
 }
 
 impl Endpoint {
+    /// The backend this endpoint is served by.
     pub fn kind(&self) -> TransportKind {
         match self {
             Endpoint::Shm(_) => TransportKind::Shm,
@@ -224,6 +232,7 @@ pub trait Connection: Send + Sync {
     fn call(&self, method: u16, request: &[u8]) -> Result<Vec<u8>, TransportError>;
     /// Size of the region in bytes.
     fn region_len(&self) -> u64;
+    /// The backend this connection runs on.
     fn kind(&self) -> TransportKind;
     /// The server's instance id from hello (changes when the server restarts).
     fn instance(&self) -> u64;
