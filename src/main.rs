@@ -1,5 +1,7 @@
 //! `racekv`: run a local cluster, read and write keys, inspect a cluster, run benchmarks.
 
+#![forbid(unsafe_code)]
+
 mod doctor;
 mod up;
 

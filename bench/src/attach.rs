@@ -20,8 +20,10 @@ use serde::Serialize;
 use crate::cluster::BenchMemnode;
 use crate::report::{progress, Environment};
 
+/// Settings of `racekv bench attach`.
 #[derive(Debug, Clone, Args)]
 pub struct AttachArgs {
+    /// Transport between the computenode and its memnode: shm, tcp (or verbs).
     #[arg(long, default_value = "shm")]
     pub transport: TransportKind,
     /// Attaches to time.
@@ -33,25 +35,37 @@ pub struct AttachArgs {
     /// Connections a fresh worker opens (as the daemon's pool has per memnode).
     #[arg(long, default_value_t = 1)]
     pub fresh_connections: usize,
+    /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
 }
 
+/// What `racekv bench attach` measured (times in microseconds).
 #[derive(Debug, Clone, Serialize)]
 pub struct AttachReport {
+    /// The benchmark's name, `attach`.
     pub bench: &'static str,
+    /// Transport between the computenode and its memnode.
     pub transport: String,
+    /// Attaches timed.
     pub attaches: u32,
+    /// Median attach.
     pub attach_p50_us: f64,
+    /// 99th percentile attach.
     pub attach_p99_us: f64,
     /// Attach plus the first GET.
     pub attach_then_get_p50_us: f64,
+    /// 99th percentile of attach plus the first GET.
     pub attach_then_get_p99_us: f64,
+    /// Fresh bootstraps timed.
     pub fresh: u32,
+    /// Median fresh bootstrap (own connections, then the first GET).
     pub fresh_p50_us: f64,
+    /// 99th percentile fresh bootstrap.
     pub fresh_p99_us: f64,
     /// fresh p50 / attach-then-get p50.
     pub speedup_p50: f64,
+    /// Where and when it ran.
     pub environment: Environment,
 }
 
@@ -59,6 +73,7 @@ fn us(h: &Histogram<u64>, q: f64) -> f64 {
     h.value_at_quantile(q) as f64 / 1000.0
 }
 
+/// Runs the benchmark.
 pub fn run(args: &AttachArgs) -> anyhow::Result<AttachReport> {
     let memnode = BenchMemnode::start(args.transport, 256 << 20, 256, None, "bench-attach", false)?;
     let endpoint = memnode.endpoint().to_string();

@@ -22,16 +22,22 @@ use serde::Serialize;
 use crate::cluster::{load_keys, BenchMemnode};
 use crate::report::{progress, Environment};
 
+/// Settings of `racekv bench churn`.
 #[derive(Debug, Clone, Args)]
 pub struct ChurnArgs {
+    /// Updates to run after loading the keys.
     #[arg(long, default_value_t = 10_000_000)]
     pub updates: u64,
+    /// Keys loaded and then updated at random.
     #[arg(long, default_value_t = 100_000)]
     pub keys: u64,
+    /// Value bytes.
     #[arg(long, default_value_t = 64)]
     pub value_size: usize,
+    /// Threads running updates.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
+    /// Transport to the memnode: shm, tcp (or verbs).
     #[arg(long, default_value = "shm")]
     pub transport: TransportKind,
     /// Grace period before freed blocks are reused.
@@ -41,18 +47,27 @@ pub struct ChurnArgs {
     /// after they are written, never read (`keys` is then unused).
     #[arg(long)]
     pub ttl_ms: Option<u64>,
+    /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
 }
 
+/// What `racekv bench churn` measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct ChurnReport {
+    /// The benchmark's name, `churn`.
     pub bench: &'static str,
+    /// Transport to the memnode.
     pub transport: String,
+    /// Keys loaded.
     pub keys: u64,
+    /// Updates run.
     pub updates: u64,
+    /// Value bytes.
     pub value_size: usize,
+    /// Threads that ran updates.
     pub threads: usize,
+    /// Grace period before freed blocks were reused, in milliseconds.
     pub grace_ms: u64,
     /// Heap handed out (subtables + KV chunks) after loading the keys.
     pub heap_bytes_start: u64,
@@ -61,19 +76,23 @@ pub struct ChurnReport {
     /// End over start; for the expiring variant, its peak over what the live keys need
     /// (`expiring.peak_to_live_ratio`: it starts from an empty heap).
     pub heap_growth_ratio: f64,
+    /// Updates per second over the run.
     pub updates_per_sec: f64,
     /// The expiring variant's findings (`--ttl-ms`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expiring: Option<ExpiringReport>,
+    /// Where and when it ran.
     pub environment: Environment,
 }
 
 /// What the expiring variant measured (bytes are KV heap: heap used less subtables).
 #[derive(Debug, Clone, Serialize)]
 pub struct ExpiringReport {
+    /// Keys' time to live, in milliseconds.
     pub ttl_ms: u64,
     /// Heap samples taken (every [`SAMPLE_EVERY`]).
     pub samples: usize,
+    /// Largest heap sample, in bytes.
     pub heap_peak_bytes: u64,
     /// Mean heap over the second half of the run.
     pub heap_steady_bytes: u64,
@@ -81,6 +100,7 @@ pub struct ExpiringReport {
     pub live_steady_bytes: u64,
     /// Peak against what the live keys need: the 2x target.
     pub peak_to_live_ratio: f64,
+    /// Peak over the steady heap.
     pub peak_to_steady_ratio: f64,
     /// Heap once every key has expired and the active expiry had time to find them.
     pub heap_after_expiry_bytes: u64,
@@ -94,6 +114,7 @@ pub const SAMPLE_EVERY: Duration = Duration::from_millis(50);
 /// tolerated skew) for the active expiry to find the last keys.
 const SETTLE_AFTER_EXPIRY: Duration = Duration::from_secs(3);
 
+/// Runs the benchmark.
 pub fn run(args: &ChurnArgs) -> anyhow::Result<ChurnReport> {
     anyhow::ensure!(args.keys >= 1 && args.threads >= 1, "keys and threads must be at least 1");
     if let Some(ttl_ms) = args.ttl_ms {

@@ -50,11 +50,13 @@ impl BenchMemnode {
         Ok(Self { memnode: Some(memnode), endpoint, token: token.into(), _dir: dir })
     }
 
+    /// A new connection to the memnode.
     pub fn connect(&self) -> anyhow::Result<Arc<dyn Connection>> {
         let options = ConnectOptions::new(self.token.clone(), Duration::from_secs(30));
         racekv_transport::connect(&self.endpoint, &options).with_context(|| format!("connecting to {}", self.endpoint))
     }
 
+    /// Opens the table on a new connection; returns both.
     pub fn table(&self, options: TableOptions) -> anyhow::Result<(Table, Arc<dyn Connection>)> {
         let conn = self.connect()?;
         Ok((Table::open(Arc::clone(&conn), options)?, conn))
@@ -66,10 +68,12 @@ impl BenchMemnode {
         racekv_hashing::service::decode_stats(&reply).context("unreadable stats")
     }
 
+    /// The memnode's endpoint.
     pub fn endpoint(&self) -> &Endpoint {
         &self.endpoint
     }
 
+    /// Whether the memnode runs in this process (rather than one named by `--memnode`).
     pub fn is_in_process(&self) -> bool {
         self.memnode.is_some()
     }

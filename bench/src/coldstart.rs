@@ -36,6 +36,7 @@ pub const FIRST_OP_PREFIX: &str = "racekv-first-op-ns ";
 const TOKEN: &str = "bench-coldstart";
 const KEY: &str = "coldstart-key";
 
+/// Settings of `racekv bench coldstart`.
 #[derive(Debug, Clone, Args)]
 pub struct ColdstartArgs {
     /// Processes to start in each mode (alternating).
@@ -44,22 +45,29 @@ pub struct ColdstartArgs {
     /// The `racekv` binary to start (default: this one).
     #[arg(long)]
     pub binary: Option<std::path::PathBuf>,
+    /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
 }
 
+/// What `racekv bench coldstart` measured (times in milliseconds).
 #[derive(Debug, Clone, Serialize)]
 pub struct ColdstartReport {
+    /// The benchmark's name, `coldstart`.
     pub bench: &'static str,
+    /// Processes started in each mode.
     pub runs: u32,
     /// Median start-to-first-GET of an attached process.
     pub attached_ms: f64,
+    /// 99th percentile start-to-first-GET of an attached process.
     pub attached_p99_ms: f64,
     /// Median start-to-first-GET of an embedded process.
     pub embedded_ms: f64,
+    /// 99th percentile start-to-first-GET of an embedded process.
     pub embedded_p99_ms: f64,
     /// embedded / attached, medians.
     pub speedup: f64,
+    /// Where and when it ran.
     pub environment: Environment,
 }
 
@@ -67,6 +75,7 @@ fn ms(h: &Histogram<u64>, q: f64) -> f64 {
     h.value_at_quantile(q) as f64 / 1e6
 }
 
+/// Runs the benchmark.
 pub fn run(args: &ColdstartArgs) -> anyhow::Result<ColdstartReport> {
     anyhow::ensure!(args.runs > 0, "--runs must be at least 1");
     let binary = match &args.binary {

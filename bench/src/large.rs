@@ -26,6 +26,7 @@ const MAX_VALUE_BYTES: usize = 512 << 20;
 /// Value bytes one size's round moves per server and operation, at least (at most 64 ops).
 const BYTES_PER_ROUND: usize = 256 << 20;
 
+/// Settings of `racekv bench large`.
 #[derive(Debug, Clone, Args)]
 pub struct LargeArgs {
     /// Value sizes in MiB.
@@ -37,6 +38,7 @@ pub struct LargeArgs {
     /// Where the PNG goes.
     #[arg(long, default_value = "large-values.png")]
     pub plot: PathBuf,
+    /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
 }
@@ -46,28 +48,41 @@ pub struct LargeArgs {
 pub struct Throughput {
     /// Mean over the rounds, in 10^6 bytes per second.
     pub set_mb_per_sec: f64,
+    /// Mean over the rounds, in 10^6 bytes per second.
     pub get_mb_per_sec: f64,
     /// Each round's (SET, GET) MB/s.
     pub rounds: Vec<(f64, f64)>,
 }
 
+/// One value size's figures, both servers.
 #[derive(Debug, Clone, Serialize)]
 pub struct SizeReport {
+    /// Value bytes.
     pub value_bytes: usize,
+    /// SETs (then GETs) per round.
     pub ops_per_round: usize,
+    /// redis-server's throughput.
     pub redis_server: Throughput,
+    /// racekv's throughput (through its Redis front end).
     pub racekv: Throughput,
     /// racekv / redis-server.
     pub set_ratio: f64,
+    /// racekv / redis-server, GETs.
     pub get_ratio: f64,
 }
 
+/// What `racekv bench large` measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct LargeReport {
+    /// The benchmark's name, `large`.
     pub bench: &'static str,
+    /// `redis-server --version`.
     pub redis_server_version: String,
+    /// One entry per value size.
     pub sizes: Vec<SizeReport>,
+    /// Where the plot went (None when it could not be drawn).
     pub plot: Option<String>,
+    /// Where and when it ran.
     pub environment: Environment,
 }
 
@@ -159,6 +174,7 @@ fn throughput(rounds: Vec<(f64, f64)>) -> Throughput {
     }
 }
 
+/// Runs the benchmark.
 pub fn run(args: &LargeArgs) -> anyhow::Result<LargeReport> {
     let largest = args.sizes_mib.iter().max().copied().unwrap_or(1) << 20;
     anyhow::ensure!(largest <= MAX_VALUE_BYTES, "values go up to {} MiB", MAX_VALUE_BYTES >> 20);

@@ -14,6 +14,8 @@
 //! * [`coldstart`]: a new process's start to its first GET, attached vs embedded.
 //! * [`reclaim`]: a memnode start's reclaim of unreferenced heap space vs one pass over it.
 
+#![forbid(unsafe_code)]
+
 pub mod attach;
 pub mod churn;
 pub mod cluster;

@@ -12,6 +12,7 @@ use serde::Serialize;
 use crate::cluster::BenchMemnode;
 use crate::report::{progress, Environment};
 
+/// Settings of `racekv bench loadfactor`.
 #[derive(Debug, Clone, Args)]
 pub struct LoadFactorArgs {
     /// Independent fills (fresh table and key sequence each).
@@ -20,26 +21,38 @@ pub struct LoadFactorArgs {
     /// Bucket groups per subtable (the default memnode setting is 256).
     #[arg(long, default_value_t = 256)]
     pub groups_per_subtable: u32,
+    /// Value bytes.
     #[arg(long, default_value_t = 8)]
     pub value_size: usize,
+    /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
 }
 
+/// What `racekv bench loadfactor` measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct LoadFactorReport {
+    /// The benchmark's name, `loadfactor`.
     pub bench: &'static str,
+    /// Bucket groups per subtable.
     pub groups_per_subtable: u32,
+    /// Slots per subtable.
     pub slots_per_subtable: u64,
+    /// Fills run.
     pub trials: u32,
     /// Mean over trials.
     pub load_factor_at_first_split: f64,
+    /// Lowest load factor at the first split.
     pub min_load_factor: f64,
+    /// Highest load factor at the first split.
     pub max_load_factor: f64,
+    /// Each trial's load factor at the first split.
     pub per_trial: Vec<f64>,
+    /// Where and when it ran.
     pub environment: Environment,
 }
 
+/// Runs the benchmark.
 pub fn run(args: &LoadFactorArgs) -> anyhow::Result<LoadFactorReport> {
     anyhow::ensure!(args.trials >= 1, "at least one trial");
     let mut per_trial = Vec::new();

@@ -16,35 +16,44 @@ use serde::Serialize;
 use crate::cluster::BenchMemnode;
 use crate::report::{progress, Environment};
 
+/// How keys are picked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Dist {
+    /// Every key equally likely.
     Uniform,
+    /// Skewed: a few keys take most operations (see `--zipf-theta`).
     Zipf,
 }
 
+/// Settings of `racekv bench ops`.
 #[derive(Debug, Clone, Args)]
 pub struct OpsArgs {
     /// shm, tcp (or verbs in an `rdma` build with a device).
     #[arg(long, default_value = "shm")]
     pub transport: TransportKind,
+    /// Threads running operations, each with its own table client.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
+    /// Keys loaded before the run.
     #[arg(long, default_value_t = 1_000_000)]
     pub keys: u64,
     /// Key bytes (keys are the big-endian index, zero-padded on the left).
     #[arg(long, default_value_t = 8)]
     pub key_size: usize,
+    /// Value bytes.
     #[arg(long, default_value_t = 64)]
     pub value_size: usize,
     /// Fraction of operations that are GETs (the rest are upserts).
     #[arg(long, default_value_t = 0.95)]
     pub get_ratio: f64,
+    /// How keys are picked.
     #[arg(long, value_enum, default_value = "uniform")]
     pub dist: Dist,
     /// Skew of the zipf distribution.
     #[arg(long, default_value_t = 0.99)]
     pub zipf_theta: f64,
+    /// Seconds measured.
     #[arg(long, default_value_t = 10.0)]
     pub seconds: f64,
     /// Region size; by default sized from keys and value size.
@@ -57,6 +66,7 @@ pub struct OpsArgs {
     /// Use this memnode instead of starting one in-process.
     #[arg(long)]
     pub memnode: Option<String>,
+    /// Token of the memnode given with `--memnode`.
     #[arg(long, default_value = "racekv-dev-token")]
     pub token: String,
     /// Print one JSON object.
@@ -64,26 +74,44 @@ pub struct OpsArgs {
     pub json: bool,
 }
 
+/// What `racekv bench ops` measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct OpsReport {
+    /// The benchmark's name, `ops`.
     pub bench: &'static str,
+    /// Transport to the memnode.
     pub transport: String,
+    /// Threads that ran operations.
     pub threads: usize,
+    /// Keys loaded.
     pub keys: u64,
+    /// Key bytes.
     pub key_size: usize,
+    /// Value bytes.
     pub value_size: usize,
+    /// Fraction of operations that were GETs.
     pub get_ratio: f64,
+    /// How keys were picked.
     pub dist: Dist,
+    /// Seconds measured.
     pub seconds: f64,
+    /// Operations completed.
     pub ops: u64,
+    /// Operations per second, all threads.
     pub ops_per_sec: f64,
     /// Latency percentiles over a 1-in-8 sample of operations.
     pub p50_us: f64,
+    /// 99th percentile latency, in microseconds.
     pub p99_us: f64,
+    /// 99.9th percentile latency, in microseconds.
     pub p999_us: f64,
+    /// Round trips to the memnode per operation.
     pub round_trips_per_op: f64,
+    /// Round trips per GET (None: no GET ran).
     pub get_round_trips_per_op: Option<f64>,
+    /// Round trips per upsert (None: no upsert ran).
     pub put_round_trips_per_op: Option<f64>,
+    /// CAS retries per operation.
     pub cas_retries_per_op: f64,
     /// shm only: one dependent cache miss on this machine, measured in this run.
     pub memory_dependent_miss_ns: Option<f64>,
@@ -91,8 +119,11 @@ pub struct OpsReport {
     pub memory_limit_ops_per_sec_per_thread: Option<f64>,
     /// shm only: measured per-thread throughput over that limit.
     pub ratio_to_memory_limit: Option<f64>,
+    /// Whether the region was on huge pages.
     pub huge_pages: bool,
+    /// Seconds loading the keys took.
     pub load_seconds: f64,
+    /// Where and when it ran.
     pub environment: Environment,
 }
 
@@ -115,6 +146,7 @@ fn xxhash_like(x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// Runs the benchmark.
 pub fn run(args: &OpsArgs) -> anyhow::Result<OpsReport> {
     anyhow::ensure!(args.threads >= 1 && args.keys >= 1, "threads and keys must be at least 1");
     anyhow::ensure!((0.0..=1.0).contains(&args.get_ratio), "get ratio must be within 0..=1");

@@ -32,7 +32,9 @@ fn register_font() -> anyhow::Result<()> {
 
 /// One line of a chart.
 pub struct Series {
+    /// Its name in the legend.
     pub name: String,
+    /// Its (x, y) points.
     pub points: Vec<(f64, f64)>,
 }
 
@@ -52,6 +54,7 @@ pub fn drawn(path: &Path, result: anyhow::Result<()>) -> Option<String> {
     }
 }
 
+/// Writes a line chart of `series` to `path` (PNG, 1200 x 700) with plain x labels.
 pub fn line_chart(path: &Path, title: &str, x_label: &str, y_label: &str, series: &[Series]) -> anyhow::Result<()> {
     line_chart_with(path, title, x_label, y_label, series, None)
 }

@@ -17,41 +17,59 @@ use serde::Serialize;
 use crate::cluster::load_keys;
 use crate::report::Environment;
 
+/// Settings of `racekv bench reclaim`.
 #[derive(Debug, Clone, Args)]
 pub struct ReclaimArgs {
+    /// Keys written before the crash.
     #[arg(long, default_value_t = 1_000_000)]
     pub keys: u64,
+    /// Value bytes.
     #[arg(long, default_value_t = 64)]
     pub value_size: usize,
     /// Of the keys, this share is deleted by the process that crashes (its blocks leak).
     #[arg(long, default_value_t = 0.5)]
     pub deleted_fraction: f64,
+    /// Restarts timed.
     #[arg(long, default_value_t = 3)]
     pub rounds: u32,
+    /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
 }
 
+/// What `racekv bench reclaim` measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct ReclaimReport {
+    /// The benchmark's name, `reclaim`.
     pub bench: &'static str,
+    /// Keys written.
     pub keys: u64,
+    /// Value bytes.
     pub value_size: usize,
+    /// Share of the keys deleted by the crashing process.
     pub deleted_fraction: f64,
+    /// The region's length in bytes.
     pub region_bytes: u64,
     /// Heap below the top when the memnode restarted.
     pub heap_bytes: u64,
+    /// Heap bytes the remaining keys' slots reference.
     pub live_bytes: u64,
     /// Heap handed out before the restart, and after it.
     pub heap_used_bytes_before: u64,
+    /// Heap bytes handed out after the restart.
     pub heap_used_bytes_after: u64,
+    /// Bytes the reclaim made free.
     pub reclaimed_free_bytes: u64,
     /// Medians over the rounds (restarts of the same data file; the figures above are the
     /// first one's).
     pub reclaim_ms: f64,
+    /// Median memnode start (reclaim included), in milliseconds.
     pub start_ms: f64,
+    /// Median time of one sequential pass (xxh3) over the same heap bytes, in milliseconds.
     pub heap_scan_ms: f64,
+    /// Reclaim time over that pass.
     pub reclaim_over_scan: f64,
+    /// Where and when it ran.
     pub environment: Environment,
 }
 
@@ -69,6 +87,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Runs the benchmark.
 pub fn run(args: &ReclaimArgs) -> anyhow::Result<ReclaimReport> {
     anyhow::ensure!(args.keys >= 1 && args.rounds >= 1, "keys and rounds must be at least 1");
     anyhow::ensure!((0.0..=1.0).contains(&args.deleted_fraction), "deleted_fraction is a share (0..=1)");

@@ -21,6 +21,7 @@ use serde::Serialize;
 use crate::cluster::BenchMemnode;
 use crate::report::Environment;
 
+/// Settings of `racekv bench redis`.
 #[derive(Debug, Clone, Args)]
 pub struct RedisArgs {
     /// GETs per redis-benchmark run.
@@ -32,6 +33,7 @@ pub struct RedisArgs {
     /// Keys (loaded before the runs, key:000000000000 .. like redis-benchmark's -r).
     #[arg(long, default_value_t = 100_000)]
     pub keys: u64,
+    /// Value bytes.
     #[arg(long, default_value_t = 64)]
     pub value_size: usize,
     /// What redis-benchmark runs, comma-separated: `get`, `set`.
@@ -75,6 +77,7 @@ pub struct RedisArgs {
     /// permissions), `tls` (the TLS port, with a throwaway CA; a thread per connection).
     #[arg(long, value_delimiter = ',')]
     pub variants: Vec<Variant>,
+    /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
 }
@@ -83,7 +86,9 @@ pub struct RedisArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Op {
+    /// `GET key:__rand_int__`.
     Get,
+    /// `SET key:__rand_int__ <value>`.
     Set,
 }
 
@@ -91,15 +96,22 @@ pub enum Op {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Variant {
+    /// Connections AUTH as an ACL user; every command is checked against its permissions.
     Auth,
+    /// The TLS port, with a throwaway CA.
     Tls,
 }
 
+/// One command at one pipeline depth, both servers.
 #[derive(Debug, Clone, Serialize)]
 pub struct PipelineResult {
+    /// The command.
     pub op: Op,
+    /// Pipeline depth (-P).
     pub pipeline: u32,
+    /// redis-server's requests per second, one per round.
     pub redis_server_ops_per_sec: Vec<f64>,
+    /// racekv's requests per second, one per round.
     pub racekv_ops_per_sec: Vec<f64>,
     /// Mean racekv / mean redis-server.
     pub ratio: f64,
@@ -107,18 +119,25 @@ pub struct PipelineResult {
     pub variants: Vec<VariantResult>,
 }
 
+/// racekv served one other way, same rounds.
 #[derive(Debug, Clone, Serialize)]
 pub struct VariantResult {
+    /// The way.
     pub variant: Variant,
+    /// Requests per second, one per round.
     pub ops_per_sec: Vec<f64>,
     /// Mean of this variant / mean of plain racekv.
     pub ratio_to_plain: f64,
 }
 
+/// What `racekv bench redis` measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct RedisReport {
+    /// The benchmark's name, `redis`.
     pub bench: &'static str,
+    /// The redis-benchmark flags both servers ran with.
     pub redis_benchmark_flags: String,
+    /// `redis-server --version`.
     pub redis_server_version: String,
     /// How racekv's front end served its connections.
     pub racekv_io: String,
@@ -128,7 +147,9 @@ pub struct RedisReport {
     pub huge_pages: bool,
     /// Every key's expiry, milliseconds after its write (None: keys never expire).
     pub ttl_ms: Option<u64>,
+    /// One entry per command and pipeline depth.
     pub results: Vec<PipelineResult>,
+    /// Where and when it ran.
     pub environment: Environment,
 }
 
@@ -295,6 +316,7 @@ fn run_benchmark_with(
     parse_rps(&String::from_utf8_lossy(&out.stdout), line_start)
 }
 
+/// Runs the benchmark (needs redis-server and redis-benchmark on the PATH).
 pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
     // A real redis-server, no persistence.
     let redis = RedisServer::start()?;

@@ -2,18 +2,27 @@
 
 use serde::Serialize;
 
+/// Where and when a benchmark ran.
 #[derive(Debug, Clone, Serialize)]
 pub struct Environment {
+    /// When it ran (RFC 3339, UTC).
     pub date_utc: String,
+    /// The host's name.
     pub host: String,
+    /// CPUs available to the process.
     pub cpus: usize,
+    /// The CPU model, from /proc/cpuinfo.
     pub cpu_model: String,
+    /// The kernel release.
     pub kernel: String,
+    /// This build's version.
     pub racekv_version: &'static str,
+    /// The command line.
     pub command: String,
 }
 
 impl Environment {
+    /// Reads all of it now.
     pub fn capture() -> Self {
         let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
         let cpu_model = read("/proc/cpuinfo")

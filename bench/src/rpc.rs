@@ -31,12 +31,16 @@ use serde::Serialize;
 use crate::plot::{drawn, line_chart_with, Series};
 use crate::report::{progress, Environment};
 
+/// How the measured threads share connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "snake_case")]
 #[value(rename_all = "snake_case")]
 pub enum Mode {
+    /// A connection per thread.
     PerThread,
+    /// One connection behind a lock: one RPC at a time.
     Locked,
+    /// One connection shared through FLOCK: concurrent RPCs are coalesced.
     Coalescing,
 }
 
@@ -50,6 +54,7 @@ impl Mode {
     }
 }
 
+/// Settings of `racekv bench rpc`.
 #[derive(Debug, Clone, Args)]
 pub struct RpcArgs {
     /// shm, tcp (or verbs in an `rdma` build with a device).
@@ -83,33 +88,50 @@ pub struct RpcArgs {
     pub json: bool,
 }
 
+/// One mode at one thread count.
 #[derive(Debug, Clone, Serialize)]
 pub struct Point {
+    /// How the threads shared connections.
     pub mode: Mode,
+    /// Threads calling.
     pub threads: usize,
+    /// RPCs per second, all threads.
     pub ops_per_sec: f64,
+    /// Median RPC latency, in microseconds.
     pub p50_us: f64,
+    /// 99th percentile RPC latency, in microseconds.
     pub p99_us: f64,
     /// Requests per message sent (1.0 when nothing was coalesced).
     pub coalescing_degree: f64,
     /// Lanes the server's scheduler held active, of those open, midway through the
     /// measurement (the server runs in this process).
     pub active_lanes: i64,
+    /// Lanes open at the server at that moment.
     pub open_lanes: i64,
 }
 
+/// What `racekv bench rpc` measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct RpcReport {
+    /// The benchmark's name, `rpc`.
     pub bench: &'static str,
+    /// Transport of the RPCs.
     pub transport: String,
+    /// Request and response bytes.
     pub size: usize,
+    /// Seconds measured per point.
     pub seconds: f64,
+    /// Lanes of the shared connection in `coalescing` mode.
     pub lanes: usize,
+    /// Where the numbers come from (`--label`).
     pub label: Option<String>,
+    /// One point per mode and thread count.
     pub results: Vec<Point>,
     /// Coalescing over per-thread throughput at each thread count measured in both.
     pub speedup_vs_per_thread: Vec<(usize, f64)>,
+    /// Where the plot went (None: none asked for, or it could not be drawn).
     pub plot: Option<String>,
+    /// Where and when it ran.
     pub environment: Environment,
 }
 
@@ -241,6 +263,7 @@ fn measure(args: &RpcArgs, endpoint: &Endpoint, mode: Mode, threads: usize) -> a
     })
 }
 
+/// Runs the benchmark.
 pub fn run(args: &RpcArgs) -> anyhow::Result<RpcReport> {
     anyhow::ensure!(!args.threads.is_empty() && args.threads.iter().all(|&t| t >= 1), "threads must be at least 1");
     anyhow::ensure!(args.size >= 1 && args.seconds > 0.0, "size and seconds must be positive");

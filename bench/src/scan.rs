@@ -25,6 +25,7 @@ const MAX_REPLY_ITEM_BYTES: usize = 1 << 20;
 /// The most keys one SCAN page may claim (COUNT is at most this here).
 const MAX_PAGE_KEYS: usize = 1 << 20;
 
+/// Settings of `racekv bench scan`.
 #[derive(Debug, Clone, Args)]
 pub struct ScanArgs {
     /// Keys loaded into both servers (key:000000000000 .., as redis-benchmark's -r).
@@ -33,11 +34,13 @@ pub struct ScanArgs {
     /// SCAN's COUNT, for both servers.
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=MAX_PAGE_KEYS as u64))]
     pub count: u64,
+    /// Value bytes.
     #[arg(long, default_value_t = 16)]
     pub value_size: usize,
     /// Alternating rounds (one whole walk of each server per round).
     #[arg(long, default_value_t = 3)]
     pub rounds: u32,
+    /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
 }
@@ -45,29 +48,42 @@ pub struct ScanArgs {
 /// One whole walk.
 #[derive(Debug, Clone, Serialize)]
 pub struct Walk {
+    /// Seconds the walk took.
     pub seconds: f64,
     /// SCAN calls.
     pub calls: u64,
     /// Keys returned, repeats included.
     pub returned: u64,
+    /// Distinct keys returned.
     pub distinct: u64,
     /// Distinct keys per second.
     pub keys_per_sec: f64,
 }
 
+/// What `racekv bench scan` measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct ScanReport {
+    /// The benchmark's name, `scan`.
     pub bench: &'static str,
+    /// Keys loaded into both servers.
     pub keys: u64,
+    /// SCAN's COUNT.
     pub count: u64,
+    /// Value bytes.
     pub value_size: usize,
+    /// `redis-server --version`.
     pub redis_server_version: String,
+    /// redis-server's walks, one per round.
     pub redis_server: Vec<Walk>,
+    /// racekv's walks, one per round.
     pub racekv: Vec<Walk>,
+    /// redis-server's mean distinct keys per second.
     pub redis_server_keys_per_sec: f64,
+    /// racekv's mean distinct keys per second.
     pub racekv_keys_per_sec: f64,
     /// Mean racekv / mean redis-server.
     pub ratio: f64,
+    /// Where and when it ran.
     pub environment: Environment,
 }
 
@@ -134,6 +150,7 @@ fn walk(port: u16, count: u64, expected: u64, what: &str) -> anyhow::Result<Walk
     Ok(Walk { seconds, calls, returned, distinct, keys_per_sec: distinct as f64 / seconds })
 }
 
+/// Runs the benchmark (needs redis-server on the PATH).
 pub fn run(args: &ScanArgs) -> anyhow::Result<ScanReport> {
     let redis = RedisServer::start()?;
     let (redis_port, version) = (redis.port, redis.version.clone());

@@ -30,14 +30,19 @@ use crate::cluster::BenchMemnode;
 use crate::plot::{drawn, line_chart, Series};
 use crate::report::Environment;
 
+/// Settings of `racekv bench spike`.
 #[derive(Debug, Clone, Args)]
 pub struct SpikeArgs {
+    /// Transport to the memnode: shm, tcp (or verbs).
     #[arg(long, default_value = "tcp")]
     pub transport: TransportKind,
+    /// Workers running before the trigger.
     #[arg(long, default_value_t = 1)]
     pub workers_before: usize,
+    /// Workers running after it.
     #[arg(long, default_value_t = 24)]
     pub workers_after: usize,
+    /// Keys loaded; the workers GET them at random.
     #[arg(long, default_value_t = 10_000)]
     pub keys: u64,
     /// Milliseconds sampled before the trigger.
@@ -60,58 +65,81 @@ pub struct SpikeArgs {
     /// Where the throughput plot goes.
     #[arg(long, default_value = "bench-results/spike.png")]
     pub plot: PathBuf,
+    /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
 }
 
+/// One trial of one mode.
 #[derive(Debug, Clone, Serialize)]
 pub struct SpikeRun {
+    /// `virtualized` (workers attach to the computenode's pool) or `fresh` (they connect themselves).
     pub mode: &'static str,
+    /// Trigger to throughput at 90% of its plateau (as a 2 ms average), in milliseconds.
     pub bootstrap_ms: f64,
+    /// Throughput after the spike: median of the second half of the samples, in operations per second.
     pub plateau_ops_per_sec: f64,
+    /// Throughput before the trigger, in operations per second.
     pub before_ops_per_sec: f64,
     /// From the trigger to each new worker's thread running again: median and slowest.
     pub woke_p50_ms: f64,
+    /// Slowest of those, in milliseconds.
     pub woke_max_ms: f64,
     /// From the trigger to each new worker's bootstrap done (attached, or connected with a
     /// heap chunk): median and slowest.
     pub ready_p50_ms: f64,
+    /// Slowest of those, in milliseconds.
     pub ready_max_ms: f64,
     /// From the trigger to each new worker's first completed GET: median and slowest.
     pub first_op_p50_ms: f64,
+    /// Slowest of those, in milliseconds.
     pub first_op_max_ms: f64,
     /// Virtualized runs: GETs that found their pool connection busy with another worker's,
     /// and handles that moved to a free connection (see the computenode's pool).
     pub pool_contended_ops: u64,
+    /// Handles moved to a free connection.
     pub pool_moves: u64,
     /// (ms since trigger, ops/s), one per sample.
     #[serde(skip)]
     pub series: Vec<(f64, f64)>,
 }
 
+/// What `racekv bench spike` measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct SpikeReport {
+    /// The benchmark's name, `spike`.
     pub bench: &'static str,
+    /// Transport to the memnode.
     pub transport: String,
+    /// Workers before the trigger.
     pub workers_before: usize,
+    /// Workers after it.
     pub workers_after: usize,
     /// Connections in the computenode's pool.
     pub pool_connections: usize,
+    /// Sampling interval, in microseconds.
     pub sample_us: u64,
+    /// Trials per mode.
     pub trials: u32,
     /// Medians over the trials.
     pub virtualized_bootstrap_ms: f64,
+    /// Median bootstrap of fresh workers, in milliseconds.
     pub fresh_bootstrap_ms: f64,
     /// 1 - virtualized / fresh.
     pub bootstrap_reduction: f64,
     /// Trigger to the slowest new worker's bootstrap done, and to its first GET.
     pub virtualized_ready_max_ms: f64,
+    /// Median, fresh workers, of the slowest one's bootstrap, in milliseconds.
     pub fresh_ready_max_ms: f64,
+    /// Median, virtualized workers, of the slowest one's first GET, in milliseconds.
     pub virtualized_first_op_max_ms: f64,
+    /// Median, fresh workers, of the slowest one's first GET, in milliseconds.
     pub fresh_first_op_max_ms: f64,
+    /// Every trial of both modes.
     pub runs: Vec<SpikeRun>,
     /// Where the plot went (None when it could not be drawn).
     pub plot: Option<String>,
+    /// Where and when it ran.
     pub environment: Environment,
 }
 
@@ -130,6 +158,7 @@ impl Mode {
     }
 }
 
+/// Runs the benchmark.
 pub fn run(args: &SpikeArgs) -> anyhow::Result<SpikeReport> {
     anyhow::ensure!(
         args.workers_after > args.workers_before && args.workers_before >= 1,

@@ -31,14 +31,18 @@ use crate::layout::{BLOCK_UNIT_BYTES, MAX_BLOCK_UNITS};
 /// reach that same run ([`racekv_transport::Batch::require_instance`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Chunk {
+    /// Region offset of the chunk's first byte.
     pub offset: u64,
+    /// Length of the chunk in bytes.
     pub bytes: u64,
+    /// The memnode run (server instance) that handed it out.
     pub instance: u64,
 }
 
 /// Free runs shorter than a chunk, from one run of the memnode.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fragments {
+    /// The memnode run (server instance) the runs came from.
     pub instance: u64,
     /// (offset, bytes)
     pub ranges: Vec<(u64, u64)>,
@@ -103,6 +107,7 @@ pub struct FreePool {
 }
 
 impl FreePool {
+    /// An empty pool.
     pub fn new() -> Self {
         Self::default()
     }
@@ -227,6 +232,7 @@ pub struct Drained {
     pub instance: Option<u64>,
     /// Runs to give back to the memnode: (offset, bytes).
     pub ranges: Vec<(u64, u64)>,
+    /// Bytes in `ranges`, the runs given back.
     pub given_bytes: u64,
     /// Free bytes not given back (runs under the minimum; overlapping pieces).
     pub lost_bytes: u64,
@@ -256,6 +262,8 @@ pub struct BlockAllocator {
 }
 
 impl BlockAllocator {
+    /// An allocator taking chunks from `source`, sharing freed blocks through `pool`, reusing a freed block only after
+    /// `grace`.
     pub fn new(source: Arc<dyn ChunkSource>, pool: Arc<FreePool>, grace: Duration) -> Self {
         let mut free = Vec::new();
         ensure_classes(&mut free);

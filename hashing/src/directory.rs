@@ -30,8 +30,11 @@ pub struct DirectoryCache {
 /// A cached entry and where it came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CachedEntry {
+    /// The directory entry as cached.
     pub entry: DirEntry,
+    /// Its index in the directory.
     pub index: u64,
+    /// The global depth of the snapshot it was read from.
     pub global_depth: u32,
 }
 
@@ -47,10 +50,12 @@ impl DirectoryCache {
         })
     }
 
+    /// The region layout the directory belongs to.
     pub fn layout(&self) -> &Layout {
         &self.layout
     }
 
+    /// The global depth of the cached snapshot.
     pub fn global_depth(&self) -> u32 {
         self.snapshot.read(|s| s.global_depth)
     }

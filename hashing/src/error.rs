@@ -4,28 +4,50 @@ use racekv_transport::{OpError, TransportError};
 
 use crate::layout::{LayoutError, MAX_KEY_BYTES, MAX_VALUE_BYTES};
 
+/// Why a table operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The connection to the memnode failed.
     #[error(transparent)]
     Transport(#[from] TransportError),
+    /// One operation of a batch failed (out of bounds, misaligned, too long).
     #[error("one-sided operation failed: {0}")]
     Op(#[from] OpError),
+    /// The key is empty.
     #[error("keys must not be empty")]
     EmptyKey,
+    /// The key or the value is longer than the table takes.
     #[error("key of {key} B or value of {value} B too large: keys take at most {MAX_KEY_BYTES} B, values {MAX_VALUE_BYTES} B")]
-    TooLarge { key: usize, value: usize },
+    TooLarge {
+        /// Key length in bytes.
+        key: usize,
+        /// Value length in bytes.
+        value: usize,
+    },
+    /// The memnode has no heap space left for the write.
     #[error("the memnode is out of memory: {0}")]
     OutOfMemory(String),
+    /// The directory is at its maximum depth and the subtable cannot split.
     #[error("the table cannot grow further: {0}")]
     TableFull(String),
+    /// A wait (on a lock, a split, a memnode) lasted past its limit.
     #[error("gave up after {waited_ms} ms: {what}")]
-    Timeout { waited_ms: u64, what: &'static str },
+    Timeout {
+        /// How long it waited, in milliseconds.
+        waited_ms: u64,
+        /// What it waited for.
+        what: &'static str,
+    },
+    /// What was read from the region cannot be a valid table structure.
     #[error("the table looks corrupt: {0}")]
     Corrupt(String),
+    /// The memnode answered an RPC with an error.
     #[error("the memnode refused: {0}")]
     Remote(String),
+    /// Heap space came from an earlier run of the memnode, which reclaimed it when it started.
     #[error("the memnode restarted since: {0}")]
     StaleInstance(String),
+    /// The region's layout is invalid.
     #[error("bad region layout: {0}")]
     Layout(#[from] LayoutError),
 }

@@ -167,6 +167,7 @@ impl Default for ExpiryOptions {
 /// What one round or cycle saw and did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Sampled {
+    /// Rounds of sampling (one bucket group each).
     pub rounds: u64,
     /// Used slots looked at.
     pub slots: u64,
@@ -176,6 +177,7 @@ pub struct Sampled {
     pub expired: u64,
     /// Of those, items this removed (a CAS can lose to a client's write).
     pub removed: u64,
+    /// Block bytes of the items removed.
     pub removed_bytes: u64,
 }
 
@@ -198,6 +200,7 @@ impl Sampled {
 /// One cycle's outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cycle {
+    /// What the cycle's rounds saw and removed.
     pub sampled: Sampled,
     /// Heap bytes given back this cycle (blocks whose grace period ended).
     pub freed_bytes: u64,
@@ -234,6 +237,8 @@ pub struct ActiveExpiry {
 }
 
 impl ActiveExpiry {
+    /// The active expiry of the table in `layout`, over the memnode's loopback `conn`, freeing removed blocks on `heap`
+    /// and their extents on `extents`.
     pub fn new(
         conn: Arc<dyn Connection>,
         layout: Layout,

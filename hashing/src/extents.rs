@@ -86,6 +86,7 @@ pub struct Extents {
 }
 
 impl Extents {
+    /// Value extents on `heap`, freed `grace` after they are retired.
     pub fn new(heap: Arc<Heap>, grace: Duration) -> Self {
         register_metrics();
         Self { heap, grace, state: Mutex::new(State::default()) }

@@ -7,12 +7,14 @@ use crate::layout::{combined_bucket, digest_fingerprint, key_digest, CombinedBuc
 pub struct KeyHash {
     /// Its low bits pick the directory entry (suffix), at any depth.
     pub dir: u64,
+    /// The slot fingerprint: 8 bits of the digest, compared before a block is read.
     pub fingerprint: u8,
     /// Two (group, side) choices in a subtable; the groups always differ.
     pub choices: [(u64, u8); 2],
 }
 
 impl KeyHash {
+    /// Hashes `key` for a table with `groups_per_subtable` bucket groups per subtable.
     pub fn of(key: &[u8], groups_per_subtable: u32) -> Self {
         Self::from_digest(key_digest(key), groups_per_subtable)
     }

@@ -44,6 +44,8 @@ static DROPPED_FRAGMENT_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
     )
 });
 
+/// The memnode's heap: subtables, KV chunks, extents and free space above the directory, managed through the
+/// superblock's words.
 pub struct Heap {
     conn: Arc<dyn Connection>,
     layout: Layout,
@@ -86,16 +88,20 @@ impl Fragments {
 /// What the heap holds, in bytes and counts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HeapUsage {
+    /// Bytes between the heap's start and the region's end.
     pub heap_capacity_bytes: u64,
     /// Handed out and not given back (subtables, and chunks clients hold).
     pub heap_used_bytes: u64,
     /// Given back and waiting for reuse.
     pub heap_free_bytes: u64,
+    /// Subtables allocated so far.
     pub subtables: u64,
+    /// KV chunks handed out so far.
     pub chunks: u64,
 }
 
 impl Heap {
+    /// The heap of the region with `layout`, reached through `conn` (the memnode's loopback connection).
     pub fn new(conn: Arc<dyn Connection>, layout: Layout) -> Self {
         Self { conn, layout, batch: Mutex::new(Batch::new()), fragments: Mutex::new(Fragments::default()) }
     }
@@ -319,6 +325,7 @@ impl Heap {
         Ok(Some((head, bytes)))
     }
 
+    /// Reads the heap's capacity, used and free bytes and its allocation counts.
     pub fn usage(&self) -> Result<HeapUsage, Error> {
         let mut batch = self.batch.lock();
         let w = self.words(&mut batch, &[sb::HEAP_TOP, sb::SUBTABLES, sb::CHUNKS, sb::FREE_BYTES])?;

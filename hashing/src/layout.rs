@@ -41,15 +41,23 @@
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
+/// Bytes of the superblock at the start of the region.
 pub const SUPERBLOCK_BYTES: u64 = 4096;
+/// Bytes of a bucket: one header word and its slots, one cache line.
 pub const BUCKET_BYTES: u64 = 64;
+/// Slots in a bucket (8-byte words after the header).
 pub const SLOTS_PER_BUCKET: usize = 7;
+/// Buckets in a group: two main buckets sharing one overflow bucket.
 pub const BUCKETS_PER_GROUP: u64 = 3;
+/// Bytes of a bucket group.
 pub const GROUP_BYTES: u64 = BUCKET_BYTES * BUCKETS_PER_GROUP;
+/// Bytes of a combined bucket (a main bucket and the overflow beside it), read as one.
 pub const COMBINED_BUCKET_BYTES: u64 = 2 * BUCKET_BYTES;
 /// KV blocks are sized in 64 B units; a slot's length field holds 1..=255 units.
 pub const BLOCK_UNIT_BYTES: u64 = 64;
+/// Largest block length in 64-byte units (the slot's 8-bit length field).
 pub const MAX_BLOCK_UNITS: u64 = 255;
+/// Bytes of a KV block's header (lengths, flags, checksum).
 pub const BLOCK_HEADER_BYTES: usize = 16;
 /// Block flag: an `expires_at_ms u64` follows the header.
 pub const BLOCK_FLAG_EXPIRES: u16 = 1;
@@ -77,19 +85,29 @@ pub const MAX_KV_BYTES: usize = (MAX_BLOCK_UNITS * BLOCK_UNIT_BYTES) as usize - 
 /// Directory depth limit (a 2^30-entry directory is 8 GiB).
 pub const MAX_GLOBAL_DEPTH_LIMIT: u32 = 30;
 
+/// First word of a formatted region ("RACEKV\0\x01").
 pub const MAGIC: u64 = u64::from_le_bytes(*b"RACEKV\0\x01");
+/// Version of the region format this build writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
 
 /// Byte offsets of superblock words. The first 64 B are the immutable layout (with its own
 /// checksum); the rest are words the memnode updates.
 pub mod sb {
+    /// The region's magic word ([`super::MAGIC`]).
     pub const MAGIC: u64 = 0;
+    /// The format version ([`super::FORMAT_VERSION`]).
     pub const VERSION: u64 = 8;
+    /// The region's length in bytes.
     pub const REGION_LEN: u64 = 16;
+    /// Region offset of the directory.
     pub const DIRECTORY_OFFSET: u64 = 24;
+    /// Maximum global depth (low u32) and bucket groups per subtable (high u32).
     pub const DEPTHS: u64 = 32; // max_global_depth u32 | groups_per_subtable u32
+    /// Region offset of the heap.
     pub const HEAP_OFFSET: u64 = 40;
+    /// Bytes per KV chunk handed to a client.
     pub const CHUNK_BYTES: u64 = 48;
+    /// Checksum of the layout words before it.
     pub const LAYOUT_CHECKSUM: u64 = 56;
     /// Current global depth (written by the memnode only, after the entries it covers).
     pub const GLOBAL_DEPTH: u64 = 64;
@@ -97,9 +115,13 @@ pub mod sb {
     pub const HEAP_TOP: u64 = 72;
     /// Split journal: state (0 idle, 1 in progress), then the split's parameters.
     pub const SPLIT_STATE: u64 = 80;
+    /// Split journal: the subtable being split.
     pub const SPLIT_OLD: u64 = 88;
+    /// Split journal: the subtable receiving half of its keys.
     pub const SPLIT_NEW: u64 = 96;
+    /// Split journal: the local depth after the split.
     pub const SPLIT_DEPTH: u64 = 104;
+    /// Split journal: the directory suffix of the subtable being split.
     pub const SPLIT_SUFFIX: u64 = 112;
     /// Number of keys, maintained by clients with FAA (may lag in-flight operations).
     pub const ITEM_COUNT: u64 = 120;
@@ -126,18 +148,24 @@ pub mod sb {
     /// wait at least this long, and readers check again any read that may have taken longer
     /// (`stall.rs`).
     pub const GRACE_PERIOD_US: u64 = 184;
+    /// Bytes of the immutable layout at the start of the superblock (its words up to the checksum).
     pub const LAYOUT_BYTES: usize = 56;
 }
 
 /// The immutable shape of a region, fixed when the memnode formats it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Layout {
+    /// The region's length in bytes.
     pub region_len: u64,
+    /// Region offset of the directory.
     pub directory_offset: u64,
+    /// Largest global depth the directory has room for.
     pub max_global_depth: u32,
     /// Power of two.
     pub groups_per_subtable: u32,
+    /// Region offset of the heap (after the directory).
     pub heap_offset: u64,
+    /// Bytes per KV chunk handed to a client.
     pub chunk_bytes: u64,
 }
 
@@ -215,14 +243,17 @@ impl Layout {
         Ok(())
     }
 
+    /// Bytes of one subtable.
     pub fn subtable_bytes(&self) -> u64 {
         u64::from(self.groups_per_subtable) * GROUP_BYTES
     }
 
+    /// Buckets in one subtable.
     pub fn buckets_per_subtable(&self) -> u64 {
         u64::from(self.groups_per_subtable) * BUCKETS_PER_GROUP
     }
 
+    /// Slots in one subtable.
     pub fn slots_per_subtable(&self) -> u64 {
         self.buckets_per_subtable() * SLOTS_PER_BUCKET as u64
     }
@@ -280,6 +311,7 @@ impl Layout {
     }
 }
 
+/// `value` rounded up to a multiple of `to`.
 pub fn round_up(value: u64, to: u64) -> u64 {
     value.div_ceil(to) * to
 }
@@ -302,18 +334,23 @@ const LOCK_BIT: u64 = 1 << 63;
 /// split of it is in progress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DirEntry {
+    /// Region offset of the subtable.
     pub subtable: u64,
+    /// Directory-hash bits the subtable's keys share.
     pub local_depth: u32,
+    /// A split of the subtable is in progress.
     pub locked: bool,
 }
 
 impl DirEntry {
+    /// The entry as its directory word.
     pub fn encode(&self) -> u64 {
         debug_assert_eq!(self.subtable & !OFFSET_BITS, 0);
         debug_assert!(self.local_depth <= MAX_GLOBAL_DEPTH_LIMIT);
         self.subtable | (u64::from(self.local_depth) << 48) | if self.locked { LOCK_BIT } else { 0 }
     }
 
+    /// The entry a directory word holds.
     pub fn decode(word: u64) -> Self {
         Self { subtable: word & OFFSET_BITS, local_depth: ((word >> 48) & 0xFF) as u32, locked: word & LOCK_BIT != 0 }
     }
@@ -333,15 +370,19 @@ impl DirEntry {
 /// `local_depth` bits. Clients compare it with the key to detect a stale directory cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BucketHeader {
+    /// Directory-hash bits the bucket's keys share.
     pub local_depth: u32,
+    /// Those bits' value.
     pub suffix: u32,
 }
 
 impl BucketHeader {
+    /// The header as its word.
     pub fn encode(&self) -> u64 {
         u64::from(self.local_depth) | (u64::from(self.suffix) << 32)
     }
 
+    /// The header a word holds.
     pub fn decode(word: u64) -> Self {
         Self { local_depth: word as u32, suffix: (word >> 32) as u32 }
     }
@@ -364,6 +405,7 @@ const SLOT_BLOCK_MASK: u64 = SLOT_INDIRECT_BIT - 1;
 /// A slot, the unit of CAS. All zero is empty; a used slot always has length >= 1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Slot {
+    /// The key's fingerprint (8 bits of its digest).
     pub fingerprint: u8,
     /// Block length in 64 B units (1..=255).
     pub units: u8,
@@ -377,6 +419,7 @@ pub struct Slot {
 }
 
 impl Slot {
+    /// The slot as its word.
     pub fn encode(&self) -> u64 {
         debug_assert!(self.units >= 1);
         debug_assert_eq!(self.block % BLOCK_UNIT_BYTES, 0);
@@ -413,6 +456,7 @@ impl Slot {
             && digest_fingerprint(block.key_digest()) == self.fingerprint
     }
 
+    /// The block's length in bytes.
     pub fn block_bytes(&self) -> u64 {
         u64::from(self.units) * BLOCK_UNIT_BYTES
     }
@@ -452,6 +496,7 @@ pub struct Block<'a> {
 pub struct LongKey {
     /// The key's bytes: `value_len` is the key's length.
     pub extent: Extent,
+    /// The key's xxh3-128 digest.
     pub digest: u128,
 }
 
@@ -491,7 +536,9 @@ impl LongKey {
 pub struct Extent {
     /// Region offset (64 B aligned).
     pub offset: u64,
+    /// Length in bytes of the value (or the long key) the extent holds.
     pub value_len: u64,
+    /// Checksum of those bytes.
     pub checksum: u64,
 }
 

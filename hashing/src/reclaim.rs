@@ -40,12 +40,15 @@ pub struct Reclaimed {
     /// Indirect blocks that did not decode, or whose extent lies outside the heap: their
     /// extents (if any) cannot be known and may be reused.
     pub bad_extents: u64,
+    /// The heap's top (next free byte) before the reclaim.
     pub heap_top_before: u64,
+    /// The heap's top after it (lowered past free space at the end).
     pub heap_top_after: u64,
     /// Bytes put on the free list (runs of at least [`MIN_CHUNK_BYTES`]).
     pub free_list_bytes: u64,
     /// Shorter free runs, (offset, bytes), for the heap to keep as fragments.
     pub fragments: Vec<(u64, u64)>,
+    /// Bytes in `fragments`.
     pub fragment_bytes: u64,
 }
 

@@ -34,14 +34,18 @@ pub mod method {
 
 /// Status codes beyond the transport's generic ones.
 pub mod status {
+    /// The memnode's heap is full.
     pub const OUT_OF_MEMORY: u16 = 100;
+    /// The directory is at its maximum depth.
     pub const TABLE_FULL: u16 = 101;
+    /// The memnode is not serving the table yet (it is still starting).
     pub const NOT_READY: u16 = 102;
     /// Ranges given back were handed out by an earlier run of the memnode (which reclaimed
     /// them when it started).
     pub const STALE_INSTANCE: u16 = 103;
 }
 
+/// A method's name, for logs and metrics.
 pub fn method_name(method: u16) -> &'static str {
     match method {
         method::METADATA => "metadata",
@@ -69,6 +73,7 @@ pub fn map_error(e: TransportError) -> Error {
     }
 }
 
+/// A bad-request status for a request that did not decode.
 pub fn bad_request(e: WireError) -> RpcStatus {
     RpcStatus::new(RpcStatus::BAD_REQUEST, e.to_string())
 }
@@ -76,17 +81,21 @@ pub fn bad_request(e: WireError) -> RpcStatus {
 /// What a memnode says about itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Metadata {
+    /// The region's layout.
     pub layout: Layout,
+    /// The memnode's stable identity (random at format time).
     pub node_id: u64,
 }
 
 impl Metadata {
+    /// The METADATA reply: the layout's 64 bytes, then the node id.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = self.layout.encode().to_vec();
         out.extend_from_slice(&self.node_id.to_le_bytes());
         out
     }
 
+    /// Reads a METADATA reply.
     pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
         if bytes.len() != 72 {
             return Err(Error::Remote(format!("metadata of {} bytes, expected 72", bytes.len())));
@@ -106,12 +115,16 @@ pub fn metadata(conn: &dyn Connection) -> Result<Metadata, Error> {
 /// A split request: the key's directory hash and what the client saw.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SplitRequest {
+    /// The key's directory hash.
     pub dir_hash: u64,
+    /// The subtable's local depth as the client saw it.
     pub observed_depth: u32,
+    /// Region offset of the subtable the client found full.
     pub observed_subtable: u64,
 }
 
 impl SplitRequest {
+    /// The request's 24 bytes.
     pub fn encode(&self) -> [u8; 24] {
         let mut out = [0u8; 24];
         out[0..8].copy_from_slice(&self.dir_hash.to_le_bytes());
@@ -120,6 +133,7 @@ impl SplitRequest {
         out
     }
 
+    /// Reads a split request.
     pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
         let mut r = Reader::new(bytes);
         let dir_hash = r.u64()?;
@@ -131,10 +145,12 @@ impl SplitRequest {
     }
 }
 
+/// The ALLOC_CHUNK reply: offset, bytes and instance.
 pub fn encode_chunk(chunk: &Chunk) -> Vec<u8> {
     [chunk.offset, chunk.bytes, chunk.instance].iter().flat_map(|w| w.to_le_bytes()).collect()
 }
 
+/// Reads an ALLOC_CHUNK reply.
 pub fn decode_chunk(reply: &[u8]) -> Result<Chunk, WireError> {
     let mut r = Reader::new(reply);
     let chunk = Chunk { offset: r.u64()?, bytes: r.u64()?, instance: r.u64()? };
@@ -151,6 +167,7 @@ pub fn encode_ranges(instance: u64, ranges: &[(u64, u64)]) -> Vec<u8> {
     std::iter::once(instance).chain(words).flat_map(|w| w.to_le_bytes()).collect()
 }
 
+/// Reads a server instance and its ranges ([`encode_ranges`]).
 pub fn decode_ranges(bytes: &[u8]) -> Result<(u64, Vec<(u64, u64)>), WireError> {
     let count = bytes.len().saturating_sub(8) / 16;
     if bytes.len() < 8 || !(bytes.len() - 8).is_multiple_of(16) || count > MAX_RANGES_PER_CALL {

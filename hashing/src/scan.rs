@@ -177,6 +177,7 @@ impl ScanLimits {
 /// One call's keys, and where the next call starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScanPage {
+    /// Keys found, each once per page.
     pub keys: Vec<Vec<u8>>,
     /// None: the walk over this table is finished.
     pub next: Option<TableCursor>,

@@ -22,13 +22,17 @@ const DEFAULT_EXTENT_GRACE: Duration = Duration::from_millis(100);
 /// Statistics of one memnode's table.
 #[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub struct TableStats {
+    /// The region's layout.
     pub layout: Layout,
+    /// Current global depth of the directory.
     pub global_depth: u32,
     /// Keys stored (clients maintain it with FAA; it trails operations in flight).
     pub items: u64,
     /// Slots in all subtables.
     pub slots: u64,
+    /// Items over slots.
     pub load_factor: f64,
+    /// What the heap holds.
     pub heap: HeapUsage,
 }
 
@@ -49,6 +53,7 @@ pub struct TableService {
 }
 
 impl TableService {
+    /// The table service of the region with `layout`, for the memnode `node_id`.
     pub fn new(layout: Layout, node_id: u64) -> Self {
         crate::split::register_metrics();
         crate::expiry::register_metrics();
@@ -75,6 +80,7 @@ impl TableService {
         self.ready.get().ok_or_else(|| RpcStatus::new(status::NOT_READY, "the memnode is still starting"))
     }
 
+    /// The table's statistics, read from the region.
     pub fn stats(&self) -> Result<TableStats, Error> {
         let ready = self.ready.get().ok_or_else(|| Error::Remote("the memnode is still starting".into()))?;
         table_stats(&*ready.conn, &self.layout, &ready.heap)

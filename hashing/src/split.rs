@@ -104,12 +104,16 @@ const MAX_SLOT_ATTEMPTS: u32 = 10_000;
 pub enum SplitOutcome {
     /// Someone split it already (the client's view was stale); just refresh and retry.
     AlreadyDone,
+    /// The subtable was split.
     Split {
+        /// Region offset of the new subtable.
         new_subtable: u64,
+        /// Local depth of both halves after the split.
         local_depth: u32,
     },
 }
 
+/// The memnode side of a split: moves half of a full subtable's keys to a new one and publishes it in the directory.
 pub struct Splitter {
     conn: Arc<dyn Connection>,
     layout: Layout,
@@ -150,6 +154,7 @@ pub fn register_metrics() {
 }
 
 impl Splitter {
+    /// A splitter over the memnode's loopback `conn`, taking new subtables from `heap`.
     pub fn new(conn: Arc<dyn Connection>, layout: Layout, heap: Arc<Heap>) -> Self {
         Self { conn, layout, heap, batch: Mutex::new(Batch::new()) }
     }

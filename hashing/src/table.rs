@@ -83,11 +83,17 @@ impl Default for TableOptions {
 /// Counts one client's protocol work.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ClientStats {
+    /// Operations run.
     pub ops: u64,
+    /// Round trips (batches) to the memnode.
     pub round_trips: u64,
+    /// CAS operations that lost to another writer.
     pub cas_failures: u64,
+    /// Times a bucket header showed the cached directory out of date.
     pub stale_directory: u64,
+    /// Split requests sent to the memnode.
     pub split_requests: u64,
+    /// Block reads that did not match their slot and were retried.
     pub torn_reads: u64,
     /// Extra bucket reads that confirmed a key's absence after fingerprint collisions.
     pub absence_checks: u64,
@@ -100,7 +106,9 @@ pub struct ClientStats {
 /// The outcome of a put.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PutOutcome {
+    /// The key was absent and is now stored.
     Inserted,
+    /// The key was present and its value replaced.
     Updated,
     /// The condition did not hold (insert-if-absent found the key, update found none, or a
     /// compare-and-swap saw another value).
@@ -110,8 +118,11 @@ pub enum PutOutcome {
 /// How a put treats an existing key. An expired key counts as absent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PutMode {
+    /// Insert the key or replace its value.
     Upsert,
+    /// Write only if the key is absent (Redis' `NX`).
     InsertOnly,
+    /// Write only if the key is present (Redis' `XX`).
     UpdateOnly,
 }
 
@@ -139,7 +150,9 @@ impl Expiry {
 /// How [`TableClient::put_opts`] writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PutOptions {
+    /// Whether the key must be absent, present, or either.
     pub mode: PutMode,
+    /// What the write does to the key's expiry.
     pub expiry: Expiry,
     /// Return the value the key had before (Redis' `SET ... GET`).
     pub return_old: bool,
@@ -154,6 +167,7 @@ impl Default for PutOptions {
 /// What [`TableClient::put_opts`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PutResult {
+    /// Whether the put applied.
     pub outcome: PutOutcome,
     /// The live value the key had when the put ran (asked for with
     /// [`PutOptions::return_old`]; None: absent or expired, or not asked for). Set whether
@@ -164,6 +178,7 @@ pub struct PutResult {
 /// A key's value and expiry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Item {
+    /// The value's bytes.
     pub value: Vec<u8>,
     /// Absolute Unix milliseconds; None: never expires.
     pub expires_at_ms: Option<u64>,
@@ -352,6 +367,7 @@ pub struct RpcChunkSource {
 }
 
 impl RpcChunkSource {
+    /// A chunk source that asks the memnode over `conn`'s RPC.
     pub fn new(conn: Arc<dyn Connection>) -> Self {
         Self { conn }
     }
@@ -451,10 +467,12 @@ impl Table {
         self.shared.grace
     }
 
+    /// The region's layout.
     pub fn layout(&self) -> &Layout {
         &self.shared.layout
     }
 
+    /// The client's directory cache.
     pub fn directory(&self) -> &DirectoryCache {
         &self.shared.directory
     }
@@ -704,10 +722,12 @@ pub struct TableClient {
 }
 
 impl TableClient {
+    /// Counts of this client's protocol work so far.
     pub fn stats(&self) -> ClientStats {
         self.stats
     }
 
+    /// The region's layout.
     pub fn layout(&self) -> &Layout {
         &self.shared.layout
     }

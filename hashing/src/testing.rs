@@ -25,6 +25,7 @@ pub enum Via {
     Transport(TransportKind),
 }
 
+/// A memnode in this process for tests: a region, its table service, and a transport to reach it.
 pub struct TestMemnode {
     region: Arc<Region>,
     layout: Layout,
@@ -88,10 +89,12 @@ impl TestMemnode {
         Table::open(self.connect(), options).unwrap()
     }
 
+    /// The table's statistics.
     pub fn stats(&self) -> TableStats {
         self.service.stats().unwrap()
     }
 
+    /// The region's layout.
     pub fn layout(&self) -> Layout {
         self.layout
     }
@@ -154,10 +157,13 @@ fn connect(endpoint: &Endpoint) -> Arc<dyn Connection> {
 /// One key found by [`scan`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScannedItem {
+    /// The key's bytes.
     pub key: Vec<u8>,
+    /// The value's bytes.
     pub value: Vec<u8>,
     /// The expiry in its block (expired items included: this reads the region as it is).
     pub expires_at_ms: Option<u64>,
+    /// Region offset of the slot that points to it.
     pub slot: u64,
     /// Whether its bucket's header admits the key (false: a misplaced entry).
     pub admitted: bool,

@@ -36,6 +36,7 @@ fn assert_table_holds(memnode: &TestMemnode, expected: &HashMap<Vec<u8>, Vec<u8>
     assert_eq!(items.len(), expected.len(), "table holds {} keys, expected {}", items.len(), expected.len());
 }
 
+/// Put, get, overwrite and delete keys, and check what the table holds.
 pub fn basic_operations(via: Via) {
     let memnode = TestMemnode::start(via, 8 * MIB, 16);
     let table = memnode.table(options(10));
@@ -84,6 +85,7 @@ pub fn basic_operations(via: Via) {
     assert_eq!(memnode.stats().items, 4, "{:?}", memnode.stats());
 }
 
+/// Fill a small table until it splits several times; every key stays readable.
 pub fn grows_through_splits(via: Via) {
     let memnode = TestMemnode::start(via, 32 * MIB, 4);
     let table = memnode.table(options(10));

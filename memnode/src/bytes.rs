@@ -21,10 +21,12 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
 pub mod serde_bytes {
     use serde::{Deserialize, Deserializer, Serializer};
 
+    /// Writes the size as a plain number of bytes.
     pub fn serialize<S: Serializer>(value: &u64, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_u64(*value)
     }
 
+    /// Reads a number of bytes, or a string such as `64 MiB`.
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
         #[derive(Deserialize)]
         #[serde(untagged)]

@@ -55,6 +55,7 @@ pub struct MemnodeConfig {
     /// Bytes per KV chunk handed to a client.
     #[serde(with = "serde_bytes")]
     pub chunk_bytes: u64,
+    /// Most client connections served at once; more are refused.
     pub max_connections: usize,
     /// A connection that stalls mid-frame this long is closed.
     pub io_timeout_ms: u64,

@@ -17,6 +17,8 @@
 //! reaches the disk within `sync_interval_ms` (msync) or at a clean shutdown. It does not
 //! survive a machine crash inside that interval.
 
+#![forbid(unsafe_code)]
+
 pub mod bytes;
 pub mod config;
 
@@ -110,6 +112,7 @@ static GAUGES: LazyLock<Gauges> = LazyLock::new(|| {
 /// What this start's reclaim of unreferenced heap space did (a reopened region only).
 #[derive(Debug, Clone)]
 pub struct StartReclaim {
+    /// How long the reclaim took.
     pub duration: Duration,
     /// Its findings, without the fragment list (handed to the heap).
     pub reclaimed: Reclaimed,
@@ -167,6 +170,7 @@ fn open_region(cfg: &MemnodeConfig) -> anyhow::Result<(File, Option<nix::fcntl::
 }
 
 impl Memnode {
+    /// Maps, formats or reopens the region and serves it as `config` says.
     pub fn start(config: MemnodeConfig) -> anyhow::Result<Self> {
         config.validate()?;
         if config.listen_verbs.is_some() && (config.listen_shm.is_some() || config.listen_tcp.is_some()) {
@@ -396,6 +400,7 @@ impl Memnode {
         }
     }
 
+    /// Where the memnode listens, one endpoint per transport.
     pub fn endpoints(&self) -> &[Endpoint] {
         self.server.as_ref().map_or(&[], |s| s.endpoints())
     }
@@ -405,14 +410,17 @@ impl Memnode {
         self.start_reclaim.as_ref()
     }
 
+    /// Where its /metrics server listens (None: not configured).
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics.as_ref().map(|m| m.addr())
     }
 
+    /// The region's layout.
     pub fn layout(&self) -> &Layout {
         &self.layout
     }
 
+    /// The table's statistics, read from the region.
     pub fn stats(&self) -> anyhow::Result<TableStats> {
         Ok(self.service.stats()?)
     }

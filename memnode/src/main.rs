@@ -1,6 +1,8 @@
 //! `racekv-memnode`: runs a memory node until SIGTERM or SIGINT; SIGHUP reloads its TLS
 //! certificate.
 
+#![forbid(unsafe_code)]
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 

@@ -67,7 +67,10 @@ pub enum IoModel {
     /// `threads` event loops (at least 1), each polling its share of the connections and
     /// executing their commands inline, as redis-server does: no wake-up of a sleeping
     /// thread per request, but one slow storage call delays the other clients of its loop.
-    EventLoop { threads: usize },
+    EventLoop {
+        /// How many event loops.
+        threads: usize,
+    },
 }
 
 impl Default for ServerOptions {

@@ -12,13 +12,23 @@ pub enum ProtocolError {
     InvalidMultibulkLength,
     /// The array count exceeds [`Limits::max_array_len`](crate::resp::Limits::max_array_len).
     #[error("invalid multibulk length {len}: more than {max} arguments")]
-    MultibulkTooLong { len: u64, max: usize },
+    MultibulkTooLong {
+        /// The count received.
+        len: u64,
+        /// The limit.
+        max: usize,
+    },
     /// The bulk length is not a decimal integer, or is negative.
     #[error("invalid bulk length")]
     InvalidBulkLength,
     /// The bulk length exceeds [`Limits::max_bulk_bytes`](crate::resp::Limits::max_bulk_bytes) (Redis' text, word for word).
     #[error("invalid bulk length")]
-    BulkTooLong { len: u64, max: usize },
+    BulkTooLong {
+        /// The length received.
+        len: u64,
+        /// The limit, in bytes.
+        max: usize,
+    },
     /// Inside an array, an element is not a bulk string.
     #[error("expected '$', got '{}'", Printable(*.0))]
     ExpectedBulk(u8),
@@ -33,7 +43,10 @@ pub enum ProtocolError {
     MissingLineFeed,
     /// The bytes after a bulk string's data are not CRLF.
     #[error("expected CRLF after {len} bytes of bulk data")]
-    MissingBulkTerminator { len: usize },
+    MissingBulkTerminator {
+        /// The bulk string's length in bytes.
+        len: usize,
+    },
     /// An inline line longer than [`Limits::max_inline_bytes`](crate::resp::Limits::max_inline_bytes).
     #[error("too big inline request")]
     InlineTooLong,
@@ -42,14 +55,20 @@ pub enum ProtocolError {
     UnbalancedQuotes,
     /// The command would occupy more than [`Limits::max_command_bytes`](crate::resp::Limits::max_command_bytes).
     #[error("command larger than {max} bytes")]
-    CommandTooLarge { max: usize },
+    CommandTooLarge {
+        /// The limit, in bytes.
+        max: usize,
+    },
     /// Not malformed input: the server-wide [`QueryBudget`](crate::command::QueryBudget) (`limit` bytes) cannot take what
     /// this connection's partly received command needs next.
     #[error(
         "query buffer budget exhausted: partly received commands of all clients would hold more than \
          {limit} bytes (query-buffer-budget); try again later"
     )]
-    QueryBufferBudget { limit: usize },
+    QueryBufferBudget {
+        /// The budget, in bytes.
+        limit: usize,
+    },
 }
 
 impl ProtocolError {

@@ -12,8 +12,10 @@ use std::io::{self, IoSlice, Write};
 /// The protocol a connection speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Protocol {
+    /// RESP2, every connection's protocol until HELLO 3.
     #[default]
     Resp2,
+    /// RESP3, after HELLO 3.
     Resp3,
 }
 

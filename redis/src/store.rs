@@ -56,7 +56,9 @@ pub enum Expiry {
 /// How [`KvSession::put_opts`] writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PutOptions {
+    /// Whether the key must be absent (NX), present (XX), or either.
     pub mode: PutMode,
+    /// What the write does to the key's expiry.
     pub expiry: Expiry,
     /// Return the value the key had (`SET ... GET`).
     pub get: bool,
@@ -75,6 +77,7 @@ pub struct PutResult {
 /// A key's value and expiry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Item {
+    /// The value's bytes.
     pub value: Vec<u8>,
     /// Absolute Unix milliseconds; None: never expires.
     pub expires_at_ms: Option<u64>,

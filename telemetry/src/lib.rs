@@ -15,6 +15,8 @@
 //! Components register their metrics once, in a `LazyLock`, on the default registry; several
 //! components in one process (tests, `racekv up`) therefore share and sum their series.
 
+#![forbid(unsafe_code)]
+
 pub mod clock;
 pub mod http;
 mod logging;

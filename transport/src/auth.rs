@@ -79,6 +79,7 @@ pub enum AuthFailure {
 }
 
 impl AuthFailure {
+    /// The failure's short name, as a metric label.
     pub fn reason(&self) -> &'static str {
         match self {
             AuthFailure::BadProof => "bad_proof",
@@ -235,6 +236,7 @@ pub struct ServerHandshake<'a> {
 }
 
 impl<'a> ServerHandshake<'a> {
+    /// The server's side of a handshake, checking proofs against `credentials`, with its nonce `server_nonce`.
     pub fn new(credentials: &'a dyn Credentials, server_nonce: [u8; NONCE_BYTES]) -> Self {
         Self { credentials, server_nonce, hello: None, done: false }
     }

@@ -20,7 +20,9 @@ pub const MAX_BATCH_BYTES: u64 = 16 << 20;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum OpKind {
+    /// Read bytes from the region.
     Read = 1,
+    /// Write bytes into the region.
     Write = 2,
     /// 8-byte compare-and-swap; completes with the old value.
     Cas = 3,
@@ -29,6 +31,7 @@ pub enum OpKind {
 }
 
 impl OpKind {
+    /// The op kind with wire code `code`, if any.
     pub fn from_code(code: u8) -> Option<Self> {
         match code {
             1 => Some(OpKind::Read),
@@ -43,16 +46,20 @@ impl OpKind {
 /// The state of one op.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
+    /// Not executed yet.
     Pending,
     /// Done; for CAS and FAA the value is the old word, otherwise 0.
     Done(u64),
+    /// Failed; the batch's later ops were not executed.
     Failed(OpError),
 }
 
 /// One op as a transport sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct Op {
+    /// What the op does.
     pub kind: OpKind,
+    /// Region offset it acts on.
     pub offset: u64,
     /// Bytes for READ and WRITE; 8 for CAS and FAA.
     pub len: u32,
@@ -62,6 +69,7 @@ pub struct Op {
     pub arg0: u64,
     /// CAS: new value.
     pub arg1: u64,
+    /// Its state.
     pub outcome: Outcome,
 }
 
@@ -85,6 +93,7 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// An empty batch.
     pub fn new() -> Self {
         Self::default()
     }
@@ -111,10 +120,12 @@ impl Batch {
         self.executed_instance
     }
 
+    /// Ops in the batch.
     pub fn len(&self) -> usize {
         self.ops.len()
     }
 
+    /// Whether the batch holds no op.
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
     }

@@ -67,6 +67,7 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
     (0..len).map(|i| (seed.wrapping_mul(31).wrapping_add(i as u64 * 7) % 251) as u8).collect()
 }
 
+/// A READ returns what a WRITE put there, at assorted offsets and lengths.
 pub fn data_round_trips(f: &dyn Fixture) {
     let served = f.serve(REGION);
     let conn = served.connect();
@@ -93,6 +94,7 @@ pub fn data_round_trips(f: &dyn Fixture) {
     assert_eq!(b.read_result(r).unwrap(), &expect);
 }
 
+/// The ops of one batch take effect in order.
 pub fn ordering_within_a_batch(f: &dyn Fixture) {
     let served = f.serve(REGION);
     let conn = served.connect();
@@ -120,6 +122,7 @@ pub fn ordering_within_a_batch(f: &dyn Fixture) {
     assert!(b.ops().iter().all(|op| matches!(op.outcome, Outcome::Done(_))));
 }
 
+/// FAA wraps around at 2^64.
 pub fn faa_wraps(f: &dyn Fixture) {
     let served = f.serve(REGION);
     let conn = served.connect();
@@ -157,6 +160,7 @@ fn read_u64(conn: &dyn Connection, offset: u64) -> u64 {
     u64::from_le_bytes(b.read_result(r).unwrap().try_into().unwrap())
 }
 
+/// Concurrent CAS increments from many threads lose no update.
 pub fn cas_is_atomic_under_contention(f: &dyn Fixture) {
     let served = f.serve(REGION);
     const PER_THREAD: u64 = 300;
@@ -179,6 +183,7 @@ pub fn cas_is_atomic_under_contention(f: &dyn Fixture) {
     assert_eq!(read_u64(&*served.connect(), 128), THREADS as u64 * PER_THREAD);
 }
 
+/// Concurrent FAAs from many threads lose no update.
 pub fn faa_is_atomic_under_contention(f: &dyn Fixture) {
     let served = f.serve(REGION);
     const PER_THREAD: u64 = 500;
@@ -227,6 +232,7 @@ pub fn cas_lock_protects_read_modify_write(f: &dyn Fixture) {
     assert_eq!(read_u64(&*served.connect(), COUNTER), THREADS as u64 * PER_THREAD);
 }
 
+/// A bad op fails with its own error, and only the ops after it go unexecuted.
 pub fn bad_ops_fail_alone(f: &dyn Fixture) {
     let served = f.serve(REGION);
     let conn = served.connect();
@@ -295,6 +301,7 @@ pub fn bad_ops_fail_alone(f: &dyn Fixture) {
     }
 }
 
+/// Batches over the op-count and byte limits are refused before anything is sent.
 pub fn batch_limits_are_enforced(f: &dyn Fixture) {
     let served = f.serve(REGION);
     let conn = served.connect();
@@ -312,6 +319,7 @@ pub fn batch_limits_are_enforced(f: &dyn Fixture) {
     assert!(conn.is_healthy());
 }
 
+/// A READ of the largest op length returns every byte.
 pub fn large_reads(f: &dyn Fixture) {
     let len = 16u64 << 20;
     let served = f.serve(len + (1 << 20));
@@ -341,6 +349,7 @@ pub fn large_reads(f: &dyn Fixture) {
     }
 }
 
+/// Threads sharing one connection each see their own results.
 pub fn threads_share_one_connection(f: &dyn Fixture) {
     let served = f.serve(REGION);
     let conn = served.connect();
@@ -371,6 +380,7 @@ pub fn threads_share_one_connection(f: &dyn Fixture) {
     assert_eq!(read_u64(&*conn, 8), THREADS as u64 * 200);
 }
 
+/// RPCs reach the service and return its replies and errors.
 pub fn rpc_round_trips(f: &dyn Fixture) {
     let served = f.serve(REGION);
     let conn = served.connect();
@@ -397,6 +407,7 @@ pub fn rpc_round_trips(f: &dyn Fixture) {
     assert!(conn.is_healthy());
 }
 
+/// A connection whose server goes away fails fast with a connection error.
 pub fn connection_loss_fails_fast(f: &dyn Fixture) {
     let mut served = f.serve(REGION);
     let conn = served.connect();
@@ -451,7 +462,9 @@ pub mod fixtures {
         tls: bool,
     }
 
+    /// shm, served by a region server.
     pub const SHM: ServerFixture = ServerFixture { kind: crate::TransportKind::Shm, tls: false };
+    /// tcp without TLS, served by a region server.
     pub const TCP: ServerFixture = ServerFixture { kind: crate::TransportKind::Tcp, tls: false };
     /// tcp inside mutual TLS, with certificates made up per region (feature `test-pki`).
     #[cfg(feature = "test-pki")]

@@ -7,13 +7,28 @@ use std::fmt;
 pub enum OpError {
     /// `offset + len` lies outside the region.
     #[error("access [{offset}, +{len}) is outside the region of {region_len} bytes")]
-    OutOfBounds { offset: u64, len: u64, region_len: u64 },
+    OutOfBounds {
+        /// Region offset of the access.
+        offset: u64,
+        /// Bytes accessed.
+        len: u64,
+        /// The region's length in bytes.
+        region_len: u64,
+    },
     /// CAS and FAA need an 8-byte aligned offset.
     #[error("atomic at offset {offset} is not 8-byte aligned")]
-    Misaligned { offset: u64 },
+    Misaligned {
+        /// The offset given.
+        offset: u64,
+    },
     /// A read or write longer than [`crate::MAX_OP_BYTES`], or a zero-length one.
     #[error("operation length {len} is not within 1..={max}")]
-    BadLength { len: u64, max: u64 },
+    BadLength {
+        /// The length given.
+        len: u64,
+        /// The largest length allowed.
+        max: u64,
+    },
     /// An earlier op of the same batch failed; like a flushed work request on a NIC,
     /// this one was not executed.
     #[error("not executed: an earlier operation of the batch failed")]
@@ -41,23 +56,42 @@ impl OpError {
 pub enum TransportError {
     /// The batch ran, but op `index` failed (and every later op was not executed).
     #[error("operation {index} of the batch failed: {error}")]
-    Op { index: usize, error: OpError },
+    Op {
+        /// Index of the op that failed.
+        index: usize,
+        /// Why it failed.
+        error: OpError,
+    },
     /// The connection is gone. When `maybe_executed` is true the request was sent and may
     /// have been carried out: the caller must re-read before retrying anything non-idempotent.
     #[error("connection lost ({reason}){}", if *.maybe_executed { "; the request may have executed" } else { "" })]
-    ConnectionLost { reason: String, maybe_executed: bool },
+    ConnectionLost {
+        /// What happened to it.
+        reason: String,
+        /// The request may have executed.
+        maybe_executed: bool,
+    },
     /// No answer within the connection's timeout; the request may have executed.
     #[error("timed out after {waited_ms} ms waiting for the remote side")]
-    Timeout { waited_ms: u64 },
+    Timeout {
+        /// How long it waited, in milliseconds.
+        waited_ms: u64,
+    },
     /// The peer refused our credentials.
     #[error("authentication refused by {peer}")]
-    AuthRefused { peer: String },
+    AuthRefused {
+        /// The peer's address.
+        peer: String,
+    },
     /// The server could not prove it knows our key: a wrong token or password (the server
     /// has another), or an impostor. Nothing was sent to it.
     #[error(
         "{peer} could not prove it knows the token or password (a wrong one on either side, or an impostor); nothing was sent"
     )]
-    ServerNotAuthenticated { peer: String },
+    ServerNotAuthenticated {
+        /// The peer's address.
+        peer: String,
+    },
     /// The peer spoke something we cannot parse, or refused our request as malformed.
     #[error("protocol error: {0}")]
     Protocol(String),
@@ -66,14 +100,29 @@ pub enum TransportError {
     InvalidBatch(String),
     /// Setting the connection up failed.
     #[error("cannot connect to {endpoint}: {reason}")]
-    Connect { endpoint: String, reason: String },
+    Connect {
+        /// The endpoint connected to.
+        endpoint: String,
+        /// Why it failed.
+        reason: String,
+    },
     /// The batch requires another server instance than the connection reaches (the memnode
     /// restarted since the space it writes was handed out): nothing was sent.
     #[error("the region server restarted (instance {expected:#x} is gone, {found:#x} serves now); nothing was sent")]
-    InstanceChanged { expected: u64, found: u64 },
+    InstanceChanged {
+        /// The instance the batch requires.
+        expected: u64,
+        /// The instance that serves now.
+        found: u64,
+    },
     /// The remote service refused or failed an RPC.
     #[error("rpc {method} failed: {status}")]
-    Rpc { method: u16, status: RpcStatus },
+    Rpc {
+        /// The RPC method.
+        method: u16,
+        /// What the service reported.
+        status: RpcStatus,
+    },
 }
 
 impl TransportError {
@@ -92,7 +141,9 @@ impl TransportError {
 /// An RPC failure reported by the service: a code and a human-readable message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RpcStatus {
+    /// The status code (the constants below, or a service's own).
     pub code: u16,
+    /// What went wrong, for people.
     pub message: String,
 }
 
@@ -106,6 +157,7 @@ impl RpcStatus {
     /// The service is overloaded and refused the request; retry later.
     pub const OVERLOADED: u16 = 4;
 
+    /// A status with `code` and `message`.
     pub fn new(code: u16, message: impl Into<String>) -> Self {
         Self { code, message: message.into() }
     }

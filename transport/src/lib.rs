@@ -21,14 +21,20 @@
 //!
 //! Every backend passes the same [`conformance`] suite (feature `conformance`).
 
+// `unsafe` only in the modules that opt in below by name (FFI, words of shared mappings,
+// the FLOCK queue's raw pointers), each block with the argument for its soundness.
+#![deny(unsafe_code)]
+
 pub mod auth;
 pub mod batch;
 pub mod error;
+#[allow(unsafe_code)] // SCM_RIGHTS: owning the descriptors the kernel installed
 pub mod fdpass;
 pub mod flock;
 pub mod local;
 mod mux;
 mod net;
+#[allow(unsafe_code)] // atomic words inside the mapping
 pub mod region;
 mod rpc_server;
 pub mod server;
@@ -64,12 +70,16 @@ pub use tls::{ClientAuth, ClientTls, ServerTls, ServerTlsFiles};
 /// Which backend a connection uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TransportKind {
+    /// Same host, over a shared mapping.
     Shm,
+    /// Any host, over TCP (optionally TLS).
     Tcp,
+    /// RDMA RC queue pairs (feature `rdma`).
     Verbs,
 }
 
 impl TransportKind {
+    /// Its name, as in endpoints (`shm`, `tcp`, `verbs`).
     pub fn as_str(&self) -> &'static str {
         match self {
             TransportKind::Shm => "shm",
@@ -109,12 +119,16 @@ impl std::str::FromStr for TransportKind {
 /// (the verbs control channel).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Endpoint {
+    /// The region server's Unix socket.
     Shm(PathBuf),
+    /// The region server's `host:port`.
     Tcp(String),
+    /// The `host:port` of the region server's verbs control channel.
     Verbs(String),
 }
 
 impl Endpoint {
+    /// The backend this endpoint is served by.
     pub fn kind(&self) -> TransportKind {
         match self {
             Endpoint::Shm(_) => TransportKind::Shm,
@@ -218,6 +232,7 @@ pub trait Connection: Send + Sync {
     fn call(&self, method: u16, request: &[u8]) -> Result<Vec<u8>, TransportError>;
     /// Size of the region in bytes.
     fn region_len(&self) -> u64;
+    /// The backend this connection runs on.
     fn kind(&self) -> TransportKind;
     /// The server's instance id from hello (changes when the server restarts).
     fn instance(&self) -> u64;

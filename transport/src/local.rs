@@ -11,12 +11,14 @@ use crate::flock::RpcService;
 use crate::region::Region;
 use crate::{Connection, TransportKind};
 
+/// A connection to a region in this process (see the module doc).
 pub struct LocalConnection {
     region: Arc<Region>,
     service: Option<Arc<dyn RpcService>>,
 }
 
 impl LocalConnection {
+    /// A connection to `region`, answering RPCs with `service` (None: it has no RPC service).
     pub fn new(region: Arc<Region>, service: Option<Arc<dyn RpcService>>) -> Self {
         Self { region, service }
     }

@@ -70,10 +70,12 @@ impl Region {
         Ok(())
     }
 
+    /// The region's length in bytes.
     pub fn len(&self) -> u64 {
         self.len
     }
 
+    /// Whether the region is zero bytes long.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

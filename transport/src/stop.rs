@@ -17,6 +17,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 /// tries again: the listener stays readable meanwhile, so without a pause it would spin.
 const ACCEPT_RETRY_PAUSE: Duration = Duration::from_millis(50);
 
+/// The stop flag and its socket pair (see the module doc).
 pub struct StopSignal {
     stopped: AtomicBool,
     /// Polled by waiters; readable once `sender` is shut down.
@@ -27,11 +28,14 @@ pub struct StopSignal {
 /// What [`StopSignal::wait_readable`] saw.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Woken {
+    /// The watched descriptor is readable.
     Readable,
+    /// The stop flag was raised.
     Stopped,
 }
 
 impl StopSignal {
+    /// A signal not raised yet.
     pub fn new() -> io::Result<Self> {
         let (receiver, sender) = UnixStream::pair()?;
         Ok(Self { stopped: AtomicBool::new(false), receiver, sender })
@@ -43,6 +47,7 @@ impl StopSignal {
         let _ = self.sender.shutdown(std::net::Shutdown::Both);
     }
 
+    /// Whether [`StopSignal::stop`] was called.
     pub fn is_stopped(&self) -> bool {
         self.stopped.load(Ordering::Acquire)
     }

@@ -144,6 +144,7 @@ pub struct ServerTlsFiles {
     /// CA certificates that client certificates must chain to (PEM); needed unless
     /// `auth_clients` is [`ClientAuth::No`].
     pub ca_file: Option<PathBuf>,
+    /// Whether clients must present a certificate.
     pub auth_clients: ClientAuth,
 }
 
@@ -217,6 +218,7 @@ impl ServerTls {
         }
     }
 
+    /// The files the configuration was loaded from.
     pub fn files(&self) -> &ServerTlsFiles {
         &self.inner.files
     }

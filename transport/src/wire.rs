@@ -69,8 +69,11 @@
 use crate::batch::{Batch, OpKind, Outcome, MAX_BATCH_BYTES, MAX_BATCH_OPS, MAX_OP_BYTES};
 use crate::error::OpError;
 
+/// First four bytes of every frame header ("RKV1").
 pub const MAGIC: u32 = u32::from_le_bytes(*b"RKV1");
+/// Header version this build speaks.
 pub const VERSION: u8 = 2;
+/// Bytes of a frame header: magic, version, kind, request id, body length.
 pub const HEADER_BYTES: usize = 24;
 /// Bytes of each side's handshake nonce.
 pub const NONCE_BYTES: usize = 32;
@@ -90,18 +93,31 @@ pub const MAX_BODY_BYTES: usize = BATCH_PREFIX + MAX_BATCH_OPS * OP_BYTES + MAX_
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Kind {
+    /// Client: opens the handshake with its nonce and the user it authenticates as.
     Hello = 1,
+    /// Server: the region's length, its instance and flags; the connection is ready.
     HelloOk = 2,
+    /// Client: a batch of one-sided ops.
     Batch = 3,
+    /// Server: the outcome of each op of a batch, with the data READs returned.
     BatchResult = 4,
+    /// Client: an RPC request (method and payload).
     RpcRequest = 5,
+    /// Server: an RPC response (status and payload).
     RpcResponse = 6,
+    /// A refusal: a code ([`error_code`]) and a message.
     Error = 7,
+    /// Client: its queue pair, to connect the verbs backend.
     VerbsConnect = 8,
+    /// Server: its queue pair and the region's memory region.
     VerbsAccept = 9,
+    /// Client: opens a FLOCK lane.
     FlockOpen = 10,
+    /// Server: the lane's key, credits and carrier.
     FlockAccept = 11,
+    /// Server: its nonce and proofs of the key the client holds.
     Challenge = 12,
+    /// Client: its proof of the key.
     Proof = 13,
 }
 
@@ -128,9 +144,13 @@ impl Kind {
 
 /// Error frame codes.
 pub mod error_code {
+    /// The frame did not decode.
     pub const MALFORMED: u16 = 1;
+    /// The handshake failed: wrong token, password or user.
     pub const AUTH: u16 = 2;
+    /// The server is at its connection limit.
     pub const TOO_MANY_CONNECTIONS: u16 = 3;
+    /// The server does not offer what the client asked for.
     pub const UNSUPPORTED: u16 = 4;
     /// The server could not set up the client's queue pair (verbs).
     pub const SETUP_FAILED: u16 = 5;
@@ -148,8 +168,11 @@ fn bad(msg: impl Into<String>) -> WireError {
 /// A decoded frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Header {
+    /// What the frame is.
     pub kind: Kind,
+    /// Pairs a response with its request (0 where there is none).
     pub request_id: u64,
+    /// Bytes of the body after the header.
     pub body_len: u32,
 }
 
@@ -160,10 +183,12 @@ pub struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
+    /// A cursor at the start of `bytes`.
     pub fn new(bytes: &'a [u8]) -> Self {
         Self { bytes, pos: 0 }
     }
 
+    /// The next `n` bytes.
     pub fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
         let end = self.pos.checked_add(n).filter(|&end| end <= self.bytes.len());
         let end = end.ok_or_else(|| bad(format!("needs {n} bytes at {}, has {}", self.pos, self.bytes.len())))?;
@@ -172,18 +197,22 @@ impl<'a> Reader<'a> {
         Ok(out)
     }
 
+    /// The next byte.
     pub fn u8(&mut self) -> Result<u8, WireError> {
         Ok(self.take(1)?[0])
     }
 
+    /// The next two bytes, little-endian.
     pub fn u16(&mut self) -> Result<u16, WireError> {
         Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
     }
 
+    /// The next four bytes, little-endian.
     pub fn u32(&mut self) -> Result<u32, WireError> {
         Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
     }
 
+    /// The next eight bytes, little-endian.
     pub fn u64(&mut self) -> Result<u64, WireError> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
@@ -196,16 +225,19 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
+    /// Every byte not read yet.
     pub fn rest(&mut self) -> &'a [u8] {
         let out = &self.bytes[self.pos..];
         self.pos = self.bytes.len();
         out
     }
 
+    /// Bytes not read yet.
     pub fn remaining(&self) -> usize {
         self.bytes.len() - self.pos
     }
 
+    /// Fails unless every byte was read.
     pub fn finish(&self) -> Result<(), WireError> {
         if self.remaining() != 0 {
             return Err(bad(format!("{} trailing bytes", self.remaining())));
@@ -259,6 +291,7 @@ pub fn header_version(bytes: &[u8; HEADER_BYTES]) -> Option<u8> {
 
 // ---- hello ----
 
+/// Handshake protocol version a Hello carries.
 pub const PROTOCOL: u32 = 1;
 
 /// Longest user name a Hello may carry.
@@ -307,10 +340,13 @@ pub fn decode_hello(body: &[u8]) -> Result<([u8; NONCE_BYTES], Option<&str>), Wi
 /// is its own), none for a user that needs no password.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Challenge {
+    /// The server's nonce.
     pub server_nonce: [u8; NONCE_BYTES],
+    /// HMAC-SHA256 proofs, one per key the client may hold.
     pub server_proofs: Vec<[u8; PROOF_BYTES]>,
 }
 
+/// Challenge: the server's nonce and proofs.
 pub fn encode_challenge(out: &mut Vec<u8>, challenge: &Challenge) {
     let count = challenge.server_proofs.len();
     assert!(count <= MAX_PROOFS, "a challenge carries at most {MAX_PROOFS} proofs");
@@ -323,6 +359,7 @@ pub fn encode_challenge(out: &mut Vec<u8>, challenge: &Challenge) {
     }
 }
 
+/// Reads a Challenge body.
 pub fn decode_challenge(body: &[u8]) -> Result<Challenge, WireError> {
     let mut r = Reader::new(body);
     let server_nonce = r.take(NONCE_BYTES)?.try_into().expect("nonce bytes");
@@ -344,6 +381,7 @@ pub fn encode_proof(out: &mut Vec<u8>, client_proof: &[u8; PROOF_BYTES]) {
     out.extend_from_slice(client_proof);
 }
 
+/// Reads a Proof body.
 pub fn decode_proof(body: &[u8]) -> Result<[u8; PROOF_BYTES], WireError> {
     let mut r = Reader::new(body);
     let proof = r.take(PROOF_BYTES)?.try_into().expect("proof bytes");
@@ -354,6 +392,7 @@ pub fn decode_proof(body: &[u8]) -> Result<[u8; PROOF_BYTES], WireError> {
 /// What a server says about its region in reply to hello.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HelloOk {
+    /// The region's length in bytes.
     pub region_len: u64,
     /// Random per server start: a changed instance means the server restarted.
     pub instance: u64,
@@ -361,8 +400,10 @@ pub struct HelloOk {
     pub flags: u32,
 }
 
+/// [`HelloOk::flags`]: the region's file descriptor rides along.
 pub const HELLO_FLAG_REGION_FD: u32 = 1;
 
+/// HelloOk: the region's length, the instance and the flags.
 pub fn encode_hello_ok(out: &mut Vec<u8>, ok: &HelloOk) {
     put_header(out, Kind::HelloOk, 0, 24);
     out.extend_from_slice(&ok.region_len.to_le_bytes());
@@ -371,6 +412,7 @@ pub fn encode_hello_ok(out: &mut Vec<u8>, ok: &HelloOk) {
     out.extend_from_slice(&0u32.to_le_bytes());
 }
 
+/// Reads a HelloOk body.
 pub fn decode_hello_ok(body: &[u8]) -> Result<HelloOk, WireError> {
     let mut r = Reader::new(body);
     let ok = HelloOk { region_len: r.u64()?, instance: r.u64()?, flags: r.u32()? };
@@ -528,6 +570,7 @@ pub fn decode_batch_result(body: &[u8], batch: &mut Batch, region_len: u64) -> R
 
 // ---- rpc and errors ----
 
+/// RpcRequest: the method, then the payload.
 pub fn encode_rpc_request(out: &mut Vec<u8>, request_id: u64, method: u16, payload: &[u8]) {
     put_header(out, Kind::RpcRequest, request_id, 8 + payload.len());
     out.extend_from_slice(&method.to_le_bytes());
@@ -568,6 +611,7 @@ pub fn decode_rpc_response(body: &[u8]) -> Result<(u16, &[u8]), WireError> {
     Ok((status, payload))
 }
 
+/// Error: a code and a message, in this build's header version.
 pub fn encode_error(out: &mut Vec<u8>, request_id: u64, code: u16, message: &str) {
     encode_error_version(out, VERSION, request_id, code, message);
 }
@@ -599,8 +643,11 @@ const MAX_24BIT: u32 = (1 << 24) - 1;
 /// One end of an RC queue pair, as the other end needs it to connect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpInfo {
+    /// Queue pair number (24 bits).
     pub qpn: u32,
+    /// Initial packet sequence number (24 bits).
     pub psn: u32,
+    /// The port's local identifier (InfiniBand; 0 on RoCE).
     pub lid: u16,
     /// An `ibv_mtu` code: 1 (256 B) ..= 5 (4096 B).
     pub mtu: u8,
@@ -637,6 +684,7 @@ fn read_qp_info(r: &mut Reader<'_>) -> Result<QpInfo, WireError> {
     Ok(QpInfo { gid, ..info })
 }
 
+/// VerbsConnect: the client's queue pair.
 pub fn encode_verbs_connect(out: &mut Vec<u8>, info: &QpInfo) {
     put_header(out, Kind::VerbsConnect, 0, QP_INFO_BYTES);
     put_qp_info(out, info);
@@ -653,13 +701,17 @@ pub fn decode_verbs_connect(body: &[u8]) -> Result<QpInfo, WireError> {
 /// The server's answer to VerbsConnect: its queue pair and the region's memory region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct VerbsAccept {
+    /// The server's queue pair.
     pub qp: QpInfo,
+    /// Remote key of the region's memory region.
     pub rkey: u32,
     /// Virtual address of region offset 0 in the server's memory region.
     pub base_addr: u64,
+    /// The region's length in bytes.
     pub region_len: u64,
 }
 
+/// VerbsAccept: the server's queue pair and the region's memory region.
 pub fn encode_verbs_accept(out: &mut Vec<u8>, accept: &VerbsAccept) {
     put_header(out, Kind::VerbsAccept, 0, QP_INFO_BYTES + 24);
     put_qp_info(out, &accept.qp);
@@ -669,6 +721,7 @@ pub fn encode_verbs_accept(out: &mut Vec<u8>, accept: &VerbsAccept) {
     out.extend_from_slice(&accept.region_len.to_le_bytes());
 }
 
+/// Reads a VerbsAccept body.
 pub fn decode_verbs_accept(body: &[u8]) -> Result<VerbsAccept, WireError> {
     let mut r = Reader::new(body);
     let qp = read_qp_info(&mut r)?;
@@ -687,9 +740,13 @@ pub fn decode_verbs_accept(body: &[u8]) -> Result<VerbsAccept, WireError> {
 /// The verbs part of a lane handshake: a queue pair and a ring the peer may RDMA WRITE into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FlockVerbs {
+    /// The sender's queue pair for the lane.
     pub qp: QpInfo,
+    /// Virtual address of the ring the peer may write into.
     pub ring_addr: u64,
+    /// Remote key of the ring's memory region.
     pub ring_rkey: u32,
+    /// Bytes of the ring.
     pub ring_len: u64,
 }
 
@@ -726,10 +783,13 @@ fn read_flock_verbs(r: &mut Reader<'_>) -> Result<Option<FlockVerbs>, WireError>
 pub struct FlockOpen {
     /// The sender (connection handle) this lane belongs to; the scheduler groups by it.
     pub sender: u64,
+    /// The lane's index within the sender's connection.
     pub lane: u16,
+    /// The verbs carrier's details (None: the lane runs on the connection's stream).
     pub verbs: Option<FlockVerbs>,
 }
 
+/// FlockOpen: the sender, the lane and the verbs carrier if any.
 pub fn encode_flock_open(out: &mut Vec<u8>, open: &FlockOpen) {
     let extra = if open.verbs.is_some() { FLOCK_VERBS_BYTES } else { 0 };
     put_header(out, Kind::FlockOpen, 0, 16 + extra);
@@ -741,6 +801,7 @@ pub fn encode_flock_open(out: &mut Vec<u8>, open: &FlockOpen) {
     }
 }
 
+/// Reads a FlockOpen body.
 pub fn decode_flock_open(body: &[u8]) -> Result<FlockOpen, WireError> {
     let mut r = Reader::new(body);
     let sender = r.u64()?;
@@ -754,6 +815,7 @@ pub fn decode_flock_open(body: &[u8]) -> Result<FlockOpen, WireError> {
 /// The server's answer: the lane's canary key and credits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FlockAccept {
+    /// The lane's key, from which each message's canary derives.
     pub key: u32,
     /// Initial credits (0: the lane starts inactive).
     pub credits: u32,
@@ -761,9 +823,11 @@ pub struct FlockAccept {
     pub batch: u32,
     /// Bytes of each ring (shm, verbs); 0 on tcp.
     pub ring_bytes: u64,
+    /// The server's verbs carrier for the lane (None: no verbs).
     pub verbs: Option<FlockVerbs>,
 }
 
+/// FlockAccept: the key, credits, ring size and verbs carrier.
 pub fn encode_flock_accept(out: &mut Vec<u8>, accept: &FlockAccept) {
     let extra = if accept.verbs.is_some() { FLOCK_VERBS_BYTES } else { 0 };
     put_header(out, Kind::FlockAccept, 0, 24 + extra);
@@ -777,6 +841,7 @@ pub fn encode_flock_accept(out: &mut Vec<u8>, accept: &FlockAccept) {
     }
 }
 
+/// Reads a FlockAccept body.
 pub fn decode_flock_accept(body: &[u8]) -> Result<FlockAccept, WireError> {
     let mut r = Reader::new(body);
     let key = r.u32()?;

@@ -44,12 +44,27 @@ pub const REGION_BYTES: u64 = 256 << 20;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ValueSpec {
     /// Inline in its block.
-    Small { len: u16, seed: u8 },
+    Small {
+        /// Length in bytes.
+        len: u16,
+        /// Varies the bytes.
+        seed: u8,
+    },
     /// `delta` bytes from the largest value a block holds for its key without an expiry:
     /// either side of the extent threshold (with an expiry, 8 bytes less fit).
-    Edge { delta: i8, seed: u8 },
+    Edge {
+        /// Bytes more (or, negative, fewer) than the largest inline value.
+        delta: i8,
+        /// Varies the bytes.
+        seed: u8,
+    },
     /// In an extent.
-    Large { len: u32, seed: u8 },
+    Large {
+        /// Length in bytes.
+        len: u32,
+        /// Varies the bytes.
+        seed: u8,
+    },
 }
 
 impl ValueSpec {
@@ -62,6 +77,7 @@ impl ValueSpec {
         }
     }
 
+    /// Its bytes as a value of `key`: [`ValueSpec::len`] of them, derived from the seed.
     pub fn bytes(self, key: &[u8]) -> Vec<u8> {
         let (ValueSpec::Small { seed, .. } | ValueSpec::Edge { seed, .. } | ValueSpec::Large { seed, .. }) = self;
         (0..self.len(key))
@@ -74,15 +90,20 @@ impl ValueSpec {
 /// item expires during a run, and none is near its expiry when read).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum When {
+    /// Long before the run started (the item is expired when written).
     Past,
+    /// An hour and this many seconds after the run started.
     Future(u8),
 }
 
 /// The expiry a put writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExpirySpec {
+    /// The key never expires.
     Never,
+    /// The key expires at that time.
     At(When),
+    /// The key keeps the expiry it has (`KEEPTTL`).
     Keep,
 }
 
@@ -91,33 +112,51 @@ pub enum ExpirySpec {
 pub enum Expect {
     /// The key's value per the model (so it applies).
     Current,
+    /// The key is absent.
     Absent,
+    /// The key holds this value (which is not the current one, so it does not apply).
     Other(ValueSpec),
 }
 
 /// One operation; keys are indices into the run's key set.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
+    /// Read one key.
     Get(u16),
+    /// Read several keys in one call.
     GetMany(Vec<u16>),
+    /// Write a key.
     Put {
+        /// The key's index.
         key: u16,
+        /// The value written.
         value: ValueSpec,
+        /// Whether the key must be absent, present, or either.
         mode: PutMode,
+        /// The expiry written.
         expiry: ExpirySpec,
+        /// Ask for the value the key had before.
         return_old: bool,
     },
+    /// Delete one key.
     Delete(u16),
+    /// Compare-and-swap one key's value.
     Cas {
+        /// The key's index.
         key: u16,
+        /// What the key must hold for the swap to apply.
         expected: Expect,
+        /// The new value (None: delete the key).
         new: Option<ValueSpec>,
     },
     /// `update_expiry` to a time; a past one deletes (`ExpiryUpdate::Delete`) or, with
     /// `write_expired`, writes an expired item that stays in place until removed.
     ExpireAt {
+        /// The key's index.
         key: u16,
+        /// The new expiry time.
         when: When,
+        /// With a past time, write an expired item rather than delete the key.
         write_expired: bool,
     },
     /// `update_expiry` to never.
@@ -132,17 +171,24 @@ pub enum Op {
 /// `(skip, fault)` lets `skip` requests of the operation through and loses the next.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Step {
+    /// Index of the client that runs it.
     pub client: u8,
+    /// The operation.
     pub op: Op,
+    /// The fault injected into it, if any: (requests let through, fault).
     pub fault: Option<(u8, Fault)>,
 }
 
 /// The table a run drives.
 #[derive(Debug, Clone, Copy)]
 pub struct Config {
+    /// Where the table lives: in this process or behind a transport.
     pub via: Via,
+    /// Clients running steps.
     pub clients: u8,
+    /// Bucket groups per subtable (small, so that the table splits).
     pub groups_per_subtable: u32,
+    /// Keys in the run's key set.
     pub keys: u16,
     /// A whole-table check after every this many steps (0: only at the end).
     pub check_every: usize,
@@ -208,6 +254,7 @@ pub struct Driver<'a> {
     clients: Vec<(TableClient, Arc<FaultyConnection>)>,
     /// Reads on a connection that loses nothing: resolving uncertain keys, checks.
     oracle: TableClient,
+    /// What the keys should hold.
     pub model: Model,
     /// Extent bytes of expired large items a write may have left in place, by key: a
     /// faulted operation on the key may leak them (see `leak_budget`).
@@ -225,6 +272,8 @@ pub struct Driver<'a> {
 }
 
 impl<'a> Driver<'a> {
+    /// A driver of `keys` keys named with `prefix` on `table` (served by `memnode`) through `clients` clients;
+    /// `concurrent` when other drivers share the table.
     pub fn new(
         memnode: &'a TestMemnode,
         table: &Table,

@@ -18,6 +18,7 @@ pub struct CommandId(pub u16);
 pub struct Entry {
     /// Lower case; `container|sub` for a subcommand.
     pub name: String,
+    /// The ACL categories it belongs to.
     pub categories: Categories,
     /// For a subcommand, its container.
     pub container: Option<CommandId>,

@@ -57,16 +57,27 @@ const fn const_eq(a: &str, b: &str) -> bool {
 }
 
 impl Categories {
+    /// `@keyspace`: works on keys as such (DEL, EXPIRE, SCAN, ...).
     pub const KEYSPACE: Self = Self(bit("keyspace"));
+    /// `@read`: reads keys' values.
     pub const READ: Self = Self(bit("read"));
+    /// `@write`: writes keys.
     pub const WRITE: Self = Self(bit("write"));
+    /// `@string`: string commands.
     pub const STRING: Self = Self(bit("string"));
+    /// `@admin`: administration (CONFIG, ACL changes, ...).
     pub const ADMIN: Self = Self(bit("admin"));
+    /// `@fast`: constant-time commands.
     pub const FAST: Self = Self(bit("fast"));
+    /// `@slow`: every command that is not `@fast`.
     pub const SLOW: Self = Self(bit("slow"));
+    /// `@dangerous`: commands that can harm the server or other clients.
     pub const DANGEROUS: Self = Self(bit("dangerous"));
+    /// `@connection`: about the connection itself (AUTH, PING, CLIENT, ...).
     pub const CONNECTION: Self = Self(bit("connection"));
+    /// `@transaction`: MULTI, EXEC, DISCARD, WATCH.
     pub const TRANSACTION: Self = Self(bit("transaction"));
+    /// No category.
     pub const NONE: Self = Self(0);
 
     /// The union of `self` and `other`.

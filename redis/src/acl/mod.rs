@@ -42,19 +42,30 @@ pub struct AclOptions {
 /// Why an ACL operation failed; the texts are Redis' where Redis has one.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AclError {
+    /// A rule of ACL SETUSER (or of the ACL file) was refused.
     #[error("Error in ACL SETUSER modifier '{rule}': {reason}")]
-    Rule { rule: String, reason: RuleError },
+    Rule {
+        /// The rule as written.
+        rule: String,
+        /// Why it was refused.
+        reason: RuleError,
+    },
+    /// The user name is empty, too long, or holds a space or a NUL.
     #[error(
         "Usernames can't contain spaces or null characters, nor be empty or longer than {} bytes",
         user::MAX_USERNAME_BYTES
     )]
     BadUsername,
+    /// An attempt to remove the `default` user.
     #[error("The 'default' user cannot be removed")]
     DefaultUser,
+    /// Creating the user would pass [`MAX_USERS`].
     #[error("too many ACL users (at most {MAX_USERS})")]
     TooManyUsers,
+    /// ACL LOAD or ACL SAVE without a configured ACL file.
     #[error("This Redis instance is not configured to use an ACL file. You may want to specify users via the ACL SETUSER command and then issue a CONFIG REWRITE (assuming you have a Redis configuration file set) in order to store users in the Redis configuration.")]
     NoFile,
+    /// Reading, writing or parsing the ACL file failed.
     #[error("{0}")]
     File(String),
 }

@@ -56,8 +56,11 @@ fn same_hash(a: &PasswordHash, b: &PasswordHash) -> bool {
 /// How a key is touched, as a command's key positions say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KeyAccess {
+    /// The command reads the key.
     Read,
+    /// The command writes the key.
     Write,
+    /// The command reads and writes the key.
     ReadWrite,
 }
 
@@ -94,16 +97,22 @@ impl KeyPattern {
 /// Why a rule was refused; the text is Redis' (after `Error in ACL SETUSER modifier '...': `).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RuleError {
+    /// The rule does not parse.
     #[error("Syntax error")]
     Syntax,
+    /// `+`/`-` names no known command, or `+@`/`-@` no known category.
     #[error("Unknown command or category name in ACL")]
     UnknownCommand,
+    /// A `#` hash is not 64 lower-case hex digits.
     #[error("The password hash must be exactly 64 characters and contain only lowercase hexadecimal characters")]
     BadHash,
+    /// `<` names a password the user does not have.
     #[error("The password you are trying to remove from the user does not exist")]
     NoSuchPassword,
+    /// A selector (`(...)`, `clearselectors`): not supported.
     #[error("Selectors are not supported by racekv")]
     Selectors,
+    /// The user would hold more of something (passwords, patterns) than allowed: what, and the limit.
     #[error("too many {0} for one user (at most {1})")]
     TooMany(&'static str, usize),
 }
@@ -111,6 +120,7 @@ pub enum RuleError {
 /// Why a command may not run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Denial {
+    /// The user may not run the command.
     Command,
     /// The argument at this position is a key the user may not touch this way.
     Key(usize),

@@ -216,6 +216,8 @@ impl<'a, T: Send> Leader<'a, T> {
             // SAFETY: waiting and valid until this store; we touch nothing after it except
             // the thread handle we cloned before.
             let thread = wake.then(|| unsafe { (*node).thread.clone() });
+            // SAFETY: still waiting and valid: the owner may free the node only once it
+            // sees this store, and nothing here reads the node after it.
             unsafe { (*node).state.store(SERVED, Ordering::Release) };
             if let Some(t) = thread {
                 t.unpark();
@@ -236,6 +238,8 @@ impl<'a, T: Send> Leader<'a, T> {
         if let Some(successor) = successor {
             // SAFETY: the successor waits for exactly this store.
             let thread = unsafe { (*successor).thread.clone() };
+            // SAFETY: as above: the successor stays queued until it sees this store, and
+            // nothing here reads its node after it.
             unsafe { (*successor).state.store(LEADER, Ordering::Release) };
             thread.unpark();
         }

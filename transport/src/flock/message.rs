@@ -36,15 +36,20 @@
 
 use crate::wire::Reader;
 
+/// Bytes of a message header.
 pub const HEADER_BYTES: usize = 32;
+/// Bytes of one entry (a request's or response's metadata).
 pub const ENTRY_BYTES: usize = 16;
+/// Bytes of the trailer (zero word, then the canary).
 pub const TRAILER_BYTES: usize = 8;
 /// Most requests coalesced into one message.
 pub const MAX_ENTRIES: usize = 1024;
 /// Largest message: one maximal RPC payload plus framing, or many small ones.
 pub const MAX_MESSAGE_BYTES: usize = crate::wire::MAX_RPC_BYTES + 64 * 1024;
 
+/// [`Header::kind`]: the message carries requests.
 pub const KIND_REQUEST: u8 = 1;
+/// [`Header::kind`]: the message carries responses.
 pub const KIND_RESPONSE: u8 = 2;
 /// Ring carriers: nothing more fits before the end of the ring; the next message is at 0.
 pub const KIND_WRAP: u8 = 3;
@@ -65,24 +70,38 @@ pub fn canary(lane_key: u32, number: u64) -> u32 {
 /// The fixed part of a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Header {
+    /// The message's canary ([`canary`]); the trailer repeats it.
     pub canary: u32,
+    /// Bytes of the whole message, trailer included (a multiple of 8).
     pub len: u32,
+    /// Entries in the message.
     pub count: u16,
+    /// [`KIND_REQUEST`], [`KIND_RESPONSE`] or [`KIND_WRAP`].
     pub kind: u8,
+    /// [`FLAG_RENEW`], [`FLAG_GRANT`].
     pub flags: u8,
+    /// Credits asked for (renewal) or granted (grant).
     pub credits: u32,
+    /// The writer's own ring head (bytes of the peer's messages it consumed), 0 where unused; see the module doc.
     pub ack: u64,
+    /// Requests: the sender's coalescing degree (requests per message) times 16.
     pub degree_x16: u16,
+    /// Requests: the sender's request rate in thousands per second.
     pub rate_krps: u16,
 }
 
 /// Per-request (or per-response) metadata.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Entry {
+    /// Bytes of the payload.
     pub size: u32,
+    /// The calling thread's slot on the connection.
     pub thread: u16,
+    /// The RPC method.
     pub rpc: u16,
+    /// The request's sequence number in its thread (a response echoes it).
     pub seq: u32,
+    /// Response status (0: success); always 0 in a request.
     pub status: u16,
 }
 
@@ -155,6 +174,7 @@ pub fn decode_header(bytes: &[u8], expect: Option<u32>, max_len: usize) -> Resul
 /// A decoded, fully checked message; borrowing the bytes it came in.
 #[derive(Debug, Clone, Copy)]
 pub struct Message<'a> {
+    /// The message's header.
     pub header: Header,
     bytes: &'a [u8],
 }
@@ -182,6 +202,7 @@ impl<'a> Message<'a> {
         })
     }
 
+    /// Entries in the message.
     pub fn count(&self) -> usize {
         self.header.count as usize
     }
@@ -243,17 +264,20 @@ pub struct Builder {
 }
 
 impl Builder {
+    /// Forgets the entries pushed so far.
     pub fn clear(&mut self) {
         self.entries.clear();
         self.data.clear();
     }
 
+    /// Adds an entry with its payload.
     pub fn push(&mut self, entry: Entry, payload: &[u8]) {
         debug_assert_eq!(entry.size as usize, payload.len());
         self.entries.push(Entry { size: payload.len() as u32, ..entry });
         self.data.extend_from_slice(payload);
     }
 
+    /// Entries pushed so far.
     pub fn count(&self) -> usize {
         self.entries.len()
     }

@@ -54,18 +54,23 @@
 //! Coalescing stops at the carrier's message limit or [`FlockOptions::max_coalesce`].
 
 pub(crate) mod accept;
+#[allow(unsafe_code)] // raw pointers between the queued threads' nodes
 pub(crate) mod combine;
 pub(crate) mod mapping;
 pub mod message;
 mod metrics;
 pub(crate) mod receiver;
+#[allow(unsafe_code)] // `Span`: atomic words of a ring in shared or registered memory
 pub(crate) mod ring;
 pub mod scheduler;
+#[allow(unsafe_code)] // a queued item borrows its caller's request
 pub(crate) mod sender;
 pub(crate) mod service;
+#[allow(unsafe_code)] // futex wait/wake on a ring word; spans over the mapping
 pub(crate) mod shm;
 pub(crate) mod stream;
 #[cfg(feature = "rdma")]
+#[allow(unsafe_code)] // spans over registered rings; posting send lists
 pub(crate) mod verbs;
 
 #[cfg(feature = "rdma")]

@@ -56,6 +56,8 @@ unsafe impl Send for Span {}
 unsafe impl Sync for Span {}
 
 impl Span {
+    /// A span over the `len` bytes at `base`.
+    ///
     /// # Safety
     /// `base` must be 8-byte aligned and `base..base+len` mapped for as long as the span is
     /// used; `len` a multiple of 8.

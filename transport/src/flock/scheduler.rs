@@ -99,6 +99,7 @@ pub struct Scheduler {
 pub struct LaneId(u64);
 
 impl Scheduler {
+    /// A scheduler with `options`, clamped to workable values.
     pub fn new(options: SchedulerOptions) -> Self {
         let options = SchedulerOptions {
             credits: options.credits.clamp(2, 1 << 16),
@@ -113,6 +114,7 @@ impl Scheduler {
         }
     }
 
+    /// Its options, as clamped.
     pub fn options(&self) -> &SchedulerOptions {
         &self.options
     }

@@ -257,6 +257,7 @@ pub(crate) fn format_gid(gid: &[u8; 16]) -> String {
 /// What one GID table entry holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GidInfo {
+    /// Its index in the port's GID table.
     pub index: u32,
     /// As an IPv6 address.
     pub gid: String,
@@ -267,12 +268,15 @@ pub struct GidInfo {
 /// One port of a device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PortInfo {
+    /// Port number (from 1).
     pub port: u8,
+    /// Whether the port is in the ACTIVE state.
     pub active: bool,
     /// "InfiniBand", "Ethernet" (RoCE) or "unknown".
     pub link_layer: &'static str,
     /// Active MTU in bytes.
     pub mtu: u32,
+    /// Local identifier (InfiniBand; 0 on RoCE).
     pub lid: u16,
     /// The non-empty GID entries.
     pub gids: Vec<GidInfo>,
@@ -281,10 +285,13 @@ pub struct PortInfo {
 /// One RDMA device, as [`super::devices`] reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {
+    /// The device's name (e.g. `rxe0`, `mlx5_0`).
     pub name: String,
+    /// Most work requests a queue pair may hold.
     pub max_qp_wr: u32,
     /// "none", "hca" (atomic only with respect to this NIC) or "global".
     pub atomic_cap: &'static str,
+    /// Its ports.
     pub ports: Vec<PortInfo>,
 }
 

@@ -13,18 +13,34 @@ pub const NO_DEVICE_HINT: &str = "use an shm: endpoint (same host) or a tcp: end
 pub enum VerbsError {
     /// libibverbs found no RDMA device (or the kernel has no RDMA support at all).
     #[error("no RDMA device found ({detail}); {NO_DEVICE_HINT}")]
-    NoDevice { detail: String },
+    NoDevice {
+        /// What libibverbs said.
+        detail: String,
+    },
     /// `RACEKV_RDMA_DEVICE` names a device that is not there.
     #[error("RDMA device {wanted:?} not found (found: {found}); unset RACEKV_RDMA_DEVICE to use the first device with an active port")]
-    DeviceNotFound { wanted: String, found: String },
+    DeviceNotFound {
+        /// The device named.
+        wanted: String,
+        /// The devices there are.
+        found: String,
+    },
     /// The device has no port in the ACTIVE state (for Soft-RoCE: its interface is down).
     #[error("RDMA device {device} has no active port ({detail}); bring its network interface up, or {NO_DEVICE_HINT}")]
-    NoActivePort { device: String, detail: String },
+    NoActivePort {
+        /// The devices looked at.
+        device: String,
+        /// Why none of their ports would do.
+        detail: String,
+    },
     /// A verbs call failed.
     #[error("{call} failed on {device}: {source}")]
     Call {
+        /// The verbs function that failed.
         call: &'static str,
+        /// The device it ran on.
         device: String,
+        /// The error it returned.
         #[source]
         source: io::Error,
     },

@@ -1,9 +1,12 @@
 //! The verbs backend: one-sided READ, WRITE, CAS and FAA over RDMA reliable-connected queue
 //! pairs, through rdma-sys (feature `rdma`).
 //!
-//! Layers, bottom up. Every `unsafe` block of the backend lives in the first three modules,
-//! each behind a small safe type (modelled on rust-ibverbs, with `Arc` parents instead of
-//! lifetimes so that objects can sit in long-lived server state):
+//! Layers, bottom up. The FFI calls of the backend live in the first three modules, each
+//! behind a small safe type (modelled on rust-ibverbs, with `Arc` parents instead of
+//! lifetimes so that objects can sit in long-lived server state). The only other `unsafe`
+//! is the callers of `queue::QueuePair::post_send`, an `unsafe fn` because the NIC reads
+//! the posted buffers after it returns: `client` and `crate::flock::verbs`. Each of these
+//! modules opts in to `unsafe_code` by name; the crate denies it everywhere else.
 //! * `device`: device list, open context, port and GID queries ([`devices`]);
 //! * `memory`: protection domain, memory regions over memory that cannot move or be freed
 //!   while registered, staging buffers;
@@ -25,13 +28,17 @@
 //! message names the alternatives (shm, tcp, Soft-RoCE). Tests of this backend run in the
 //! Soft-RoCE VM of `ops/vm/`.
 
+#[allow(unsafe_code)] // posts send lists (`queue::QueuePair::post_send`)
 mod client;
+#[allow(unsafe_code)] // rdma-sys FFI
 mod device;
 mod error;
 mod host;
 // The FLOCK verbs carrier (`crate::flock::verbs`) builds its lanes from these.
 pub(crate) mod local;
+#[allow(unsafe_code)] // rdma-sys FFI; `PinnedMemory`, an unsafe trait
 pub(crate) mod memory;
+#[allow(unsafe_code)] // rdma-sys FFI
 pub(crate) mod queue;
 
 use std::hash::{BuildHasher, Hasher};
