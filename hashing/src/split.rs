@@ -390,7 +390,7 @@ impl Splitter {
             .collect();
         // The entries that pointed at the old subtable, half to each half (debug: one pass).
         debug_assert_eq!(
-            published.iter().filter(|&&(_, word)| DirEntry::decode(word).subtable == job.new).count() * 2,
+            indices.iter().filter(|&&i| (i >> job.depth) & 1 == 1).count() * 2,
             indices.len(),
             "a split's entries not shared evenly between its halves"
         );

@@ -298,8 +298,8 @@ const MAX_RESTARTED_ATTEMPTS: u32 = 4;
 /// Fingerprint matches one probe can find: the slots of a key's four buckets.
 const MAX_CANDIDATES: usize = 4 * SLOTS_PER_BUCKET;
 
-// A block is read in one op; a round's first batch (six READs a key, two more for the
-// pending count and slack) fits a batch; a long value or key is written in pieces of one op.
+// A block is read in one op; a `get_many` round's first batch (six READs a key) and one
+// probe's block reads fit a batch.
 const _: () = assert!(MAX_BLOCK_UNITS * BLOCK_UNIT_BYTES <= racekv_transport::MAX_OP_BYTES);
 const _: () = assert!(KEYS_PER_ROUND >= 1 && KEYS_PER_ROUND * 6 < racekv_transport::MAX_BATCH_OPS);
 const _: () = assert!(MAX_CANDIDATES == 28 && MAX_CANDIDATES < racekv_transport::MAX_BATCH_OPS);
@@ -1392,9 +1392,9 @@ impl TableClient {
     fn next_word(&mut self, hash: &KeyHash, block: u64, units: u8, indirect: bool) -> u64 {
         self.tag = self.tag.wrapping_add(1);
         let word = Slot { fingerprint: hash.fingerprint, units, tag: self.tag, block, indirect }.encode();
-        // The word a reader will follow names the block we wrote, and readers (`verify`,
-        // splits, scans) accept the block as the one it was written for: debug only, as it
-        // decodes (checksums) the block again.
+        // The word a reader will follow names the block we wrote; and (debug only: it
+        // checksums the block again) readers (`verify`, splits, scans) accept the block as
+        // the one the word was written for.
         let slot = Slot::decode(word).expect("an encoded slot is used");
         assert!(
             slot.block == block && slot.units == units && slot.indirect == indirect && word != 0,
