@@ -259,6 +259,11 @@ pub struct BlockAllocator {
     pending: VecDeque<(Instant, u64, u8)>,
     /// Bytes in `free` and `pending`, for statistics.
     held_bytes: u64,
+    /// Debug builds: every block in `free` and `pending`, so that a block freed or retired
+    /// twice, or handed out while held, fails an assertion (a hash set per client is too
+    /// much for release builds' hot path).
+    #[cfg(debug_assertions)]
+    held: std::collections::HashSet<u64>,
 }
 
 impl BlockAllocator {
@@ -278,7 +283,38 @@ impl BlockAllocator {
             free,
             pending: VecDeque::new(),
             held_bytes: 0,
+            #[cfg(debug_assertions)]
+            held: std::collections::HashSet::new(),
         }
+    }
+
+    /// Debug builds: notes that this allocator now holds `block`; `once`: it must not
+    /// already (false for space whose origin is another process's word: fragments).
+    #[allow(unused_variables)]
+    fn hold(&mut self, block: u64, once: bool) {
+        #[cfg(debug_assertions)]
+        {
+            let new = self.held.insert(block);
+            assert!(new || !once, "block {block:#x} freed or retired twice (it is already free or in grace)");
+        }
+    }
+
+    /// Debug builds: notes that `block`, just taken from the free lists, is handed out.
+    #[allow(unused_variables)]
+    fn unhold(&mut self, block: u64) {
+        #[cfg(debug_assertions)]
+        assert!(self.held.remove(&block), "handed out block {block:#x}, which the free lists did not hold");
+    }
+
+    /// Debug builds: `held_bytes` is what the free lists and the grace queue hold (a walk
+    /// over both: only where the allocator gives its space away).
+    fn check_held_bytes(&self) {
+        debug_assert_eq!(
+            self.held_bytes,
+            self.free.iter().enumerate().map(|(u, l)| u as u64 * BLOCK_UNIT_BYTES * l.len() as u64).sum::<u64>()
+                + self.pending.iter().map(|&(_, _, u)| u64::from(u) * BLOCK_UNIT_BYTES).sum::<u64>(),
+            "held bytes out of step with the free lists and the grace queue"
+        );
     }
 
     /// A block of `units` x 64 B.
@@ -287,14 +323,20 @@ impl BlockAllocator {
         self.reclaim(Instant::now());
         if let Some(block) = self.free[units as usize].pop() {
             self.held_bytes -= u64::from(units) * BLOCK_UNIT_BYTES;
+            self.unhold(block);
             return Ok(block);
         }
         let mut refill = std::mem::take(&mut self.free[units as usize]);
         let refilled = self.pool.take_blocks(units, &mut refill, self.grace, &mut self.instance);
+        #[cfg(debug_assertions)]
+        for &block in &refill {
+            self.hold(block, true);
+        }
         self.free[units as usize] = refill;
         if refilled {
             let block = self.free[units as usize].pop().expect("refilled");
             self.held_bytes += (self.free[units as usize].len() as u64) * u64::from(units) * BLOCK_UNIT_BYTES;
+            self.unhold(block);
             return Ok(block);
         }
         let bytes = u64::from(units) * BLOCK_UNIT_BYTES;
@@ -304,6 +346,7 @@ impl BlockAllocator {
             self.take_fragments(units);
             if let Some(block) = self.free[units as usize].pop() {
                 self.held_bytes -= bytes;
+                self.unhold(block);
                 return Ok(block);
             }
             self.next_chunk(bytes)?;
@@ -311,6 +354,9 @@ impl BlockAllocator {
         let block = self.cursor;
         self.cursor += bytes;
         assert!(self.cursor <= self.end, "a block past the end of its range");
+        assert!(block.is_multiple_of(BLOCK_UNIT_BYTES), "block {block:#x} is not 64 B aligned");
+        #[cfg(debug_assertions)]
+        assert!(!self.held.contains(&block), "handed out block {block:#x} from the range while it is free or in grace");
         Ok(block)
     }
 
@@ -348,6 +394,7 @@ impl BlockAllocator {
             let units = (rest / BLOCK_UNIT_BYTES).min(MAX_BLOCK_UNITS);
             self.free[units as usize].push(self.cursor);
             self.held_bytes += units * BLOCK_UNIT_BYTES;
+            self.hold(self.cursor, true);
         }
         self.cursor = self.end;
     }
@@ -372,10 +419,12 @@ impl BlockAllocator {
             let mut at = offset;
             while end - at >= want {
                 self.free[units as usize].push(at);
+                self.hold(at, false);
                 at += want;
             }
             if at < end {
                 self.free[((end - at) / BLOCK_UNIT_BYTES) as usize].push(at);
+                self.hold(at, false);
             }
             self.held_bytes += bytes;
         }
@@ -409,11 +458,14 @@ impl BlockAllocator {
     }
 
     fn drop_space(&mut self) {
+        self.check_held_bytes();
         self.free.iter_mut().for_each(Vec::clear);
         self.pending.clear();
         self.cursor = 0;
         self.end = 0;
         self.held_bytes = 0;
+        #[cfg(debug_assertions)]
+        self.held.clear();
     }
 
     /// Memnode run `stale` is gone (a batch requiring it was refused): drops the space held
@@ -444,9 +496,11 @@ impl BlockAllocator {
     /// `instance` is the memnode run whose slot last held it (the run the unlinking CAS
     /// ran on); a block of another run is left to that run's reclaim.
     pub fn retire(&mut self, block: u64, units: u8, instance: u64) {
+        assert!(units >= 1 && block.is_multiple_of(BLOCK_UNIT_BYTES), "retiring block {block:#x} of {units} units");
         if !self.owns_run(instance) {
             return;
         }
+        self.hold(block, true);
         self.pending.push_back((Instant::now(), block, units));
         self.held_bytes += u64::from(units) * BLOCK_UNIT_BYTES;
     }
@@ -454,9 +508,11 @@ impl BlockAllocator {
     /// Frees a block allocated from memnode run `instance` that was never published (no
     /// slot ever pointed to it): reusable now.
     pub fn release_unpublished(&mut self, block: u64, units: u8, instance: u64) {
+        assert!(units >= 1 && block.is_multiple_of(BLOCK_UNIT_BYTES), "releasing block {block:#x} of {units} units");
         if !self.owns_run(instance) {
             return;
         }
+        self.hold(block, true);
         self.free[units as usize].push(block);
         self.held_bytes += u64::from(units) * BLOCK_UNIT_BYTES;
     }
@@ -466,6 +522,8 @@ impl BlockAllocator {
             if now.duration_since(at) < self.grace {
                 break;
             }
+            // Released only after its grace; the queue is in retire order (debug: per block).
+            debug_assert!(self.pending.get(1).is_none_or(|next| next.0 >= at), "the grace queue is out of order");
             self.pending.pop_front();
             self.free[units as usize].push(block);
         }
@@ -473,12 +531,14 @@ impl BlockAllocator {
 
     /// Bytes this client holds free or in grace.
     pub fn held_bytes(&self) -> u64 {
+        self.check_held_bytes();
         self.held_bytes
     }
 }
 
 impl Drop for BlockAllocator {
     fn drop(&mut self) {
+        self.check_held_bytes();
         let Some(instance) = self.instance else { return };
         let mut inner = self.pool.inner.lock();
         match inner.instance {

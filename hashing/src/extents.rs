@@ -144,6 +144,9 @@ impl Extents {
             }
             state.pending.pop_front();
             state.pending_bytes -= bytes;
+            // Released only after its grace, and never while live again.
+            assert!(now >= at + self.grace, "extent at {offset:#x} released inside its grace period");
+            debug_assert!(!state.live.contains_key(&offset), "extent at {offset:#x} released while live");
             due.push((offset, bytes));
         }
         if !due.is_empty() {
@@ -157,9 +160,9 @@ impl Extents {
     pub fn seed(&self, live: &[(u64, u64)]) {
         let mut state = self.state.lock();
         for &(offset, bytes) in live {
-            if state.live.insert(offset, bytes).is_none() {
-                state.live_bytes += bytes;
-            }
+            // Found twice (two slots naming one block): counted once, with its last size.
+            let before = state.live.insert(offset, bytes).unwrap_or(0);
+            state.live_bytes = state.live_bytes - before + bytes;
         }
         publish(&state);
     }
@@ -175,7 +178,25 @@ impl Extents {
     }
 }
 
+impl State {
+    /// The byte counts are what the live map and the grace queue hold (a walk over both:
+    /// debug builds only; the empty-means-zero half is O(1)).
+    fn check(&self) {
+        assert!(
+            self.live.is_empty() == (self.live_bytes == 0) && self.pending.is_empty() == (self.pending_bytes == 0),
+            "extent counts out of step: {} live ({} B), {} pending ({} B)",
+            self.live.len(),
+            self.live_bytes,
+            self.pending.len(),
+            self.pending_bytes
+        );
+        debug_assert_eq!(self.live_bytes, self.live.values().sum::<u64>(), "live extent bytes");
+        debug_assert_eq!(self.pending_bytes, self.pending.iter().map(|p| p.2).sum::<u64>(), "pending extent bytes");
+    }
+}
+
 fn publish(state: &State) {
+    state.check();
     METRICS.live_bytes.set(state.live_bytes as i64);
     METRICS.live.set(state.live.len() as i64);
     METRICS.pending_bytes.set(state.pending_bytes as i64);

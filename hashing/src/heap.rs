@@ -68,7 +68,10 @@ impl Fragments {
     /// the fragments beside it. Returns the merged run when it is chunk-sized (for the free
     /// list) instead of keeping it; past [`MAX_FRAGMENTS`] a run is dropped and counted.
     fn add(&mut self, start: u64, end: u64) -> Option<(u64, u64)> {
+        // Callers' checks make every run non-empty (its alignment may come from the region).
+        assert!(start < end, "an empty free run at {start:#x}");
         let (merged_start, merged_end) = merge(&mut self.runs, start, end);
+        assert!(merged_start <= start && end <= merged_end, "merging [{start:#x}, {end:#x}) lost part of it");
         self.bytes -= (merged_end - merged_start) - (end - start); // the neighbours merged in
         let merged = merged_end - merged_start;
         if merged >= MIN_CHUNK_BYTES {
@@ -80,8 +83,20 @@ impl Fragments {
         } else {
             DROPPED_FRAGMENT_BYTES.inc_by(merged);
         }
-        debug_assert_eq!(self.bytes, self.runs.iter().map(|(s, e)| e - s).sum::<u64>());
+        self.check();
         None
+    }
+
+    /// Debug builds: `bytes` is what the runs hold, and the runs are disjoint, neither empty
+    /// nor touching (touching ones are merged) and each shorter than a chunk. A walk over
+    /// them all.
+    fn check(&self) {
+        debug_assert_eq!(self.bytes, self.runs.iter().map(|(s, e)| e - s).sum::<u64>(), "fragment bytes");
+        debug_assert!(
+            self.runs.iter().all(|(s, e)| s < e && e - s < MIN_CHUNK_BYTES)
+                && self.runs.iter().zip(self.runs.iter().skip(1)).all(|((_, e), (s, _))| e < s),
+            "fragments overlap, touch, or reach a chunk's size"
+        );
     }
 }
 
@@ -134,7 +149,10 @@ impl Heap {
                 "the heap top moved under the memnode's lock (two memnodes on one region?)".into(),
             ));
         }
-        assert!(start >= self.layout.heap_offset && end <= self.layout.region_len);
+        assert!(
+            start >= self.layout.heap_offset && start.is_multiple_of(align) && end <= self.layout.region_len,
+            "bumped [{start:#x}, {end:#x}) outside the heap"
+        );
         Ok(start)
     }
 
@@ -159,6 +177,14 @@ impl Heap {
             } else {
                 free_bytes
             };
+            // `free_entry` checked the range: what is handed out is a whole chunk in the heap.
+            assert!(
+                handed >= MIN_CHUNK_BYTES
+                    && handed <= free_bytes
+                    && offset >= self.layout.heap_offset
+                    && offset + handed <= self.layout.region_len,
+                "handing out chunk ({offset:#x}, {handed} B) of a free range of {free_bytes} B"
+            );
             batch.clear();
             batch.faa(sb::CHUNKS, 1);
             self.conn.execute(batch)?;
@@ -183,6 +209,8 @@ impl Heap {
             }
             let (next, len) = self.free_entry(b, at)?;
             if len >= bytes {
+                // Checked by `free_entry`: the extent lies in the heap.
+                assert!(at >= self.layout.heap_offset && at + bytes <= self.layout.region_len, "extent at {at:#x}");
                 let free_bytes = self.words(b, &[sb::FREE_BYTES])?[0];
                 self.write_words(b, &[(sb::FREE_BYTES, free_bytes - len), (link, next)])?;
                 if len > bytes {
@@ -285,6 +313,7 @@ impl Heap {
             bytes += end - start;
             taken.push((start, end - start));
         }
+        fragments.check();
         self.write_words(&mut batch, &[(sb::FRAGMENT_BYTES, fragments.bytes)])?;
         Ok(taken)
     }
@@ -348,6 +377,7 @@ fn overlaps(fragments: &BTreeMap<u64, u64>, start: u64, end: u64) -> bool {
 
 /// Takes the fragments that touch [start, end) out of `fragments` and returns the merged run.
 fn merge(fragments: &mut BTreeMap<u64, u64>, mut start: u64, mut end: u64) -> (u64, u64) {
+    debug_assert!(!overlaps(fragments, start, end), "merging [{start:#x}, {end:#x}) over a fragment");
     if let Some((&s, &e)) = fragments.range(..start).next_back() {
         debug_assert!(e <= start, "overlap checked by the caller");
         if e == start {

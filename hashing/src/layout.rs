@@ -150,7 +150,96 @@ pub mod sb {
     pub const GRACE_PERIOD_US: u64 = 184;
     /// Bytes of the immutable layout at the start of the superblock (its words up to the checksum).
     pub const LAYOUT_BYTES: usize = 56;
+
+    /// Every word, in order (the compile-time checks below walk it).
+    pub(super) const WORDS: [u64; 24] = [
+        MAGIC,
+        VERSION,
+        REGION_LEN,
+        DIRECTORY_OFFSET,
+        DEPTHS,
+        HEAP_OFFSET,
+        CHUNK_BYTES,
+        LAYOUT_CHECKSUM,
+        GLOBAL_DEPTH,
+        HEAP_TOP,
+        SPLIT_STATE,
+        SPLIT_OLD,
+        SPLIT_NEW,
+        SPLIT_DEPTH,
+        SPLIT_SUFFIX,
+        ITEM_COUNT,
+        SUBTABLES,
+        CHUNKS,
+        FREE_CHUNKS,
+        NODE_ID,
+        FREE_BYTES,
+        FRAGMENT_BYTES,
+        FRAGMENT_LIST,
+        GRACE_PERIOD_US,
+    ];
 }
+
+// ---- compile-time checks of the layout constants and their relations ----
+
+// Superblock words: 8 B aligned, in order without overlap, all inside the superblock; the
+// immutable layout is the first 64 B (its checksum last), the words the memnode updates
+// follow it. `Layout::encode`/`decode` use these offsets as literals: pinned here.
+const _: () = {
+    let mut i = 0;
+    while i < sb::WORDS.len() {
+        assert!(sb::WORDS[i].is_multiple_of(8), "a superblock word is not 8 B aligned");
+        assert!(sb::WORDS[i] + 8 <= SUPERBLOCK_BYTES, "a superblock word lies past the superblock");
+        assert!(i == 0 || sb::WORDS[i - 1] + 8 <= sb::WORDS[i], "superblock words out of order or overlapping");
+        i += 1;
+    }
+};
+const _: () = assert!(sb::MAGIC == 0 && sb::VERSION == 8 && sb::REGION_LEN == 16 && sb::DIRECTORY_OFFSET == 24);
+const _: () = assert!(sb::DEPTHS == 32 && sb::HEAP_OFFSET == 40 && sb::CHUNK_BYTES == 48);
+const _: () = assert!(sb::LAYOUT_CHECKSUM == sb::LAYOUT_BYTES as u64 && sb::LAYOUT_CHECKSUM + 8 == 64);
+const _: () = assert!(sb::GLOBAL_DEPTH >= 64, "memnode words overlap the checksummed layout");
+// The split journal: the state word apart from its parameters (written first, state last).
+const _: () = assert!(sb::SPLIT_STATE + 8 <= sb::SPLIT_OLD && sb::SPLIT_SUFFIX + 8 <= sb::ITEM_COUNT);
+// The heap starts 4 KiB aligned after the superblock and the directory.
+const _: () = assert!(SUPERBLOCK_BYTES.is_multiple_of(4096));
+
+// Geometry: a bucket is its header word and its slots; a group three buckets
+// [main0 | overflow | main1]; a combined bucket two; a key's two combined buckets 28 slots.
+const _: () = assert!(BUCKET_BYTES == 8 + SLOTS_PER_BUCKET as u64 * 8);
+const _: () = assert!(BUCKETS_PER_GROUP == 3 && GROUP_BYTES == 3 * BUCKET_BYTES);
+const _: () = assert!(COMBINED_BUCKET_BYTES == 2 * BUCKET_BYTES && 4 * SLOTS_PER_BUCKET == 28);
+
+// Blocks: sizes in 64 B units (a slot keeps offset / 64), at most what the slot's 8-bit
+// length field holds; the header's key length is a u16, its value length a u32.
+const _: () = assert!(BLOCK_UNIT_BYTES == 1 << 6 && BUCKET_BYTES.is_multiple_of(BLOCK_UNIT_BYTES));
+const _: () = assert!(MAX_BLOCK_UNITS >= 1 && MAX_BLOCK_UNITS <= u8::MAX as u64);
+const _: () = assert!(BLOCK_HEADER_BYTES == 16 && BLOCK_EXPIRY_BYTES == 8);
+const _: () = assert!(BLOCK_HEADER_BYTES + MAX_KV_BYTES == (MAX_BLOCK_UNITS * BLOCK_UNIT_BYTES) as usize);
+const _: () = assert!(MAX_KV_BYTES <= u16::MAX as usize && MAX_KV_BYTES <= u32::MAX as usize);
+const _: () = assert!(BLOCK_PEEK_BYTES == BLOCK_HEADER_BYTES + BLOCK_EXPIRY_BYTES);
+// An inline key fits beside an extent descriptor and an expiry; so does a long key's
+// descriptor (`TableClient::new_block`: "descriptors fit a block").
+const _: () = assert!(MAX_INLINE_KEY_BYTES + EXTENT_DESCRIPTOR_BYTES + BLOCK_EXPIRY_BYTES == MAX_KV_BYTES);
+const _: () = assert!(LONG_KEY_DESCRIPTOR_BYTES + EXTENT_DESCRIPTOR_BYTES + BLOCK_EXPIRY_BYTES <= MAX_KV_BYTES);
+const _: () = assert!(LONG_KEY_DESCRIPTOR_BYTES < MAX_INLINE_KEY_BYTES && MAX_INLINE_KEY_BYTES < MAX_KEY_BYTES);
+// Descriptors: offset, length, checksum (u64 each); a long key's adds its u128 digest.
+const _: () = assert!(EXTENT_DESCRIPTOR_BYTES == 3 * 8 && LONG_KEY_DESCRIPTOR_BYTES == EXTENT_DESCRIPTOR_BYTES + 16);
+const _: () = assert!(MAX_VALUE_BYTES > MAX_KV_BYTES as u64 && MAX_VALUE_BYTES < REGION_LIMIT_BYTES);
+// Flags: distinct single bits, all known.
+const _: () = assert!(
+    BLOCK_FLAG_EXPIRES.is_power_of_two()
+        && BLOCK_FLAG_INDIRECT.is_power_of_two()
+        && BLOCK_FLAG_LONG_KEY.is_power_of_two()
+        && BLOCK_KNOWN_FLAGS.count_ones() == 3
+);
+// The directory: 2^limit entries of 8 B fit a region; the entry's 8-bit depth field holds
+// the limit; a bucket header's u32 suffix holds `limit` bits.
+const _: () = assert!(MAX_GLOBAL_DEPTH_LIMIT <= 0xFF && MAX_GLOBAL_DEPTH_LIMIT <= 32);
+const _: () = assert!(SUPERBLOCK_BYTES + (8u64 << MAX_GLOBAL_DEPTH_LIMIT) < REGION_LIMIT_BYTES);
+
+/// Regions are smaller than this (`Layout::check`): a slot's block field and a directory
+/// entry's subtable field address any offset below it.
+const REGION_LIMIT_BYTES: u64 = 1 << 47;
 
 /// The immutable shape of a region, fixed when the memnode formats it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -212,7 +301,7 @@ impl Layout {
     /// Checks internal consistency (also of layouts read back from a region).
     pub fn check(&self) -> Result<(), LayoutError> {
         let fail = |m: String| Err(LayoutError(m));
-        if !self.region_len.is_multiple_of(4096) || self.region_len >= 1 << 47 {
+        if !self.region_len.is_multiple_of(4096) || self.region_len >= REGION_LIMIT_BYTES {
             return fail(format!("region length {} is not a multiple of 4096 below 2^47", self.region_len));
         }
         if self.directory_offset != SUPERBLOCK_BYTES {
@@ -329,6 +418,11 @@ pub fn depth_mask(depth: u32) -> u64 {
 
 const OFFSET_BITS: u64 = (1 << 48) - 1;
 const LOCK_BIT: u64 = 1 << 63;
+const DEPTH_BITS: u64 = 0xFF << 48;
+// lock 1 | unused 7 | local depth 8 | subtable offset 48: disjoint, and the offset field
+// addresses the whole region.
+const _: () = assert!(OFFSET_BITS & DEPTH_BITS == 0 && (OFFSET_BITS | DEPTH_BITS) & LOCK_BIT == 0);
+const _: () = assert!(REGION_LIMIT_BYTES - 1 <= OFFSET_BITS);
 
 /// A directory entry: which subtable serves a suffix, at what local depth, and whether a
 /// split of it is in progress.
@@ -345,9 +439,11 @@ pub struct DirEntry {
 impl DirEntry {
     /// The entry as its directory word.
     pub fn encode(&self) -> u64 {
-        debug_assert_eq!(self.subtable & !OFFSET_BITS, 0);
-        debug_assert!(self.local_depth <= MAX_GLOBAL_DEPTH_LIMIT);
-        self.subtable | (u64::from(self.local_depth) << 48) | if self.locked { LOCK_BIT } else { 0 }
+        assert_eq!(self.subtable & !OFFSET_BITS, 0, "subtable {:#x} past the entry's offset field", self.subtable);
+        assert!(self.local_depth <= MAX_GLOBAL_DEPTH_LIMIT, "local depth {} past the limit", self.local_depth);
+        let word = self.subtable | (u64::from(self.local_depth) << 48) | if self.locked { LOCK_BIT } else { 0 };
+        debug_assert_eq!(Self::decode(word), *self, "a directory entry does not decode to what was encoded");
+        word
     }
 
     /// The entry a directory word holds.
@@ -377,8 +473,15 @@ pub struct BucketHeader {
 }
 
 impl BucketHeader {
-    /// The header as its word.
+    /// The header word. Only for headers this process derives (format, split): a header
+    /// read back may hold anything, and [`Self::admits`] refuses what no writer produces.
     pub fn encode(&self) -> u64 {
+        assert!(
+            self.local_depth <= MAX_GLOBAL_DEPTH_LIMIT && u64::from(self.suffix) <= depth_mask(self.local_depth),
+            "bucket header suffix {:#x} has bits past its local depth {}",
+            self.suffix,
+            self.local_depth
+        );
         u64::from(self.local_depth) | (u64::from(self.suffix) << 32)
     }
 
@@ -401,6 +504,12 @@ const SLOT_TAG_BITS: u32 = 6;
 /// The top bit of the pointer field: the block is an indirect one.
 const SLOT_INDIRECT_BIT: u64 = 1 << (SLOT_POINTER_BITS - 1);
 const SLOT_BLOCK_MASK: u64 = SLOT_INDIRECT_BIT - 1;
+// fingerprint 8 | length 8 | tag 6 | pointer 42 (indirect 1 | block / 64 41) = 64 bits; the
+// block field addresses every 64 B unit of a region (below 2^47 B); the length field holds
+// every block size.
+const _: () = assert!(8 + 8 + SLOT_TAG_BITS + SLOT_POINTER_BITS == 64);
+const _: () = assert!((SLOT_BLOCK_MASK + 1) * BLOCK_UNIT_BYTES == REGION_LIMIT_BYTES);
+const _: () = assert!(MAX_BLOCK_UNITS <= 0xFF);
 
 /// A slot, the unit of CAS. All zero is empty; a used slot always has length >= 1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -419,16 +528,23 @@ pub struct Slot {
 }
 
 impl Slot {
-    /// The slot as its word.
+    /// The slot word. Paired with [`Self::decode`]: a word this writes decodes to the same
+    /// slot (the tag cut to its 6 bits), never to None.
     pub fn encode(&self) -> u64 {
-        debug_assert!(self.units >= 1);
-        debug_assert_eq!(self.block % BLOCK_UNIT_BYTES, 0);
-        debug_assert!(self.block >> 6 <= SLOT_BLOCK_MASK);
-        (u64::from(self.fingerprint) << 56)
+        assert!(self.units >= 1, "a used slot has a length (block at {:#x})", self.block);
+        assert_eq!(self.block % BLOCK_UNIT_BYTES, 0, "block {:#x} is not 64 B aligned", self.block);
+        assert!(self.block >> 6 <= SLOT_BLOCK_MASK, "block {:#x} past the slot's pointer field", self.block);
+        let word = (u64::from(self.fingerprint) << 56)
             | (u64::from(self.units) << 48)
             | (u64::from(self.tag & ((1 << SLOT_TAG_BITS) - 1)) << SLOT_POINTER_BITS)
             | if self.indirect { SLOT_INDIRECT_BIT } else { 0 }
-            | (self.block >> 6)
+            | (self.block >> 6);
+        debug_assert_eq!(
+            Self::decode(word),
+            Some(Slot { tag: self.tag & ((1 << SLOT_TAG_BITS) - 1), ..*self }),
+            "slot word {word:#x} does not decode to the slot encoded"
+        );
+        word
     }
 
     /// None for an empty slot (or one with a zero length, which no writer produces).
@@ -551,6 +667,18 @@ impl Extent {
     /// Bytes the extent occupies in the heap (the value rounded up to 64 B units).
     pub fn bytes(&self) -> u64 {
         extent_bytes(self.value_len)
+    }
+
+    /// What [`Self::decode`] checks of a descriptor, asserted of one about to be written.
+    fn assert_decodable(&self) {
+        assert!(
+            self.offset.is_multiple_of(BLOCK_UNIT_BYTES)
+                && self.value_len <= MAX_VALUE_BYTES
+                && self.offset.checked_add(self.bytes()).is_some(),
+            "extent descriptor ({:#x}, {} B) would not decode",
+            self.offset,
+            self.value_len
+        );
     }
 
     fn encode(&self) -> [u8; EXTENT_DESCRIPTOR_BYTES] {
@@ -693,19 +821,27 @@ pub fn encode_block(out: &mut Vec<u8>, key: &[u8], value: &[u8], expires_at_ms: 
 /// Writes an indirect block for `key` whose value is in `extent` (see [`encode_block`]).
 pub fn encode_indirect_block(out: &mut Vec<u8>, key: &[u8], extent: &Extent, expires_at_ms: Option<u64>) -> u8 {
     assert!(key.len() <= MAX_INLINE_KEY_BYTES, "a long key goes in an extent");
+    extent.assert_decodable();
     encode_block_with(out, key, &extent.encode(), expires_at_ms, BLOCK_FLAG_INDIRECT)
 }
 
 /// Writes a long-key block: the key is in `long_key`'s extent, the value in `extent`.
 pub fn encode_long_key_block(out: &mut Vec<u8>, long_key: &LongKey, extent: &Extent, expires_at_ms: Option<u64>) -> u8 {
     assert!(long_key.extent.value_len > MAX_INLINE_KEY_BYTES as u64, "a short key stays in its block");
+    assert!(long_key.extent.value_len <= MAX_KEY_BYTES as u64, "a key of {} B", long_key.extent.value_len);
+    long_key.extent.assert_decodable();
+    extent.assert_decodable();
     let flags = BLOCK_FLAG_INDIRECT | BLOCK_FLAG_LONG_KEY;
     encode_block_with(out, &long_key.encode(), &extent.encode(), expires_at_ms, flags)
 }
 
 fn encode_block_with(out: &mut Vec<u8>, key: &[u8], value: &[u8], expires_at_ms: Option<u64>, flags: u16) -> u8 {
     let units = block_units_for(key.len(), value.len(), expires_at_ms.is_some()).expect("caller checked the size");
-    assert!(!key.is_empty() && key.len() <= u16::MAX as usize);
+    assert!(!key.is_empty() && key.len() <= u16::MAX as usize, "a block's key of {} B", key.len());
+    // What `decode_block` requires of a block, asserted where one is written.
+    assert!(units >= 1 && u64::from(units) <= MAX_BLOCK_UNITS, "a block of {units} units");
+    assert_eq!(flags & !(BLOCK_FLAG_INDIRECT | BLOCK_FLAG_LONG_KEY), 0, "block flags {flags:#x}: the expiry's is ours");
+    assert!(flags & BLOCK_FLAG_LONG_KEY == 0 || flags & BLOCK_FLAG_INDIRECT != 0, "a long key without an extent");
     out.clear();
     let flags = flags | if expires_at_ms.is_some() { BLOCK_FLAG_EXPIRES } else { 0 };
     let len_word = (key.len() as u64) | (u64::from(flags) << 16) | ((value.len() as u64) << 32);
@@ -719,6 +855,22 @@ fn encode_block_with(out: &mut Vec<u8>, key: &[u8], value: &[u8], expires_at_ms:
     let checksum = block_checksum(len_word, &out[BLOCK_HEADER_BYTES..]);
     out[8..16].copy_from_slice(&checksum.to_le_bytes());
     out.resize(units as usize * BLOCK_UNIT_BYTES as usize, 0);
+    // Paired with the read side: the block decodes to what was written. Debug only: it
+    // checksums the block a second time.
+    debug_assert!(
+        decode_block(out).is_some_and(|b| {
+            let key_ok = b.long_key.map_or(b.key == key, |long| long.encode()[..] == *key);
+            let value_ok = b.extent.map_or(b.value == value, |extent| extent.encode()[..] == *value);
+            key_ok
+                && value_ok
+                && b.expires_at_ms == expires_at_ms
+                && b.extent.is_some() == (flags & BLOCK_FLAG_INDIRECT != 0)
+                && b.long_key.is_some() == (flags & BLOCK_FLAG_LONG_KEY != 0)
+        }),
+        "an encoded block ({} B key, {} B value, flags {flags:#x}) does not decode to itself",
+        key.len(),
+        value.len()
+    );
     units
 }
 

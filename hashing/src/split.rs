@@ -137,14 +137,40 @@ enum Fate {
 }
 
 impl Job {
+    /// What every split's parameters satisfy, whoever made them (a request, checked against
+    /// the directory; a journal, checked by `recover`): the old subtable's keys end in
+    /// `suffix` at `depth` bits, and the split makes two halves at `depth + 1`.
+    fn assert_sane(&self, layout: &Layout) {
+        assert!(
+            self.depth < layout.max_global_depth && self.suffix <= depth_mask(self.depth),
+            "split of depth {} suffix {:#x} (max depth {})",
+            self.depth,
+            self.suffix,
+            layout.max_global_depth
+        );
+    }
+
     fn fate(&self, dir_hash: u64) -> Fate {
-        if dir_hash & depth_mask(self.depth) != self.suffix {
+        let fate = if dir_hash & depth_mask(self.depth) != self.suffix {
             Fate::Misplaced
         } else if (dir_hash >> self.depth) & 1 == 1 {
             Fate::Move
         } else {
             Fate::Stay
-        }
+        };
+        // Paired with the headers the split writes (`run`), which clients judge keys by: a
+        // key moved is one the new half admits, a key kept one the old half admits, and a
+        // misplaced key (invariant 6) neither. Debug only: it runs per slot.
+        debug_assert!({
+            let half = |suffix: u64| BucketHeader { local_depth: self.depth + 1, suffix: suffix as u32 };
+            let (old, new) = (half(self.suffix).admits(dir_hash), half(self.suffix | 1 << self.depth).admits(dir_hash));
+            match fate {
+                Fate::Move => new && !old,
+                Fate::Stay => old && !new,
+                Fate::Misplaced => !old && !new,
+            }
+        });
+        fate
     }
 }
 
@@ -202,6 +228,12 @@ impl Splitter {
         }
         let new = self.heap.alloc_subtable()?;
         let job = Job { old: entry.subtable, new, depth, suffix: req.dir_hash & depth_mask(depth) };
+        job.assert_sane(&self.layout);
+        // The heap's contract: a fresh subtable inside the heap.
+        assert!(
+            new >= self.layout.heap_offset && new + self.layout.subtable_bytes() <= self.layout.region_len,
+            "new subtable at {new:#x} outside the heap"
+        );
         // Journal: parameters first, the state word last.
         self.write_words(
             &mut b,
@@ -276,6 +308,8 @@ impl Splitter {
             self.conn.execute(b)?;
             next += n;
         }
+        // Every entry was copied before the depth that exposes the copies is raised.
+        assert_eq!(next, count, "doubled {next} of {count} directory entries");
         self.write_words(b, &[(sb::GLOBAL_DEPTH, u64::from(global_depth + 1))])?;
         METRICS.doublings.inc();
         Ok(())
@@ -287,16 +321,35 @@ impl Splitter {
         if global_depth <= job.depth {
             return Err(Error::Corrupt(format!("global depth {global_depth} not above the split depth {}", job.depth)));
         }
-        Ok((job.suffix..1u64 << global_depth).step_by(1 << job.depth).collect())
+        let indices: Vec<u64> = (job.suffix..1u64 << global_depth).step_by(1 << job.depth).collect();
+        // Exactly the entries whose low `depth` bits are the suffix: 2^(global - depth).
+        assert_eq!(indices.len() as u64, 1 << (global_depth - job.depth), "entries of a depth-{} subtable", job.depth);
+        debug_assert!(
+            indices.iter().all(|&i| i & depth_mask(job.depth) == job.suffix),
+            "an entry outside suffix {:#x}",
+            job.suffix
+        );
+        Ok(indices)
     }
 
     /// Runs (or re-runs) a split. Returns false if it stopped after `rounds` (tests only).
     fn run(&self, b: &mut Batch, job: Job, rounds: u64) -> Result<bool, Error> {
+        job.assert_sane(&self.layout);
         let buckets = self.layout.buckets_per_subtable();
         let new_header =
             BucketHeader { local_depth: job.depth + 1, suffix: (job.suffix | 1 << job.depth) as u32 }.encode();
         let old_before = BucketHeader { local_depth: job.depth, suffix: job.suffix as u32 }.encode();
         let old_after = BucketHeader { local_depth: job.depth + 1, suffix: job.suffix as u32 }.encode();
+        // The halves: both one deeper, suffixes the old one with the new bit clear (old) or
+        // set (new); and the claim CAS (invariant 1) really changes the header.
+        debug_assert!({
+            let (new, after) = (BucketHeader::decode(new_header), BucketHeader::decode(old_after));
+            new.local_depth == job.depth + 1
+                && after.local_depth == job.depth + 1
+                && u64::from(new.suffix) == job.suffix | 1 << job.depth
+                && u64::from(after.suffix) == job.suffix
+        });
+        assert_ne!(old_before, old_after, "claiming a bucket must change its header");
 
         // The new subtable's headers (its slots are zero, or hold copies from a crashed run).
         let headers: Vec<_> = (0..buckets).map(|i| (job.new + i * BUCKET_BYTES, new_header)).collect();
@@ -326,6 +379,8 @@ impl Splitter {
             first += n;
             round += 1;
         }
+        // Invariant 4: the directory is published last, after every bucket was split.
+        assert_eq!(first, buckets, "publishing a split after {first} of {buckets} buckets");
 
         // Publish: the halves at depth + 1, unlocked.
         let published: Vec<_> = indices
@@ -338,6 +393,12 @@ impl Splitter {
                 )
             })
             .collect();
+        // The entries that pointed at the old subtable, half to each half (debug: one pass).
+        debug_assert_eq!(
+            indices.iter().filter(|&&i| (i >> job.depth) & 1 == 1).count() * 2,
+            indices.len(),
+            "a split's entries not shared evenly between its halves"
+        );
         self.write_words(b, &published)?;
         Ok(true)
     }
@@ -356,6 +417,9 @@ impl Splitter {
         let mut reads = Vec::with_capacity(n as usize);
         for i in first..first + n {
             let bucket = job.old + i * BUCKET_BYTES;
+            // Invariants 1 and 8: each bucket's claim right before its read, bucket 0's the
+            // batch's first op.
+            assert_eq!(b.len() as u64, 2 * (i - first), "bucket {i}'s claim out of order");
             let cas = b.cas(bucket, old_before, old_after);
             reads.push((i, cas, b.read(bucket, BUCKET_BYTES as u32)));
         }
@@ -391,6 +455,8 @@ impl Splitter {
         for (k, &(i, j, word, slot)) in occupied.iter().enumerate() {
             let old_slot = slot_offset(job.old + i * BUCKET_BYTES, j);
             let new_slot = slot_offset(job.new + i * BUCKET_BYTES, j);
+            // Invariant 3: slot for slot.
+            debug_assert_eq!(old_slot - job.old, new_slot - job.new, "slot {j} of bucket {i} moves elsewhere");
             match decode_block(b.read_result(blocks[k])?) {
                 // Torn, or reused for a block its slot word was not written for.
                 None => slow.push((old_slot, new_slot)),
@@ -412,10 +478,14 @@ impl Splitter {
         b.clear();
         let mut cases = Vec::new();
         for &(old_slot, new_slot, word) in &moves {
+            // Invariant 2: the copy before the CAS that clears the old slot, in one batch;
+            // the word moved is the one judged (invariant 7), never an empty one.
+            debug_assert!(Slot::decode(word).is_some(), "moving empty word {word:#x} from {old_slot:#x}");
             b.write(new_slot, &word.to_le_bytes());
             cases.push((b.cas(old_slot, word, 0), old_slot, new_slot));
         }
         let rereads: Vec<_> = kept.iter().map(|&(old_slot, ..)| b.read(old_slot, 8)).collect();
+        assert!(b.len() <= MAX_BATCH_OPS, "round 3 of a split holds {} ops", b.len());
         self.conn.execute(b)?;
         for (cas, old_slot, new_slot) in cases {
             if b.cas_succeeded(cas)? {
@@ -463,6 +533,7 @@ impl Splitter {
                     return self.write_words(b, &[(new_slot, 0)]);
                 }
                 Fate::Move => {
+                    debug_assert_eq!(old_slot - job.old, new_slot - job.new, "invariant 3: slot for slot");
                     b.clear();
                     b.write(new_slot, &word.to_le_bytes());
                     let cas = b.cas(old_slot, word, 0);
@@ -478,5 +549,7 @@ impl Splitter {
     }
 }
 
-// Round 3 of a round issues up to two ops per slot.
+// Round 1 of a round issues two ops per bucket (claim, read), round 2 one per slot, round 3
+// up to two per slot.
+const _: () = assert!(BUCKETS_PER_ROUND as usize * 2 <= MAX_BATCH_OPS);
 const _: () = assert!(BUCKETS_PER_ROUND as usize * SLOTS_PER_BUCKET * 2 <= MAX_BATCH_OPS);

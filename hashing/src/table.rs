@@ -54,8 +54,8 @@ use crate::error::Error;
 use crate::hash::KeyHash;
 use crate::layout::{
     block_units_for, decode_block, encode_block, encode_indirect_block, encode_long_key_block, key_digest, sb,
-    value_checksum, Extent, Layout, LongKey, Slot, EXTENT_DESCRIPTOR_BYTES, LONG_KEY_DESCRIPTOR_BYTES,
-    MAX_INLINE_KEY_BYTES, MAX_KEY_BYTES, MAX_VALUE_BYTES,
+    value_checksum, Extent, Layout, LongKey, Slot, BLOCK_UNIT_BYTES, EXTENT_DESCRIPTOR_BYTES,
+    LONG_KEY_DESCRIPTOR_BYTES, MAX_BLOCK_UNITS, MAX_INLINE_KEY_BYTES, MAX_KEY_BYTES, MAX_VALUE_BYTES, SLOTS_PER_BUCKET,
 };
 use crate::probe::{Probe, ProbeReads};
 use crate::rpc::{self, method, SplitRequest};
@@ -310,6 +310,14 @@ const SAMPLE_EVERY_OPS: u64 = 16;
 /// Times a write starts over because the memnode restarted under it (each time its space
 /// from the old run is dropped; a stale prefetched chunk can cost one more).
 const MAX_RESTARTED_ATTEMPTS: u32 = 4;
+/// Fingerprint matches one probe can find: the slots of a key's four buckets.
+const MAX_CANDIDATES: usize = 4 * SLOTS_PER_BUCKET;
+
+// A block is read in one op; a `get_many` round's first batch (six READs a key) and one
+// probe's block reads fit a batch.
+const _: () = assert!(MAX_BLOCK_UNITS * BLOCK_UNIT_BYTES <= racekv_transport::MAX_OP_BYTES);
+const _: () = assert!(KEYS_PER_ROUND >= 1 && KEYS_PER_ROUND * 6 < racekv_transport::MAX_BATCH_OPS);
+const _: () = assert!(MAX_CANDIDATES == 28 && MAX_CANDIDATES < racekv_transport::MAX_BATCH_OPS);
 
 impl LocalMetrics {
     fn new() -> Self {
@@ -500,9 +508,9 @@ impl Table {
             batch: Batch::new(),
             block: Vec::with_capacity(256),
             value: Vec::new(),
-            cands: Vec::with_capacity(28),
+            cands: Vec::with_capacity(MAX_CANDIDATES),
             copies: Vec::with_capacity(4),
-            others: Vec::with_capacity(28),
+            others: Vec::with_capacity(MAX_CANDIDATES),
             round: RoundScratch::default(),
             probe_sent: s.stall.now(),
             tag: first_tag(),
@@ -612,6 +620,21 @@ enum BlockState {
     /// executed it (a lost answer, a timeout): it may be the key's value now, so it is
     /// neither reused nor retired (leaked, with its extent, until the memnode's next start).
     MaybeInSlot,
+}
+
+impl BlockState {
+    /// Moves to `to`, as only the write path's steps may: published (or maybe published)
+    /// from unpublished or unlinked; unlinked or taken over from in a slot. `MaybeInSlot`
+    /// and `RetiredByOther` are final.
+    fn advance(&mut self, to: BlockState) {
+        use BlockState::*;
+        let forward = matches!(
+            (*self, to),
+            (Unpublished | VisibleNotInSlot, InSlot | MaybeInSlot) | (InSlot, VisibleNotInSlot | RetiredByOther)
+        );
+        assert!(forward, "a new block's state went from {self:?} to {to:?}");
+        *self = to;
+    }
 }
 
 /// Whether a failed batch may still have been carried out.
@@ -850,6 +873,7 @@ impl TableClient {
                 continue;
             }
             probe.candidates(hash.fingerprint, &mut self.cands);
+            assert!(self.cands.len() <= MAX_CANDIDATES, "{} candidates in 4 buckets", self.cands.len());
             r.wanted.extend(self.cands.iter().map(|&(slot, word)| (i, slot, word)));
         }
         if r.wanted.is_empty() {
@@ -1115,7 +1139,7 @@ impl TableClient {
         let result = self.execute();
         if let Err(e) = &result {
             if publishes && may_have_executed(e) {
-                *state = BlockState::MaybeInSlot;
+                state.advance(BlockState::MaybeInSlot);
             }
         }
         result
@@ -1175,6 +1199,15 @@ impl TableClient {
     fn probe(&mut self, hash: &KeyHash, subtable: u64, write: Option<&NewBlock>) -> Result<Probe, Error> {
         self.batch.clear();
         if let Some(new) = write {
+            // The bytes going out are the new block's, as encoded (`new_block`).
+            assert_eq!(
+                self.block.len() as u64,
+                u64::from(new.units) * BLOCK_UNIT_BYTES,
+                "writing {} B for a block of {} units at {:#x}",
+                self.block.len(),
+                new.units,
+                new.block
+            );
             self.batch.write(new.block, &self.block);
         }
         self.queue_count();
@@ -1198,8 +1231,9 @@ impl TableClient {
         if self.cands.is_empty() {
             return Ok(Verified::Done);
         }
+        assert!(self.cands.len() <= MAX_CANDIDATES, "{} candidates in 4 buckets", self.cands.len());
         self.batch.clear();
-        let mut reads: [Option<ReadId>; 28] = [None; 28];
+        let mut reads: [Option<ReadId>; MAX_CANDIDATES] = [None; MAX_CANDIDATES];
         for (i, &(_, word)) in self.cands.iter().enumerate() {
             let slot = Slot::decode(word).expect("candidates are used slots");
             reads[i] = Some(self.batch.read(slot.block, slot.block_bytes() as u32));
@@ -1377,7 +1411,20 @@ impl TableClient {
 
     fn next_word(&mut self, hash: &KeyHash, block: u64, units: u8, indirect: bool) -> u64 {
         self.tag = self.tag.wrapping_add(1);
-        Slot { fingerprint: hash.fingerprint, units, tag: self.tag, block, indirect }.encode()
+        let word = Slot { fingerprint: hash.fingerprint, units, tag: self.tag, block, indirect }.encode();
+        // The word a reader will follow names the block we wrote; and (debug only: it
+        // checksums the block again) readers (`verify`, splits, scans) accept the block as
+        // the one the word was written for.
+        let slot = Slot::decode(word).expect("an encoded slot is used");
+        assert!(
+            slot.block == block && slot.units == units && slot.indirect == indirect && word != 0,
+            "slot word {word:#x} does not name block {block:#x} ({units} units)"
+        );
+        debug_assert!(
+            decode_block(&self.block).is_some_and(|b| slot.fits_block(&b)),
+            "the block encoded for word {word:#x} does not fit it"
+        );
+        word
     }
 
     /// Adds the pending item-count change to the batch being built (one FAA; nothing when
@@ -1409,6 +1456,8 @@ impl TableClient {
             return Ok(0);
         }
         self.batch.clear();
+        // Words from this client's own filters (candidates, used slots): a CAS expects a used slot.
+        debug_assert!(copies.iter().all(|&(_, word)| Slot::decode(word).is_some()), "removing an empty slot word");
         let ids: Vec<_> = copies.iter().map(|&(slot, word)| self.batch.cas(slot, word, 0)).collect();
         self.execute()?;
         let mut removed = 0;
@@ -1421,6 +1470,8 @@ impl TableClient {
         Ok(removed)
     }
 
+    /// Retires the block of `word`, which a CAS of this client just swung away (the callers
+    /// retire only after `cas_succeeded`); the allocator asserts a block is retired once.
     fn retire_word(&mut self, word: u64) {
         let slot = Slot::decode(word).expect("a used slot");
         self.retire_slot(&slot, self.batch.executed_instance());
@@ -1576,7 +1627,8 @@ impl TableClient {
         let expires = expires_at_ms.is_some();
         if let Some(units) = block_units_for(key.len(), value.len(), expires) {
             let block = self.alloc.alloc(units)?;
-            encode_block(&mut self.block, key, value, expires_at_ms);
+            let encoded = encode_block(&mut self.block, key, value, expires_at_ms);
+            assert_eq!(encoded, units, "a block sized {units} units encoded to {encoded}");
             let word = self.next_word(hash, block, units, false);
             return Ok(Some(NewBlock { block, units, extent: None, long_key: None, expires_at_ms, word }));
         }
@@ -1596,10 +1648,11 @@ impl TableClient {
                 return Err(e);
             }
         };
-        match &long_key {
+        let encoded = match &long_key {
             Some(long_key) => encode_long_key_block(&mut self.block, long_key, &extent, expires_at_ms),
             None => encode_indirect_block(&mut self.block, key, &extent, expires_at_ms),
         };
+        assert_eq!(encoded, units, "an indirect block sized {units} units encoded to {encoded}");
         let word = self.next_word(hash, block, units, true);
         Ok(Some(NewBlock { block, units, extent: Some(extent), long_key, expires_at_ms, word }))
     }
@@ -1641,6 +1694,7 @@ impl TableClient {
         // The block is space of the run that handed it out: write it, and put it in a
         // slot, only there (see `alloc::Chunk`).
         let run = new.map(|_| self.alloc.instance().expect("an allocated block belongs to a run"));
+        assert_eq!(new.is_some(), value.is_some(), "a new block exactly for a write with a value");
         self.batch.require_instance(run);
         let mut state = BlockState::Unpublished;
         let result = self.mutate_loop(key, &hash, new.as_ref(), keep, cond, &mut state);
@@ -1730,7 +1784,7 @@ impl TableClient {
                 match self.replace(new, state)? {
                     Some(outcome) => {
                         if new.is_some() {
-                            *state = BlockState::InSlot;
+                            state.advance(BlockState::InSlot);
                         }
                         if live {
                             return Ok(Step::Done(outcome));
@@ -1766,6 +1820,9 @@ impl TableClient {
     /// one batch. None when the canonical CAS lost a race.
     fn replace(&mut self, new: Option<&NewBlock>, state: &mut BlockState) -> Result<Option<PutOutcome>, Error> {
         let canonical = self.copies[0];
+        // Copies come from `candidates` (used slots only), lowest slot first.
+        debug_assert!(self.copies.windows(2).all(|w| w[0].slot < w[1].slot), "copies out of slot order");
+        assert!(Slot::decode(canonical.word).is_some(), "a CAS expecting empty slot word {:#x}", canonical.word);
         if self.copies.len() > 1 && !self.still_holds(canonical.slot, canonical.word)? {
             // The copies came from one bucket read, which is not a snapshot: the canonical
             // copy may be long gone and a "duplicate" a later insert. Look again.
@@ -1819,6 +1876,11 @@ impl TableClient {
         // is acknowledged (a lost CAS takes it back with the next batch).
         self.count_delta += 1;
         self.queue_count();
+        assert!(
+            new.word != 0 && Slot::decode(new.word).is_some_and(|s| s.block == new.block),
+            "new word {:#x}",
+            new.word
+        );
         let cas = self.batch.cas(free, 0, new.word);
         let reads = ProbeReads::queue(&mut self.batch, cbs);
         self.execute_publishing(true, state)?;
@@ -1828,7 +1890,7 @@ impl TableClient {
             self.metrics.cas_failures.inc();
             return Ok(None);
         }
-        *state = BlockState::InSlot;
+        state.advance(BlockState::InSlot);
         let after = reads.parse(&self.batch)?;
         if !after.admits_slot(free, hash.dir) {
             // A split re-assigned the bucket; the key belongs elsewhere now.
@@ -1836,7 +1898,7 @@ impl TableClient {
             let undo = self.batch.cas(free, new.word, 0);
             self.execute()?;
             if self.batch.cas_succeeded(undo)? {
-                *state = BlockState::VisibleNotInSlot;
+                state.advance(BlockState::VisibleNotInSlot);
                 self.count_delta -= 1;
                 self.refresh(hash)?;
                 return Ok(None);
@@ -1854,6 +1916,7 @@ impl TableClient {
         let known = std::mem::take(&mut self.others);
         after.candidates(hash.fingerprint, &mut self.cands);
         self.cands.retain(|&(slot, word)| slot != free && !known.contains(&(slot, word)));
+        assert!(self.cands.len() < MAX_CANDIDATES, "{} other candidates beside ours", self.cands.len());
         self.others = known;
         if self.cands.is_empty() {
             return Ok(Some(PutOutcome::Inserted));
@@ -1883,9 +1946,9 @@ impl TableClient {
         self.execute()?;
         if self.batch.cas_succeeded(undo)? {
             self.count_delta -= 1;
-            *state = BlockState::VisibleNotInSlot;
+            state.advance(BlockState::VisibleNotInSlot);
         } else {
-            *state = BlockState::RetiredByOther;
+            state.advance(BlockState::RetiredByOther);
         }
         Ok(Some(match cond {
             Cond::Absent | Cond::Equals(None) => PutOutcome::NotApplied,

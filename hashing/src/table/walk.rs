@@ -177,7 +177,13 @@ impl TableClient {
                 }
             }
         }
-        Ok(Run { header, used, sent, end: (first + n) * SLOTS_PER_BUCKET as u64 })
+        let end = (first + n) * SLOTS_PER_BUCKET as u64;
+        // The run's slots, in index order, none past its end (debug: one pass over them).
+        debug_assert!(
+            used.windows(2).all(|w| w[0].0 < w[1].0) && used.last().is_none_or(|u| u.0 < end),
+            "a run's used slots out of order or past slot {end}"
+        );
+        Ok(Run { header, used, sent, end })
     }
 
     /// The run of buckets at `cursor` (`wanted_slots` of them at most, at least one), if its
@@ -194,6 +200,7 @@ impl TableClient {
         let buckets = layout.buckets_per_subtable();
         let first = (cursor.slot / SLOTS_PER_BUCKET as u64).min(buckets - 1);
         let n = wanted_slots.div_ceil(SLOTS_PER_BUCKET as u64).clamp(1, SCAN_CHUNK_BUCKETS).min(buckets - first);
+        assert!(n >= 1 && first + n <= buckets, "a run of {n} buckets from {first} in a subtable of {buckets}");
         let run = self.read_run(cached.entry.subtable, first, n)?;
         let vouches = run.header.is_some_and(|h| h.local_depth <= layout.max_global_depth && h.admits(bits));
         if !vouches {
@@ -216,7 +223,16 @@ impl TableClient {
     fn advance(&self, cursor: TableCursor, run: &Run, outcome: Outcome) -> TableCursor {
         let total = self.shared.layout.slots_per_subtable();
         match outcome {
-            Outcome::CutAt(index) => TableCursor { slot: index, ..cursor },
+            // A cut is at a slot the step looked at: the cursor never moves back.
+            Outcome::CutAt(index) => {
+                assert!(
+                    index >= cursor.slot && index < run.end,
+                    "cut at slot {index}, outside [{}, {})",
+                    cursor.slot,
+                    run.end
+                );
+                TableCursor { slot: index, ..cursor }
+            }
             Outcome::Whole if run.end >= total => {
                 cursor.after_subtable(run.header.expect("a run that vouches has a header").local_depth)
             }
@@ -353,6 +369,8 @@ impl TableClient {
             let cands: Vec<(u64, u64, u64)> = run.used.iter().copied().filter(|&(i, _, _)| i >= cursor.slot).collect();
             self.batch.clear();
             self.queue_count();
+            // `run.used` holds used slots only: every CAS expects a used word (debug: per slot).
+            debug_assert!(cands.iter().all(|&(_, _, word)| Slot::decode(word).is_some()), "emptying an empty slot");
             let cases: Vec<_> = cands.iter().map(|&(_, slot_at, word)| self.batch.cas(slot_at, word, 0)).collect();
             if !cases.is_empty() {
                 self.execute()?;

@@ -79,8 +79,11 @@ pub(crate) fn serve_lane(carrier: &mut dyn ServerCarrier, cx: &LaneContext<'_>) 
             Ok(Received::Message) => {}
             Ok(Received::Renewal(stats)) => {
                 // Out of band: answered at once, not behind queued requests.
+                assert!(used <= allowed, "lane used {used} of {allowed} credits and went on");
                 let g = cx.scheduler.renew(cx.lane, stats, allowed - used);
+                assert!(g <= cx.scheduler.options().credits, "granted {g} credits at once");
                 allowed += u64::from(g);
+                debug_assert_eq!(cx.scheduler.lane_account(cx.lane).map(|a| a.0), Some(allowed), "grants out of step");
                 carrier.grant(g).map_err(|_| "io")?;
                 continue;
             }
@@ -114,6 +117,7 @@ pub(crate) fn serve_lane(carrier: &mut dyn ServerCarrier, cx: &LaneContext<'_>) 
                 rate: f64::from(m.header.rate_krps) * 1000.0,
             };
             let g = cx.scheduler.renew(cx.lane, stats, allowed - used);
+            assert!(g <= cx.scheduler.options().credits, "granted {g} credits at once");
             allowed += u64::from(g);
             grant = Some(g);
         }
@@ -143,6 +147,10 @@ pub(crate) fn serve_lane(carrier: &mut dyn ServerCarrier, cx: &LaneContext<'_>) 
             );
         }
         cx.scheduler.answered(cx.lane, count, started.elapsed());
+        // Paired with the scheduler's books: what this lane was granted (initial credits and
+        // every grant) and what it answered are what the scheduler recorded. Debug only: it
+        // takes the scheduler's lock once more per message.
+        debug_assert_eq!(cx.scheduler.lane_account(cx.lane), Some((allowed, used)), "credits out of step");
         let header = response_header(cx.key, tx, carrier.head(), first.then_some(grant).flatten());
         carrier.send(builder.finish(header)).map_err(|_| "io")?;
         tx += 1;

@@ -84,6 +84,23 @@ struct State {
     next_lane: u64,
 }
 
+impl State {
+    /// Debug builds: the totals are the sums over lanes and senders (a walk over all of
+    /// them, so only where lanes open, renew and close, not per message).
+    fn check(&self) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        let exposure: u64 = self.lanes.values().map(|l| l.granted - l.answered).sum();
+        assert_eq!(self.exposure, exposure, "exposure is not the lanes' granted minus answered");
+        let active = self.lanes.values().filter(|l| l.active).count();
+        assert_eq!(self.active, active, "active count is not the active lanes");
+        assert_eq!(self.senders.values().map(|s| s.active).sum::<usize>(), active, "senders' active lanes");
+        assert_eq!(self.senders.values().map(|s| s.lanes).sum::<usize>(), self.lanes.len(), "senders' lanes");
+        assert!(self.senders.values().all(|s| s.active <= s.lanes && s.lanes > 0), "a sender's active lanes");
+    }
+}
+
 /// The scheduler of one receiver (one region server).
 #[derive(Debug)]
 pub struct Scheduler {
@@ -128,6 +145,7 @@ impl Scheduler {
         state.senders.entry(sender).or_default().lanes += 1;
         METRICS.lanes.inc();
         let grant = self.decide(&mut state, id, None);
+        state.check();
         (LaneId(id), grant)
     }
 
@@ -135,7 +153,9 @@ impl Scheduler {
     /// `unused`: credits granted on the lane that the receiver has not yet seen requests for.
     pub fn renew(&self, lane: LaneId, stats: SenderStats, unused: u64) -> u32 {
         let mut state = self.state.lock();
-        self.decide(&mut state, lane.0, Some((stats, unused)))
+        let grant = self.decide(&mut state, lane.0, Some((stats, unused)));
+        state.check();
+        grant
     }
 
     /// Records `count` requests answered on `lane`, which took `busy` to serve.
@@ -150,8 +170,15 @@ impl Scheduler {
         if let Some(l) = state.lanes.get_mut(&lane.0) {
             let done = count.min(l.granted - l.answered);
             l.answered += done;
+            assert!(state.exposure >= done, "answering {done} requests of an exposure of {}", state.exposure);
             state.exposure -= done;
         }
+    }
+
+    /// What the scheduler has granted on `lane` and seen answered, in requests: the
+    /// receiver's own count of its credits pairs with it (debug builds).
+    pub(crate) fn lane_account(&self, lane: LaneId) -> Option<(u64, u64)> {
+        self.state.lock().lanes.get(&lane.0).map(|l| (l.granted, l.answered))
     }
 
     /// Forgets a lane (its connection ended).
@@ -159,7 +186,9 @@ impl Scheduler {
         let mut state = self.state.lock();
         let state = &mut *state;
         let Some(l) = state.lanes.remove(&lane.0) else { return };
-        state.exposure -= l.granted - l.answered;
+        let open = l.granted - l.answered;
+        assert!(state.exposure >= open, "closing a lane exposed to {open} requests of {}", state.exposure);
+        state.exposure -= open;
         if l.active {
             state.active -= 1;
             METRICS.active.dec();
@@ -171,6 +200,7 @@ impl Scheduler {
                 state.senders.remove(&l.sender);
             }
         }
+        state.check();
         METRICS.lanes.dec();
     }
 
@@ -247,9 +277,20 @@ impl Scheduler {
         }
         let grant = if may_be_active { grant } else { 0 };
         Self::set_active(state, lane, sender, grant > 0);
+        // Credits granted never exceed the budget: a grant at most C, the receiver's total
+        // exposure within `max_outstanding`; a lane's answers never outrun its grants.
+        assert!(grant <= credits, "granted {grant} credits, more than the {credits} of a window");
         let l = state.lanes.get_mut(&lane).expect("known lane");
         l.granted += grant;
+        assert!(l.answered <= l.granted, "lane {lane}: {} answered of {} granted", l.answered, l.granted);
+        assert_eq!(l.active, grant > 0, "lane {lane} active without a grant, or granted while inactive");
         state.exposure += grant;
+        assert!(
+            state.exposure <= self.options.max_outstanding,
+            "exposure {} past max_outstanding {}",
+            state.exposure,
+            self.options.max_outstanding
+        );
         if grant > 0 {
             METRICS.credits_granted.inc_by(grant);
         } else {

@@ -337,6 +337,7 @@ impl Sender {
         while have > 0 {
             match lane.credits.compare_exchange_weak(have, have - 1, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => {
+                    debug_assert!(have > 0, "took a credit from a lane holding {have}");
                     if lane.used.fetch_add(1, Ordering::Relaxed) + 1 >= lane.batch / 2 {
                         lane.renew_wanted.store(true, Ordering::Release);
                     }
@@ -587,7 +588,9 @@ impl Sender {
         {
             let mut refusal = lane.refusal.lock();
             if credits > 0 {
-                lane.credits.fetch_add(i64::from(credits), Ordering::AcqRel);
+                let before = lane.credits.fetch_add(i64::from(credits), Ordering::AcqRel);
+                // Only `take_credit` consumes, and only a credit that is there.
+                assert!(before >= 0, "lane {} held {before} credits", lane.index);
                 lane.active.store(true, Ordering::Release);
                 refusal.backoff = Duration::from_millis(1);
             } else {
