@@ -37,7 +37,7 @@ fn up_serves_redis_cli_and_the_cli_then_stops_on_ctrl_c() {
     assert_eq!(cli(&["get", "e"]), "f");
     assert_eq!(cli(&["get", "c"]), "d");
     let (ok, status) = racekv(&["status", "--computenode", &format!("127.0.0.1:{metrics}")]);
-    assert!(ok && status.contains("computenode: 1 worker"), "{status}");
+    assert!(ok && status.contains(&format!("computenode at 127.0.0.1:{metrics}: 1 worker")), "{status}");
     // Ctrl-C.
     let (clean, rest) = up.stop();
     assert!(clean, "racekv up did not exit cleanly: {rest}");

@@ -318,6 +318,11 @@ const MAX_CANDIDATES: usize = 4 * SLOTS_PER_BUCKET;
 const _: () = assert!(MAX_BLOCK_UNITS * BLOCK_UNIT_BYTES <= racekv_transport::MAX_OP_BYTES);
 const _: () = assert!(KEYS_PER_ROUND >= 1 && KEYS_PER_ROUND * 6 < racekv_transport::MAX_BATCH_OPS);
 const _: () = assert!(MAX_CANDIDATES == 28 && MAX_CANDIDATES < racekv_transport::MAX_BATCH_OPS);
+// A full batch of candidate block reads stays within a batch's bytes.
+const _: () = assert!(
+    racekv_transport::MAX_BATCH_OPS as u64 * crate::layout::MAX_BLOCK_UNITS * crate::layout::BLOCK_UNIT_BYTES
+        <= racekv_transport::MAX_BATCH_BYTES
+);
 
 impl LocalMetrics {
     fn new() -> Self {
@@ -874,6 +879,12 @@ impl TableClient {
             }
             probe.candidates(hash.fingerprint, &mut self.cands);
             assert!(self.cands.len() <= MAX_CANDIDATES, "{} candidates in 4 buckets", self.cands.len());
+            // The block reads go in one batch: a key whose candidates would overflow it
+            // (many fingerprint matches: crafted keys) takes the single-key path.
+            if r.wanted.len() + self.cands.len() > racekv_transport::MAX_BATCH_OPS {
+                slow.push(i);
+                continue;
+            }
             r.wanted.extend(self.cands.iter().map(|&(slot, word)| (i, slot, word)));
         }
         if r.wanted.is_empty() {

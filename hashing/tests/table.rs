@@ -895,3 +895,34 @@ mod short_lived_clients {
         }
     }
 }
+
+/// Keys crafted to share a fingerprint and both bucket choices: every lookup of one meets
+/// all the others' blocks as candidates. A `get_many` of 32 of them has more candidate
+/// reads than one batch takes; keys past the batch take the single-key way, and every
+/// value comes back right.
+#[test]
+fn get_many_of_keys_with_colliding_fingerprints_fits_its_batches() {
+    use racekv_hashing::hash::KeyHash;
+    let groups = 4;
+    let memnode = TestMemnode::start(Via::Local, 16 * MIB, groups);
+    let table = memnode.table(options(1));
+    let mut c = table.client(memnode.connect());
+    let target = KeyHash::of(b"collide:0", groups);
+    let keys: Vec<Vec<u8>> = (0u64..)
+        .map(|i| format!("collide:{i}").into_bytes())
+        .filter(|k| {
+            let h = KeyHash::of(k, groups);
+            h.fingerprint == target.fingerprint && h.choices == target.choices
+        })
+        .take(20)
+        .collect();
+    for key in &keys {
+        c.put(key, key).unwrap();
+    }
+    let wanted: Vec<&[u8]> = keys.iter().chain(&keys).map(|k| &k[..]).take(32).collect();
+    let got = c.get_many(&wanted).unwrap();
+    for (key, value) in wanted.iter().zip(&got) {
+        assert_eq!(value.as_deref(), Some(*key));
+    }
+    assert_eq!(c.get_many_in_order(&wanted).unwrap(), got);
+}
