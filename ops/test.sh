@@ -7,7 +7,7 @@
 # Steps: packages; rustfmt; no import cycle between source files; clippy (warnings are
 # errors); `cargo test --workspace`; the `rdma` build; the verbs suites (transport
 # conformance, table suite, end to end) in the Soft-RoCE VM; a real Prometheus scraping a
-# real memnode; each fuzz target for a while.
+# real memnode; the Kubernetes manifests rendered and validated; each fuzz target for a while.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -44,6 +44,9 @@ cargo clippy --workspace --all-targets --features rdma -- -D warnings
 
 step "Prometheus smoke test"
 ops/prometheus/smoke-test.sh
+
+step "Kubernetes manifests render and validate"
+deploy/kubernetes/validate.sh
 
 if [[ $quick -eq 1 ]]; then
     step "quick run: skipped the Soft-RoCE VM suite and fuzzing"
