@@ -7,7 +7,8 @@
 # Steps: packages; rustfmt; no import cycle between source files; clippy (warnings are
 # errors); `cargo test --workspace`; the `rdma` build; the verbs suites (transport
 # conformance, table suite, end to end) in the Soft-RoCE VM; a real Prometheus scraping a
-# real memnode; each fuzz target for a while.
+# real memnode; the operator's guide (docs/operations.md) run as written; each fuzz target
+# for a while.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -44,6 +45,9 @@ cargo clippy --workspace --all-targets --features rdma -- -D warnings
 
 step "Prometheus smoke test"
 ops/prometheus/smoke-test.sh
+
+step "the operator's guide runs"
+ops/docs/run-operations-guide.sh
 
 if [[ $quick -eq 1 ]]; then
     step "quick run: skipped the Soft-RoCE VM suite and fuzzing"
