@@ -88,6 +88,7 @@ fi
 # 2. Every covered-by reference names something that exists.
 bad=0
 covered=0
+missing=0
 while read -r line ref; do
     file=${ref%%::*}
     name=
@@ -95,7 +96,7 @@ while read -r line ref; do
     if [ ! -e "$root/$file" ]; then
         if [ -z "$name" ] && [[ " $pending " == *" $file "* ]]; then
             echo "warning: line $line: $file does not exist yet (being added on another branch)" >&2
-            covered=$((covered + 1))
+            missing=$((missing + 1))
             continue
         fi
         echo "line $line: covered by $ref: $file does not exist" >&2
@@ -145,4 +146,4 @@ if [ $status -ne 0 ]; then
     done
     exit 1
 fi
-echo "the operator's guide ran: $(grep -c '^__guide_block' "$work/guide.sh") blocks run, $covered covered by tests or CI scripts, in $(( $(date +%s) - started )) s"
+echo "the operator's guide ran: $(grep -c '^__guide_block' "$work/guide.sh") blocks run, $covered covered by tests or CI scripts ($missing by scripts not there yet), in $(( $(date +%s) - started )) s"
