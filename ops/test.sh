@@ -8,6 +8,9 @@
 # errors); `cargo test --workspace`; the `rdma` build; the verbs suites (transport
 # conformance, table suite, end to end) in the Soft-RoCE VM; a real Prometheus scraping a
 # real memnode; the Kubernetes manifests rendered and validated; each fuzz target for a while.
+
+# real memnode; the operator's guide (docs/operations.md) run as written; each fuzz target
+# for a while.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -47,6 +50,9 @@ ops/prometheus/smoke-test.sh
 
 step "Kubernetes manifests render and validate"
 deploy/kubernetes/validate.sh
+
+step "the operator's guide runs"
+ops/docs/run-operations-guide.sh
 
 if [[ $quick -eq 1 ]]; then
     step "quick run: skipped the Soft-RoCE VM suite and fuzzing"
