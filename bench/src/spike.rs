@@ -99,6 +99,9 @@ pub struct SpikeRun {
     pub pool_contended_ops: u64,
     /// Handles moved to a free connection.
     pub pool_moves: u64,
+    /// The sample interval the rates were taken over, in microseconds: `--sample-us`,
+    /// widened until the median sample after the trigger holds [`MIN_GETS_PER_SAMPLE`] GETs.
+    pub sample_us: u64,
     /// (ms since trigger, ops/s), one per sample.
     #[serde(skip)]
     pub series: Vec<(f64, f64)>,
@@ -117,8 +120,11 @@ pub struct SpikeReport {
     pub workers_after: usize,
     /// Connections in the computenode's pool.
     pub pool_connections: usize,
-    /// Sampling interval, in microseconds.
+    /// Sampling interval asked for, in microseconds (each run reports the one its rates
+    /// were taken over, widened where samples this short held too few GETs).
     pub sample_us: u64,
+    /// The widest interval a run's rates were taken over, in microseconds.
+    pub effective_sample_us: u64,
     /// Trials per mode.
     pub trials: u32,
     /// Medians over the trials.
@@ -211,7 +217,10 @@ pub fn run(args: &SpikeArgs) -> anyhow::Result<SpikeReport> {
         &args.plot,
         &format!(
             "racekv load spike: {} -> {} workers over {} (throughput every {} us)",
-            args.workers_before, args.workers_after, args.transport, args.sample_us
+            args.workers_before,
+            args.workers_after,
+            args.transport,
+            shown.iter().map(|r| r.sample_us).max().unwrap_or(args.sample_us)
         ),
         "ms since the trigger",
         "GET ops/s",
@@ -231,6 +240,7 @@ pub fn run(args: &SpikeArgs) -> anyhow::Result<SpikeReport> {
         workers_after: args.workers_after,
         pool_connections: pool_connections(args),
         sample_us: args.sample_us,
+        effective_sample_us: runs.iter().map(|r| r.sample_us).max().unwrap_or(args.sample_us),
         trials: args.trials.max(1),
         virtualized_bootstrap_ms: v,
         fresh_bootstrap_ms: f,
@@ -353,6 +363,11 @@ fn spike(args: &SpikeArgs, mode: Mode, node: &Arc<Computenode>, endpoint: &str) 
         std::thread::sleep(interval);
     }
     stop.store(true, Ordering::Relaxed);
+    // Rates from samples too short to hold a GET each say nothing: widen them (on 2 cores a
+    // 100 us sample after the trigger often sees none, the workers outnumbering the cores).
+    let per_bin = samples_per_bin(&samples, trigger);
+    let samples: Vec<(Instant, u64)> = samples.iter().step_by(per_bin).copied().collect();
+    let sample_us = args.sample_us * per_bin as u64;
     let since = |t: Instant| t.saturating_duration_since(trigger).as_secs_f64() * 1e3;
     let (mut woke, mut ready, mut first_ops) = (Vec::new(), Vec::new(), Vec::new());
     for (i, h) in handles.into_iter().enumerate() {
@@ -378,23 +393,23 @@ fn spike(args: &SpikeArgs, mode: Mode, node: &Arc<Computenode>, endpoint: &str) 
             (t * 1e3, (w[1].1 - w[0].1) as f64 / dt)
         })
         .collect();
-    let per_ms = (1000 / args.sample_us.max(1)).max(1) as usize;
+    let per_ms = (1000 / sample_us.max(1)).max(1) as usize;
     let after: Vec<(f64, f64)> = rates.iter().copied().filter(|p| p.0 >= 0.0).collect();
     let mut tail: Vec<f64> = after[after.len() / 2..].iter().map(|p| p.1).collect();
     tail.sort_by(|a, b| a.total_cmp(b));
     let plateau = tail[tail.len() / 2];
     anyhow::ensure!(
         plateau > 0.0,
-        "{} run: most {} us samples after the trigger saw no completed GET (the plateau's median is 0 ops/s); \
-         raise --sample-us for a rate this low",
+        "{} run: most {} us samples after the trigger saw no completed GET (the plateau's median is 0 ops/s) \
+         even widened to the whole run's quarter",
         mode.name(),
-        args.sample_us
+        sample_us
     );
     // The first moment from which the next 2 ms average at least 90% of the plateau.
     let hold = (2 * per_ms).min(after.len());
     let bootstrap_ms = (0..after.len().saturating_sub(hold))
         .find(|&i| after[i..i + hold].iter().map(|p| p.1).sum::<f64>() / hold as f64 >= 0.9 * plateau)
-        .map(|i| after[i].0 - args.sample_us as f64 / 1e3)
+        .map(|i| after[i].0 - sample_us as f64 / 1e3)
         .unwrap_or(f64::NAN)
         .max(0.0);
     let before: Vec<f64> = rates.iter().filter(|p| p.0 < 0.0).map(|p| p.1).collect();
@@ -409,6 +424,7 @@ fn spike(args: &SpikeArgs, mode: Mode, node: &Arc<Computenode>, endpoint: &str) 
         .collect();
     Ok(SpikeRun {
         mode: mode.name(),
+        sample_us,
         bootstrap_ms,
         plateau_ops_per_sec: plateau,
         before_ops_per_sec: before.iter().sum::<f64>() / before.len().max(1) as f64,
@@ -422,6 +438,26 @@ fn spike(args: &SpikeArgs, mode: Mode, node: &Arc<Computenode>, endpoint: &str) 
         pool_moves: moves_after - moves_before,
         series: smoothed,
     })
+}
+
+/// Completed GETs the median sample after the trigger should hold for rates to mean something.
+pub const MIN_GETS_PER_SAMPLE: u64 = 8;
+
+/// Raw samples per sample the rates are taken over: the fewest (a power of two, leaving at
+/// least 4 samples after the trigger) whose median count of completed GETs after the
+/// trigger reaches [`MIN_GETS_PER_SAMPLE`].
+fn samples_per_bin(samples: &[(Instant, u64)], trigger: Instant) -> usize {
+    let after: Vec<u64> = samples.iter().filter(|s| s.0 >= trigger).map(|s| s.1).collect();
+    let mut per_bin = 1;
+    while per_bin * 8 <= after.len() {
+        let mut counts: Vec<u64> = after.windows(per_bin + 1).step_by(per_bin).map(|w| w[per_bin] - w[0]).collect();
+        counts.sort_unstable();
+        if counts[counts.len() / 2] >= MIN_GETS_PER_SAMPLE {
+            break;
+        }
+        per_bin *= 2;
+    }
+    per_bin
 }
 
 fn sorted(mut v: Vec<f64>) -> Vec<f64> {
