@@ -7,7 +7,8 @@
 # Steps: packages; rustfmt; no import cycle between source files; clippy (warnings are
 # errors); `cargo test --workspace`; the `rdma` build; the verbs suites (transport
 # conformance, table suite, end to end) in the Soft-RoCE VM; a real Prometheus scraping a
-# real memnode; each fuzz target for a while.
+# real memnode; the container image, and a cluster from it driven by redis-cli; each fuzz
+# target for a while.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -44,6 +45,12 @@ cargo clippy --workspace --all-targets --features rdma -- -D warnings
 
 step "Prometheus smoke test"
 ops/prometheus/smoke-test.sh
+
+step "container image and a cluster from it"
+# The dev-profile binaries the steps above built (stripped in the image), a tag of its own,
+# removed again by the cluster test.
+ops/container/build.sh --profile debug --tag localhost/racekv:ci
+ops/container/cluster-test.sh --image localhost/racekv:ci --remove-image
 
 if [[ $quick -eq 1 ]]; then
     step "quick run: skipped the Soft-RoCE VM suite and fuzzing"
