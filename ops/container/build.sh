@@ -7,11 +7,13 @@
 # One image holding the three binaries (racekv, racekv-memnode, racekv-computenode) in
 # /usr/local/bin, exactly the shared libraries `ldd` lists for them plus the dynamic loader,
 # an /etc/passwd and /etc/group with the non-root user racekv (uid/gid 10001) it runs as,
-# a writable /tmp and /var/lib/racekv (the working directory, for data files). The entry
-# point is `racekv`; the daemons run with `--entrypoint /usr/local/bin/racekv-memnode` (or
-# -computenode). Binaries are built if needed (`cargo build --workspace --bins`, the same
-# command ops/prometheus/smoke-test.sh runs, so after `cargo test` it is a no-op in CI) and
-# copied with their debug info stripped (symbol names stay, for backtraces).
+# a writable /tmp and /var/lib/racekv (the working directory, for data files) and
+# XDG_RUNTIME_DIR=/run/racekv (the computenode's attach socket, so `podman exec NAME racekv
+# get KEY` attaches to the daemon of that container). The entry point is `racekv`; the
+# daemons run with `--entrypoint racekv-memnode` (or racekv-computenode). Binaries are
+# built if needed (`cargo build --workspace --bins`, the command ops/prometheus/smoke-test.sh
+# runs just before this in ops/test.sh, so there it rebuilds nothing) and copied with their
+# debug info stripped (symbol names stay, for backtraces).
 #
 # Needs root (buildah mounts the working container), buildah and podman (Debian packages,
 # ops/install-packages.sh), ldd and objcopy (binutils). Prints the image's size at the end.
@@ -28,7 +30,7 @@ while [[ $# -gt 0 ]]; do
     case $1 in
         --profile) profile=$2; shift 2 ;;
         --tag) tag=$2; shift 2 ;;
-        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
         *) echo "build.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -107,6 +109,7 @@ buildah config \
     --entrypoint '["/usr/local/bin/racekv"]' \
     --cmd '["--help"]' \
     --workingdir /var/lib/racekv \
+    --env PATH=/usr/local/bin \
     --env XDG_RUNTIME_DIR=/run/racekv \
     --port 6380 --port 7400 --port 7410 --port 9400 --port 9401 \
     --label "org.opencontainers.image.title=racekv" \
@@ -117,8 +120,15 @@ buildah config \
     --label "org.opencontainers.image.licenses=Apache-2.0" \
     --label "racekv.profile=$profile" \
     "$ctr"
+previous=$(podman image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)
 buildah commit --rm --quiet "$ctr" "$tag" > /dev/null
 ctr=""
+# The image the tag named before, unless something else still names or uses it.
+if [[ -n $previous && $previous != "$(podman image inspect --format '{{.Id}}' "$tag")" ]]; then
+    if [[ -z $(podman image inspect --format '{{join .RepoTags ""}}' "$previous" 2>/dev/null) ]]; then
+        podman rmi "$previous" > /dev/null 2>&1 || true
+    fi
+fi
 
 size=$(podman image inspect --format '{{.Size}}' "$tag")
 echo "build.sh: image $tag ($profile binaries of racekv $version, $(wc -l < "$work/libs") libraries):" \
