@@ -42,7 +42,7 @@ cleanup() {
     local rc=$?
     if [[ $rc -ne 0 ]]; then
         for c in "${containers[@]}"; do
-            podman logs --tail 20 "$c" 2>/dev/null | sed "s/^/[$c] /" >&2 || true
+            podman logs --tail 20 "$c" 2>&1 | sed "s/^/[$c] /" >&2 || true
         done
     fi
     for c in "${containers[@]}"; do podman rm -f -t 2 "$c" > /dev/null 2>&1 || true; done
