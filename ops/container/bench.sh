@@ -84,7 +84,7 @@ for (( i = 0; i < n_memnodes; i++ )); do
     direct_memnodes+=("tcp:127.0.0.1:$port")
 done
 for (( i = 0; i < n_memnodes; i++ )); do
-    for (( t = 0; t < 100; t++ )); do grep -q '^READY' "$work/memnode-$i.out" && break; sleep 0.1; done
+    for (( t = 0; t < 100; t++ )); do grep -qs '^READY' "$work/memnode-$i.out" && break; sleep 0.1; done
     grep -q '^READY' "$work/memnode-$i.out" || fail "direct memnode $i not ready: $(tail -5 "$work/memnode-$i.err")"
 done
 direct_port=16390
@@ -132,7 +132,7 @@ else
     ctr_port=$(podman port "$computenode" 6380/tcp | head -1 | sed 's/.*://')
 fi
 
-for (( i = 0; i < 100; i++ )); do grep -q '^READY' "$work/computenode.out" && break; sleep 0.1; done
+for (( i = 0; i < 100; i++ )); do grep -qs '^READY' "$work/computenode.out" && break; sleep 0.1; done
 grep -q '^READY' "$work/computenode.out" || fail "direct computenode not ready: $(tail -5 "$work/computenode.err")"
 
 # The same keys in both (redis-benchmark -r 100000 asks for key:000000000000..key:000000099999).
