@@ -28,9 +28,6 @@ done
 fail() { echo "container cluster test FAILED: $*" >&2; exit 1; }
 [[ $(id -u) -eq 0 ]] || fail "run as root"
 command -v redis-cli > /dev/null || fail "redis-cli missing (redis-tools)"
-racekv_fix_hybrid_cgroups
-podman image exists "$image" || fail "no image $image: run ops/container/build.sh first"
-
 uid=10001
 prefix=racekv-ct-$$
 net=$prefix-net
@@ -42,6 +39,7 @@ cleanup() {
     local rc=$?
     if [[ $rc -ne 0 ]]; then
         for c in "${containers[@]}"; do
+            podman container exists "$c" || continue
             podman logs --tail 20 "$c" 2>&1 | sed "s/^/[$c] /" >&2 || true
         done
     fi
@@ -52,6 +50,8 @@ cleanup() {
     exit "$rc"
 }
 trap cleanup EXIT
+racekv_fix_hybrid_cgroups
+podman image exists "$image" || fail "no image $image: run ops/container/build.sh first"
 
 # Secrets as files readable only by the image's user, mounted read-only (never in argv or
 # the environment): the memnodes' token and the Redis password.
