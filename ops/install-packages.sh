@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Installs the Debian packages racekv's tests need (run as root; a no-op when all are there):
 # the real servers and tools the tests drive (redis-server, redis-tools, prometheus), the
-# RDMA development libraries for the `rdma` build, and the Soft-RoCE VM's host tools; then
-# the Redis client libraries of ops/clients (Python and Node.js).
+# RDMA development libraries for the `rdma` build, the Soft-RoCE VM's host tools, and podman
+# and buildah for the container image and the cluster run from it (ops/container; netavark
+# and aardvark-dns let containers find each other by name, crun runs them; named because
+# they are only recommended); then the Redis client libraries of ops/clients (Python and
+# Node.js).
 set -euo pipefail
 
 packages=(
     redis-server redis-tools prometheus curl python3 ca-certificates fonts-dejavu-core
     libibverbs-dev librdmacm-dev libclang-dev pkg-config
     qemu-system-x86 debootstrap e2fsprogs
+    podman buildah crun netavark aardvark-dns iptables binutils
 )
 
 missing=()

@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
 # racekv's whole test run: what `.ci/run` runs and what the README calls "test it".
 #
-#   bash ops/test.sh           everything (about 30-40 minutes on 2 cores)
+#   bash ops/test.sh           everything (about 40-45 minutes on 2 cores)
 #   bash ops/test.sh --quick   skip the Soft-RoCE VM suite and fuzzing
 #
 # Steps: packages; rustfmt; no import cycle between source files; clippy (warnings are
-# errors); `cargo test --workspace`; the `rdma` build; the verbs suites (transport
-# conformance, table suite, end to end) in the Soft-RoCE VM; a real Prometheus scraping a
-# real memnode; the Kubernetes manifests rendered and validated; each fuzz target for a while.
-
-# real memnode; the operator's guide (docs/operations.md) run as written; each fuzz target
-# for a while.
+# errors); `cargo test --workspace`; the `rdma` build; a real Prometheus scraping a real
+# memnode and computenode under load; the Kubernetes manifests rendered and validated; the
+# operator's guide (docs/operations.md) run as written; the container image, and a cluster
+# from it driven by redis-cli; then (not with --quick) the verbs suites (transport
+# conformance, table suite, end to end) in the Soft-RoCE VM and each fuzz target for a while.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -53,6 +52,12 @@ deploy/kubernetes/validate.sh
 
 step "the operator's guide runs"
 ops/docs/run-operations-guide.sh
+
+step "container image and a cluster from it"
+# The dev-profile binaries the steps above built (stripped in the image), a tag of its own,
+# removed again by the cluster test.
+ops/container/build.sh --profile debug --tag localhost/racekv:ci
+ops/container/cluster-test.sh --image localhost/racekv:ci --remove-image
 
 if [[ $quick -eq 1 ]]; then
     step "quick run: skipped the Soft-RoCE VM suite and fuzzing"
