@@ -113,7 +113,7 @@ impl WorkQueue {
         }
     }
 
-    /// Whether a thread sleeps in [`WorkQueue::wait_for_work`] now.
+    /// Whether the autoscaler sleeps in `wait_for_work` now.
     pub fn sleeper_parked(&self) -> bool {
         self.asleep.load(Ordering::SeqCst)
     }
