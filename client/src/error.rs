@@ -4,29 +4,67 @@ use std::time::Duration;
 
 use racekv_hashing::Error as TableError;
 
+/// Why an operation failed, the same in attached and embedded mode.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
+    /// The key was empty (the table stores no empty keys).
     #[error("keys must not be empty")]
     EmptyKey,
+    /// The key or value exceeds the table's limit (all three in bytes; `max` is the limit exceeded).
     #[error("key of {key} B and value of {value} B are too large: this path carries at most {max} B per item")]
-    TooLarge { key: usize, value: usize, max: usize },
+    TooLarge {
+        /// Length of the key, in bytes.
+        key: usize,
+        /// Length of the value, in bytes.
+        value: usize,
+        /// The limit the item exceeds, in bytes (the key's or the value's).
+        max: usize,
+    },
+    /// The memnode (or the computenode) cannot be reached now; the operation may or may not
+    /// have been applied. Worth a retry.
     #[error("memnode {endpoint} is unavailable: {reason}")]
-    Unavailable { endpoint: String, reason: String },
+    Unavailable {
+        /// The memnode, or the computenode's socket, that failed.
+        endpoint: String,
+        /// What failed, as the transport said it.
+        reason: String,
+    },
+    /// The operation did not finish in time; it may or may not have been applied. Worth a retry.
     #[error("operation on memnode {endpoint} timed out after {after:?}")]
-    Timeout { endpoint: String, after: Duration },
+    Timeout {
+        /// The endpoint that did not answer.
+        endpoint: String,
+        /// How long the client waited.
+        after: Duration,
+    },
+    /// The memnode's region has no room for the item (heap or table full).
     #[error("memnode {endpoint} is out of space: {reason}")]
-    OutOfSpace { endpoint: String, reason: String },
+    OutOfSpace {
+        /// The memnode that is full.
+        endpoint: String,
+        /// Which of its limits was reached.
+        reason: String,
+    },
+    /// The client's settings are unusable (no memnodes, a bad endpoint or TLS setting).
     #[error("bad configuration: {0}")]
     Config(String),
+    /// The computenode's work queue is full and it refused the request. Worth a retry.
     #[error("the computenode is overloaded: {0}")]
     Overloaded(String),
     /// The user the client authenticated as may not do this (Redis' NOPERM).
     #[error("not allowed: {0}")]
     Denied(String),
+    /// The other side broke the protocol (a bad frame or reply); the connection is unusable.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// Any other failure of the table on a memnode (a corrupt region, a bug).
     #[error("memnode {endpoint}: {reason}")]
-    Internal { endpoint: String, reason: String },
+    Internal {
+        /// The memnode whose table failed.
+        endpoint: String,
+        /// The table's error.
+        reason: String,
+    },
 }
 
 impl ClientError {

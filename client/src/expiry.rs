@@ -12,9 +12,13 @@ use racekv_hashing::ExpiryUpdate;
 /// key without one). XX combines with GT or LT; NX with nothing; GT not with LT.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ExpireCondition {
+    /// Only if the key has no expiry.
     pub nx: bool,
+    /// Only if the key has an expiry.
     pub xx: bool,
+    /// Only if the new time is later than the current one.
     pub gt: bool,
+    /// Only if the new time is earlier than the current one (or there is none).
     pub lt: bool,
 }
 
@@ -60,7 +64,12 @@ impl ExpireCondition {
 pub enum ExpiryChange {
     /// Expire at `at_ms` when `condition` holds; a time not after now removes the key at
     /// once (as Redis' EXPIRE with a time in the past).
-    At { at_ms: u64, condition: ExpireCondition },
+    At {
+        /// The new expiry, in Unix milliseconds.
+        at_ms: u64,
+        /// When the change applies.
+        condition: ExpireCondition,
+    },
     /// Remove the key's expiry (Redis' PERSIST); applies only to a key that has one.
     Persist,
 }

@@ -59,6 +59,8 @@
 //! # Ok(()) }
 //! ```
 
+#![forbid(unsafe_code)]
+
 pub mod attach;
 mod attached;
 mod embedded;
@@ -335,6 +337,7 @@ pub struct Client {
 }
 
 impl Client {
+    /// Settings for a new client: attached to the local computenode unless told otherwise.
     pub fn builder() -> ClientBuilder {
         ClientBuilder::default()
     }

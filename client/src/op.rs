@@ -96,28 +96,44 @@ pub const SCAN_REPLY_HEADER_BYTES: usize = 4 + 8;
 /// What an application asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
+    /// The value of a key (a VALUE reply).
     Get(Vec<u8>),
+    /// Writes a value (a DONE reply: whether `mode` let it apply).
     Put {
+        /// The key.
         key: Vec<u8>,
+        /// The new value.
         value: Vec<u8>,
+        /// Upsert, insert only, or update only.
         mode: PutMode,
     },
+    /// Removes a key (a DONE reply: whether it existed).
     Delete(Vec<u8>),
+    /// Sets `key` to `new` if its value is `expected` (a DONE reply: whether it swapped).
     CompareAndSwap {
+        /// The key.
         key: Vec<u8>,
+        /// The value the key must hold (None: it must be absent).
         expected: Option<Vec<u8>>,
+        /// The value to set (None: remove the key).
         new: Option<Vec<u8>>,
     },
+    /// The values of many keys, in order (a VALUES reply).
     MultiGet(Vec<Vec<u8>>),
+    /// Writes many keys (an OK reply).
     MultiPut(Vec<(Vec<u8>, Vec<u8>)>),
+    /// The number of keys on every memnode (a COUNT reply).
     Len,
     /// Each memnode's endpoint and table statistics.
     Stats,
     /// About `count` keys from `cursor` on (0 starts a walk), in a reply of at most
     /// `max_bytes` bytes of keys (`Session::scan`).
     Scan {
+        /// Where the walk goes on (0: from the start).
         cursor: u64,
+        /// Keys wanted, about.
         count: u32,
+        /// Bytes of keys the reply may carry at most.
         max_bytes: u32,
     },
     /// One key, picked at random (a VALUE reply: the key, or none when there are none).
@@ -126,29 +142,41 @@ pub enum Request {
     DeleteAll,
     /// A put with a mode, an expiry, and optionally the old value back.
     PutOpts {
+        /// The key.
         key: Vec<u8>,
+        /// The new value.
         value: Vec<u8>,
+        /// Mode, expiry, and whether to return the old value.
         options: PutOptions,
     },
     /// The value and expiry of a key.
     GetItem(Vec<u8>),
     /// A change of a key's expiry (answered `Done`: whether it applied).
     Expire {
+        /// The key.
         key: Vec<u8>,
+        /// The change, with its condition.
         change: ExpiryChange,
     },
     /// Bytes `offset..offset + bytes.len()` of a request of `total` bytes sent in parts
     /// (answered COUNT of bytes received, or, for the last part, the request's reply).
     Part {
+        /// The upload's id (random, chosen by the client).
         id: u64,
+        /// The whole request's length, in bytes.
         total: u64,
+        /// Where this part's bytes start in the request.
         offset: u64,
+        /// This part's bytes.
         bytes: Vec<u8>,
     },
     /// Up to `max_len` bytes of a staged reply from `offset` on (answered PART).
     FetchPart {
+        /// The staged reply's id, from the STAGED reply.
         id: u64,
+        /// Where the wanted bytes start in the reply.
         offset: u64,
+        /// Bytes wanted at most.
         max_len: u32,
     },
 }
@@ -170,7 +198,9 @@ pub enum Reply {
     Stats(Vec<MemnodeStats>),
     /// SCAN: where the next call starts (0: the walk is over) and the keys.
     Keys {
+        /// Where the next call starts (0: the walk is over).
         cursor: u64,
+        /// The keys found.
         keys: Vec<Vec<u8>>,
     },
     /// PUT_OPTS.
@@ -180,18 +210,23 @@ pub enum Reply {
     /// The reply took more than one message: the computenode keeps its `total` bytes under
     /// `id` for FETCH_PART.
     Staged {
+        /// The id to fetch it by.
         id: u64,
+        /// The reply's length, in bytes.
         total: u64,
     },
     /// FETCH_PART's bytes.
     Part(Vec<u8>),
+    /// The request failed: its kind and a message.
     Error(ErrorKind, String),
 }
 
 /// One memnode's statistics as a computenode reports them.
 #[derive(Debug, Clone)]
 pub struct MemnodeStats {
+    /// The memnode, as the computenode reaches it.
     pub endpoint: String,
+    /// Its table's statistics, or why they could not be read.
     pub stats: Result<TableStats, (ErrorKind, String)>,
 }
 
@@ -220,19 +255,28 @@ impl Eq for MemnodeStats {}
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum ErrorKind {
+    /// [`ClientError::EmptyKey`].
     EmptyKey = 1,
+    /// [`ClientError::TooLarge`].
     TooLarge = 2,
+    /// [`ClientError::Unavailable`]: a memnode cannot be reached.
     Unavailable = 3,
+    /// [`ClientError::Timeout`].
     Timeout = 4,
+    /// [`ClientError::OutOfSpace`].
     OutOfSpace = 5,
+    /// [`ClientError::Protocol`] or [`ClientError::Config`]: a malformed or unusable request.
     BadRequest = 6,
+    /// [`ClientError::Internal`], and anything else that failed in the computenode.
     Internal = 7,
+    /// [`ClientError::Overloaded`]: the computenode's queue is full.
     Overloaded = 8,
     /// The user may not run this operation or touch this key (Redis' NOPERM).
     Denied = 9,
 }
 
 impl ErrorKind {
+    /// The kind a wire code stands for (None: an unknown code).
     pub fn from_code(code: u8) -> Option<Self> {
         Some(match code {
             1 => ErrorKind::EmptyKey,
@@ -626,6 +670,7 @@ impl Request {
         }
     }
 
+    /// Parses a whole request, checking every length (see the module documentation).
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         if bytes.len() > MAX_REQUEST_BYTES {
             return Err(bad(format!("request of {} bytes exceeds {MAX_REQUEST_BYTES}", bytes.len())));
@@ -709,6 +754,7 @@ const STAGED: u8 = 10;
 const PART_REPLY: u8 = 11;
 
 impl Reply {
+    /// Appends the reply's encoding to `out` (an error's message cut to 4096 bytes).
     pub fn encode(&self, out: &mut Vec<u8>) {
         match self {
             Reply::Error(kind, message) => {

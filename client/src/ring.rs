@@ -7,6 +7,8 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 pub const VIRTUAL_NODES: u32 = 160;
 const KEY_SEED: u64 = 0x52_41_43_45; // independent of the table's own key hash
 
+/// The consistent-hashing ring: [`VIRTUAL_NODES`] points per memnode, a key owned by the
+/// first point at or after its hash.
 #[derive(Debug, Clone)]
 pub struct Ring {
     /// (point, shard index), sorted by point.

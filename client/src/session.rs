@@ -34,6 +34,7 @@ pub fn random_seed() -> u64 {
 pub trait Shards: Send {
     /// Which memnode holds `key`.
     fn route(&self, key: &[u8]) -> usize;
+    /// How many memnodes there are (shards are `0..count`).
     fn count(&self) -> usize;
     /// A name for memnode `shard` in errors.
     fn label(&self, shard: usize) -> &str;
@@ -56,14 +57,17 @@ pub struct Session<S: Shards> {
 }
 
 impl<S: Shards> Session<S> {
+    /// A session over `shards`.
     pub fn new(shards: S) -> Self {
         Self { shards }
     }
 
+    /// The memnodes it runs on.
     pub fn shards(&self) -> &S {
         &self.shards
     }
 
+    /// The memnodes it runs on, to reconnect or reconfigure them.
     pub fn shards_mut(&mut self) -> &mut S {
         &mut self.shards
     }

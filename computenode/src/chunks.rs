@@ -15,6 +15,8 @@ struct State {
     stopping: bool,
 }
 
+/// A memnode's heap chunks, a few kept fetched ahead by a background thread; hands them to
+/// the table's allocators as a [`ChunkSource`].
 pub struct PrefetchingChunks {
     rpc: RpcChunkSource,
     target: usize,

@@ -48,10 +48,15 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
 /// What the cluster needs to know.
 #[derive(Debug, Clone)]
 pub struct ClusterOptions {
+    /// The memnodes' endpoints (`shm:/path`, `tcp:host:port`, `verbs:host:port`).
     pub memnodes: Vec<String>,
+    /// Token, timeout and TLS of every connection to a memnode.
     pub connect: ConnectOptions,
+    /// Connections set up to each memnode at start (the pool virtual connections share).
     pub connections_per_memnode: usize,
+    /// The table clients' grace period for freed blocks and their operation timeout.
     pub table: TableOptions,
+    /// When a busy virtual connection gets a dedicated connection of its own.
     pub upgrade: UpgradePolicy,
     /// Pre-initialized sessions kept ready for attach.
     pub ready_sessions: usize,
@@ -61,11 +66,17 @@ pub struct ClusterOptions {
 
 /// One memnode, as the daemon holds it.
 pub struct Memnode {
+    /// Its endpoint, as errors and metrics name it.
     pub label: String,
+    /// Its persistent node id (where keys hash to on the ring).
     pub node_id: u64,
+    /// Its region's layout, read at start.
     pub layout: Layout,
+    /// The connections to it that workers' virtual connections share.
     pub pool: Arc<Pool>,
+    /// Its table, shared by every session of the daemon.
     pub table: Table,
+    /// Its heap chunks, prefetched.
     pub chunks: Arc<PrefetchingChunks>,
 }
 
@@ -137,6 +148,7 @@ impl Cluster {
         Ok(cluster)
     }
 
+    /// The memnodes, in the order they were configured.
     pub fn memnodes(&self) -> &[Memnode] {
         &self.memnodes
     }
@@ -189,6 +201,7 @@ impl Cluster {
         self.ready.len()
     }
 
+    /// How long an operation on a memnode may take before it fails.
     pub fn timeout(&self) -> Duration {
         self.options.connect.timeout
     }

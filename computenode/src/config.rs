@@ -21,8 +21,11 @@ use racekv_redis::IoModel;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum RedisIo {
+    /// Event loops when every memnode is on shm, threads otherwise.
     Auto,
+    /// A blocking thread per connection.
     Threads,
+    /// A few event loops, each serving many connections.
     EventLoop,
 }
 
@@ -35,6 +38,8 @@ pub const DEV_TOKEN: &str = "racekv-dev-token";
 /// Most event loops `redis_event_loops` may ask for.
 pub const MAX_REDIS_EVENT_LOOPS: usize = 64;
 
+/// The compute node's settings: defaults, then the TOML file, then `RACEKV_COMPUTENODE_*`
+/// variables, then flags.
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ComputenodeConfig {
@@ -56,7 +61,9 @@ pub struct ComputenodeConfig {
     /// A virtual connection above this many operations per second gets a dedicated
     /// connection in the background (0 never upgrades).
     pub upgrade_ops_per_sec: u64,
+    /// Workers that run even when idle.
     pub min_workers: usize,
+    /// Most workers the autoscaler adds.
     pub max_workers: usize,
     /// Add workers when this many requests wait...
     pub scale_up_queue_depth: usize,
@@ -96,9 +103,11 @@ pub struct ComputenodeConfig {
     pub memnode_tls_ca_file: Option<PathBuf>,
     /// This computenode's certificate and key for memnodes that require client certificates.
     pub memnode_tls_cert_file: Option<PathBuf>,
+    /// The private key (PEM) of `memnode_tls_cert_file`.
     pub memnode_tls_key_file: Option<PathBuf>,
     /// The name the memnodes' certificates carry (default: each endpoint's host).
     pub memnode_tls_server_name: Option<String>,
+    /// Redis connections served at once; more are refused (Redis' `maxclients`).
     pub redis_max_clients: usize,
     /// How the Redis front end serves its connections: `threads` (a blocking thread per
     /// connection), `event_loop` (a few event loops, each serving many connections inline,
@@ -202,6 +211,8 @@ impl ComputenodeConfig {
         racekv_telemetry::load_config(file, "RACEKV_COMPUTENODE")
     }
 
+    /// Refuses settings that cannot work together (no memnodes, the dev token off loopback,
+    /// out-of-range limits), naming the setting.
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(!self.memnodes.is_empty(), "no memnodes configured");
         anyhow::ensure!(!self.token.is_empty(), "token must not be empty");
@@ -312,6 +323,7 @@ impl ComputenodeConfig {
         Ok(acl)
     }
 
+    /// The memnode side of these settings (reads the memnode TLS files).
     pub fn cluster_options(&self) -> anyhow::Result<ClusterOptions> {
         let timeout = Duration::from_millis(self.op_timeout_ms);
         let mut connect = racekv_transport::ConnectOptions::new(self.token.clone(), timeout);
@@ -332,6 +344,7 @@ impl ComputenodeConfig {
         })
     }
 
+    /// The worker autoscaler's side of these settings.
     pub fn scale_options(&self) -> ScaleOptions {
         ScaleOptions {
             min_workers: self.min_workers,

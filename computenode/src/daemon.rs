@@ -21,25 +21,42 @@ use racekv_transport::ServerTls;
 /// What `/status` and INFO report.
 #[derive(Debug, Clone, Serialize)]
 pub struct Status {
+    /// Each memnode, in configured order.
     pub memnodes: Vec<MemnodeStatus>,
+    /// Worker threads running now.
     pub workers: usize,
+    /// Requests waiting in the work queue.
     pub queue_depth: usize,
+    /// Pre-initialized sessions ready for attach.
     pub ready_sessions: usize,
+    /// The Redis front end's address (None: off).
     pub redis_addr: Option<String>,
+    /// The Redis TLS port's address (None: off).
     pub redis_tls_addr: Option<String>,
+    /// Redis connections open now (None: the front end is off).
     pub redis_clients: Option<usize>,
+    /// The remote front end's address (None: off).
     pub remote_addr: Option<String>,
+    /// The attach socket's path (None: off).
     pub attach_socket: Option<String>,
+    /// Processes attached now (None: the attach front end is off).
     pub attached_clients: Option<usize>,
 }
 
+/// One memnode in a [`Status`].
 #[derive(Debug, Clone, Serialize)]
 pub struct MemnodeStatus {
+    /// Its endpoint.
     pub endpoint: String,
+    /// Its persistent node id.
     pub node_id: u64,
+    /// Connections in its pool.
     pub connections: usize,
+    /// Of those, the ones that work now.
     pub healthy_connections: usize,
+    /// Heap chunks fetched ahead, ready for new sessions.
     pub prefetched_chunks: usize,
+    /// Size of its region, in bytes.
     pub region_bytes: u64,
 }
 
@@ -113,6 +130,8 @@ pub struct Computenode {
 }
 
 impl Computenode {
+    /// Connects to the memnodes, starts the workers and the configured front ends, and
+    /// serves /metrics if asked.
     pub fn start(config: ComputenodeConfig) -> anyhow::Result<Self> {
         config.validate()?;
         let acl = Arc::new(config.acl().context("loading the users (requirepass, aclfile)")?);
@@ -204,18 +223,22 @@ impl Computenode {
         &self.parts.staging
     }
 
+    /// The memnodes and the ready sessions.
     pub fn cluster(&self) -> &Arc<Cluster> {
         &self.parts.cluster
     }
 
+    /// What `/status` and INFO report, now.
     pub fn status(&self) -> Status {
         self.parts.status()
     }
 
+    /// The Redis front end's address, if it runs.
     pub fn redis_addr(&self) -> Option<SocketAddr> {
         self.parts.redis.lock().as_ref().map(|r| r.local_addr())
     }
 
+    /// Where its /metrics server listens, if it runs.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics.as_ref().map(|m| m.addr())
     }

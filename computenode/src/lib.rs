@@ -14,6 +14,8 @@
 //! * [`staging`]: requests and replies too large for one ring slot or RPC, in parts.
 //! * [`daemon`]: [`Computenode`], which ties it together; `racekv-computenode` runs it.
 
+#![forbid(unsafe_code)]
+
 pub mod access;
 pub mod attach;
 pub mod chunks;

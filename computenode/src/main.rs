@@ -1,6 +1,8 @@
 //! `racekv-computenode`: runs a compute node until SIGTERM or SIGINT; SIGHUP reloads the
 //! front ends' TLS certificate.
 
+#![forbid(unsafe_code)]
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 

@@ -135,10 +135,12 @@ impl Pool {
         }))
     }
 
+    /// The memnode these connections reach.
     pub fn endpoint(&self) -> &Endpoint {
         &self.endpoint
     }
 
+    /// Connections in the pool, healthy or not.
     pub fn size(&self) -> usize {
         self.slots.len()
     }
@@ -269,6 +271,7 @@ pub struct Upgrader {
 }
 
 impl Upgrader {
+    /// Starts the thread that builds the dedicated connections.
     pub fn start() -> std::io::Result<Self> {
         let (tx, rx) = crossbeam_channel::unbounded::<Weak<VirtualConnection>>();
         std::thread::Builder::new().name("vconn-upgrader".into()).spawn(move || {

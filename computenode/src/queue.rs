@@ -28,6 +28,7 @@ pub trait Submit: Send + Sync {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the computenode's work queue is full ({queued} requests waiting)")]
 pub struct Overloaded {
+    /// Requests waiting when it refused.
     pub queued: usize,
 }
 
@@ -80,6 +81,7 @@ pub struct WorkQueue {
 }
 
 impl WorkQueue {
+    /// An empty queue that holds `capacity` requests (at least one) before refusing.
     pub fn new(capacity: usize) -> Self {
         LazyLock::force(&METRICS);
         let (tx, rx) = crossbeam_channel::bounded(capacity.max(1));
@@ -111,7 +113,7 @@ impl WorkQueue {
         }
     }
 
-    /// Whether a thread sleeps in [`WorkQueue::wait_for_work`] now.
+    /// Whether the autoscaler sleeps in `wait_for_work` now.
     pub fn sleeper_parked(&self) -> bool {
         self.asleep.load(Ordering::SeqCst)
     }

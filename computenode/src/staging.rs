@@ -235,6 +235,7 @@ impl Staging {
         staging
     }
 
+    /// Its limits.
     pub fn options(&self) -> &StagingOptions {
         &self.options
     }

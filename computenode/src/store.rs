@@ -24,12 +24,14 @@ const SLOT_BYTES: u64 = 8;
 /// Extra INFO lines (the daemon's view: memnodes, workers, connections).
 pub type InfoFn = Arc<dyn Fn() -> String + Send + Sync>;
 
+/// The Redis front end's [`KvStore`] over the daemon's cluster: a session per connection.
 pub struct ClusterStore {
     cluster: Arc<Cluster>,
     info: InfoFn,
 }
 
 impl ClusterStore {
+    /// A store over `cluster`, adding `info`'s lines to INFO.
     pub fn new(cluster: Arc<Cluster>, info: InfoFn) -> Self {
         Self { cluster, info }
     }

@@ -19,7 +19,9 @@ use crate::queue::WorkQueue;
 /// When to add and retire workers.
 #[derive(Debug, Clone, Copy)]
 pub struct ScaleOptions {
+    /// Workers that run even when idle.
     pub min_workers: usize,
+    /// Most workers there may be.
     pub max_workers: usize,
     /// Add workers when this many requests wait...
     pub scale_up_depth: usize,
@@ -89,6 +91,7 @@ pub struct Workers {
 }
 
 impl Workers {
+    /// Starts `min_workers` workers on `queue` and the autoscaler that adds and retires more.
     pub fn start(queue: Arc<WorkQueue>, cluster: Arc<Cluster>, options: ScaleOptions) -> std::io::Result<Self> {
         LazyLock::force(&METRICS);
         assert!(options.min_workers <= options.max_workers && options.max_workers >= 1);
@@ -113,6 +116,7 @@ impl Workers {
         self.shared.live.load(Ordering::Relaxed)
     }
 
+    /// Stops the autoscaler and every worker, and waits for them.
     pub fn shutdown(&mut self) {
         self.shared.stopping.store(true, Ordering::Release);
         self.shared.queue.wake_sleeper();

@@ -169,6 +169,112 @@ fn open_region(cfg: &MemnodeConfig) -> anyhow::Result<(File, Option<nix::fcntl::
     Ok((file, Some(lock)))
 }
 
+/// The table a start found in the region or wrote into it.
+struct Opened {
+    layout: Layout,
+    node_id: u64,
+    /// What the reclaim of a reopened region found (None: a new table, or the reclaim failed).
+    start_reclaim: Option<StartReclaim>,
+}
+
+/// Reopens the table in the region (finishing a split the last run left in progress and
+/// reclaiming the heap space nothing references), or formats a new one. Nobody is connected yet.
+fn format_or_reopen(region: &Arc<Region>, config: &MemnodeConfig) -> anyhow::Result<Opened> {
+    let local = LocalConnection::new(Arc::clone(region), None);
+    if !is_formatted(&local)? {
+        let layout = Layout::for_region(config.region_bytes, config.groups_per_subtable, config.chunk_bytes)?;
+        let node_id = config.node_id.unwrap_or_else(random_node_id);
+        format(&local, &layout, node_id)?;
+        tracing::info!(
+            region_bytes = layout.region_len,
+            max_global_depth = layout.max_global_depth,
+            node_id,
+            "formatted a new table"
+        );
+        return Ok(Opened { layout, node_id, start_reclaim: None });
+    }
+    let layout = read_layout(&local)?;
+    let local: Arc<dyn Connection> = Arc::new(local);
+    let splitter = Splitter::new(Arc::clone(&local), layout, Arc::new(Heap::new(Arc::clone(&local), layout)));
+    if splitter.recover()? {
+        tracing::warn!("finished a split that the previous run left in progress");
+    }
+    let start_reclaim = reclaim_at_start(&*local, &layout, Duration::from_millis(config.reopen_fence_ms));
+    let node_id = read_node_id(&*local)?;
+    tracing::info!(region_bytes = layout.region_len, node_id, "reopened an existing table");
+    Ok(Opened { layout, node_id, start_reclaim })
+}
+
+/// The endpoints to listen on, one per configured transport (creating the shm socket's
+/// directory).
+fn listen_endpoints(config: &MemnodeConfig) -> anyhow::Result<Vec<Endpoint>> {
+    let mut listen = Vec::new();
+    if let Some(p) = &config.listen_shm {
+        if let Some(dir) = p.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        listen.push(Endpoint::Shm(p.clone()));
+    }
+    if let Some(a) = &config.listen_tcp {
+        listen.push(Endpoint::Tcp(a.clone()));
+    }
+    if let Some(a) = &config.listen_verbs {
+        listen.push(Endpoint::Verbs(a.clone()));
+    }
+    Ok(listen)
+}
+
+/// The region server's options: token, TLS (loaded here when configured), connection limits
+/// and the FLOCK scheduler's.
+fn server_options(config: &MemnodeConfig) -> anyhow::Result<ServerOptions> {
+    let tls = match config.tls_files() {
+        Some(files) => {
+            let tls = ServerTls::load(files).context("loading the TLS certificate and key")?;
+            let f = tls.files();
+            tracing::info!(cert = %f.cert_file.display(), client_certificates = ?f.auth_clients, "the tcp listener speaks TLS");
+            Some(tls)
+        }
+        None => None,
+    };
+    Ok(ServerOptions {
+        token: config.token.clone(),
+        credentials: None,
+        tls,
+        max_connections: config.max_connections,
+        io_timeout: Duration::from_millis(config.io_timeout_ms),
+        flock: racekv_transport::flock::SchedulerOptions {
+            credits: config.rpc_credits,
+            max_active: config.rpc_max_active_lanes,
+            max_outstanding: config.rpc_max_outstanding,
+            max_queue_delay: Duration::from_millis(config.rpc_max_queue_delay_ms),
+        },
+    })
+}
+
+/// The connection the table service works on the region through: a loopback of the
+/// clients' transport (verbs first, then shm, then whatever listens).
+fn connect_loopback(
+    server: &RegionServer,
+    region: &Arc<Region>,
+    config: &MemnodeConfig,
+) -> anyhow::Result<Arc<dyn Connection>> {
+    let loopback_endpoint = server
+        .endpoints()
+        .iter()
+        .find(|e| matches!(e, Endpoint::Verbs(_)))
+        .or_else(|| server.endpoints().iter().find(|e| matches!(e, Endpoint::Shm(_))))
+        .or_else(|| server.endpoints().first())
+        .expect("at least one listener")
+        .clone();
+    if matches!(loopback_endpoint, Endpoint::Tcp(_)) && server.tls().is_some() {
+        // A TLS-only tcp listener would need a client certificate and CA for ourselves;
+        // the software NIC applies batches with the same CPU atomics as this.
+        return Ok(Arc::new(LocalConnection::new(Arc::clone(region), None)));
+    }
+    racekv_transport::connect(&loopback_endpoint, &ConnectOptions::new(config.token.clone(), Duration::from_secs(30)))
+        .with_context(|| format!("connecting the loopback to {loopback_endpoint}"))
+}
+
 impl Memnode {
     /// Maps, formats or reopens the region and serves it as `config` says.
     pub fn start(config: MemnodeConfig) -> anyhow::Result<Self> {
@@ -181,36 +287,12 @@ impl Memnode {
         GAUGES.region_bytes.set(config.region_bytes as i64); // also registers every gauge
 
         // Format or reopen, before anyone can connect.
-        let local = LocalConnection::new(Arc::clone(&region), None);
-        let mut found_fragments = Vec::new();
-        let mut found_extents = Vec::new();
-        let mut start_reclaim = None;
-        let (layout, node_id) = if is_formatted(&local)? {
-            let layout = read_layout(&local)?;
-            let local: Arc<dyn Connection> = Arc::new(local);
-            let splitter = Splitter::new(Arc::clone(&local), layout, Arc::new(Heap::new(Arc::clone(&local), layout)));
-            if splitter.recover()? {
-                tracing::warn!("finished a split that the previous run left in progress");
+        let Opened { layout, node_id, mut start_reclaim } = format_or_reopen(&region, &config)?;
+        let (found_fragments, found_extents) = match &mut start_reclaim {
+            Some(found) => {
+                (std::mem::take(&mut found.reclaimed.fragments), std::mem::take(&mut found.reclaimed.extents))
             }
-            start_reclaim = reclaim_at_start(&*local, &layout, Duration::from_millis(config.reopen_fence_ms));
-            if let Some(found) = &mut start_reclaim {
-                found_fragments = std::mem::take(&mut found.reclaimed.fragments);
-                found_extents = std::mem::take(&mut found.reclaimed.extents);
-            }
-            let node_id = read_node_id(&*local)?;
-            tracing::info!(region_bytes = layout.region_len, node_id, "reopened an existing table");
-            (layout, node_id)
-        } else {
-            let layout = Layout::for_region(config.region_bytes, config.groups_per_subtable, config.chunk_bytes)?;
-            let node_id = config.node_id.unwrap_or_else(random_node_id);
-            format(&local, &layout, node_id)?;
-            tracing::info!(
-                region_bytes = layout.region_len,
-                max_global_depth = layout.max_global_depth,
-                node_id,
-                "formatted a new table"
-            );
-            (layout, node_id)
+            None => (Vec::new(), Vec::new()),
         };
 
         // Before anyone connects: every client of this run waits at least this long.
@@ -220,65 +302,16 @@ impl Memnode {
         )
         .context("publishing the grace period")?;
         let service = Arc::new(TableService::new(layout, node_id));
-        let mut listen = Vec::new();
-        if let Some(p) = &config.listen_shm {
-            if let Some(dir) = p.parent() {
-                std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-            }
-            listen.push(Endpoint::Shm(p.clone()));
-        }
-        if let Some(a) = &config.listen_tcp {
-            listen.push(Endpoint::Tcp(a.clone()));
-        }
-        if let Some(a) = &config.listen_verbs {
-            listen.push(Endpoint::Verbs(a.clone()));
-        }
-        let tls = match config.tls_files() {
-            Some(files) => {
-                let tls = ServerTls::load(files).context("loading the TLS certificate and key")?;
-                let f = tls.files();
-                tracing::info!(cert = %f.cert_file.display(), client_certificates = ?f.auth_clients, "the tcp listener speaks TLS");
-                Some(tls)
-            }
-            None => None,
-        };
-        let options = ServerOptions {
-            token: config.token.clone(),
-            credentials: None,
-            tls,
-            max_connections: config.max_connections,
-            io_timeout: Duration::from_millis(config.io_timeout_ms),
-            flock: racekv_transport::flock::SchedulerOptions {
-                credits: config.rpc_credits,
-                max_active: config.rpc_max_active_lanes,
-                max_outstanding: config.rpc_max_outstanding,
-                max_queue_delay: Duration::from_millis(config.rpc_max_queue_delay_ms),
-            },
-        };
-        let server = RegionServer::start(Arc::clone(&region), Some(file), service.clone(), options, &listen)
-            .context("starting the region server")?;
+        let server = RegionServer::start(
+            Arc::clone(&region),
+            Some(file),
+            service.clone(),
+            server_options(&config)?,
+            &listen_endpoints(&config)?,
+        )
+        .context("starting the region server")?;
 
-        // The service works on the region through a loopback of the clients' transport.
-        let loopback_endpoint = server
-            .endpoints()
-            .iter()
-            .find(|e| matches!(e, Endpoint::Verbs(_)))
-            .or_else(|| server.endpoints().iter().find(|e| matches!(e, Endpoint::Shm(_))))
-            .or_else(|| server.endpoints().first())
-            .expect("at least one listener")
-            .clone();
-        let loopback: Arc<dyn Connection> = if matches!(loopback_endpoint, Endpoint::Tcp(_)) && server.tls().is_some() {
-            // A TLS-only tcp listener would need a client certificate and CA for ourselves;
-            // the software NIC applies batches with the same CPU atomics as this.
-            Arc::new(LocalConnection::new(Arc::clone(&region), None))
-        } else {
-            racekv_transport::connect(
-                &loopback_endpoint,
-                &ConnectOptions::new(config.token.clone(), Duration::from_secs(30)),
-            )
-            .with_context(|| format!("connecting the loopback to {loopback_endpoint}"))?
-        };
-        service.attach(loopback, server.instance());
+        service.attach(connect_loopback(&server, &region, &config)?, server.instance());
         // The live extents, so retiring them works (without a reclaim, retires of extents
         // from an earlier run are refused and the next start's reclaim frees them).
         service.seed_extents(&found_extents).context("taking in the live value extents found at start")?;

@@ -25,10 +25,15 @@ pub const MIN_SERVING_SLOT_BYTES: u32 = 36 << 10;
 
 /// Byte offsets of the header's words.
 pub mod word {
+    /// [`super::MAGIC`].
     pub const MAGIC: u64 = 0;
+    /// [`super::VERSION`].
     pub const VERSION: u64 = 8;
+    /// The number of slots.
     pub const SLOTS: u64 = 16;
+    /// The size of each slot, in bytes, header included.
     pub const SLOT_BYTES: u64 = 24;
+    /// The area's length, in bytes.
     pub const AREA_LEN: u64 = 32;
     /// Client: submissions published (wrapping count).
     pub const SQ_TAIL: u64 = 128;
@@ -46,12 +51,14 @@ pub mod word {
 
 /// Offsets within a slot.
 pub mod slot {
+    /// The request's id, echoed in its reply.
     pub const REQUEST_ID: u64 = 0;
     /// Requests: the payload length (the whole word). Replies: length in the low 32 bits,
     /// [`super::status`] in the high 32 bits.
     pub const LENGTH: u64 = 8;
     /// Requests: CLOCK_MONOTONIC ns at submission (metrics only).
     pub const SUBMITTED_NS: u64 = 16;
+    /// The request or reply bytes, after the slot header.
     pub const PAYLOAD: u64 = super::SLOT_HEADER_BYTES;
 }
 
@@ -101,10 +108,12 @@ impl Geometry {
         Ok(geometry)
     }
 
+    /// Number of slots: requests in flight at most.
     pub fn slots(&self) -> u32 {
         self.slots
     }
 
+    /// Size of one slot, in bytes, its header included.
     pub fn slot_bytes(&self) -> u32 {
         self.slot_bytes
     }
@@ -118,10 +127,12 @@ impl Geometry {
         round_up(u64::from(self.slots) * 8, 64)
     }
 
+    /// Where the submission ring starts (right after the header page).
     pub fn sq_offset(&self) -> u64 {
         HEADER_BYTES
     }
 
+    /// Where the completion ring starts (after the submission ring).
     pub fn cq_offset(&self) -> u64 {
         HEADER_BYTES + self.ring_bytes()
     }

@@ -17,6 +17,7 @@ use super::area::{padded, slot, word, Geometry};
 /// A completed slot's header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SlotReply {
+    /// The id the request was submitted with.
     pub request_id: u64,
     /// [`super::area::status`].
     pub status: u32,
@@ -46,6 +47,7 @@ impl ClientRing {
         Ok(Self { region, geometry, sq_tail: Mutex::new(sq_tail) })
     }
 
+    /// The area's slot count and size.
     pub fn geometry(&self) -> Geometry {
         self.geometry
     }

@@ -19,34 +19,75 @@ use crate::op::{DecodeError, Request};
 /// A request taken from the ring.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Submission {
+    /// The slot holding the request; its reply goes back into the same slot.
     pub slot: u32,
     /// Echoed in the reply's slot header.
     pub request_id: u64,
     /// The client's CLOCK_MONOTONIC at submission, as it claims (for metrics only).
     pub submitted_ns: u64,
+    /// The decoded request.
     pub request: Request,
-    /// Encoded size.
+    /// Encoded size, in bytes.
     pub bytes: usize,
 }
 
 /// A client broke the protocol; its attachment must close.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProtocolError {
+    /// The client's submission tail is behind the daemon's head or more than a ring ahead.
     #[error("submission tail {tail} is not within {slots} entries after the daemon's head {head}")]
-    SubmissionIndex { tail: u64, head: u64, slots: u32 },
+    SubmissionIndex {
+        /// The client's tail (submissions published, a wrapping count).
+        tail: u64,
+        /// The daemon's head (submissions taken).
+        head: u64,
+        /// Entries in the ring.
+        slots: u32,
+    },
+    /// A submission names a slot that does not exist.
     #[error("a submission names slot {slot}, but there are {slots} slots")]
-    SlotIndex { slot: u64, slots: u32 },
+    SlotIndex {
+        /// The slot named.
+        slot: u64,
+        /// Slots in the area.
+        slots: u32,
+    },
+    /// A slot was submitted again before the daemon answered it.
     #[error("slot {slot} was submitted again while its request is still in flight")]
-    SlotInFlight { slot: u32 },
+    SlotInFlight {
+        /// The slot submitted twice.
+        slot: u32,
+    },
+    /// A slot's length word claims more than a slot carries.
     #[error("slot {slot} claims a request of {len} bytes; a slot carries at most {max}")]
-    Length { slot: u32, len: u64, max: usize },
+    Length {
+        /// The slot.
+        slot: u32,
+        /// The length it claims, in bytes.
+        len: u64,
+        /// A slot's payload, in bytes.
+        max: usize,
+    },
+    /// A slot's payload is not a request.
     #[error("slot {slot} holds an undecodable request: {error}")]
-    Undecodable { slot: u32, error: DecodeError },
+    Undecodable {
+        /// The slot.
+        slot: u32,
+        /// Why it does not decode.
+        error: DecodeError,
+    },
+    /// The client let the completion ring overflow: it reused a slot before consuming its
+    /// completion.
     #[error(
         "completion ring overrun: the client consumed up to {head} but the daemon has produced {tail} \
          (a slot was reused before its completion was consumed)"
     )]
-    CompletionOverrun { head: u64, tail: u64 },
+    CompletionOverrun {
+        /// Completions the client consumed.
+        head: u64,
+        /// Completions the daemon published.
+        tail: u64,
+    },
 }
 
 impl ProtocolError {
@@ -114,6 +155,7 @@ impl DaemonRing {
         Ok(Self { shared: Arc::new(Shared { region, geometry, busy, cq_tail: Mutex::new(0) }), sq_head: 0 })
     }
 
+    /// The area's slot count and size.
     pub fn geometry(&self) -> Geometry {
         self.shared.geometry
     }
@@ -187,6 +229,7 @@ pub struct Completer {
 }
 
 impl Completer {
+    /// The area's slot count and size.
     pub fn geometry(&self) -> Geometry {
         self.shared.geometry
     }

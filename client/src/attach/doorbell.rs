@@ -14,6 +14,7 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 pub struct Doorbell(OwnedFd);
 
 impl Doorbell {
+    /// A fresh doorbell (the daemon makes a pair per attachment and passes them on).
     pub fn new() -> io::Result<Self> {
         let fd = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK).map_err(io::Error::from)?;
         Ok(Self(OwnedFd::from(fd)))

@@ -15,7 +15,9 @@
 
 use super::area::{Geometry, VERSION};
 
+/// `"RKVA"`, the first word of a client's hello.
 pub const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"RKVA");
+/// `"RKVF"`, the first word of every daemon frame.
 pub const FRAME_MAGIC: u32 = u32::from_le_bytes(*b"RKVF");
 /// The fixed part of a hello; the credentials follow it.
 pub const HELLO_BYTES: usize = 32;
@@ -23,15 +25,20 @@ pub const HELLO_BYTES: usize = 32;
 pub const MAX_USER_BYTES: usize = 256;
 /// Longest password in a hello.
 pub const MAX_PASSWORD_BYTES: usize = 1024;
+/// A frame's header: magic, kind, code, body length.
 pub const FRAME_HEADER_BYTES: usize = 8;
 /// Longest frame body (reasons are cut to fit).
 pub const MAX_FRAME_BODY: usize = 1024;
+/// The body of an ACCEPTED frame.
 pub const ACCEPTED_BODY_BYTES: usize = 32;
 
 /// Frame kinds.
 pub mod kind {
+    /// The daemon took the client; the body is an [`Accepted`](super::Accepted).
     pub const ACCEPTED: u8 = 1;
+    /// The daemon turned the client away; the code is a [`refusal`](super::refusal).
     pub const REFUSED: u8 = 2;
+    /// The daemon is closing the attachment; the code is a [`goodbye`](super::goodbye).
     pub const GOODBYE: u8 = 3;
 }
 
@@ -49,7 +56,9 @@ pub mod refusal {
 
 /// Why the daemon closed an attachment.
 pub mod goodbye {
+    /// The client broke the ring protocol (the reason says how).
     pub const PROTOCOL_ERROR: u8 = 1;
+    /// The computenode is shutting down.
     pub const SHUTDOWN: u8 = 2;
 }
 
@@ -77,9 +86,11 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 /// daemon trusting its uid, or on an open default user.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Hello {
+    /// The client's process id, as it says (the daemon logs it beside the kernel's).
     pub pid: u32,
     /// The ACL user (`None`: `default`).
     pub user: Option<String>,
+    /// The user's password (`None`: none given).
     pub password: Option<Vec<u8>>,
 }
 
@@ -91,6 +102,7 @@ impl std::fmt::Debug for Hello {
 }
 
 impl Hello {
+    /// The hello's bytes: the fixed part, then user and password.
     pub fn encode(&self) -> Vec<u8> {
         let user = self.user.as_deref().unwrap_or("").as_bytes();
         let password = self.password.as_deref().unwrap_or(b"");
@@ -152,7 +164,9 @@ impl Hello {
 /// What the daemon grants an attached client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Accepted {
+    /// The daemon's id for this attachment (in both sides' logs).
     pub attachment_id: u64,
+    /// The shared area's slot count and size.
     pub geometry: Geometry,
     /// Keys one multi-get may carry (the daemon's reply budget).
     pub max_multi_keys: u32,
@@ -188,12 +202,26 @@ impl Accepted {
 /// A message from the daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {
+    /// The client is attached; the area and doorbells come with the frame.
     Accepted(Accepted),
-    Refused { code: u8, reason: String },
-    Goodbye { code: u8, reason: String },
+    /// The client is turned away.
+    Refused {
+        /// Why, for programs: a [`refusal`] code.
+        code: u8,
+        /// Why, for people.
+        reason: String,
+    },
+    /// The daemon closes the attachment.
+    Goodbye {
+        /// Why, for programs: a [`goodbye`] code.
+        code: u8,
+        /// Why, for people.
+        reason: String,
+    },
 }
 
 impl Frame {
+    /// The frame's bytes: header, then body (a reason cut to [`MAX_FRAME_BODY`]).
     pub fn encode(&self) -> Vec<u8> {
         let (kind, code, body): (u8, u8, Vec<u8>) = match self {
             Frame::Accepted(a) => (kind::ACCEPTED, 0, a.encode_body().to_vec()),

@@ -154,8 +154,6 @@ pub(crate) fn run(
     serving: Serving<'_>,
     stopping: &AtomicBool,
 ) -> Ending {
-    let Serving { submit, budget, spin, acl } = serving;
-    let slots = ring.geometry().slots() as usize;
     let mut pending: Option<Submission> = None;
     let mut last_request = Instant::now();
     let _ = stream.set_nonblocking(true);
@@ -166,78 +164,7 @@ pub(crate) fn run(
         if conn.is_ended() {
             break;
         }
-        // Take what the client published, as far as the budget allows.
-        let mut progressed = false;
-        for _ in 0..slots {
-            let mut sub = match pending.take() {
-                Some(sub) => sub,
-                None => match ring.take() {
-                    Ok(Some(sub)) => sub,
-                    Ok(None) => break,
-                    Err(e) => {
-                        conn.end(Ending::ProtocolError { reason: e.reason(), message: e.to_string() });
-                        break;
-                    }
-                },
-            };
-            // Parts and fetches are answered here; a last part becomes its whole request.
-            let request = std::mem::replace(&mut sub.request, racekv_client::op::Request::Len);
-            match staging::assemble(&conn.staging, &conn.owner, request, conn.payload_bytes()) {
-                Ok(request) => sub.request = request,
-                Err(reply) => {
-                    progressed = true;
-                    conn.answer(sub.slot, sub.request_id, reply);
-                    continue;
-                }
-            }
-            let cost = reply_bound(&sub.request);
-            if cost > budget {
-                conn.end(Ending::ProtocolError {
-                    reason: "over_budget",
-                    message: format!(
-                        "a request whose reply may take {cost} bytes exceeds the reply budget of {budget} bytes \
-                         (the handshake said how many keys a multi-get may carry)"
-                    ),
-                });
-                break;
-            }
-            if conn.in_flight_bytes.load(Ordering::SeqCst) + cost > budget {
-                // Wait for replies to free budget; re-check after saying so, since a reply
-                // may have freed it just before.
-                conn.blocked.store(true, Ordering::SeqCst);
-                if conn.in_flight_bytes.load(Ordering::SeqCst) + cost > budget {
-                    pending = Some(sub);
-                    break;
-                }
-            }
-            conn.blocked.store(false, Ordering::SeqCst);
-            conn.in_flight_bytes.fetch_add(cost, Ordering::SeqCst);
-            let now_ns = monotonic_ns();
-            if sub.submitted_ns != 0 && sub.submitted_ns <= now_ns && now_ns - sub.submitted_ns < 60_000_000_000 {
-                METRICS.ring_wait_seconds.observe((now_ns - sub.submitted_ns) as f64 * 1e-9);
-            }
-            METRICS.in_flight.inc();
-            progressed = true;
-            let taken = Instant::now();
-            let (slot, request_id) = (sub.slot, sub.request_id);
-            if let (Some(acl), Some(user)) = (acl, conn.user.as_deref()) {
-                if let Err(message) = crate::access::check(acl, user, &sub.request) {
-                    conn.complete(slot, request_id, cost, taken, Reply::Error(ErrorKind::Denied, message));
-                    continue;
-                }
-            }
-            let replier = Arc::clone(&conn);
-            let reply = Box::new(move |reply: Reply| replier.complete(slot, request_id, cost, taken, reply));
-            if let Err(overloaded) = submit.submit(sub.request, reply) {
-                conn.complete(
-                    slot,
-                    request_id,
-                    cost,
-                    taken,
-                    Reply::Error(ErrorKind::Overloaded, overloaded.to_string()),
-                );
-            }
-        }
+        let progressed = take_requests(&conn, &mut ring, &mut pending, &serving);
         if conn.is_ended() {
             break;
         }
@@ -248,23 +175,134 @@ pub(crate) fn run(
         }
         // Spin a little after real requests (not after spurious wake-ups: ringing our
         // doorbell must not buy a client our CPU).
-        if !blocked && last_request.elapsed() < spin {
+        if !blocked && last_request.elapsed() < serving.spin {
             if !ring.has_submissions() {
                 std::hint::spin_loop();
             }
             continue;
         }
-        ring.set_sleeping(true);
-        if (blocked || !ring.has_submissions()) && !conn.is_ended() && !stopping.load(Ordering::Acquire) {
-            let ready = doorbell::wait_readable(&[conn.to_poller.as_fd(), stream.as_fd()], Some(IDLE_CHECK))
-                .unwrap_or_else(|_| vec![false, false]);
-            if ready.get(1).copied().unwrap_or(false) && !stopping.load(Ordering::Acquire) {
-                check_socket(&conn, &mut stream);
+        sleep_until_woken(&conn, &mut ring, &mut stream, blocked, stopping);
+    }
+    say_goodbye(&conn, stream)
+}
+
+/// Takes what the client published (up to one ring's worth), as far as the budget allows:
+/// answers parts, fetches and refusals at once and submits the rest. A request the budget
+/// cannot take yet is left in `pending`. True if any request was answered or submitted.
+fn take_requests(
+    conn: &Arc<Conn>,
+    ring: &mut DaemonRing,
+    pending: &mut Option<Submission>,
+    serving: &Serving<'_>,
+) -> bool {
+    let budget = serving.budget;
+    let mut progressed = false;
+    for _ in 0..ring.geometry().slots() {
+        let mut sub = match pending.take() {
+            Some(sub) => sub,
+            None => match ring.take() {
+                Ok(Some(sub)) => sub,
+                Ok(None) => break,
+                Err(e) => {
+                    conn.end(Ending::ProtocolError { reason: e.reason(), message: e.to_string() });
+                    break;
+                }
+            },
+        };
+        // Parts and fetches are answered here; a last part becomes its whole request.
+        let request = std::mem::replace(&mut sub.request, racekv_client::op::Request::Len);
+        match staging::assemble(&conn.staging, &conn.owner, request, conn.payload_bytes()) {
+            Ok(request) => sub.request = request,
+            Err(reply) => {
+                progressed = true;
+                conn.answer(sub.slot, sub.request_id, reply);
+                continue;
             }
         }
-        ring.set_sleeping(false);
-        conn.to_poller.drain();
+        let cost = reply_bound(&sub.request);
+        if cost > budget {
+            conn.end(Ending::ProtocolError {
+                reason: "over_budget",
+                message: format!(
+                    "a request whose reply may take {cost} bytes exceeds the reply budget of {budget} bytes \
+                     (the handshake said how many keys a multi-get may carry)"
+                ),
+            });
+            break;
+        }
+        if !reserve_budget(conn, cost, budget) {
+            *pending = Some(sub);
+            break;
+        }
+        progressed = true;
+        dispatch(conn, sub, cost, serving);
     }
+    progressed
+}
+
+/// Counts `cost` reply bytes against the connection's budget; false (and the connection
+/// marked blocked, so replies wake its poller) when they do not fit until replies free some.
+fn reserve_budget(conn: &Conn, cost: u64, budget: u64) -> bool {
+    if conn.in_flight_bytes.load(Ordering::SeqCst) + cost > budget {
+        // Wait for replies to free budget; re-check after saying so, since a reply
+        // may have freed it just before.
+        conn.blocked.store(true, Ordering::SeqCst);
+        if conn.in_flight_bytes.load(Ordering::SeqCst) + cost > budget {
+            return false;
+        }
+    }
+    conn.blocked.store(false, Ordering::SeqCst);
+    conn.in_flight_bytes.fetch_add(cost, Ordering::SeqCst);
+    true
+}
+
+/// Hands one whole request, its `cost` bytes of budget reserved, to the workers (or refuses
+/// it: the user may not, or the queue is full); its reply comes back through `conn`.
+fn dispatch(conn: &Arc<Conn>, sub: Submission, cost: u64, serving: &Serving<'_>) {
+    let now_ns = monotonic_ns();
+    if sub.submitted_ns != 0 && sub.submitted_ns <= now_ns && now_ns - sub.submitted_ns < 60_000_000_000 {
+        METRICS.ring_wait_seconds.observe((now_ns - sub.submitted_ns) as f64 * 1e-9);
+    }
+    METRICS.in_flight.inc();
+    let taken = Instant::now();
+    let (slot, request_id) = (sub.slot, sub.request_id);
+    if let (Some(acl), Some(user)) = (serving.acl, conn.user.as_deref()) {
+        if let Err(message) = crate::access::check(acl, user, &sub.request) {
+            conn.complete(slot, request_id, cost, taken, Reply::Error(ErrorKind::Denied, message));
+            return;
+        }
+    }
+    let replier = Arc::clone(conn);
+    let reply = Box::new(move |reply: Reply| replier.complete(slot, request_id, cost, taken, reply));
+    if let Err(overloaded) = serving.submit.submit(sub.request, reply) {
+        conn.complete(slot, request_id, cost, taken, Reply::Error(ErrorKind::Overloaded, overloaded.to_string()));
+    }
+}
+
+/// Sleeps until the client rings the poller's doorbell, the socket turns readable (checked
+/// here), or `IDLE_CHECK` passes; `blocked`: it waits for budget, not for submissions.
+fn sleep_until_woken(
+    conn: &Conn,
+    ring: &mut DaemonRing,
+    stream: &mut UnixStream,
+    blocked: bool,
+    stopping: &AtomicBool,
+) {
+    ring.set_sleeping(true);
+    if (blocked || !ring.has_submissions()) && !conn.is_ended() && !stopping.load(Ordering::Acquire) {
+        let ready = doorbell::wait_readable(&[conn.to_poller.as_fd(), stream.as_fd()], Some(IDLE_CHECK))
+            .unwrap_or_else(|_| vec![false, false]);
+        if ready.get(1).copied().unwrap_or(false) && !stopping.load(Ordering::Acquire) {
+            check_socket(conn, stream);
+        }
+    }
+    ring.set_sleeping(false);
+    conn.to_poller.drain();
+}
+
+/// The attachment has ended: tells the client why (unless it closed first), closes the
+/// socket, drops its transfers in parts, and returns the reason.
+fn say_goodbye(conn: &Conn, mut stream: UnixStream) -> Ending {
     let ending = conn.ending.lock().clone().unwrap_or(Ending::Closed);
     let farewell = match &ending {
         Ending::Closed => None,

@@ -93,6 +93,7 @@ pub enum AllowedUids {
 /// Who attached clients are, and what they may do.
 #[derive(Debug, Clone)]
 pub struct AttachAuth {
+    /// The users, their passwords and what each may do (shared with the Redis front end).
     pub acl: std::sync::Arc<racekv_redis::acl::Acl>,
     /// A client that gives no credentials and runs as the daemon's uid (or root) is the
     /// `default` user without a password.
@@ -117,6 +118,7 @@ pub struct AttachOptions {
     /// Users and permissions (None: no user checks: whoever passes the uid check may do
     /// anything).
     pub auth: Option<AttachAuth>,
+    /// Which peer uids may attach at all (checked before the hello).
     pub allowed_uids: AllowedUids,
     /// A client must complete its hello within this.
     pub handshake_timeout: Duration,
