@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # racekv's whole test run: what `.ci/run` runs and what the README calls "test it".
 #
-#   bash ops/test.sh           everything (about 40-45 minutes on 2 cores)
+#   bash ops/test.sh           everything (about 45-50 minutes on 2 cores)
 #   bash ops/test.sh --quick   skip the Soft-RoCE VM suite and fuzzing
 #
 # Steps: packages; rustfmt; no import cycle between source files; clippy (warnings are
