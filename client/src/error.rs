@@ -91,6 +91,8 @@ impl ClientError {
             TableError::Transport(t) if t.is_transient() => {
                 ClientError::Unavailable { endpoint, reason: t.to_string() }
             }
+            // A memnode that restarted and is still reopening its region: nothing ran.
+            TableError::NotReady(reason) => ClientError::Unavailable { endpoint, reason },
             other => ClientError::Internal { endpoint, reason: other.to_string() },
         }
     }

@@ -44,6 +44,10 @@ pub enum Error {
     /// The memnode answered an RPC with an error.
     #[error("the memnode refused: {0}")]
     Remote(String),
+    /// The memnode is up but not serving the table yet (it is still starting: reopening its
+    /// region, reclaiming space); retry shortly.
+    #[error("the memnode is not serving yet: {0}")]
+    NotReady(String),
     /// Heap space came from an earlier run of the memnode, which reclaimed it when it started.
     #[error("the memnode restarted since: {0}")]
     StaleInstance(String),
@@ -57,7 +61,7 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Transport(e) => e.is_transient(),
-            Error::Timeout { .. } | Error::StaleInstance(_) => true,
+            Error::Timeout { .. } | Error::StaleInstance(_) | Error::NotReady(_) => true,
             _ => false,
         }
     }

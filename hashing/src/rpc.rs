@@ -67,6 +67,7 @@ pub fn map_error(e: TransportError) -> Error {
             status::OUT_OF_MEMORY => Error::OutOfMemory(status.message),
             status::TABLE_FULL => Error::TableFull(status.message),
             status::STALE_INSTANCE => Error::StaleInstance(status.message),
+            status::NOT_READY => Error::NotReady(status.message),
             _ => Error::Remote(status.to_string()),
         },
         other => Error::Transport(other),

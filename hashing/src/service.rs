@@ -82,7 +82,7 @@ impl TableService {
 
     /// The table's statistics, read from the region.
     pub fn stats(&self) -> Result<TableStats, Error> {
-        let ready = self.ready.get().ok_or_else(|| Error::Remote("the memnode is still starting".into()))?;
+        let ready = self.ready.get().ok_or_else(|| Error::NotReady("the memnode is still starting".into()))?;
         table_stats(&*ready.conn, &self.layout, &ready.heap)
     }
 
@@ -161,6 +161,7 @@ fn failure(e: Error) -> RpcStatus {
         Error::OutOfMemory(m) => RpcStatus::new(status::OUT_OF_MEMORY, m),
         Error::TableFull(m) => RpcStatus::new(status::TABLE_FULL, m),
         Error::StaleInstance(m) => RpcStatus::new(status::STALE_INSTANCE, m),
+        Error::NotReady(m) => RpcStatus::new(status::NOT_READY, m),
         other => RpcStatus::new(RpcStatus::FAILED, other.to_string()),
     }
 }
