@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use racekv_client::op::Request;
-use racekv_telemetry::MetricsServer;
+use racekv_telemetry::{HttpLimits, MetricsServer, ReadyFn, Routes, StatusFn};
 use serde::Serialize;
 
 use crate::cluster::{Attached, Cluster};
@@ -104,6 +104,23 @@ impl Parts {
         }
     }
 
+    /// Ready for traffic: every memnode has a healthy connection (each key lives on one
+    /// memnode, so a computenode cut off from any of them answers errors for its keys).
+    fn ready(&self) -> Result<(), String> {
+        let cut_off: Vec<String> = self
+            .cluster
+            .memnodes()
+            .iter()
+            .filter(|m| m.pool.healthy_after_repair() == 0)
+            .map(|m| format!("{} (0 of {} connections healthy)", m.label, m.pool.size()))
+            .collect();
+        if cut_off.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("no healthy connection to memnode {}", cut_off.join(", ")))
+        }
+    }
+
     fn info_lines(&self) -> String {
         let s = self.status();
         let mut out = format!(
@@ -195,12 +212,16 @@ impl Computenode {
         let metrics = match config.metrics_addr {
             Some(addr) => {
                 let weak = Arc::downgrade(&parts);
-                let status = Arc::new(move || {
+                let status: StatusFn = Arc::new(move || {
                     weak.upgrade()
                         .map(|p| serde_json::to_string(&p.status()).expect("status serializes"))
                         .unwrap_or_default()
                 });
-                Some(MetricsServer::start_with_status(addr, Some(status))?)
+                let weak = Arc::downgrade(&parts);
+                let ready: ReadyFn =
+                    Arc::new(move || weak.upgrade().map_or_else(|| Err("shutting down".to_string()), |p| p.ready()));
+                let routes = Routes { status: Some(status), ready: Some(ready) };
+                Some(MetricsServer::start_with_routes(addr, routes, HttpLimits::default())?)
             }
             None => None,
         };

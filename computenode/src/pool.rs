@@ -150,6 +150,22 @@ impl Pool {
         self.slots.iter().filter(|s| s.read().is_healthy()).count()
     }
 
+    /// Healthy connections right now, after starting the replacement of any broken one.
+    /// Readiness probes call this: a pod taken out of a Service gets no traffic, so no
+    /// operation would report its broken connections, and it would stay unready for good.
+    pub fn healthy_after_repair(self: &Arc<Self>) -> usize {
+        let mut healthy = 0;
+        for slot in 0..self.slots.len() {
+            let conn = Arc::clone(&self.slots[slot].read());
+            if conn.check_healthy() {
+                healthy += 1;
+            } else {
+                self.report_broken(slot);
+            }
+        }
+        healthy
+    }
+
     /// A slot for a new virtual connection (round robin).
     fn assign(&self) -> usize {
         self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len()

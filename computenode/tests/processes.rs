@@ -240,6 +240,22 @@ fn the_pool_recovers_after_the_memnode_restarts_over_shm() {
     the_pool_recovers_after_the_memnode_restarts(0);
 }
 
+/// Polls `/readyz` until it answers `code` (20 s at most).
+fn await_readyz(metrics: &str, code: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let response = http_get(metrics, "/readyz");
+        if response.starts_with(&format!("HTTP/1.0 {code}")) {
+            if code != "200" {
+                assert!(response.contains("not ready: no healthy connection to memnode"), "{response}");
+            }
+            return;
+        }
+        assert!(Instant::now() < deadline, "/readyz never answered {code}: {response}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Writes `keys` keys of `tag` with a client library, pipelined, and reads them back.
 fn write_and_read_back(port: &str, tag: &str, keys: usize) {
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
@@ -271,8 +287,13 @@ fn the_pool_recovers_after_the_memnode_restarts(endpoint: usize) {
     assert_eq!(redis_cli(&port, &["set", "survivor", "yes"]), "OK");
     // The daemon's pool now holds chunks and free blocks of this run of the memnode.
     write_and_read_back(&port, "before", 2000);
+    let metrics = c.ready["metrics"].as_str().unwrap().to_string();
+    assert!(http_get(&metrics, "/readyz").starts_with("HTTP/1.0 200"));
     let _ = m.child.kill();
     let _ = m.child.wait();
+    // Unready with no traffic at all (so a Service routes around it), live all along.
+    await_readyz(&metrics, "503");
+    assert!(http_get(&metrics, "/healthz").starts_with("HTTP/1.0 200"));
     // While it is down, commands fail with a retryable error instead of hanging.
     let down = redis_cli(&port, &["get", "survivor"]);
     assert!(down.starts_with("TRYAGAIN") || down.starts_with("ERR"), "{down}");
@@ -291,6 +312,8 @@ fn the_pool_recovers_after_the_memnode_restarts(endpoint: usize) {
     ];
     args.extend(["--groups-per-subtable".to_string(), "16".into()]);
     let _m2 = spawn(&workspace_binary("racekv-memnode"), &args, &[("RACEKV_MEMNODE_TOKEN", TOKEN)]);
+    // Ready again with no traffic: the probe itself starts the repair of the connections.
+    await_readyz(&metrics, "200");
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let got = redis_cli(&port, &["get", "survivor"]);

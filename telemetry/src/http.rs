@@ -1,4 +1,5 @@
-//! The daemons' HTTP endpoint: `/metrics`, `/healthz` and an optional JSON `/status`.
+//! The daemons' HTTP endpoint: `/metrics`, `/healthz` (alive), `/readyz` (ready to take
+//! traffic: 503 with the reason when a [`ReadyFn`] says not) and an optional JSON `/status`.
 //!
 //! Anyone who can reach the port can talk to it (example configs bind `0.0.0.0`), so every
 //! byte is untrusted and nothing a peer claims sizes an allocation:
@@ -64,6 +65,23 @@ const HYPER_MIN_BUF_BYTES: usize = 8192;
 
 /// Renders a JSON status document on request.
 pub type StatusFn = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// Says whether the process should get traffic now, or why not (the `/readyz` body). Called
+/// on the endpoint's one thread for each probe, so it must be quick and never block.
+pub type ReadyFn = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+/// Most bytes of a not-ready reason sent back (a [`ReadyFn`] may list many memnodes).
+const MAX_READY_REASON_BYTES: usize = 4096;
+
+/// What the endpoint serves besides `/metrics` and `/healthz`.
+#[derive(Clone, Default)]
+pub struct Routes {
+    /// `/status` (404 without it).
+    pub status: Option<StatusFn>,
+    /// `/readyz`; without it `/readyz` answers 200 whenever the endpoint serves (daemons
+    /// start the endpoint last, once everything else serves).
+    pub ready: Option<ReadyFn>,
+}
 
 /// The bounds the HTTP endpoint enforces on every peer. [`Default`] gives the constants above.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,6 +159,7 @@ impl Refusal {
 enum Route {
     Metrics,
     Healthz,
+    Readyz,
     Status,
     Other,
 }
@@ -150,6 +169,7 @@ impl Route {
         match path {
             "/metrics" => Route::Metrics,
             "/healthz" => Route::Healthz,
+            "/readyz" => Route::Readyz,
             "/status" if has_status => Route::Status,
             _ => Route::Other,
         }
@@ -159,6 +179,7 @@ impl Route {
         match self {
             Route::Metrics => "/metrics",
             Route::Healthz => "/healthz",
+            Route::Readyz => "/readyz",
             Route::Status => "/status",
             Route::Other => "other",
         }
@@ -225,15 +246,15 @@ impl RefusalLog {
 
 /// What every connection of one server shares.
 struct Shared {
-    status: Option<StatusFn>,
+    routes: Routes,
     limits: HttpLimits,
     open: AtomicUsize,
     log: RefusalLog,
 }
 
 impl Shared {
-    fn new(status: Option<StatusFn>, limits: HttpLimits) -> Self {
-        Self { status, limits, open: AtomicUsize::new(0), log: RefusalLog::new() }
+    fn new(routes: Routes, limits: HttpLimits) -> Self {
+        Self { routes, limits, open: AtomicUsize::new(0), log: RefusalLog::new() }
     }
 }
 
@@ -255,7 +276,8 @@ impl Drop for OpenConnection {
     }
 }
 
-/// An HTTP server for `/metrics`, `/healthz` (and `/status` when given), stopped when dropped.
+/// An HTTP server for `/metrics`, `/healthz`, `/readyz` (and `/status` when given), stopped
+/// when dropped.
 pub struct MetricsServer {
     addr: SocketAddr,
     /// Dropping it tells the accept loop to stop.
@@ -276,6 +298,11 @@ impl MetricsServer {
 
     /// Like [`MetricsServer::start_with_status`], with explicit limits (tests use short ones).
     pub fn start_with_options(addr: SocketAddr, status: Option<StatusFn>, limits: HttpLimits) -> anyhow::Result<Self> {
+        Self::start_with_routes(addr, Routes { status, ready: None }, limits)
+    }
+
+    /// Serves `routes` besides `/metrics` and `/healthz`, within `limits`.
+    pub fn start_with_routes(addr: SocketAddr, routes: Routes, limits: HttpLimits) -> anyhow::Result<Self> {
         limits.validate().context("metrics endpoint limits")?;
         crate::process::register_process_metrics();
         // Register the server's own series now, so a scrape shows them before any refusal.
@@ -297,7 +324,7 @@ impl MetricsServer {
             tokio::net::TcpListener::from_std(listener).context("registering the metrics listener")?
         };
         let (stop, stopped) = tokio::sync::oneshot::channel();
-        let shared = Arc::new(Shared::new(status, limits));
+        let shared = Arc::new(Shared::new(routes, limits));
         let thread = std::thread::Builder::new()
             .name("metrics-http".into())
             .spawn(move || {
@@ -419,7 +446,7 @@ where
 }
 
 fn respond(shared: &Shared, request: &Request<Incoming>, peer: Option<SocketAddr>) -> Response<Full<Bytes>> {
-    let route = Route::of(request.uri().path(), shared.status.is_some());
+    let route = Route::of(request.uri().path(), shared.routes.status.is_some());
     let response = if request.headers().contains_key(TRANSFER_ENCODING) || !request.body().is_end_stream() {
         // Never read: the connection closes after this answer, so the body's bytes (or a
         // claimed length) cost nothing.
@@ -435,8 +462,9 @@ fn respond(shared: &Shared, request: &Request<Incoming>, peer: Option<SocketAddr
         match route {
             Route::Metrics => with_type(text(StatusCode::OK, render()), "text/plain; version=0.0.4; charset=utf-8"),
             Route::Healthz => text(StatusCode::OK, "ok\n"),
+            Route::Readyz => readiness(shared.routes.ready.as_ref()),
             Route::Status => {
-                let status = shared.status.as_ref().expect("Route::Status only when a status function is set");
+                let status = shared.routes.status.as_ref().expect("Route::Status only when a status function is set");
                 with_type(text(StatusCode::OK, status()), "application/json")
             }
             Route::Other => text(StatusCode::NOT_FOUND, "not found\n"),
@@ -444,6 +472,22 @@ fn respond(shared: &Shared, request: &Request<Incoming>, peer: Option<SocketAddr
     };
     REQUESTS.with_label_values(&[route.label(), response.status().as_str()]).inc();
     response
+}
+
+fn readiness(ready: Option<&ReadyFn>) -> Response<Full<Bytes>> {
+    match ready.map_or(Ok(()), |ready| ready()) {
+        Ok(()) => text(StatusCode::OK, "ready\n"),
+        Err(mut reason) => {
+            if reason.len() > MAX_READY_REASON_BYTES {
+                let mut end = MAX_READY_REASON_BYTES;
+                while !reason.is_char_boundary(end) {
+                    end -= 1;
+                }
+                reason.truncate(end);
+            }
+            text(StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {reason}\n"))
+        }
+    }
 }
 
 fn text(code: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
@@ -461,7 +505,7 @@ fn with_type(mut response: Response<Full<Bytes>>, content_type: &'static str) ->
 #[doc(hidden)]
 pub const FUZZ_MAX_OUTPUT_BYTES: usize = 64 << 20;
 
-/// Runs one connection of the real server (default limits, a `/status` route) over an
+/// Runs one connection of the real server (default limits, `/status` and a not-ready `/readyz`) over an
 /// in-memory pipe carrying `input` then EOF, and returns what the server wrote (at most
 /// [`FUZZ_MAX_OUTPUT_BYTES`]). For the fuzz target only.
 #[doc(hidden)]
@@ -471,7 +515,8 @@ pub fn serve_bytes_for_fuzzing(input: &[u8]) -> Vec<u8> {
     let runtime =
         tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a current-thread runtime");
     let status: StatusFn = Arc::new(|| "{\"fuzz\":true}".to_string());
-    let shared = Shared::new(Some(status), HttpLimits::default());
+    let ready: ReadyFn = Arc::new(|| Err("fuzzing".to_string()));
+    let shared = Shared::new(Routes { status: Some(status), ready: Some(ready) }, HttpLimits::default());
     runtime.block_on(async {
         let (client, server) = tokio::io::duplex(PIPE_BYTES);
         let (mut from_server, mut to_server) = tokio::io::split(client);

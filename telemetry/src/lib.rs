@@ -37,8 +37,8 @@ pub use process::register_process_metrics;
 #[doc(hidden)]
 pub use http::{serve_bytes_for_fuzzing, FUZZ_MAX_OUTPUT_BYTES};
 pub use http::{
-    HttpLimits, MetricsServer, StatusFn, CONNECTION_LIFETIME_MS, HEADER_READ_TIMEOUT_MS, MAX_CONNECTIONS, MAX_HEADERS,
-    MAX_HEADER_BYTES, REFUSED_WARN_INTERVAL_MS,
+    HttpLimits, MetricsServer, ReadyFn, Routes, StatusFn, CONNECTION_LIFETIME_MS, HEADER_READ_TIMEOUT_MS,
+    MAX_CONNECTIONS, MAX_HEADERS, MAX_HEADER_BYTES, REFUSED_WARN_INTERVAL_MS,
 };
 
 /// Histogram buckets for latencies, in seconds: 1 µs .. 1 s, roughly 1-2-5 per decade.

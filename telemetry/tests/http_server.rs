@@ -8,7 +8,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
-use racekv_telemetry::{register, render, HttpLimits, MetricsServer, StatusFn};
+use racekv_telemetry::{register, render, HttpLimits, MetricsServer, ReadyFn, Routes, StatusFn};
 
 /// Longest any read in these tests waits before the test fails (a hang, not a measurement).
 const READ_BOUND: Duration = Duration::from_secs(20);
@@ -120,6 +120,37 @@ fn status_is_served_as_json() {
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     assert!(response.contains("content-type: application/json"), "{response}");
     assert!(response.ends_with("\r\n\r\n{\"ok\":true}"), "{response}");
+}
+
+#[test]
+fn readyz_follows_the_ready_function() {
+    // Without one, the endpoint serving means ready.
+    let server = start();
+    assert!(get(server.addr(), "/readyz").starts_with("HTTP/1.1 200"));
+    let ready = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let flag = Arc::clone(&ready);
+    let ready_fn: ReadyFn = Arc::new(move || {
+        if flag.load(std::sync::atomic::Ordering::Relaxed) {
+            Ok(())
+        } else {
+            Err(format!("memnode x unreachable {}", "é".repeat(5000)))
+        }
+    });
+    let routes = Routes { status: None, ready: Some(ready_fn) };
+    let server =
+        MetricsServer::start_with_routes("127.0.0.1:0".parse().unwrap(), routes, HttpLimits::default()).unwrap();
+    let response = get(server.addr(), "/readyz?probe");
+    assert!(response.starts_with("HTTP/1.1 200") && response.ends_with("\r\n\r\nready\n"), "{response}");
+    ready.store(false, std::sync::atomic::Ordering::Relaxed);
+    let response = get(server.addr(), "/readyz");
+    assert!(response.starts_with("HTTP/1.1 503"), "{response}");
+    let body = response.split_once("\r\n\r\n").unwrap().1;
+    // The reason, cut to a bound on a character boundary.
+    assert!(body.starts_with("not ready: memnode x unreachable"), "{body}");
+    assert!(body.len() <= 4096 + "not ready: \n".len(), "{}", body.len());
+    // Liveness is not readiness.
+    assert!(get(server.addr(), "/healthz").starts_with("HTTP/1.1 200"));
+    assert!(sample(r#"racekv_http_requests_total{code="503",path="/readyz"}"#) >= 1, "{}", render());
 }
 
 #[test]

@@ -238,6 +238,12 @@ pub trait Connection: Send + Sync {
     fn instance(&self) -> u64;
     /// False once the connection is known to be unusable.
     fn is_healthy(&self) -> bool;
+    /// Like [`Connection::is_healthy`], after looking for a peer that hung up while the
+    /// connection sat idle (backends that learn of it without traffic just answer
+    /// `is_healthy`). Sends nothing; may wait a few milliseconds. For readiness probes.
+    fn check_healthy(&self) -> bool {
+        self.is_healthy()
+    }
     /// Sends `batch` without the local checks, so the remote side's own checks (and, on a
     /// NIC, a queue pair going to the error state) can be provoked: fault injection for
     /// tests. Backends that check nothing locally beyond `execute` just run `execute`.

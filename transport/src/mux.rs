@@ -146,34 +146,62 @@ impl<S: Read + Write> Mux<S> {
             if !matches!(*own.state.lock(), State::Waiting) || Instant::now() >= deadline || self.is_broken() {
                 break;
             }
-            let (stream, body) = &mut *reader;
-            match read_frame(stream, body, self.timeout) {
-                Ok(FrameRead::Idle) => continue,
-                Ok(FrameRead::Closed) => {
-                    self.break_with("peer closed the connection".into());
-                    break;
-                }
-                Ok(FrameRead::Frame(header)) => {
-                    let body = std::mem::take(body);
-                    if header.kind == Kind::Error && header.request_id == 0 {
-                        let (_, message) = wire::decode_error(&body).unwrap_or((0, "unreadable error frame".into()));
-                        self.break_with(format!("peer closed the connection: {message}"));
-                        break;
-                    }
-                    let Some(waiter) = self.pending.lock().remove(&header.request_id) else {
-                        continue; // its requester gave up (timeout); drop the late answer
-                    };
-                    *waiter.state.lock() = State::Done(header.kind, body);
-                    waiter.ready.notify_all();
-                }
-                Err(e) => {
-                    self.break_with(format!("read failed: {e}"));
-                    break;
-                }
+            if !self.read_one(&mut reader) {
+                break;
             }
         }
         drop(reader);
-        // Hand off: wake the others so one of them takes the reader role.
+        self.hand_off();
+    }
+
+    /// Notices a peer that hung up while nobody was waiting for an answer (an idle
+    /// connection is otherwise only found broken by its next request): takes the reader
+    /// role if it is free, reads for at most one poll interval, and delivers what came.
+    pub(crate) fn poll_hang_up(&self) {
+        if self.is_broken() {
+            return;
+        }
+        let Some(mut reader) = self.reader.try_lock() else {
+            return; // a leader is reading: it will see a hang-up itself
+        };
+        self.read_one(&mut reader);
+        drop(reader);
+        self.hand_off();
+    }
+
+    /// Reads one frame (or one poll interval of nothing) and delivers it; false once the
+    /// stream is broken.
+    fn read_one(&self, reader: &mut (S, Vec<u8>)) -> bool {
+        let (stream, body) = reader;
+        match read_frame(stream, body, self.timeout) {
+            Ok(FrameRead::Idle) => true,
+            Ok(FrameRead::Closed) => {
+                self.break_with("peer closed the connection".into());
+                false
+            }
+            Ok(FrameRead::Frame(header)) => {
+                let body = std::mem::take(body);
+                if header.kind == Kind::Error && header.request_id == 0 {
+                    let (_, message) = wire::decode_error(&body).unwrap_or((0, "unreadable error frame".into()));
+                    self.break_with(format!("peer closed the connection: {message}"));
+                    return false;
+                }
+                // None: its requester gave up (timeout); the late answer is dropped.
+                if let Some(waiter) = self.pending.lock().remove(&header.request_id) {
+                    *waiter.state.lock() = State::Done(header.kind, body);
+                    waiter.ready.notify_all();
+                }
+                true
+            }
+            Err(e) => {
+                self.break_with(format!("read failed: {e}"));
+                false
+            }
+        }
+    }
+
+    /// Wakes every waiter so one of them takes the reader role.
+    fn hand_off(&self) {
         let waiters: Vec<_> = self.pending.lock().values().cloned().collect();
         for waiter in waiters {
             let _state = waiter.state.lock();

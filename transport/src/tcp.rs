@@ -125,6 +125,11 @@ impl Connection for TcpConnection {
         !self.mux.is_broken()
     }
 
+    fn check_healthy(&self) -> bool {
+        self.mux.poll_hang_up();
+        !self.mux.is_broken()
+    }
+
     fn execute_unchecked(&self, batch: &mut Batch) -> Result<(), TransportError> {
         TcpConnection::execute_unchecked(self, batch)
     }
