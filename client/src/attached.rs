@@ -22,16 +22,17 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use racekv_hashing::{Item, PutMode, PutOptions, PutResult};
 
 use crate::attach::area::status;
 use crate::attach::handshake::{refusal, FRAME_HEADER_BYTES, MAX_FRAME_BODY};
 use crate::attach::{doorbell, monotonic_ns, Accepted, ClientRing, Doorbell, Frame, Hello};
+use crate::channel::{Batch, Channel, Take};
 use crate::error::ClientError;
-use crate::expiry::ExpiryChange;
-use crate::op::{ErrorKind, MemnodeStats, Reply, Request, MAX_KEY_BYTES, MAX_VALUE_BYTES};
-use crate::parts::{check_item, too_large};
+use crate::op::{ErrorKind, Reply, Request, MAX_MULTI};
+use crate::Mode;
 
+/// A multi-key request's bytes before its items (its kind and count).
+const REQUEST_HEADER_BYTES: usize = 4;
 /// Re-attach attempts are at least this far apart.
 const REATTACH_BACKOFF: Duration = Duration::from_millis(100);
 /// The longest a sleeping waiter sleeps before looking around again (a safety net: wake-ups
@@ -93,10 +94,6 @@ impl Attached {
         })
     }
 
-    pub(crate) fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// The current attachment, attaching again if the daemon went away.
     fn attachment(&self) -> Result<Arc<Attachment>, ClientError> {
         let current = Arc::clone(&self.current.lock());
@@ -121,30 +118,6 @@ impl Attached {
         Instant::now() + self.timeout
     }
 
-    fn error_reply(&self, kind: ErrorKind, message: String) -> ClientError {
-        match kind {
-            ErrorKind::Timeout => ClientError::Timeout { endpoint: self.label.clone(), after: self.timeout },
-            other => Reply::into_error(other, message, &self.label),
-        }
-    }
-
-    fn unexpected(&self, reply: Reply) -> ClientError {
-        match reply {
-            Reply::Error(kind, message) => self.error_reply(kind, message),
-            other => ClientError::Protocol(format!("the computenode answered with an unexpected {other:?}")),
-        }
-    }
-
-    /// Runs one request: in one slot when it fits (the fast path), else in parts; a reply
-    /// too large for a slot is fetched in parts. All parts go through one attachment (the
-    /// daemon keeps a transfer per attachment).
-    fn call(&self, request: &Request) -> Result<Reply, ClientError> {
-        let mut bytes = Vec::new();
-        request.encode(&mut bytes);
-        let attachment = self.attachment()?;
-        crate::parts::call(attachment.payload_bytes(), &bytes, &mut |message| self.send(&attachment, message))
-    }
-
     /// One message in one slot, and its decoded reply.
     fn send(&self, attachment: &Attachment, message: &[u8]) -> Result<Reply, ClientError> {
         let deadline = self.deadline();
@@ -160,173 +133,6 @@ impl Attached {
         Reply::decode(&payload).map_err(|e| ClientError::Protocol(format!("reply from the computenode: {e}")))
     }
 
-    pub(crate) fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
-        if key.len() > MAX_KEY_BYTES {
-            // As the table says (embedded mode), without sending it.
-            return Err(too_large(key.len(), 0));
-        }
-        self.call(&Request::Get(key.to_vec()))?.value().map_err(|r| self.unexpected(r))
-    }
-
-    pub(crate) fn put_with(&self, key: &[u8], value: &[u8], mode: PutMode) -> Result<bool, ClientError> {
-        check_item(key, value.len())?;
-        match self.call(&Request::Put { key: key.to_vec(), value: value.to_vec(), mode })? {
-            Reply::Done(applied) => Ok(applied),
-            other => Err(self.unexpected_for(other, key.len(), value.len())),
-        }
-    }
-
-    pub(crate) fn put_opts(&self, key: &[u8], value: &[u8], options: PutOptions) -> Result<PutResult, ClientError> {
-        check_item(key, value.len())?;
-        match self.call(&Request::PutOpts { key: key.to_vec(), value: value.to_vec(), options })? {
-            Reply::Put(result) => Ok(result),
-            other => Err(self.unexpected_for(other, key.len(), value.len())),
-        }
-    }
-
-    pub(crate) fn get_item(&self, key: &[u8]) -> Result<Option<Item>, ClientError> {
-        if key.len() > MAX_KEY_BYTES {
-            return Err(too_large(key.len(), 0));
-        }
-        self.call(&Request::GetItem(key.to_vec()))?.item().map_err(|r| self.unexpected(r))
-    }
-
-    pub(crate) fn expire(&self, key: &[u8], change: ExpiryChange) -> Result<bool, ClientError> {
-        if key.len() > MAX_KEY_BYTES {
-            return Err(too_large(key.len(), 0));
-        }
-        self.call(&Request::Expire { key: key.to_vec(), change })?.done().map_err(|r| self.unexpected(r))
-    }
-
-    pub(crate) fn delete(&self, key: &[u8]) -> Result<bool, ClientError> {
-        if key.len() > MAX_KEY_BYTES {
-            return Err(too_large(key.len(), 0));
-        }
-        self.call(&Request::Delete(key.to_vec()))?.done().map_err(|r| self.unexpected(r))
-    }
-
-    pub(crate) fn compare_and_swap(
-        &self,
-        key: &[u8],
-        expected: Option<&[u8]>,
-        new: Option<&[u8]>,
-    ) -> Result<bool, ClientError> {
-        let new_len = new.map_or(0, <[u8]>::len);
-        check_item(key, new_len)?;
-        if expected.is_some_and(|e| e.len() > MAX_VALUE_BYTES) {
-            // No stored value is this long: it matches nothing.
-            return Ok(false);
-        }
-        let request = Request::CompareAndSwap {
-            key: key.to_vec(),
-            expected: expected.map(<[u8]>::to_vec),
-            new: new.map(<[u8]>::to_vec),
-        };
-        match self.call(&request)? {
-            Reply::Done(swapped) => Ok(swapped),
-            other => Err(self.unexpected_for(other, key.len(), new_len)),
-        }
-    }
-
-    /// [`Attached::unexpected`], with the table's TooLarge as the typed error for this item.
-    fn unexpected_for(&self, reply: Reply, key: usize, value: usize) -> ClientError {
-        match reply {
-            Reply::Error(ErrorKind::TooLarge, _) => too_large(key, value),
-            other => self.unexpected(other),
-        }
-    }
-
-    pub(crate) fn len(&self) -> Result<u64, ClientError> {
-        self.call(&Request::Len)?.count().map_err(|r| self.unexpected(r))
-    }
-
-    pub(crate) fn stats(&self) -> Result<Vec<MemnodeStats>, ClientError> {
-        self.call(&Request::Stats)?.stats().map_err(|r| self.unexpected(r))
-    }
-
-    /// SCAN, with pages no larger than a ring slot holds (a key longer than that cannot
-    /// come back: with slots under 16 KiB the daemon's answer does not fit, an error).
-    pub(crate) fn scan(&self, cursor: u64, count: u32) -> Result<(u64, Vec<Vec<u8>>), ClientError> {
-        let room = self.attachment()?.payload_bytes().saturating_sub(crate::op::SCAN_REPLY_HEADER_BYTES);
-        let max_bytes = (room.min(crate::op::MAX_SCAN_REPLY_BYTES as usize) as u32).max(1);
-        self.call(&Request::Scan { cursor, count, max_bytes })?.keys().map_err(|r| self.unexpected(r))
-    }
-
-    pub(crate) fn random_key(&self) -> Result<Option<Vec<u8>>, ClientError> {
-        self.call(&Request::RandomKey)?.value().map_err(|r| self.unexpected(r))
-    }
-
-    pub(crate) fn delete_all(&self) -> Result<u64, ClientError> {
-        self.call(&Request::DeleteAll)?.count().map_err(|r| self.unexpected(r))
-    }
-
-    /// Values of many keys: chunks that fit a slot and the daemon's key limit travel
-    /// pipelined (a chunk whose reply outgrew its slot comes back staged, or is split and
-    /// asked again); a key too long for a slot goes alone, in parts.
-    pub(crate) fn multi_get(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, ClientError> {
-        if let Some(k) = keys.iter().find(|k| k.len() > MAX_KEY_BYTES) {
-            return Err(too_large(k.len(), 0));
-        }
-        let mut out = vec![None; keys.len()];
-        let attachment = self.attachment()?;
-        let payload = attachment.payload_bytes();
-        let max_keys = (attachment.accepted.max_multi_keys as usize).min(crate::op::MAX_MULTI);
-        let (askable, alone): (Vec<usize>, Vec<usize>) =
-            (0..keys.len()).partition(|&i| 4 + 4 + keys[i].len() <= payload);
-        for i in alone {
-            match self.call(&Request::MultiGet(vec![keys[i].to_vec()]))? {
-                Reply::Values(mut values) if values.len() == 1 => out[i] = values.pop().flatten(),
-                other => return Err(self.unexpected(other)),
-            }
-        }
-        let chunks = pack(&askable, |i| 4 + keys[i].len(), 4, payload, max_keys);
-        let encode = |indices: &[usize]| {
-            let mut bytes = Vec::new();
-            Request::MultiGet(indices.iter().map(|&i| keys[i].to_vec()).collect()).encode(&mut bytes);
-            bytes
-        };
-        self.pipeline(&attachment, chunks, encode, |indices, reply| match reply {
-            Reply::Values(values) if values.len() == indices.len() => {
-                for (&i, v) in indices.iter().zip(values) {
-                    out[i] = v;
-                }
-                Ok(())
-            }
-            other => Err(self.unexpected(other)),
-        })?;
-        Ok(out)
-    }
-
-    /// Sets many keys, in pipelined chunks that fit a slot; a pair too large for a slot
-    /// goes alone, in parts.
-    pub(crate) fn multi_put(&self, pairs: &[(&[u8], &[u8])]) -> Result<(), ClientError> {
-        for (k, v) in pairs {
-            check_item(k, v.len())?;
-        }
-        let attachment = self.attachment()?;
-        let payload = attachment.payload_bytes();
-        let (fitting, alone): (Vec<usize>, Vec<usize>) =
-            (0..pairs.len()).partition(|&i| 4 + 8 + pairs[i].0.len() + pairs[i].1.len() <= payload);
-        for i in alone {
-            let (k, v) = pairs[i];
-            match self.call(&Request::MultiPut(vec![(k.to_vec(), v.to_vec())]))? {
-                Reply::Ok => {}
-                other => return Err(self.unexpected_for(other, k.len(), v.len())),
-            }
-        }
-        let chunks = pack(&fitting, |i| 8 + pairs[i].0.len() + pairs[i].1.len(), 4, payload, crate::op::MAX_MULTI);
-        let encode = |indices: &[usize]| {
-            let mut bytes = Vec::new();
-            Request::MultiPut(indices.iter().map(|&i| (pairs[i].0.to_vec(), pairs[i].1.to_vec())).collect())
-                .encode(&mut bytes);
-            bytes
-        };
-        self.pipeline(&attachment, chunks, encode, |_, reply| match reply {
-            Reply::Ok => Ok(()),
-            other => Err(self.unexpected(other)),
-        })
-    }
-
     /// Sends `chunks` (index lists) with up to half the ring in flight, hands each reply to
     /// `take`, splits chunks whose reply did not fit a slot. Staged replies are fetched once
     /// the pipeline has drained (fetching while holding slots could starve other threads).
@@ -337,7 +143,7 @@ impl Attached {
         attachment: &Arc<Attachment>,
         chunks: Vec<Vec<usize>>,
         encode: impl Fn(&[usize]) -> Vec<u8>,
-        mut take: impl FnMut(&[usize], Reply) -> Result<(), ClientError>,
+        take: &mut Take<'_>,
     ) -> Result<(), ClientError> {
         let deadline = self.deadline();
         let window = (attachment.accepted.geometry.slots() as usize / 2).max(1);
@@ -403,6 +209,68 @@ impl Attached {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+}
+
+impl Channel for Attached {
+    fn mode(&self) -> Mode {
+        Mode::Attached
+    }
+
+    fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// Runs one request: in one slot when it fits (the fast path), else in parts; a reply
+    /// too large for a slot is fetched in parts. All parts go through one attachment (the
+    /// daemon keeps a transfer per attachment).
+    fn call(&self, request: &Request) -> Result<Reply, ClientError> {
+        let mut bytes = Vec::new();
+        request.encode(&mut bytes);
+        let attachment = self.attachment()?;
+        crate::parts::call(attachment.payload_bytes(), &bytes, &mut |message| self.send(&attachment, message))
+    }
+
+    /// Chunks that fit a slot (and, for gets, the daemon's key limit) travel pipelined (a
+    /// chunk whose reply outgrew its slot comes back staged, or is split and asked again);
+    /// an item too large for a slot goes alone, in parts.
+    fn call_many(&self, batch: &Batch<'_>, take: &mut Take<'_>) -> Result<(), ClientError> {
+        let attachment = self.attachment()?;
+        let payload = attachment.payload_bytes();
+        let max_items = match batch {
+            Batch::Get(_) => (attachment.accepted.max_multi_keys as usize).min(MAX_MULTI),
+            Batch::Put(_) => MAX_MULTI,
+        };
+        let (fitting, alone): (Vec<usize>, Vec<usize>) =
+            (0..batch.len()).partition(|&i| REQUEST_HEADER_BYTES + batch.item_bytes(i) <= payload);
+        for i in alone {
+            take(&[i], self.call(&batch.request(&[i]))?)?;
+        }
+        let chunks = pack(&fitting, |i| batch.item_bytes(i), REQUEST_HEADER_BYTES, payload, max_items);
+        let encode = |items: &[usize]| {
+            let mut bytes = Vec::new();
+            batch.request(items).encode(&mut bytes);
+            bytes
+        };
+        self.pipeline(&attachment, chunks, encode, take)
+    }
+
+    fn error_reply(&self, kind: ErrorKind, message: String) -> ClientError {
+        match kind {
+            ErrorKind::Timeout => ClientError::Timeout { endpoint: self.label.clone(), after: self.timeout },
+            other => Reply::into_error(other, message, &self.label),
+        }
+    }
+
+    /// Pages no larger than a ring slot holds (a key longer than that cannot come back:
+    /// with slots under 16 KiB the daemon's answer does not fit, an error).
+    fn scan_page_bytes(&self) -> Result<u32, ClientError> {
+        let room = self.attachment()?.payload_bytes().saturating_sub(crate::op::SCAN_REPLY_HEADER_BYTES);
+        Ok((room.min(crate::op::MAX_SCAN_REPLY_BYTES as usize) as u32).max(1))
+    }
+
+    fn attach_socket(&self) -> Option<&Path> {
+        Some(&self.path)
     }
 }
 

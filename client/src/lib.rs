@@ -63,6 +63,7 @@
 
 pub mod attach;
 mod attached;
+mod channel;
 mod embedded;
 mod error;
 pub mod expiry;
@@ -297,7 +298,7 @@ impl ClientBuilder {
             let user = self.user.clone().unwrap_or_else(|| "default".into());
             let options = self.connect_options()?.with_user(user, self.password.clone().unwrap_or_default());
             let remote = remote::Remote::connect(addr, options)?;
-            return Ok(Client { backend: Backend::Remote(Arc::new(remote)) });
+            return Ok(Client { backend: Backend::Channel(Arc::new(remote)) });
         }
         if !self.memnodes.is_empty() {
             if let Some(path) = &self.attach {
@@ -319,15 +320,15 @@ impl ClientBuilder {
         }
         let path = self.attach.unwrap_or_else(default_attach_socket);
         let attached = attached::Attached::connect(path, self.user, self.password, self.timeout, self.attach_spin)?;
-        Ok(Client { backend: Backend::Attached(Arc::new(attached)) })
+        Ok(Client { backend: Backend::Channel(Arc::new(attached)) })
     }
 }
 
 #[derive(Clone)]
 enum Backend {
     Embedded(Arc<embedded::Cluster>),
-    Attached(Arc<attached::Attached>),
-    Remote(Arc<remote::Remote>),
+    /// Attached or remote: requests to a computenode.
+    Channel(Arc<dyn channel::Channel>),
 }
 
 /// A handle on a racekv cluster; clone it freely.
@@ -346,16 +347,15 @@ impl Client {
     pub fn mode(&self) -> Mode {
         match &self.backend {
             Backend::Embedded(_) => Mode::Embedded,
-            Backend::Attached(_) => Mode::Attached,
-            Backend::Remote(_) => Mode::Remote,
+            Backend::Channel(c) => c.mode(),
         }
     }
 
     /// The daemon's socket, in attached mode.
     pub fn attach_socket(&self) -> Option<&Path> {
         match &self.backend {
-            Backend::Embedded(_) | Backend::Remote(_) => None,
-            Backend::Attached(a) => Some(a.path()),
+            Backend::Embedded(_) => None,
+            Backend::Channel(c) => c.attach_socket(),
         }
     }
 
@@ -363,8 +363,7 @@ impl Client {
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
         match &self.backend {
             Backend::Embedded(c) => c.with(|s| s.get(key)),
-            Backend::Attached(a) => a.get(key),
-            Backend::Remote(r) => r.get(key),
+            Backend::Channel(c) => c.get(key),
         }
     }
 
@@ -372,8 +371,7 @@ impl Client {
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<(), ClientError> {
         match &self.backend {
             Backend::Embedded(c) => c.with(|s| s.put(key, value)),
-            Backend::Attached(a) => a.put_with(key, value, PutMode::Upsert).map(|_| ()),
-            Backend::Remote(r) => r.put_with(key, value, PutMode::Upsert).map(|_| ()),
+            Backend::Channel(c) => c.put_with(key, value, PutMode::Upsert).map(|_| ()),
         }
     }
 
@@ -381,8 +379,7 @@ impl Client {
     pub fn insert(&self, key: &[u8], value: &[u8]) -> Result<bool, ClientError> {
         match &self.backend {
             Backend::Embedded(c) => c.with(|s| s.put_with(key, value, PutMode::InsertOnly)),
-            Backend::Attached(a) => a.put_with(key, value, PutMode::InsertOnly),
-            Backend::Remote(r) => r.put_with(key, value, PutMode::InsertOnly),
+            Backend::Channel(c) => c.put_with(key, value, PutMode::InsertOnly),
         }
     }
 
@@ -390,8 +387,7 @@ impl Client {
     pub fn update(&self, key: &[u8], value: &[u8]) -> Result<bool, ClientError> {
         match &self.backend {
             Backend::Embedded(c) => c.with(|s| s.put_with(key, value, PutMode::UpdateOnly)),
-            Backend::Attached(a) => a.put_with(key, value, PutMode::UpdateOnly),
-            Backend::Remote(r) => r.put_with(key, value, PutMode::UpdateOnly),
+            Backend::Channel(c) => c.put_with(key, value, PutMode::UpdateOnly),
         }
     }
 
@@ -410,8 +406,7 @@ impl Client {
     pub fn put_opts(&self, key: &[u8], value: &[u8], options: PutOptions) -> Result<PutResult, ClientError> {
         match &self.backend {
             Backend::Embedded(c) => c.with(|s| s.put_opts(key, value, options)),
-            Backend::Attached(a) => a.put_opts(key, value, options),
-            Backend::Remote(r) => r.put_opts(key, value, options),
+            Backend::Channel(c) => c.put_opts(key, value, options),
         }
     }
 
@@ -425,8 +420,7 @@ impl Client {
     pub fn get_item(&self, key: &[u8]) -> Result<Option<Item>, ClientError> {
         match &self.backend {
             Backend::Embedded(c) => c.with(|s| s.get_item(key)),
-            Backend::Attached(a) => a.get_item(key),
-            Backend::Remote(r) => r.get_item(key),
+            Backend::Channel(c) => c.get_item(key),
         }
     }
 
@@ -440,8 +434,7 @@ impl Client {
     pub fn expire(&self, key: &[u8], change: ExpiryChange) -> Result<bool, ClientError> {
         match &self.backend {
             Backend::Embedded(c) => c.with(|s| s.expire(key, change)),
-            Backend::Attached(a) => a.expire(key, change),
-            Backend::Remote(r) => r.expire(key, change),
+            Backend::Channel(c) => c.expire(key, change),
         }
     }
 
@@ -459,8 +452,7 @@ impl Client {
     pub fn delete(&self, key: &[u8]) -> Result<bool, ClientError> {
         match &self.backend {
             Backend::Embedded(c) => c.with(|s| s.delete(key)),
-            Backend::Attached(a) => a.delete(key),
-            Backend::Remote(r) => r.delete(key),
+            Backend::Channel(c) => c.delete(key),
         }
     }
 
@@ -474,8 +466,7 @@ impl Client {
     ) -> Result<bool, ClientError> {
         match &self.backend {
             Backend::Embedded(c) => c.with(|s| s.compare_and_swap(key, expected, new)),
-            Backend::Attached(a) => a.compare_and_swap(key, expected, new),
-            Backend::Remote(r) => r.compare_and_swap(key, expected, new),
+            Backend::Channel(c) => c.compare_and_swap(key, expected, new),
         }
     }
 
@@ -483,8 +474,7 @@ impl Client {
     pub fn multi_get(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, ClientError> {
         match &self.backend {
             Backend::Embedded(c) => c.with(|s| s.multi_get(keys)),
-            Backend::Attached(a) => a.multi_get(keys),
-            Backend::Remote(r) => r.multi_get(keys),
+            Backend::Channel(c) => c.multi_get(keys),
         }
     }
 
@@ -492,8 +482,7 @@ impl Client {
     pub fn multi_put(&self, pairs: &[(&[u8], &[u8])]) -> Result<(), ClientError> {
         match &self.backend {
             Backend::Embedded(c) => c.with(|s| s.multi_put(pairs)),
-            Backend::Attached(a) => a.multi_put(pairs),
-            Backend::Remote(r) => r.multi_put(pairs),
+            Backend::Channel(c) => c.multi_put(pairs),
         }
     }
 
@@ -507,8 +496,7 @@ impl Client {
                 c.flush_idle();
                 return c.with(|s| s.stats());
             }
-            Backend::Attached(a) => (format!("attach:{}", a.path().display()), a.stats()),
-            Backend::Remote(r) => (r.label().to_string(), r.stats()),
+            Backend::Channel(c) => (c.label().to_string(), c.stats()),
         };
         match entries {
             Ok(entries) => entries
@@ -527,8 +515,7 @@ impl Client {
     pub fn memnodes(&self) -> Vec<String> {
         let entries = match &self.backend {
             Backend::Embedded(c) => return c.labels(),
-            Backend::Attached(a) => a.stats(),
-            Backend::Remote(r) => r.stats(),
+            Backend::Channel(c) => c.stats(),
         };
         match entries {
             Ok(entries) => entries.into_iter().map(|m| m.endpoint).collect(),
@@ -570,8 +557,7 @@ impl Client {
             Backend::Embedded(c) => {
                 c.with(|s| s.scan(cursor, ScanLimits::new(count, op::MAX_MULTI, op::MAX_SCAN_REPLY_BYTES as usize)))
             }
-            Backend::Attached(a) => a.scan(cursor, count as u32),
-            Backend::Remote(r) => r.scan(cursor, count as u32),
+            Backend::Channel(c) => c.scan(cursor, count as u32),
         }
     }
 
@@ -580,8 +566,7 @@ impl Client {
     pub fn random_key(&self) -> Result<Option<Vec<u8>>, ClientError> {
         match &self.backend {
             Backend::Embedded(c) => c.with(|s| s.random_key(session::random_seed())),
-            Backend::Attached(a) => a.random_key(),
-            Backend::Remote(r) => r.random_key(),
+            Backend::Channel(c) => c.random_key(),
         }
     }
 
@@ -590,8 +575,7 @@ impl Client {
     pub fn delete_all(&self) -> Result<u64, ClientError> {
         match &self.backend {
             Backend::Embedded(c) => c.with(|s| s.delete_all()),
-            Backend::Attached(a) => a.delete_all(),
-            Backend::Remote(r) => r.delete_all(),
+            Backend::Channel(c) => c.delete_all(),
         }
     }
 
@@ -599,8 +583,7 @@ impl Client {
     pub fn len(&self) -> Result<u64, ClientError> {
         match &self.backend {
             Backend::Embedded(_) => self.stats().into_iter().map(|(_, s)| s.map(|s| s.items)).sum(),
-            Backend::Attached(a) => a.len(),
-            Backend::Remote(r) => r.len(),
+            Backend::Channel(c) => c.len(),
         }
     }
 
@@ -623,7 +606,7 @@ impl Client {
     pub fn prepare(&self) -> Result<(), ClientError> {
         match &self.backend {
             Backend::Embedded(c) => c.with(|s| s.prepare()),
-            Backend::Attached(_) | Backend::Remote(_) => Ok(()),
+            Backend::Channel(_) => Ok(()),
         }
     }
 }

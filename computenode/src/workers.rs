@@ -146,19 +146,12 @@ fn spawn_worker(shared: &Arc<Shared>) -> std::io::Result<bool> {
     }
     METRICS.workers.inc();
     let worker = Arc::clone(shared);
-    match std::thread::Builder::new().name("worker".into()).spawn(move || work(&worker)) {
-        Ok(handle) => {
-            let mut threads = shared.threads.lock();
-            threads.retain(|t| !t.is_finished());
-            threads.push(handle);
-            Ok(true)
-        }
-        Err(e) => {
+    racekv_transport::listen::spawn_tracked(&shared.threads, "worker".into(), move || work(&worker))
+        .map(|()| true)
+        .inspect_err(|_| {
             shared.live.fetch_sub(1, Ordering::AcqRel);
             METRICS.workers.dec();
-            Err(e)
-        }
-    }
+        })
 }
 
 fn work(shared: &Shared) {

@@ -228,7 +228,7 @@ fn admit(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr, tls: Option<
     }
     let conn_shared = Arc::clone(shared);
     let tls = tls.cloned();
-    let spawned = std::thread::Builder::new().name(format!("redis-conn-{id}")).spawn(move || {
+    let spawned = racekv_transport::listen::spawn_tracked(&shared.threads, format!("redis-conn-{id}"), move || {
         let reason = match tls {
             None => serve(&conn_shared.serving, stream, id),
             Some(tls) => match super::tls::accept(&tls, stream) {
@@ -245,19 +245,12 @@ fn admit(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr, tls: Option<
         tracing::debug!("redis client {id} ({peer}) closed: {reason}");
         release(&conn_shared.serving, id, reason);
     });
-    match spawned {
-        Ok(handle) => {
-            let mut threads = shared.threads.lock();
-            threads.retain(|t| !t.is_finished());
-            threads.push(handle);
+    if let Err(e) = spawned {
+        tracing::error!("redis front end: cannot spawn a connection thread: {e}");
+        if let Some(stream) = shared.serving.open.lock().get(&id) {
+            let _ = stream.shutdown(Shutdown::Both);
         }
-        Err(e) => {
-            tracing::error!("redis front end: cannot spawn a connection thread: {e}");
-            if let Some(stream) = shared.serving.open.lock().get(&id) {
-                let _ = stream.shutdown(Shutdown::Both);
-            }
-            release(&shared.serving, id, "io_error");
-        }
+        release(&shared.serving, id, "io_error");
     }
 }
 

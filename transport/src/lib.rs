@@ -31,6 +31,7 @@ pub mod error;
 #[allow(unsafe_code)] // SCM_RIGHTS: owning the descriptors the kernel installed
 pub mod fdpass;
 pub mod flock;
+pub mod listen;
 pub mod local;
 mod mux;
 mod net;

@@ -22,25 +22,31 @@ use crate::tls::{TcpLink, TlsStream};
 use crate::wire::{self, Kind, HEADER_BYTES};
 use crate::ConnectOptions;
 
-/// Reads the HelloOk that ends the handshake (blocking, bounded by `timeout`).
-fn await_hello_ok<S: Read>(stream: &mut S, timeout: Duration, peer: &str) -> Result<wire::HelloOk, TransportError> {
+/// Waits for one frame of `kind` and returns its body (blocking, bounded by `timeout`).
+/// Another kind is a protocol error, a hang-up a connect error; an Error frame is what
+/// `refused` makes of its body. `during` names the exchange in errors ("hello").
+pub(crate) fn await_frame<S: Read>(
+    stream: &mut S,
+    kind: Kind,
+    timeout: Duration,
+    peer: &str,
+    during: &str,
+    refused: impl Fn(&[u8]) -> TransportError,
+) -> Result<Vec<u8>, TransportError> {
+    let fail = |reason: String| TransportError::Connect { endpoint: peer.to_string(), reason };
     let started = Instant::now();
     let mut body = Vec::new();
     loop {
         match read_frame(stream, &mut body, timeout) {
-            Ok(FrameRead::Frame(h)) if h.kind == Kind::HelloOk => {
-                return wire::decode_hello_ok(&body).map_err(|e| TransportError::Protocol(e.to_string()));
-            }
-            Ok(FrameRead::Frame(h)) if h.kind == Kind::Error => return Err(error_frame(&body, peer)),
+            Ok(FrameRead::Frame(h)) if h.kind == kind => return Ok(body),
+            Ok(FrameRead::Frame(h)) if h.kind == Kind::Error => return Err(refused(&body)),
             Ok(FrameRead::Frame(h)) => {
-                return Err(TransportError::Protocol(format!("{peer} answered hello with {:?}", h.kind)))
+                return Err(TransportError::Protocol(format!("{peer} answered {during} with {:?}", h.kind)))
             }
             Ok(FrameRead::Idle) if started.elapsed() < timeout => continue,
             Ok(FrameRead::Idle) => return Err(TransportError::Timeout { waited_ms: timeout.as_millis() as u64 }),
-            Ok(FrameRead::Closed) => {
-                return Err(TransportError::Connect { endpoint: peer.into(), reason: "closed during hello".into() })
-            }
-            Err(e) => return Err(TransportError::Connect { endpoint: peer.into(), reason: e.to_string() }),
+            Ok(FrameRead::Closed) => return Err(fail(format!("closed during {during}"))),
+            Err(e) => return Err(fail(e.to_string())),
         }
     }
 }
@@ -84,7 +90,9 @@ pub(crate) fn dial(
     };
     let left = deadline.saturating_duration_since(Instant::now());
     auth::connect(&mut link, &options.token, options.user.as_deref(), left, endpoint)?;
-    let hello = await_hello_ok(&mut link, deadline.saturating_duration_since(Instant::now()), endpoint)?;
+    let left = deadline.saturating_duration_since(Instant::now());
+    let body = await_frame(&mut link, Kind::HelloOk, left, endpoint, "hello", |body| error_frame(body, endpoint))?;
+    let hello = wire::decode_hello_ok(&body).map_err(|e| TransportError::Protocol(e.to_string()))?;
     Ok((link, hello))
 }
 
@@ -153,24 +161,8 @@ pub(crate) fn await_accept<S: Read>(
     timeout: Duration,
     peer: &str,
 ) -> Result<wire::FlockAccept, TransportError> {
-    let fail = |reason: String| TransportError::Connect { endpoint: peer.to_string(), reason };
-    let started = Instant::now();
-    let mut body = Vec::new();
-    loop {
-        match read_frame(stream, &mut body, timeout) {
-            Ok(FrameRead::Frame(h)) if h.kind == Kind::FlockAccept => {
-                return wire::decode_flock_accept(&body).map_err(|e| TransportError::Protocol(format!("{peer}: {e}")));
-            }
-            Ok(FrameRead::Frame(h)) if h.kind == Kind::Error => return Err(error_frame(&body, peer)),
-            Ok(FrameRead::Frame(h)) => {
-                return Err(TransportError::Protocol(format!("{peer} answered FlockOpen with {:?}", h.kind)))
-            }
-            Ok(FrameRead::Idle) if started.elapsed() < timeout => continue,
-            Ok(FrameRead::Idle) => return Err(TransportError::Timeout { waited_ms: timeout.as_millis() as u64 }),
-            Ok(FrameRead::Closed) => return Err(fail("closed while opening an rpc lane".into())),
-            Err(e) => return Err(fail(e.to_string())),
-        }
-    }
+    let body = await_frame(stream, Kind::FlockAccept, timeout, peer, "FlockOpen", |body| error_frame(body, peer))?;
+    wire::decode_flock_accept(&body).map_err(|e| TransportError::Protocol(format!("{peer}: {e}")))
 }
 
 /// Blocks until the peer hangs up (or we shut the socket down), then raises `lost`. Also

@@ -30,7 +30,6 @@ use std::fs::File;
 use std::io;
 use std::net::TcpListener;
 use std::os::fd::AsFd;
-use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
@@ -337,17 +336,7 @@ impl RegionServer {
                         "an shm endpoint needs a file-backed region",
                     ));
                 }
-                if path.exists() {
-                    // A socket left by a killed server; refuse if something still answers.
-                    if UnixStream::connect(path).is_ok() {
-                        return Err(io::Error::new(
-                            io::ErrorKind::AddrInUse,
-                            format!("{} is served by another process", path.display()),
-                        ));
-                    }
-                    std::fs::remove_file(path)?;
-                }
-                let listener = UnixListener::bind(path)?;
+                let listener = crate::listen::bind_unix(path, "another region server")?;
                 self.unix_paths.push(path.clone());
                 self.endpoints.push(endpoint.clone());
                 self.spawn_acceptor(listener, |l| l.accept().map(|(s, _)| s))?;
@@ -471,7 +460,7 @@ fn admit<S: ServerStream>(shared: &Arc<Shared>, mut stream: S) {
     METRICS.connections.with_label_values(&[listener]).inc();
     METRICS.accepted.with_label_values(&[listener]).inc();
     let conn_shared = Arc::clone(shared);
-    let spawned = std::thread::Builder::new().name(format!("region-conn-{id}")).spawn(move || {
+    let spawned = crate::listen::spawn_tracked(&shared.threads, format!("region-conn-{id}"), move || {
         if let Err(reason) = serve(&conn_shared, stream) {
             METRICS.frame_errors.with_label_values(&[reason]).inc();
         }
@@ -479,20 +468,13 @@ fn admit<S: ServerStream>(shared: &Arc<Shared>, mut stream: S) {
         conn_shared.live.fetch_sub(1, Ordering::AcqRel);
         METRICS.connections.with_label_values(&[listener]).dec();
     });
-    match spawned {
-        Ok(handle) => {
-            let mut threads = shared.threads.lock();
-            threads.retain(|t| !t.is_finished());
-            threads.push(handle);
+    if let Err(e) = spawned {
+        tracing::error!("region server: cannot spawn a connection thread: {e}");
+        if let Some(close) = shared.conns.lock().remove(&id) {
+            close();
         }
-        Err(e) => {
-            tracing::error!("region server: cannot spawn a connection thread: {e}");
-            if let Some(close) = shared.conns.lock().remove(&id) {
-                close();
-            }
-            shared.live.fetch_sub(1, Ordering::AcqRel);
-            METRICS.connections.with_label_values(&[listener]).dec();
-        }
+        shared.live.fetch_sub(1, Ordering::AcqRel);
+        METRICS.connections.with_label_values(&[listener]).dec();
     }
 }
 

@@ -166,16 +166,7 @@ fn bind(path: &Path, allowed: &AllowedUids) -> io::Result<UnixListener> {
             std::fs::DirBuilder::new().recursive(true).mode(if private { 0o700 } else { 0o755 }).create(dir)?;
         }
     }
-    if path.exists() {
-        if UnixStream::connect(path).is_ok() {
-            return Err(io::Error::new(
-                io::ErrorKind::AddrInUse,
-                format!("{} is in use: another computenode listens there", path.display()),
-            ));
-        }
-        std::fs::remove_file(path)?;
-    }
-    let listener = UnixListener::bind(path)?;
+    let listener = racekv_transport::listen::bind_unix(path, "another computenode")?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(if private { 0o600 } else { 0o666 }))?;
     Ok(listener)
 }
@@ -236,18 +227,13 @@ fn admit(shared: &Arc<Shared>, stream: UnixStream) {
         open.insert(id, (handle, None));
     }
     let serving = Arc::clone(shared);
-    let spawned = std::thread::Builder::new().name(format!("attach-{id}")).spawn(move || {
+    let spawned = racekv_transport::listen::spawn_tracked(&shared.threads, format!("attach-{id}"), move || {
         serve(&serving, id, stream);
         serving.open.lock().remove(&id);
     });
-    let mut threads = shared.threads.lock();
-    threads.retain(|t| !t.is_finished());
-    match spawned {
-        Ok(thread) => threads.push(thread),
-        Err(e) => {
-            tracing::warn!("attach: cannot start a client thread: {e}");
-            shared.open.lock().remove(&id);
-        }
+    if let Err(e) = spawned {
+        tracing::warn!("attach: cannot start a client thread: {e}");
+        shared.open.lock().remove(&id);
     }
 }
 

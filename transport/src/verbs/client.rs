@@ -41,7 +41,6 @@ use crate::error::TransportError;
 use crate::flock::verbs::open_verbs_lane;
 use crate::flock::{Channel, FlockOptions};
 use crate::mux::error_frame;
-use crate::stream::{read_frame, FrameRead};
 use crate::wire::{self, Kind, QpInfo, VerbsAccept};
 use crate::{ConnectOptions, Connection, TransportKind};
 
@@ -547,30 +546,15 @@ fn exchange(
     let mut out = Vec::new();
     wire::encode_verbs_connect(&mut out, mine);
     stream.write_all(&out).map_err(|e| fail(e.to_string()))?;
-    let started = Instant::now();
-    let mut body = Vec::new();
-    loop {
-        match read_frame(stream, &mut body, timeout) {
-            Ok(FrameRead::Frame(h)) if h.kind == Kind::VerbsAccept => {
-                return wire::decode_verbs_accept(&body).map_err(|e| TransportError::Protocol(format!("{peer}: {e}")));
-            }
-            Ok(FrameRead::Frame(h)) if h.kind == Kind::Error => {
-                return Err(match wire::decode_error(&body) {
-                    Ok((wire::error_code::SETUP_FAILED | wire::error_code::UNSUPPORTED, message)) => {
-                        fail(format!("the server could not set up a queue pair: {message}"))
-                    }
-                    _ => error_frame(&body, peer),
-                });
-            }
-            Ok(FrameRead::Frame(h)) => {
-                return Err(TransportError::Protocol(format!("{peer} answered the QP exchange with {:?}", h.kind)))
-            }
-            Ok(FrameRead::Idle) if started.elapsed() < timeout => continue,
-            Ok(FrameRead::Idle) => return Err(TransportError::Timeout { waited_ms: timeout.as_millis() as u64 }),
-            Ok(FrameRead::Closed) => return Err(fail("closed during the QP exchange".into())),
-            Err(e) => return Err(fail(e.to_string())),
+    // A server without a queue pair for us says so: a connect error, like a refused dial.
+    let refused = |body: &[u8]| match wire::decode_error(body) {
+        Ok((wire::error_code::SETUP_FAILED | wire::error_code::UNSUPPORTED, message)) => {
+            fail(format!("the server could not set up a queue pair: {message}"))
         }
-    }
+        _ => error_frame(body, peer),
+    };
+    let body = crate::net::await_frame(stream, Kind::VerbsAccept, timeout, peer, "the QP exchange", refused)?;
+    wire::decode_verbs_accept(&body).map_err(|e| TransportError::Protocol(format!("{peer}: {e}")))
 }
 
 impl Drop for VerbsConnection {
