@@ -387,7 +387,7 @@ impl Attachment {
             got += n;
             fds.extend(more);
         }
-        let protocol = |e: crate::attach::handshake::HandshakeError| ClientError::Protocol(e.to_string());
+        let protocol = |e: racekv_transport::decode::DecodeError| ClientError::Protocol(e.to_string());
         let (_, _, body_len) = Frame::decode_header(&header).map_err(protocol)?;
         let mut frame = header.to_vec();
         frame.resize(FRAME_HEADER_BYTES + body_len, 0);

@@ -55,6 +55,7 @@
 //! length.
 
 use racekv_hashing::{Expiry, Item, PutMode, PutOptions, PutOutcome, PutResult, TableStats};
+use racekv_transport::decode::{DecodeError, Reader};
 
 use crate::error::ClientError;
 use crate::expiry::{ExpireCondition, ExpiryChange};
@@ -383,46 +384,25 @@ impl Reply {
     }
 }
 
-/// A malformed message.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("malformed message: {0}")]
-pub struct DecodeError(pub String);
+/// What a request's or reply's errors say it is ([`DecodeError::what`]).
+pub const MALFORMED_MESSAGE: &str = "malformed message";
 
 fn bad(msg: impl Into<String>) -> DecodeError {
-    DecodeError(msg.into())
+    DecodeError::new(MALFORMED_MESSAGE, msg)
 }
 
-struct Reader<'a> {
-    bytes: &'a [u8],
+/// The fields of this encoding, on top of the shared reader.
+trait Fields {
+    fn field(&mut self) -> Result<Vec<u8>, DecodeError>;
+    fn optional(&mut self) -> Result<Option<Vec<u8>>, DecodeError>;
+    fn boolean(&mut self) -> Result<bool, DecodeError>;
+    fn optional_u64(&mut self) -> Result<Option<u64>, DecodeError>;
+    fn memnode_stats(&mut self) -> Result<MemnodeStats, DecodeError>;
 }
 
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
-        if self.bytes.len() < n {
-            return Err(bad(format!("needs {n} more bytes, has {}", self.bytes.len())));
-        }
-        let (head, tail) = self.bytes.split_at(n);
-        self.bytes = tail;
-        Ok(head)
-    }
-    fn u8(&mut self) -> Result<u8, DecodeError> {
-        Ok(self.take(1)?[0])
-    }
-    fn u16(&mut self) -> Result<u16, DecodeError> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
-    }
-    fn u32(&mut self) -> Result<u32, DecodeError> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
-    }
-    fn u64(&mut self) -> Result<u64, DecodeError> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
-    }
+impl Fields for Reader<'_> {
     fn field(&mut self) -> Result<Vec<u8>, DecodeError> {
-        let len = self.u32()? as usize;
-        if len > MAX_FIELD_BYTES {
-            return Err(bad(format!("field of {len} bytes exceeds {MAX_FIELD_BYTES}")));
-        }
-        Ok(self.take(len)?.to_vec())
+        Ok(self.bytes_u32(MAX_FIELD_BYTES)?.to_vec())
     }
     fn optional(&mut self) -> Result<Option<Vec<u8>>, DecodeError> {
         match self.u8()? {
@@ -457,13 +437,6 @@ impl<'a> Reader<'a> {
         };
         Ok(MemnodeStats { endpoint, stats })
     }
-    fn finish(&self) -> Result<(), DecodeError> {
-        if self.bytes.is_empty() {
-            Ok(())
-        } else {
-            Err(bad(format!("{} trailing bytes", self.bytes.len())))
-        }
-    }
 }
 
 const STATS_BYTES: usize = 64 + 4 + 8 * 8;
@@ -491,8 +464,9 @@ fn decode_stats(bytes: &[u8]) -> Result<TableStats, DecodeError> {
     if bytes.len() != STATS_BYTES {
         return Err(bad(format!("table stats of {} bytes, expected {STATS_BYTES}", bytes.len())));
     }
-    let layout = racekv_hashing::Layout::decode(&bytes[..64]).map_err(|e| bad(format!("table stats: {e}")))?;
-    let mut r = Reader { bytes: &bytes[64..] };
+    let layout =
+        racekv_hashing::Layout::decode(&bytes[..64]).map_err(|e| bad(format!("table stats: {}", e.message)))?;
+    let mut r = Reader::new(MALFORMED_MESSAGE, &bytes[64..]);
     let global_depth = r.u32()?;
     let mut w = [0u64; 8];
     for word in &mut w {
@@ -675,7 +649,7 @@ impl Request {
         if bytes.len() > MAX_REQUEST_BYTES {
             return Err(bad(format!("request of {} bytes exceeds {MAX_REQUEST_BYTES}", bytes.len())));
         }
-        let mut r = Reader { bytes };
+        let mut r = Reader::new(MALFORMED_MESSAGE, bytes);
         let kind = r.u8()?;
         let mode = r.u8()?;
         let count = r.u16()? as usize;
@@ -839,24 +813,20 @@ impl Reply {
     /// Decodes a reply of any size (a multi-get's may exceed [`MAX_REQUEST_BYTES`]; each
     /// field is checked against [`MAX_FIELD_BYTES`] and the bytes present).
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        let mut r = Reader { bytes };
+        let mut r = Reader::new(MALFORMED_MESSAGE, bytes);
         let status = r.u8()?;
         let kind = r.u8()?;
         let count = r.u16()? as usize;
         if status != 0 {
             let kind = ErrorKind::from_code(status).ok_or_else(|| bad(format!("error status {status}")))?;
-            return Ok(Reply::Error(kind, String::from_utf8_lossy(r.bytes).into_owned()));
+            return Ok(Reply::Error(kind, String::from_utf8_lossy(r.rest()).into_owned()));
         }
         if count > MAX_MULTI || (count != 0 && kind != VALUES && kind != STATS_REPLY && kind != KEYS) {
             return Err(bad(format!("count {count} on reply kind {kind}")));
         }
         let reply = match kind {
             VALUE => Reply::Value(r.optional()?),
-            DONE => match r.u8()? {
-                0 => Reply::Done(false),
-                1 => Reply::Done(true),
-                other => return Err(bad(format!("boolean {other}"))),
-            },
+            DONE => Reply::Done(r.boolean()?),
             VALUES => Reply::Values((0..count).map(|_| r.optional()).collect::<Result<_, _>>()?),
             COUNT => Reply::Count(r.u64()?),
             OK => Reply::Ok,
@@ -1097,7 +1067,7 @@ mod tests {
         let bits = 4 + 4 + 1 + 1; // header, key, change kind: the condition byte
         assert_eq!(bytes[bits], 1);
         bytes[bits] = 0b0011; // NX with XX
-        assert!(Request::decode(&bytes).unwrap_err().0.contains("expire condition"));
+        assert!(Request::decode(&bytes).unwrap_err().message.contains("expire condition"));
         bytes[bits] = 0x10;
         assert!(Request::decode(&bytes).is_err());
         let options = PutOptions { expiry: Expiry::Keep, ..PutOptions::default() };
@@ -1105,7 +1075,7 @@ mod tests {
         let kind = 4 + 5 + 5;
         assert_eq!(bytes[kind], 2);
         bytes[kind] = 3;
-        assert!(Request::decode(&bytes).unwrap_err().0.contains("expiry kind"));
+        assert!(Request::decode(&bytes).unwrap_err().message.contains("expiry kind"));
         bytes[kind] = 2;
         *bytes.last_mut().unwrap() = 2; // return-old is a boolean
         assert!(Request::decode(&bytes).is_err());
@@ -1124,7 +1094,7 @@ mod tests {
         // A length past the limit is refused before anything is copied.
         let mut msg = vec![GET, 0, 0, 0];
         msg.extend_from_slice(&(MAX_FIELD_BYTES as u32 + 1).to_le_bytes());
-        assert!(Request::decode(&msg).unwrap_err().0.contains("exceeds"));
+        assert!(Request::decode(&msg).unwrap_err().message.contains("exceeds"));
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Errors of table operations.
 
+use racekv_transport::decode::DecodeError;
 use racekv_transport::{OpError, TransportError};
 
-use crate::layout::{LayoutError, MAX_KEY_BYTES, MAX_VALUE_BYTES};
+use crate::layout::{MAX_KEY_BYTES, MAX_VALUE_BYTES};
 
 /// Why a table operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -51,9 +52,10 @@ pub enum Error {
     /// Heap space came from an earlier run of the memnode, which reclaimed it when it started.
     #[error("the memnode restarted since: {0}")]
     StaleInstance(String),
-    /// The region's layout is invalid.
-    #[error("bad region layout: {0}")]
-    Layout(#[from] LayoutError),
+    /// The region's layout is invalid (the error says `bad region layout`,
+    /// [`crate::layout::BAD_LAYOUT`]).
+    #[error(transparent)]
+    Layout(DecodeError),
 }
 
 impl Error {

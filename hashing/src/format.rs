@@ -21,7 +21,7 @@ pub fn read_layout(conn: &dyn Connection) -> Result<Layout, Error> {
     let mut b = Batch::new();
     let r = b.read(0, SUPERBLOCK_BYTES as u32);
     conn.execute(&mut b)?;
-    let layout = Layout::decode(b.read_result(r)?)?;
+    let layout = Layout::decode(b.read_result(r)?).map_err(Error::Layout)?;
     if layout.region_len != conn.region_len() {
         return Err(Error::Corrupt(format!(
             "the superblock describes a region of {} B but the region is {} B (was --region-bytes changed? it cannot change after formatting)",
@@ -55,7 +55,7 @@ pub fn publish_grace_period(conn: &dyn Connection, grace: Duration) -> Result<()
 /// The magic and layout are written last, so a crash mid-way leaves an unformatted region.
 /// `node_id` names this memnode for key placement; it must be unique in a cluster.
 pub fn format(conn: &dyn Connection, layout: &Layout, node_id: u64) -> Result<(), Error> {
-    layout.check()?;
+    layout.check().map_err(Error::Layout)?;
     if layout.region_len != conn.region_len() {
         return Err(Error::Corrupt(format!(
             "layout for {} B on a region of {} B",

@@ -39,6 +39,7 @@
 //! A combined bucket is a main bucket plus its overflow neighbour, contiguous, so one READ of
 //! 128 B fetches 14 slots. Every key has two combined buckets (4 buckets, 28 slots).
 
+use racekv_transport::decode::{DecodeError, Reader};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// Bytes of the superblock at the start of the region.
@@ -258,22 +259,25 @@ pub struct Layout {
     pub chunk_bytes: u64,
 }
 
-/// Why a layout or an on-region structure cannot be used.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct LayoutError(pub String);
+/// What the errors of a layout that cannot be used say they are about
+/// ([`DecodeError::what`]).
+pub const BAD_LAYOUT: &str = "bad region layout";
+
+fn bad(msg: impl Into<String>) -> DecodeError {
+    DecodeError::new(BAD_LAYOUT, msg)
+}
 
 impl Layout {
     /// Chooses a layout for a region of `region_len` bytes: the directory is reserved large
     /// enough to address every subtable the heap could hold.
-    pub fn for_region(region_len: u64, groups_per_subtable: u32, chunk_bytes: u64) -> Result<Self, LayoutError> {
+    pub fn for_region(region_len: u64, groups_per_subtable: u32, chunk_bytes: u64) -> Result<Self, DecodeError> {
         if !groups_per_subtable.is_power_of_two() || !(4..=1 << 20).contains(&groups_per_subtable) {
-            return Err(LayoutError(format!(
+            return Err(bad(format!(
                 "groups per subtable must be a power of two in 4..=2^20, not {groups_per_subtable}"
             )));
         }
         if chunk_bytes < 4096 || !chunk_bytes.is_multiple_of(4096) {
-            return Err(LayoutError(format!("chunk size must be a multiple of 4096 B, not {chunk_bytes}")));
+            return Err(bad(format!("chunk size must be a multiple of 4096 B, not {chunk_bytes}")));
         }
         let subtable_bytes = u64::from(groups_per_subtable) * GROUP_BYTES;
         let mut max_global_depth = 0u32;
@@ -299,8 +303,8 @@ impl Layout {
     }
 
     /// Checks internal consistency (also of layouts read back from a region).
-    pub fn check(&self) -> Result<(), LayoutError> {
-        let fail = |m: String| Err(LayoutError(m));
+    pub fn check(&self) -> Result<(), DecodeError> {
+        let fail = |m: String| Err(bad(m));
         if !self.region_len.is_multiple_of(4096) || self.region_len >= REGION_LIMIT_BYTES {
             return fail(format!("region length {} is not a multiple of 4096 below 2^47", self.region_len));
         }
@@ -370,31 +374,27 @@ impl Layout {
     }
 
     /// Parses and checks the immutable part of a superblock read from a region.
-    pub fn decode(bytes: &[u8]) -> Result<Self, LayoutError> {
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         if bytes.len() < 64 {
-            return Err(LayoutError("superblock shorter than 64 bytes".into()));
+            return Err(bad("superblock shorter than 64 bytes"));
         }
-        let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().expect("8 bytes"));
-        let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().expect("4 bytes"));
-        if u64_at(0) != MAGIC {
-            return Err(LayoutError(
-                "no racekv superblock (bad magic): not a racekv region, or never formatted".into(),
-            ));
+        let mut r = Reader::new(BAD_LAYOUT, &bytes[..64]);
+        if r.u64()? != MAGIC {
+            return Err(bad("no racekv superblock (bad magic): not a racekv region, or never formatted"));
         }
-        if u32_at(8) != FORMAT_VERSION {
-            return Err(LayoutError(format!("region format version {}, this build reads {FORMAT_VERSION}", u32_at(8))));
+        let version = r.u32()?;
+        if version != FORMAT_VERSION {
+            return Err(bad(format!("region format version {version}, this build reads {FORMAT_VERSION}")));
         }
-        if xxh3_64_with_seed(&bytes[..sb::LAYOUT_BYTES], 0x5B) != u64_at(56) {
-            return Err(LayoutError("superblock layout checksum mismatch (corrupt region?)".into()));
+        r.take(4)?; // bytes 12..16: unused, and never checked
+        let (region_len, directory_offset) = (r.u64()?, r.u64()?);
+        let (max_global_depth, groups_per_subtable) = (r.u32()?, r.u32()?);
+        let (heap_offset, chunk_bytes) = (r.u64()?, r.u64()?);
+        if xxh3_64_with_seed(&bytes[..sb::LAYOUT_BYTES], 0x5B) != r.u64()? {
+            return Err(bad("superblock layout checksum mismatch (corrupt region?)"));
         }
-        let layout = Self {
-            region_len: u64_at(16),
-            directory_offset: u64_at(24),
-            max_global_depth: u32_at(32),
-            groups_per_subtable: u32_at(36),
-            heap_offset: u64_at(40),
-            chunk_bytes: u64_at(48),
-        };
+        let layout =
+            Self { region_len, directory_offset, max_global_depth, groups_per_subtable, heap_offset, chunk_bytes };
         layout.check()?;
         Ok(layout)
     }

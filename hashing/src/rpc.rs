@@ -1,6 +1,7 @@
 //! The memnode's RPC methods and their messages (little-endian, fixed-size, checked).
 
-use racekv_transport::wire::{Reader, WireError};
+use racekv_transport::decode::{DecodeError, Reader};
+use racekv_transport::wire::MALFORMED_FRAME;
 use racekv_transport::{Connection, RpcStatus, TransportError};
 
 use crate::alloc::Chunk;
@@ -75,7 +76,7 @@ pub fn map_error(e: TransportError) -> Error {
 }
 
 /// A bad-request status for a request that did not decode.
-pub fn bad_request(e: WireError) -> RpcStatus {
+pub fn bad_request(e: DecodeError) -> RpcStatus {
     RpcStatus::new(RpcStatus::BAD_REQUEST, e.to_string())
 }
 
@@ -101,7 +102,7 @@ impl Metadata {
         if bytes.len() != 72 {
             return Err(Error::Remote(format!("metadata of {} bytes, expected 72", bytes.len())));
         }
-        let layout = Layout::decode(&bytes[..64])?;
+        let layout = Layout::decode(&bytes[..64]).map_err(Error::Layout)?;
         let node_id = u64::from_le_bytes(bytes[64..72].try_into().expect("8 bytes"));
         Ok(Self { layout, node_id })
     }
@@ -135,8 +136,8 @@ impl SplitRequest {
     }
 
     /// Reads a split request.
-    pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
-        let mut r = Reader::new(bytes);
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(MALFORMED_FRAME, bytes);
         let dir_hash = r.u64()?;
         let observed_depth = r.u32()?;
         r.zeros(4)?;
@@ -152,8 +153,8 @@ pub fn encode_chunk(chunk: &Chunk) -> Vec<u8> {
 }
 
 /// Reads an ALLOC_CHUNK reply.
-pub fn decode_chunk(reply: &[u8]) -> Result<Chunk, WireError> {
-    let mut r = Reader::new(reply);
+pub fn decode_chunk(reply: &[u8]) -> Result<Chunk, DecodeError> {
+    let mut r = Reader::new(MALFORMED_FRAME, reply);
     let chunk = Chunk { offset: r.u64()?, bytes: r.u64()?, instance: r.u64()? };
     r.finish()?;
     Ok(chunk)
@@ -169,15 +170,15 @@ pub fn encode_ranges(instance: u64, ranges: &[(u64, u64)]) -> Vec<u8> {
 }
 
 /// Reads a server instance and its ranges ([`encode_ranges`]).
-pub fn decode_ranges(bytes: &[u8]) -> Result<(u64, Vec<(u64, u64)>), WireError> {
+pub fn decode_ranges(bytes: &[u8]) -> Result<(u64, Vec<(u64, u64)>), DecodeError> {
     let count = bytes.len().saturating_sub(8) / 16;
     if bytes.len() < 8 || !(bytes.len() - 8).is_multiple_of(16) || count > MAX_RANGES_PER_CALL {
-        return Err(WireError(format!(
-            "{} bytes is not an instance and a list of at most {MAX_RANGES_PER_CALL} ranges",
-            bytes.len()
-        )));
+        return Err(DecodeError::new(
+            MALFORMED_FRAME,
+            format!("{} bytes is not an instance and a list of at most {MAX_RANGES_PER_CALL} ranges", bytes.len()),
+        ));
     }
-    let mut r = Reader::new(bytes);
+    let mut r = Reader::new(MALFORMED_FRAME, bytes);
     let instance = r.u64()?;
     let mut out = Vec::with_capacity(count);
     while r.remaining() > 0 {
@@ -192,8 +193,8 @@ pub fn encode_words(words: &[u64]) -> Vec<u8> {
 }
 
 /// Exactly `N` little-endian words, or an error.
-pub fn decode_words<const N: usize>(bytes: &[u8]) -> Result<[u64; N], WireError> {
-    let mut r = Reader::new(bytes);
+pub fn decode_words<const N: usize>(bytes: &[u8]) -> Result<[u64; N], DecodeError> {
+    let mut r = Reader::new(MALFORMED_FRAME, bytes);
     let mut out = [0u64; N];
     for word in &mut out {
         *word = r.u64()?;
@@ -203,19 +204,19 @@ pub fn decode_words<const N: usize>(bytes: &[u8]) -> Result<[u64; N], WireError>
 }
 
 /// The byte budget in a TAKE_FRAGMENTS request.
-pub fn decode_fragments_request(bytes: &[u8]) -> Result<u64, WireError> {
-    let mut r = Reader::new(bytes);
+pub fn decode_fragments_request(bytes: &[u8]) -> Result<u64, DecodeError> {
+    let mut r = Reader::new(MALFORMED_FRAME, bytes);
     let most = r.u64()?;
     r.finish()?;
     Ok(most)
 }
 
 /// The preferred size in an ALLOC_CHUNK request (empty: the memnode's default).
-pub fn decode_chunk_request(bytes: &[u8]) -> Result<Option<u64>, WireError> {
+pub fn decode_chunk_request(bytes: &[u8]) -> Result<Option<u64>, DecodeError> {
     if bytes.is_empty() {
         return Ok(None);
     }
-    let mut r = Reader::new(bytes);
+    let mut r = Reader::new(MALFORMED_FRAME, bytes);
     let preferred = r.u64()?;
     r.finish()?;
     Ok(Some(preferred))

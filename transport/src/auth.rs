@@ -254,7 +254,7 @@ impl<'a> ServerHandshake<'a> {
     }
 
     fn step(&mut self, kind: Kind, body: &[u8], out: &mut Vec<u8>) -> Result<Option<Caller>, AuthFailure> {
-        let malformed = |e: wire::WireError| AuthFailure::Malformed(e.to_string());
+        let malformed = |e: crate::decode::DecodeError| AuthFailure::Malformed(e.to_string());
         match (kind, &self.hello) {
             (Kind::Hello, None) => {
                 let (client_nonce, user) = wire::decode_hello(body).map_err(malformed)?;

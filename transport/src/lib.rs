@@ -27,6 +27,7 @@
 
 pub mod auth;
 pub mod batch;
+pub mod decode;
 pub mod error;
 #[allow(unsafe_code)] // SCM_RIGHTS: owning the descriptors the kernel installed
 pub mod fdpass;

@@ -510,7 +510,7 @@ fn decoded<S: ServerStream, T>(
     stream: &mut S,
     out: &mut Vec<u8>,
     request_id: u64,
-    decoded: Result<T, wire::WireError>,
+    decoded: Result<T, crate::decode::DecodeError>,
 ) -> Result<T, &'static str> {
     match decoded {
         Ok(value) => Ok(value),

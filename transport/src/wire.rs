@@ -3,7 +3,7 @@
 //!
 //! Every frame is a 24-byte header followed by `body_len` bytes. All integers are
 //! little-endian. Every field read from the network is checked here, before anything acts on
-//! it; a malformed frame is a [`WireError`] and costs the sender its connection, nothing more.
+//! it; a malformed frame is a [`DecodeError`] and costs the sender its connection, nothing more.
 //!
 //! ```text
 //! header: magic u32 | version u8 | kind u8 | flags u16 | request_id u64 | body_len u32 | zero u32
@@ -67,6 +67,7 @@
 //! goes above it).
 
 use crate::batch::{Batch, OpKind, Outcome, MAX_BATCH_BYTES, MAX_BATCH_OPS, MAX_OP_BYTES};
+use crate::decode::{DecodeError, Reader};
 use crate::error::OpError;
 
 /// First four bytes of every frame header ("RKV1").
@@ -156,13 +157,16 @@ pub mod error_code {
     pub const SETUP_FAILED: u16 = 5;
 }
 
-/// A malformed frame.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("malformed frame: {0}")]
-pub struct WireError(pub String);
+/// What a frame's errors say they are about ([`DecodeError::what`]); the memnode's RPC
+/// payloads, which travel in frames, say the same.
+pub const MALFORMED_FRAME: &str = "malformed frame";
 
-fn bad(msg: impl Into<String>) -> WireError {
-    WireError(msg.into())
+fn bad(msg: impl Into<String>) -> DecodeError {
+    DecodeError::new(MALFORMED_FRAME, msg)
+}
+
+fn reader(bytes: &[u8]) -> Reader<'_> {
+    Reader::new(MALFORMED_FRAME, bytes)
 }
 
 /// A decoded frame header.
@@ -174,76 +178,6 @@ pub struct Header {
     pub request_id: u64,
     /// Bytes of the body after the header.
     pub body_len: u32,
-}
-
-/// Little-endian cursor over untrusted bytes; every read is bounds-checked.
-pub struct Reader<'a> {
-    bytes: &'a [u8],
-    pos: usize,
-}
-
-impl<'a> Reader<'a> {
-    /// A cursor at the start of `bytes`.
-    pub fn new(bytes: &'a [u8]) -> Self {
-        Self { bytes, pos: 0 }
-    }
-
-    /// The next `n` bytes.
-    pub fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
-        let end = self.pos.checked_add(n).filter(|&end| end <= self.bytes.len());
-        let end = end.ok_or_else(|| bad(format!("needs {n} bytes at {}, has {}", self.pos, self.bytes.len())))?;
-        let out = &self.bytes[self.pos..end];
-        self.pos = end;
-        Ok(out)
-    }
-
-    /// The next byte.
-    pub fn u8(&mut self) -> Result<u8, WireError> {
-        Ok(self.take(1)?[0])
-    }
-
-    /// The next two bytes, little-endian.
-    pub fn u16(&mut self) -> Result<u16, WireError> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
-    }
-
-    /// The next four bytes, little-endian.
-    pub fn u32(&mut self) -> Result<u32, WireError> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
-    }
-
-    /// The next eight bytes, little-endian.
-    pub fn u64(&mut self) -> Result<u64, WireError> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
-    }
-
-    /// Skips `n` bytes that must be zero (reserved fields stay zero so they can gain meaning).
-    pub fn zeros(&mut self, n: usize) -> Result<(), WireError> {
-        if self.take(n)?.iter().any(|&b| b != 0) {
-            return Err(bad("reserved bytes are not zero"));
-        }
-        Ok(())
-    }
-
-    /// Every byte not read yet.
-    pub fn rest(&mut self) -> &'a [u8] {
-        let out = &self.bytes[self.pos..];
-        self.pos = self.bytes.len();
-        out
-    }
-
-    /// Bytes not read yet.
-    pub fn remaining(&self) -> usize {
-        self.bytes.len() - self.pos
-    }
-
-    /// Fails unless every byte was read.
-    pub fn finish(&self) -> Result<(), WireError> {
-        if self.remaining() != 0 {
-            return Err(bad(format!("{} trailing bytes", self.remaining())));
-        }
-        Ok(())
-    }
 }
 
 /// Appends a header for a body of `body_len` bytes.
@@ -263,8 +197,8 @@ fn put_header_version(out: &mut Vec<u8>, version: u8, kind: Kind, request_id: u6
 }
 
 /// Decodes and checks a header.
-pub fn decode_header(bytes: &[u8; HEADER_BYTES]) -> Result<Header, WireError> {
-    let mut r = Reader::new(bytes);
+pub fn decode_header(bytes: &[u8; HEADER_BYTES]) -> Result<Header, DecodeError> {
+    let mut r = reader(bytes);
     if r.u32()? != MAGIC {
         return Err(bad("bad magic (not a racekv peer?)"));
     }
@@ -317,9 +251,9 @@ pub fn encode_hello(out: &mut Vec<u8>, client_nonce: &[u8; NONCE_BYTES], user: O
 }
 
 /// Returns the client's nonce and the user it names.
-pub fn decode_hello(body: &[u8]) -> Result<([u8; NONCE_BYTES], Option<&str>), WireError> {
-    let mut r = Reader::new(body);
-    let nonce = r.take(NONCE_BYTES)?.try_into().expect("nonce bytes");
+pub fn decode_hello(body: &[u8]) -> Result<([u8; NONCE_BYTES], Option<&str>), DecodeError> {
+    let mut r = reader(body);
+    let nonce = r.array()?;
     let protocol = r.u32()?;
     if protocol != PROTOCOL {
         return Err(bad(format!("protocol {protocol}, expected {PROTOCOL}")));
@@ -360,17 +294,15 @@ pub fn encode_challenge(out: &mut Vec<u8>, challenge: &Challenge) {
 }
 
 /// Reads a Challenge body.
-pub fn decode_challenge(body: &[u8]) -> Result<Challenge, WireError> {
-    let mut r = Reader::new(body);
-    let server_nonce = r.take(NONCE_BYTES)?.try_into().expect("nonce bytes");
+pub fn decode_challenge(body: &[u8]) -> Result<Challenge, DecodeError> {
+    let mut r = reader(body);
+    let server_nonce = r.array()?;
     let count = usize::from(r.u16()?);
     r.zeros(6)?;
     if count > MAX_PROOFS {
         return Err(bad(format!("a challenge with {count} proofs (at most {MAX_PROOFS})")));
     }
-    let server_proofs = (0..count)
-        .map(|_| r.take(PROOF_BYTES).map(|p| p.try_into().expect("proof bytes")))
-        .collect::<Result<_, _>>()?;
+    let server_proofs = (0..count).map(|_| r.array()).collect::<Result<_, _>>()?;
     r.finish()?;
     Ok(Challenge { server_nonce, server_proofs })
 }
@@ -382,9 +314,9 @@ pub fn encode_proof(out: &mut Vec<u8>, client_proof: &[u8; PROOF_BYTES]) {
 }
 
 /// Reads a Proof body.
-pub fn decode_proof(body: &[u8]) -> Result<[u8; PROOF_BYTES], WireError> {
-    let mut r = Reader::new(body);
-    let proof = r.take(PROOF_BYTES)?.try_into().expect("proof bytes");
+pub fn decode_proof(body: &[u8]) -> Result<[u8; PROOF_BYTES], DecodeError> {
+    let mut r = reader(body);
+    let proof = r.array()?;
     r.finish()?;
     Ok(proof)
 }
@@ -413,8 +345,8 @@ pub fn encode_hello_ok(out: &mut Vec<u8>, ok: &HelloOk) {
 }
 
 /// Reads a HelloOk body.
-pub fn decode_hello_ok(body: &[u8]) -> Result<HelloOk, WireError> {
-    let mut r = Reader::new(body);
+pub fn decode_hello_ok(body: &[u8]) -> Result<HelloOk, DecodeError> {
+    let mut r = reader(body);
     let ok = HelloOk { region_len: r.u64()?, instance: r.u64()?, flags: r.u32()? };
     r.zeros(4)?;
     r.finish()?;
@@ -447,16 +379,16 @@ pub fn encode_batch(out: &mut Vec<u8>, request_id: u64, batch: &Batch) {
 }
 
 /// Decodes a Batch frame body into `batch` (cleared first).
-pub fn decode_batch(body: &[u8], batch: &mut Batch) -> Result<(), WireError> {
+pub fn decode_batch(body: &[u8], batch: &mut Batch) -> Result<(), DecodeError> {
     batch.clear();
-    let mut r = Reader::new(body);
+    let mut r = reader(body);
     let count = r.u16()? as usize;
     r.zeros(6)?;
     if count == 0 || count > MAX_BATCH_OPS {
         return Err(bad(format!("batch of {count} ops; allowed 1..={MAX_BATCH_OPS}")));
     }
-    let mut ops = Reader::new(r.take(count * OP_BYTES)?);
-    let mut payload = Reader::new(r.rest());
+    let mut ops = r.sub(count * OP_BYTES)?;
+    let mut payload = reader(r.rest());
     let mut read_total = 0u64;
     for _ in 0..count {
         let code = ops.u8()?;
@@ -533,15 +465,15 @@ pub fn encode_batch_result(out: &mut Vec<u8>, request_id: u64, batch: &Batch) {
 
 /// Applies a BatchResult body to the batch that was sent. Failed ops map back to [`OpError`]s
 /// with the details the client knows (offset, length, region size).
-pub fn decode_batch_result(body: &[u8], batch: &mut Batch, region_len: u64) -> Result<(), WireError> {
-    let mut r = Reader::new(body);
+pub fn decode_batch_result(body: &[u8], batch: &mut Batch, region_len: u64) -> Result<(), DecodeError> {
+    let mut r = reader(body);
     let count = r.u16()? as usize;
     r.zeros(6)?;
     if count != batch.len() {
         return Err(bad(format!("result for {count} ops, batch has {}", batch.len())));
     }
-    let mut statuses = Reader::new(r.take(count * RESULT_BYTES)?);
-    let mut data = Reader::new(r.rest());
+    let mut statuses = r.sub(count * RESULT_BYTES)?;
+    let mut data = reader(r.rest());
     for index in 0..count {
         let status = statuses.u8()?;
         statuses.zeros(7)?;
@@ -579,8 +511,8 @@ pub fn encode_rpc_request(out: &mut Vec<u8>, request_id: u64, method: u16, paylo
 }
 
 /// Returns (method, payload).
-pub fn decode_rpc_request(body: &[u8]) -> Result<(u16, &[u8]), WireError> {
-    let mut r = Reader::new(body);
+pub fn decode_rpc_request(body: &[u8]) -> Result<(u16, &[u8]), DecodeError> {
+    let mut r = reader(body);
     let method = r.u16()?;
     r.zeros(6)?;
     let payload = r.rest();
@@ -600,8 +532,8 @@ pub fn encode_rpc_response(out: &mut Vec<u8>, request_id: u64, status: u16, payl
 }
 
 /// Returns (status, payload).
-pub fn decode_rpc_response(body: &[u8]) -> Result<(u16, &[u8]), WireError> {
-    let mut r = Reader::new(body);
+pub fn decode_rpc_response(body: &[u8]) -> Result<(u16, &[u8]), DecodeError> {
+    let mut r = reader(body);
     let status = r.u16()?;
     r.zeros(6)?;
     let payload = r.rest();
@@ -627,8 +559,8 @@ pub fn encode_error_version(out: &mut Vec<u8>, version: u8, request_id: u64, cod
 }
 
 /// Returns (code, message).
-pub fn decode_error(body: &[u8]) -> Result<(u16, String), WireError> {
-    let mut r = Reader::new(body);
+pub fn decode_error(body: &[u8]) -> Result<(u16, String), DecodeError> {
+    let mut r = reader(body);
     let code = r.u16()?;
     r.zeros(6)?;
     Ok((code, String::from_utf8_lossy(r.rest()).into_owned()))
@@ -668,10 +600,10 @@ fn put_qp_info(out: &mut Vec<u8>, info: &QpInfo) {
     out.extend_from_slice(&info.gid);
 }
 
-fn read_qp_info(r: &mut Reader<'_>) -> Result<QpInfo, WireError> {
+fn read_qp_info(r: &mut Reader<'_>) -> Result<QpInfo, DecodeError> {
     let info = QpInfo { qpn: r.u32()?, psn: r.u32()?, lid: r.u16()?, mtu: r.u8()?, rd_atomic: r.u8()?, gid: [0; 16] };
     r.zeros(4)?;
-    let gid = r.take(16)?.try_into().expect("16 bytes");
+    let gid = r.array()?;
     if info.qpn > MAX_24BIT || info.psn > MAX_24BIT {
         return Err(bad(format!("qpn {:#x} or psn {:#x} exceeds 24 bits", info.qpn, info.psn)));
     }
@@ -691,8 +623,8 @@ pub fn encode_verbs_connect(out: &mut Vec<u8>, info: &QpInfo) {
 }
 
 /// Returns the client's queue pair.
-pub fn decode_verbs_connect(body: &[u8]) -> Result<QpInfo, WireError> {
-    let mut r = Reader::new(body);
+pub fn decode_verbs_connect(body: &[u8]) -> Result<QpInfo, DecodeError> {
+    let mut r = reader(body);
     let info = read_qp_info(&mut r)?;
     r.finish()?;
     Ok(info)
@@ -722,8 +654,8 @@ pub fn encode_verbs_accept(out: &mut Vec<u8>, accept: &VerbsAccept) {
 }
 
 /// Reads a VerbsAccept body.
-pub fn decode_verbs_accept(body: &[u8]) -> Result<VerbsAccept, WireError> {
-    let mut r = Reader::new(body);
+pub fn decode_verbs_accept(body: &[u8]) -> Result<VerbsAccept, DecodeError> {
+    let mut r = reader(body);
     let qp = read_qp_info(&mut r)?;
     let rkey = r.u32()?;
     r.zeros(4)?;
@@ -760,7 +692,7 @@ fn put_flock_verbs(out: &mut Vec<u8>, v: &FlockVerbs) {
     out.extend_from_slice(&v.ring_len.to_le_bytes());
 }
 
-fn read_flock_verbs(r: &mut Reader<'_>) -> Result<Option<FlockVerbs>, WireError> {
+fn read_flock_verbs(r: &mut Reader<'_>) -> Result<Option<FlockVerbs>, DecodeError> {
     match r.remaining() {
         0 => Ok(None),
         FLOCK_VERBS_BYTES => {
@@ -802,8 +734,8 @@ pub fn encode_flock_open(out: &mut Vec<u8>, open: &FlockOpen) {
 }
 
 /// Reads a FlockOpen body.
-pub fn decode_flock_open(body: &[u8]) -> Result<FlockOpen, WireError> {
-    let mut r = Reader::new(body);
+pub fn decode_flock_open(body: &[u8]) -> Result<FlockOpen, DecodeError> {
+    let mut r = reader(body);
     let sender = r.u64()?;
     let lane = r.u16()?;
     r.zeros(6)?;
@@ -842,8 +774,8 @@ pub fn encode_flock_accept(out: &mut Vec<u8>, accept: &FlockAccept) {
 }
 
 /// Reads a FlockAccept body.
-pub fn decode_flock_accept(body: &[u8]) -> Result<FlockAccept, WireError> {
-    let mut r = Reader::new(body);
+pub fn decode_flock_accept(body: &[u8]) -> Result<FlockAccept, DecodeError> {
+    let mut r = reader(body);
     let key = r.u32()?;
     let credits = r.u32()?;
     let batch = r.u32()?;
@@ -1015,7 +947,7 @@ mod tests {
         let header: &[u8; HEADER_BYTES] = frame[..HEADER_BYTES].try_into().unwrap();
         assert_eq!(header_version(header), Some(1));
         let e = decode_header(header).unwrap_err();
-        assert!(e.0.contains("version 1") && e.0.contains("speaks 2"), "{e}");
+        assert!(e.message.contains("version 1") && e.message.contains("speaks 2"), "{e}");
         assert_eq!(header_version(&[0xAB; HEADER_BYTES]), None);
     }
 

@@ -1,6 +1,7 @@
 //! Layout of the shared area: the header page, the two rings of slot indices, the slots.
 //! See the [module documentation](super) for the picture.
 
+use racekv_transport::decode::DecodeError;
 use racekv_transport::Region;
 
 /// `"RKVRING1"`, the first word of an attach area.
@@ -74,10 +75,12 @@ fn round_up(n: u64, to: u64) -> u64 {
     n.div_ceil(to) * to
 }
 
-/// An invalid geometry.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("bad ring geometry: {0}")]
-pub struct GeometryError(pub String);
+/// What the errors of an invalid geometry say they are about ([`DecodeError::what`]).
+pub const BAD_GEOMETRY: &str = "bad ring geometry";
+
+fn bad(msg: impl Into<String>) -> DecodeError {
+    DecodeError::new(BAD_GEOMETRY, msg)
+}
 
 /// How many slots, and how large: fixed when the daemon creates the area.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,18 +92,18 @@ pub struct Geometry {
 impl Geometry {
     /// `slots` in 1..=[`MAX_SLOTS`]; `slot_bytes` a multiple of 8 in
     /// [`MIN_SLOT_BYTES`]..=[`MAX_SLOT_BYTES`]; the whole area at most [`MAX_AREA_BYTES`].
-    pub fn new(slots: u32, slot_bytes: u32) -> Result<Self, GeometryError> {
+    pub fn new(slots: u32, slot_bytes: u32) -> Result<Self, DecodeError> {
         if slots == 0 || slots > MAX_SLOTS {
-            return Err(GeometryError(format!("{slots} slots; allowed 1..={MAX_SLOTS}")));
+            return Err(bad(format!("{slots} slots; allowed 1..={MAX_SLOTS}")));
         }
         if !(MIN_SLOT_BYTES..=MAX_SLOT_BYTES).contains(&slot_bytes) || !slot_bytes.is_multiple_of(8) {
-            return Err(GeometryError(format!(
+            return Err(bad(format!(
                 "slots of {slot_bytes} bytes; allowed multiples of 8 in {MIN_SLOT_BYTES}..={MAX_SLOT_BYTES}"
             )));
         }
         let geometry = Self { slots, slot_bytes };
         if geometry.area_len() > MAX_AREA_BYTES {
-            return Err(GeometryError(format!(
+            return Err(bad(format!(
                 "{slots} slots of {slot_bytes} bytes need {} bytes; at most {MAX_AREA_BYTES}",
                 geometry.area_len()
             )));
@@ -178,11 +181,11 @@ impl Geometry {
     }
 
     /// Checks that `region` holds an area of this geometry (client, after mapping).
-    pub fn check_header(&self, region: &Region) -> Result<(), GeometryError> {
+    pub fn check_header(&self, region: &Region) -> Result<(), DecodeError> {
         if region.len() < self.area_len() {
-            return Err(GeometryError(format!("area of {} bytes, expected {}", region.len(), self.area_len())));
+            return Err(bad(format!("area of {} bytes, expected {}", region.len(), self.area_len())));
         }
-        let read = |offset| region.load_u64(offset).map_err(|e| GeometryError(e.to_string()));
+        let read = |offset| region.load_u64(offset).map_err(|e| bad(e.to_string()));
         let expected = [
             ("magic", word::MAGIC, MAGIC),
             ("version", word::VERSION, VERSION),
@@ -193,7 +196,7 @@ impl Geometry {
         for (name, offset, value) in expected {
             let found = read(offset)?;
             if found != value {
-                return Err(GeometryError(format!("the area's {name} is {found:#x}, expected {value:#x}")));
+                return Err(bad(format!("the area's {name} is {found:#x}, expected {value:#x}")));
             }
         }
         Ok(())

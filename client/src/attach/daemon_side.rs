@@ -11,10 +11,11 @@ use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use racekv_transport::decode::DecodeError;
 use racekv_transport::Region;
 
 use super::area::{padded, slot, status, word, Geometry};
-use crate::op::{DecodeError, Request};
+use crate::op::Request;
 
 /// A request taken from the ring.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -13,6 +13,8 @@
 //!   GOODBYE  : UTF-8 reason (code: [`goodbye`]), sent before the daemon closes an attachment
 //! ```
 
+use racekv_transport::decode::{DecodeError, Reader};
+
 use super::area::{Geometry, VERSION};
 
 /// `"RKVA"`, the first word of a client's hello.
@@ -62,23 +64,51 @@ pub mod goodbye {
     pub const SHUTDOWN: u8 = 2;
 }
 
-/// A malformed message.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("malformed attach message: {0}")]
-pub struct HandshakeError(pub String);
+/// What the errors of a malformed hello or frame say it is ([`DecodeError::what`]).
+pub const MALFORMED_ATTACH: &str = "malformed attach message";
 
-fn bad(msg: impl Into<String>) -> HandshakeError {
-    HandshakeError(msg.into())
+fn bad(msg: impl Into<String>) -> DecodeError {
+    DecodeError::new(MALFORMED_ATTACH, msg)
 }
 
-fn u16_at(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes(b[at..at + 2].try_into().expect("2 bytes"))
+fn reader(bytes: &[u8]) -> Reader<'_> {
+    Reader::new(MALFORMED_ATTACH, bytes)
 }
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+
+/// What a hello's fixed part says, checked: the credentials' lengths and the pid.
+struct HelloHead {
+    user_len: usize,
+    password_len: usize,
+    pid: u32,
 }
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+
+impl HelloHead {
+    fn decode(head: &[u8]) -> Result<Self, DecodeError> {
+        if head.len() != HELLO_BYTES {
+            return Err(bad(format!("hello of {} bytes, expected {HELLO_BYTES}", head.len())));
+        }
+        let mut r = reader(head);
+        if r.u32()? != HELLO_MAGIC {
+            return Err(bad("not an attach hello (bad magic)"));
+        }
+        let version = r.u16()?;
+        if u64::from(version) != VERSION {
+            return Err(bad(format!("attach protocol version {version}; this daemon speaks {VERSION}")));
+        }
+        let flags = r.u16()?;
+        let (user_len, password_len) = (usize::from(r.u16()?), usize::from(r.u16()?));
+        let zero = r.array::<12>()?;
+        let (pid, reserved) = (r.u32()?, r.u32()?);
+        if flags != 0 || zero != [0; 12] || reserved != 0 {
+            return Err(bad("reserved hello fields are not zero"));
+        }
+        if user_len > MAX_USER_BYTES || password_len > MAX_PASSWORD_BYTES {
+            return Err(bad(format!(
+                "credentials of {user_len} + {password_len} bytes (at most {MAX_USER_BYTES} + {MAX_PASSWORD_BYTES})"
+            )));
+        }
+        Ok(Self { user_len, password_len, pid })
+    }
 }
 
 /// What a client says first: who it is. Over a Unix socket (the kernel's, on this host), so
@@ -119,42 +149,24 @@ impl Hello {
     }
 
     /// How many credential bytes follow the fixed part `head` (checked against the limits).
-    pub fn credentials_len(head: &[u8]) -> Result<usize, HandshakeError> {
-        if head.len() != HELLO_BYTES {
-            return Err(bad(format!("hello of {} bytes, expected {HELLO_BYTES}", head.len())));
-        }
-        if u32_at(head, 0) != HELLO_MAGIC {
-            return Err(bad("not an attach hello (bad magic)"));
-        }
-        let version = u16_at(head, 4);
-        if u64::from(version) != VERSION {
-            return Err(bad(format!("attach protocol version {version}; this daemon speaks {VERSION}")));
-        }
-        if u16_at(head, 6) != 0 || head[12..24].iter().any(|&b| b != 0) || u32_at(head, 28) != 0 {
-            return Err(bad("reserved hello fields are not zero"));
-        }
-        let (user, password) = (usize::from(u16_at(head, 8)), usize::from(u16_at(head, 10)));
-        if user > MAX_USER_BYTES || password > MAX_PASSWORD_BYTES {
-            return Err(bad(format!(
-                "credentials of {user} + {password} bytes (at most {MAX_USER_BYTES} + {MAX_PASSWORD_BYTES})"
-            )));
-        }
-        Ok(user + password)
+    pub fn credentials_len(head: &[u8]) -> Result<usize, DecodeError> {
+        HelloHead::decode(head).map(|h| h.user_len + h.password_len)
     }
 
     /// A whole hello: the fixed part and exactly its credentials.
-    pub fn decode(bytes: &[u8]) -> Result<Self, HandshakeError> {
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         let head = bytes.get(..HELLO_BYTES).ok_or_else(|| bad(format!("hello of {} bytes", bytes.len())))?;
-        let rest = Self::credentials_len(head)?;
-        if bytes.len() != HELLO_BYTES + rest {
-            return Err(bad(format!("hello of {} bytes, its header says {}", bytes.len(), HELLO_BYTES + rest)));
+        let head = HelloHead::decode(head)?;
+        let whole = HELLO_BYTES + head.user_len + head.password_len;
+        if bytes.len() != whole {
+            return Err(bad(format!("hello of {} bytes, its header says {whole}", bytes.len())));
         }
-        let user_len = usize::from(u16_at(head, 8));
-        let user = &bytes[HELLO_BYTES..HELLO_BYTES + user_len];
-        let password = &bytes[HELLO_BYTES + user_len..];
+        let mut r = reader(&bytes[HELLO_BYTES..]);
+        let user = r.take(head.user_len)?;
+        let password = r.rest();
         let user = std::str::from_utf8(user).map_err(|_| bad("a user name that is not UTF-8"))?;
         Ok(Self {
-            pid: u32_at(head, 24),
+            pid: head.pid,
             user: (!user.is_empty()).then(|| user.to_string()),
             password: (!password.is_empty()).then(|| password.to_vec()),
         })
@@ -183,19 +195,19 @@ impl Accepted {
         out
     }
 
-    fn decode_body(body: &[u8]) -> Result<Self, HandshakeError> {
+    fn decode_body(body: &[u8]) -> Result<Self, DecodeError> {
         if body.len() != ACCEPTED_BODY_BYTES {
             return Err(bad(format!("accepted body of {} bytes", body.len())));
         }
-        let geometry = Geometry::new(u32_at(body, 8), u32_at(body, 12)).map_err(|e| bad(e.to_string()))?;
-        if u64_at(body, 16) != geometry.area_len() {
-            return Err(bad(format!(
-                "area length {} does not match the geometry's {}",
-                u64_at(body, 16),
-                geometry.area_len()
-            )));
+        let mut r = reader(body);
+        let attachment_id = r.u64()?;
+        let (slots, slot_bytes, area_len, max_multi_keys) = (r.u32()?, r.u32()?, r.u64()?, r.u32()?);
+        // The last word is reserved; it has never been checked, so it stays unchecked.
+        let geometry = Geometry::new(slots, slot_bytes).map_err(|e| bad(e.to_string()))?;
+        if area_len != geometry.area_len() {
+            return Err(bad(format!("area length {area_len} does not match the geometry's {}", geometry.area_len())));
         }
-        Ok(Self { attachment_id: u64_at(body, 0), geometry, max_multi_keys: u32_at(body, 24).max(1) })
+        Ok(Self { attachment_id, geometry, max_multi_keys: max_multi_keys.max(1) })
     }
 }
 
@@ -238,22 +250,23 @@ impl Frame {
     }
 
     /// Parses a frame header: (kind, code, body length).
-    pub fn decode_header(header: &[u8]) -> Result<(u8, u8, usize), HandshakeError> {
+    pub fn decode_header(header: &[u8]) -> Result<(u8, u8, usize), DecodeError> {
         if header.len() != FRAME_HEADER_BYTES {
             return Err(bad(format!("frame header of {} bytes", header.len())));
         }
-        if u32_at(header, 0) != FRAME_MAGIC {
+        let mut r = reader(header);
+        if r.u32()? != FRAME_MAGIC {
             return Err(bad("not an attach frame (bad magic)"));
         }
-        let len = u16_at(header, 6) as usize;
+        let (kind, code, len) = (r.u8()?, r.u8()?, usize::from(r.u16()?));
         if len > MAX_FRAME_BODY {
             return Err(bad(format!("frame body of {len} bytes exceeds {MAX_FRAME_BODY}")));
         }
-        Ok((header[4], header[5], len))
+        Ok((kind, code, len))
     }
 
     /// Parses a whole frame (header and exactly its body).
-    pub fn decode(bytes: &[u8]) -> Result<Self, HandshakeError> {
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         if bytes.len() < FRAME_HEADER_BYTES {
             return Err(bad(format!("frame of {} bytes", bytes.len())));
         }

@@ -10,7 +10,7 @@ use racekv_hashing::PutMode;
 use racekv_transport::Region;
 
 use super::area::{slot, status, word, Geometry};
-use super::handshake::{goodbye, refusal, HandshakeError, HELLO_BYTES};
+use super::handshake::{goodbye, refusal, HELLO_BYTES};
 use super::*;
 use crate::op::{Reply, Request};
 
@@ -445,7 +445,7 @@ fn hello_and_frames_round_trip() {
     }
     let mut bad = Hello { pid: 1, user: None, password: None }.encode();
     bad[4] = 9;
-    assert!(matches!(Hello::decode(&bad), Err(HandshakeError(m)) if m.contains("version")));
+    assert!(matches!(Hello::decode(&bad), Err(e) if e.message.contains("version")));
     assert!(Hello::decode(&[0; HELLO_BYTES - 1]).is_err());
 }
 

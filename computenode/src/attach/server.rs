@@ -338,8 +338,7 @@ fn handshake(shared: &Shared, id: u64, stream: &mut UnixStream) -> Result<(Arc<C
         };
         refuse(refusal::BAD_HELLO, "bad_hello", why)
     };
-    let bad_hello =
-        |e: racekv_client::attach::handshake::HandshakeError| refuse(refusal::BAD_HELLO, "bad_hello", e.to_string());
+    let bad_hello = |e: racekv_transport::decode::DecodeError| refuse(refusal::BAD_HELLO, "bad_hello", e.to_string());
     let mut hello = vec![0u8; HELLO_BYTES];
     stream.read_exact(&mut hello).map_err(read_error)?;
     // Bounded by the decoder: at most a user name and a password.

@@ -34,7 +34,7 @@
 //! count, sizes, reserved bytes and limits before anything acts on the message, and never
 //! panics (fuzzed: `fuzz/fuzz_targets/flock_messages.rs`; property-tested below).
 
-use crate::wire::Reader;
+use crate::decode::{DecodeError, Reader};
 
 /// Bytes of a message header.
 pub const HEADER_BYTES: usize = 32;
@@ -105,13 +105,19 @@ pub struct Entry {
     pub status: u16,
 }
 
-/// Why a message was refused; the lane it came on is closed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("bad flock message: {0}")]
-pub struct MessageError(pub String);
+/// What a refused message's errors say it is ([`DecodeError::what`]); the lane it came on
+/// is closed.
+pub const BAD_MESSAGE: &str = "bad flock message";
 
-fn bad(msg: impl Into<String>) -> MessageError {
-    MessageError(msg.into())
+fn bad(msg: impl Into<String>) -> DecodeError {
+    DecodeError::new(BAD_MESSAGE, msg)
+}
+
+/// An entry's metadata and its reserved bytes (the caller judges those: [`decode`] refuses
+/// them unless zero, [`Message::entries`] reads entries `decode` checked).
+fn read_entry(r: &mut Reader<'_>) -> Result<(Entry, [u8; 2]), DecodeError> {
+    let entry = Entry { size: r.u32()?, thread: r.u16()?, rpc: r.u16()?, seq: r.u32()?, status: r.u16()? };
+    Ok((entry, r.array()?))
 }
 
 fn padded(len: usize) -> usize {
@@ -126,19 +132,18 @@ pub fn message_len(count: usize, data: usize) -> usize {
 /// Reads just the header (for carriers that must learn `len` before the rest arrives).
 /// Checks what can be checked without the body: canary (when `expect` is given), kind,
 /// flags, reserved bytes and the length bounds.
-pub fn decode_header(bytes: &[u8], expect: Option<u32>, max_len: usize) -> Result<Header, MessageError> {
-    let mut r = Reader::new(bytes.get(..HEADER_BYTES).ok_or_else(|| bad("short header"))?);
-    let e = |w: crate::wire::WireError| bad(w.0);
+pub fn decode_header(bytes: &[u8], expect: Option<u32>, max_len: usize) -> Result<Header, DecodeError> {
+    let mut r = Reader::new(BAD_MESSAGE, bytes.get(..HEADER_BYTES).ok_or_else(|| bad("short header"))?);
     let h = Header {
-        canary: r.u32().map_err(e)?,
-        len: r.u32().map_err(e)?,
-        count: r.u16().map_err(e)?,
-        kind: r.u8().map_err(e)?,
-        flags: r.u8().map_err(e)?,
-        credits: r.u32().map_err(e)?,
-        ack: r.u64().map_err(e)?,
-        degree_x16: r.u16().map_err(e)?,
-        rate_krps: r.u16().map_err(e)?,
+        canary: r.u32()?,
+        len: r.u32()?,
+        count: r.u16()?,
+        kind: r.u8()?,
+        flags: r.u8()?,
+        credits: r.u32()?,
+        ack: r.u64()?,
+        degree_x16: r.u16()?,
+        rate_krps: r.u16()?,
     };
     r.zeros(4).map_err(|_| bad("reserved header bytes are not zero"))?;
     if h.canary == 0 {
@@ -183,22 +188,11 @@ impl<'a> Message<'a> {
     /// The entries with their payloads, in order (already checked by [`decode`]).
     pub fn entries(&self) -> impl Iterator<Item = (Entry, &'a [u8])> + 'a {
         let count = self.header.count as usize;
-        let bytes = self.bytes;
-        let mut data_at = HEADER_BYTES + count * ENTRY_BYTES;
-        (0..count).map(move |i| {
-            let at = HEADER_BYTES + i * ENTRY_BYTES;
-            let raw = &bytes[at..at + ENTRY_BYTES];
-            let word = |a: usize, n: usize| raw[a..a + n].iter().rev().fold(0u64, |acc, &b| (acc << 8) | u64::from(b));
-            let entry = Entry {
-                size: word(0, 4) as u32,
-                thread: word(4, 2) as u16,
-                rpc: word(6, 2) as u16,
-                seq: word(8, 4) as u32,
-                status: word(12, 2) as u16,
-            };
-            let data = &bytes[data_at..data_at + entry.size as usize];
-            data_at += entry.size as usize;
-            (entry, data)
+        let (entries, data) = self.bytes[HEADER_BYTES..].split_at(count * ENTRY_BYTES);
+        let (mut entries, mut data) = (Reader::new(BAD_MESSAGE, entries), Reader::new(BAD_MESSAGE, data));
+        (0..count).map(move |_| {
+            let (entry, _) = read_entry(&mut entries).expect("decode checked the entries");
+            (entry, data.take(entry.size as usize).expect("decode checked the sizes"))
         })
     }
 
@@ -211,31 +205,27 @@ impl<'a> Message<'a> {
 /// Checks a whole message: `bytes` must be exactly one message, with canary `expect` (when
 /// given) in header and trailer, consistent sizes, zero reserved bytes and padding, and
 /// request entries with status 0.
-pub fn decode(bytes: &[u8], expect: Option<u32>, max_len: usize) -> Result<Message<'_>, MessageError> {
+pub fn decode(bytes: &[u8], expect: Option<u32>, max_len: usize) -> Result<Message<'_>, DecodeError> {
     let header = decode_header(bytes, expect, max_len)?;
     let len = header.len as usize;
     if bytes.len() != len {
         return Err(bad(format!("message says {len} bytes, got {}", bytes.len())));
     }
-    let trailer = &bytes[len - TRAILER_BYTES..];
-    if trailer[..4] != [0; 4] {
-        return Err(bad("reserved trailer bytes are not zero"));
-    }
-    let tail = u32::from_le_bytes(trailer[4..].try_into().expect("4 bytes"));
+    let mut trailer = Reader::new(BAD_MESSAGE, &bytes[len - TRAILER_BYTES..]);
+    trailer.zeros(4).map_err(|_| bad("reserved trailer bytes are not zero"))?;
+    let tail = trailer.u32()?;
     if tail != header.canary {
         return Err(bad(format!("trailing canary {tail:#010x} does not match {:#010x}", header.canary)));
     }
     let count = header.count as usize;
-    let mut entries = Reader::new(&bytes[HEADER_BYTES..HEADER_BYTES + count * ENTRY_BYTES]);
-    let e = |w: crate::wire::WireError| bad(w.0);
+    let mut entries = Reader::new(BAD_MESSAGE, &bytes[HEADER_BYTES..HEADER_BYTES + count * ENTRY_BYTES]);
     let mut data = 0usize;
     for i in 0..count {
-        let size = entries.u32().map_err(e)? as usize;
-        let _thread = entries.u16().map_err(e)?;
-        let _rpc = entries.u16().map_err(e)?;
-        let _seq = entries.u32().map_err(e)?;
-        let status = entries.u16().map_err(e)?;
-        entries.zeros(2).map_err(|_| bad(format!("entry {i}: reserved bytes are not zero")))?;
+        let (Entry { size, status, .. }, reserved) = read_entry(&mut entries)?;
+        let size = size as usize;
+        if reserved != [0; 2] {
+            return Err(bad(format!("entry {i}: reserved bytes are not zero")));
+        }
         if header.kind == KIND_REQUEST && status != 0 {
             return Err(bad(format!("request entry {i} has status {status}")));
         }
