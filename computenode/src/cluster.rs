@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
 use parking_lot::{Condvar, Mutex};
-use prometheus::{Histogram, HistogramOpts, IntCounter};
+use prometheus::{Histogram, IntCounter};
 use racekv_client::ring::Ring;
 use racekv_client::{ClientError, Session, Shards};
 use racekv_hashing::{Layout, Table, TableClient, TableOptions};
@@ -25,22 +25,16 @@ struct Metrics {
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
-    use racekv_telemetry::{register, LATENCY_BUCKETS_SECONDS};
+    use racekv_telemetry::metric;
     Metrics {
-        attach_seconds: register(
-            Histogram::with_opts(
-                HistogramOpts::new("racekv_computenode_attach_seconds", "Time to hand a worker a session")
-                    .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
-            )
-            .unwrap(),
+        attach_seconds: metric::latency_histogram(
+            "racekv_computenode_attach_seconds",
+            "Time to hand a worker a session",
         ),
-        attaches: register(IntCounter::new("racekv_computenode_attaches_total", "Sessions handed to workers").unwrap()),
-        cold_attaches: register(
-            IntCounter::new(
-                "racekv_computenode_cold_attaches_total",
-                "Attaches that found no pre-initialized session and built one",
-            )
-            .unwrap(),
+        attaches: metric::counter("racekv_computenode_attaches_total", "Sessions handed to workers"),
+        cold_attaches: metric::counter(
+            "racekv_computenode_cold_attaches_total",
+            "Attaches that found no pre-initialized session and built one",
         ),
     }
 });

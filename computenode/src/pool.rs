@@ -29,7 +29,7 @@ use std::time::Instant;
 use crossbeam_channel::Sender;
 use crossbeam_utils::CachePadded;
 use parking_lot::{Mutex, RwLock};
-use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts};
+use prometheus::{IntCounter, IntCounterVec, IntGauge};
 use racekv_transport::{Batch, ConnectOptions, Connection, Endpoint, TransportError, TransportKind};
 
 struct Metrics {
@@ -43,45 +43,31 @@ struct Metrics {
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
-    use racekv_telemetry::register;
+    use racekv_telemetry::metric;
     Metrics {
-        physical: register(
-            IntGauge::new("racekv_computenode_pool_connections", "Physical connections in the pools").unwrap(),
+        physical: metric::gauge("racekv_computenode_pool_connections", "Physical connections in the pools"),
+        virtual_live: metric::gauge("racekv_computenode_virtual_connections", "Virtual connections handed to workers"),
+        dedicated: metric::gauge(
+            "racekv_computenode_dedicated_connections",
+            "Virtual connections upgraded to a dedicated physical connection",
         ),
-        virtual_live: register(
-            IntGauge::new("racekv_computenode_virtual_connections", "Virtual connections handed to workers").unwrap(),
+        upgrades: metric::counter(
+            "racekv_computenode_upgrades_total",
+            "Virtual connections upgraded to dedicated ones",
         ),
-        dedicated: register(
-            IntGauge::new(
-                "racekv_computenode_dedicated_connections",
-                "Virtual connections upgraded to a dedicated physical connection",
-            )
-            .unwrap(),
+        contended: metric::counter(
+            "racekv_computenode_pool_contended_operations_total",
+            "Operations whose pool connection had another worker's operation in flight (many: the pool is too small)",
         ),
-        upgrades: register(
-            IntCounter::new("racekv_computenode_upgrades_total", "Virtual connections upgraded to dedicated ones")
-                .unwrap(),
+        moves: metric::counter(
+            "racekv_computenode_virtual_connection_moves_total",
+            "Virtual connections moved to a pool connection nobody else was using at the time",
         ),
-        contended: register(
-            IntCounter::new(
-                "racekv_computenode_pool_contended_operations_total",
-                "Operations whose pool connection had another worker's operation in flight (many: the pool is too small)",
-            )
-            .unwrap(),
-        ),
-        moves: register(
-            IntCounter::new(
-                "racekv_computenode_virtual_connection_moves_total",
-                "Virtual connections moved to a pool connection nobody else was using at the time",
-            )
-            .unwrap(),
-        ),
-        replacements: register(
-            IntCounterVec::new(
-                Opts::new("racekv_computenode_connection_replacements_total", "Failed pool connections replaced"),
-                &["result"],
-            )
-            .unwrap(),
+        replacements: metric::counter_vec(
+            "racekv_computenode_connection_replacements_total",
+            "Failed pool connections replaced",
+            &["result"],
+            &[],
         ),
     }
 });

@@ -10,7 +10,7 @@ use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntGauge};
+use prometheus::{Histogram, IntCounter, IntGauge};
 use racekv_client::op::{Reply, Request};
 
 /// Called once with a request's outcome, on a worker thread. Keep it short: it runs in the
@@ -46,23 +46,17 @@ struct Metrics {
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
-    use racekv_telemetry::{register, LATENCY_BUCKETS_SECONDS};
+    use racekv_telemetry::metric;
     Metrics {
-        depth: register(IntGauge::new("racekv_computenode_queue_depth", "Requests waiting for a worker").unwrap()),
-        submitted: register(IntCounter::new("racekv_computenode_queue_submitted_total", "Requests queued").unwrap()),
-        refused: register(
-            IntCounter::new("racekv_computenode_queue_refused_total", "Requests refused because the queue was full")
-                .unwrap(),
+        depth: metric::gauge("racekv_computenode_queue_depth", "Requests waiting for a worker"),
+        submitted: metric::counter("racekv_computenode_queue_submitted_total", "Requests queued"),
+        refused: metric::counter(
+            "racekv_computenode_queue_refused_total",
+            "Requests refused because the queue was full",
         ),
-        wait_seconds: register(
-            Histogram::with_opts(
-                HistogramOpts::new(
-                    "racekv_computenode_queue_wait_seconds",
-                    "Time requests waited in the queue for a worker",
-                )
-                .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
-            )
-            .unwrap(),
+        wait_seconds: metric::latency_histogram(
+            "racekv_computenode_queue_wait_seconds",
+            "Time requests waited in the queue for a worker",
         ),
     }
 });

@@ -18,7 +18,7 @@
 use std::sync::{Arc, LazyLock};
 
 use parking_lot::Mutex;
-use prometheus::{IntCounterVec, Opts};
+use prometheus::IntCounterVec;
 use racekv_client::op::{ErrorKind, Reply, Request, MAX_REMOTE_MESSAGE_BYTES, REMOTE_METHOD};
 use racekv_redis::acl::{Acl, DEFAULT_USER};
 use racekv_transport::{
@@ -29,14 +29,12 @@ use crate::cluster::{Attached, Cluster};
 use crate::staging::{self, Staging};
 
 static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
-    let c = racekv_telemetry::register(
-        IntCounterVec::new(Opts::new("racekv_remote_requests_total", "Requests from remote clients"), &["result"])
-            .unwrap(),
-    );
-    for r in ["ok", "error", "bad_request", "denied"] {
-        c.with_label_values(&[r]);
-    }
-    c
+    racekv_telemetry::metric::counter_vec(
+        "racekv_remote_requests_total",
+        "Requests from remote clients",
+        &["result"],
+        &[&["ok", "error", "bad_request", "denied"]],
+    )
 });
 
 struct KvService {

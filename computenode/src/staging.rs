@@ -16,7 +16,7 @@ use std::sync::{Arc, LazyLock, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts};
+use prometheus::{IntCounter, IntCounterVec, IntGauge};
 use racekv_client::op::{ErrorKind, Reply, Request, MAX_REQUEST_BYTES};
 
 struct Metrics {
@@ -26,31 +26,21 @@ struct Metrics {
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
-    let parts = racekv_telemetry::register(
-        IntCounterVec::new(
-            Opts::new(
-                "racekv_staging_parts_total",
-                "Parts of requests received (upload) and of staged replies sent (fetch)",
-            ),
-            &["direction"],
-        )
-        .unwrap(),
-    );
-    for d in ["upload", "fetch"] {
-        parts.with_label_values(&[d]);
-    }
+    use racekv_telemetry::metric;
     Metrics {
-        staged_bytes: racekv_telemetry::register(
-            IntGauge::new("racekv_staging_bytes", "Bytes of uploads being assembled and of staged replies held")
-                .unwrap(),
+        staged_bytes: metric::gauge(
+            "racekv_staging_bytes",
+            "Bytes of uploads being assembled and of staged replies held",
         ),
-        parts,
-        dropped: racekv_telemetry::register(
-            IntCounter::new(
-                "racekv_staging_stale_transfers_dropped_total",
-                "Uploads and staged replies dropped because their client stopped touching them",
-            )
-            .unwrap(),
+        parts: metric::counter_vec(
+            "racekv_staging_parts_total",
+            "Parts of requests received (upload) and of staged replies sent (fetch)",
+            &["direction"],
+            &[&["upload", "fetch"]],
+        ),
+        dropped: metric::counter(
+            "racekv_staging_stale_transfers_dropped_total",
+            "Uploads and staged replies dropped because their client stopped touching them",
         ),
     }
 });

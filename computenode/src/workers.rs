@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::RecvTimeoutError;
 use parking_lot::Mutex;
-use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts};
+use prometheus::{Histogram, IntCounterVec, IntGauge};
 
 use crate::cluster::Cluster;
 use crate::queue::WorkQueue;
@@ -41,38 +41,26 @@ struct Metrics {
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
-    use racekv_telemetry::{register, LATENCY_BUCKETS_SECONDS};
-    let m = Metrics {
-        workers: register(IntGauge::new("racekv_computenode_workers", "Worker threads draining the queue").unwrap()),
-        scale_events: register(
-            IntCounterVec::new(
-                Opts::new("racekv_computenode_scale_events_total", "Workers added or retired"),
-                &["direction"],
-            )
-            .unwrap(),
+    use racekv_telemetry::metric;
+    Metrics {
+        workers: metric::gauge("racekv_computenode_workers", "Worker threads draining the queue"),
+        scale_events: metric::counter_vec(
+            "racekv_computenode_scale_events_total",
+            "Workers added or retired",
+            &["direction"],
+            &[&["up", "down"]],
         ),
-        requests: register(
-            IntCounterVec::new(
-                Opts::new("racekv_computenode_requests_total", "Queued requests served by workers"),
-                &["result"],
-            )
-            .unwrap(),
+        requests: metric::counter_vec(
+            "racekv_computenode_requests_total",
+            "Queued requests served by workers",
+            &["result"],
+            &[&["ok", "error"]],
         ),
-        service_seconds: register(
-            Histogram::with_opts(
-                HistogramOpts::new("racekv_computenode_service_seconds", "Time a worker spent on one queued request")
-                    .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
-            )
-            .unwrap(),
+        service_seconds: metric::latency_histogram(
+            "racekv_computenode_service_seconds",
+            "Time a worker spent on one queued request",
         ),
-    };
-    for label in ["up", "down"] {
-        m.scale_events.with_label_values(&[label]);
     }
-    for label in ["ok", "error"] {
-        m.requests.with_label_values(&[label]);
-    }
-    m
 });
 
 struct Shared {

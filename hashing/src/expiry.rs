@@ -37,7 +37,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
-use prometheus::{Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts};
+use prometheus::{Gauge, Histogram, IntCounter, IntCounterVec, IntGauge};
 use racekv_transport::{Batch, Connection};
 
 use crate::clock::{now_unix_ms, MAX_CLOCK_SKEW_MS};
@@ -53,12 +53,11 @@ use crate::words::read_word;
 /// Expired items removed, by how they were found: `lazy` (a client met one while reading or
 /// writing its key) or `active` (the memnode's sampling).
 pub(crate) static EXPIRED: LazyLock<IntCounterVec> = LazyLock::new(|| {
-    racekv_telemetry::register(
-        IntCounterVec::new(
-            Opts::new("racekv_table_expired_total", "Expired items removed, by how they were found (lazy or active)"),
-            &["how"],
-        )
-        .unwrap(),
+    racekv_telemetry::metric::counter_vec(
+        "racekv_table_expired_total",
+        "Expired items removed, by how they were found (lazy or active)",
+        &["how"],
+        &[],
     )
 });
 
@@ -75,47 +74,26 @@ struct Metrics {
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
-    use racekv_telemetry::{register, LATENCY_BUCKETS_SECONDS};
+    use racekv_telemetry::metric;
     Metrics {
         active: EXPIRED.with_label_values(&["active"]),
-        cycles: register(IntCounter::new("racekv_expiry_cycles_total", "Active expiry cycles run").unwrap()),
-        passes: register(
-            IntCounter::new("racekv_expiry_passes_total", "Active expiry sweeps through the whole directory").unwrap(),
+        cycles: metric::counter("racekv_expiry_cycles_total", "Active expiry cycles run"),
+        passes: metric::counter("racekv_expiry_passes_total", "Active expiry sweeps through the whole directory"),
+        rounds: metric::counter("racekv_expiry_rounds_total", "Active expiry rounds (one run of buckets each)"),
+        sampled_slots: metric::counter("racekv_expiry_sampled_slots_total", "Used slots the active expiry looked at"),
+        freed_bytes: metric::counter(
+            "racekv_expiry_freed_bytes_total",
+            "Heap bytes of expired items' blocks given back to the heap after the grace period",
         ),
-        rounds: register(
-            IntCounter::new("racekv_expiry_rounds_total", "Active expiry rounds (one run of buckets each)").unwrap(),
+        pending_bytes: metric::gauge(
+            "racekv_expiry_pending_bytes",
+            "Heap bytes of expired items' blocks removed and waiting out the grace period",
         ),
-        sampled_slots: register(
-            IntCounter::new("racekv_expiry_sampled_slots_total", "Used slots the active expiry looked at").unwrap(),
+        stale_ratio: metric::float_gauge(
+            "racekv_expiry_stale_ratio",
+            "Of the sampled items with an expiry in the last cycle, the share that had expired",
         ),
-        freed_bytes: register(
-            IntCounter::new(
-                "racekv_expiry_freed_bytes_total",
-                "Heap bytes of expired items' blocks given back to the heap after the grace period",
-            )
-            .unwrap(),
-        ),
-        pending_bytes: register(
-            IntGauge::new(
-                "racekv_expiry_pending_bytes",
-                "Heap bytes of expired items' blocks removed and waiting out the grace period",
-            )
-            .unwrap(),
-        ),
-        stale_ratio: register(
-            Gauge::new(
-                "racekv_expiry_stale_ratio",
-                "Of the sampled items with an expiry in the last cycle, the share that had expired",
-            )
-            .unwrap(),
-        ),
-        cycle_seconds: register(
-            Histogram::with_opts(
-                HistogramOpts::new("racekv_expiry_cycle_seconds", "Time one active expiry cycle took")
-                    .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
-            )
-            .unwrap(),
-        ),
+        cycle_seconds: metric::latency_histogram("racekv_expiry_cycle_seconds", "Time one active expiry cycle took"),
     }
 });
 

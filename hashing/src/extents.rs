@@ -38,27 +38,19 @@ struct Metrics {
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
-    use racekv_telemetry::register;
+    use racekv_telemetry::metric;
     Metrics {
-        live_bytes: register(IntGauge::new("racekv_memnode_extent_bytes", "Heap bytes in live value extents").unwrap()),
-        live: register(IntGauge::new("racekv_memnode_extents", "Live value extents").unwrap()),
-        pending_bytes: register(
-            IntGauge::new(
-                "racekv_memnode_extent_pending_bytes",
-                "Bytes of retired extents waiting out the grace period",
-            )
-            .unwrap(),
+        live_bytes: metric::gauge("racekv_memnode_extent_bytes", "Heap bytes in live value extents"),
+        live: metric::gauge("racekv_memnode_extents", "Live value extents"),
+        pending_bytes: metric::gauge(
+            "racekv_memnode_extent_pending_bytes",
+            "Bytes of retired extents waiting out the grace period",
         ),
-        allocated: register(
-            IntCounter::new("racekv_memnode_extents_allocated_total", "Value extents handed out").unwrap(),
-        ),
-        retired: register(IntCounter::new("racekv_memnode_extents_retired_total", "Value extents retired").unwrap()),
-        refused: register(
-            IntCounter::new(
-                "racekv_memnode_extent_retires_refused_total",
-                "Extent retires refused (not a live extent, or too many pending)",
-            )
-            .unwrap(),
+        allocated: metric::counter("racekv_memnode_extents_allocated_total", "Value extents handed out"),
+        retired: metric::counter("racekv_memnode_extents_retired_total", "Value extents retired"),
+        refused: metric::counter(
+            "racekv_memnode_extent_retires_refused_total",
+            "Extent retires refused (not a live extent, or too many pending)",
         ),
     }
 });

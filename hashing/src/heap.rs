@@ -35,12 +35,9 @@ pub const MAX_FRAGMENTS: usize = 1 << 20;
 pub const MAX_FIT_PROBES: usize = 64;
 
 static DROPPED_FRAGMENT_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
-    racekv_telemetry::register(
-        IntCounter::new(
-            "racekv_memnode_heap_fragment_bytes_dropped_total",
-            "Free bytes given back in runs too short to reuse, dropped because the heap held MAX_FRAGMENTS already",
-        )
-        .unwrap(),
+    racekv_telemetry::metric::counter(
+        "racekv_memnode_heap_fragment_bytes_dropped_total",
+        "Free bytes given back in runs too short to reuse, dropped because the heap held MAX_FRAGMENTS already",
     )
 });
 

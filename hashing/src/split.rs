@@ -39,7 +39,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::Instant;
 
 use parking_lot::Mutex;
-use prometheus::{Histogram, HistogramOpts, IntCounter};
+use prometheus::{Histogram, IntCounter};
 use racekv_transport::{Batch, Connection, MAX_BATCH_OPS};
 
 use crate::error::Error;
@@ -62,34 +62,20 @@ struct Metrics {
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
-    use racekv_telemetry::{register, LATENCY_BUCKETS_SECONDS};
+    use racekv_telemetry::metric;
     Metrics {
-        splits: register(IntCounter::new("racekv_split_total", "Subtable splits completed").unwrap()),
-        split_seconds: register(
-            Histogram::with_opts(
-                HistogramOpts::new("racekv_split_seconds", "Time to split one subtable")
-                    .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
-            )
-            .unwrap(),
+        splits: metric::counter("racekv_split_total", "Subtable splits completed"),
+        split_seconds: metric::latency_histogram("racekv_split_seconds", "Time to split one subtable"),
+        moved: metric::counter("racekv_split_moved_entries_total", "Entries moved to new subtables"),
+        misplaced: metric::counter(
+            "racekv_split_misplaced_entries_total",
+            "Entries found in a subtable they do not belong to (an insert its client is about to undo, or one \
+             left by a client that died mid-insert); left in place",
         ),
-        moved: register(IntCounter::new("racekv_split_moved_entries_total", "Entries moved to new subtables").unwrap()),
-        misplaced: register(
-            IntCounter::new(
-                "racekv_split_misplaced_entries_total",
-                "Entries found in a subtable they do not belong to (an insert its client is about to undo, or one \
-                 left by a client that died mid-insert); left in place",
-            )
-            .unwrap(),
-        ),
-        doublings: register(
-            IntCounter::new("racekv_split_directory_doublings_total", "Times the global depth grew").unwrap(),
-        ),
-        slow_path: register(
-            IntCounter::new(
-                "racekv_split_slot_retries_total",
-                "Slots re-processed because a client changed them during the move",
-            )
-            .unwrap(),
+        doublings: metric::counter("racekv_split_directory_doublings_total", "Times the global depth grew"),
+        slow_path: metric::counter(
+            "racekv_split_slot_retries_total",
+            "Slots re-processed because a client changed them during the move",
         ),
     }
 });

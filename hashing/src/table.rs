@@ -45,7 +45,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use prometheus::local::{LocalHistogram, LocalIntCounter};
-use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts};
+use prometheus::{HistogramVec, IntCounter, IntCounterVec};
 use racekv_transport::{Batch, Connection, ReadId, TransportError};
 
 use crate::alloc::{BlockAllocator, Chunk, ChunkSource, Fragments, FreePool};
@@ -229,50 +229,36 @@ struct Metrics {
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
-    use racekv_telemetry::{register, LATENCY_BUCKETS_SECONDS};
+    use racekv_telemetry::metric;
     Metrics {
-        ops: register(
-            IntCounterVec::new(
-                Opts::new("racekv_table_operations_total", "Table operations by kind and result"),
-                &["op", "result"],
-            )
-            .unwrap(),
+        ops: metric::counter_vec(
+            "racekv_table_operations_total",
+            "Table operations by kind and result",
+            &["op", "result"],
+            &[],
         ),
-        op_seconds: register(
-            HistogramVec::new(
-                HistogramOpts::new("racekv_table_operation_seconds", "Latency of table operations (sampled 1 in 16)")
-                    .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
-                &["op"],
-            )
-            .unwrap(),
+        op_seconds: metric::latency_histogram_vec(
+            "racekv_table_operation_seconds",
+            "Latency of table operations (sampled 1 in 16)",
+            &["op"],
         ),
-        round_trips: register(
-            IntCounter::new("racekv_table_round_trips_total", "Batches sent by table operations").unwrap(),
+        round_trips: metric::counter("racekv_table_round_trips_total", "Batches sent by table operations"),
+        cas_failures: metric::counter("racekv_table_cas_failures_total", "Slot CASes that lost a race and were retried"),
+        stale: metric::counter(
+            "racekv_table_stale_directory_total",
+            "Bucket reads that found the directory cache stale",
         ),
-        cas_failures: register(
-            IntCounter::new("racekv_table_cas_failures_total", "Slot CASes that lost a race and were retried").unwrap(),
+        splits: metric::counter(
+            "racekv_table_split_requests_total",
+            "Splits requested because a key's buckets were full",
         ),
-        stale: register(
-            IntCounter::new("racekv_table_stale_directory_total", "Bucket reads that found the directory cache stale")
-                .unwrap(),
+        torn: metric::counter(
+            "racekv_table_torn_reads_total",
+            "Block reads that found the block changed under them (a failed checksum, or not the block its slot word was written for) and were retried",
         ),
-        splits: register(
-            IntCounter::new("racekv_table_split_requests_total", "Splits requested because a key's buckets were full")
-                .unwrap(),
-        ),
-        torn: register(
-            IntCounter::new(
-                "racekv_table_torn_reads_total",
-                "Block reads that found the block changed under them (a failed checksum, or not the block its slot word was written for) and were retried",
-            )
-            .unwrap(),
-        ),
-        stalled: register(
-            IntCounter::new(
-                "racekv_table_stalled_reads_total",
-                "Reads that may have outlasted the grace period, so read their slot again before trusting the block",
-            )
-            .unwrap(),
+        stalled: metric::counter(
+            "racekv_table_stalled_reads_total",
+            "Reads that may have outlasted the grace period, so read their slot again before trusting the block",
         ),
     }
 });
@@ -280,12 +266,9 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
 /// Per-client copies of the metrics, published every [`FLUSH_EVERY_OPS`] operations.
 /// Extents a client could not retire (the memnode's next start reclaims them).
 static EXTENTS_LEAKED: LazyLock<IntCounter> = LazyLock::new(|| {
-    racekv_telemetry::register(
-        IntCounter::new(
-            "racekv_table_extents_unretired_total",
-            "Value extents a client swung away but could not retire (reclaimed at the memnode's next start)",
-        )
-        .unwrap(),
+    racekv_telemetry::metric::counter(
+        "racekv_table_extents_unretired_total",
+        "Value extents a client swung away but could not retire (reclaimed at the memnode's next start)",
     )
 });
 

@@ -61,50 +61,36 @@ struct Gauges {
 }
 
 static GAUGES: LazyLock<Gauges> = LazyLock::new(|| {
-    use racekv_telemetry::register;
+    use racekv_telemetry::metric::{float_gauge, gauge};
     Gauges {
-        region_bytes: register(IntGauge::new("racekv_memnode_region_bytes", "Size of the region").unwrap()),
-        heap_used_bytes: register(
-            IntGauge::new("racekv_memnode_heap_used_bytes", "Heap bytes allocated (subtables and KV chunks)").unwrap(),
+        region_bytes: gauge("racekv_memnode_region_bytes", "Size of the region"),
+        heap_used_bytes: gauge("racekv_memnode_heap_used_bytes", "Heap bytes allocated (subtables and KV chunks)"),
+        heap_free_bytes: gauge(
+            "racekv_memnode_heap_free_bytes",
+            "Heap bytes clients gave back, waiting to be handed out again",
         ),
-        heap_free_bytes: register(
-            IntGauge::new(
-                "racekv_memnode_heap_free_bytes",
-                "Heap bytes clients gave back, waiting to be handed out again",
-            )
-            .unwrap(),
+        heap_fragment_bytes: gauge(
+            "racekv_memnode_heap_fragment_bytes",
+            "Of the free heap bytes, those in runs shorter than a chunk: reusable once the space beside them is freed",
         ),
-        heap_fragment_bytes: register(
-            IntGauge::new(
-                "racekv_memnode_heap_fragment_bytes",
-                "Of the free heap bytes, those in runs shorter than a chunk: reusable once the space beside them is freed",
-            )
-            .unwrap(),
+        items: gauge("racekv_memnode_items", "Keys stored"),
+        slots: gauge("racekv_memnode_slots", "Slots in all subtables"),
+        load_factor: float_gauge("racekv_memnode_load_factor_ratio", "Keys per slot"),
+        global_depth: gauge("racekv_memnode_global_depth", "Directory global depth"),
+        subtables: gauge("racekv_memnode_subtables", "Subtables allocated"),
+        chunks: gauge("racekv_memnode_chunks", "KV chunks handed to clients"),
+        connections: gauge("racekv_memnode_connections", "Open client connections"),
+        last_sync_seconds: float_gauge(
+            "racekv_memnode_last_sync_duration_seconds",
+            "Duration of the last msync of the data file",
         ),
-        items: register(IntGauge::new("racekv_memnode_items", "Keys stored").unwrap()),
-        slots: register(IntGauge::new("racekv_memnode_slots", "Slots in all subtables").unwrap()),
-        load_factor: register(Gauge::new("racekv_memnode_load_factor_ratio", "Keys per slot").unwrap()),
-        global_depth: register(IntGauge::new("racekv_memnode_global_depth", "Directory global depth").unwrap()),
-        subtables: register(IntGauge::new("racekv_memnode_subtables", "Subtables allocated").unwrap()),
-        chunks: register(IntGauge::new("racekv_memnode_chunks", "KV chunks handed to clients").unwrap()),
-        connections: register(IntGauge::new("racekv_memnode_connections", "Open client connections").unwrap()),
-        last_sync_seconds: register(
-            Gauge::new("racekv_memnode_last_sync_duration_seconds", "Duration of the last msync of the data file")
-                .unwrap(),
+        reclaim_seconds: float_gauge(
+            "racekv_memnode_start_reclaim_duration_seconds",
+            "How long this start took to find the heap space nothing references",
         ),
-        reclaim_seconds: register(
-            Gauge::new(
-                "racekv_memnode_start_reclaim_duration_seconds",
-                "How long this start took to find the heap space nothing references",
-            )
-            .unwrap(),
-        ),
-        reclaimed_bytes: register(
-            IntGauge::new(
-                "racekv_memnode_start_reclaimed_bytes",
-                "Heap bytes this start found free (free list, fragments and a lowered heap top), leaks of crashed processes included",
-            )
-            .unwrap(),
+        reclaimed_bytes: gauge(
+            "racekv_memnode_start_reclaimed_bytes",
+            "Heap bytes this start found free (free list, fragments and a lowered heap top), leaks of crashed processes included",
         ),
     }
 });

@@ -5,8 +5,8 @@
 
 use std::sync::LazyLock;
 
-use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts};
-use racekv_telemetry::{register, LATENCY_BUCKETS_SECONDS};
+use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge};
+use racekv_telemetry::metric::{counter, counter_vec, gauge, latency_histogram_vec};
 
 pub(crate) struct Metrics {
     pub connected_clients: IntGauge,
@@ -37,168 +37,110 @@ pub(crate) struct Metrics {
 
 pub(crate) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     Metrics {
-    connected_clients: register(
-        IntGauge::new("racekv_redis_connected_clients", "Redis client connections open now").unwrap(),
+    connected_clients: gauge("racekv_redis_connected_clients", "Redis client connections open now"),
+    connections: counter("racekv_redis_connections_total", "Redis client connections accepted"),
+    connections_rejected: counter_vec(
+        "racekv_redis_connections_rejected_total",
+        "Redis client connections refused",
+        &["reason"],
+        &[],
     ),
-    connections: register(
-        IntCounter::new("racekv_redis_connections_total", "Redis client connections accepted").unwrap(),
+    connections_closed: counter_vec(
+        "racekv_redis_connections_closed_total",
+        "Redis client connections closed, by why",
+        &["reason"],
+        &[],
     ),
-    connections_rejected: register(
-        IntCounterVec::new(
-            Opts::new("racekv_redis_connections_rejected_total", "Redis client connections refused"),
-            &["reason"],
-        )
-        .unwrap(),
+    commands: counter_vec(
+        "racekv_redis_commands_total",
+        "Redis commands executed, by command and result (ok, error)",
+        &["command", "result"],
+        &[],
     ),
-    connections_closed: register(
-        IntCounterVec::new(
-            Opts::new("racekv_redis_connections_closed_total", "Redis client connections closed, by why"),
-            &["reason"],
-        )
-        .unwrap(),
+    command_seconds: latency_histogram_vec(
+        "racekv_redis_command_duration_seconds",
+        "Time to execute one Redis command, storage included",
+        &["command"],
     ),
-    commands: register(
-        IntCounterVec::new(
-            Opts::new("racekv_redis_commands_total", "Redis commands executed, by command and result (ok, error)"),
-            &["command", "result"],
-        )
-        .unwrap(),
+    protocol_errors: counter_vec(
+        "racekv_redis_protocol_errors_total",
+        "Malformed Redis requests (each closes its connection)",
+        &["reason"],
+        &[],
     ),
-    command_seconds: register(
-        HistogramVec::new(
-            HistogramOpts::new(
-                "racekv_redis_command_duration_seconds",
-                "Time to execute one Redis command, storage included",
-            )
-            .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
-            &["command"],
-        )
-        .unwrap(),
+    store_errors: counter_vec(
+        "racekv_redis_store_errors_total",
+        "Storage errors returned to Redis clients, by kind",
+        &["kind"],
+        &[],
     ),
-    protocol_errors: register(
-        IntCounterVec::new(
-            Opts::new("racekv_redis_protocol_errors_total", "Malformed Redis requests (each closes its connection)"),
-            &["reason"],
-        )
-        .unwrap(),
+    error_replies: counter_vec(
+        "racekv_redis_error_replies_total",
+        "Error replies sent to Redis clients, by code (the reply's first word, as INFO errorstats)",
+        &["code"],
+        &[],
     ),
-    store_errors: register(
-        IntCounterVec::new(
-            Opts::new("racekv_redis_store_errors_total", "Storage errors returned to Redis clients, by kind"),
-            &["kind"],
-        )
-        .unwrap(),
+    received_bytes: counter("racekv_redis_received_bytes_total", "Bytes received from Redis clients"),
+    sent_bytes: counter("racekv_redis_sent_bytes_total", "Bytes sent to Redis clients"),
+    event_loop_sleeps: counter(
+        "racekv_redis_event_loop_sleeps_total",
+        "Times an event loop found nothing to do after its spin and blocked (each costs its next request a wake-up)",
     ),
-    error_replies: register(
-        IntCounterVec::new(
-            Opts::new(
-                "racekv_redis_error_replies_total",
-                "Error replies sent to Redis clients, by code (the reply's first word, as INFO errorstats)",
-            ),
-            &["code"],
-        )
-        .unwrap(),
+    auth_failures: counter(
+        "racekv_redis_auth_failures_total",
+        "AUTH (or HELLO AUTH) attempts with a wrong user or password",
     ),
-    received_bytes: register(
-        IntCounter::new("racekv_redis_received_bytes_total", "Bytes received from Redis clients").unwrap(),
+    acl_denied: counter_vec(
+        "racekv_redis_acl_denied_total",
+        "Commands refused by access control, by why (noauth, command, key)",
+        &["reason"],
+        &[],
     ),
-    sent_bytes: register(IntCounter::new("racekv_redis_sent_bytes_total", "Bytes sent to Redis clients").unwrap()),
-    event_loop_sleeps: register(
-        IntCounter::new(
-            "racekv_redis_event_loop_sleeps_total",
-            "Times an event loop found nothing to do after its spin and blocked (each costs its next request a wake-up)",
-        )
-        .unwrap(),
+    cross_protocol: counter(
+        "racekv_redis_cross_protocol_total",
+        "Connections closed for sending POST or Host: as a command (HTTP sent to the Redis port)",
     ),
-    auth_failures: register(
-        IntCounter::new("racekv_redis_auth_failures_total", "AUTH (or HELLO AUTH) attempts with a wrong user or password")
-            .unwrap(),
+    tls_handshake_failures: counter(
+        "racekv_redis_tls_handshake_failures_total",
+        "Connections to the TLS port whose handshake failed (wrong certificate, plaintext, timeout)",
     ),
-    acl_denied: register(
-        IntCounterVec::new(
-            Opts::new(
-                "racekv_redis_acl_denied_total",
-                "Commands refused by access control, by why (noauth, command, key)",
-            ),
-            &["reason"],
-        )
-        .unwrap(),
+    cas_retries: counter_vec(
+        "racekv_redis_cas_retries_total",
+        "Compare-and-swaps a read-modify-write string command lost to another writer and retried, by command",
+        &["command"],
+        &[],
     ),
-    cross_protocol: register(
-        IntCounter::new(
-            "racekv_redis_cross_protocol_total",
-            "Connections closed for sending POST or Host: as a command (HTTP sent to the Redis port)",
-        )
-        .unwrap(),
+    keyspace_lookups: counter_vec(
+        "racekv_redis_keyspace_lookups_total",
+        "Keys looked up by reading commands (GET, MGET, EXISTS, GETRANGE, ...), by result (hit, miss): INFO's keyspace_hits/misses",
+        &["result"],
+        &[],
     ),
-    tls_handshake_failures: register(
-        IntCounter::new(
-            "racekv_redis_tls_handshake_failures_total",
-            "Connections to the TLS port whose handshake failed (wrong certificate, plaintext, timeout)",
-        )
-        .unwrap(),
+    slow_commands: counter(
+        "racekv_redis_slow_commands_total",
+        "Commands that took at least slowlog-log-slower-than (each is added to SLOWLOG)",
     ),
-    cas_retries: register(
-        IntCounterVec::new(
-            Opts::new(
-                "racekv_redis_cas_retries_total",
-                "Compare-and-swaps a read-modify-write string command lost to another writer and retried, by command",
-            ),
-            &["command"],
-        )
-        .unwrap(),
+    paused_commands: counter(
+        "racekv_redis_paused_commands_total",
+        "Commands that waited for a CLIENT PAUSE to end before they ran",
     ),
-    keyspace_lookups: register(
-        IntCounterVec::new(
-            Opts::new(
-                "racekv_redis_keyspace_lookups_total",
-                "Keys looked up by reading commands (GET, MGET, EXISTS, GETRANGE, ...), by result (hit, miss): INFO's keyspace_hits/misses",
-            ),
-            &["result"],
-        )
-        .unwrap(),
+    config_changes: counter_vec(
+        "racekv_redis_config_changes_total",
+        "Settings changed at run time by CONFIG SET, by parameter",
+        &["parameter"],
+        &[],
     ),
-    slow_commands: register(
-        IntCounter::new(
-            "racekv_redis_slow_commands_total",
-            "Commands that took at least slowlog-log-slower-than (each is added to SLOWLOG)",
-        )
-        .unwrap(),
+    query_buffer_bytes: gauge(
+        "racekv_redis_query_buffer_bytes",
+        "Bytes partly received (or executing) large commands hold, charged to the query buffer budget",
     ),
-    paused_commands: register(
-        IntCounter::new(
-            "racekv_redis_paused_commands_total",
-            "Commands that waited for a CLIENT PAUSE to end before they ran",
-        )
-        .unwrap(),
+    query_buffer_budget: gauge(
+        "racekv_redis_query_buffer_budget_bytes",
+        "The query buffer budget: the most bytes large commands of all clients may hold together (0: unlimited)",
     ),
-    config_changes: register(
-        IntCounterVec::new(
-            Opts::new("racekv_redis_config_changes_total", "Settings changed at run time by CONFIG SET, by parameter"),
-            &["parameter"],
-        )
-        .unwrap(),
-    ),
-    query_buffer_bytes: register(
-        IntGauge::new(
-            "racekv_redis_query_buffer_bytes",
-            "Bytes partly received (or executing) large commands hold, charged to the query buffer budget",
-        )
-        .unwrap(),
-    ),
-    query_buffer_budget: register(
-        IntGauge::new(
-            "racekv_redis_query_buffer_budget_bytes",
-            "The query buffer budget: the most bytes large commands of all clients may hold together (0: unlimited)",
-        )
-        .unwrap(),
-    ),
-    query_buffer_refusals: register(
-        IntCounter::new(
-            "racekv_redis_query_buffer_budget_refusals_total",
-            "Connections closed because their command would have taken the query buffer budget past its limit",
-        )
-        .unwrap(),
+    query_buffer_refusals: counter(
+        "racekv_redis_query_buffer_budget_refusals_total",
+        "Connections closed because their command would have taken the query buffer budget past its limit",
     ),
 }
 });

@@ -38,10 +38,10 @@ use hyper::body::{Body, Bytes, Incoming};
 use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_TYPE, TRANSFER_ENCODING};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts};
+use prometheus::{IntCounter, IntCounterVec, IntGauge};
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::{register, render};
+use crate::{metric, render};
 
 /// Most connections open at once; one more is closed as soon as it is accepted.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -187,37 +187,26 @@ impl Route {
 }
 
 static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
-    register(
-        IntCounterVec::new(
-            Opts::new("racekv_http_requests_total", "HTTP requests answered by the metrics endpoint"),
-            &["path", "code"],
-        )
-        .expect("static metric"),
+    metric::counter_vec(
+        "racekv_http_requests_total",
+        "HTTP requests answered by the metrics endpoint",
+        &["path", "code"],
+        &[],
     )
 });
 static REFUSED: LazyLock<IntCounterVec> = LazyLock::new(|| {
-    register(
-        IntCounterVec::new(
-            Opts::new(
-                "racekv_http_connections_refused_total",
-                "Connections to the metrics endpoint the server closed (over the limits, timed out, or malformed)",
-            ),
-            &["reason"],
-        )
-        .expect("static metric"),
+    metric::counter_vec(
+        "racekv_http_connections_refused_total",
+        "Connections to the metrics endpoint the server closed (over the limits, timed out, or malformed)",
+        &["reason"],
+        &[],
     )
 });
 static ACCEPTED: LazyLock<IntCounter> = LazyLock::new(|| {
-    register(
-        IntCounter::new("racekv_http_connections_accepted_total", "Connections accepted by the metrics endpoint")
-            .expect("static metric"),
-    )
+    metric::counter("racekv_http_connections_accepted_total", "Connections accepted by the metrics endpoint")
 });
-static OPEN: LazyLock<IntGauge> = LazyLock::new(|| {
-    register(
-        IntGauge::new("racekv_http_connections", "Open connections to the metrics endpoint").expect("static metric"),
-    )
-});
+static OPEN: LazyLock<IntGauge> =
+    LazyLock::new(|| metric::gauge("racekv_http_connections", "Open connections to the metrics endpoint"));
 
 /// Counts refusals and warns about them at most once per [`REFUSED_WARN_INTERVAL_MS`].
 struct RefusalLog {

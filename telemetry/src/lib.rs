@@ -12,14 +12,16 @@
 //! * [`load_config`]: defaults < TOML file < environment variables, into a serde struct;
 //!   secrets may come from files (`X_file`), and [`secret`] prints configs with them masked.
 //!
-//! Components register their metrics once, in a `LazyLock`, on the default registry; several
-//! components in one process (tests, `racekv up`) therefore share and sum their series.
+//! Components register their metrics once, in a `LazyLock`, on the default registry (with
+//! [`metric`]'s constructors); several components in one process (tests, `racekv up`)
+//! therefore share and sum their series.
 
 #![forbid(unsafe_code)]
 
 pub mod clock;
 pub mod http;
 mod logging;
+pub mod metric;
 mod process;
 pub mod ratelimit;
 pub mod secret;
@@ -53,15 +55,6 @@ pub const SIZE_BUCKETS_BYTES: &[f64] =
 
 /// Histogram buckets for small counts (batch sizes, coalescing degrees): 1 .. 256.
 pub const COUNT_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
-
-/// Registers `collector` on the default registry, panicking on a programming error
-/// (a duplicate or malformed metric name is a bug, not a runtime condition).
-pub fn register<C: prometheus::core::Collector + Clone + 'static>(collector: C) -> C {
-    prometheus::default_registry()
-        .register(Box::new(collector.clone()))
-        .expect("metric names are static and registered once");
-    collector
-}
 
 /// Renders the default registry in the Prometheus text format.
 pub fn render() -> String {
@@ -212,7 +205,7 @@ mod tests {
 
     #[test]
     fn metrics_endpoint_serves_registered_series() {
-        let counter = register(prometheus::IntCounter::new("telemetry_test_total", "test").unwrap());
+        let counter = metric::counter("telemetry_test_total", "test");
         counter.inc_by(3);
         let server = MetricsServer::start("127.0.0.1:0".parse().unwrap()).unwrap();
         let mut stream = std::net::TcpStream::connect(server.addr()).unwrap();

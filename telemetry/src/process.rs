@@ -8,11 +8,8 @@ pub fn register_process_metrics() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         // The default registry carries the process collector itself (the `process` feature).
-        let info = prometheus::IntGaugeVec::new(
-            prometheus::Opts::new("racekv_build_info", "The racekv build this process runs (value 1)"),
-            &["version"],
-        )
-        .expect("static metric");
-        crate::register(info).with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        let info =
+            crate::metric::gauge_vec("racekv_build_info", "The racekv build this process runs (value 1)", &["version"]);
+        info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
     });
 }

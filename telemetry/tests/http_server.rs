@@ -8,7 +8,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
-use racekv_telemetry::{register, render, HttpLimits, MetricsServer, ReadyFn, Routes, StatusFn};
+use racekv_telemetry::{metric, render, HttpLimits, MetricsServer, ReadyFn, Routes, StatusFn};
 
 /// Longest any read in these tests waits before the test fails (a hang, not a measurement).
 const READ_BOUND: Duration = Duration::from_secs(20);
@@ -66,7 +66,7 @@ fn sample(series: &str) -> u64 {
 
 #[test]
 fn metrics_healthz_and_query_strings() {
-    let counter = register(prometheus::IntCounter::new("http_server_test_total", "test").unwrap());
+    let counter = metric::counter("http_server_test_total", "test");
     counter.inc_by(5);
     let server = start();
     for target in ["/metrics", "/metrics?x=1", "/metrics?"] {
@@ -85,9 +85,7 @@ fn metrics_healthz_and_query_strings() {
 
 #[test]
 fn a_metrics_page_larger_than_the_buffers_arrives_whole() {
-    let many = register(
-        prometheus::IntCounterVec::new(prometheus::Opts::new("http_server_big_total", "big"), &["n"]).unwrap(),
-    );
+    let many = metric::counter_vec("http_server_big_total", "big", &["n"], &[]);
     for n in 0..4000 {
         many.with_label_values(&[&format!("{n:05}")]).inc();
     }

@@ -31,7 +31,7 @@ use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use hmac::{Hmac, KeyInit, Mac};
-use prometheus::{IntCounterVec, Opts};
+use prometheus::IntCounterVec;
 use racekv_telemetry::ratelimit::RateLimit;
 use sha2::Sha256;
 
@@ -490,15 +490,11 @@ pub fn connect<S: Read + Write>(
 }
 
 static FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
-    racekv_telemetry::register(
-        IntCounterVec::new(
-            Opts::new(
-                "racekv_transport_auth_failures_total",
-                "Connections closed because the peer failed the token handshake or TLS",
-            ),
-            &["listener", "reason"],
-        )
-        .unwrap(),
+    racekv_telemetry::metric::counter_vec(
+        "racekv_transport_auth_failures_total",
+        "Connections closed because the peer failed the token handshake or TLS",
+        &["listener", "reason"],
+        &[],
     )
 });
 

@@ -37,7 +37,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts};
+use prometheus::{Histogram, IntCounter, IntCounterVec, IntGaugeVec};
 
 use crate::auth::{self, Accepted, AuthFailure, Caller, Credentials, Token};
 use crate::batch::{Batch, OpKind};
@@ -114,53 +114,39 @@ struct Metrics {
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
-    use racekv_telemetry::{register, LATENCY_BUCKETS_SECONDS};
+    use racekv_telemetry::metric;
+    let ops = metric::counter_vec("racekv_softnic_ops_total", "One-sided ops executed", &["op"], &[]);
     Metrics {
-        connections: register(
-            IntGaugeVec::new(
-                Opts::new("racekv_softnic_connections", "Open connections to the region server"),
-                &["listener"],
-            )
-            .unwrap(),
+        connections: metric::gauge_vec(
+            "racekv_softnic_connections",
+            "Open connections to the region server",
+            &["listener"],
         ),
-        accepted: register(
-            IntCounterVec::new(
-                Opts::new("racekv_softnic_connections_accepted_total", "Connections accepted"),
-                &["listener"],
-            )
-            .unwrap(),
+        accepted: metric::counter_vec(
+            "racekv_softnic_connections_accepted_total",
+            "Connections accepted",
+            &["listener"],
+            &[],
         ),
-        refused: register(
-            IntCounterVec::new(
-                Opts::new("racekv_softnic_connections_refused_total", "Connections refused"),
-                &["reason"],
-            )
-            .unwrap(),
+        refused: metric::counter_vec(
+            "racekv_softnic_connections_refused_total",
+            "Connections refused",
+            &["reason"],
+            &[],
         ),
-        frame_errors: register(
-            IntCounterVec::new(
-                Opts::new("racekv_softnic_frame_errors_total", "Connections closed for a bad frame or I/O error"),
-                &["reason"],
-            )
-            .unwrap(),
+        frame_errors: metric::counter_vec(
+            "racekv_softnic_frame_errors_total",
+            "Connections closed for a bad frame or I/O error",
+            &["reason"],
+            &[],
         ),
-        batches: register(IntCounter::new("racekv_softnic_batches_total", "One-sided batches executed").unwrap()),
-        ops: {
-            let ops = register(
-                IntCounterVec::new(Opts::new("racekv_softnic_ops_total", "One-sided ops executed"), &["op"]).unwrap(),
-            );
-            ["read", "write", "cas", "faa"].map(|op| ops.with_label_values(&[op]))
-        },
-        read_bytes: register(IntCounter::new("racekv_softnic_read_bytes_total", "Bytes returned by READs").unwrap()),
-        written_bytes: register(
-            IntCounter::new("racekv_softnic_written_bytes_total", "Bytes stored by WRITEs").unwrap(),
-        ),
-        batch_seconds: register(
-            Histogram::with_opts(
-                HistogramOpts::new("racekv_softnic_batch_seconds", "Time to execute one batch against the region")
-                    .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
-            )
-            .unwrap(),
+        batches: metric::counter("racekv_softnic_batches_total", "One-sided batches executed"),
+        ops: ["read", "write", "cas", "faa"].map(|op| ops.with_label_values(&[op])),
+        read_bytes: metric::counter("racekv_softnic_read_bytes_total", "Bytes returned by READs"),
+        written_bytes: metric::counter("racekv_softnic_written_bytes_total", "Bytes stored by WRITEs"),
+        batch_seconds: metric::latency_histogram(
+            "racekv_softnic_batch_seconds",
+            "Time to execute one batch against the region",
         ),
     }
 });

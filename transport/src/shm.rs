@@ -30,9 +30,7 @@ use crate::wire::{self, Kind};
 use crate::{ConnectOptions, Connection, TransportKind};
 
 static BATCHES: LazyLock<IntCounter> = LazyLock::new(|| {
-    racekv_telemetry::register(
-        IntCounter::new("racekv_transport_shm_batches_total", "Batches executed on shared mappings").unwrap(),
-    )
+    racekv_telemetry::metric::counter("racekv_transport_shm_batches_total", "Batches executed on shared mappings")
 });
 
 thread_local! {

@@ -4,7 +4,7 @@
 use std::sync::LazyLock;
 use std::time::Instant;
 
-use prometheus::{Histogram, HistogramOpts, IntCounter};
+use prometheus::{Histogram, IntCounter};
 
 use crate::batch::Batch;
 use crate::error::TransportError;
@@ -23,17 +23,11 @@ struct Metrics {
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
-    use racekv_telemetry::{register, LATENCY_BUCKETS_SECONDS};
+    use racekv_telemetry::metric;
     Metrics {
-        batches: register(IntCounter::new("racekv_transport_tcp_batches_total", "Batches sent over tcp").unwrap()),
-        batch_seconds: register(
-            Histogram::with_opts(
-                HistogramOpts::new("racekv_transport_tcp_batch_seconds", "Round trip of one tcp batch")
-                    .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
-            )
-            .unwrap(),
-        ),
-        rpcs: register(IntCounter::new("racekv_transport_tcp_rpcs_total", "RPCs sent over tcp").unwrap()),
+        batches: metric::counter("racekv_transport_tcp_batches_total", "Batches sent over tcp"),
+        batch_seconds: metric::latency_histogram("racekv_transport_tcp_batch_seconds", "Round trip of one tcp batch"),
+        rpcs: metric::counter("racekv_transport_tcp_rpcs_total", "RPCs sent over tcp"),
     }
 });
 

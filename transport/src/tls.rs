@@ -24,7 +24,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
-use prometheus::{IntCounterVec, Opts};
+use prometheus::IntCounterVec;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -38,12 +38,11 @@ use crate::stream::is_timeout;
 const RAW_READ_BYTES: usize = 18 * 1024;
 
 static RELOADS: LazyLock<IntCounterVec> = LazyLock::new(|| {
-    racekv_telemetry::register(
-        IntCounterVec::new(
-            Opts::new("racekv_transport_tls_reloads_total", "Reloads of a region server's TLS certificate and key"),
-            &["result"],
-        )
-        .unwrap(),
+    racekv_telemetry::metric::counter_vec(
+        "racekv_transport_tls_reloads_total",
+        "Reloads of a region server's TLS certificate and key",
+        &["result"],
+        &[],
     )
 });
 

@@ -2,7 +2,7 @@
 
 use std::sync::LazyLock;
 
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts};
+use prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge};
 
 pub(crate) struct Metrics {
     /// Requests per message, as senders coalesce them.
@@ -30,78 +30,53 @@ pub(crate) struct Metrics {
 }
 
 pub(crate) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
-    use racekv_telemetry::{register, COUNT_BUCKETS, LATENCY_BUCKETS_SECONDS, SIZE_BUCKETS_BYTES};
-    let m = Metrics {
-        degree: register(
-            Histogram::with_opts(
-                HistogramOpts::new("racekv_flock_coalescing_degree", "Requests coalesced into one FLOCK message")
-                    .buckets(COUNT_BUCKETS.to_vec()),
-            )
-            .unwrap(),
+    use racekv_telemetry::{metric, COUNT_BUCKETS, SIZE_BUCKETS_BYTES};
+    const DIRECTIONS: &[&str] = &["sent", "received"];
+    Metrics {
+        degree: metric::histogram(
+            "racekv_flock_coalescing_degree",
+            "Requests coalesced into one FLOCK message",
+            COUNT_BUCKETS,
         ),
-        messages: register(
-            IntCounterVec::new(Opts::new("racekv_flock_messages_total", "FLOCK messages"), &["direction"]).unwrap(),
+        messages: metric::counter_vec("racekv_flock_messages_total", "FLOCK messages", &["direction"], &[DIRECTIONS]),
+        requests: metric::counter_vec(
+            "racekv_flock_requests_total",
+            "RPC requests carried in FLOCK messages",
+            &["direction"],
+            &[DIRECTIONS],
         ),
-        requests: register(
-            IntCounterVec::new(
-                Opts::new("racekv_flock_requests_total", "RPC requests carried in FLOCK messages"),
-                &["direction"],
-            )
-            .unwrap(),
+        credits_granted: metric::counter(
+            "racekv_flock_credits_granted_total",
+            "Credits granted by receivers' schedulers",
         ),
-        credits_granted: register(
-            IntCounter::new("racekv_flock_credits_granted_total", "Credits granted by receivers' schedulers").unwrap(),
+        renewals_refused: metric::counter(
+            "racekv_flock_credit_refusals_total",
+            "Credit renewals refused by receivers' schedulers",
         ),
-        renewals_refused: register(
-            IntCounter::new("racekv_flock_credit_refusals_total", "Credit renewals refused by receivers' schedulers")
-                .unwrap(),
+        overloaded: metric::counter(
+            "racekv_flock_overloaded_calls_total",
+            "Calls that gave up waiting for credits (the request was never sent)",
         ),
-        overloaded: register(
-            IntCounter::new(
-                "racekv_flock_overloaded_calls_total",
-                "Calls that gave up waiting for credits (the request was never sent)",
-            )
-            .unwrap(),
+        probes: metric::counter(
+            "racekv_flock_refused_lane_probes_total",
+            "Credit renewals senders sent again for lanes the receiver had refused",
         ),
-        probes: register(
-            IntCounter::new(
-                "racekv_flock_refused_lane_probes_total",
-                "Credit renewals senders sent again for lanes the receiver had refused",
-            )
-            .unwrap(),
+        active: metric::gauge("racekv_flock_active_connections", "FLOCK lanes the scheduler holds active"),
+        lanes: metric::gauge("racekv_flock_connections", "FLOCK lanes open at this receiver"),
+        ring_occupancy: metric::histogram(
+            "racekv_flock_ring_occupancy_bytes",
+            "Unread bytes in a receiver's request ring when it takes a message",
+            SIZE_BUCKETS_BYTES,
         ),
-        active: register(
-            IntGauge::new("racekv_flock_active_connections", "FLOCK lanes the scheduler holds active").unwrap(),
+        call_seconds: metric::latency_histogram(
+            "racekv_flock_call_seconds",
+            "One RPC through FLOCK, as the caller sees it",
         ),
-        lanes: register(IntGauge::new("racekv_flock_connections", "FLOCK lanes open at this receiver").unwrap()),
-        ring_occupancy: register(
-            Histogram::with_opts(
-                HistogramOpts::new(
-                    "racekv_flock_ring_occupancy_bytes",
-                    "Unread bytes in a receiver's request ring when it takes a message",
-                )
-                .buckets(SIZE_BUCKETS_BYTES.to_vec()),
-            )
-            .unwrap(),
+        lane_errors: metric::counter_vec(
+            "racekv_flock_lane_errors_total",
+            "FLOCK lanes closed for an error",
+            &["reason"],
+            &[],
         ),
-        call_seconds: register(
-            Histogram::with_opts(
-                HistogramOpts::new("racekv_flock_call_seconds", "One RPC through FLOCK, as the caller sees it")
-                    .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
-            )
-            .unwrap(),
-        ),
-        lane_errors: register(
-            IntCounterVec::new(
-                Opts::new("racekv_flock_lane_errors_total", "FLOCK lanes closed for an error"),
-                &["reason"],
-            )
-            .unwrap(),
-        ),
-    };
-    for d in ["sent", "received"] {
-        m.messages.with_label_values(&[d]);
-        m.requests.with_label_values(&[d]);
     }
-    m
 });

@@ -4,7 +4,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts};
+use prometheus::{HistogramVec, IntCounterVec};
 
 use crate::auth::Caller;
 use crate::error::RpcStatus;
@@ -48,19 +48,9 @@ struct Metrics {
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
-    use racekv_telemetry::{register, LATENCY_BUCKETS_SECONDS};
+    use racekv_telemetry::metric;
     Metrics {
-        requests: register(
-            IntCounterVec::new(Opts::new("racekv_rpc_server_requests_total", "RPCs served"), &["method", "status"])
-                .unwrap(),
-        ),
-        seconds: register(
-            HistogramVec::new(
-                HistogramOpts::new("racekv_rpc_server_seconds", "Time to serve one RPC")
-                    .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
-                &["method"],
-            )
-            .unwrap(),
-        ),
+        requests: metric::counter_vec("racekv_rpc_server_requests_total", "RPCs served", &["method", "status"], &[]),
+        seconds: metric::latency_histogram_vec("racekv_rpc_server_seconds", "Time to serve one RPC", &["method"]),
     }
 });

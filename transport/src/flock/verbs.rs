@@ -74,7 +74,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use prometheus::{IntCounter, IntCounterVec, Opts};
+use prometheus::{IntCounter, IntCounterVec};
 
 use super::message::{self, MAX_MESSAGE_BYTES};
 use super::receiver::{Received, ServerCarrier};
@@ -128,39 +128,23 @@ struct Metrics {
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
-    use racekv_telemetry::register;
-    let m = Metrics {
-        work_requests: register(
-            IntCounterVec::new(
-                Opts::new(
-                    "racekv_flock_verbs_work_requests_total",
-                    "Send work requests posted on FLOCK verbs lanes, by kind and whether signaled",
-                ),
-                &["kind", "signaled"],
-            )
-            .unwrap(),
+    use racekv_telemetry::metric;
+    Metrics {
+        work_requests: metric::counter_vec(
+            "racekv_flock_verbs_work_requests_total",
+            "Send work requests posted on FLOCK verbs lanes, by kind and whether signaled",
+            &["kind", "signaled"],
+            &[&["message", "wrap", "credit", "head_read"], &["yes", "no"]],
         ),
-        head_reads: register(
-            IntCounter::new(
-                "racekv_flock_verbs_head_reads_total",
-                "RDMA READs of a peer's ring head (no room with the head it acknowledged, or a fence)",
-            )
-            .unwrap(),
+        head_reads: metric::counter(
+            "racekv_flock_verbs_head_reads_total",
+            "RDMA READs of a peer's ring head (no room with the head it acknowledged, or a fence)",
         ),
-        sleeps: register(
-            IntCounter::new(
-                "racekv_flock_verbs_sleeps_total",
-                "Times a FLOCK verbs reader slept on its completion channel",
-            )
-            .unwrap(),
+        sleeps: metric::counter(
+            "racekv_flock_verbs_sleeps_total",
+            "Times a FLOCK verbs reader slept on its completion channel",
         ),
-    };
-    for kind in ["message", "wrap", "credit", "head_read"] {
-        for signaled in ["yes", "no"] {
-            m.work_requests.with_label_values(&[kind, signaled]);
-        }
     }
-    m
 });
 
 // ---- immediate values ----

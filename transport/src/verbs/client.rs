@@ -29,7 +29,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts};
+use prometheus::{Histogram, IntCounter, IntCounterVec};
 
 use super::error::VerbsError;
 use super::local::{self, LocalDevice};
@@ -67,31 +67,19 @@ struct Metrics {
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
-    use racekv_telemetry::{register, LATENCY_BUCKETS_SECONDS};
+    use racekv_telemetry::metric;
     Metrics {
-        batches: register(
-            IntCounter::new("racekv_transport_verbs_batches_total", "Batches posted on verbs queue pairs").unwrap(),
+        batches: metric::counter("racekv_transport_verbs_batches_total", "Batches posted on verbs queue pairs"),
+        batch_seconds: metric::latency_histogram(
+            "racekv_transport_verbs_batch_seconds",
+            "Post to last completion of one verbs batch",
         ),
-        batch_seconds: register(
-            Histogram::with_opts(
-                HistogramOpts::new(
-                    "racekv_transport_verbs_batch_seconds",
-                    "Post to last completion of one verbs batch",
-                )
-                .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
-            )
-            .unwrap(),
-        ),
-        rpcs: register(
-            IntCounter::new("racekv_transport_verbs_rpcs_total", "RPCs called on verbs connections (FLOCK lanes)")
-                .unwrap(),
-        ),
-        completion_errors: register(
-            IntCounterVec::new(
-                Opts::new("racekv_transport_verbs_completion_errors_total", "Work completions with an error status"),
-                &["status"],
-            )
-            .unwrap(),
+        rpcs: metric::counter("racekv_transport_verbs_rpcs_total", "RPCs called on verbs connections (FLOCK lanes)"),
+        completion_errors: metric::counter_vec(
+            "racekv_transport_verbs_completion_errors_total",
+            "Work completions with an error status",
+            &["status"],
+            &[],
         ),
     }
 });
