@@ -17,8 +17,8 @@ sleep 1
 gauges() {
     sleep 1.2 # the memnode refreshes its gauges every second
     curl -s 127.0.0.1:9791/metrics | awk '
-        /^racekv_memnode_heap_used_bytes / {u=$2} /^racekv_memnode_heap_free_bytes / {f=$2}
-        /^racekv_memnode_heap_fragment_bytes / {g=$2} /^racekv_memnode_items / {n=$2}
+        /^racekv_memnode_heap_used_bytes[{ ]/ {u=$2} /^racekv_memnode_heap_free_bytes[{ ]/ {f=$2}
+        /^racekv_memnode_heap_fragment_bytes[{ ]/ {g=$2} /^racekv_memnode_items[{ ]/ {n=$2}
         END {printf "keys %7d  used %6.1f MiB  free %6.1f MiB (fragments %5.1f)  top %6.1f MiB\n", n, u/1048576, f/1048576, g/1048576, (u+f)/1048576}'
 }
 for cycle in $(seq 1 "$CYCLES"); do

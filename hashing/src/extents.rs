@@ -17,7 +17,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use prometheus::{IntCounter, IntGauge};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec};
 
 use crate::error::Error;
 use crate::heap::Heap;
@@ -28,7 +28,42 @@ use crate::layout::{extent_bytes, MAX_VALUE_BYTES};
 /// cannot grow the memnode's memory.
 pub const MAX_PENDING_EXTENTS: usize = 1 << 20;
 
+/// The extent metrics' families; each memnode has its own series (label `memnode`, its
+/// node id), since `racekv up` runs several in one process.
+struct Families {
+    live_bytes: IntGaugeVec,
+    live: IntGaugeVec,
+    pending_bytes: IntGaugeVec,
+    allocated: IntCounterVec,
+    retired: IntCounterVec,
+    refused: IntCounterVec,
+}
+
+static FAMILIES: LazyLock<Families> = LazyLock::new(|| {
+    use racekv_telemetry::metric;
+    let l = &["memnode"];
+    Families {
+        live_bytes: metric::gauge_vec("racekv_memnode_extent_bytes", "Heap bytes in live value extents", l),
+        live: metric::gauge_vec("racekv_memnode_extents", "Live value extents", l),
+        pending_bytes: metric::gauge_vec(
+            "racekv_memnode_extent_pending_bytes",
+            "Bytes of retired extents waiting out the grace period",
+            l,
+        ),
+        allocated: metric::counter_vec("racekv_memnode_extents_allocated_total", "Value extents handed out", l, &[]),
+        retired: metric::counter_vec("racekv_memnode_extents_retired_total", "Value extents retired", l, &[]),
+        refused: metric::counter_vec(
+            "racekv_memnode_extent_retires_refused_total",
+            "Extent retires refused (not a live extent, or too many pending)",
+            l,
+            &[],
+        ),
+    }
+});
+
+/// One memnode's extent series; dropping it removes them.
 struct Metrics {
+    label: String,
     live_bytes: IntGauge,
     live: IntGauge,
     pending_bytes: IntGauge,
@@ -37,27 +72,41 @@ struct Metrics {
     refused: IntCounter,
 }
 
-static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
-    use racekv_telemetry::metric;
-    Metrics {
-        live_bytes: metric::gauge("racekv_memnode_extent_bytes", "Heap bytes in live value extents"),
-        live: metric::gauge("racekv_memnode_extents", "Live value extents"),
-        pending_bytes: metric::gauge(
-            "racekv_memnode_extent_pending_bytes",
-            "Bytes of retired extents waiting out the grace period",
-        ),
-        allocated: metric::counter("racekv_memnode_extents_allocated_total", "Value extents handed out"),
-        retired: metric::counter("racekv_memnode_extents_retired_total", "Value extents retired"),
-        refused: metric::counter(
-            "racekv_memnode_extent_retires_refused_total",
-            "Extent retires refused (not a live extent, or too many pending)",
-        ),
+impl Metrics {
+    fn of(node_id: u64) -> Self {
+        let f = &*FAMILIES;
+        let label = node_id.to_string();
+        let v = &[label.as_str()];
+        Self {
+            live_bytes: f.live_bytes.with_label_values(v),
+            live: f.live.with_label_values(v),
+            pending_bytes: f.pending_bytes.with_label_values(v),
+            allocated: f.allocated.with_label_values(v),
+            retired: f.retired.with_label_values(v),
+            refused: f.refused.with_label_values(v),
+            label,
+        }
     }
-});
+}
 
-/// Registers the extent metrics (so they show at zero before the first large value).
+impl Drop for Metrics {
+    fn drop(&mut self) {
+        let f = &*FAMILIES;
+        let v = &[self.label.as_str()];
+        // Err only when already removed (two services of one node id in a process).
+        let _ = f.live_bytes.remove_label_values(v);
+        let _ = f.live.remove_label_values(v);
+        let _ = f.pending_bytes.remove_label_values(v);
+        let _ = f.allocated.remove_label_values(v);
+        let _ = f.retired.remove_label_values(v);
+        let _ = f.refused.remove_label_values(v);
+    }
+}
+
+/// Registers the extent metrics' families (each memnode's series appear, at zero, when its
+/// [`Extents`] is made).
 pub fn register_metrics() {
-    LazyLock::force(&METRICS);
+    LazyLock::force(&FAMILIES);
 }
 
 #[derive(Default)]
@@ -75,13 +124,13 @@ pub struct Extents {
     heap: Arc<Heap>,
     grace: Duration,
     state: Mutex<State>,
+    metrics: Metrics,
 }
 
 impl Extents {
-    /// Value extents on `heap`, freed `grace` after they are retired.
-    pub fn new(heap: Arc<Heap>, grace: Duration) -> Self {
-        register_metrics();
-        Self { heap, grace, state: Mutex::new(State::default()) }
+    /// Value extents on `heap` of the memnode `node_id`, freed `grace` after they are retired.
+    pub fn new(heap: Arc<Heap>, grace: Duration, node_id: u64) -> Self {
+        Self { heap, grace, state: Mutex::new(State::default()), metrics: Metrics::of(node_id) }
     }
 
     /// An extent for a value of `value_len` bytes: its offset.
@@ -97,8 +146,8 @@ impl Extents {
         assert!(!clash, "the heap handed out [{offset}, +{bytes}) over a live extent");
         state.live.insert(offset, bytes);
         state.live_bytes += bytes;
-        METRICS.allocated.inc();
-        publish(&state);
+        self.metrics.allocated.inc();
+        self.publish(&state);
         Ok(offset)
     }
 
@@ -109,15 +158,15 @@ impl Extents {
         let now = Instant::now();
         self.release_due(&mut state, now)?;
         if state.live.get(&offset) != Some(&bytes) || state.pending.len() >= MAX_PENDING_EXTENTS {
-            METRICS.refused.inc();
+            self.metrics.refused.inc();
             return Err(Error::Remote(format!("({offset}, {bytes} B) is not a live extent of this memnode")));
         }
         state.live.remove(&offset);
         state.live_bytes -= bytes;
         state.pending.push_back((now, offset, bytes));
         state.pending_bytes += bytes;
-        METRICS.retired.inc();
-        publish(&state);
+        self.metrics.retired.inc();
+        self.publish(&state);
         Ok(())
     }
 
@@ -143,7 +192,7 @@ impl Extents {
         }
         if !due.is_empty() {
             self.heap.return_ranges(&due)?;
-            publish(state);
+            self.publish(state);
         }
         Ok(())
     }
@@ -156,7 +205,7 @@ impl Extents {
             let before = state.live.insert(offset, bytes).unwrap_or(0);
             state.live_bytes = state.live_bytes - before + bytes;
         }
-        publish(&state);
+        self.publish(&state);
     }
 
     /// Bytes in live extents.
@@ -167,6 +216,13 @@ impl Extents {
     /// Bytes of retired extents still in their grace period.
     pub fn pending_bytes(&self) -> u64 {
         self.state.lock().pending_bytes
+    }
+
+    fn publish(&self, state: &State) {
+        state.check();
+        self.metrics.live_bytes.set(state.live_bytes as i64);
+        self.metrics.live.set(state.live.len() as i64);
+        self.metrics.pending_bytes.set(state.pending_bytes as i64);
     }
 }
 
@@ -185,11 +241,4 @@ impl State {
         debug_assert_eq!(self.live_bytes, self.live.values().sum::<u64>(), "live extent bytes");
         debug_assert_eq!(self.pending_bytes, self.pending.iter().map(|p| p.2).sum::<u64>(), "pending extent bytes");
     }
-}
-
-fn publish(state: &State) {
-    state.check();
-    METRICS.live_bytes.set(state.live_bytes as i64);
-    METRICS.live.set(state.live.len() as i64);
-    METRICS.pending_bytes.set(state.pending_bytes as i64);
 }

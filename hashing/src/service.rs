@@ -72,7 +72,7 @@ impl TableService {
         let splitter = Splitter::new(Arc::clone(&conn), self.layout, Arc::clone(&heap));
         // Retired extents wait as long as clients wait before reusing a block.
         let grace = crate::format::read_grace_period(&*conn).ok().flatten().unwrap_or(DEFAULT_EXTENT_GRACE);
-        let extents = Arc::new(Extents::new(Arc::clone(&heap), grace.max(DEFAULT_EXTENT_GRACE)));
+        let extents = Arc::new(Extents::new(Arc::clone(&heap), grace.max(DEFAULT_EXTENT_GRACE), self.node_id));
         let _ = self.ready.set(Ready { conn, heap, splitter, extents, instance });
     }
 

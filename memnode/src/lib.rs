@@ -21,16 +21,16 @@
 
 pub mod bytes;
 pub mod config;
+mod gauges;
 
 use std::fs::{File, OpenOptions};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use prometheus::{Gauge, IntGauge};
 use racekv_hashing::expiry::ExpiryOptions;
 use racekv_hashing::format::{format, is_formatted, publish_grace_period, read_layout, read_node_id};
 use racekv_hashing::heap::Heap;
@@ -38,62 +38,12 @@ use racekv_hashing::reclaim::{reclaim, Reclaimed};
 use racekv_hashing::split::Splitter;
 use racekv_hashing::{Layout, TableService, TableStats};
 use racekv_telemetry::MetricsServer;
+
+use crate::gauges::Gauges;
 use racekv_transport::local::LocalConnection;
 use racekv_transport::{ConnectOptions, Connection, Endpoint, Region, RegionServer, ServerOptions, ServerTls};
 
 pub use config::MemnodeConfig;
-
-struct Gauges {
-    region_bytes: IntGauge,
-    heap_used_bytes: IntGauge,
-    heap_free_bytes: IntGauge,
-    heap_fragment_bytes: IntGauge,
-    items: IntGauge,
-    slots: IntGauge,
-    load_factor: Gauge,
-    global_depth: IntGauge,
-    subtables: IntGauge,
-    chunks: IntGauge,
-    connections: IntGauge,
-    last_sync_seconds: Gauge,
-    reclaim_seconds: Gauge,
-    reclaimed_bytes: IntGauge,
-}
-
-static GAUGES: LazyLock<Gauges> = LazyLock::new(|| {
-    use racekv_telemetry::metric::{float_gauge, gauge};
-    Gauges {
-        region_bytes: gauge("racekv_memnode_region_bytes", "Size of the region"),
-        heap_used_bytes: gauge("racekv_memnode_heap_used_bytes", "Heap bytes allocated (subtables and KV chunks)"),
-        heap_free_bytes: gauge(
-            "racekv_memnode_heap_free_bytes",
-            "Heap bytes clients gave back, waiting to be handed out again",
-        ),
-        heap_fragment_bytes: gauge(
-            "racekv_memnode_heap_fragment_bytes",
-            "Of the free heap bytes, those in runs shorter than a chunk: reusable once the space beside them is freed",
-        ),
-        items: gauge("racekv_memnode_items", "Keys stored"),
-        slots: gauge("racekv_memnode_slots", "Slots in all subtables"),
-        load_factor: float_gauge("racekv_memnode_load_factor_ratio", "Keys per slot"),
-        global_depth: gauge("racekv_memnode_global_depth", "Directory global depth"),
-        subtables: gauge("racekv_memnode_subtables", "Subtables allocated"),
-        chunks: gauge("racekv_memnode_chunks", "KV chunks handed to clients"),
-        connections: gauge("racekv_memnode_connections", "Open client connections"),
-        last_sync_seconds: float_gauge(
-            "racekv_memnode_last_sync_duration_seconds",
-            "Duration of the last msync of the data file",
-        ),
-        reclaim_seconds: float_gauge(
-            "racekv_memnode_start_reclaim_duration_seconds",
-            "How long this start took to find the heap space nothing references",
-        ),
-        reclaimed_bytes: gauge(
-            "racekv_memnode_start_reclaimed_bytes",
-            "Heap bytes this start found free (free list, fragments and a lowered heap top), leaks of crashed processes included",
-        ),
-    }
-});
 
 /// What this start's reclaim of unreferenced heap space did (a reopened region only).
 #[derive(Debug, Clone)]
@@ -116,6 +66,8 @@ pub struct Memnode {
     housekeeping: Option<JoinHandle<()>>,
     expiry: Option<JoinHandle<()>>,
     start_reclaim: Option<StartReclaim>,
+    /// This memnode's series (label `memnode`), removed when it is dropped.
+    gauges: Arc<Gauges>,
     /// Holds the exclusive lock on the data file while we run.
     _lock: Option<nix::fcntl::Flock<File>>,
 }
@@ -270,10 +222,15 @@ impl Memnode {
         }
         let (file, lock) = open_region(&config)?;
         let region = Arc::new(Region::map_file(&file, config.region_bytes).context("mapping the region")?);
-        GAUGES.region_bytes.set(config.region_bytes as i64); // also registers every gauge
 
         // Format or reopen, before anyone can connect.
         let Opened { layout, node_id, mut start_reclaim } = format_or_reopen(&region, &config)?;
+        let gauges = Arc::new(Gauges::of(node_id));
+        gauges.region_bytes.set(config.region_bytes as i64);
+        if let Some(found) = &start_reclaim {
+            gauges.reclaim_seconds.set(found.duration.as_secs_f64());
+            gauges.reclaimed_bytes.set(found.reclaimed.free_bytes() as i64);
+        }
         let (found_fragments, found_extents) = match &mut start_reclaim {
             Some(found) => {
                 (std::mem::take(&mut found.reclaimed.fragments), std::mem::take(&mut found.reclaimed.extents))
@@ -321,6 +278,7 @@ impl Memnode {
             housekeeping: None,
             expiry: None,
             start_reclaim,
+            gauges,
             _lock: lock,
         };
         memnode.housekeeping = Some(memnode.spawn_housekeeping()?);
@@ -366,8 +324,8 @@ impl Memnode {
     /// Refreshes the gauges every second and flushes a data file every `sync_interval_ms`,
     /// asleep in between.
     fn spawn_housekeeping(&self) -> anyhow::Result<JoinHandle<()>> {
-        let (stopping, service, region) =
-            (Arc::clone(&self.stopping), Arc::clone(&self.service), Arc::clone(&self.region));
+        let (stopping, service, region, gauges) =
+            (Arc::clone(&self.stopping), Arc::clone(&self.service), Arc::clone(&self.region), Arc::clone(&self.gauges));
         let sync_every = (self.config.data_file.is_some() && self.config.sync_interval_ms > 0)
             .then(|| Duration::from_millis(self.config.sync_interval_ms));
         let connections = self.server.as_ref().map(|s| s.connections_handle());
@@ -386,11 +344,11 @@ impl Memnode {
                 if last_stats.elapsed() >= STATS_EVERY {
                     last_stats = Instant::now();
                     if let Ok(stats) = service.stats() {
-                        publish(&stats);
-                        GAUGES.heap_fragment_bytes.set(service.heap_fragment_bytes() as i64);
+                        publish(&gauges, &stats);
+                        gauges.heap_fragment_bytes.set(service.heap_fragment_bytes() as i64);
                     }
                     if let Some(c) = &connections {
-                        GAUGES.connections.set(c() as i64);
+                        gauges.connections.set(c() as i64);
                     }
                 }
                 if let Some(every) = sync_every {
@@ -399,7 +357,7 @@ impl Memnode {
                         if let Err(e) = region.flush() {
                             tracing::error!("flushing the data file failed: {e}");
                         }
-                        GAUGES.last_sync_seconds.set(last_sync.elapsed().as_secs_f64());
+                        gauges.last_sync_seconds.set(last_sync.elapsed().as_secs_f64());
                     }
                 }
             }
@@ -509,8 +467,6 @@ fn reclaim_at_start(local: &dyn Connection, layout: &Layout, fence: Duration) ->
         }
     };
     let duration = started.elapsed();
-    GAUGES.reclaim_seconds.set(duration.as_secs_f64());
-    GAUGES.reclaimed_bytes.set(reclaimed.free_bytes() as i64);
     tracing::info!(
         live_bytes = reclaimed.live_bytes,
         free_list_bytes = reclaimed.free_list_bytes,
@@ -530,8 +486,7 @@ fn random_node_id() -> u64 {
     u64::from_le_bytes(bytes).max(1)
 }
 
-fn publish(stats: &TableStats) {
-    let g = &*GAUGES;
+fn publish(g: &Gauges, stats: &TableStats) {
     g.heap_used_bytes.set(stats.heap.heap_used_bytes as i64);
     g.heap_free_bytes.set(stats.heap.heap_free_bytes as i64);
     g.items.set(stats.items as i64);

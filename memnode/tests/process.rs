@@ -144,12 +144,14 @@ fn serves_shm_and_tcp_reports_metrics_and_stops_on_sigterm() {
     drop(c);
     std::thread::sleep(Duration::from_millis(1200)); // one housekeeping round
     let metrics = http_get(m.metrics.as_ref().unwrap(), "/metrics");
-    for name in [
-        "racekv_memnode_items 2",
-        "racekv_memnode_region_bytes",
-        "racekv_softnic_batches_total",
-        "racekv_rpc_server_requests_total",
-    ] {
+    // One series per memnode, labelled with its node id.
+    assert!(
+        metrics.lines().any(|l| l.starts_with("racekv_memnode_items{memnode=\"") && l.ends_with("} 2")),
+        "no items gauge of 2 with a memnode label:\n{metrics}"
+    );
+    for name in
+        ["racekv_memnode_region_bytes{memnode=", "racekv_softnic_batches_total", "racekv_rpc_server_requests_total"]
+    {
         assert!(metrics.contains(name), "metrics lack {name}:\n{metrics}");
     }
     signal(&m.child, 15);
@@ -275,8 +277,9 @@ fn fragment_bytes(metrics: &str, ok: impl Fn(u64) -> bool) -> u64 {
         let body = http_get(metrics, "/metrics");
         let value = body
             .lines()
-            .find_map(|l| l.strip_prefix("racekv_memnode_heap_fragment_bytes "))
-            .map(|v| v.trim().parse::<f64>().unwrap() as u64);
+            .find_map(|l| l.strip_prefix("racekv_memnode_heap_fragment_bytes{memnode=\""))
+            .and_then(|l| l.split_once("} "))
+            .map(|(_, v)| v.trim().parse::<f64>().unwrap() as u64);
         if let Some(v) = value.filter(|&v| ok(v)) {
             return v;
         }

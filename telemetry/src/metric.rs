@@ -6,7 +6,7 @@
 
 use prometheus::core::Collector;
 use prometheus::{
-    Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
 };
 
 use crate::LATENCY_BUCKETS_SECONDS;
@@ -53,6 +53,11 @@ pub fn gauge_vec(name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
 /// A floating-point gauge (ratios, durations).
 pub fn float_gauge(name: &str, help: &str) -> Gauge {
     register(name, Gauge::new(name, help))
+}
+
+/// A floating-point gauge with `labels`.
+pub fn float_gauge_vec(name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    register(name, GaugeVec::new(Opts::new(name, help), labels))
 }
 
 /// A histogram with `buckets`.
