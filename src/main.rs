@@ -9,7 +9,7 @@ use std::io::Write;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use racekv_bench::{attach, churn, coldstart, large, loadfactor, ops, reclaim, redis, rpc, scan, spike};
+use racekv_bench::{attach, churn, coldstart, large, loadfactor, ops, reclaim, redis, rpc, scan, spike, ycsb};
 use racekv_client::Client;
 
 /// racekv: a disaggregated key-value store (RACE hashing over one-sided operations).
@@ -95,6 +95,8 @@ enum Bench {
     Coldstart(coldstart::ColdstartArgs),
     /// A memnode start's reclaim of the heap space nothing references, after a crash.
     Reclaim(reclaim::ReclaimArgs),
+    /// YCSB workloads A-F: racekv native and through RESP vs redis-server and valkey-server.
+    Ycsb(ycsb::YcsbArgs),
 }
 
 /// Which cluster to talk to, and how: attached to the local computenode (the default),
@@ -201,6 +203,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(Bench::Rpc(args)) => print(&rpc::run(&args)?, args.json),
         Command::Bench(Bench::Coldstart(args)) => print(&coldstart::run(&args)?, args.json),
         Command::Bench(Bench::Reclaim(args)) => print(&reclaim::run(&args)?, args.json),
+        Command::Bench(Bench::Ycsb(args)) => print(&ycsb::run(&args)?, args.json),
     }
 }
 

@@ -13,6 +13,7 @@
 //! * [`rpc`]: RPC with per-thread, lock-shared and FLOCK-coalescing connections.
 //! * [`coldstart`]: a new process's start to its first GET, attached vs embedded.
 //! * [`reclaim`]: a memnode start's reclaim of unreferenced heap space vs one pass over it.
+//! * [`ycsb`]: YCSB's core workloads: racekv native and through RESP, redis-server, valkey-server.
 
 #![forbid(unsafe_code)]
 
@@ -31,3 +32,4 @@ pub mod report;
 pub mod rpc;
 pub mod scan;
 pub mod spike;
+pub mod ycsb;

@@ -7,6 +7,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -157,29 +158,40 @@ pub(crate) fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// A redis-server child on a free loopback port, no persistence, stopped on drop.
+/// A redis-server child (or another server of the same flags, such as valkey-server) on a
+/// free loopback port, no persistence, in a temporary folder, stopped on drop.
 pub(crate) struct RedisServer {
     child: Child,
     pub(crate) port: u16,
-    /// What `redis-server --version` printed.
+    /// What `<server> --version` printed.
     pub(crate) version: String,
+    _dir: tempfile::TempDir,
 }
 
 impl RedisServer {
-    /// Starts one and waits until it listens.
+    /// Starts redis-server from the PATH and waits until it listens.
     pub(crate) fn start() -> anyhow::Result<Self> {
+        Self::start_binary(Path::new("redis-server"), &[])
+    }
+
+    /// Starts `binary` with redis-server's flags and `extra` ones, and waits until it listens.
+    pub(crate) fn start_binary(binary: &Path, extra: &[String]) -> anyhow::Result<Self> {
         let port = free_port()?;
-        let child = Command::new("redis-server")
+        let dir = tempfile::tempdir()?;
+        let child = Command::new(binary)
             .args(["--port", &port.to_string(), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1"])
+            .arg("--dir")
+            .arg(dir.path())
+            .args(extra)
             .stdout(Stdio::null())
             .spawn()
-            .context("starting redis-server (Debian package redis-server)")?;
-        let version = Command::new("redis-server")
+            .with_context(|| format!("starting {} (redis-server: Debian package redis-server)", binary.display()))?;
+        let version = Command::new(binary)
             .arg("--version")
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
             .unwrap_or_default();
-        let server = Self { child, port, version };
+        let server = Self { child, port, version, _dir: dir };
         wait_for_port(port)?;
         Ok(server)
     }
