@@ -263,6 +263,12 @@ impl<S: Shards> Session<S> {
         Ok(order)
     }
 
+    /// Up to `most` neighbouring keys of memnode `shard`'s table, from a point `seed` picks
+    /// (`TableClient::random_keys`): cache mode's eviction samples.
+    pub fn random_keys_on(&mut self, shard: usize, seed: u64, most: usize) -> Result<Vec<Vec<u8>>, ClientError> {
+        self.on(shard, |c| c.random_keys(seed, most))
+    }
+
     /// A key picked at random (None when there are none): a memnode in proportion to its
     /// item count, then a key of its table (`TableClient::random_key`); one at random from
     /// `seed`.

@@ -14,6 +14,7 @@ use crate::cluster::ClusterOptions;
 use crate::pool::UpgradePolicy;
 use crate::workers::ScaleOptions;
 use racekv_redis::acl::{Acl, AclOptions};
+use racekv_redis::maxmemory::{Maxmemory, MaxmemoryPolicy, DEFAULT_SAMPLES, MAX_SAMPLES};
 use racekv_redis::server::{DEFAULT_POLL_SPIN, MAX_POLL_SPIN};
 use racekv_redis::IoModel;
 
@@ -141,6 +142,39 @@ pub struct ComputenodeConfig {
     pub staging_idle_timeout_ms: u64,
     /// Prometheus `/metrics` and JSON `/status`; unset turns it off.
     pub metrics_addr: Option<SocketAddr>,
+    /// Cache mode: bytes of live data each memnode may hold (0: no limit), in bytes or
+    /// with Redis' units (`"100mb"`, `"1gb"`). See ARCHITECTURE.md, "Cache mode", for what
+    /// counts. `CONFIG SET maxmemory` changes it at run time.
+    #[serde(deserialize_with = "bytes_or_size")]
+    pub maxmemory: u64,
+    /// What a write over `maxmemory` does: `noeviction` (fails with OOM), `allkeys-random`,
+    /// `volatile-random` or `volatile-ttl` (evict). The LRU and LFU policies are not
+    /// supported yet and refused.
+    #[serde(deserialize_with = "policy_name")]
+    pub maxmemory_policy: String,
+    /// Keys sampled to pick each victim (1 to 64; Redis' default 5).
+    pub maxmemory_samples: u32,
+}
+
+/// An integer, or a string with Redis' memory units.
+fn bytes_or_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Size {
+        Bytes(u64),
+        Text(String),
+    }
+    match Size::deserialize(d)? {
+        Size::Bytes(n) => Ok(n),
+        Size::Text(t) => racekv_redis::maxmemory::parse_bytes(&t)
+            .ok_or_else(|| serde::de::Error::custom(format!("maxmemory: '{t}' is not a size (like 100mb)"))),
+    }
+}
+
+/// A policy name racekv implements.
+fn policy_name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let name = String::deserialize(d)?;
+    MaxmemoryPolicy::parse(&name).map(|p| p.name().to_string()).map_err(serde::de::Error::custom)
 }
 
 /// As `--print-config` shows it: secrets masked, so a config in a log line leaks none.
@@ -191,6 +225,9 @@ impl Default for ComputenodeConfig {
             staging_budget_bytes: crate::staging::StagingOptions::default().budget_bytes,
             staging_idle_timeout_ms: crate::staging::StagingOptions::default().idle_timeout.as_millis() as u64,
             metrics_addr: Some("127.0.0.1:9401".parse().expect("static address")),
+            maxmemory: 0,
+            maxmemory_policy: MaxmemoryPolicy::NoEviction.name().into(),
+            maxmemory_samples: DEFAULT_SAMPLES,
         }
     }
 }
@@ -253,6 +290,11 @@ impl ComputenodeConfig {
         anyhow::ensure!(
             self.redis_event_loops <= MAX_REDIS_EVENT_LOOPS,
             "redis_event_loops must be at most {MAX_REDIS_EVENT_LOOPS}"
+        );
+        MaxmemoryPolicy::parse(&self.maxmemory_policy).map_err(anyhow::Error::msg)?;
+        anyhow::ensure!(
+            (1..=MAX_SAMPLES).contains(&self.maxmemory_samples),
+            "maxmemory_samples must be between 1 and {MAX_SAMPLES}"
         );
         anyhow::ensure!(
             Duration::from_micros(self.redis_poll_spin_us) <= MAX_POLL_SPIN,
@@ -342,6 +384,12 @@ impl ComputenodeConfig {
             ready_sessions: self.ready_sessions,
             prefetch_chunks: self.prefetch_chunks,
         })
+    }
+
+    /// Cache mode's settings (validated: see [`Self::validate`]).
+    pub fn maxmemory(&self) -> Maxmemory {
+        let policy = MaxmemoryPolicy::parse(&self.maxmemory_policy).unwrap_or_default();
+        Maxmemory::new(self.maxmemory, policy, self.maxmemory_samples)
     }
 
     /// The worker autoscaler's side of these settings.
@@ -443,6 +491,27 @@ mod tests {
         assert_eq!(cfg.requirepass.as_deref(), Some("from a file"));
         let acl = cfg.acl().unwrap();
         assert!(acl.authenticate(None, b"from a file").is_ok() && !acl.is_open());
+    }
+
+    #[test]
+    fn maxmemory_takes_redis_sizes_and_refuses_lru_and_lfu() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("computenode.toml");
+        std::fs::write(&file, "maxmemory = \"100mb\"\nmaxmemory_policy = \"volatile-ttl\"\n").unwrap();
+        let cfg = ComputenodeConfig::load(Some(&file)).unwrap();
+        cfg.validate().unwrap();
+        let m = cfg.maxmemory();
+        assert_eq!((m.bytes(), m.policy(), m.samples()), (100 << 20, MaxmemoryPolicy::VolatileTtl, 5));
+        std::fs::write(&file, "maxmemory = 4096\n").unwrap();
+        assert_eq!(ComputenodeConfig::load(Some(&file)).unwrap().maxmemory().bytes(), 4096);
+        for bad in ["maxmemory_policy = \"allkeys-lru\"", "maxmemory_policy = \"volatile-lfu\"", "maxmemory = \"lots\""]
+        {
+            std::fs::write(&file, format!("{bad}\n")).unwrap();
+            let err = format!("{:#}", ComputenodeConfig::load(Some(&file)).unwrap_err());
+            assert!(!bad.contains("policy") || err.contains("not supported yet"), "{bad}: {err}");
+        }
+        let cfg = ComputenodeConfig { maxmemory_samples: 65, ..Default::default() };
+        assert!(cfg.validate().unwrap_err().to_string().contains("maxmemory_samples"));
     }
 
     #[test]

@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use crate::cluster::{Attached, Cluster};
 use crate::config::ComputenodeConfig;
+use crate::eviction::Eviction;
 use crate::queue::{Overloaded, ReplyFn, Submit, WorkQueue};
 use crate::store::ClusterStore;
 use crate::workers::Workers;
@@ -58,10 +59,15 @@ pub struct MemnodeStatus {
     pub prefetched_chunks: usize,
     /// Size of its region, in bytes.
     pub region_bytes: u64,
+    /// Estimated live data, as cache mode measures it against `maxmemory` (0 while no
+    /// limit is set).
+    pub used_bytes: u64,
 }
 
 struct Parts {
     cluster: Arc<Cluster>,
+    /// Cache mode (`maxmemory`).
+    eviction: Arc<Eviction>,
     queue: Arc<WorkQueue>,
     workers: parking_lot::Mutex<Workers>,
     redis: parking_lot::Mutex<Option<RedisServer>>,
@@ -83,13 +89,15 @@ impl Parts {
                 .cluster
                 .memnodes()
                 .iter()
-                .map(|m| MemnodeStatus {
+                .enumerate()
+                .map(|(i, m)| MemnodeStatus {
                     endpoint: m.label.clone(),
                     node_id: m.node_id,
                     connections: m.pool.size(),
                     healthy_connections: m.pool.healthy(),
                     prefetched_chunks: m.chunks.ready(),
                     region_bytes: m.layout.region_len,
+                    used_bytes: self.eviction.used_bytes(i),
                 })
                 .collect(),
             workers: self.workers.lock().live(),
@@ -132,8 +140,8 @@ impl Parts {
         );
         for (i, m) in s.memnodes.iter().enumerate() {
             out.push_str(&format!(
-                "racekv_memnode{i}:endpoint={},connections={},healthy={},region_bytes={}\r\n",
-                m.endpoint, m.connections, m.healthy_connections, m.region_bytes
+                "racekv_memnode{i}:endpoint={},connections={},healthy={},region_bytes={},used_bytes={}\r\n",
+                m.endpoint, m.connections, m.healthy_connections, m.region_bytes, m.used_bytes
             ));
         }
         out
@@ -157,6 +165,10 @@ impl Computenode {
             None => None,
         };
         let cluster = Cluster::connect(config.cluster_options()?).context("connecting to the memnodes")?;
+        let maxmemory = Arc::new(config.maxmemory());
+        let grace = Duration::from_millis(config.grace_period_ms);
+        let eviction =
+            Eviction::start(&cluster, Arc::clone(&maxmemory), grace).context("starting the maxmemory refresher")?;
         let queue = Arc::new(WorkQueue::new(config.queue_capacity));
         let workers = Workers::start(Arc::clone(&queue), Arc::clone(&cluster), config.scale_options())
             .context("starting workers")?;
@@ -165,6 +177,7 @@ impl Computenode {
         let parts = Arc::new(Parts {
             staging: Arc::clone(&staging),
             cluster: Arc::clone(&cluster),
+            eviction: Arc::clone(&eviction),
             queue,
             workers: parking_lot::Mutex::new(workers),
             redis: parking_lot::Mutex::new(None),
@@ -192,13 +205,14 @@ impl Computenode {
         if let Some(addr) = &config.redis_addr {
             let weak = Arc::downgrade(&parts);
             let info = Arc::new(move || weak.upgrade().map(|p| p.info_lines()).unwrap_or_default());
-            let store = Arc::new(ClusterStore::new(Arc::clone(&cluster), info));
+            let store = Arc::new(ClusterStore::new(Arc::clone(&cluster), info, Arc::clone(&eviction)));
             let options = ServerOptions {
                 max_clients: config.redis_max_clients,
                 io: config.redis_io_model(),
                 poll_spin: Duration::from_micros(config.redis_poll_spin_us),
                 acl: Arc::clone(&acl),
                 protected_mode: config.protected_mode,
+                maxmemory: Arc::clone(&maxmemory),
                 tls: match (&config.redis_tls_addr, &tls) {
                     (Some(addr), Some(tls)) => Some(TlsPort { addr: addr.clone(), tls: tls.clone() }),
                     _ => None,
@@ -319,6 +333,7 @@ impl Drop for Computenode {
             attach.shutdown();
         }
         self.parts.workers.lock().shutdown();
+        self.parts.eviction.stop();
         self.parts.cluster.stop();
         self.metrics.take();
     }

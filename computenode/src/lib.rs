@@ -8,7 +8,7 @@
 //! * [`queue`] and [`workers`]: the bounded work queue front ends submit to, and worker
 //!   threads added by an autoscaler when it backs up.
 //! * [`store`]: the Redis front end's storage (attached sessions; the front end itself is
-//!   the `racekv-redis` crate);
+//!   the `racekv-redis` crate), kept under `maxmemory` by [`eviction`] (cache mode);
 //!   [`remote`]: the request/reply model over FLOCK RPC for clients on other hosts.
 //! * [`access`]: what each ACL user may do through the remote and attach front ends.
 //! * [`staging`]: requests and replies too large for one ring slot or RPC, in parts.
@@ -22,11 +22,13 @@ pub mod chunks;
 pub mod cluster;
 pub mod config;
 pub mod daemon;
+pub mod eviction;
 pub mod pool;
 pub mod queue;
 pub mod remote;
 pub mod staging;
 pub mod store;
+pub mod store_error;
 pub mod workers;
 
 pub use daemon::Computenode;

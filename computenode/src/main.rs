@@ -46,6 +46,15 @@ struct Args {
     min_workers: Option<usize>,
     #[arg(long)]
     max_workers: Option<usize>,
+    /// Cache mode: bytes of live data per memnode (`100mb`, `1gb`; 0: no limit).
+    #[arg(long)]
+    maxmemory: Option<String>,
+    /// noeviction, allkeys-random, volatile-random or volatile-ttl (LRU/LFU: not yet).
+    #[arg(long)]
+    maxmemory_policy: Option<String>,
+    /// Keys sampled per evicted key (1 to 64).
+    #[arg(long)]
+    maxmemory_samples: Option<u32>,
     /// Print the effective configuration as TOML (secrets shown as ***) and exit.
     #[arg(long)]
     print_config: bool,
@@ -84,6 +93,19 @@ fn main() -> anyhow::Result<()> {
     }
     if let Some(v) = args.max_workers {
         cfg.max_workers = v;
+    }
+    if let Some(v) = args.maxmemory {
+        cfg.maxmemory = racekv_redis::maxmemory::parse_bytes(&v).context("--maxmemory takes a size like 100mb")?;
+    }
+    if let Some(v) = args.maxmemory_policy {
+        cfg.maxmemory_policy = racekv_redis::maxmemory::MaxmemoryPolicy::parse(&v)
+            .map_err(anyhow::Error::msg)
+            .context("--maxmemory-policy")?
+            .name()
+            .into();
+    }
+    if let Some(v) = args.maxmemory_samples {
+        cfg.maxmemory_samples = v;
     }
     if args.print_config {
         print!("{}", racekv_telemetry::secret::redacted_toml(&cfg, racekv_computenode::config::SECRET_KEYS)?);

@@ -13,10 +13,10 @@ use racekv_hashing::layout::item_heap_bytes;
 use racekv_hashing::{Expiry as TableExpiry, ExpiryUpdate as TableExpiryUpdate, PutMode as TablePutMode, ScanLimits};
 
 use crate::cluster::{Attached, Cluster, WorkerShards};
+use crate::eviction::Eviction;
+use crate::store_error::store_error;
 use racekv_redis::store::{SCAN_PAGE_MAX_BYTES, SCAN_PAGE_MAX_KEYS};
-use racekv_redis::{
-    Expiry, ExpiryUpdate, Item, KvSession, KvStore, PutMode, PutOptions, PutResult, StoreError, StoreErrorKind,
-};
+use racekv_redis::{Expiry, ExpiryUpdate, Item, KvSession, KvStore, PutMode, PutOptions, PutResult, StoreError};
 
 /// A key's slot word in its bucket (`MEMORY USAGE` counts it with the block).
 const SLOT_BYTES: u64 = 8;
@@ -28,40 +28,31 @@ pub type InfoFn = Arc<dyn Fn() -> String + Send + Sync>;
 pub struct ClusterStore {
     cluster: Arc<Cluster>,
     info: InfoFn,
+    eviction: Arc<Eviction>,
 }
 
 impl ClusterStore {
-    /// A store over `cluster`, adding `info`'s lines to INFO.
-    pub fn new(cluster: Arc<Cluster>, info: InfoFn) -> Self {
-        Self { cluster, info }
+    /// A store over `cluster`, adding `info`'s lines to INFO, its writes kept under
+    /// `maxmemory` by `eviction`.
+    pub fn new(cluster: Arc<Cluster>, info: InfoFn, eviction: Arc<Eviction>) -> Self {
+        Self { cluster, info, eviction }
     }
 }
 
 impl KvStore for ClusterStore {
     fn session(&self) -> Result<Box<dyn KvSession>, StoreError> {
-        Ok(Box::new(RedisSession { session: self.cluster.attach(), info: Arc::clone(&self.info) }))
+        Ok(Box::new(RedisSession {
+            session: self.cluster.attach(),
+            info: Arc::clone(&self.info),
+            eviction: Arc::clone(&self.eviction),
+        }))
     }
 }
 
 struct RedisSession {
     session: Attached,
     info: InfoFn,
-}
-
-fn store_error(e: ClientError) -> StoreError {
-    let kind = match &e {
-        ClientError::TooLarge { .. } => StoreErrorKind::ValueTooLarge,
-        ClientError::OutOfSpace { .. } => StoreErrorKind::Full,
-        ClientError::Unavailable { .. } | ClientError::Overloaded(_) => StoreErrorKind::Unavailable,
-        ClientError::Timeout { .. } => StoreErrorKind::Timeout,
-        ClientError::EmptyKey => {
-            return StoreError::new(StoreErrorKind::Other, "racekv keys cannot be empty");
-        }
-        ClientError::Config(_) | ClientError::Protocol(_) | ClientError::Internal { .. } | ClientError::Denied(_) => {
-            StoreErrorKind::Other
-        }
-    };
-    StoreError::new(kind, e.to_string())
+    eviction: Arc<Eviction>,
 }
 
 fn mode(m: PutMode) -> TablePutMode {
@@ -92,6 +83,20 @@ impl RedisSession {
     fn s(&mut self) -> &mut Session<WorkerShards> {
         &mut self.session
     }
+
+    /// Runs `write` of `key` (a new block of `value_len`) in cache mode: room made first,
+    /// and once more if the region turns out full.
+    fn write<R>(
+        &mut self,
+        key: &[u8],
+        value_len: usize,
+        expires: bool,
+        write: impl FnMut(&mut Session<WorkerShards>) -> Result<R, ClientError>,
+    ) -> Result<R, StoreError> {
+        let bytes = item_heap_bytes(key.len(), value_len, expires).unwrap_or(0);
+        self.eviction.make_room(&mut self.session, key, bytes)?;
+        self.eviction.retry_when_full(&mut self.session, key, write)
+    }
 }
 
 impl KvSession for RedisSession {
@@ -100,7 +105,7 @@ impl KvSession for RedisSession {
     }
 
     fn put(&mut self, key: &[u8], value: &[u8], m: PutMode) -> Result<bool, StoreError> {
-        self.s().put_with(key, value, mode(m)).map_err(store_error)
+        self.write(key, value.len(), false, |s| s.put_with(key, value, mode(m)))
     }
 
     fn delete(&mut self, key: &[u8]) -> Result<bool, StoreError> {
@@ -108,7 +113,7 @@ impl KvSession for RedisSession {
     }
 
     fn compare_and_swap(&mut self, key: &[u8], expected: Option<&[u8]>, new: &[u8]) -> Result<bool, StoreError> {
-        self.s().compare_and_swap(key, expected, Some(new)).map_err(store_error)
+        self.write(key, new.len(), false, |s| s.compare_and_swap(key, expected, Some(new)))
     }
 
     fn compare_and_delete(&mut self, key: &[u8], expected: &[u8]) -> Result<bool, StoreError> {
@@ -128,7 +133,8 @@ impl KvSession for RedisSession {
 
     fn put_opts(&mut self, key: &[u8], value: &[u8], o: PutOptions) -> Result<PutResult, StoreError> {
         let options = racekv_hashing::PutOptions { mode: mode(o.mode), expiry: expiry(o.expiry), return_old: o.get };
-        let result = self.s().put_opts(key, value, options).map_err(store_error)?;
+        let expires = matches!(o.expiry, Expiry::At(_));
+        let result = self.write(key, value.len(), expires, |s| s.put_opts(key, value, options))?;
         Ok(PutResult { applied: result.outcome != racekv_hashing::PutOutcome::NotApplied, old: result.old })
     }
 
@@ -151,7 +157,14 @@ impl KvSession for RedisSession {
     }
 
     fn multi_put(&mut self, pairs: &[(&[u8], &[u8])]) -> Result<(), StoreError> {
-        self.s().multi_put(pairs).map_err(store_error)
+        if self.eviction.limits().bytes() == 0 {
+            return self.s().multi_put(pairs).map_err(store_error);
+        }
+        // Cache mode: room made key by key (not atomic either way).
+        for &(key, value) in pairs {
+            self.write(key, value.len(), false, |s| s.put(key, value))?;
+        }
+        Ok(())
     }
 
     /// The memnodes' item counters: every insert and delete adds its +1 or -1 in the batch

@@ -6,6 +6,7 @@
 //! skips the test where it is not. The reference server runs on 127.0.0.1 with persistence
 //! off and is stopped by its pid when the test ends.
 
+mod common;
 #[path = "../../redis/tests/common/expiry_script.rs"]
 mod expiry_script;
 
@@ -13,8 +14,6 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use racekv_computenode::config::ComputenodeConfig;
-use racekv_computenode::Computenode;
 use racekv_hashing::testing::{TestMemnode, Via};
 use racekv_transport::TransportKind;
 
@@ -61,16 +60,7 @@ impl Drop for RealRedis {
 fn the_table_answers_the_expiry_script_as_redis_does() {
     let Some(real) = RealRedis::start() else { return };
     let m = TestMemnode::start(Via::Transport(TransportKind::Shm), 64 << 20, 16);
-    let node = Computenode::start(ComputenodeConfig {
-        memnodes: vec![m.endpoint().unwrap().to_string()],
-        token: TestMemnode::TOKEN.into(),
-        redis_addr: Some("127.0.0.1:0".into()),
-        metrics_addr: None,
-        remote_addr: None,
-        attach_socket: None,
-        ..ComputenodeConfig::default()
-    })
-    .unwrap();
+    let node = common::redis_only(&[&m], |_| {});
     let (mismatches, ours) = expiry_script::compare(node.redis_addr().unwrap().port(), real.port);
     assert!(
         mismatches.is_empty(),

@@ -2,6 +2,8 @@
 //! keys, FLUSHALL, DBSIZE) through a real computenode's Redis front end over two memnodes,
 //! driven by the real redis-cli and compared with a real redis-server holding the same keys.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
@@ -9,7 +11,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use racekv_computenode::config::ComputenodeConfig;
 use racekv_computenode::Computenode;
 use racekv_hashing::testing::{TestMemnode, Via};
 use racekv_transport::TransportKind;
@@ -49,16 +50,7 @@ impl Drop for RedisServer {
 fn racekv() -> (Vec<TestMemnode>, Computenode) {
     let memnodes: Vec<_> =
         (0..2).map(|_| TestMemnode::start(Via::Transport(TransportKind::Shm), 64 << 20, 4)).collect();
-    let node = Computenode::start(ComputenodeConfig {
-        memnodes: memnodes.iter().map(|m| m.endpoint().unwrap().to_string()).collect(),
-        token: TestMemnode::TOKEN.into(),
-        redis_addr: Some("127.0.0.1:0".into()),
-        metrics_addr: None,
-        remote_addr: None,
-        attach_socket: None,
-        ..ComputenodeConfig::default()
-    })
-    .unwrap();
+    let node = common::redis_only(&memnodes.iter().collect::<Vec<_>>(), |_| {});
     (memnodes, node)
 }
 

@@ -205,12 +205,14 @@ fn delete_all_empties_the_table(via: Via) {
 }
 
 /// `random_key`: None for an empty table, the only key of a table of one, and keys from
-/// all over a larger table.
+/// all over a larger table; `random_keys` (eviction's samples): distinct keys, at most as
+/// many as asked for.
 fn random_keys(via: Via) {
     let memnode = TestMemnode::start(via, 32 * MIB, 4);
     let table = memnode.table(options());
     let mut c = table.client(memnode.connect());
     assert_eq!(c.random_key(1).unwrap(), None);
+    assert!(c.random_keys(1, 5).unwrap().is_empty());
     c.put(b"only", b"v").unwrap();
     for seed in [0u64, 1, u64::MAX, 0xDEAD_BEEF_1234_5678] {
         assert_eq!(c.random_key(seed).unwrap().as_deref(), Some(&b"only"[..]), "seed {seed:#x}");
@@ -225,6 +227,12 @@ fn random_keys(via: Via) {
         *seen.entry(key).or_default() += 1;
     }
     assert!(seen.len() > 100, "200 picks found only {} distinct keys", seen.len());
+    for seed in 0..20u64 {
+        let sample = c.random_keys(xxhash_seed(seed), 5).unwrap();
+        let distinct: std::collections::HashSet<_> = sample.iter().collect();
+        // One scan step's keys: a sparse stretch may hold fewer.
+        assert!((1..=5).contains(&sample.len()) && distinct.len() == sample.len(), "seed {seed}: {sample:?}");
+    }
 }
 
 fn xxhash_seed(n: u64) -> u64 {

@@ -205,9 +205,11 @@ impl ServerStats {
         if hit {
             self.keyspace_hits.fetch_add(1, Ordering::Relaxed);
             METRICS.keyspace_lookups.with_label_values(&["hit"]).inc();
+            crate::maxmemory::count_lookup(true);
         } else {
             self.keyspace_misses.fetch_add(1, Ordering::Relaxed);
             METRICS.keyspace_lookups.with_label_values(&["miss"]).inc();
+            crate::maxmemory::count_lookup(false);
         }
     }
 
@@ -507,9 +509,9 @@ fn memory(stats: &ServerStats, out: &mut String) {
             ("used_memory_peak_perc", format!("{peak_perc:.2}%")),
             ("total_system_memory", total.to_string()),
             ("total_system_memory_human", human_bytes(total)),
-            ("maxmemory", "0".into()),
-            ("maxmemory_human", "0B".into()),
-            ("maxmemory_policy", "noeviction".into()),
+            ("maxmemory", stats.settings.maxmemory().bytes().to_string()),
+            ("maxmemory_human", human_bytes(stats.settings.maxmemory().bytes())),
+            ("maxmemory_policy", stats.settings.maxmemory().policy().name().into()),
             ("mem_fragmentation_ratio", "1.00".into()),
             ("mem_allocator", "libc".into()),
             // racekv's own: large commands' buffers against the query buffer budget.
@@ -571,7 +573,8 @@ fn stats_section(stats: &ServerStats, out: &mut String) {
             // Expired keys are removed by readers and by the memnodes' sweep, not by this
             // server: see racekv_table_expired_total{how} (README: differences).
             ("expired_keys", "0".into()),
-            ("evicted_keys", "0".into()),
+            // Per process, every memnode (the computenode's eviction counts them).
+            ("evicted_keys", crate::maxmemory::evicted_keys().to_string()),
             ("keyspace_hits", hits.to_string()),
             ("keyspace_misses", misses.to_string()),
             ("pubsub_channels", "0".into()),

@@ -13,7 +13,8 @@
 //! * [`info`]: per-server counters and `INFO` text; prometheus metrics are `racekv_redis_*`.
 //!   Beside it: the connection registry and `CLIENT PAUSE` (`clients`), run-time settings
 //!   (`settings`, `CONFIG SET`), the slow log and latency monitor (`slowlog`), and
-//!   INCRBYFLOAT's extended-precision arithmetic (`float80`).
+//!   INCRBYFLOAT's extended-precision arithmetic (`float80`), and cache mode's settings and
+//!   counters ([`maxmemory`]).
 //!
 //! ```no_run
 //! # #[cfg(feature = "test-support")] {
@@ -36,6 +37,7 @@ mod float80;
 pub mod glob;
 pub mod info;
 mod inline;
+pub mod maxmemory;
 #[cfg(any(test, feature = "test-support"))]
 mod memstore;
 mod metrics;

@@ -7,6 +7,7 @@ use racekv_transport::ServerTls;
 
 use super::acl::Acl;
 use super::commands;
+use super::maxmemory::Maxmemory;
 use super::resp::Limits;
 
 /// Limits and timeouts of a Redis server.
@@ -47,6 +48,9 @@ pub struct ServerOptions {
     /// A second port that speaks only TLS (Redis' `tls-port`); its connections are served
     /// by a thread each, whatever `io` says.
     pub tls: Option<TlsPort>,
+    /// Cache mode's settings (`CONFIG GET/SET maxmemory*` and INFO show and change these;
+    /// the store enforces them).
+    pub maxmemory: Arc<Maxmemory>,
 }
 
 /// The TLS port of a [`RedisServer`].
@@ -86,6 +90,7 @@ impl Default for ServerOptions {
             acl: Arc::new(Acl::open(commands::catalog())),
             protected_mode: true,
             tls: None,
+            maxmemory: Arc::default(),
         }
     }
 }

@@ -68,7 +68,10 @@ impl RedisServer {
     pub fn start(addr: impl ToSocketAddrs, store: Arc<dyn KvStore>, options: ServerOptions) -> io::Result<Self> {
         let listener = TcpListener::bind(addr)?;
         let addr = listener.local_addr()?;
-        let stats = Arc::new(ServerStats::new(addr.port(), options.max_clients, options.idle_timeout));
+        crate::maxmemory::register_metrics();
+        let mut stats = ServerStats::new(addr.port(), options.max_clients, options.idle_timeout);
+        stats.settings.set_maxmemory(Arc::clone(&options.maxmemory));
+        let stats = Arc::new(stats);
         stats.settings.set_protected_mode(options.protected_mode);
         stats.settings.set_proto_max_bulk_len(options.limits.max_bulk_bytes);
         stats.settings.set_client_query_buffer_limit(options.limits.max_command_bytes);

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering}
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::maxmemory::{parse_memory, Maxmemory, MaxmemoryPolicy, MAX_SAMPLES};
 use crate::resp::QueryBudget;
 use crate::slowlog::MAX_SLOWLOG_LEN;
 
@@ -40,6 +41,8 @@ pub(crate) struct Settings {
     client_query_buffer_limit: AtomicUsize,
     /// Shared by every connection's parser; its limit is `query-buffer-budget`.
     query_budget: Arc<QueryBudget>,
+    /// Cache mode's settings, shared with whoever enforces them.
+    maxmemory: Arc<Maxmemory>,
 }
 
 impl Settings {
@@ -54,6 +57,7 @@ impl Settings {
             proto_max_bulk_len: AtomicUsize::new(crate::resp::Limits::default().max_bulk_bytes),
             client_query_buffer_limit: AtomicUsize::new(crate::resp::Limits::default().max_command_bytes),
             query_budget: QueryBudget::new(0),
+            maxmemory: Arc::default(),
         }
     }
 
@@ -106,6 +110,16 @@ impl Settings {
         self.client_query_buffer_limit.store(bytes, Ordering::Relaxed);
     }
 
+    /// Cache mode's settings (`maxmemory*`).
+    pub fn maxmemory(&self) -> &Arc<Maxmemory> {
+        &self.maxmemory
+    }
+
+    /// Shares `maxmemory` with its enforcer (at server start).
+    pub fn set_maxmemory(&mut self, maxmemory: Arc<Maxmemory>) {
+        self.maxmemory = maxmemory;
+    }
+
     /// The server-wide budget of partly received large commands (`query-buffer-budget`).
     pub fn query_budget(&self) -> &Arc<QueryBudget> {
         &self.query_budget
@@ -123,6 +137,8 @@ pub(crate) enum Kind {
     Bool,
     /// Any text.
     Text,
+    /// A `maxmemory-policy` name.
+    Policy,
     /// Not settable at run time.
     Immutable,
 }
@@ -154,8 +170,9 @@ pub(crate) static PARAMETERS: &[Parameter] = &[
     param("client-query-buffer-limit", Kind::Memory { min: 1 << 20, max: i64::MAX }),
     // racekv's own: the budget every connection's large commands share (0: unlimited).
     param("query-buffer-budget", Kind::Memory { min: 0, max: i64::MAX }),
-    param("maxmemory", Kind::Immutable),
-    param("maxmemory-policy", Kind::Immutable),
+    param("maxmemory", Kind::Memory { min: 0, max: i64::MAX }),
+    param("maxmemory-policy", Kind::Policy),
+    param("maxmemory-samples", Kind::Integer { min: 1, max: MAX_SAMPLES as i64 }),
     param("port", Kind::Immutable),
     param("cluster-enabled", Kind::Immutable),
 ];
@@ -171,6 +188,7 @@ pub(crate) enum Value {
     Integer(i64),
     Bool(bool),
     Text(Vec<u8>),
+    Policy(MaxmemoryPolicy),
 }
 
 /// Checks `raw` for `p`; the error is Redis' reason text (after "... argument 'x') - ").
@@ -178,6 +196,7 @@ pub(crate) fn validate(p: &Parameter, raw: &[u8]) -> Result<Value, String> {
     match p.kind {
         Kind::Immutable => Err("can't set immutable config".into()),
         Kind::Text => Ok(Value::Text(raw.to_vec())),
+        Kind::Policy => MaxmemoryPolicy::parse(&String::from_utf8_lossy(raw)).map(Value::Policy),
         Kind::Bool => match raw.to_ascii_lowercase().as_slice() {
             b"yes" => Ok(Value::Bool(true)),
             b"no" => Ok(Value::Bool(false)),
@@ -200,24 +219,6 @@ pub(crate) fn validate(p: &Parameter, raw: &[u8]) -> Result<Value, String> {
     }
 }
 
-/// A byte count as Redis' `memtoull` reads it: digits and an optional unit, `b`, `k`
-/// (1000), `kb` (1024), `m`, `mb`, `g`, `gb`, in any case.
-fn parse_memory(raw: &[u8]) -> Option<i64> {
-    let split = raw.iter().position(|b| !b.is_ascii_digit()).unwrap_or(raw.len());
-    let (digits, unit) = raw.split_at(split);
-    let multiplier: i64 = match unit.to_ascii_lowercase().as_slice() {
-        b"" | b"b" => 1,
-        b"k" => 1000,
-        b"kb" => 1024,
-        b"m" => 1000 * 1000,
-        b"mb" => 1024 * 1024,
-        b"g" => 1000 * 1000 * 1000,
-        b"gb" => 1024 * 1024 * 1024,
-        _ => return None,
-    };
-    crate::resp::parse_i64(digits)?.checked_mul(multiplier)
-}
-
 impl Settings {
     /// Applies a validated integer or boolean (`requirepass` is the ACL's, not here).
     pub fn apply(&self, name: &str, value: &Value) {
@@ -234,6 +235,9 @@ impl Settings {
             ("protected-mode", Value::Bool(on)) => self.set_protected_mode(*on),
             ("client-query-buffer-limit", Value::Integer(n)) => self.set_client_query_buffer_limit(*n as usize),
             ("query-buffer-budget", Value::Integer(n)) => self.query_budget.set_limit(*n as usize),
+            ("maxmemory", Value::Integer(n)) => self.maxmemory.set_bytes(*n as u64),
+            ("maxmemory-policy", Value::Policy(p)) => self.maxmemory.set_policy(*p),
+            ("maxmemory-samples", Value::Integer(n)) => self.maxmemory.set_samples(*n as u32),
             _ => debug_assert!(false, "no setting {name} = {value:?}"),
         }
     }
@@ -271,6 +275,15 @@ mod tests {
         assert_eq!(settings.client_query_buffer_limit(), 2 << 20);
         settings.apply("query-buffer-budget", &Value::Integer(5));
         assert_eq!(settings.query_budget().limit(), 5);
+        let policy = validate(parameter(b"maxmemory-policy").unwrap(), b"volatile-ttl").unwrap();
+        settings.apply("maxmemory-policy", &policy);
+        settings.apply("maxmemory", &validate(parameter(b"maxmemory").unwrap(), b"100mb").unwrap());
+        settings.apply("maxmemory-samples", &Value::Integer(7));
+        let m = settings.maxmemory();
+        assert_eq!((m.bytes(), m.policy(), m.samples()), (100 << 20, MaxmemoryPolicy::VolatileTtl, 7));
+        let lru = validate(parameter(b"maxmemory-policy").unwrap(), b"allkeys-lru").unwrap_err();
+        assert!(lru.contains("not supported yet"), "{lru}");
+        assert!(validate(parameter(b"maxmemory-samples").unwrap(), b"65").is_err());
     }
 
     #[test]

@@ -103,6 +103,8 @@ pub enum StoreErrorKind {
     ValueTooLarge,
     /// No room left for the write (memory nodes full).
     Full,
+    /// Over `maxmemory` with nothing the policy may evict (Redis' OOM reply, verbatim).
+    OverMaxmemory,
     /// The storage backend cannot be reached right now (memory node down, no connection).
     Unavailable,
     /// The backend did not answer in time; a write may or may not have been applied.
@@ -118,6 +120,7 @@ impl StoreErrorKind {
             StoreErrorKind::KeyTooLarge => "key_too_large",
             StoreErrorKind::ValueTooLarge => "value_too_large",
             StoreErrorKind::Full => "full",
+            StoreErrorKind::OverMaxmemory => "over_maxmemory",
             StoreErrorKind::Unavailable => "unavailable",
             StoreErrorKind::Timeout => "timeout",
             StoreErrorKind::Other => "other",
@@ -157,6 +160,7 @@ impl StoreError {
             StoreErrorKind::KeyTooLarge => ("ERR", "key too large"),
             StoreErrorKind::ValueTooLarge => ("ERR", "value too large"),
             StoreErrorKind::Full => ("OOM", "storage is full"),
+            StoreErrorKind::OverMaxmemory => ("OOM", "command not allowed when used memory > 'maxmemory'."),
             StoreErrorKind::Unavailable => ("TRYAGAIN", "storage unavailable"),
             StoreErrorKind::Timeout => ("TRYAGAIN", "storage timed out, the write may have been applied"),
             StoreErrorKind::Other => ("ERR", "storage error"),
@@ -275,6 +279,10 @@ mod tests {
         let e = StoreError::new(StoreErrorKind::ValueTooLarge, "20000 bytes, limit 16320");
         assert_eq!(e.to_resp_error(), "ERR value too large: 20000 bytes, limit 16320");
         assert_eq!(StoreError::new(StoreErrorKind::Full, "").to_resp_error(), "OOM storage is full");
+        assert_eq!(
+            StoreError::new(StoreErrorKind::OverMaxmemory, "").to_resp_error(),
+            "OOM command not allowed when used memory > 'maxmemory'."
+        );
         assert!(StoreError::new(StoreErrorKind::Unavailable, "memnode 2").to_resp_error().starts_with("TRYAGAIN "));
         assert_eq!(e.to_string(), "value_too_large: 20000 bytes, limit 16320");
     }

@@ -1,6 +1,7 @@
 //! Walks over a whole table with a cursor (`scan.rs` has the cursor and the argument for
 //! the guarantee): [`TableClient::scan`] returns keys a piece at a time,
-//! [`TableClient::delete_all`] empties the table, [`TableClient::random_key`] picks a key.
+//! [`TableClient::delete_all`] empties the table, [`TableClient::random_key`] picks a key
+//! ([`TableClient::random_keys`] a few).
 //!
 //! Every step reads a run of up to [`SCAN_CHUNK_BUCKETS`] buckets of the subtable at the
 //! cursor's position, then its bucket 0's header (which vouches for the run's slots), then
@@ -85,20 +86,38 @@ impl TableClient {
     /// any, walking from a point of the table that `seed` picks, one of them by `seed`.
     /// Keys after long empty stretches come up more often than others.
     pub fn random_key(&mut self, seed: u64) -> Result<Option<Vec<u8>>, Error> {
+        let limits = ScanLimits::new(RANDOM_KEY_CANDIDATES, RANDOM_KEY_CANDIDATES, usize::MAX);
+        let mut keys = self.random_page(seed, limits)?;
+        if keys.is_empty() {
+            return Ok(None);
+        }
+        let pick = (seed >> 55) as usize % keys.len();
+        Ok(Some(keys.swap_remove(pick)))
+    }
+
+    /// Up to `most` keys of the table (none when it holds none): the first ones from a
+    /// point of the table `seed` picks. Neighbours in the table, so as random as their
+    /// hashes (as Redis' `dictGetSomeKeys` takes neighbouring buckets): cache mode's
+    /// eviction samples with it, reading only the blocks of the keys it returns.
+    pub fn random_keys(&mut self, seed: u64, most: usize) -> Result<Vec<Vec<u8>>, Error> {
+        assert!(most >= 1, "asking for no keys");
+        self.random_page(seed, ScanLimits::new(most, most, usize::MAX))
+    }
+
+    /// The keys of the first step that finds any, walking from a point `seed` picks.
+    fn random_page(&mut self, seed: u64, limits: ScanLimits) -> Result<Vec<Vec<u8>>, Error> {
         let total = self.shared.layout.slots_per_subtable();
         let start = TableCursor { position: TableCursor::decode(seed << 25).position, slot: (seed >> 30) % total };
-        let limits = ScanLimits::new(RANDOM_KEY_CANDIDATES, RANDOM_KEY_CANDIDATES, usize::MAX);
         let mut cursor = start;
         let mut wrapped = false;
         let mut stuck_since: Option<Instant> = None;
         loop {
             let page = self.scan_from(cursor, limits)?;
             if !page.keys.is_empty() {
-                let pick = (seed >> 55) as usize % page.keys.len();
-                return Ok(page.keys.into_iter().nth(pick));
+                return Ok(page.keys);
             }
             let next = match page.next {
-                None if wrapped => return Ok(None),
+                None if wrapped => return Ok(Vec::new()),
                 None => {
                     wrapped = true;
                     TableCursor::START
@@ -106,7 +125,7 @@ impl TableClient {
                 Some(next) => next,
             };
             if wrapped && next >= start {
-                return Ok(None); // all the way round
+                return Ok(Vec::new()); // all the way round
             }
             self.check_moving(cursor, next, &mut stuck_since, "a random key's walk met a split that never ended")?;
             cursor = next;

@@ -1,0 +1,260 @@
+//! Cache mode: keeps each memnode's used memory under `maxmemory` by evicting keys the
+//! policy allows, sampled as Redis samples (ARCHITECTURE.md, "Cache mode").
+//!
+//! "Used memory" of a memnode is an estimate of its live data: its subtables plus its item
+//! count times the mean heap bytes of an item (from this computenode's writes). A refresher
+//! reads every memnode's statistics (one STATS RPC each) every [`REFRESH`]; between
+//! refreshes this computenode adds what it writes and takes off what it evicts. So a write
+//! costs no round trip while under the limit, and the GET path nothing at all.
+//!
+//! Over the limit, a write first evicts: it samples `maxmemory-samples` neighbouring keys
+//! of the memnode's table (one scan step, then one read per sampled key), picks the victim
+//! by policy, and deletes it by compare-and-swap against the value it read (a key
+//! rewritten meanwhile is not evicted). At most [`MAX_VICTIMS_PER_WRITE`] victims and
+//! [`SAMPLE_TRIES`] (volatile policies: [`VOLATILE_SAMPLE_TRIES`]) samplings each: nothing
+//! loops unbounded. When nothing could be evicted
+//! the write fails with Redis' OOM reply.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use racekv_client::{ClientError, Session, Shards};
+use racekv_hashing::layout::item_heap_bytes;
+use racekv_redis::maxmemory::{count_evicted, Maxmemory, MaxmemoryPolicy};
+use racekv_redis::{StoreError, StoreErrorKind};
+
+use crate::cluster::{Cluster, WorkerShards};
+
+/// How often the memnodes' statistics are read while a limit is set.
+pub const REFRESH: Duration = Duration::from_millis(100);
+/// Most keys one write evicts before it goes ahead (or, having evicted none, fails).
+pub const MAX_VICTIMS_PER_WRITE: usize = 16;
+/// Samplings per victim before giving up on finding one under an `allkeys-*` policy (a
+/// sampled key can vanish, or change before its delete).
+pub const SAMPLE_TRIES: usize = 4;
+/// The same under a `volatile-*` policy, which samples all keys but may evict only those
+/// with an expiry: with a quarter of the keys volatile, 16 samplings of 5 keys all miss
+/// them about once in 10^10 writes.
+pub const VOLATILE_SAMPLE_TRIES: usize = 16;
+/// Weight of a new write in the mean item size (1/16).
+const MEAN_SHIFT: u32 = 4;
+
+/// One computenode's eviction state: the limits and each memnode's used-memory estimate.
+pub struct Eviction {
+    limits: Arc<Maxmemory>,
+    /// Per memnode: estimated bytes of live data.
+    used: Vec<AtomicU64>,
+    /// Per memnode: bytes of one subtable.
+    subtable_bytes: Vec<u64>,
+    /// Mean heap bytes of an item this computenode wrote (0: none written yet).
+    mean_item: AtomicU64,
+    /// How long a freed block waits before reuse: a write that found the region full
+    /// waits this long after evicting, then tries once more.
+    grace: Duration,
+    stopping: AtomicBool,
+    refresher: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// Redis' `-OOM command not allowed when used memory > 'maxmemory'.`
+fn over_limit() -> StoreError {
+    StoreError::new(StoreErrorKind::OverMaxmemory, "")
+}
+
+fn client_error(e: ClientError) -> StoreError {
+    crate::store_error::store_error(e)
+}
+
+impl Eviction {
+    /// Eviction over `cluster`'s memnodes under `limits`; starts the refresher.
+    pub fn start(cluster: &Arc<Cluster>, limits: Arc<Maxmemory>, grace: Duration) -> std::io::Result<Arc<Self>> {
+        racekv_redis::maxmemory::register_metrics();
+        let n = cluster.memnodes().len();
+        let eviction = Arc::new(Self {
+            limits,
+            used: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            subtable_bytes: cluster.memnodes().iter().map(|m| m.layout.subtable_bytes()).collect(),
+            mean_item: AtomicU64::new(0),
+            grace,
+            stopping: AtomicBool::new(false),
+            refresher: Mutex::new(None),
+        });
+        let (weak_cluster, weak_self) = (Arc::downgrade(cluster), Arc::downgrade(&eviction));
+        let handle = std::thread::Builder::new()
+            .name("maxmemory-refresh".into())
+            .spawn(move || refresh_loop(weak_cluster, weak_self))?;
+        *eviction.refresher.lock() = Some(handle);
+        Ok(eviction)
+    }
+
+    /// Stops the refresher (before the cluster stops: it holds a session while it reads).
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::Release);
+        if let Some(handle) = self.refresher.lock().take() {
+            let _ = handle.join();
+        }
+    }
+
+    /// Memnode `shard`'s estimated used memory (0 while no limit is set).
+    pub fn used_bytes(&self, shard: usize) -> u64 {
+        self.used[shard].load(Ordering::Relaxed)
+    }
+
+    /// The limits this enforces.
+    pub fn limits(&self) -> &Arc<Maxmemory> {
+        &self.limits
+    }
+
+    /// Sets every memnode's estimate from its statistics.
+    fn refresh(&self, session: &mut Session<WorkerShards>) {
+        let mean = self.mean_item.load(Ordering::Relaxed);
+        for (shard, (label, stats)) in session.stats().into_iter().enumerate() {
+            match stats {
+                Ok(s) => {
+                    let index = s.heap.subtables * self.subtable_bytes[shard];
+                    // Before this computenode wrote anything, the heap's footprint stands in.
+                    let data = if mean == 0 { s.heap.heap_used_bytes.saturating_sub(index) } else { s.items * mean };
+                    self.used[shard].store(index + data, Ordering::Relaxed);
+                }
+                Err(e) => tracing::debug!(memnode = %label, "maxmemory: reading the statistics failed: {e}"),
+            }
+        }
+    }
+
+    /// Makes room for a write of `key` taking `bytes` of heap: evicts while its memnode is
+    /// over the limit (see the module's comment). Errors: OOM when over the limit and
+    /// nothing may be evicted; the store's errors.
+    pub fn make_room(&self, session: &mut Session<WorkerShards>, key: &[u8], bytes: u64) -> Result<(), StoreError> {
+        let limit = self.limits.bytes();
+        if limit == 0 {
+            return Ok(());
+        }
+        let mean = self.mean_item.load(Ordering::Relaxed);
+        let next = if mean == 0 { bytes } else { mean - (mean >> MEAN_SHIFT) + (bytes >> MEAN_SHIFT) };
+        self.mean_item.store(next.max(1), Ordering::Relaxed);
+        let shard = session.shards().route(key);
+        let used = &self.used[shard];
+        if used.load(Ordering::Relaxed) + bytes > limit {
+            let policy = self.limits.policy();
+            if policy == MaxmemoryPolicy::NoEviction || self.evict(session, shard, policy, limit, bytes)? == 0 {
+                return Err(over_limit());
+            }
+        }
+        used.fetch_add(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Runs `write`; when the region is full and the policy may evict, evicts, waits for
+    /// freed blocks to become reusable, and runs it once more.
+    pub fn retry_when_full<R>(
+        &self,
+        session: &mut Session<WorkerShards>,
+        key: &[u8],
+        mut write: impl FnMut(&mut Session<WorkerShards>) -> Result<R, ClientError>,
+    ) -> Result<R, StoreError> {
+        match write(session) {
+            Err(ClientError::OutOfSpace { .. }) if self.limits.policy() != MaxmemoryPolicy::NoEviction => {
+                let shard = session.shards().route(key);
+                let wanted = self.mean_item.load(Ordering::Relaxed).max(1) * MAX_VICTIMS_PER_WRITE as u64;
+                if self.evict(session, shard, self.limits.policy(), 0, wanted)? == 0 {
+                    return Err(over_limit());
+                }
+                std::thread::sleep(self.grace + Duration::from_millis(1));
+                write(session).map_err(client_error)
+            }
+            other => other.map_err(client_error),
+        }
+    }
+
+    /// Evicts from memnode `shard` until `bytes` more fit under `limit` (0: until that many
+    /// bytes were freed), at most [`MAX_VICTIMS_PER_WRITE`] keys; returns how many.
+    fn evict(
+        &self,
+        session: &mut Session<WorkerShards>,
+        shard: usize,
+        policy: MaxmemoryPolicy,
+        limit: u64,
+        bytes: u64,
+    ) -> Result<u64, StoreError> {
+        let used = &self.used[shard];
+        let (mut victims, mut freed) = (0u64, 0u64);
+        while (victims as usize) < MAX_VICTIMS_PER_WRITE {
+            let Some(victim_bytes) = self.evict_one(session, shard, policy)? else { break };
+            victims += 1;
+            freed += victim_bytes;
+            let _ = used.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| Some(u.saturating_sub(victim_bytes)));
+            let done = if limit == 0 { freed >= bytes } else { used.load(Ordering::Relaxed) + bytes <= limit };
+            if done {
+                break;
+            }
+        }
+        count_evicted(victims);
+        Ok(victims)
+    }
+
+    /// Samples memnode `shard`'s keys and deletes the policy's pick; returns its heap bytes,
+    /// or None when no sampling found one.
+    fn evict_one(
+        &self,
+        session: &mut Session<WorkerShards>,
+        shard: usize,
+        policy: MaxmemoryPolicy,
+    ) -> Result<Option<u64>, StoreError> {
+        debug_assert_ne!(policy, MaxmemoryPolicy::NoEviction);
+        let samples = self.limits.samples() as usize;
+        let tries = if policy.volatile_only() { VOLATILE_SAMPLE_TRIES } else { SAMPLE_TRIES };
+        for _ in 0..tries {
+            let seed = racekv_client::session::random_seed();
+            let keys = session.random_keys_on(shard, seed, samples).map_err(client_error)?;
+            if keys.is_empty() {
+                return Ok(None); // an empty table
+            }
+            let mut pick: Option<(Vec<u8>, racekv_hashing::Item)> = None;
+            for key in keys {
+                let Some(item) = session.get_item(&key).map_err(client_error)? else { continue };
+                let better = match (policy, item.expires_at_ms) {
+                    (MaxmemoryPolicy::AllkeysRandom, _) | (MaxmemoryPolicy::VolatileRandom, Some(_)) => true,
+                    (MaxmemoryPolicy::VolatileTtl, Some(at)) => {
+                        pick.as_ref().is_none_or(|(_, p)| p.expires_at_ms.is_some_and(|best| at < best))
+                    }
+                    _ => false,
+                };
+                if better {
+                    pick = Some((key, item));
+                    if policy != MaxmemoryPolicy::VolatileTtl {
+                        break; // random: the first eligible one will do
+                    }
+                }
+            }
+            let Some((key, item)) = pick else { continue };
+            assert!(
+                !policy.volatile_only() || item.expires_at_ms.is_some(),
+                "a volatile policy picked a persistent key"
+            );
+            // Against the value read: a key rewritten since is not evicted.
+            if session.compare_and_swap(&key, Some(&item.value), None).map_err(client_error)? {
+                let bytes = item_heap_bytes(key.len(), item.value.len(), item.expires_at_ms.is_some()).unwrap_or(0);
+                return Ok(Some(bytes));
+            }
+        }
+        Ok(None)
+    }
+}
+
+fn refresh_loop(cluster: Weak<Cluster>, eviction: Weak<Eviction>) {
+    loop {
+        {
+            let (Some(cluster), Some(eviction)) = (cluster.upgrade(), eviction.upgrade()) else { return };
+            if eviction.stopping.load(Ordering::Acquire) {
+                return;
+            }
+            if eviction.limits.bytes() > 0 {
+                let mut session = cluster.attach();
+                eviction.refresh(&mut session);
+            }
+        }
+        std::thread::sleep(REFRESH);
+    }
+}

@@ -1,0 +1,161 @@
+//! Cache mode through a real computenode's Redis front end over a real memnode (shm):
+//! `maxmemory` with each implemented policy, the OOM replies, `CONFIG GET/SET` and the
+//! INFO counters.
+
+use std::time::Duration;
+
+mod common;
+
+use racekv_computenode::Computenode;
+use racekv_hashing::testing::{TestMemnode, Via};
+use racekv_transport::TransportKind;
+
+const LIMIT: u64 = 1 << 20;
+const VALUE: [u8; 2000] = [7u8; 2000];
+
+/// A memnode of 32 MiB and a computenode serving Redis on it, with `maxmemory` 1 MiB.
+fn cache(policy: &str) -> (TestMemnode, Computenode, redis::Connection) {
+    let m = TestMemnode::start(Via::Transport(TransportKind::Shm), 32 << 20, 16);
+    let node = common::redis_only(&[&m], |c| {
+        // Few chunks held ahead: the heap's footprint then tracks the data.
+        c.ready_sessions = 2;
+        c.prefetch_chunks = 1;
+        c.maxmemory = LIMIT;
+        c.maxmemory_policy = policy.into();
+    });
+    let port = node.redis_addr().unwrap().port();
+    let conn = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap().get_connection().unwrap();
+    (m, node, conn)
+}
+
+fn info_field(conn: &mut redis::Connection, field: &str) -> u64 {
+    let info: String = redis::cmd("INFO").arg("stats").query(conn).unwrap();
+    let line = info.lines().find(|l| l.starts_with(&format!("{field}:"))).unwrap_or_else(|| panic!("{info}"));
+    line.split_once(':').unwrap().1.trim().parse().unwrap()
+}
+
+fn set(conn: &mut redis::Connection, key: &str, ex: Option<u64>) -> redis::RedisResult<()> {
+    let mut cmd = redis::cmd("SET");
+    cmd.arg(key).arg(&VALUE[..]);
+    if let Some(secs) = ex {
+        cmd.arg("EX").arg(secs);
+    }
+    cmd.query(conn)
+}
+
+/// 10x maxmemory written with allkeys-random: no SET fails, the memnode's data and heap
+/// stay near the limit, and the evicted keys are misses.
+#[test]
+fn allkeys_random_never_fails_a_set_and_stays_near_the_limit() {
+    let (m, node, mut conn) = cache("allkeys-random");
+    let evicted_before = info_field(&mut conn, "evicted_keys");
+    let keys = (10 * LIMIT / VALUE.len() as u64) as usize;
+    for i in 0..keys {
+        set(&mut conn, &format!("key:{i}"), None).unwrap_or_else(|e| panic!("SET {i} of {keys}: {e}"));
+    }
+    std::thread::sleep(Duration::from_millis(300)); // a refresh or two
+    let used = node.status().memnodes[0].used_bytes;
+    let footprint = m.stats().heap.heap_used_bytes;
+    eprintln!("{keys} keys written: estimated live data {used} B, heap footprint {footprint} B");
+    assert!(used <= LIMIT + LIMIT / 4, "estimated live data {used} B, limit {LIMIT} B");
+    assert!(footprint <= 2 * LIMIT, "the memnode's heap holds {footprint} B, limit {LIMIT} B");
+    let live: u64 = redis::cmd("DBSIZE").query(&mut conn).unwrap();
+    assert!(live > 0 && live < keys as u64 / 5, "{live} of {keys} keys left");
+    let evicted = info_field(&mut conn, "evicted_keys") - evicted_before;
+    assert!(evicted >= keys as u64 - live, "evicted {evicted}, {live} of {keys} left");
+    let misses = info_field(&mut conn, "keyspace_misses");
+    let mut missing = 0;
+    for i in 0..keys / 10 {
+        let v: Option<Vec<u8>> = redis::cmd("GET").arg(format!("key:{i}")).query(&mut conn).unwrap();
+        missing += usize::from(v.is_none());
+    }
+    assert!(missing > keys / 20, "only {missing} of the first {} keys were evicted", keys / 10);
+    assert_eq!(info_field(&mut conn, "keyspace_misses") - misses, missing as u64);
+    let last: Option<Vec<u8>> = redis::cmd("GET").arg(format!("key:{}", keys - 1)).query(&mut conn).unwrap();
+    assert_eq!(last.as_deref(), Some(&VALUE[..]), "the last key written is there: its room was made first");
+    // The Prometheus counters, in base units (this process's: every test's node counts).
+    let metrics = racekv_telemetry::render();
+    for name in ["racekv_evicted_keys_total", "racekv_keyspace_hits_total", "racekv_keyspace_misses_total"] {
+        let value =
+            metrics.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).unwrap_or_else(|| panic!("{name}"));
+        assert!(value.parse::<f64>().unwrap() > 0.0, "{name} {value}");
+    }
+}
+
+/// volatile-random and volatile-ttl evict only keys with an expiry; volatile-ttl those
+/// expiring soonest; with no volatile key left, a write over the limit gets Redis' OOM.
+#[test]
+fn volatile_policies_evict_only_keys_with_an_expiry() {
+    for policy in ["volatile-random", "volatile-ttl"] {
+        let (_m, _node, mut conn) = cache(policy);
+        let persistent = (LIMIT / 4 / VALUE.len() as u64) as usize;
+        for i in 0..persistent {
+            set(&mut conn, &format!("p:{i}"), None).unwrap();
+        }
+        // Expiries spread over [1000 s, 11000 s), in no order.
+        let ttl = |i: u64| 1_000 + (i * 7_919) % 10_000;
+        let volatile = 10 * persistent as u64;
+        for i in 0..volatile {
+            set(&mut conn, &format!("v:{i}"), Some(ttl(i))).unwrap_or_else(|e| panic!("{policy}: SET v:{i}: {e}"));
+        }
+        for i in 0..persistent {
+            let exists: bool = redis::cmd("EXISTS").arg(format!("p:{i}")).query(&mut conn).unwrap();
+            assert!(exists, "{policy} evicted p:{i}, which has no expiry");
+        }
+        let survivors: Vec<u64> = (0..volatile)
+            .filter(|&i| redis::cmd("EXISTS").arg(format!("v:{i}")).query::<bool>(&mut conn).unwrap())
+            .map(ttl)
+            .collect();
+        assert!(!survivors.is_empty() && survivors.len() < volatile as usize / 2, "{policy}: {}", survivors.len());
+
+        let mean = survivors.iter().sum::<u64>() / survivors.len() as u64;
+        eprintln!("{policy}: {} of {volatile} volatile keys left, expiring in {mean} s on average", survivors.len());
+        if policy == "volatile-ttl" {
+            // Uniform survivors would average 6000 s; the soonest-expiring go first.
+            assert!(mean > 7_000, "volatile-ttl left keys expiring in {mean} s on average");
+        }
+        // Only persistent keys from here: once the volatile ones are gone, OOM.
+        let mut oom = None;
+        for i in 0..8 * persistent {
+            if let Err(e) = set(&mut conn, &format!("q:{i}"), None) {
+                oom = Some(e);
+                break;
+            }
+        }
+        let e = oom.unwrap_or_else(|| panic!("{policy}: writes over the limit never failed"));
+        assert_eq!(e.code(), Some("OOM"), "{policy}: {e}");
+        assert!(e.to_string().contains("command not allowed when used memory > 'maxmemory'"), "{e}");
+    }
+}
+
+/// noeviction answers OOM over the limit; CONFIG SET shows and changes the settings, and
+/// refuses the LRU and LFU policies.
+#[test]
+fn noeviction_answers_oom_and_config_set_switches_policy() {
+    let (_m, _node, mut conn) = cache("noeviction");
+    let got: Vec<String> = redis::cmd("CONFIG").arg("GET").arg("maxmemory*").query(&mut conn).unwrap();
+    assert_eq!(got, ["maxmemory", &LIMIT.to_string(), "maxmemory-policy", "noeviction", "maxmemory-samples", "5"]);
+    let mut written = 0;
+    let e = loop {
+        match set(&mut conn, &format!("k:{written}"), None) {
+            Ok(()) => written += 1,
+            Err(e) => break e,
+        }
+        assert!(written < 4 * LIMIT as usize / VALUE.len(), "noeviction never refused a write");
+    };
+    assert_eq!(e.code(), Some("OOM"), "{e}");
+    assert!(written as u64 >= LIMIT / 2 / VALUE.len() as u64, "OOM after only {written} keys");
+    for policy in ["allkeys-lru", "allkeys-lfu", "volatile-lru", "volatile-lfu"] {
+        let e = redis::cmd("CONFIG").arg("SET").arg("maxmemory-policy").arg(policy).query::<()>(&mut conn).unwrap_err();
+        assert!(e.to_string().contains("not supported yet"), "{policy}: {e}");
+    }
+    redis::cmd("CONFIG").arg("SET").arg("maxmemory-policy").arg("allkeys-random").query::<()>(&mut conn).unwrap();
+    redis::cmd("CONFIG").arg("SET").arg("maxmemory-samples").arg("3").query::<()>(&mut conn).unwrap();
+    for i in 0..written {
+        set(&mut conn, &format!("more:{i}"), None).unwrap();
+    }
+    let info: String = redis::cmd("INFO").arg("memory").query(&mut conn).unwrap();
+    assert!(info.contains("maxmemory_policy:allkeys-random") && info.contains(&format!("maxmemory:{LIMIT}")), "{info}");
+    redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("0").query::<()>(&mut conn).unwrap();
+    set(&mut conn, "unlimited", None).unwrap();
+}
