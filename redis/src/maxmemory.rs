@@ -158,8 +158,7 @@ struct CacheMetrics {
 }
 
 static METRICS: LazyLock<CacheMetrics> = LazyLock::new(|| {
-    use racekv_telemetry::register;
-    let counter = |name: &str, help: &str| register(IntCounter::new(name, help).unwrap());
+    use racekv_telemetry::metric::counter;
     CacheMetrics {
         evicted: counter(
             "racekv_evicted_keys_total",
