@@ -61,5 +61,6 @@ pub use reply::{Output, Protocol, Reply};
 pub use resp::{Command, Limits, Parser, ProtocolError, QueryBudget};
 pub use server::RedisServer;
 pub use store::{
-    Expiry, ExpiryUpdate, Item, KvSession, KvStore, PutMode, PutOptions, PutResult, StoreError, StoreErrorKind,
+    Expiry, ExpiryUpdate, Item, KeyVersion, KvSession, KvStore, PutMode, PutOptions, PutResult, StoreError,
+    StoreErrorKind, TxnWrite,
 };

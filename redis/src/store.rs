@@ -94,6 +94,34 @@ pub enum ExpiryUpdate {
     Delete,
 }
 
+/// What a transaction saw of a key ([`KvSession::read_versioned`]): the store defines the
+/// fields; the front end only keeps a version and hands it back to [`KvSession::commit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyVersion {
+    /// The store's word for the key's current state (0: absent). A write of the key,
+    /// whatever its value, gives it another word.
+    pub word: u64,
+    /// The key's expiry when read (None: never, or absent): a key that has expired since
+    /// counts as changed (as Redis' WATCH treats an expired key).
+    pub expires_at_ms: Option<u64>,
+}
+
+impl KeyVersion {
+    /// The version of an absent key.
+    pub const ABSENT: KeyVersion = KeyVersion { word: 0, expires_at_ms: None };
+}
+
+/// One write of a transaction ([`KvSession::commit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxnWrite<'a> {
+    /// The key written.
+    pub key: &'a [u8],
+    /// Its new value; None deletes it.
+    pub value: Option<&'a [u8]>,
+    /// The new value's expiry (absolute Unix milliseconds; None: never). Ignored for a delete.
+    pub expires_at_ms: Option<u64>,
+}
+
 /// What went wrong in the store, coarse enough to choose a client-facing reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreErrorKind {
@@ -261,6 +289,23 @@ pub trait KvSession: Send {
     /// The connection has answered everything it was sent and waits for more: a moment for
     /// deferred work (publishing counts). Errors are the store's to log.
     fn idle(&mut self) {}
+
+    /// The key's item and its version, for a transaction's read set (MULTI/EXEC, WATCH).
+    /// An expired key reads as absent. A key a transaction is committing right now is
+    /// waited for (bounded), never read half-way. The default refuses.
+    fn read_versioned(&mut self, key: &[u8]) -> Result<(Option<Item>, KeyVersion), StoreError> {
+        let _ = key;
+        Err(StoreError::new(StoreErrorKind::Other, "this store has no transactions"))
+    }
+
+    /// Applies every write atomically if every read still has its version (and no read key
+    /// has expired since it was read); returns false, writing nothing, when one changed.
+    /// Readers see all of the writes or none of them. A key both read and written is
+    /// checked by its write. Writes to one key: the last wins. The default refuses.
+    fn commit(&mut self, reads: &[(&[u8], KeyVersion)], writes: &[TxnWrite<'_>]) -> Result<bool, StoreError> {
+        let _ = (reads, writes);
+        Err(StoreError::new(StoreErrorKind::Other, "this store has no transactions"))
+    }
 }
 
 /// A store that hands out sessions; shared by every connection of a server.
