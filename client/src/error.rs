@@ -57,6 +57,10 @@ pub enum ClientError {
     /// The other side broke the protocol (a bad frame or reply); the connection is unusable.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// A transaction kept meeting others' writes to what it read (or their locks) and gave
+    /// up; nothing of it was applied. Worth a retry.
+    #[error("transaction conflict: {0}")]
+    Conflict(String),
     /// Any other failure of the table on a memnode (a corrupt region, a bug).
     #[error("memnode {endpoint}: {reason}")]
     Internal {
@@ -99,7 +103,13 @@ impl ClientError {
 
     /// True when the same call may succeed later (the memnode restarted, a timeout).
     pub fn is_transient(&self) -> bool {
-        matches!(self, ClientError::Unavailable { .. } | ClientError::Timeout { .. } | ClientError::Overloaded(_))
+        matches!(
+            self,
+            ClientError::Unavailable { .. }
+                | ClientError::Timeout { .. }
+                | ClientError::Overloaded(_)
+                | ClientError::Conflict(_)
+        )
     }
 }
 

@@ -72,6 +72,7 @@ mod parts;
 mod remote;
 pub mod ring;
 pub mod session;
+pub mod txn;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -475,6 +476,37 @@ impl Client {
         match &self.backend {
             Backend::Embedded(c) => c.with(|s| s.multi_get(keys)),
             Backend::Channel(c) => c.multi_get(keys),
+        }
+    }
+
+    /// Runs `body` as a transaction (`txn`): its reads see one snapshot, its writes apply
+    /// atomically across memnodes when it returns `Ok`, or not at all; on a conflict it runs
+    /// again (so it should have no other effects), up to [`txn::MAX_TXN_ATTEMPTS`] times.
+    /// Serializable. Embedded mode only for now: attached and remote clients get
+    /// [`ClientError::Config`] (the Redis front end's MULTI/EXEC runs on the same protocol).
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), racekv_client::ClientError> {
+    /// # let client = racekv_client::Client::builder().memnode("tcp:127.0.0.1:7400").connect()?;
+    /// // Move 10 from a to b.
+    /// client.transaction(|tx| {
+    ///     let a: i64 = tx.get(b"a")?.map_or(0, |v| String::from_utf8_lossy(&v).parse().unwrap_or(0));
+    ///     let b: i64 = tx.get(b"b")?.map_or(0, |v| String::from_utf8_lossy(&v).parse().unwrap_or(0));
+    ///     tx.put(b"a", (a - 10).to_string().as_bytes());
+    ///     tx.put(b"b", (b + 10).to_string().as_bytes());
+    ///     Ok(())
+    /// })?;
+    /// # Ok(()) }
+    /// ```
+    pub fn transaction<T>(
+        &self,
+        body: impl FnMut(&mut dyn txn::Transaction) -> Result<T, ClientError>,
+    ) -> Result<T, ClientError> {
+        match &self.backend {
+            Backend::Embedded(c) => c.with(|s| s.transaction(body)),
+            Backend::Channel(_) => Err(ClientError::Config(
+                "transactions run in embedded mode only so far; through a computenode use Redis MULTI/EXEC".into(),
+            )),
         }
     }
 

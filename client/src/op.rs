@@ -274,6 +274,8 @@ pub enum ErrorKind {
     Overloaded = 8,
     /// The user may not run this operation or touch this key (Redis' NOPERM).
     Denied = 9,
+    /// [`ClientError::Conflict`]: a transaction kept conflicting; nothing applied.
+    Conflict = 10,
 }
 
 impl ErrorKind {
@@ -289,6 +291,7 @@ impl ErrorKind {
             7 => ErrorKind::Internal,
             8 => ErrorKind::Overloaded,
             9 => ErrorKind::Denied,
+            10 => ErrorKind::Conflict,
             _ => return None,
         })
     }
@@ -307,6 +310,7 @@ impl Reply {
             ClientError::Denied(_) => ErrorKind::Denied,
             ClientError::Config(_) | ClientError::Protocol(_) => ErrorKind::BadRequest,
             ClientError::Internal { .. } => ErrorKind::Internal,
+            ClientError::Conflict(_) => ErrorKind::Conflict,
         };
         Reply::Error(kind, e.to_string())
     }
@@ -380,6 +384,7 @@ impl Reply {
             ErrorKind::Denied => ClientError::Denied(message),
             ErrorKind::BadRequest => ClientError::Protocol(message),
             ErrorKind::Internal => ClientError::Internal { endpoint, reason: message },
+            ErrorKind::Conflict => ClientError::Conflict(message),
         }
     }
 }

@@ -13,6 +13,9 @@ use racekv_hashing::{
     ExpiryUpdate, Item, PutMode, PutOptions, PutOutcome, PutResult, ScanLimits, TableClient, TableCursor, TableStats,
 };
 
+use racekv_hashing::layout::TxnMark;
+use racekv_hashing::table::txn::TxnState;
+
 use crate::error::ClientError;
 use crate::expiry::{ExpiryChange, Ttl};
 use crate::op::{MemnodeStats, Reply, Request, MAX_MULTI};
@@ -22,6 +25,10 @@ use crate::op::{MemnodeStats, Reply, Request, MAX_MULTI};
 pub const MEMNODE_CURSOR_BITS: u32 = 64 - TABLE_CURSOR_BITS;
 /// Memnodes a scan cursor can name.
 pub const MAX_SCAN_MEMNODES: usize = 1 << MEMNODE_CURSOR_BITS;
+
+/// Times one operation resolves an expired transaction's lock and runs again before its
+/// error is returned (each resolution settles one lock for good).
+const MAX_LOCK_RESOLUTIONS: u32 = 8;
 
 /// A random number for picking keys (no generator to seed: std's hasher keys are random).
 pub fn random_seed() -> u64 {
@@ -72,26 +79,85 @@ impl<S: Shards> Session<S> {
         &mut self.shards
     }
 
-    fn on<R>(
+    /// Runs `op` on memnode `shard`. A key held by a transaction past its lease is resolved
+    /// here (this layer reaches the record's memnode; `racekv_hashing::table::txn`), and `op`
+    /// runs again.
+    pub(crate) fn on<R>(
         &mut self,
         shard: usize,
-        op: impl FnOnce(&mut TableClient) -> Result<R, racekv_hashing::Error>,
+        mut op: impl FnMut(&mut TableClient) -> Result<R, racekv_hashing::Error>,
     ) -> Result<R, ClientError> {
-        let result = op(self.shards.client(shard)?);
-        result.map_err(|e| {
-            let transient = e.is_transient();
-            let err = ClientError::from_table(self.shards.label(shard), e, self.shards.timeout());
-            if transient {
-                self.shards.on_transient_failure(shard);
+        let mut resolved = 0;
+        loop {
+            let result = op(self.shards.client(shard)?);
+            match result {
+                Err(racekv_hashing::Error::Locked { key, word, mark }) if resolved < MAX_LOCK_RESOLUTIONS => {
+                    resolved += 1;
+                    self.resolve_lock(shard, &key, word, &mark)?;
+                }
+                result => return result.map_err(|e| self.table_error(shard, e)),
             }
-            err
-        })
+        }
     }
 
-    fn on_key<R>(
+    /// The client error for table error `e` on `shard` (a transient one also tells the shards).
+    pub(crate) fn table_error(&mut self, shard: usize, e: racekv_hashing::Error) -> ClientError {
+        let transient = e.is_transient();
+        let err = ClientError::from_table(self.shards.label(shard), e, self.shards.timeout());
+        if transient {
+            self.shards.on_transient_failure(shard);
+        }
+        err
+    }
+
+    /// The shard whose memnode has node id `node_id`.
+    pub(crate) fn shard_of_node(&self, node_id: u64) -> Option<usize> {
+        (0..self.shards.count()).find(|&s| self.shards.node_id(s) == node_id)
+    }
+
+    /// Settles a lock on `key` (memnode `shard`) whose transaction outlived its lease: its
+    /// record says committed or aborted, or is made to say aborted (one CAS: if the
+    /// coordinator's commit came first, that is what stands); then the slot is swung to
+    /// what the decision means.
+    fn resolve_lock(&mut self, shard: usize, key: &[u8], word: u64, mark: &TxnMark) -> Result<(), ClientError> {
+        let Some(home) = self.shard_of_node(mark.record_node) else {
+            return Err(ClientError::Internal {
+                endpoint: self.shards.label(shard).to_string(),
+                reason: format!(
+                    "a transaction's record is on memnode {:#x}, which this session does not know",
+                    mark.record_node
+                ),
+            });
+        };
+        let offset = mark.record_offset;
+        let state = self.on(home, |c| c.txn_state(offset))?;
+        let decided = match state {
+            Some(TxnState::Pending { deadline_ms }) if deadline_ms == mark.deadline_ms => {
+                self.on(home, |c| c.txn_decide(offset, deadline_ms, TxnState::Aborted))?
+            }
+            other => other,
+        };
+        let committed = match decided {
+            Some(TxnState::Committed) => true,
+            Some(TxnState::Aborted) => false,
+            // Not this transaction's record any more: its coordinator settled every lock
+            // before freeing it, so the slot has moved on; the operation reads it again.
+            _ => return Ok(()),
+        };
+        racekv_hashing::table::txn::count_resolution(committed);
+        self.on(shard, |c| c.txn_settle(key, word, mark, committed, 0))?;
+        Ok(())
+    }
+
+    /// Which memnode holds `key`.
+    pub(crate) fn route(&self, key: &[u8]) -> usize {
+        self.shards.route(key)
+    }
+
+    pub(crate) fn on_key<R>(
         &mut self,
         key: &[u8],
-        op: impl FnOnce(&mut TableClient) -> Result<R, racekv_hashing::Error>,
+        op: impl FnMut(&mut TableClient) -> Result<R, racekv_hashing::Error>,
     ) -> Result<R, ClientError> {
         let shard = self.shards.route(key);
         self.on(shard, op)
@@ -139,9 +205,9 @@ impl<S: Shards> Session<S> {
     pub fn update_expiry(
         &mut self,
         key: &[u8],
-        decide: impl FnMut(Option<u64>) -> ExpiryUpdate,
+        mut decide: impl FnMut(Option<u64>) -> ExpiryUpdate,
     ) -> Result<Option<(Item, bool)>, ClientError> {
-        self.on_key(key, |c| c.update_expiry(key, decide))
+        self.on_key(key, |c| c.update_expiry(key, &mut decide))
     }
 
     /// Applies `change` to `key`'s expiry (judged by this host's clock); returns whether it

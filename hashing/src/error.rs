@@ -52,6 +52,17 @@ pub enum Error {
     /// Heap space came from an earlier run of the memnode, which reclaimed it when it started.
     #[error("the memnode restarted since: {0}")]
     StaleInstance(String),
+    /// A transaction that holds `key` outlived its lease: whoever has the connections to its
+    /// record's memnode resolves it (`table::txn`) and tries again.
+    #[error("a transaction holding the key outlived its lease (record on memnode {:#x})", mark.record_node)]
+    Locked {
+        /// The key held.
+        key: Vec<u8>,
+        /// The locked slot word met.
+        word: u64,
+        /// What its intent block says of the transaction.
+        mark: crate::layout::TxnMark,
+    },
     /// The region's layout is invalid (the error says `bad region layout`,
     /// [`crate::layout::BAD_LAYOUT`]).
     #[error(transparent)]

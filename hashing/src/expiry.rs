@@ -343,7 +343,8 @@ impl ActiveExpiry {
         for (i, bucket) in b.read_result(image)?.chunks_exact(BUCKET_BYTES as usize).enumerate() {
             let (_, slots) = parse_bucket(bucket);
             for (j, &word) in slots.iter().enumerate() {
-                if let Some(slot) = Slot::decode(word) {
+                // A slot a transaction holds is settled by it, never swept (`table::txn`).
+                if let Some(slot) = Slot::decode(word).filter(|s| !s.locked) {
                     used.push((slot_offset(start + i as u64 * BUCKET_BYTES, j), word, slot));
                 }
             }

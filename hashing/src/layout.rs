@@ -5,13 +5,16 @@
 //! heap:   subtables (allocated by the memnode on split) and KV chunks (handed to clients)
 //! subtable: groups of 3 buckets [main0 | overflow | main1], 192 B per group
 //! bucket (64 B): header {local depth u32 | suffix u32} + 7 slots of 8 B
-//! slot (8 B):  fingerprint 8 | length 8 (64 B units) | tag 6 | indirect 1 | block offset / 64 41
+//! slot (8 B):  fingerprint 8 | length 8 (64 B units) | tag 6 | indirect 1 | locked 1 | block offset / 64 40
 //! directory entry (8 B): lock 1 | unused 7 | local depth 8 | subtable offset 48
 //! KV block: key_len u16 | flags u16 | value_len u32 | checksum u64 | [expires_at_ms u64] | key | value | pad to 64 B
 //! indirect block: the same, flag INDIRECT, and in place of the value an extent descriptor:
 //!                 extent offset u64 | value_len u64 | value checksum u64
 //! long-key block: an indirect block, flag LONG_KEY, and in place of the key a key descriptor:
 //!                 key extent offset u64 | key_len u64 | key checksum u64 | key digest u128
+//! intent block: any of those, flag TXN, its value (or descriptor) after a transaction mark:
+//!                 record node u64 | record offset u64 (bit 0: tombstone) | old slot word u64 |
+//!                 lease deadline ms u64
 //! extent: the value's bytes, contiguous, 64 B aligned, allocated by the memnode
 //! ```
 //!
@@ -67,8 +70,12 @@ pub const BLOCK_FLAG_INDIRECT: u16 = 2;
 /// Block flag (with [`BLOCK_FLAG_INDIRECT`]): the key is in an extent too; the block holds
 /// its [`LongKey`] descriptor in place of the key.
 pub const BLOCK_FLAG_LONG_KEY: u16 = 4;
+/// Block flag: a transaction wrote the block; a [`TxnMark`] precedes its value (`txn.rs`).
+pub const BLOCK_FLAG_TXN: u16 = 8;
 /// Flags this build understands; a block with any other bit set is not a valid block.
-const BLOCK_KNOWN_FLAGS: u16 = BLOCK_FLAG_EXPIRES | BLOCK_FLAG_INDIRECT | BLOCK_FLAG_LONG_KEY;
+const BLOCK_KNOWN_FLAGS: u16 = BLOCK_FLAG_EXPIRES | BLOCK_FLAG_INDIRECT | BLOCK_FLAG_LONG_KEY | BLOCK_FLAG_TXN;
+/// Bytes of a transaction mark (before an intent block's value).
+pub const TXN_MARK_BYTES: usize = 32;
 /// Bytes of an extent descriptor (the inline "value" of an indirect block).
 pub const EXTENT_DESCRIPTOR_BYTES: usize = 24;
 /// Bytes of a long key's descriptor (the inline "key" of a long-key block).
@@ -231,7 +238,8 @@ const _: () = assert!(
     BLOCK_FLAG_EXPIRES.is_power_of_two()
         && BLOCK_FLAG_INDIRECT.is_power_of_two()
         && BLOCK_FLAG_LONG_KEY.is_power_of_two()
-        && BLOCK_KNOWN_FLAGS.count_ones() == 3
+        && BLOCK_FLAG_TXN.is_power_of_two()
+        && BLOCK_KNOWN_FLAGS.count_ones() == 4
 );
 // The directory: 2^limit entries of 8 B fit a region; the entry's 8-bit depth field holds
 // the limit; a bucket header's u32 suffix holds `limit` bits.
@@ -240,7 +248,7 @@ const _: () = assert!(SUPERBLOCK_BYTES + (8u64 << MAX_GLOBAL_DEPTH_LIMIT) < REGI
 
 /// Regions are smaller than this (`Layout::check`): a slot's block field and a directory
 /// entry's subtable field address any offset below it.
-const REGION_LIMIT_BYTES: u64 = 1 << 47;
+const REGION_LIMIT_BYTES: u64 = 1 << 46;
 
 /// The immutable shape of a region, fixed when the memnode formats it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -503,10 +511,14 @@ const SLOT_POINTER_BITS: u32 = 42;
 const SLOT_TAG_BITS: u32 = 6;
 /// The top bit of the pointer field: the block is an indirect one.
 const SLOT_INDIRECT_BIT: u64 = 1 << (SLOT_POINTER_BITS - 1);
-const SLOT_BLOCK_MASK: u64 = SLOT_INDIRECT_BIT - 1;
-// fingerprint 8 | length 8 | tag 6 | pointer 42 (indirect 1 | block / 64 41) = 64 bits; the
-// block field addresses every 64 B unit of a region (below 2^47 B); the length field holds
-// every block size.
+/// The next bit: a transaction holds the slot (its block is an intent, `txn.rs`). It was
+/// the top bit of the block offset, which no region below 2^46 B (64 TiB) sets, so slots
+/// written by earlier builds read as unlocked.
+const SLOT_LOCKED_BIT: u64 = SLOT_INDIRECT_BIT >> 1;
+const SLOT_BLOCK_MASK: u64 = SLOT_LOCKED_BIT - 1;
+// fingerprint 8 | length 8 | tag 6 | pointer 42 (indirect 1 | locked 1 | block / 64 40) =
+// 64 bits; the block field addresses every 64 B unit of a region (below 2^46 B); the length
+// field holds every block size.
 const _: () = assert!(8 + 8 + SLOT_TAG_BITS + SLOT_POINTER_BITS == 64);
 const _: () = assert!((SLOT_BLOCK_MASK + 1) * BLOCK_UNIT_BYTES == REGION_LIMIT_BYTES);
 const _: () = assert!(MAX_BLOCK_UNITS <= 0xFF);
@@ -525,6 +537,9 @@ pub struct Slot {
     pub block: u64,
     /// The block is an indirect one (its value is in an extent).
     pub indirect: bool,
+    /// A transaction holds the slot: the block is its intent ([`TxnMark`]), and the key's
+    /// value is decided by the transaction's record.
+    pub locked: bool,
 }
 
 impl Slot {
@@ -538,6 +553,7 @@ impl Slot {
             | (u64::from(self.units) << 48)
             | (u64::from(self.tag & ((1 << SLOT_TAG_BITS) - 1)) << SLOT_POINTER_BITS)
             | if self.indirect { SLOT_INDIRECT_BIT } else { 0 }
+            | if self.locked { SLOT_LOCKED_BIT } else { 0 }
             | (self.block >> 6);
         debug_assert_eq!(
             Self::decode(word),
@@ -559,7 +575,13 @@ impl Slot {
             tag: ((word >> SLOT_POINTER_BITS) & ((1 << SLOT_TAG_BITS) - 1)) as u8,
             block: (word & SLOT_BLOCK_MASK) << 6,
             indirect: word & SLOT_INDIRECT_BIT != 0,
+            locked: word & SLOT_LOCKED_BIT != 0,
         })
+    }
+
+    /// The same slot, locked or not (the word of an intent and of its committed value).
+    pub fn with_locked(&self, locked: bool) -> Self {
+        Self { locked, ..*self }
     }
 
     /// Whether `block` could be the one this word was written for: the writer put the key's
@@ -604,6 +626,50 @@ pub struct Block<'a> {
     pub extent: Option<Extent>,
     /// Where the key is, for a long-key block.
     pub long_key: Option<LongKey>,
+    /// The transaction that wrote it, for an intent block.
+    pub txn: Option<TxnMark>,
+}
+
+/// What an intent block says of the transaction that wrote it ([`BLOCK_FLAG_TXN`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxnMark {
+    /// Node id of the memnode holding the transaction's record.
+    pub record_node: u64,
+    /// Region offset of the record there (64 B aligned).
+    pub record_offset: u64,
+    /// The slot word the intent replaced (0: the key was absent): what an abort restores.
+    pub old_word: u64,
+    /// When the transaction's lease ends (Unix ms): past it, anyone may abort it.
+    pub deadline_ms: u64,
+    /// The transaction deletes the key: committing empties the slot.
+    pub tombstone: bool,
+}
+
+impl TxnMark {
+    fn encode(&self) -> [u8; TXN_MARK_BYTES] {
+        assert!(self.record_offset.is_multiple_of(BLOCK_UNIT_BYTES), "record at {:#x}", self.record_offset);
+        let mut out = [0u8; TXN_MARK_BYTES];
+        out[0..8].copy_from_slice(&self.record_node.to_le_bytes());
+        out[8..16].copy_from_slice(&(self.record_offset | u64::from(self.tombstone)).to_le_bytes());
+        out[16..24].copy_from_slice(&self.old_word.to_le_bytes());
+        out[24..32].copy_from_slice(&self.deadline_ms.to_le_bytes());
+        out
+    }
+
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        let word = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+        if bytes.len() < TXN_MARK_BYTES {
+            return None;
+        }
+        let (offset, low) = (word(8) & !(BLOCK_UNIT_BYTES - 1), word(8) & (BLOCK_UNIT_BYTES - 1));
+        (low <= 1).then(|| Self {
+            record_node: word(0),
+            record_offset: offset,
+            old_word: word(16),
+            deadline_ms: word(24),
+            tombstone: low == 1,
+        })
+    }
 }
 
 /// Where a long key lives ([`BLOCK_FLAG_LONG_KEY`]): its extent (whose checksum covers the
@@ -751,13 +817,11 @@ impl Block<'_> {
         self.extent.into_iter().chain(self.long_key.map(|long| long.extent))
     }
 
-    /// Bytes after the key: the value, or the extent descriptor of an indirect block.
+    /// Bytes after the key: the value, or the extent descriptor of an indirect block (and
+    /// an intent's mark before either).
     pub fn inline_value_len(&self) -> usize {
-        if self.extent.is_some() {
-            EXTENT_DESCRIPTOR_BYTES
-        } else {
-            self.value.len()
-        }
+        let mark = if self.txn.is_some() { TXN_MARK_BYTES } else { 0 };
+        mark + if self.extent.is_some() { EXTENT_DESCRIPTOR_BYTES } else { self.value.len() }
     }
 
     /// Whether the item's expiry time has passed at `now_ms` (Redis: a key lives through
@@ -815,42 +879,84 @@ fn block_checksum(len_word: u64, covered: &[u8]) -> u64 {
 /// Writes a KV block for `key` and `value`, expiring at `expires_at_ms` (None: never), into
 /// `out` (cleared first, padded to 64 B units). Returns its units.
 pub fn encode_block(out: &mut Vec<u8>, key: &[u8], value: &[u8], expires_at_ms: Option<u64>) -> u8 {
-    encode_block_with(out, key, value, expires_at_ms, 0)
+    encode_block_with(out, key, value, expires_at_ms, 0, None)
+}
+
+/// Writes any of the blocks above ([`encode_block`], [`encode_indirect_block`],
+/// [`encode_long_key_block`] as `extent` and `long_key` say), as an intent block of `txn`
+/// when it is some. Returns its units.
+pub fn encode_any_block(
+    out: &mut Vec<u8>,
+    key: &[u8],
+    value: &[u8],
+    extent: Option<&Extent>,
+    long_key: Option<&LongKey>,
+    expires_at_ms: Option<u64>,
+    txn: Option<&TxnMark>,
+) -> u8 {
+    match (long_key, extent) {
+        (Some(long_key), Some(extent)) => {
+            assert!(long_key.extent.value_len > MAX_INLINE_KEY_BYTES as u64, "a short key stays in its block");
+            assert!(long_key.extent.value_len <= MAX_KEY_BYTES as u64, "a key of {} B", long_key.extent.value_len);
+            long_key.extent.assert_decodable();
+            extent.assert_decodable();
+            let flags = BLOCK_FLAG_INDIRECT | BLOCK_FLAG_LONG_KEY;
+            encode_block_with(out, &long_key.encode(), &extent.encode(), expires_at_ms, flags, txn)
+        }
+        (None, Some(extent)) => {
+            assert!(key.len() <= MAX_INLINE_KEY_BYTES, "a long key goes in an extent");
+            extent.assert_decodable();
+            encode_block_with(out, key, &extent.encode(), expires_at_ms, BLOCK_FLAG_INDIRECT, txn)
+        }
+        (None, None) => encode_block_with(out, key, value, expires_at_ms, 0, txn),
+        (Some(_), None) => panic!("a long key without an extent"),
+    }
 }
 
 /// Writes an indirect block for `key` whose value is in `extent` (see [`encode_block`]).
 pub fn encode_indirect_block(out: &mut Vec<u8>, key: &[u8], extent: &Extent, expires_at_ms: Option<u64>) -> u8 {
-    assert!(key.len() <= MAX_INLINE_KEY_BYTES, "a long key goes in an extent");
-    extent.assert_decodable();
-    encode_block_with(out, key, &extent.encode(), expires_at_ms, BLOCK_FLAG_INDIRECT)
+    encode_any_block(out, key, &[], Some(extent), None, expires_at_ms, None)
 }
 
 /// Writes a long-key block: the key is in `long_key`'s extent, the value in `extent`.
 pub fn encode_long_key_block(out: &mut Vec<u8>, long_key: &LongKey, extent: &Extent, expires_at_ms: Option<u64>) -> u8 {
-    assert!(long_key.extent.value_len > MAX_INLINE_KEY_BYTES as u64, "a short key stays in its block");
-    assert!(long_key.extent.value_len <= MAX_KEY_BYTES as u64, "a key of {} B", long_key.extent.value_len);
-    long_key.extent.assert_decodable();
-    extent.assert_decodable();
-    let flags = BLOCK_FLAG_INDIRECT | BLOCK_FLAG_LONG_KEY;
-    encode_block_with(out, &long_key.encode(), &extent.encode(), expires_at_ms, flags)
+    encode_any_block(out, &[], &[], Some(extent), Some(long_key), expires_at_ms, None)
 }
 
-fn encode_block_with(out: &mut Vec<u8>, key: &[u8], value: &[u8], expires_at_ms: Option<u64>, flags: u16) -> u8 {
-    let units = block_units_for(key.len(), value.len(), expires_at_ms.is_some()).expect("caller checked the size");
+fn encode_block_with(
+    out: &mut Vec<u8>,
+    key: &[u8],
+    value: &[u8],
+    expires_at_ms: Option<u64>,
+    flags: u16,
+    txn: Option<&TxnMark>,
+) -> u8 {
+    let mark_len = if txn.is_some() { TXN_MARK_BYTES } else { 0 };
+    let stored_value_len = value.len() + mark_len;
+    let units = block_units_for(key.len(), stored_value_len, expires_at_ms.is_some()).expect("caller checked the size");
     assert!(!key.is_empty() && key.len() <= u16::MAX as usize, "a block's key of {} B", key.len());
     // What `decode_block` requires of a block, asserted where one is written.
     assert!(units >= 1 && u64::from(units) <= MAX_BLOCK_UNITS, "a block of {units} units");
-    assert_eq!(flags & !(BLOCK_FLAG_INDIRECT | BLOCK_FLAG_LONG_KEY), 0, "block flags {flags:#x}: the expiry's is ours");
+    assert_eq!(
+        flags & !(BLOCK_FLAG_INDIRECT | BLOCK_FLAG_LONG_KEY),
+        0,
+        "block flags {flags:#x}: expiry and txn are ours"
+    );
     assert!(flags & BLOCK_FLAG_LONG_KEY == 0 || flags & BLOCK_FLAG_INDIRECT != 0, "a long key without an extent");
     out.clear();
-    let flags = flags | if expires_at_ms.is_some() { BLOCK_FLAG_EXPIRES } else { 0 };
-    let len_word = (key.len() as u64) | (u64::from(flags) << 16) | ((value.len() as u64) << 32);
+    let flags = flags
+        | if expires_at_ms.is_some() { BLOCK_FLAG_EXPIRES } else { 0 }
+        | if txn.is_some() { BLOCK_FLAG_TXN } else { 0 };
+    let len_word = (key.len() as u64) | (u64::from(flags) << 16) | ((stored_value_len as u64) << 32);
     out.extend_from_slice(&len_word.to_le_bytes());
     out.extend_from_slice(&[0u8; 8]);
     if let Some(at) = expires_at_ms {
         out.extend_from_slice(&at.to_le_bytes());
     }
     out.extend_from_slice(key);
+    if let Some(txn) = txn {
+        out.extend_from_slice(&txn.encode());
+    }
     out.extend_from_slice(value);
     let checksum = block_checksum(len_word, &out[BLOCK_HEADER_BYTES..]);
     out[8..16].copy_from_slice(&checksum.to_le_bytes());
@@ -866,6 +972,7 @@ fn encode_block_with(out: &mut Vec<u8>, key: &[u8], value: &[u8], expires_at_ms:
                 && b.expires_at_ms == expires_at_ms
                 && b.extent.is_some() == (flags & BLOCK_FLAG_INDIRECT != 0)
                 && b.long_key.is_some() == (flags & BLOCK_FLAG_LONG_KEY != 0)
+                && b.txn.as_ref() == txn
         }),
         "an encoded block ({} B key, {} B value, flags {flags:#x}) does not decode to itself",
         key.len(),
@@ -900,19 +1007,27 @@ pub fn decode_block(bytes: &[u8]) -> Option<Block<'_>> {
     }
     let expires_at_ms = expires
         .then(|| u64::from_le_bytes(bytes[BLOCK_HEADER_BYTES..BLOCK_HEADER_BYTES + 8].try_into().expect("8 bytes")));
-    let (key, value) = (&bytes[body..body + key_len], &bytes[body + key_len..end]);
+    let (key, mut value) = (&bytes[body..body + key_len], &bytes[body + key_len..end]);
+    let txn = match flags & BLOCK_FLAG_TXN != 0 {
+        true => {
+            let mark = TxnMark::decode(value)?;
+            value = &value[TXN_MARK_BYTES..];
+            Some(mark)
+        }
+        false => None,
+    };
     let indirect = flags & BLOCK_FLAG_INDIRECT != 0;
     if flags & BLOCK_FLAG_LONG_KEY != 0 {
         // A long key always comes with its value in an extent.
         let long_key = Some(LongKey::decode(key).filter(|_| indirect)?);
         let extent = Some(Extent::decode(value)?);
-        return Some(Block { key: &[], value: &[], expires_at_ms, extent, long_key });
+        return Some(Block { key: &[], value: &[], expires_at_ms, extent, long_key, txn });
     }
     if indirect {
         let extent = Some(Extent::decode(value)?);
-        return Some(Block { key, value: &[], expires_at_ms, extent, long_key: None });
+        return Some(Block { key, value: &[], expires_at_ms, extent, long_key: None, txn });
     }
-    Some(Block { key, value, expires_at_ms, extent: None, long_key: None })
+    Some(Block { key, value, expires_at_ms, extent: None, long_key: None, txn })
 }
 
 // ---- subtable geometry ----
@@ -993,10 +1108,40 @@ mod tests {
 
     proptest! {
         #[test]
-        fn slots_round_trip(fp in any::<u8>(), units in 1u8.., tag in 0u8..64, block in (0u64..(1 << 41)).prop_map(|b| b << 6), indirect in any::<bool>()) {
-            let s = Slot { fingerprint: fp, units, tag, block, indirect };
+        fn slots_round_trip(fp in any::<u8>(), units in 1u8.., tag in 0u8..64, block in (0u64..(1 << 40)).prop_map(|b| b << 6), indirect in any::<bool>(), locked in any::<bool>()) {
+            let s = Slot { fingerprint: fp, units, tag, block, indirect, locked };
             prop_assert_eq!(Slot::decode(s.encode()), Some(s));
             prop_assert_ne!(s.encode(), 0);
+            prop_assert_eq!(Slot::decode(s.with_locked(!locked).encode()).map(|d| d.locked), Some(!locked));
+        }
+
+        #[test]
+        fn intent_blocks_round_trip(
+            key in proptest::collection::vec(any::<u8>(), 1..100),
+            value in proptest::collection::vec(any::<u8>(), 0..300),
+            expires_at_ms in proptest::option::of(any::<u64>()),
+            indirect in any::<bool>(),
+            record_node in any::<u64>(),
+            record_offset in (0u64..(1 << 40)).prop_map(|o| o << 6),
+            old_word in any::<u64>(),
+            deadline_ms in any::<u64>(),
+            tombstone in any::<bool>(),
+        ) {
+            let mark = TxnMark { record_node, record_offset, old_word, deadline_ms, tombstone };
+            let extent = Extent::of(4096, &value);
+            let mut out = Vec::new();
+            let units = encode_any_block(&mut out, &key, &value, indirect.then_some(&extent), None, expires_at_ms, Some(&mark));
+            let block = decode_block(&out).expect("an intent block decodes");
+            prop_assert_eq!(block.txn, Some(mark));
+            prop_assert_eq!(block.key, &key[..]);
+            if indirect {
+                prop_assert_eq!(block.extent, Some(extent));
+            } else {
+                prop_assert_eq!(block.value, &value[..]);
+            }
+            prop_assert_eq!(block.expires_at_ms, expires_at_ms);
+            let slot = Slot { fingerprint: digest_fingerprint(key_digest(&key)), units, tag: 3, block: 64, indirect, locked: true };
+            prop_assert!(slot.fits_block(&block), "the intent fits its slot");
         }
 
         #[test]
@@ -1011,8 +1156,8 @@ mod tests {
             let mut out = Vec::new();
             let units = encode_indirect_block(&mut out, &key, &extent, expires_at_ms);
             let block = decode_block(&out).unwrap();
-            prop_assert_eq!(block, Block { key: &key, value: &[], expires_at_ms, extent: Some(extent), long_key: None });
-            let slot = Slot { fingerprint: digest_fingerprint(key_digest(&key)), units, tag: 1, block: 64, indirect: true };
+            prop_assert_eq!(block, Block { key: &key, value: &[], expires_at_ms, extent: Some(extent), long_key: None, txn: None });
+            let slot = Slot { fingerprint: digest_fingerprint(key_digest(&key)), units, tag: 1, block: 64, indirect: true, locked: false };
             prop_assert!(slot.fits_block(&block));
             let direct = Slot { indirect: false, ..slot };
             prop_assert!(!direct.fits_block(&block));
@@ -1033,13 +1178,13 @@ mod tests {
             let mut out = Vec::new();
             let units = encode_long_key_block(&mut out, &long_key, &extent, expires_at_ms);
             let block = decode_block(&out).unwrap();
-            let want = Block { key: &[], value: &[], expires_at_ms, extent: Some(extent), long_key: Some(long_key) };
+            let want = Block { key: &[], value: &[], expires_at_ms, extent: Some(extent), long_key: Some(long_key), txn: None };
             prop_assert_eq!(block, want);
             prop_assert_eq!(block.key_digest(), key_digest(&key));
             prop_assert!(long_key.may_be(&key, key_digest(&key)));
             prop_assert!(!long_key.may_be(&key[1..], key_digest(&key[1..])));
             prop_assert_eq!(block.extents().collect::<Vec<_>>(), vec![extent, long_key.extent]);
-            let slot = Slot { fingerprint: digest_fingerprint(key_digest(&key)), units, tag: 1, block: 64, indirect: true };
+            let slot = Slot { fingerprint: digest_fingerprint(key_digest(&key)), units, tag: 1, block: 64, indirect: true, locked: false };
             prop_assert!(slot.fits_block(&block));
             prop_assert_eq!(peek_block_header(&out), Some((units, expires_at_ms)));
             let used = BLOCK_HEADER_BYTES + expires_at_ms.map_or(0, |_| BLOCK_EXPIRY_BYTES) + LONG_KEY_DESCRIPTOR_BYTES + EXTENT_DESCRIPTOR_BYTES;
@@ -1065,7 +1210,7 @@ mod tests {
             prop_assert_eq!(out.len(), units as usize * 64);
             prop_assert_eq!(Some(units), block_units_for(key.len(), value.len(), expires_at_ms.is_some()));
             let block = decode_block(&out).unwrap();
-            prop_assert_eq!(block, Block { key: &key, value: &value, expires_at_ms, extent: None, long_key: None });
+            prop_assert_eq!(block, Block { key: &key, value: &value, expires_at_ms, extent: None, long_key: None, txn: None });
             let used = BLOCK_HEADER_BYTES + expires_at_ms.map_or(0, |_| BLOCK_EXPIRY_BYTES) + key.len() + value.len();
             let at = flip % used;
             out[at] ^= 0x40;
@@ -1087,7 +1232,7 @@ mod tests {
             old.extend_from_slice(&xxh3_64_with_seed(&body, len_word).to_le_bytes());
             old.extend_from_slice(&body);
             old.resize(old.len().div_ceil(64) * 64, 0);
-            prop_assert_eq!(decode_block(&old), Some(Block { key: &key, value: &value, expires_at_ms: None, extent: None, long_key: None }));
+            prop_assert_eq!(decode_block(&old), Some(Block { key: &key, value: &value, expires_at_ms: None, extent: None, long_key: None, txn: None }));
             let mut new = Vec::new();
             encode_block(&mut new, &key, &value, None);
             prop_assert_eq!(new, old, "a block without an expiry is written as before");
@@ -1141,13 +1286,14 @@ mod tests {
         out[8..16].copy_from_slice(&xxh3_64_with_seed(b"kv", len_word).to_le_bytes());
         assert_eq!(
             decode_block(&out),
-            Some(Block { key: b"k", value: b"v", expires_at_ms: None, extent: None, long_key: None })
+            Some(Block { key: b"k", value: b"v", expires_at_ms: None, extent: None, long_key: None, txn: None })
         );
     }
 
     #[test]
     fn an_item_lives_through_its_expiry_millisecond() {
-        let block = Block { key: b"k", value: b"v", expires_at_ms: Some(1000), extent: None, long_key: None };
+        let block =
+            Block { key: b"k", value: b"v", expires_at_ms: Some(1000), extent: None, long_key: None, txn: None };
         assert!(!block.expired_at(999) && !block.expired_at(1000) && block.expired_at(1001));
         assert!(!Block { expires_at_ms: None, ..block }.expired_at(u64::MAX));
     }

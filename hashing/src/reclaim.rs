@@ -63,8 +63,8 @@ impl Reclaimed {
 /// Call it while nothing else uses the region.
 pub fn reclaim(conn: &dyn Connection, layout: &Layout) -> Result<Reclaimed, Error> {
     let mut b = Batch::new();
-    let w = read_words(conn, &mut b, &[sb::HEAP_TOP, sb::SPLIT_STATE])?;
-    let (top, split_state) = (w[0], w[1]);
+    let w = read_words(conn, &mut b, &[sb::HEAP_TOP, sb::SPLIT_STATE, sb::NODE_ID])?;
+    let (top, split_state, node_id) = (w[0], w[1], w[2]);
     if split_state != 0 {
         return Err(Error::Corrupt("a split is still in progress: finish it before reclaiming".into()));
     }
@@ -94,6 +94,7 @@ pub fn reclaim(conn: &dyn Connection, layout: &Layout) -> Result<Reclaimed, Erro
     found.subtables = subtables.len() as u64;
 
     let mut indirect = Vec::new();
+    let mut locked = Vec::new();
     for &subtable in &subtables {
         live.mark(subtable, layout.subtable_bytes());
         read_pieces(conn, &mut b, subtable, layout.subtable_bytes(), |bytes| {
@@ -109,6 +110,9 @@ pub fn reclaim(conn: &dyn Connection, layout: &Layout) -> Result<Reclaimed, Erro
                     if slot.indirect {
                         indirect.push(slot);
                     }
+                    if slot.locked {
+                        locked.push(slot);
+                    }
                 }
             }
             Ok(())
@@ -117,29 +121,40 @@ pub fn reclaim(conn: &dyn Connection, layout: &Layout) -> Result<Reclaimed, Erro
     if found.bad_slots > 0 {
         tracing::error!(bad_slots = found.bad_slots, "slots point outside the heap; left as they are");
     }
+    // A transaction's locked slot keeps two more things alive (`table::txn`): the block its
+    // lock replaced (an abort puts it back) and, on this memnode, its record.
+    for_each_block(conn, &mut b, &locked, |block| {
+        let Some(mark) = block.and_then(|block| block.txn) else { return };
+        if mark.record_node == node_id && mark.record_offset >= heap && mark.record_offset + BLOCK_UNIT_BYTES <= top {
+            live.mark(mark.record_offset, BLOCK_UNIT_BYTES);
+        }
+        let Some(old) = Slot::decode(mark.old_word) else { return };
+        if old.block >= heap && old.block + old.block_bytes() <= top {
+            live.mark(old.block, old.block_bytes());
+            found.live_blocks += 1;
+            if old.indirect {
+                indirect.push(old);
+            }
+        }
+    })?;
     // The extents the indirect blocks point to (a block shared by two slots, as in a
     // duplicate, names its extent twice: kept once).
     indirect.sort_unstable_by_key(|s| s.block);
     indirect.dedup_by_key(|s| s.block);
-    for group in indirect.chunks(racekv_transport::MAX_BATCH_OPS) {
-        b.clear();
-        let reads: Vec<_> = group.iter().map(|s| b.read(s.block, s.block_bytes() as u32)).collect();
-        conn.execute(&mut b)?;
-        for read in reads {
-            let Some(block) = decode_block(b.read_result(read)?).filter(|block| block.extent.is_some()) else {
+    for_each_block(conn, &mut b, &indirect, |block| {
+        let Some(block) = block.filter(|block| block.extent.is_some()) else {
+            found.bad_extents += 1;
+            return;
+        };
+        for e in block.extents() {
+            if e.offset >= heap && e.offset + e.bytes() <= top {
+                live.mark(e.offset, e.bytes());
+                found.extents.push((e.offset, e.bytes()));
+            } else {
                 found.bad_extents += 1;
-                continue;
-            };
-            for e in block.extents() {
-                if e.offset >= heap && e.offset + e.bytes() <= top {
-                    live.mark(e.offset, e.bytes());
-                    found.extents.push((e.offset, e.bytes()));
-                } else {
-                    found.bad_extents += 1;
-                }
             }
         }
-    }
+    })?;
     if found.bad_extents > 0 {
         tracing::error!(bad_extents = found.bad_extents, "indirect blocks with no readable extent");
     }
@@ -178,6 +193,25 @@ pub fn reclaim(conn: &dyn Connection, layout: &Layout) -> Result<Reclaimed, Erro
         ],
     )?;
     Ok(found)
+}
+
+/// Reads the blocks `slots` point to, a batch at a time, giving `f` each one decoded (None:
+/// not a valid block).
+fn for_each_block(
+    conn: &dyn Connection,
+    b: &mut Batch,
+    slots: &[Slot],
+    mut f: impl FnMut(Option<crate::layout::Block<'_>>),
+) -> Result<(), Error> {
+    for group in slots.chunks(racekv_transport::MAX_BATCH_OPS) {
+        b.clear();
+        let reads: Vec<_> = group.iter().map(|s| b.read(s.block, s.block_bytes() as u32)).collect();
+        conn.execute(b)?;
+        for read in reads {
+            f(decode_block(b.read_result(read)?));
+        }
+    }
+    Ok(())
 }
 
 /// Reads [offset, offset + len) in pieces a batch can carry, giving `f` each piece.

@@ -53,14 +53,15 @@ use crate::directory::{CachedEntry, DirectoryCache};
 use crate::error::Error;
 use crate::hash::KeyHash;
 use crate::layout::{
-    block_units_for, decode_block, encode_block, encode_indirect_block, encode_long_key_block, key_digest, sb,
-    value_checksum, Extent, Layout, LongKey, Slot, BLOCK_UNIT_BYTES, EXTENT_DESCRIPTOR_BYTES,
-    LONG_KEY_DESCRIPTOR_BYTES, MAX_BLOCK_UNITS, MAX_INLINE_KEY_BYTES, MAX_KEY_BYTES, MAX_VALUE_BYTES, SLOTS_PER_BUCKET,
+    block_units_for, decode_block, encode_any_block, key_digest, sb, value_checksum, Extent, Layout, LongKey, Slot,
+    TxnMark, BLOCK_UNIT_BYTES, EXTENT_DESCRIPTOR_BYTES, LONG_KEY_DESCRIPTOR_BYTES, MAX_BLOCK_UNITS,
+    MAX_INLINE_KEY_BYTES, MAX_KEY_BYTES, MAX_VALUE_BYTES, SLOTS_PER_BUCKET, TXN_MARK_BYTES,
 };
 use crate::probe::{Probe, ProbeReads};
 use crate::rpc::{self, method, SplitRequest};
 use crate::stall::{StallClock, Stamp};
 
+pub mod txn;
 mod walk;
 
 /// Tunables of table clients.
@@ -101,6 +102,8 @@ pub struct ClientStats {
     pub stalled_reads: u64,
     /// Expired items this client found and removed (lazy expiry).
     pub expired_removed: u64,
+    /// Retries spent waiting for a transaction's lock on a key.
+    pub lock_waits: u64,
 }
 
 /// The outcome of a put.
@@ -213,7 +216,8 @@ enum Step {
     Reencode(Option<u64>),
 }
 
-const OPS: [&str; 9] = ["get", "put", "insert", "update", "delete", "cas", "scan", "delete_all", "expire"];
+const OPS: [&str; 11] =
+    ["get", "put", "insert", "update", "delete", "cas", "scan", "delete_all", "expire", "txn_lock", "txn_settle"];
 const OP_EXPIRE: usize = 8;
 const RESULTS: [&str; 3] = ["ok", "not_applied", "error"];
 
@@ -506,6 +510,9 @@ impl Table {
             found_live: false,
             read_large: false,
             retired_indirect: Vec::new(),
+            intent: None,
+            replaced: 0,
+            last_word: 0,
             stats: ClientStats::default(),
             metrics: LocalMetrics::new(),
         }
@@ -584,12 +591,19 @@ struct KeyCopy {
     word: u64,
     /// The expiry in its block.
     expires_at_ms: Option<u64>,
+    /// The mark of an intent block (a transaction's write, `txn.rs`).
+    txn: Option<TxnMark>,
 }
 
 impl KeyCopy {
     /// Whether the item has expired by this host's clock (read only for items that expire).
     fn expired(&self) -> bool {
         self.expires_at_ms.is_some_and(|at| crate::clock::now_unix_ms() > at)
+    }
+
+    /// Whether a transaction holds the slot (its word is locked).
+    fn locked(&self) -> bool {
+        Slot::decode(self.word).is_some_and(|s| s.locked)
     }
 }
 
@@ -728,6 +742,14 @@ pub struct TableClient {
     /// Indirect blocks this client retired whose extents are still to be retired
     /// (block, units, server instance): done at the end of the operation.
     retired_indirect: Vec<(u64, u8, u64)>,
+    /// While a transaction locks a key (`txn.rs`): the mark its intent block carries. New
+    /// blocks are then intents, their words locked.
+    intent: Option<TxnMark>,
+    /// The word the last write swung away (0: it inserted), for a lock to know what it
+    /// replaced; a locking write does not retire it.
+    replaced: u64,
+    /// The word of the last new block (the one a write's last attempt published).
+    last_word: u64,
     stats: ClientStats,
     metrics: LocalMetrics,
 }
@@ -885,9 +907,11 @@ impl TableClient {
         // block; duplicate copies) goes the single-key way.
         r.foreign.resize(keys.len(), false);
         r.done.resize(keys.len(), false);
-        for (n, &(i, _, _)) in r.wanted.iter().enumerate() {
+        for (n, &(i, _, word)) in r.wanted.iter().enumerate() {
             match decode_block(self.batch.read_result(r.reads[n])?) {
                 None => r.foreign[i] = true,
+                // A transaction holds it: the single-key way waits for it.
+                Some(_) if Slot::decode(word).is_some_and(|s| s.locked) => r.foreign[i] = true,
                 // A large value: read by the single-key way, which fetches its extent.
                 Some(block) if block.extent.is_some() => r.foreign[i] = true,
                 Some(block) if block.key == keys[i] => {
@@ -1241,7 +1265,7 @@ impl TableClient {
             match decode_block(self.batch.read_result(read)?) {
                 None => torn = true,
                 Some(block) if block.key == key || long_keys_found.contains(&i) => {
-                    self.copies.push(KeyCopy { slot, word, expires_at_ms: block.expires_at_ms });
+                    self.copies.push(KeyCopy { slot, word, expires_at_ms: block.expires_at_ms, txn: block.txn });
                     if best.is_none_or(|(s, _)| slot < s) {
                         best = Some((slot, read));
                     }
@@ -1367,6 +1391,11 @@ impl TableClient {
             }
             match self.verify(key, Some(out), true)? {
                 Verified::Torn => attempts.retry("a block kept changing under a read")?,
+                Verified::Done if self.copies.first().is_some_and(KeyCopy::locked) => {
+                    out.clear();
+                    let canonical = self.copies[0];
+                    self.wait_for_lock(key, &canonical, &mut attempts)?;
+                }
                 Verified::Done if !self.copies.is_empty() => {
                     let canonical = self.copies[0];
                     if !canonical.expired() {
@@ -1405,7 +1434,9 @@ impl TableClient {
 
     fn next_word(&mut self, hash: &KeyHash, block: u64, units: u8, indirect: bool) -> u64 {
         self.tag = self.tag.wrapping_add(1);
-        let word = Slot { fingerprint: hash.fingerprint, units, tag: self.tag, block, indirect }.encode();
+        let locked = self.intent.is_some();
+        let word = Slot { fingerprint: hash.fingerprint, units, tag: self.tag, block, indirect, locked }.encode();
+        self.last_word = word;
         // The word a reader will follow names the block we wrote; and (debug only: it
         // checksums the block again) readers (`verify`, splits, scans) accept the block as
         // the one the word was written for.
@@ -1584,6 +1615,7 @@ impl TableClient {
         let keep = matches!(expiry, Expiry::Keep) && value.is_some();
         let mut attempts = Attempts::new(self.shared.options.op_timeout);
         self.found_live = false;
+        self.replaced = 0;
         loop {
             let (e, state) = match self.mutate_once(key, value, expires_at_ms, keep, cond) {
                 Ok(Step::Done(outcome)) => return Ok(outcome),
@@ -1619,9 +1651,11 @@ impl TableClient {
             return Ok(None);
         };
         let expires = expires_at_ms.is_some();
-        if let Some(units) = block_units_for(key.len(), value.len(), expires) {
+        let intent = self.intent;
+        let mark_bytes = if intent.is_some() { TXN_MARK_BYTES } else { 0 };
+        if let Some(units) = block_units_for(key.len(), value.len() + mark_bytes, expires) {
             let block = self.alloc.alloc(units)?;
-            let encoded = encode_block(&mut self.block, key, value, expires_at_ms);
+            let encoded = encode_any_block(&mut self.block, key, value, None, None, expires_at_ms, intent.as_ref());
             assert_eq!(encoded, units, "a block sized {units} units encoded to {encoded}");
             let word = self.next_word(hash, block, units, false);
             return Ok(Some(NewBlock { block, units, extent: None, long_key: None, expires_at_ms, word }));
@@ -1632,7 +1666,8 @@ impl TableClient {
         // Too large for a block: the value in an extent, and a long key in another.
         let long = key.len() > MAX_INLINE_KEY_BYTES;
         let inline_key_len = if long { LONG_KEY_DESCRIPTOR_BYTES } else { key.len() };
-        let units = block_units_for(inline_key_len, EXTENT_DESCRIPTOR_BYTES, expires).expect("descriptors fit a block");
+        let units = block_units_for(inline_key_len, EXTENT_DESCRIPTOR_BYTES + mark_bytes, expires)
+            .expect("descriptors fit a block");
         let block = self.alloc.alloc(units)?;
         let run = self.alloc.instance().expect("an allocated block belongs to a run");
         let (extent, long_key) = match self.write_extents(key, value, long, run) {
@@ -1642,10 +1677,15 @@ impl TableClient {
                 return Err(e);
             }
         };
-        let encoded = match &long_key {
-            Some(long_key) => encode_long_key_block(&mut self.block, long_key, &extent, expires_at_ms),
-            None => encode_indirect_block(&mut self.block, key, &extent, expires_at_ms),
-        };
+        let encoded = encode_any_block(
+            &mut self.block,
+            key,
+            &[],
+            Some(&extent),
+            long_key.as_ref(),
+            expires_at_ms,
+            intent.as_ref(),
+        );
         assert_eq!(encoded, units, "an indirect block sized {units} units encoded to {encoded}");
         let word = self.next_word(hash, block, units, true);
         Ok(Some(NewBlock { block, units, extent: Some(extent), long_key, expires_at_ms, word }))
@@ -1743,6 +1783,15 @@ impl TableClient {
             self.value = current;
             if let Verified::Torn = verified? {
                 attempts.retry("a block kept changing under a read")?;
+                continue;
+            }
+            if let Some(&held) = self.copies.first().filter(|c| c.locked()) {
+                // Another transaction holds the key: a lock fails at once (no waiting, no
+                // deadlock); any other write waits for the holder to finish.
+                if self.intent.is_some() {
+                    return Ok(Step::Done(PutOutcome::NotApplied));
+                }
+                self.wait_for_lock(key, &held, &mut attempts)?;
                 continue;
             }
             let exists = !self.copies.is_empty();
@@ -1846,8 +1895,12 @@ impl TableClient {
             self.metrics.cas_failures.inc();
             return Ok(None);
         }
-        let old = Slot::decode(canonical.word).expect("a used slot");
-        self.retire_slot(&old, self.batch.executed_instance());
+        self.replaced = canonical.word;
+        // A lock keeps the block it replaced: an abort puts it back (`txn.rs`).
+        if self.intent.is_none() {
+            let old = Slot::decode(canonical.word).expect("a used slot");
+            self.retire_slot(&old, self.batch.executed_instance());
+        }
         Ok(Some(PutOutcome::Updated))
     }
 

@@ -304,7 +304,10 @@ impl TableClient {
                         // about to undo (`split.rs`, invariant 6): not a key of this table.
                         // An expired one is absent, as to every other operation.
                         let admitted = header.admits(KeyHash::from_digest(block.key_digest(), groups).dir);
-                        let live = admitted && !block.expired_at(now_ms);
+                        // A key a transaction holds counts as it was before: present if
+                        // the lock replaced a copy (`txn.rs`).
+                        let before = !slot.locked || block.txn.is_some_and(|t| t.old_word != 0);
+                        let live = admitted && before && !block.expired_at(now_ms);
                         let key = match block.long_key {
                             Some(long) => FoundKey::Long(long.extent),
                             None => FoundKey::Inline(block.key.to_vec()),
@@ -385,7 +388,13 @@ impl TableClient {
                 continue;
             };
             attempts = Attempts::new(self.shared.options.op_timeout);
-            let cands: Vec<(u64, u64, u64)> = run.used.iter().copied().filter(|&(i, _, _)| i >= cursor.slot).collect();
+            // A slot a transaction holds is left to it (as a key written meanwhile).
+            let cands: Vec<(u64, u64, u64)> = run
+                .used
+                .iter()
+                .copied()
+                .filter(|&(i, _, word)| i >= cursor.slot && !Slot::decode(word).is_some_and(|s| s.locked))
+                .collect();
             self.batch.clear();
             self.queue_count();
             // `run.used` holds used slots only: every CAS expects a used word (debug: per slot).

@@ -1,0 +1,348 @@
+//! A multi-key transaction's steps on one memnode; the coordinator that runs them across
+//! memnodes, and the protocol's argument, are in `client/src/txn.rs`.
+//!
+//! * A **record** (one 64 B block on the coordinator's home memnode) holds one word: the
+//!   transaction's state and its lease, [`TxnState`]. One CAS of it is the commit point.
+//! * A **lock** swings a key's canonical slot, by CAS from the word the transaction read, to
+//!   a *locked* word naming an **intent block**: the new value (or a tombstone), and a
+//!   [`TxnMark`] saying where the record is, what the slot held before, and when the lease
+//!   ends. The block the lock replaced is not retired: an abort puts its word back.
+//! * **Settling** swings a locked word to its outcome: the same block unlocked (commit), 0
+//!   (a committed delete), or the old word (abort), and retires what lost.
+//!
+//! Everyone else treats a locked slot as in flux: reads and writes wait for it (bounded by
+//! the lease); past the lease they fail with [`Error::Locked`], and the session layer,
+//! which can reach the record's memnode, resolves it and retries.
+
+use super::{Attempts, Cond, Expiry, PutOutcome, TableClient, Verified};
+use crate::error::Error;
+use crate::layout::{Slot, TxnMark, BLOCK_UNIT_BYTES};
+use crate::table::{Item, KeyCopy};
+
+/// How long a transaction may hold its locks before anyone may abort it, in ms. Far above
+/// a commit's few round trips; a reader never waits longer than this for a lock.
+pub const TXN_LEASE_MS: u64 = 1_000;
+/// How far past a lease a lock must be before a reader acts on it, in ms: hosts' clocks
+/// differ (the same allowance the memnode's expiry sweep makes).
+pub const TXN_LEASE_SLACK_MS: u64 = crate::clock::MAX_CLOCK_SKEW_MS;
+
+/// Locks settled by someone other than their coordinator, by outcome.
+static RESOLUTIONS: std::sync::LazyLock<prometheus::IntCounterVec> = std::sync::LazyLock::new(|| {
+    racekv_telemetry::metric::counter_vec(
+        "racekv_txn_lock_resolutions_total",
+        "Locks of transactions that outlived their lease, settled by another client, by outcome",
+        &["outcome"],
+        &[&["committed", "aborted"]],
+    )
+});
+
+/// Counts a lock settled past its lease by someone other than its coordinator.
+pub fn count_resolution(committed: bool) {
+    RESOLUTIONS.with_label_values(&[if committed { "committed" } else { "aborted" }]).inc();
+}
+
+const STATE_SHIFT: u32 = 62;
+const DEADLINE_MASK: u64 = (1 << STATE_SHIFT) - 1;
+
+/// A transaction's state, as its record's word holds it (state 2 | deadline ms 62).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxnState {
+    /// Locks may be held; the coordinator may still commit until the deadline (Unix ms).
+    Pending {
+        /// The lease's end.
+        deadline_ms: u64,
+    },
+    /// Decided: every intent is the key's value.
+    Committed,
+    /// Decided: every intent is void, the old words stand.
+    Aborted,
+}
+
+impl TxnState {
+    /// The record word.
+    pub fn encode(self) -> u64 {
+        match self {
+            TxnState::Pending { deadline_ms } => {
+                assert!(deadline_ms <= DEADLINE_MASK, "deadline {deadline_ms} past the record word");
+                (1 << STATE_SHIFT) | deadline_ms
+            }
+            TxnState::Committed => 2 << STATE_SHIFT,
+            TxnState::Aborted => 3 << STATE_SHIFT,
+        }
+    }
+
+    /// None for a word no record holds (a record freed and reused under a slow reader).
+    pub fn decode(word: u64) -> Option<Self> {
+        match word >> STATE_SHIFT {
+            1 => Some(TxnState::Pending { deadline_ms: word & DEADLINE_MASK }),
+            2 if word & DEADLINE_MASK == 0 => Some(TxnState::Committed),
+            3 if word & DEADLINE_MASK == 0 => Some(TxnState::Aborted),
+            _ => None,
+        }
+    }
+}
+
+/// A lock a transaction holds on one key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lock {
+    /// The locked word now in the key's slot.
+    pub word: u64,
+    /// The word it replaced (0: none). It differs from the mark's old word only when the
+    /// key had an expired copy the transaction read as absent.
+    pub replaced: u64,
+}
+
+impl TableClient {
+    /// The item under `key` and its version: the canonical slot word (0 when absent). A
+    /// key a transaction holds is waited for (bounded by its lease). An expired item is
+    /// absent, and is removed on the way.
+    pub fn read_versioned(&mut self, key: &[u8]) -> Result<(Option<Item>, u64), Error> {
+        let sample = self.begin();
+        let mut value = Vec::new();
+        let result = self.search(key, &mut value).map(|copy| match copy {
+            Some(copy) => (Some(Item { value, expires_at_ms: copy.expires_at_ms }), copy.word),
+            None => (None, 0),
+        });
+        self.end(0, sample, result, |(item, _)| item.is_some())
+    }
+
+    /// Allocates and writes a transaction record, pending until `deadline_ms`; returns its
+    /// region offset. One round trip.
+    pub fn txn_record(&mut self, deadline_ms: u64) -> Result<u64, Error> {
+        let offset = self.alloc.alloc(1)?;
+        let run = self.alloc.instance().expect("an allocated block belongs to a run");
+        self.batch.clear();
+        self.batch.require_instance(Some(run));
+        let mut block = [0u8; BLOCK_UNIT_BYTES as usize];
+        block[..8].copy_from_slice(&TxnState::Pending { deadline_ms }.encode().to_le_bytes());
+        self.batch.write(offset, &block);
+        let result = self.execute();
+        self.batch.require_instance(None);
+        if let Err(e) = result {
+            self.alloc.release_unpublished(offset, 1, run);
+            return Err(e);
+        }
+        Ok(offset)
+    }
+
+    /// The state in the record at `offset` (None: not a record any more).
+    pub fn txn_state(&mut self, offset: u64) -> Result<Option<TxnState>, Error> {
+        self.count_round_trip();
+        let word = crate::words::read_words(&*self.conn, &mut self.batch, &[offset])?[0];
+        Ok(TxnState::decode(word))
+    }
+
+    /// Decides the pending transaction whose record is at `offset`: CAS from pending (with
+    /// `deadline_ms`) to `to`. Returns the state the record holds afterwards (another
+    /// decision may have come first).
+    pub fn txn_decide(&mut self, offset: u64, deadline_ms: u64, to: TxnState) -> Result<Option<TxnState>, Error> {
+        assert!(!matches!(to, TxnState::Pending { .. }), "deciding to stay pending");
+        let from = TxnState::Pending { deadline_ms }.encode();
+        self.batch.clear();
+        let cas = self.batch.cas(offset, from, to.encode());
+        self.execute()?;
+        if self.batch.cas_succeeded(cas)? {
+            return Ok(Some(to));
+        }
+        self.txn_state(offset)
+    }
+
+    /// Retires a record once no slot names it any more (the coordinator settled them all).
+    pub fn txn_free_record(&mut self, offset: u64) {
+        self.alloc.retire(offset, 1, self.batch.executed_instance());
+    }
+
+    /// Locks `key` for a transaction: writes an intent of `value` (None: a delete) expiring
+    /// at `expires_at_ms`, marked with `mark` (whose `old_word` is the version the
+    /// transaction read: 0 for absent), and swings the key's slot to it if it still holds
+    /// that version and no one else holds it. None when it does not (a conflict: nothing
+    /// changed).
+    pub fn txn_lock(
+        &mut self,
+        key: &[u8],
+        value: Option<&[u8]>,
+        expires_at_ms: Option<u64>,
+        mark: TxnMark,
+    ) -> Result<Option<Lock>, Error> {
+        assert!(mark.record_offset.is_multiple_of(BLOCK_UNIT_BYTES), "record at {:#x}", mark.record_offset);
+        assert!(
+            mark.old_word == 0 || Slot::decode(mark.old_word).is_some_and(|s| !s.locked),
+            "locking from word {:#x}",
+            mark.old_word
+        );
+        let sample = self.begin();
+        let cond = match mark.old_word {
+            0 => Cond::Absent,
+            word => Cond::Word(word),
+        };
+        let mark = TxnMark { tombstone: value.is_none(), ..mark };
+        let expiry = if value.is_some() { Expiry::from_ms(expires_at_ms) } else { Expiry::Never };
+        self.intent = Some(mark);
+        let result = self.mutate(key, Some(value.unwrap_or_default()), expiry, cond);
+        self.intent = None;
+        let result = result.map(|outcome| {
+            (outcome != PutOutcome::NotApplied).then(|| Lock { word: self.locked_word(), replaced: self.replaced })
+        });
+        self.end(OP_LOCK, sample, result, Option::is_some)
+    }
+
+    /// The version of `key` now, without reading its value: its canonical slot word (0:
+    /// absent or expired). A locked word is returned as it is (never a version a
+    /// transaction read). For validating a read set.
+    pub fn txn_version(&mut self, key: &[u8]) -> Result<u64, Error> {
+        Self::check_key(key)?;
+        let hash = self.hash(key);
+        let mut attempts = Attempts::new(self.shared.options.op_timeout);
+        loop {
+            let entry = self.entry(&hash, &mut attempts)?;
+            let probe = self.probe(&hash, entry.entry.subtable, None)?;
+            if !probe.admits(hash.dir) {
+                self.stale(&hash, &mut attempts)?;
+                continue;
+            }
+            probe.candidates(hash.fingerprint, &mut self.cands);
+            if self.cands.is_empty() {
+                return Ok(0);
+            }
+            match self.verify(key, None, false)? {
+                Verified::Torn => attempts.retry("a block kept changing under a read")?,
+                Verified::Done => match self.copies.first().copied() {
+                    Some(c) if c.locked() || !c.expired() => return Ok(c.word),
+                    Some(_) => return Ok(0),
+                    None if self.others_unchanged(&hash, entry.entry.subtable)? => return Ok(0),
+                    None => attempts.retry("the key's buckets kept changing")?,
+                },
+            }
+        }
+    }
+
+    /// Settles the lock `locked` on `key` (its intent marked `mark`) as its transaction was
+    /// decided (`committed`):
+    /// swings it to the intent's block unlocked (or to 0 for a committed delete), or back to
+    /// the mark's old word, and retires the block that lost. Returns whether this call
+    /// swung it (false: it was settled already, by the coordinator or by another reader).
+    ///
+    /// `also_retire`: a word the lock replaced that is not the mark's old word (an expired
+    /// copy), retired either way; only the coordinator knows one.
+    pub fn txn_settle(
+        &mut self,
+        key: &[u8],
+        locked: u64,
+        mark: &TxnMark,
+        committed: bool,
+        also_retire: u64,
+    ) -> Result<bool, Error> {
+        let sample = self.begin();
+        let result = self.settle_loop(key, locked, mark, committed, also_retire);
+        self.end(OP_SETTLE, sample, result, |&swung| swung)
+    }
+
+    fn settle_loop(
+        &mut self,
+        key: &[u8],
+        locked: u64,
+        mark: &TxnMark,
+        committed: bool,
+        also_retire: u64,
+    ) -> Result<bool, Error> {
+        let slot = Slot::decode(locked).filter(|s| s.locked).expect("settling a locked word");
+        Self::check_key(key)?;
+        let hash = self.hash(key);
+        let mut attempts = Attempts::new(self.shared.options.op_timeout);
+        loop {
+            let entry = self.entry(&hash, &mut attempts)?;
+            let probe = self.probe(&hash, entry.entry.subtable, None)?;
+            if !probe.admits(hash.dir) {
+                self.stale(&hash, &mut attempts)?;
+                continue;
+            }
+            probe.candidates(hash.fingerprint, &mut self.cands);
+            // Only the slot holding this very word matters: no block read is needed to
+            // know it (the word names the block, and a word does not come back).
+            let Some(&(at, _)) = self.cands.iter().find(|&&(_, word)| word == locked) else {
+                return Ok(false);
+            };
+            let target = match (committed, mark.tombstone) {
+                (true, false) => slot.with_locked(false).encode(),
+                (true, true) => 0,
+                (false, _) => mark.old_word,
+            };
+            self.batch.clear();
+            if target == 0 {
+                self.count_delta -= 1;
+            }
+            self.queue_count();
+            let cas = self.batch.cas(at, locked, target);
+            self.execute()?;
+            if !self.batch.cas_succeeded(cas)? {
+                if target == 0 {
+                    self.count_delta += 1;
+                }
+                attempts.retry("a locked slot changed under its settling")?;
+                continue;
+            }
+            let instance = self.batch.executed_instance();
+            let mut losers = Vec::with_capacity(3);
+            if committed {
+                losers.push(mark.old_word);
+                if mark.tombstone {
+                    losers.push(locked);
+                }
+            } else {
+                losers.push(locked);
+            }
+            if also_retire != mark.old_word {
+                losers.push(also_retire);
+            }
+            for word in losers.into_iter().filter(|&w| w != 0) {
+                let lost = Slot::decode(word).expect("a used slot");
+                self.retire_slot(&lost, instance);
+            }
+            return Ok(true);
+        }
+    }
+
+    /// The word of the lock the last [`Self::txn_lock`] placed: its new block's word.
+    fn locked_word(&self) -> u64 {
+        self.last_word
+    }
+
+    /// Waits while `held` (the key's canonical copy, locked) is held by a transaction
+    /// within its lease; past it, fails with [`Error::Locked`] for the session to resolve.
+    pub(super) fn wait_for_lock(&mut self, key: &[u8], held: &KeyCopy, attempts: &mut Attempts) -> Result<(), Error> {
+        let Some(mark) = held.txn else {
+            // A locked word whose block is no intent: the block was reused under the read.
+            return attempts.retry("a block kept changing under a read");
+        };
+        let now = crate::clock::now_unix_ms();
+        if now > mark.deadline_ms.saturating_add(TXN_LEASE_SLACK_MS) {
+            return Err(Error::Locked { key: key.to_vec(), word: held.word, mark });
+        }
+        self.stats.lock_waits += 1;
+        attempts.retry("a transaction held the key past the operation timeout")
+    }
+}
+
+/// Index of the lock operation in the table's operation metrics.
+pub(super) const OP_LOCK: usize = 9;
+/// Index of the settle operation in the table's operation metrics.
+pub(super) const OP_SETTLE: usize = 10;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_words_round_trip_and_reject_garbage() {
+        for state in [
+            TxnState::Pending { deadline_ms: 0 },
+            TxnState::Pending { deadline_ms: 1_800_000_000_000 },
+            TxnState::Committed,
+            TxnState::Aborted,
+        ] {
+            assert_eq!(TxnState::decode(state.encode()), Some(state));
+        }
+        assert_eq!(TxnState::decode(0), None);
+        assert_eq!(TxnState::decode((2 << STATE_SHIFT) | 5), None);
+    }
+}
