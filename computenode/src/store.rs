@@ -16,7 +16,9 @@ use crate::cluster::{Attached, Cluster, WorkerShards};
 use crate::eviction::Eviction;
 use crate::store_error::store_error;
 use racekv_redis::store::{SCAN_PAGE_MAX_BYTES, SCAN_PAGE_MAX_KEYS};
-use racekv_redis::{Expiry, ExpiryUpdate, Item, KvSession, KvStore, PutMode, PutOptions, PutResult, StoreError};
+use racekv_redis::{
+    Expiry, ExpiryUpdate, Item, KeyVersion, KvSession, KvStore, PutMode, PutOptions, PutResult, StoreError, TxnWrite,
+};
 
 /// A key's slot word in its bucket (`MEMORY USAGE` counts it with the block).
 const SLOT_BYTES: u64 = 8;
@@ -190,6 +192,35 @@ impl KvSession for RedisSession {
 
     fn info(&mut self) -> Result<String, StoreError> {
         Ok((self.info)())
+    }
+
+    fn read_versioned(&mut self, key: &[u8]) -> Result<(Option<Item>, KeyVersion), StoreError> {
+        let (item, v) = self.s().read_versioned(key).map_err(store_error)?;
+        let item = item.map(|i| Item { value: i.value, expires_at_ms: i.expires_at_ms });
+        Ok((item, KeyVersion { word: v.word, expires_at_ms: v.expires_at_ms }))
+    }
+
+    /// The table's atomic commit (`racekv_client::txn`). In cache mode, room for the new
+    /// items is made first (eviction deletes other keys, never the transaction's own reads:
+    /// a read key evicted meanwhile is a change and the commit reports it).
+    fn commit(&mut self, reads: &[(&[u8], KeyVersion)], writes: &[TxnWrite<'_>]) -> Result<bool, StoreError> {
+        if self.eviction.limits().bytes() > 0 {
+            for w in writes {
+                if let Some(value) = w.value {
+                    let bytes = item_heap_bytes(w.key.len(), value.len(), w.expires_at_ms.is_some()).unwrap_or(0);
+                    self.eviction.make_room(&mut self.session, w.key, bytes)?;
+                }
+            }
+        }
+        let reads: Vec<(&[u8], racekv_client::txn::Version)> = reads
+            .iter()
+            .map(|&(k, v)| (k, racekv_client::txn::Version { word: v.word, expires_at_ms: v.expires_at_ms }))
+            .collect();
+        let writes: Vec<racekv_client::txn::Write<'_>> = writes
+            .iter()
+            .map(|w| racekv_client::txn::Write { key: w.key, value: w.value, expires_at_ms: w.expires_at_ms })
+            .collect();
+        self.s().commit(&reads, &writes).map_err(store_error)
     }
 
     fn idle(&mut self) {
