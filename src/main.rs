@@ -9,7 +9,7 @@ use std::io::Write;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use racekv_bench::{attach, churn, coldstart, large, loadfactor, ops, reclaim, redis, rpc, scan, spike, ycsb};
+use racekv_bench::{attach, churn, coldstart, large, loadfactor, ops, reclaim, redis, rpc, scan, spike, txn, ycsb};
 use racekv_client::Client;
 
 /// racekv: a disaggregated key-value store (RACE hashing over one-sided operations).
@@ -97,6 +97,8 @@ enum Bench {
     Reclaim(reclaim::ReclaimArgs),
     /// YCSB workloads A-F: racekv native and through RESP vs redis-server and valkey-server.
     Ycsb(ycsb::YcsbArgs),
+    /// 2-key transactions vs two single-key operations (round trips), and under contention.
+    Txn(txn::TxnArgs),
 }
 
 /// Which cluster to talk to, and how: attached to the local computenode (the default),
@@ -204,6 +206,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(Bench::Coldstart(args)) => print(&coldstart::run(&args)?, args.json),
         Command::Bench(Bench::Reclaim(args)) => print(&reclaim::run(&args)?, args.json),
         Command::Bench(Bench::Ycsb(args)) => print(&ycsb::run(&args)?, args.json),
+        Command::Bench(Bench::Txn(args)) => print(&txn::run(&args)?, args.json),
     }
 }
 

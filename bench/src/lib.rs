@@ -13,6 +13,7 @@
 //! * [`rpc`]: RPC with per-thread, lock-shared and FLOCK-coalescing connections.
 //! * [`coldstart`]: a new process's start to its first GET, attached vs embedded.
 //! * [`reclaim`]: a memnode start's reclaim of unreferenced heap space vs one pass over it.
+//! * [`txn`]: 2-key transactions vs the single-key operations they replace; contention.
 //! * [`ycsb`]: YCSB's core workloads: racekv native and through RESP, redis-server, valkey-server.
 
 #![forbid(unsafe_code)]
@@ -32,4 +33,5 @@ pub mod report;
 pub mod rpc;
 pub mod scan;
 pub mod spike;
+pub mod txn;
 pub mod ycsb;

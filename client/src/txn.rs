@@ -6,18 +6,22 @@
 //! (the per-memnode steps are `racekv_hashing::table::txn`):
 //!
 //! 1. **Record**: a 64 B record on the memnode of the first key written (the *home*),
-//!    pending until a lease deadline ([`TXN_LEASE_MS`] from now). One round trip.
+//!    pending until a lease deadline ([`TXN_LEASE_MS`] from now). It is written in the first
+//!    batch of that key's lock, before any lock's CAS: no round trip of its own.
 //! 2. **Lock** each written key: write an intent block (the new value, or a tombstone for a
 //!    delete, marked with the record's place, the version read and the deadline) and CAS
 //!    the key's slot from the version read to the intent's *locked* word. A key written but
-//!    not read has its version read first. Locks never wait: a CAS that fails (the key
+//!    not read has its version read first. When the probe shows that version still at the
+//!    key's lowest fingerprint slot, the CAS follows without reading the block again. Locks
+//!    never wait: a CAS that fails (the key
 //!    changed, or another transaction holds it) aborts this attempt.
 //! 3. **Validate** the keys read but not written: their slot words are still the versions
 //!    read (a locked word never is one), and none of them has expired since.
 //! 4. **Decide**: one CAS of the record from pending to committed (or aborted). This is
 //!    the commit point. A reader that met a lock past the lease CASes the same word to
 //!    aborted first; exactly one of the two wins, and everyone follows the record.
-//! 5. **Settle** each lock: committed, the slot gets the intent's word unlocked (a delete:
+//! 5. **Settle** the locks, one batch of CASes per memnode at the slots they went into (a
+//!    lock a split moved is found by its key): committed, the slot gets the intent's word unlocked (a delete:
 //!    0) and the old block is retired; aborted, the old word comes back and the intent is
 //!    retired. Then the record is freed, but only when every lock is known settled.
 //!
@@ -37,9 +41,9 @@
 //! memnode's next start (with the blocks its locks kept, `racekv_hashing::reclaim`).
 //!
 //! **Round trips**, uncontended, on one memnode, for `w` keys written (`r` more read):
-//! record 1, per written key 2 (version, unless it was read) + 2 or 3 (lock), `r` checks of
-//! 2, decide 1, per written key 2 (settle). Locks and settles of one memnode go one key at
-//! a time today.
+//! per written key 2 (version, unless it was read) + 2 (lock; 3 if the probe no longer shows
+//! the version in place), `r` checks of 2, decide 1, settle 1 per memnode. Versions and locks
+//! go one key at a time today.
 
 use std::time::Duration;
 
@@ -135,6 +139,14 @@ impl<S: Shards> Session<S> {
         let prepared = self
             .lock_all(reads, &writes, base, &mut held, &mut uncertain)
             .and_then(|locked| Ok(locked && self.validate(reads, &writes)?));
+        if held.is_empty() && !uncertain {
+            // No lock was placed: nothing names the record (which may not even be written).
+            let _ = self.on(home, |c| {
+                c.txn_free_record(record_offset);
+                Ok(())
+            });
+            return prepared.map(|_| false);
+        }
         let still_leased = racekv_hashing::clock::now_unix_ms() < deadline_ms;
         let to = if matches!(prepared, Ok(true)) && still_leased { TxnState::Committed } else { TxnState::Aborted };
         let decided = self.on(home, |c| c.txn_decide(record_offset, deadline_ms, to));
@@ -150,10 +162,16 @@ impl<S: Shards> Session<S> {
                 return Err(prepared.err().unwrap_or(e));
             }
         };
-        for h in &held {
-            let settled = self.on(h.shard, |c| c.txn_settle(h.key, h.lock.word, &h.mark, committed, h.lock.replaced));
-            if let Err(e) = settled {
-                tracing::warn!("a transaction's lock could not be settled (readers resolve it after the lease): {e}");
+        let mut shards: Vec<usize> = held.iter().map(|h| h.shard).collect();
+        shards.sort_unstable();
+        shards.dedup();
+        for shard in shards {
+            let locks: Vec<(&[u8], Lock, TxnMark)> =
+                held.iter().filter(|h| h.shard == shard).map(|h| (h.key, h.lock, h.mark)).collect();
+            if let Err(e) = self.on(shard, |c| c.txn_settle_placed(&locks, committed)) {
+                tracing::warn!(
+                    "a transaction's locks could not be settled (readers resolve them after the lease): {e}"
+                );
                 uncertain = true;
             }
         }

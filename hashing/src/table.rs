@@ -513,6 +513,8 @@ impl Table {
             intent: None,
             replaced: 0,
             last_word: 0,
+            placed_at: 0,
+            staged_record: None,
             stats: ClientStats::default(),
             metrics: LocalMetrics::new(),
         }
@@ -750,6 +752,10 @@ pub struct TableClient {
     replaced: u64,
     /// The word of the last new block (the one a write's last attempt published).
     last_word: u64,
+    /// The slot the last write's CAS put its word in (a hint: splits move slots).
+    placed_at: u64,
+    /// A transaction record (offset, word) to write with the next new block (`txn.rs`).
+    staged_record: Option<(u64, u64)>,
     stats: ClientStats,
     metrics: LocalMetrics,
 }
@@ -1227,6 +1233,12 @@ impl TableClient {
                 new.block
             );
             self.batch.write(new.block, &self.block);
+            // A transaction's record goes out with its first lock's block (`txn.rs`).
+            if let Some((offset, word)) = self.staged_record.take() {
+                let mut record = [0u8; BLOCK_UNIT_BYTES as usize];
+                record[..8].copy_from_slice(&word.to_le_bytes());
+                self.batch.write(offset, &record);
+            }
         }
         self.queue_count();
         let reads =
@@ -1778,6 +1790,23 @@ impl TableClient {
                 continue;
             }
             probe.candidates(hash.fingerprint, &mut self.cands);
+            if let Some(copy) = self.expected_copy_in_place(cond) {
+                // A lock from a version just read: the word names one block, and it still
+                // stands at the lowest slot with the key's fingerprint, so no other copy can
+                // precede it. Its block needs no second read.
+                self.copies.clear();
+                self.copies.push(copy);
+                match self.replace(new, state)? {
+                    Some(outcome) => {
+                        state.advance(BlockState::InSlot);
+                        return Ok(Step::Done(outcome));
+                    }
+                    None => {
+                        attempts.retry("the key kept changing under an update")?;
+                        continue;
+                    }
+                }
+            }
             let mut current = std::mem::take(&mut self.value);
             let verified = self.verify(key, Some(&mut current), self.read_large);
             self.value = current;
@@ -1859,6 +1888,15 @@ impl TableClient {
         }
     }
 
+    /// For a transaction's lock (only: its intent replaces whatever the version was), the
+    /// key's copy when the probe shows the expected word at the lowest candidate slot.
+    fn expected_copy_in_place(&self, cond: Cond<'_>) -> Option<KeyCopy> {
+        let Cond::Word(expected) = cond else { return None };
+        self.intent?;
+        let &(slot, word) = self.cands.iter().min_by_key(|&&(slot, _)| slot)?;
+        (word == expected).then_some(KeyCopy { slot, word, expires_at_ms: None, txn: None })
+    }
+
     /// Swings the canonical copy to `new` (or to 0 to delete) and removes any duplicates, in
     /// one batch. None when the canonical CAS lost a race.
     fn replace(&mut self, new: Option<&NewBlock>, state: &mut BlockState) -> Result<Option<PutOutcome>, Error> {
@@ -1896,6 +1934,7 @@ impl TableClient {
             return Ok(None);
         }
         self.replaced = canonical.word;
+        self.placed_at = canonical.slot;
         // A lock keeps the block it replaced: an abort puts it back (`txn.rs`).
         if self.intent.is_none() {
             let old = Slot::decode(canonical.word).expect("a used slot");
@@ -1938,6 +1977,7 @@ impl TableClient {
             return Ok(None);
         }
         state.advance(BlockState::InSlot);
+        self.placed_at = free;
         let after = reads.parse(&self.batch)?;
         if !after.admits_slot(free, hash.dir) {
             // A split re-assigned the bucket; the key belongs elsewhere now.

@@ -87,6 +87,8 @@ impl TxnState {
 pub struct Lock {
     /// The locked word now in the key's slot.
     pub word: u64,
+    /// The slot it went into (a hint for settling: a split may have moved it since).
+    pub slot: u64,
     /// The word it replaced (0: none). It differs from the mark's old word only when the
     /// key had an expired copy the transaction read as absent.
     pub replaced: u64,
@@ -106,22 +108,14 @@ impl TableClient {
         self.end(0, sample, result, |(item, _)| item.is_some())
     }
 
-    /// Allocates and writes a transaction record, pending until `deadline_ms`; returns its
-    /// region offset. One round trip.
+    /// Allocates a transaction record, pending until `deadline_ms`, and returns its region
+    /// offset. No round trip: the record is written in the first batch of this client's
+    /// next [`Self::txn_lock`], before that lock's CAS, so no lock can name a record that is
+    /// not there. One that no lock follows is freed unwritten ([`Self::txn_free_record`]).
     pub fn txn_record(&mut self, deadline_ms: u64) -> Result<u64, Error> {
+        assert!(self.staged_record.is_none(), "a record is already waiting for its first lock");
         let offset = self.alloc.alloc(1)?;
-        let run = self.alloc.instance().expect("an allocated block belongs to a run");
-        self.batch.clear();
-        self.batch.require_instance(Some(run));
-        let mut block = [0u8; BLOCK_UNIT_BYTES as usize];
-        block[..8].copy_from_slice(&TxnState::Pending { deadline_ms }.encode().to_le_bytes());
-        self.batch.write(offset, &block);
-        let result = self.execute();
-        self.batch.require_instance(None);
-        if let Err(e) = result {
-            self.alloc.release_unpublished(offset, 1, run);
-            return Err(e);
-        }
+        self.staged_record = Some((offset, TxnState::Pending { deadline_ms }.encode()));
         Ok(offset)
     }
 
@@ -149,6 +143,9 @@ impl TableClient {
 
     /// Retires a record once no slot names it any more (the coordinator settled them all).
     pub fn txn_free_record(&mut self, offset: u64) {
+        if self.staged_record.is_some_and(|(staged, _)| staged == offset) {
+            self.staged_record = None; // never written
+        }
         self.alloc.retire(offset, 1, self.batch.executed_instance());
     }
 
@@ -181,7 +178,11 @@ impl TableClient {
         let result = self.mutate(key, Some(value.unwrap_or_default()), expiry, cond);
         self.intent = None;
         let result = result.map(|outcome| {
-            (outcome != PutOutcome::NotApplied).then(|| Lock { word: self.locked_word(), replaced: self.replaced })
+            (outcome != PutOutcome::NotApplied).then(|| Lock {
+                word: self.last_word,
+                slot: self.placed_at,
+                replaced: self.replaced,
+            })
         });
         self.end(OP_LOCK, sample, result, Option::is_some)
     }
@@ -245,7 +246,6 @@ impl TableClient {
         committed: bool,
         also_retire: u64,
     ) -> Result<bool, Error> {
-        let slot = Slot::decode(locked).filter(|s| s.locked).expect("settling a locked word");
         Self::check_key(key)?;
         let hash = self.hash(key);
         let mut attempts = Attempts::new(self.shared.options.op_timeout);
@@ -262,11 +262,7 @@ impl TableClient {
             let Some(&(at, _)) = self.cands.iter().find(|&&(_, word)| word == locked) else {
                 return Ok(false);
             };
-            let target = match (committed, mark.tombstone) {
-                (true, false) => slot.with_locked(false).encode(),
-                (true, true) => 0,
-                (false, _) => mark.old_word,
-            };
+            let target = settled_word(locked, mark, committed);
             self.batch.clear();
             if target == 0 {
                 self.count_delta -= 1;
@@ -281,30 +277,73 @@ impl TableClient {
                 attempts.retry("a locked slot changed under its settling")?;
                 continue;
             }
-            let instance = self.batch.executed_instance();
-            let mut losers = Vec::with_capacity(3);
-            if committed {
-                losers.push(mark.old_word);
-                if mark.tombstone {
-                    losers.push(locked);
-                }
-            } else {
-                losers.push(locked);
-            }
-            if also_retire != mark.old_word {
-                losers.push(also_retire);
-            }
-            for word in losers.into_iter().filter(|&w| w != 0) {
-                let lost = Slot::decode(word).expect("a used slot");
-                self.retire_slot(&lost, instance);
-            }
+            self.retire_losers(locked, mark, committed, also_retire);
             return Ok(true);
         }
     }
 
-    /// The word of the lock the last [`Self::txn_lock`] placed: its new block's word.
-    fn locked_word(&self) -> u64 {
-        self.last_word
+    /// Settles the locks this coordinator placed on this memnode, as decided (`committed`),
+    /// in one batch of CASes at the slots they went into; one that a split moved since is
+    /// found by its key ([`Self::txn_settle`]). Returns how many this call swung.
+    pub fn txn_settle_placed(&mut self, locks: &[(&[u8], Lock, TxnMark)], committed: bool) -> Result<usize, Error> {
+        let sample = self.begin();
+        let result = self.settle_placed(locks, committed);
+        self.end(OP_SETTLE, sample, result, |_| true)
+    }
+
+    fn settle_placed(&mut self, locks: &[(&[u8], Lock, TxnMark)], committed: bool) -> Result<usize, Error> {
+        let mut swung = 0;
+        for group in locks.chunks(racekv_transport::MAX_BATCH_OPS - 1) {
+            self.batch.clear();
+            let mut emptied = 0;
+            let cases: Vec<_> = group
+                .iter()
+                .map(|(_, lock, mark)| {
+                    let target = settled_word(lock.word, mark, committed);
+                    emptied += i64::from(target == 0);
+                    self.batch.cas(lock.slot, lock.word, target)
+                })
+                .collect();
+            self.count_delta -= emptied;
+            self.queue_count();
+            self.execute()?;
+            let succeeded: Vec<bool> =
+                cases.into_iter().map(|cas| self.batch.cas_succeeded(cas)).collect::<Result<_, _>>()?;
+            for ((key, lock, mark), succeeded) in group.iter().zip(succeeded) {
+                if succeeded {
+                    self.retire_losers(lock.word, mark, committed, lock.replaced);
+                    swung += 1;
+                } else {
+                    if settled_word(lock.word, mark, committed) == 0 {
+                        self.count_delta += 1;
+                    }
+                    swung += usize::from(self.settle_loop(key, lock.word, mark, committed, lock.replaced)?);
+                }
+            }
+        }
+        Ok(swung)
+    }
+
+    /// Retires what a settled lock's outcome left unreachable: the old block (committed) or
+    /// the intent (aborted; a committed delete too), and `also_retire` (see `txn_settle`).
+    fn retire_losers(&mut self, locked: u64, mark: &TxnMark, committed: bool, also_retire: u64) {
+        let instance = self.batch.executed_instance();
+        let mut losers = [0u64; 3];
+        if committed {
+            losers[0] = mark.old_word;
+            if mark.tombstone {
+                losers[1] = locked;
+            }
+        } else {
+            losers[0] = locked;
+        }
+        if also_retire != mark.old_word {
+            losers[2] = also_retire;
+        }
+        for word in losers.into_iter().filter(|&w| w != 0) {
+            let lost = Slot::decode(word).expect("a used slot");
+            self.retire_slot(&lost, instance);
+        }
     }
 
     /// Waits while `held` (the key's canonical copy, locked) is held by a transaction
@@ -320,6 +359,17 @@ impl TableClient {
         }
         self.stats.lock_waits += 1;
         attempts.retry("a transaction held the key past the operation timeout")
+    }
+}
+
+/// What a lock's slot holds once settled: the intent unlocked (committed), 0 (a committed
+/// delete), or the old word (aborted).
+fn settled_word(locked: u64, mark: &TxnMark, committed: bool) -> u64 {
+    let slot = Slot::decode(locked).filter(|s| s.locked).expect("settling a locked word");
+    match (committed, mark.tombstone) {
+        (true, false) => slot.with_locked(false).encode(),
+        (true, true) => 0,
+        (false, _) => mark.old_word,
     }
 }
 
