@@ -178,7 +178,7 @@ impl TableClient {
         let result = self.mutate(key, Some(value.unwrap_or_default()), expiry, cond);
         self.intent = None;
         let result = result.map(|outcome| {
-            (outcome != PutOutcome::NotApplied).then(|| Lock {
+            (outcome != PutOutcome::NotApplied).then_some(Lock {
                 word: self.last_word,
                 slot: self.placed_at,
                 replaced: self.replaced,
