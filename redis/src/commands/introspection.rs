@@ -278,7 +278,11 @@ fn client_line(c: &Client, handle: &ClientHandle) -> String {
     let meta = handle.meta().clone();
     let text = |bytes: &Option<Vec<u8>>| bytes.as_deref().map(String::from_utf8_lossy).unwrap_or_default().into_owned();
     let addr = |a: Option<std::net::SocketAddr>| a.map(|a| a.to_string()).unwrap_or_default();
+    let (multi, multi_mem) = handle.multi();
     let mut flags = String::new();
+    if multi >= 0 {
+        flags.push('x');
+    }
     if meta.no_evict {
         flags.push('e');
     }
@@ -291,8 +295,8 @@ fn client_line(c: &Client, handle: &ClientHandle) -> String {
     let command =
         handle.last_command().map_or_else(|| "NULL".to_string(), |id| catalog().entry(CommandId(id)).name.clone());
     format!(
-        "id={} addr={} laddr={} fd={} name={} age={age} idle={idle} flags={flags} db=0 sub=0 psub=0 ssub=0 multi=-1 \
-         qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={command} \
+        "id={} addr={} laddr={} fd={} name={} age={age} idle={idle} flags={flags} db=0 sub=0 psub=0 ssub=0 multi={multi} \
+         qbuf=0 qbuf-free=0 argv-mem=0 multi-mem={multi_mem} rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={command} \
          user={} redir=-1 resp={} lib-name={} lib-ver={}\n",
         handle.id,
         addr(meta.addr),
