@@ -151,8 +151,10 @@ pub(super) fn copy(c: &mut Client, cmd: &Command) -> CmdResult {
         if option.eq_ignore_ascii_case(b"replace") {
             replace = true;
         } else if option.eq_ignore_ascii_case(b"db") && i + 1 < cmd.len() {
-            if parse_i64(cmd.arg(i + 1)) != Some(0) {
-                return Err(fail("ERR DB index is out of range"));
+            match parse_i64(cmd.arg(i + 1)).filter(|db| i32::try_from(*db).is_ok()) {
+                Some(0) => {}
+                Some(_) => return Err(fail("ERR DB index is out of range")),
+                None => return Err(fail("ERR value is not an integer or out of range")),
             }
             i += 1;
         } else {

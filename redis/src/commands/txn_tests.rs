@@ -443,7 +443,10 @@ fn copy_follows_redis() {
     assert_eq!(run(&mut c, &["COPY", "a", "b", "DB", "0", "replace"]), Reply::Integer(1));
     assert_eq!((store.peek(b"b"), store.peek_expiry(b"b")), (Some(b"2".to_vec()), None));
     assert_eq!(run(&mut c, &["COPY", "a", "b", "DB", "1"]), err("ERR DB index is out of range"));
-    assert_eq!(run(&mut c, &["COPY", "a", "b", "DB", "x"]), err("ERR DB index is out of range"));
+    assert_eq!(run(&mut c, &["COPY", "a", "b", "DB", "-1"]), err("ERR DB index is out of range"));
+    let not_integer = err("ERR value is not an integer or out of range");
+    assert_eq!(run(&mut c, &["COPY", "a", "b", "DB", "x"]), not_integer);
+    assert_eq!(run(&mut c, &["COPY", "a", "b", "DB", "4294967296"]), not_integer);
     assert_eq!(run(&mut c, &["COPY", "a", "b", "DB"]), err("ERR syntax error"));
     assert_eq!(run(&mut c, &["COPY", "a", "b", "BOGUS"]), err("ERR syntax error"));
     assert_eq!(run(&mut c, &["COPY", "a"]), err("ERR wrong number of arguments for 'copy' command"));
