@@ -143,10 +143,12 @@ impl Client {
 
     /// Until when `cmd` must wait for a `CLIENT PAUSE` (`None`: it may run now).
     pub(crate) fn pause_holds(&self, cmd: &Command) -> Option<Instant> {
-        self.stats
-            .clients
-            .pause
-            .holds(self.id, || cmd.get(0).and_then(lookup).is_some_and(|(_, spec)| spec.has_flag("write")))
+        self.stats.clients.pause.holds(self.id, || {
+            cmd.get(0).and_then(lookup).is_some_and(|(_, spec)| {
+                // EXEC writes what its queue writes (Redis pauses it as a write then).
+                spec.has_flag("write") || (spec.name == "exec" && self.multi_writes())
+            })
+        })
     }
 
     /// Keeps a command a pause holds, to run first when the connection is served again

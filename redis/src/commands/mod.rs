@@ -725,7 +725,7 @@ impl Client {
             Some((index, spec)) => match self.authorize(index, spec, cmd) {
                 Ok(()) if self.in_multi() && !transactions::runs_in_multi(spec.name) => {
                     // Queued: it counts as a command when EXEC runs it.
-                    let reply = self.queue_in_multi(cmd);
+                    let reply = self.queue_in_multi(spec, cmd);
                     let (CommandId(id), _) = acl_id(index, spec, cmd);
                     self.handle.touch(self.stats.clients.epoch(), started, id);
                     return reply;

@@ -8,13 +8,15 @@
 //! versions and its writes in one [`KvSession::commit`](crate::store::KvSession::commit):
 //! when a watched key changed EXEC answers a null array and nothing is applied; when only
 //! another read changed, the whole queue runs again (at most [`MAX_EXEC_ATTEMPTS`] times).
+//! A re-run counts its commands again in the command metrics and stats, and repeats what
+//! they do outside the key space (CONFIG SET, CLIENT SETNAME, ...).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use racekv_telemetry::clock::now_unix_ms;
 
-use super::{fail, Client, CmdResult, Failure};
+use super::{fail, Client, CmdResult, CommandSpec, Failure};
 use crate::metrics::METRICS;
 use crate::reply::Reply;
 use crate::resp::Command;
@@ -50,6 +52,8 @@ pub(crate) struct Queue {
     bytes: usize,
     /// A command failed while queued: EXEC answers EXECABORT.
     dirty: bool,
+    /// A queued command writes (CLIENT PAUSE WRITE holds EXEC then).
+    writes: bool,
 }
 
 /// A connection's WATCHed keys and their versions when watched.
@@ -78,6 +82,11 @@ impl Client {
         self.multi.is_some()
     }
 
+    /// Whether the open transaction queued a write.
+    pub(super) fn multi_writes(&self) -> bool {
+        self.multi.as_ref().is_some_and(|q| q.writes)
+    }
+
     /// A command failed while queued: EXEC will answer EXECABORT.
     pub(super) fn flag_transaction(&mut self) {
         if let Some(queue) = &mut self.multi {
@@ -87,7 +96,7 @@ impl Client {
 
     /// Queues `cmd` (already checked: known, arity, allowed) for EXEC; the reply is
     /// `+QUEUED`, or an error past the queue's limits (which aborts the transaction).
-    pub(super) fn queue_in_multi(&mut self, cmd: &Command) -> Reply {
+    pub(super) fn queue_in_multi(&mut self, spec: &CommandSpec, cmd: &Command) -> Reply {
         let queue = self.multi.as_mut().expect("in MULTI");
         if queue.dirty {
             // Redis keeps nothing of a transaction that will abort anyway.
@@ -106,6 +115,7 @@ impl Client {
         }
         queue.commands.push(cmd.clone());
         queue.bytes += bytes;
+        queue.writes |= spec.has_flag("write");
         self.handle.set_multi(Some((queue.commands.len(), queue.bytes)));
         Reply::Status("QUEUED".into())
     }

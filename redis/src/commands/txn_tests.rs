@@ -613,3 +613,20 @@ proptest! {
         prop_assert_eq!(final_sum, total);
     }
 }
+
+#[test]
+fn client_pause_write_holds_an_exec_that_writes() {
+    let store = MemStore::new();
+    let shared = stats();
+    let client = |id| Client::new(id, Arc::new(store.clone()), Arc::clone(&shared), Arc::new(Acl::open(catalog())));
+    let (mut pauser, mut reader, mut writer) = (client(1), client(2), client(3));
+    run(&mut reader, &["MULTI"]);
+    run(&mut reader, &["GET", "k"]);
+    run(&mut writer, &["MULTI"]);
+    run(&mut writer, &["SET", "k", "v"]);
+    assert_eq!(run(&mut pauser, &["CLIENT", "PAUSE", "60000", "WRITE"]), Reply::ok());
+    let exec = Command::from_args(["EXEC"]);
+    assert!(reader.pause_holds(&exec).is_none(), "a read-only transaction runs");
+    assert!(writer.pause_holds(&exec).is_some(), "one that writes waits");
+    run(&mut pauser, &["CLIENT", "UNPAUSE"]);
+}
