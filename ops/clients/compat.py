@@ -2,12 +2,13 @@
 server. Run against racekv and against a real redis-server as the control: a scenario that
 passes on redis-server and fails on racekv is a compatibility bug.
 
-usage: compat.py PORT [SCENARIO ...]   (default: every scenario)
+usage: compat.py [HOST:]PORT [SCENARIO ...]   (default: every scenario; host 127.0.0.1)
 Prints one line per scenario, `PASS name` or `FAIL name: why`, and exits 1 if any failed.
 Keys live under the prefix `compat:py:` and are deleted first.
 """
 import json
 import sys
+import threading
 import time
 import traceback
 
@@ -137,6 +138,95 @@ def long_keys(r):
         assert r.exists(key) == 0
 
 
+def transaction_pipeline(r):
+    # pipeline() is MULTI/EXEC by default: every reply comes back at EXEC, in order, and
+    # later commands see earlier ones' writes.
+    with r.pipeline() as p:
+        p.set(k("tx:a"), 1)
+        p.incr(k("tx:a"))
+        p.get(k("tx:a"))
+        p.mset({k("tx:b"): "x", k("tx:c"): "y"})
+        p.set(k("tx:b"), "z", nx=True, get=True)
+        p.rename(k("tx:c"), k("tx:d"))
+        assert p.execute() == [True, 2, b"2", True, b"x", True]
+    assert r.mget(k("tx:b"), k("tx:c"), k("tx:d")) == [b"x", None, b"y"]
+    # A command that fails when EXEC runs it is one error among the replies; the rest apply.
+    with r.pipeline() as p:
+        p.set(k("tx:s"), "text")
+        p.incr(k("tx:s"))
+        p.set(k("tx:after"), "1")
+        res = p.execute(raise_on_error=False)
+    assert res[0] is True and isinstance(res[1], redis.ResponseError) and res[2] is True, res
+    assert r.get(k("tx:after")) == b"1"
+    # A command refused while queued discards the whole transaction (EXECABORT).
+    with r.pipeline() as p:
+        p.set(k("tx:never"), "1")
+        p.execute_command("NOSUCHCOMMAND")
+        try:
+            p.execute()
+            raise AssertionError("EXEC ran a transaction with an unknown command")
+        except redis.ResponseError:
+            pass
+    assert r.get(k("tx:never")) is None
+    # Atomic multi-key commands outside transactions.
+    assert r.msetnx({k("tx:n1"): "1", k("tx:n2"): "2"}) is True
+    assert r.msetnx({k("tx:n2"): "x", k("tx:n3"): "3"}) is False
+    assert r.get(k("tx:n3")) is None
+    assert r.set(k("tx:ttl"), "v", ex=100) is True
+    assert r.rename(k("tx:ttl"), k("tx:ttl2")) is True
+    assert 0 < r.ttl(k("tx:ttl2")) <= 100
+    assert r.copy(k("tx:ttl2"), k("tx:ttl3")) is True
+    assert r.copy(k("tx:ttl2"), k("tx:ttl3")) is False
+    assert r.renamenx(k("tx:ttl2"), k("tx:ttl3")) is False
+
+
+def watch_conflict(r):
+    # Optimistic locking: WATCH, read, MULTI, write, EXEC; another client's write in
+    # between makes EXEC fail (WatchError) and nothing applies.
+    key = k("tx:balance")
+    r.set(key, 100)
+    other = redis.Redis(**{n: r.connection_pool.connection_kwargs[n] for n in ("host", "port")})
+    with r.pipeline() as p:
+        p.watch(key)
+        balance = int(p.get(key))
+        other.incrby(key, 5)
+        p.multi()
+        p.set(key, balance - 10)
+        p.set(k("tx:log"), "withdrew 10")
+        try:
+            p.execute()
+            raise AssertionError("EXEC applied over another client's write")
+        except redis.WatchError:
+            pass
+    assert int(r.get(key)) == 105 and r.get(k("tx:log")) is None
+    # UNWATCH (reset) forgets the watch: the next transaction applies.
+    with r.pipeline() as p:
+        p.watch(key)
+        other.incrby(key, 1)
+        p.unwatch()
+        p.multi()
+        p.incrby(key, -6)
+        assert p.execute() == [100]
+
+    # r.transaction() retries on WatchError: concurrent withdrawals never lose an update.
+    def withdraw(pipe):
+        current = int(pipe.get(key))
+        pipe.multi()
+        pipe.set(key, current - 1)
+
+    def worker():
+        mine = redis.Redis(**{n: r.connection_pool.connection_kwargs[n] for n in ("host", "port")})
+        for _ in range(20):
+            mine.transaction(withdraw, key)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert int(r.get(key)) == 100 - 80, r.get(key)
+
+
 SCENARIOS = [
     cache_with_ttls,
     session_store,
@@ -146,13 +236,15 @@ SCENARIOS = [
     binary_keys_and_values,
     large_values,
     long_keys,
+    transaction_pipeline,
+    watch_conflict,
 ]
 
 
 def main():
-    port = int(sys.argv[1])
+    host, _, port = sys.argv[1].rpartition(":")
     wanted = set(sys.argv[2:])
-    r = redis.Redis(host="127.0.0.1", port=port)
+    r = redis.Redis(host=host or "127.0.0.1", port=int(port))
     for key in r.scan_iter(match=PREFIX + "*", count=1000):
         r.delete(key)
     failed = 0

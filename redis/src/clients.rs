@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -51,6 +51,9 @@ pub(crate) struct ClientHandle {
     /// The last command's catalog id plus one (0: none yet).
     last_command: AtomicU32,
     killed: AtomicBool,
+    /// Commands queued since MULTI (-1: not in a transaction), and their bytes.
+    multi: AtomicI64,
+    multi_mem: AtomicU64,
     meta: Mutex<ClientMeta>,
 }
 
@@ -78,6 +81,19 @@ impl ClientHandle {
     /// Whether `CLIENT KILL` chose this connection.
     pub fn killed(&self) -> bool {
         self.killed.load(Ordering::Acquire)
+    }
+
+    /// Notes the transaction state: `Some((commands, bytes))` queued since MULTI, `None`
+    /// outside one.
+    pub fn set_multi(&self, queued: Option<(usize, usize)>) {
+        let (count, bytes) = queued.map_or((-1, 0), |(n, b)| (n as i64, b as u64));
+        self.multi.store(count, Ordering::Relaxed);
+        self.multi_mem.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Commands queued since MULTI (-1: not in a transaction) and their bytes.
+    pub fn multi(&self) -> (i64, u64) {
+        (self.multi.load(Ordering::Relaxed), self.multi_mem.load(Ordering::Relaxed))
     }
 
     pub fn meta(&self) -> parking_lot::MutexGuard<'_, ClientMeta> {
@@ -121,6 +137,8 @@ impl Registry {
             last_active_ms: AtomicU64::new(now.saturating_duration_since(self.epoch).as_millis() as u64),
             last_command: AtomicU32::new(0),
             killed: AtomicBool::new(false),
+            multi: AtomicI64::new(-1),
+            multi_mem: AtomicU64::new(0),
             meta: Mutex::new(ClientMeta {
                 fd: -1,
                 user: crate::acl::DEFAULT_USER.into(),

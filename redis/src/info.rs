@@ -85,6 +85,9 @@ pub struct ServerStats {
     keyspace_hits: AtomicU64,
     keyspace_misses: AtomicU64,
     total_error_replies: AtomicU64,
+    /// Connections watching keys (WATCH) and the keys they watch (Redis 7.4's INFO fields).
+    watching_clients: AtomicU64,
+    watched_keys: AtomicU64,
     commands: Vec<CommandStat>,
     errors: Mutex<BTreeMap<String, u64>>,
     samples: Mutex<VecDeque<Sample>>,
@@ -115,6 +118,8 @@ impl ServerStats {
             keyspace_hits: AtomicU64::new(0),
             keyspace_misses: AtomicU64::new(0),
             total_error_replies: AtomicU64::new(0),
+            watching_clients: AtomicU64::new(0),
+            watched_keys: AtomicU64::new(0),
             commands: (0..MAX_COMMAND_IDS).map(|_| CommandStat::default()).collect(),
             errors: Mutex::new(BTreeMap::new()),
             samples: Mutex::new(VecDeque::new()),
@@ -185,6 +190,20 @@ impl ServerStats {
 
     pub(crate) fn client_gone(&self) {
         self.connected_clients.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// A connection's WATCHed keys went from `before` to `after`.
+    pub(crate) fn watching(&self, before: usize, after: usize) {
+        if before == 0 && after > 0 {
+            self.watching_clients.fetch_add(1, Ordering::Relaxed);
+        } else if before > 0 && after == 0 {
+            self.watching_clients.fetch_sub(1, Ordering::Relaxed);
+        }
+        if after >= before {
+            self.watched_keys.fetch_add((after - before) as u64, Ordering::Relaxed);
+        } else {
+            self.watched_keys.fetch_sub((before - after) as u64, Ordering::Relaxed);
+        }
     }
 
     pub(crate) fn command_done(&self) {
@@ -458,6 +477,8 @@ fn clients(stats: &ServerStats, out: &mut String) {
             ("tracking_clients", "0".into()),
             ("clients_in_timeout_table", "0".into()),
             ("total_blocking_keys", "0".into()),
+            ("watching_clients", stats.watching_clients.load(Ordering::Relaxed).to_string()),
+            ("total_watched_keys", stats.watched_keys.load(Ordering::Relaxed).to_string()),
             ("paused_actions", paused.into()),
         ],
     );

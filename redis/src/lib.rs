@@ -51,6 +51,7 @@ mod settings;
 mod slowlog;
 pub mod store;
 mod tls;
+mod txn_session;
 
 pub use commands::Client;
 pub use info::ServerStats;

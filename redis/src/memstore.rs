@@ -10,18 +10,27 @@
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use racekv_telemetry::clock::now_unix_ms;
 
 use super::store::{
-    Expiry, ExpiryUpdate, Item, KvSession, KvStore, PutMode, PutOptions, PutResult, StoreError, StoreErrorKind,
-    SCAN_PAGE_MAX_KEYS,
+    Expiry, ExpiryUpdate, Item, KeyVersion, KvSession, KvStore, PutMode, PutOptions, PutResult, StoreError,
+    StoreErrorKind, TxnWrite, SCAN_PAGE_MAX_KEYS,
 };
 
-/// A stored value and its expiry (absolute Unix milliseconds).
-type Entry = (Vec<u8>, Option<u64>);
+/// A stored value, its expiry (absolute Unix milliseconds) and its version word.
+type Entry = (Vec<u8>, Option<u64>, u64);
+
+/// Version words, unique across every store of the process (0 is left for absent keys).
+static NEXT_WORD: AtomicU64 = AtomicU64::new(1);
+
+/// An entry holding `value` until `expiry`, with a version word no write had before.
+fn entry(value: Vec<u8>, expiry: Option<u64>) -> Entry {
+    (value, expiry, NEXT_WORD.fetch_add(1, Ordering::Relaxed))
+}
 
 /// In-memory test double of the storage trait. Cloning shares the same map.
 #[derive(Clone, Default)]
@@ -44,18 +53,18 @@ impl MemStore {
 
     /// A copy of the live value of `key`, for assertions.
     pub fn peek(&self, key: &[u8]) -> Option<Vec<u8>> {
-        live(&mut self.map.lock(), key).map(|(v, _)| v.clone())
+        live(&mut self.map.lock(), key).map(|(v, _, _)| v.clone())
     }
 
     /// The expiry of `key` (None: absent, or no expiry), for assertions.
     pub fn peek_expiry(&self, key: &[u8]) -> Option<u64> {
-        live(&mut self.map.lock(), key).and_then(|(_, e)| *e)
+        live(&mut self.map.lock(), key).and_then(|(_, e, _)| *e)
     }
 }
 
 /// The entry of `key` if it has not expired; an expired one is dropped (lazy expiry).
 fn live<'m>(map: &'m mut HashMap<Vec<u8>, Entry>, key: &[u8]) -> Option<&'m mut Entry> {
-    if map.get(key).is_some_and(|(_, e)| e.is_some_and(|at| now_unix_ms() > at)) {
+    if map.get(key).is_some_and(|(_, e, _)| e.is_some_and(|at| now_unix_ms() > at)) {
         map.remove(key);
     }
     map.get_mut(key)
@@ -80,7 +89,7 @@ impl MemStore {
 
 impl KvSession for MemStore {
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(live(&mut self.map.lock(), key).map(|(v, _)| v.clone()))
+        Ok(live(&mut self.map.lock(), key).map(|(v, _, _)| v.clone()))
     }
 
     fn put(&mut self, key: &[u8], value: &[u8], mode: PutMode) -> Result<bool, StoreError> {
@@ -99,17 +108,17 @@ impl KvSession for MemStore {
         self.check_value(new)?;
         let mut map = self.map.lock();
         let current = live(&mut map, key);
-        if current.as_ref().map(|(v, _)| v.as_slice()) != expected {
+        if current.as_ref().map(|(v, _, _)| v.as_slice()) != expected {
             return Ok(false);
         }
-        let expiry = current.and_then(|(_, e)| *e);
-        map.insert(key.to_vec(), (new.to_vec(), expiry));
+        let expiry = current.and_then(|(_, e, _)| *e);
+        map.insert(key.to_vec(), entry(new.to_vec(), expiry));
         Ok(true)
     }
 
     fn compare_and_delete(&mut self, key: &[u8], expected: &[u8]) -> Result<bool, StoreError> {
         let mut map = self.map.lock();
-        if live(&mut map, key).map(|(value, _)| value.as_slice()) != Some(expected) {
+        if live(&mut map, key).map(|(value, _, _)| value.as_slice()) != Some(expected) {
             return Ok(false);
         }
         map.remove(key);
@@ -129,15 +138,15 @@ impl KvSession for MemStore {
             let expiry = match options.expiry {
                 Expiry::Never => None,
                 Expiry::At(at) => Some(at),
-                Expiry::Keep => current.as_ref().and_then(|(_, e)| *e),
+                Expiry::Keep => current.as_ref().and_then(|(_, e, _)| *e),
             };
-            map.insert(key.to_vec(), (value.to_vec(), expiry));
+            map.insert(key.to_vec(), entry(value.to_vec(), expiry));
         }
-        Ok(PutResult { applied: apply, old: if options.get { current.map(|(v, _)| v) } else { None } })
+        Ok(PutResult { applied: apply, old: if options.get { current.map(|(v, _, _)| v) } else { None } })
     }
 
     fn get_item(&mut self, key: &[u8]) -> Result<Option<Item>, StoreError> {
-        Ok(live(&mut self.map.lock(), key).map(|(value, e)| Item { value: value.clone(), expires_at_ms: *e }))
+        Ok(live(&mut self.map.lock(), key).map(|(value, e, _)| Item { value: value.clone(), expires_at_ms: *e }))
     }
 
     fn update_expiry(
@@ -146,12 +155,13 @@ impl KvSession for MemStore {
         decide: &mut dyn FnMut(Option<u64>) -> ExpiryUpdate,
     ) -> Result<Option<(Vec<u8>, bool)>, StoreError> {
         let mut map = self.map.lock();
-        let Some((value, expiry)) = live(&mut map, key) else { return Ok(None) };
+        let Some((value, expiry, word)) = live(&mut map, key) else { return Ok(None) };
         let before = value.clone();
         let changed = match decide(*expiry) {
             ExpiryUpdate::Unchanged => false,
             ExpiryUpdate::Set(at) => {
                 *expiry = at;
+                *word = NEXT_WORD.fetch_add(1, Ordering::Relaxed);
                 true
             }
             ExpiryUpdate::Delete => {
@@ -164,7 +174,7 @@ impl KvSession for MemStore {
 
     fn get_in_order(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         let mut map = self.map.lock();
-        Ok(keys.iter().map(|k| live(&mut map, k).map(|(v, _)| v.clone())).collect())
+        Ok(keys.iter().map(|k| live(&mut map, k).map(|(v, _, _)| v.clone())).collect())
     }
 
     fn multi_put(&mut self, pairs: &[(&[u8], &[u8])]) -> Result<(), StoreError> {
@@ -173,7 +183,7 @@ impl KvSession for MemStore {
         }
         let mut map = self.map.lock();
         for (key, value) in pairs {
-            map.insert(key.to_vec(), (value.to_vec(), None));
+            map.insert(key.to_vec(), entry(value.to_vec(), None));
         }
         Ok(())
     }
@@ -218,6 +228,40 @@ impl KvSession for MemStore {
         let n = map.len() as u64;
         map.clear();
         Ok(n)
+    }
+
+    fn read_versioned(&mut self, key: &[u8]) -> Result<(Option<Item>, KeyVersion), StoreError> {
+        Ok(match live(&mut self.map.lock(), key) {
+            None => (None, KeyVersion::ABSENT),
+            Some((value, e, word)) => {
+                (Some(Item { value: value.clone(), expires_at_ms: *e }), KeyVersion { word: *word, expires_at_ms: *e })
+            }
+        })
+    }
+
+    /// Under the one lock: every read still has its version (an expired key reads as
+    /// absent, so one that expired since it was read fails its check), then every write.
+    fn commit(&mut self, reads: &[(&[u8], KeyVersion)], writes: &[TxnWrite<'_>]) -> Result<bool, StoreError> {
+        for write in writes {
+            if let Some(value) = write.value {
+                self.check_value(value)?;
+            }
+        }
+        let mut map = self.map.lock();
+        for (key, read) in reads {
+            let now = live(&mut map, key)
+                .map_or(KeyVersion::ABSENT, |(_, e, word)| KeyVersion { word: *word, expires_at_ms: *e });
+            if now != *read {
+                return Ok(false);
+            }
+        }
+        for write in writes {
+            match write.value {
+                Some(value) => map.insert(write.key.to_vec(), entry(value.to_vec(), write.expires_at_ms)),
+                None => map.remove(write.key),
+            };
+        }
+        Ok(true)
     }
 }
 

@@ -33,6 +33,11 @@ pub(crate) struct Metrics {
     pub query_buffer_bytes: IntGauge,
     pub query_buffer_budget: IntGauge,
     pub query_buffer_refusals: IntCounter,
+    pub transactions: IntCounter,
+    pub transactions_watch_aborted: IntCounter,
+    pub transaction_reruns: IntCounter,
+    pub transactions_execabort: IntCounter,
+    pub multi_key_retries: IntCounterVec,
 }
 
 pub(crate) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
@@ -141,6 +146,28 @@ pub(crate) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     query_buffer_refusals: counter(
         "racekv_redis_query_buffer_budget_refusals_total",
         "Connections closed because their command would have taken the query buffer budget past its limit",
+    ),
+    transactions: counter(
+        "racekv_redis_transactions_total",
+        "MULTI/EXEC transactions committed (their queued commands applied atomically)",
+    ),
+    transactions_watch_aborted: counter(
+        "racekv_redis_transactions_watch_aborted_total",
+        "EXECs answered with a null array because a WATCHed key changed (nothing applied)",
+    ),
+    transaction_reruns: counter(
+        "racekv_redis_transaction_reruns_total",
+        "Times EXEC ran its queue again because a key it read changed before its commit",
+    ),
+    transactions_execabort: counter(
+        "racekv_redis_transactions_execabort_total",
+        "EXECs refused with EXECABORT because a command failed while queued",
+    ),
+    multi_key_retries: counter_vec(
+        "racekv_redis_multi_key_retries_total",
+        "Commits of a multi-key command (MSETNX, RENAME, RENAMENX, COPY) that lost to another writer and were retried, by command",
+        &["command"],
+        &[],
     ),
 }
 });

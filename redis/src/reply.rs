@@ -42,6 +42,8 @@ pub enum Reply {
     Bulk(Vec<u8>),
     /// The null reply (a missing key): `$-1` in RESP2, `_` in RESP3.
     Nil,
+    /// The null array (EXEC aborted by WATCH): `*-1` in RESP2, `_` in RESP3.
+    NilArray,
     /// `*2 ...`.
     Array(Vec<Reply>),
     /// Key-value pairs: `%` in RESP3, a flat array in RESP2.
@@ -94,6 +96,8 @@ impl Reply {
             Reply::Bulk(bytes) => bulk(out, b'$', bytes),
             Reply::Nil if resp3 => out.extend_from_slice(b"_\r\n"),
             Reply::Nil => out.extend_from_slice(b"$-1\r\n"),
+            Reply::NilArray if resp3 => out.extend_from_slice(b"_\r\n"),
+            Reply::NilArray => out.extend_from_slice(b"*-1\r\n"),
             Reply::Array(items) => aggregate(out, b'*', items, protocol),
             Reply::Set(items) => aggregate(out, if resp3 { b'~' } else { b'*' }, items, protocol),
             Reply::Push(items) => aggregate(out, if resp3 { b'>' } else { b'*' }, items, protocol),
@@ -316,6 +320,7 @@ mod tests {
         assert_eq!(two(&Reply::Integer(-3)), ":-3\r\n");
         assert_eq!(two(&Reply::bulk_str("a\r\nb")), "$4\r\na\r\nb\r\n");
         assert_eq!(two(&Reply::Nil), "$-1\r\n");
+        assert_eq!(two(&Reply::NilArray), "*-1\r\n");
         assert_eq!(
             two(&Reply::Array(vec![Reply::Integer(1), Reply::Nil, Reply::Array(vec![])])),
             "*3\r\n:1\r\n$-1\r\n*0\r\n"
@@ -332,6 +337,7 @@ mod tests {
     fn encodes_every_kind_in_resp3() {
         let three = |r: &Reply| encoded(r, Protocol::Resp3);
         assert_eq!(three(&Reply::Nil), "_\r\n");
+        assert_eq!(three(&Reply::NilArray), "_\r\n");
         assert_eq!(three(&Reply::map([("a", Reply::Nil)])), "%1\r\n$1\r\na\r\n_\r\n");
         assert_eq!(three(&Reply::Set(vec![Reply::Integer(2)])), "~1\r\n:2\r\n");
         assert_eq!(three(&Reply::Double(-0.25)), ",-0.25\r\n");

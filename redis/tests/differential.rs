@@ -455,6 +455,9 @@ fn info_and_client_list_use_redis_field_names() {
         "stats.total_protocol_errors",
         "clients.total_blocking_keys",
         "clients.paused_actions",
+        // Redis 7.4's.
+        "clients.watching_clients",
+        "clients.total_watched_keys",
     ]
     .into_iter()
     .collect();

@@ -143,10 +143,12 @@ impl Client {
 
     /// Until when `cmd` must wait for a `CLIENT PAUSE` (`None`: it may run now).
     pub(crate) fn pause_holds(&self, cmd: &Command) -> Option<Instant> {
-        self.stats
-            .clients
-            .pause
-            .holds(self.id, || cmd.get(0).and_then(lookup).is_some_and(|(_, spec)| spec.has_flag("write")))
+        self.stats.clients.pause.holds(self.id, || {
+            cmd.get(0).and_then(lookup).is_some_and(|(_, spec)| {
+                // EXEC writes what its queue writes (Redis pauses it as a write then).
+                spec.has_flag("write") || (spec.name == "exec" && self.multi_writes())
+            })
+        })
     }
 
     /// Keeps a command a pause holds, to run first when the connection is served again
@@ -278,7 +280,11 @@ fn client_line(c: &Client, handle: &ClientHandle) -> String {
     let meta = handle.meta().clone();
     let text = |bytes: &Option<Vec<u8>>| bytes.as_deref().map(String::from_utf8_lossy).unwrap_or_default().into_owned();
     let addr = |a: Option<std::net::SocketAddr>| a.map(|a| a.to_string()).unwrap_or_default();
+    let (multi, multi_mem) = handle.multi();
     let mut flags = String::new();
+    if multi >= 0 {
+        flags.push('x');
+    }
     if meta.no_evict {
         flags.push('e');
     }
@@ -291,8 +297,8 @@ fn client_line(c: &Client, handle: &ClientHandle) -> String {
     let command =
         handle.last_command().map_or_else(|| "NULL".to_string(), |id| catalog().entry(CommandId(id)).name.clone());
     format!(
-        "id={} addr={} laddr={} fd={} name={} age={age} idle={idle} flags={flags} db=0 sub=0 psub=0 ssub=0 multi=-1 \
-         qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={command} \
+        "id={} addr={} laddr={} fd={} name={} age={age} idle={idle} flags={flags} db=0 sub=0 psub=0 ssub=0 multi={multi} \
+         qbuf=0 qbuf-free=0 argv-mem=0 multi-mem={multi_mem} rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={command} \
          user={} redir=-1 resp={} lib-name={} lib-ver={}\n",
         handle.id,
         addr(meta.addr),

@@ -1,8 +1,8 @@
-//! Commands on keys: GET, SETNX, DEL, EXISTS, MGET, MSET, INCR and friends, DBSIZE (SET,
-//! with its expiry options, is in `expiry.rs`). INCR and friends keep the key's expiry: the
-//! store's compare-and-swap keeps it.
+//! Commands on keys: GET, SETNX, DEL, EXISTS, MGET, INCR and friends, DBSIZE (SET, with
+//! its expiry options, is in `expiry.rs`; MSET in `multikey.rs`). INCR and friends keep
+//! the key's expiry: the store's compare-and-swap keeps it.
 
-use super::{arity_error, fail, Client, CmdResult, Failure};
+use super::{fail, Client, CmdResult, Failure};
 use crate::reply::Reply;
 use crate::resp::{parse_i64, Command};
 use crate::store::PutMode;
@@ -48,16 +48,6 @@ pub(super) fn mget(c: &mut Client, cmd: &Command) -> CmdResult {
         return Err(fail(format!("ERR storage returned {} values for {} keys", values.len(), keys.len())));
     }
     Ok(Reply::Array(values.into_iter().map(|v| v.map_or(Reply::Nil, Reply::Bulk)).collect()))
-}
-
-pub(super) fn mset(c: &mut Client, cmd: &Command) -> CmdResult {
-    if cmd.len().is_multiple_of(2) {
-        return Ok(arity_error("mset"));
-    }
-    let args: Vec<&[u8]> = cmd.args().skip(1).collect();
-    let pairs: Vec<(&[u8], &[u8])> = args.chunks_exact(2).map(|pair| (pair[0], pair[1])).collect();
-    c.store()?.multi_put(&pairs)?;
-    Ok(Reply::ok())
 }
 
 pub(super) fn incr(c: &mut Client, cmd: &Command) -> CmdResult {

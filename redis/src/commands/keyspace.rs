@@ -1,5 +1,5 @@
 //! Commands on the keyspace as a whole: SCAN, KEYS, RANDOMKEY, TYPE, TOUCH, UNLINK,
-//! FLUSHDB/FLUSHALL, and RENAME/RENAMENX/COPY refused until multi-key commits are atomic.
+//! FLUSHDB/FLUSHALL (RENAME, RENAMENX and COPY are in `multikey.rs`).
 //!
 //! SCAN is the store's walk ([`KvSession::scan`](crate::store::KvSession::scan)): a key
 //! present for the whole walk is returned at least once, however the table splits. MATCH
@@ -158,14 +158,6 @@ pub(super) fn flush(c: &mut Client, cmd: &Command) -> CmdResult {
     }
     c.store()?.flush()?;
     Ok(Reply::ok())
-}
-
-/// RENAME, RENAMENX, COPY: each writes two keys, which racekv cannot yet do atomically.
-pub(super) fn multi_key_write(_c: &mut Client, cmd: &Command) -> CmdResult {
-    Err(fail(format!(
-        "ERR {} is not supported until atomic multi-key commit (issue 16)",
-        String::from_utf8_lossy(cmd.arg(0)).to_ascii_uppercase()
-    )))
 }
 
 #[cfg(test)]
@@ -332,26 +324,6 @@ mod tests {
         assert_eq!(run(&mut c, &["FLUSHALL"]), Reply::ok());
         assert_eq!(run(&mut c, &["RANDOMKEY"]), Reply::Nil);
         assert_eq!(run(&mut c, &["GET", "key:0"]), Reply::Nil);
-    }
-
-    #[test]
-    fn multi_key_writes_are_refused_until_atomic_commits_exist() {
-        let store = MemStore::new();
-        let mut c = client_over(&store);
-        assert_eq!(run(&mut c, &["SET", "a", "1"]), Reply::ok());
-        for (args, name) in [
-            (&["RENAME", "a", "b"][..], "RENAME"),
-            (&["renamenx", "a", "b"], "RENAMENX"),
-            (&["Copy", "a", "b", "REPLACE"], "COPY"),
-        ] {
-            assert_eq!(
-                run(&mut c, args),
-                err(&format!("ERR {name} is not supported until atomic multi-key commit (issue 16)"))
-            );
-        }
-        assert_eq!(run(&mut c, &["COPY", "a"]), err("ERR wrong number of arguments for 'copy' command"));
-        assert_eq!(store.peek(b"a"), Some(b"1".to_vec()));
-        assert_eq!(store.peek(b"b"), None);
     }
 
     #[test]

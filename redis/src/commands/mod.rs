@@ -11,7 +11,9 @@ mod expiry;
 mod introspection;
 mod keys;
 mod keyspace;
+mod multikey;
 mod strings;
+mod transactions;
 
 use std::borrow::Cow;
 use std::sync::{Arc, LazyLock};
@@ -23,6 +25,7 @@ use super::metrics::{CommandMetrics, METRICS};
 use super::reply::{Output, Protocol, Reply};
 use super::resp::Command;
 use super::store::{KvSession, KvStore, StoreError};
+use super::txn_session::TxnSession;
 use crate::acl::{Acl, AuthFailure, Catalog, Categories, CommandId, Denial, KeyAccess, User};
 use racekv_telemetry::ratelimit::{limited_warn, RateLimit};
 
@@ -204,6 +207,9 @@ const KEYSPACE_WRITE_SLOW: Categories = Categories::KEYSPACE.and(Categories::WRI
 const KEYSPACE_WRITE_FAST: Categories = Categories::KEYSPACE.and(Categories::WRITE).and(Categories::FAST);
 const FLUSHES: Categories = KEYSPACE_WRITE_SLOW.and(Categories::DANGEROUS);
 const WRITES_TWO: Keys = key_spec(1, 2, 1, KeyAccess::Write);
+const TRANSACTION_FAST: Categories = Categories::TRANSACTION.and(Categories::FAST);
+const TRANSACTION_SLOW: Categories = Categories::TRANSACTION.and(SLOW);
+const TXN_FLAGS: &[&str] = &["noscript", "loading", "stale", "fast", "allow_busy"];
 
 /// Every command racekv answers. Anything else gets Redis' "unknown command" error.
 pub(crate) static COMMANDS: &[CommandSpec] = &[
@@ -232,7 +238,7 @@ pub(crate) static COMMANDS: &[CommandSpec] = &[
         keys::exists,
     ),
     spec("mget", -2, &["readonly", "fast"], READ_STRING_FAST, READS_ALL, keys::mget),
-    spec("mset", -3, &["write", "denyoom"], WRITE_STRING_SLOW, key_spec(1, -1, 2, KeyAccess::Write), keys::mset),
+    spec("mset", -3, &["write", "denyoom"], WRITE_STRING_SLOW, key_spec(1, -1, 2, KeyAccess::Write), multikey::mset),
     spec("incr", 2, &["write", "denyoom", "fast"], WRITE_STRING_FAST, UPDATES_ONE, keys::incr),
     spec("decr", 2, &["write", "denyoom", "fast"], WRITE_STRING_FAST, UPDATES_ONE, keys::decr),
     spec("incrby", 3, &["write", "denyoom", "fast"], WRITE_STRING_FAST, UPDATES_ONE, keys::incrby),
@@ -244,7 +250,14 @@ pub(crate) static COMMANDS: &[CommandSpec] = &[
     spec("setrange", 4, &["write", "denyoom"], WRITE_STRING_SLOW, WRITES_ONE, strings::setrange),
     spec("getdel", 2, &["write", "fast"], WRITE_STRING_FAST, UPDATES_ONE, strings::getdel),
     spec("getset", 3, &["write", "denyoom", "fast"], WRITE_STRING_FAST, UPDATES_ONE, strings::getset),
-    spec("msetnx", -3, &["write", "denyoom"], WRITE_STRING_SLOW, key_spec(1, -1, 2, KeyAccess::Write), strings::msetnx),
+    spec(
+        "msetnx",
+        -3,
+        &["write", "denyoom"],
+        WRITE_STRING_SLOW,
+        key_spec(1, -1, 2, KeyAccess::Write),
+        multikey::msetnx,
+    ),
     spec("incrbyfloat", 3, &["write", "denyoom", "fast"], WRITE_STRING_FAST, UPDATES_ONE, strings::incrbyfloat),
     spec("lcs", -3, &["readonly"], READ_STRING_SLOW, key_spec(1, 2, 1, KeyAccess::Read), strings::lcs),
     spec(
@@ -264,9 +277,9 @@ pub(crate) static COMMANDS: &[CommandSpec] = &[
     spec("unlink", -2, &["write", "fast"], KEYSPACE_WRITE_FAST, WRITES_ALL, keyspace::unlink),
     spec("flushdb", -1, &["write"], FLUSHES, NO_KEYS, keyspace::flush),
     spec("flushall", -1, &["write"], FLUSHES, NO_KEYS, keyspace::flush),
-    spec("rename", 3, &["write"], KEYSPACE_WRITE_SLOW, WRITES_TWO, keyspace::multi_key_write),
-    spec("renamenx", 3, &["write", "fast"], KEYSPACE_WRITE_FAST, WRITES_TWO, keyspace::multi_key_write),
-    spec("copy", -3, &["write", "denyoom"], KEYSPACE_WRITE_SLOW, WRITES_TWO, keyspace::multi_key_write),
+    spec("rename", 3, &["write"], KEYSPACE_WRITE_SLOW, WRITES_TWO, multikey::rename),
+    spec("renamenx", 3, &["write", "fast"], KEYSPACE_WRITE_FAST, WRITES_TWO, multikey::renamenx),
+    spec("copy", -3, &["write", "denyoom"], KEYSPACE_WRITE_SLOW, WRITES_TWO, multikey::copy),
     spec("ping", -1, &["fast"], CONNECTION_FAST, NO_KEYS, admin::ping),
     spec("echo", 2, &["fast"], CONNECTION_FAST, NO_KEYS, admin::echo),
     spec("info", -1, &["loading", "stale"], SLOW.and(Categories::DANGEROUS), NO_KEYS, introspection::info),
@@ -378,6 +391,12 @@ pub(crate) static COMMANDS: &[CommandSpec] = &[
     ),
     spec("select", 2, &["loading", "stale", "fast"], CONNECTION_FAST, NO_KEYS, admin::select),
     spec("quit", -1, &["fast", "loading", "stale", "no-auth"], CONNECTION_FAST, NO_KEYS, admin::quit),
+    // Transactions (transactions.rs); flags and categories as Redis 7 reports them.
+    spec("multi", 1, TXN_FLAGS, TRANSACTION_FAST, NO_KEYS, transactions::multi),
+    spec("exec", 1, &["noscript", "loading", "stale", "skip_slowlog"], TRANSACTION_SLOW, NO_KEYS, transactions::exec),
+    spec("discard", 1, TXN_FLAGS, TRANSACTION_FAST, NO_KEYS, transactions::discard),
+    spec("watch", -2, TXN_FLAGS, TRANSACTION_FAST, READS_ALL, transactions::watch),
+    spec("unwatch", 1, TXN_FLAGS, TRANSACTION_FAST, NO_KEYS, transactions::unwatch),
 ];
 
 /// The ACL ids of the table: per command, its id and its subcommands' ids in order.
@@ -462,6 +481,13 @@ pub struct Client {
     handle: Arc<ClientHandle>,
     /// A command held by `CLIENT PAUSE`, run first once the pause ends.
     postponed: Option<Command>,
+    /// The commands queued since MULTI; `None` outside a transaction.
+    multi: Option<transactions::Queue>,
+    /// The keys WATCHed and their versions then.
+    watched: transactions::Watched,
+    /// While EXEC runs its queue: the transaction's view of the store, which
+    /// [`Client::store`] hands out instead of the session (that it holds).
+    txn: Option<TxnSession<Box<dyn KvSession>>>,
 }
 
 impl Client {
@@ -488,6 +514,9 @@ impl Client {
             queued_gets: Vec::new(),
             handle,
             postponed: None,
+            multi: None,
+            watched: transactions::Watched::default(),
+            txn: None,
         }
     }
 
@@ -525,6 +554,9 @@ impl Client {
 
     /// The storage session, taken now if this is the first command that needs one.
     fn store(&mut self) -> Result<&mut dyn KvSession, StoreError> {
+        if let Some(txn) = &mut self.txn {
+            return Ok(txn);
+        }
         if self.session.is_none() {
             self.session = Some(self.kv.session()?);
         }
@@ -547,7 +579,7 @@ impl Client {
     /// a run of GETs ([`Client::queue_get`]); a GET it may not run goes through
     /// [`Client::execute`], which answers why.
     pub fn may_batch_get(&mut self, cmd: &Command) -> bool {
-        Self::is_get(cmd) && self.authorize(*GET_INDEX, &COMMANDS[*GET_INDEX], cmd).is_ok()
+        !self.in_multi() && Self::is_get(cmd) && self.authorize(*GET_INDEX, &COMMANDS[*GET_INDEX], cmd).is_ok()
     }
 
     /// Checks that the connection may run `cmd` (entry `index` of the table): authenticated
@@ -691,6 +723,13 @@ impl Client {
             None => (COMMANDS.len(), unknown_command(cmd), Outcome::Rejected),
             Some((index, spec)) if !spec.arity_ok(cmd.len()) => (index, arity_error(spec.name), Outcome::Rejected),
             Some((index, spec)) => match self.authorize(index, spec, cmd) {
+                Ok(()) if self.in_multi() && !transactions::runs_in_multi(spec.name) => {
+                    // Queued: it counts as a command when EXEC runs it.
+                    let reply = self.queue_in_multi(spec, cmd);
+                    let (CommandId(id), _) = acl_id(index, spec, cmd);
+                    self.handle.touch(self.stats.clients.epoch(), started, id);
+                    return reply;
+                }
                 Ok(()) => {
                     let reply = reply_for(spec, (spec.handler)(self, cmd));
                     let outcome = if reply.is_error() { Outcome::Failed } else { Outcome::Ok };
@@ -699,6 +738,9 @@ impl Client {
                 Err(denied) => (index, denied, Outcome::Rejected),
             },
         };
+        if outcome == Outcome::Rejected {
+            self.flag_transaction();
+        }
         let elapsed = started.elapsed();
         self.record(metrics_index, elapsed.as_secs_f64(), &reply);
         self.account(metrics_index, cmd, &reply, outcome, started, elapsed);
@@ -719,6 +761,7 @@ impl Drop for Client {
         if self.postponed.is_some() {
             self.stats.clients.pause.set_held(false);
         }
+        self.unwatch_all();
         self.stats.clients.unregister(&self.handle);
     }
 }
@@ -779,3 +822,5 @@ fn unsupported_subcommand(container: &str, sub: &[u8]) -> Failure {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod txn_tests;

@@ -1,5 +1,6 @@
 //! String commands beyond GET and SET: APPEND, STRLEN, GETRANGE, SUBSTR, SETRANGE, GETDEL,
-//! GETSET, MSETNX, INCRBYFLOAT, LCS, with Redis 7's replies, edge cases and error texts.
+//! GETSET, INCRBYFLOAT, LCS (MSETNX is in `multikey.rs`), with Redis 7's replies, edge
+//! cases and error texts.
 //!
 //! Writes are read-compute-compare-and-swap, retried while another writer gets in between
 //! (at most [`MAX_INCR_ATTEMPTS`] times, then `-TRYAGAIN`), so each is atomic on its key, as
@@ -9,7 +10,7 @@
 //! answer keeps Redis' wording.
 
 use super::keys::MAX_INCR_ATTEMPTS;
-use super::{arity_error, fail, Client, CmdResult, Failure};
+use super::{fail, Client, CmdResult, Failure};
 use crate::float80;
 use crate::metrics::METRICS;
 use crate::reply::Reply;
@@ -189,27 +190,6 @@ pub(super) fn getset(c: &mut Client, cmd: &Command) -> CmdResult {
     let old = c.store()?.put_opts(cmd.arg(1), cmd.arg(2), options)?.old;
     c.stats.keyspace_lookup(old.is_some());
     Ok(old.map_or(Reply::Nil, Reply::Bulk))
-}
-
-/// `MSETNX key value [key value ...]`: sets every pair only if no key exists. That needs
-/// atomicity across keys, which racekv does not have yet (transactions are issue 16), so
-/// it runs only when every pair names the same key (then it is one insert-if-absent) and is
-/// refused otherwise, rather than setting some keys and not others.
-pub(super) fn msetnx(c: &mut Client, cmd: &Command) -> CmdResult {
-    if cmd.len().is_multiple_of(2) {
-        return Ok(arity_error("msetnx"));
-    }
-    let key = cmd.arg(1);
-    if (3..cmd.len()).step_by(2).any(|i| cmd.arg(i) != key) {
-        return Err(fail(
-            "ERR MSETNX over more than one key is not supported by racekv: it must be atomic across keys, \
-             and racekv has no multi-key transactions yet (issue 16); use SET key value NX per key",
-        ));
-    }
-    // Redis sets the pairs in order: the last value of the key wins.
-    let value = cmd.arg(cmd.len() - 1);
-    let applied = c.store()?.put(key, value, PutMode::InsertOnly)?;
-    Ok(Reply::Integer(i64::from(applied)))
 }
 
 /// `INCRBYFLOAT key increment`: adds in x87 extended precision and stores the sum as Redis
@@ -506,9 +486,9 @@ mod tests {
         assert_eq!(run(&mut c, &["MSETNX", "n", "b"]), Reply::Integer(0));
         assert_eq!(run(&mut c, &["MSETNX", "m", "a", "m", "b"]), Reply::Integer(1));
         assert_eq!(store.peek(b"m"), Some(b"b".to_vec()), "the last value of a key wins, as in Redis");
-        let Reply::Error(text) = run(&mut c, &["MSETNX", "x", "1", "y", "2"]) else { panic!("not refused") };
-        assert!(text.contains("issue 16"), "{text}");
-        assert_eq!((store.peek(b"x"), store.peek(b"y")), (None, None), "a refused MSETNX writes nothing");
+        assert_eq!(run(&mut c, &["MSETNX", "x", "1", "y", "2"]), Reply::Integer(1));
+        assert_eq!(run(&mut c, &["MSETNX", "y", "3", "z", "4"]), Reply::Integer(0));
+        assert_eq!((store.peek(b"y"), store.peek(b"z")), (Some(b"2".to_vec()), None), "all or nothing");
         assert_eq!(run(&mut c, &["MSETNX", "x", "1", "y"]), err("ERR wrong number of arguments for 'msetnx' command"));
     }
 
