@@ -2,6 +2,9 @@
 //! transports: atomicity across memnodes, conflicts, a bank-transfer workload whose total
 //! never changes in any snapshot while tables split, and coordinators SIGKILLed mid-commit.
 
+#[path = "shared/linearizability.rs"]
+mod linearizability;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -239,6 +242,84 @@ fn bank_transfers_keep_the_total_in_every_snapshot_while_tables_split() {
         transfers.load(Ordering::Relaxed),
         snapshots.load(Ordering::Relaxed)
     );
+}
+
+#[test]
+fn recorded_histories_of_transfers_snapshots_and_plain_reads_are_linearizable() {
+    use linearizability::{check, Bank, BankOp, Event, Verdict};
+    const ACCOUNTS: usize = 6;
+    const INITIAL: i64 = 100;
+    let nodes = memnodes(2, 4);
+    let eps = endpoints(&nodes);
+    let setup = client(&eps);
+    for i in 0..ACCOUNTS {
+        setup.put(&account(i), INITIAL.to_string().as_bytes()).unwrap();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut threads = Vec::new();
+    for t in 0..3u64 {
+        let client = client(&eps);
+        threads.push(std::thread::spawn(move || {
+            let mut rng = t + 11;
+            let mut history = Vec::new();
+            for _ in 0..120 {
+                let r = splitmix(&mut rng);
+                let from = (r % ACCOUNTS as u64) as usize;
+                let to = (from + 1 + ((r >> 8) % (ACCOUNTS as u64 - 1)) as usize) % ACCOUNTS;
+                let amount = ((r >> 32) % 20) as i64;
+                let call = Instant::now();
+                let seen = client
+                    .transaction(|tx| {
+                        let (a, b) = (number(tx.get(&account(from))?), number(tx.get(&account(to))?));
+                        tx.put(&account(from), (a - amount).to_string().as_bytes());
+                        tx.put(&account(to), (b + amount).to_string().as_bytes());
+                        Ok((a, b))
+                    })
+                    .unwrap();
+                history.push(Event { call, ret: Instant::now(), op: BankOp::Transfer { from, to, seen, amount } });
+            }
+            history
+        }));
+    }
+    {
+        // Snapshots of every account, and plain single-key reads, beside the transfers.
+        let client = client(&eps);
+        threads.push(std::thread::spawn(move || {
+            let mut history = Vec::new();
+            for n in 0..240usize {
+                let call = Instant::now();
+                let op = if n % 4 == 0 {
+                    let seen = client
+                        .transaction(|tx| (0..ACCOUNTS).map(|i| Ok((i, number(tx.get(&account(i))?)))).collect())
+                        .unwrap();
+                    BankOp::Read(seen)
+                } else {
+                    let i = n % ACCOUNTS;
+                    BankOp::Read(vec![(i, number(client.get(&account(i)).unwrap()))])
+                };
+                history.push(Event { call, ret: Instant::now(), op });
+            }
+            history
+        }));
+    }
+    {
+        // Splits under the workload.
+        let (client, stop) = (client(&eps), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) && i < 5_000 {
+                let _ = client.put(format!("filler-{i}").as_bytes(), b"f");
+                i += 1;
+            }
+        });
+    }
+    let history: Vec<_> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
+    stop.store(true, Ordering::Relaxed);
+    let ops = history.len();
+    let started = Instant::now();
+    let verdict = check(&Bank { accounts: ACCOUNTS, initial: INITIAL }, &history);
+    eprintln!("{ops} operations checked in {:?}: {verdict:?}", started.elapsed());
+    assert_eq!(verdict, Verdict::Linearizable);
 }
 
 /// Run by [`a_coordinator_killed_mid_commit_leaves_nothing_partial_or_locked`] in a child
