@@ -60,6 +60,8 @@ for i in $(seq $keys); do RACEKV_TOKEN=$token "$bin/racekv" put --memnode "tcp:1
 [ "$("$bin/racekv" get --attach "$work/attach.sock" key-8)" = "value-8" ] || fail "attached read back failed"
 [ "$("$bin/racekv" get --remote "127.0.0.1:$remote_port" key-9)" = "value-9" ] || fail "remote read back failed"
 redis-benchmark -p "$redis_port" -t set,get,incr -n 20000 -c 8 -P 4 -r 5000 -q > /dev/null
+# A transaction (MULTI/EXEC on the table's atomic commit).
+printf 'MULTI\nSET tx-a 1\nINCR tx-a\nEXEC\n' | redis-cli -p "$redis_port" | tail -1 | grep -qx 2 || fail "MULTI/EXEC did not run"
 redis-cli -p "$redis_port" set not-a-number x > /dev/null
 redis-cli -p "$redis_port" incr not-a-number | grep -q "not an integer" || fail "INCR of text did not fail"
 # Fill the region until writes answer OOM (a 48 MiB region, 1 MiB values).

@@ -114,6 +114,7 @@ impl TableClient {
     /// not there. One that no lock follows is freed unwritten ([`Self::txn_free_record`]).
     pub fn txn_record(&mut self, deadline_ms: u64) -> Result<u64, Error> {
         assert!(self.staged_record.is_none(), "a record is already waiting for its first lock");
+        std::sync::LazyLock::force(&RESOLUTIONS); // exported from the first transaction on
         let offset = self.alloc.alloc(1)?;
         self.staged_record = Some((offset, TxnState::Pending { deadline_ms }.encode()));
         Ok(offset)
