@@ -138,11 +138,18 @@ fn redis_cli_scan_and_the_keyspace_commands_answer_as_redis_server_does() {
     assert!(cli(ours, &["SCAN", "0", "TYPE", "hash", "COUNT", "1000"]).ends_with("\n\n"));
     let picked = cli(ours, &["RANDOMKEY"]);
     assert!(all.contains(picked.trim_end()), "RANDOMKEY answered {picked:?}");
-    // racekv refuses what it cannot do atomically yet; redis-server renames.
-    assert_eq!(
-        cli(ours, &["RENAME", "user:3", "user:x"]).trim_end(),
-        "ERR RENAME is not supported until atomic multi-key commit (issue 16)"
-    );
+    // The multi-key commands, atomic on the table's commit, answer as redis-server does.
+    for args in [
+        &["RENAME", "user:3", "user:x"][..],
+        &["GET", "user:x"],
+        &["EXISTS", "user:3"],
+        &["RENAMENX", "user:x", "user:4"],
+        &["COPY", "user:x", "user:copy"],
+        &["GET", "user:copy"],
+        &["RENAME", "nosuch", "other"],
+    ] {
+        assert_eq!(cli(ours, args), cli(redis.port, args), "{args:?}");
+    }
     for port in [redis.port, ours] {
         assert_eq!(cli(port, &["FLUSHALL", "ASYNC"]), "OK\n");
         assert_eq!(cli(port, &["DBSIZE"]), "0\n");
