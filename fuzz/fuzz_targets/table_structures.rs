@@ -8,8 +8,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use racekv_hashing::layout::{
-    block_units_for, decode_block, encode_block, encode_indirect_block, BucketHeader, DirEntry, Layout, Slot, MAX_GLOBAL_DEPTH_LIMIT,
-    MAX_VALUE_BYTES,
+    block_units_for, decode_block, encode_any_block, BucketHeader, DirEntry, Layout, Slot, MAX_GLOBAL_DEPTH_LIMIT, MAX_VALUE_BYTES,
 };
 use racekv_hashing::rpc::{
     decode_chunk, decode_chunk_request, decode_fragments_request, decode_ranges, decode_words, encode_chunk, encode_ranges, encode_words,
@@ -18,23 +17,33 @@ use racekv_hashing::rpc::{
 
 fuzz_target!(|data: &[u8]| {
     if let Some(block) = decode_block(data) {
-        assert!(!block.key.is_empty());
+        // A long key's block holds its descriptor in place of the key; any other, the key.
+        assert!(!block.key.is_empty() || block.long_key.is_some());
         let header = 16 + block.expires_at_ms.map_or(0, |_| 8);
-        let inline = block.inline_value_len();
-        assert!(header + block.key.len() + inline <= data.len());
+        let (key_len, inline) = (block.inline_key_len(), block.inline_value_len());
+        assert!(header + key_len + inline <= data.len());
         // An indirect block's descriptor stays within the format's limits.
         if let Some(extent) = block.extent {
             assert!(block.value.is_empty() && extent.value_len <= MAX_VALUE_BYTES && extent.offset % 64 == 0);
         }
+        // An intent's mark names a 64 B aligned record.
+        if let Some(mark) = block.txn {
+            assert!(mark.record_offset % 64 == 0);
+        }
         // It re-encodes to the same bytes (up to the padding), if it is small enough to be
         // a block at all (the bytes read may be longer than any block).
-        if block_units_for(block.key.len(), inline, block.expires_at_ms.is_some()).is_some() {
+        if block_units_for(key_len, inline, block.expires_at_ms.is_some()).is_some() {
             let mut again = Vec::new();
-            match block.extent {
-                Some(extent) => encode_indirect_block(&mut again, block.key, &extent, block.expires_at_ms),
-                None => encode_block(&mut again, block.key, block.value, block.expires_at_ms),
-            };
-            let used = header + block.key.len() + inline;
+            encode_any_block(
+                &mut again,
+                block.key,
+                block.value,
+                block.extent.as_ref(),
+                block.long_key.as_ref(),
+                block.expires_at_ms,
+                block.txn.as_ref(),
+            );
+            let used = header + key_len + inline;
             assert_eq!(&again[..used], &data[..used]);
         }
     }
