@@ -3,9 +3,11 @@
 //!
 //! "Used memory" of a memnode is an estimate of its live data: its subtables plus its item
 //! count times the mean heap bytes of an item (from this computenode's writes). A refresher
-//! reads every memnode's statistics (one STATS RPC each) every [`REFRESH`]; between
-//! refreshes this computenode adds what it writes and takes off what it evicts. So a write
-//! costs no round trip while under the limit, and the GET path nothing at all.
+//! reads every memnode's statistics (one STATS RPC each) every [`REFRESH`] while a limit is
+//! set, and sleeps with no timeout while none is (an idle computenode wakes for nothing; the
+//! first write that sees a limit wakes it). Between refreshes this computenode adds what it
+//! writes and takes off what it evicts. So a write costs no round trip while under the
+//! limit, and the GET path nothing at all.
 //!
 //! Over the limit, a write first evicts: it samples `maxmemory-samples` neighbouring keys
 //! of the memnode's table (one scan step, then one read per sampled key), picks the victim
@@ -16,8 +18,8 @@
 //! the write fails with Redis' OOM reply.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
-use std::thread::JoinHandle;
+use std::sync::{Arc, OnceLock, Weak};
+use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -55,7 +57,11 @@ pub struct Eviction {
     /// waits this long after evicting, then tries once more.
     grace: Duration,
     stopping: AtomicBool,
+    /// The refresher is parked with no timeout (no limit was set when it last looked).
+    refresher_idle: AtomicBool,
     refresher: Mutex<Option<JoinHandle<()>>>,
+    /// The refresher, to unpark.
+    refresher_thread: OnceLock<Thread>,
 }
 
 /// Redis' `-OOM command not allowed when used memory > 'maxmemory'.`
@@ -79,12 +85,15 @@ impl Eviction {
             mean_item: AtomicU64::new(0),
             grace,
             stopping: AtomicBool::new(false),
+            refresher_idle: AtomicBool::new(false),
             refresher: Mutex::new(None),
+            refresher_thread: OnceLock::new(),
         });
         let (weak_cluster, weak_self) = (Arc::downgrade(cluster), Arc::downgrade(&eviction));
         let handle = std::thread::Builder::new()
             .name("maxmemory-refresh".into())
             .spawn(move || refresh_loop(weak_cluster, weak_self))?;
+        let _ = eviction.refresher_thread.set(handle.thread().clone());
         *eviction.refresher.lock() = Some(handle);
         Ok(eviction)
     }
@@ -92,8 +101,15 @@ impl Eviction {
     /// Stops the refresher (before the cluster stops: it holds a session while it reads).
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::Release);
+        self.wake_refresher();
         if let Some(handle) = self.refresher.lock().take() {
             let _ = handle.join();
+        }
+    }
+
+    fn wake_refresher(&self) {
+        if let Some(thread) = self.refresher_thread.get() {
+            thread.unpark();
         }
     }
 
@@ -130,6 +146,11 @@ impl Eviction {
         let limit = self.limits.bytes();
         if limit == 0 {
             return Ok(());
+        }
+        // A limit set since the refresher went to sleep (CONFIG SET): wake it. Should the
+        // refresher park just after this load, the next write wakes it.
+        if self.refresher_idle.load(Ordering::Relaxed) && self.refresher_idle.swap(false, Ordering::AcqRel) {
+            self.wake_refresher();
         }
         let mean = self.mean_item.load(Ordering::Relaxed);
         let next = if mean == 0 { bytes } else { mean - (mean >> MEAN_SHIFT) + (bytes >> MEAN_SHIFT) };
@@ -245,16 +266,32 @@ impl Eviction {
 
 fn refresh_loop(cluster: Weak<Cluster>, eviction: Weak<Eviction>) {
     loop {
-        {
+        let limited = {
             let (Some(cluster), Some(eviction)) = (cluster.upgrade(), eviction.upgrade()) else { return };
             if eviction.stopping.load(Ordering::Acquire) {
                 return;
             }
-            if eviction.limits.bytes() > 0 {
+            let limited = eviction.limits.bytes() > 0;
+            eviction.refresher_idle.store(!limited, Ordering::Relaxed);
+            if limited {
                 let mut session = cluster.attach();
                 eviction.refresh(&mut session);
             }
+            limited
+        };
+        // No strong reference held while asleep: dropping the last one ends the loop.
+        if limited {
+            std::thread::park_timeout(REFRESH);
+        } else {
+            std::thread::park();
         }
-        std::thread::sleep(REFRESH);
+    }
+}
+
+impl Drop for Eviction {
+    /// Without [`Eviction::stop`]: the refresher finds its reference dead when woken, and
+    /// returns.
+    fn drop(&mut self) {
+        self.wake_refresher();
     }
 }

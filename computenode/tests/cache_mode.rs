@@ -159,3 +159,28 @@ fn noeviction_answers_oom_and_config_set_switches_policy() {
     redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("0").query::<()>(&mut conn).unwrap();
     set(&mut conn, "unlimited", None).unwrap();
 }
+
+/// With no limit the refresher sleeps; the first write after `CONFIG SET maxmemory` wakes
+/// it, and it reads the memnode's statistics (the keys written before the limit count).
+#[test]
+fn a_limit_set_at_run_time_wakes_the_refresher() {
+    let (_m, node, mut conn) = cache("allkeys-random");
+    redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("0").query::<()>(&mut conn).unwrap();
+    let keys = (LIMIT / 2 / VALUE.len() as u64) as usize;
+    for i in 0..keys {
+        set(&mut conn, &format!("before:{i}"), None).unwrap();
+    }
+    redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("1gb").query::<()>(&mut conn).unwrap();
+    set(&mut conn, "after", None).unwrap();
+    let counted = keys as u64 * VALUE.len() as u64;
+    // Liveness only: one refresh is due within 100 ms of the write.
+    let mut used = 0;
+    for _ in 0..200 {
+        used = node.status().memnodes[0].used_bytes;
+        if used >= counted {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(used >= counted, "the refresher never counted the {keys} keys written before the limit: {used} B");
+}
