@@ -170,8 +170,9 @@ impl Computenode {
         let eviction =
             Eviction::start(&cluster, Arc::clone(&maxmemory), grace).context("starting the maxmemory refresher")?;
         let queue = Arc::new(WorkQueue::new(config.queue_capacity));
-        let workers = Workers::start(Arc::clone(&queue), Arc::clone(&cluster), config.scale_options())
-            .context("starting workers")?;
+        let workers =
+            Workers::start(Arc::clone(&queue), Arc::clone(&cluster), Arc::clone(&eviction), config.scale_options())
+                .context("starting workers")?;
         // One budget for both front ends' requests and replies in parts.
         let staging = crate::staging::Staging::start(config.staging_options());
         let parts = Arc::new(Parts {
@@ -198,8 +199,15 @@ impl Computenode {
             *parts.attach.lock() = Some(server);
         }
         if let Some(addr) = &config.remote_addr {
-            let server = crate::remote::serve(Arc::clone(&cluster), addr, Arc::clone(&acl), tls.clone(), staging)
-                .with_context(|| format!("starting the remote front end on {addr}"))?;
+            let server = crate::remote::serve(
+                Arc::clone(&cluster),
+                Arc::clone(&eviction),
+                addr,
+                Arc::clone(&acl),
+                tls.clone(),
+                staging,
+            )
+            .with_context(|| format!("starting the remote front end on {addr}"))?;
             *parts.remote.lock() = Some(server);
         }
         if let Some(addr) = &config.redis_addr {

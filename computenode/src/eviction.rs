@@ -14,8 +14,11 @@
 //! by policy, and deletes it by compare-and-swap against the value it read (a key
 //! rewritten meanwhile is not evicted). At most [`MAX_VICTIMS_PER_WRITE`] victims and
 //! [`SAMPLE_TRIES`] (volatile policies: [`VOLATILE_SAMPLE_TRIES`]) samplings each: nothing
-//! loops unbounded. When nothing could be evicted
-//! the write fails with Redis' OOM reply.
+//! loops unbounded. When nothing could be evicted the write fails ([`WriteError::OverLimit`]:
+//! Redis' OOM reply, the library's `OutOfSpace`).
+//!
+//! Every front end's writes come through [`Eviction::write`]: the Redis store's, and the
+//! attach and remote front ends' requests ([`crate::execute`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
@@ -26,7 +29,6 @@ use parking_lot::Mutex;
 use racekv_client::{ClientError, Session, Shards};
 use racekv_hashing::layout::item_heap_bytes;
 use racekv_redis::maxmemory::{count_evicted, Maxmemory, MaxmemoryPolicy};
-use racekv_redis::{StoreError, StoreErrorKind};
 
 use crate::cluster::{Cluster, WorkerShards};
 
@@ -51,6 +53,8 @@ pub struct Eviction {
     used: Vec<AtomicU64>,
     /// Per memnode: bytes of one subtable.
     subtable_bytes: Vec<u64>,
+    /// Per memnode: its endpoint, for errors.
+    labels: Vec<String>,
     /// Mean heap bytes of an item this computenode wrote (0: none written yet).
     mean_item: AtomicU64,
     /// How long a freed block waits before reuse: a write that found the region full
@@ -64,13 +68,37 @@ pub struct Eviction {
     refresher_thread: OnceLock<Thread>,
 }
 
-/// Redis' `-OOM command not allowed when used memory > 'maxmemory'.`
-fn over_limit() -> StoreError {
-    StoreError::new(StoreErrorKind::OverMaxmemory, "")
+/// Why a write in cache mode failed.
+#[derive(Debug)]
+pub enum WriteError {
+    /// Its memnode is over `maxmemory` and nothing could be evicted (Redis' OOM).
+    OverLimit {
+        /// The memnode's endpoint.
+        memnode: String,
+    },
+    /// The store's error.
+    Client(ClientError),
 }
 
-fn client_error(e: ClientError) -> StoreError {
-    crate::store_error::store_error(e)
+impl WriteError {
+    /// As the library reports it: over the limit is its memnode's `OutOfSpace`.
+    pub fn into_client_error(self) -> ClientError {
+        match self {
+            Self::OverLimit { memnode } => {
+                ClientError::OutOfSpace { endpoint: memnode, reason: OVER_LIMIT_REASON.into() }
+            }
+            Self::Client(e) => e,
+        }
+    }
+}
+
+/// The reason of an `OutOfSpace` from a write over `maxmemory` (Redis' OOM message).
+pub const OVER_LIMIT_REASON: &str = "command not allowed when used memory > 'maxmemory'";
+
+impl From<ClientError> for WriteError {
+    fn from(e: ClientError) -> Self {
+        Self::Client(e)
+    }
 }
 
 impl Eviction {
@@ -82,6 +110,7 @@ impl Eviction {
             limits,
             used: (0..n).map(|_| AtomicU64::new(0)).collect(),
             subtable_bytes: cluster.memnodes().iter().map(|m| m.layout.subtable_bytes()).collect(),
+            labels: cluster.memnodes().iter().map(|m| m.label.clone()).collect(),
             mean_item: AtomicU64::new(0),
             grace,
             stopping: AtomicBool::new(false),
@@ -139,10 +168,27 @@ impl Eviction {
         }
     }
 
+    /// Runs `write` of `key`, a new item of `bytes` of heap, in cache mode: room made
+    /// first, and once more if the region turns out full.
+    pub fn write<R>(
+        &self,
+        session: &mut Session<WorkerShards>,
+        key: &[u8],
+        bytes: u64,
+        write: impl FnMut(&mut Session<WorkerShards>) -> Result<R, ClientError>,
+    ) -> Result<R, WriteError> {
+        self.make_room(session, key, bytes)?;
+        self.retry_when_full(session, key, write)
+    }
+
+    fn over_limit(&self, shard: usize) -> WriteError {
+        WriteError::OverLimit { memnode: self.labels[shard].clone() }
+    }
+
     /// Makes room for a write of `key` taking `bytes` of heap: evicts while its memnode is
-    /// over the limit (see the module's comment). Errors: OOM when over the limit and
-    /// nothing may be evicted; the store's errors.
-    pub fn make_room(&self, session: &mut Session<WorkerShards>, key: &[u8], bytes: u64) -> Result<(), StoreError> {
+    /// over the limit (see the module's comment). Errors: over the limit and nothing may
+    /// be evicted; the store's errors.
+    fn make_room(&self, session: &mut Session<WorkerShards>, key: &[u8], bytes: u64) -> Result<(), WriteError> {
         let limit = self.limits.bytes();
         if limit == 0 {
             return Ok(());
@@ -160,7 +206,7 @@ impl Eviction {
         if used.load(Ordering::Relaxed) + bytes > limit {
             let policy = self.limits.policy();
             if policy == MaxmemoryPolicy::NoEviction || self.evict(session, shard, policy, limit, bytes)? == 0 {
-                return Err(over_limit());
+                return Err(self.over_limit(shard));
             }
         }
         used.fetch_add(bytes, Ordering::Relaxed);
@@ -169,23 +215,23 @@ impl Eviction {
 
     /// Runs `write`; when the region is full and the policy may evict, evicts, waits for
     /// freed blocks to become reusable, and runs it once more.
-    pub fn retry_when_full<R>(
+    fn retry_when_full<R>(
         &self,
         session: &mut Session<WorkerShards>,
         key: &[u8],
         mut write: impl FnMut(&mut Session<WorkerShards>) -> Result<R, ClientError>,
-    ) -> Result<R, StoreError> {
+    ) -> Result<R, WriteError> {
         match write(session) {
             Err(ClientError::OutOfSpace { .. }) if self.limits.policy() != MaxmemoryPolicy::NoEviction => {
                 let shard = session.shards().route(key);
                 let wanted = self.mean_item.load(Ordering::Relaxed).max(1) * MAX_VICTIMS_PER_WRITE as u64;
                 if self.evict(session, shard, self.limits.policy(), 0, wanted)? == 0 {
-                    return Err(over_limit());
+                    return Err(self.over_limit(shard));
                 }
                 std::thread::sleep(self.grace + Duration::from_millis(1));
-                write(session).map_err(client_error)
+                Ok(write(session)?)
             }
-            other => other.map_err(client_error),
+            other => Ok(other?),
         }
     }
 
@@ -198,7 +244,7 @@ impl Eviction {
         policy: MaxmemoryPolicy,
         limit: u64,
         bytes: u64,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<u64, ClientError> {
         let used = &self.used[shard];
         let (mut victims, mut freed) = (0u64, 0u64);
         while (victims as usize) < MAX_VICTIMS_PER_WRITE {
@@ -222,19 +268,19 @@ impl Eviction {
         session: &mut Session<WorkerShards>,
         shard: usize,
         policy: MaxmemoryPolicy,
-    ) -> Result<Option<u64>, StoreError> {
+    ) -> Result<Option<u64>, ClientError> {
         debug_assert_ne!(policy, MaxmemoryPolicy::NoEviction);
         let samples = self.limits.samples() as usize;
         let tries = if policy.volatile_only() { VOLATILE_SAMPLE_TRIES } else { SAMPLE_TRIES };
         for _ in 0..tries {
             let seed = racekv_client::session::random_seed();
-            let keys = session.random_keys_on(shard, seed, samples).map_err(client_error)?;
+            let keys = session.random_keys_on(shard, seed, samples)?;
             if keys.is_empty() {
                 return Ok(None); // an empty table
             }
             let mut pick: Option<(Vec<u8>, racekv_hashing::Item)> = None;
             for key in keys {
-                let Some(item) = session.get_item(&key).map_err(client_error)? else { continue };
+                let Some(item) = session.get_item(&key)? else { continue };
                 let better = match (policy, item.expires_at_ms) {
                     (MaxmemoryPolicy::AllkeysRandom, _) | (MaxmemoryPolicy::VolatileRandom, Some(_)) => true,
                     (MaxmemoryPolicy::VolatileTtl, Some(at)) => {
@@ -255,7 +301,7 @@ impl Eviction {
                 "a volatile policy picked a persistent key"
             );
             // Against the value read: a key rewritten since is not evicted.
-            if session.compare_and_swap(&key, Some(&item.value), None).map_err(client_error)? {
+            if session.compare_and_swap(&key, Some(&item.value), None)? {
                 let bytes = item_heap_bytes(key.len(), item.value.len(), item.expires_at_ms.is_some()).unwrap_or(0);
                 return Ok(Some(bytes));
             }

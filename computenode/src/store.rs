@@ -14,7 +14,7 @@ use racekv_hashing::{Expiry as TableExpiry, ExpiryUpdate as TableExpiryUpdate, P
 
 use crate::cluster::{Attached, Cluster, WorkerShards};
 use crate::eviction::Eviction;
-use crate::store_error::store_error;
+use crate::store_error::{store_error, write_error};
 use racekv_redis::store::{SCAN_PAGE_MAX_BYTES, SCAN_PAGE_MAX_KEYS};
 use racekv_redis::{Expiry, ExpiryUpdate, Item, KvSession, KvStore, PutMode, PutOptions, PutResult, StoreError};
 
@@ -94,8 +94,7 @@ impl RedisSession {
         write: impl FnMut(&mut Session<WorkerShards>) -> Result<R, ClientError>,
     ) -> Result<R, StoreError> {
         let bytes = item_heap_bytes(key.len(), value_len, expires).unwrap_or(0);
-        self.eviction.make_room(&mut self.session, key, bytes)?;
-        self.eviction.retry_when_full(&mut self.session, key, write)
+        self.eviction.write(&mut self.session, key, bytes, write).map_err(write_error)
     }
 }
 
