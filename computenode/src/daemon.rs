@@ -62,6 +62,8 @@ pub struct MemnodeStatus {
     /// Estimated live data, as cache mode measures it against `maxmemory` (0 while no
     /// limit is set).
     pub used_bytes: u64,
+    /// Its `maxmemory` in bytes (0: none; a share resolved against its region).
+    pub maxmemory_bytes: u64,
 }
 
 struct Parts {
@@ -98,6 +100,7 @@ impl Parts {
                     prefetched_chunks: m.chunks.ready(),
                     region_bytes: m.layout.region_len,
                     used_bytes: self.eviction.used_bytes(i),
+                    maxmemory_bytes: self.eviction.limit_bytes(i),
                 })
                 .collect(),
             workers: self.workers.lock().live(),
@@ -140,8 +143,8 @@ impl Parts {
         );
         for (i, m) in s.memnodes.iter().enumerate() {
             out.push_str(&format!(
-                "racekv_memnode{i}:endpoint={},connections={},healthy={},region_bytes={},used_bytes={}\r\n",
-                m.endpoint, m.connections, m.healthy_connections, m.region_bytes, m.used_bytes
+                "racekv_memnode{i}:endpoint={},connections={},healthy={},region_bytes={},used_bytes={},maxmemory={}\r\n",
+                m.endpoint, m.connections, m.healthy_connections, m.region_bytes, m.used_bytes, m.maxmemory_bytes
             ));
         }
         out

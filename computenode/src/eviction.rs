@@ -55,6 +55,8 @@ pub struct Eviction {
     subtable_bytes: Vec<u64>,
     /// Per memnode: its endpoint, for errors.
     labels: Vec<String>,
+    /// Per memnode: its region's bytes (a limit may be a share of it).
+    region_bytes: Vec<u64>,
     /// Mean heap bytes of an item this computenode wrote (0: none written yet).
     mean_item: AtomicU64,
     /// How long a freed block waits before reuse: a write that found the region full
@@ -106,11 +108,14 @@ impl Eviction {
     pub fn start(cluster: &Arc<Cluster>, limits: Arc<Maxmemory>, grace: Duration) -> std::io::Result<Arc<Self>> {
         racekv_redis::maxmemory::register_metrics();
         let n = cluster.memnodes().len();
+        let smallest = cluster.memnodes().iter().map(|m| m.layout.region_len).min().unwrap_or(0);
+        limits.set_region_bytes(smallest);
         let eviction = Arc::new(Self {
             limits,
             used: (0..n).map(|_| AtomicU64::new(0)).collect(),
             subtable_bytes: cluster.memnodes().iter().map(|m| m.layout.subtable_bytes()).collect(),
             labels: cluster.memnodes().iter().map(|m| m.label.clone()).collect(),
+            region_bytes: cluster.memnodes().iter().map(|m| m.layout.region_len).collect(),
             mean_item: AtomicU64::new(0),
             grace,
             stopping: AtomicBool::new(false),
@@ -145,6 +150,11 @@ impl Eviction {
     /// Memnode `shard`'s estimated used memory (0 while no limit is set).
     pub fn used_bytes(&self, shard: usize) -> u64 {
         self.used[shard].load(Ordering::Relaxed)
+    }
+
+    /// Memnode `shard`'s limit in bytes (0: none).
+    pub fn limit_bytes(&self, shard: usize) -> u64 {
+        self.limits.limit().bytes_of(self.region_bytes[shard])
     }
 
     /// The limits this enforces.
@@ -189,8 +199,8 @@ impl Eviction {
     /// over the limit (see the module's comment). Errors: over the limit and nothing may
     /// be evicted; the store's errors.
     fn make_room(&self, session: &mut Session<WorkerShards>, key: &[u8], bytes: u64) -> Result<(), WriteError> {
-        let limit = self.limits.bytes();
-        if limit == 0 {
+        let setting = self.limits.limit();
+        if !setting.is_set() {
             return Ok(());
         }
         // A limit set since the refresher went to sleep (CONFIG SET): wake it. Should the
@@ -202,6 +212,7 @@ impl Eviction {
         let next = if mean == 0 { bytes } else { mean - (mean >> MEAN_SHIFT) + (bytes >> MEAN_SHIFT) };
         self.mean_item.store(next.max(1), Ordering::Relaxed);
         let shard = session.shards().route(key);
+        let limit = setting.bytes_of(self.region_bytes[shard]);
         let used = &self.used[shard];
         if used.load(Ordering::Relaxed) + bytes > limit {
             let policy = self.limits.policy();
@@ -317,7 +328,7 @@ fn refresh_loop(cluster: Weak<Cluster>, eviction: Weak<Eviction>) {
             if eviction.stopping.load(Ordering::Acquire) {
                 return;
             }
-            let limited = eviction.limits.bytes() > 0;
+            let limited = eviction.limits.limit().is_set();
             eviction.refresher_idle.store(!limited, Ordering::Relaxed);
             if limited {
                 let mut session = cluster.attach();

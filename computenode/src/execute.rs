@@ -26,7 +26,7 @@ pub fn execute(eviction: &Eviction, session: &mut Session<WorkerShards>, request
             write(eviction, session, key, value.len(), expires, |s| s.put_opts(key, value, *options)).map(Reply::Put)
         }
         // Cache mode: room made key by key (not atomic either way); else one batch per memnode.
-        Request::MultiPut(pairs) if eviction.limits().bytes() > 0 => pairs
+        Request::MultiPut(pairs) if eviction.limits().limit().is_set() => pairs
             .iter()
             .try_for_each(|(key, value)| write(eviction, session, key, value.len(), false, |s| s.put(key, value)))
             .map(|()| Reply::Ok),

@@ -156,7 +156,7 @@ impl KvSession for RedisSession {
     }
 
     fn multi_put(&mut self, pairs: &[(&[u8], &[u8])]) -> Result<(), StoreError> {
-        if self.eviction.limits().bytes() == 0 {
+        if !self.eviction.limits().limit().is_set() {
             return self.s().multi_put(pairs).map_err(store_error);
         }
         // Cache mode: room made key by key (not atomic either way).

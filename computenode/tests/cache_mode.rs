@@ -11,6 +11,7 @@ use racekv_computenode::config::ComputenodeConfig;
 use racekv_computenode::eviction::OVER_LIMIT_REASON;
 use racekv_computenode::Computenode;
 use racekv_hashing::testing::{TestMemnode, Via};
+use racekv_redis::maxmemory::Limit;
 use racekv_transport::TransportKind;
 
 const LIMIT: u64 = 1 << 20;
@@ -23,7 +24,7 @@ fn cache(policy: &str) -> (TestMemnode, Computenode, redis::Connection) {
         // Few chunks held ahead: the heap's footprint then tracks the data.
         c.ready_sessions = 2;
         c.prefetch_chunks = 1;
-        c.maxmemory = LIMIT;
+        c.maxmemory = Limit::Bytes(LIMIT);
         c.maxmemory_policy = policy.into();
     });
     let port = node.redis_addr().unwrap().port();
@@ -207,7 +208,7 @@ fn library_cache(policy: &str, dir: &std::path::Path) -> (TestMemnode, Computeno
         // Each worker's session holds a chunk of its own (64 KiB): a loaded machine scaled
         // one sequential client's workers to 50, and the heap's footprint with them.
         max_workers: 2,
-        maxmemory: LIMIT,
+        maxmemory: Limit::Bytes(LIMIT),
         maxmemory_policy: policy.into(),
         ..ComputenodeConfig::default()
     })
@@ -269,4 +270,43 @@ fn library_writes_over_the_limit_under_noeviction_are_out_of_space() {
             "{name}: {e}"
         );
     }
+}
+
+/// `maxmemory` as a share of the region: from the configuration and from `CONFIG SET`,
+/// INFO shows it in bytes, and writes of 10x that stay near it.
+#[test]
+fn maxmemory_as_a_share_of_the_region() {
+    let m = TestMemnode::start(Via::Transport(TransportKind::Shm), 32 << 20, 16);
+    let node = common::redis_only(&[&m], |c| {
+        c.ready_sessions = 2;
+        c.prefetch_chunks = 1;
+        c.maxmemory = Limit::Share(5_000);
+        c.maxmemory_policy = "allkeys-random".into();
+    });
+    let port = node.redis_addr().unwrap().port();
+    let mut conn = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap().get_connection().unwrap();
+    let region = node.status().memnodes[0].region_bytes;
+    let maxmemory = |conn: &mut redis::Connection| {
+        let info: String = redis::cmd("INFO").arg("memory").query(conn).unwrap();
+        let line = info.lines().find_map(|l| l.strip_prefix("maxmemory:")).unwrap_or_else(|| panic!("{info}"));
+        line.trim().parse::<u64>().unwrap()
+    };
+    assert_eq!(maxmemory(&mut conn), region / 2);
+    assert_eq!(node.status().memnodes[0].maxmemory_bytes, region / 2);
+    redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("3.12%").query::<()>(&mut conn).unwrap();
+    let limit = region * 312 / 10_000;
+    assert_eq!((maxmemory(&mut conn), node.status().memnodes[0].maxmemory_bytes), (limit, limit));
+    let got: Vec<String> = redis::cmd("CONFIG").arg("GET").arg("maxmemory").query(&mut conn).unwrap();
+    assert_eq!(Limit::parse(&got[1]).unwrap().bytes_of(region), limit, "CONFIG GET: {got:?}");
+    for bad in ["0%", "101%", "1.234%", "half"] {
+        let e = redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(bad).query::<()>(&mut conn).unwrap_err();
+        assert!(e.to_string().contains("maxmemory"), "{bad}: {e}");
+    }
+    let keys = (10 * limit / VALUE.len() as u64) as usize;
+    for i in 0..keys {
+        set(&mut conn, &format!("key:{i}"), None).unwrap_or_else(|e| panic!("SET {i} of {keys}: {e}"));
+    }
+    std::thread::sleep(Duration::from_millis(300)); // a refresh or two
+    let used = node.status().memnodes[0].used_bytes;
+    assert!(used <= limit + limit / 4, "estimated live data {used} B, limit {limit} B");
 }
