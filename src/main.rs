@@ -9,7 +9,7 @@ use std::io::Write;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use racekv_bench::{attach, churn, coldstart, large, loadfactor, ops, reclaim, redis, rpc, scan, spike, ycsb};
+use racekv_bench::{attach, cache, churn, coldstart, large, loadfactor, ops, reclaim, redis, rpc, scan, spike, ycsb};
 use racekv_client::Client;
 
 /// racekv: a disaggregated key-value store (RACE hashing over one-sided operations).
@@ -97,6 +97,8 @@ enum Bench {
     Reclaim(reclaim::ReclaimArgs),
     /// YCSB workloads A-F: racekv native and through RESP vs redis-server and valkey-server.
     Ycsb(ycsb::YcsbArgs),
+    /// Cache mode: hit ratio per eviction policy vs redis-server, and GET throughput with and without a limit.
+    Cache(cache::CacheArgs),
 }
 
 /// Which cluster to talk to, and how: attached to the local computenode (the default),
@@ -204,6 +206,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(Bench::Coldstart(args)) => print(&coldstart::run(&args)?, args.json),
         Command::Bench(Bench::Reclaim(args)) => print(&reclaim::run(&args)?, args.json),
         Command::Bench(Bench::Ycsb(args)) => print(&ycsb::run(&args)?, args.json),
+        Command::Bench(Bench::Cache(args)) => print(&cache::run(&args)?, args.json),
     }
 }
 

@@ -14,10 +14,12 @@
 //! * [`coldstart`]: a new process's start to its first GET, attached vs embedded.
 //! * [`reclaim`]: a memnode start's reclaim of unreferenced heap space vs one pass over it.
 //! * [`ycsb`]: YCSB's core workloads: racekv native and through RESP, redis-server, valkey-server.
+//! * [`cache`]: cache mode's hit ratio per eviction policy vs redis-server, and what it costs GETs.
 
 #![forbid(unsafe_code)]
 
 pub mod attach;
+pub mod cache;
 pub mod churn;
 pub mod cluster;
 pub mod coldstart;
