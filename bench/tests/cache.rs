@@ -36,6 +36,8 @@ fn every_policy_runs_and_the_caches_hit_and_evict_without_errors() {
         "2",
         "--rounds",
         "1",
+        "--get-runs",
+        "2",
         "--plot-dir",
         &plot_dir,
     ]);
