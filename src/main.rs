@@ -9,7 +9,9 @@ use std::io::Write;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use racekv_bench::{attach, churn, coldstart, large, loadfactor, ops, reclaim, redis, rpc, scan, spike, txn, ycsb};
+use racekv_bench::{
+    attach, cache, churn, coldstart, large, loadfactor, ops, reclaim, redis, rpc, scan, spike, txn, ycsb,
+};
 use racekv_client::Client;
 
 /// racekv: a disaggregated key-value store (RACE hashing over one-sided operations).
@@ -99,6 +101,8 @@ enum Bench {
     Ycsb(ycsb::YcsbArgs),
     /// 2-key transactions vs two single-key operations (round trips), and under contention.
     Txn(txn::TxnArgs),
+    /// Cache mode: hit ratio per eviction policy vs redis-server, and GET throughput with and without a limit.
+    Cache(cache::CacheArgs),
 }
 
 /// Which cluster to talk to, and how: attached to the local computenode (the default),
@@ -207,6 +211,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(Bench::Reclaim(args)) => print(&reclaim::run(&args)?, args.json),
         Command::Bench(Bench::Ycsb(args)) => print(&ycsb::run(&args)?, args.json),
         Command::Bench(Bench::Txn(args)) => print(&txn::run(&args)?, args.json),
+        Command::Bench(Bench::Cache(args)) => print(&cache::run(&args)?, args.json),
     }
 }
 

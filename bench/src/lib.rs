@@ -15,10 +15,12 @@
 //! * [`reclaim`]: a memnode start's reclaim of unreferenced heap space vs one pass over it.
 //! * [`txn`]: 2-key transactions vs the single-key operations they replace; contention.
 //! * [`ycsb`]: YCSB's core workloads: racekv native and through RESP, redis-server, valkey-server.
+//! * [`cache`]: cache mode's hit ratio per eviction policy vs redis-server, and what it costs GETs.
 
 #![forbid(unsafe_code)]
 
 pub mod attach;
+pub mod cache;
 pub mod churn;
 pub mod cluster;
 pub mod coldstart;

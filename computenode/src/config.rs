@@ -14,7 +14,7 @@ use crate::cluster::ClusterOptions;
 use crate::pool::UpgradePolicy;
 use crate::workers::ScaleOptions;
 use racekv_redis::acl::{Acl, AclOptions};
-use racekv_redis::maxmemory::{Maxmemory, MaxmemoryPolicy, DEFAULT_SAMPLES, MAX_SAMPLES};
+use racekv_redis::maxmemory::{Limit, Maxmemory, MaxmemoryPolicy, DEFAULT_SAMPLES, MAX_SAMPLES};
 use racekv_redis::server::{DEFAULT_POLL_SPIN, MAX_POLL_SPIN};
 use racekv_redis::IoModel;
 
@@ -143,10 +143,11 @@ pub struct ComputenodeConfig {
     /// Prometheus `/metrics` and JSON `/status`; unset turns it off.
     pub metrics_addr: Option<SocketAddr>,
     /// Cache mode: bytes of live data each memnode may hold (0: no limit), in bytes or
-    /// with Redis' units (`"100mb"`, `"1gb"`). See ARCHITECTURE.md, "Cache mode", for what
-    /// counts. `CONFIG SET maxmemory` changes it at run time.
-    #[serde(deserialize_with = "bytes_or_size")]
-    pub maxmemory: u64,
+    /// with Redis' units (`"100mb"`, `"1gb"`), or a share of each memnode's region
+    /// (`"50%"`). See ARCHITECTURE.md, "Cache mode", for what counts. `CONFIG SET
+    /// maxmemory` changes it at run time.
+    #[serde(deserialize_with = "limit_as_set", serialize_with = "show_limit")]
+    pub maxmemory: Limit,
     /// What a write over `maxmemory` does: `noeviction` (fails with OOM), `allkeys-random`,
     /// `volatile-random` or `volatile-ttl` (evict). The LRU and LFU policies are not
     /// supported yet and refused.
@@ -156,8 +157,8 @@ pub struct ComputenodeConfig {
     pub maxmemory_samples: u32,
 }
 
-/// An integer, or a string with Redis' memory units.
-fn bytes_or_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+/// An integer, or a string with Redis' memory units or a share (`"50%"`).
+fn limit_as_set<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Limit, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Size {
@@ -165,9 +166,18 @@ fn bytes_or_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error
         Text(String),
     }
     match Size::deserialize(d)? {
-        Size::Bytes(n) => Ok(n),
-        Size::Text(t) => racekv_redis::maxmemory::parse_bytes(&t)
-            .ok_or_else(|| serde::de::Error::custom(format!("maxmemory: '{t}' is not a size (like 100mb)"))),
+        Size::Bytes(0) => Ok(Limit::None),
+        Size::Bytes(n) => Ok(Limit::Bytes(n)),
+        Size::Text(t) => Limit::parse(&t).map_err(serde::de::Error::custom),
+    }
+}
+
+/// Bytes as a number, a share as text: what the file would say.
+fn show_limit<S: serde::Serializer>(limit: &Limit, s: S) -> Result<S::Ok, S::Error> {
+    match limit {
+        Limit::None => s.serialize_u64(0),
+        Limit::Bytes(n) => s.serialize_u64(*n),
+        Limit::Share(_) => s.serialize_str(&limit.to_string()),
     }
 }
 
@@ -225,7 +235,7 @@ impl Default for ComputenodeConfig {
             staging_budget_bytes: crate::staging::StagingOptions::default().budget_bytes,
             staging_idle_timeout_ms: crate::staging::StagingOptions::default().idle_timeout.as_millis() as u64,
             metrics_addr: Some("127.0.0.1:9401".parse().expect("static address")),
-            maxmemory: 0,
+            maxmemory: Limit::None,
             maxmemory_policy: MaxmemoryPolicy::NoEviction.name().into(),
             maxmemory_samples: DEFAULT_SAMPLES,
         }
@@ -504,8 +514,16 @@ mod tests {
         assert_eq!((m.bytes(), m.policy(), m.samples()), (100 << 20, MaxmemoryPolicy::VolatileTtl, 5));
         std::fs::write(&file, "maxmemory = 4096\n").unwrap();
         assert_eq!(ComputenodeConfig::load(Some(&file)).unwrap().maxmemory().bytes(), 4096);
-        for bad in ["maxmemory_policy = \"allkeys-lru\"", "maxmemory_policy = \"volatile-lfu\"", "maxmemory = \"lots\""]
-        {
+        std::fs::write(&file, "maxmemory = \"12.5%\"\n").unwrap();
+        let cfg = ComputenodeConfig::load(Some(&file)).unwrap();
+        assert_eq!(cfg.maxmemory().limit(), Limit::Share(1_250));
+        assert!(format!("{cfg:?}").contains("maxmemory = \"12.5%\""), "--print-config shows the share as set");
+        for bad in [
+            "maxmemory_policy = \"allkeys-lru\"",
+            "maxmemory_policy = \"volatile-lfu\"",
+            "maxmemory = \"lots\"",
+            "maxmemory = \"120%\"",
+        ] {
             std::fs::write(&file, format!("{bad}\n")).unwrap();
             let err = format!("{:#}", ComputenodeConfig::load(Some(&file)).unwrap_err());
             assert!(!bad.contains("policy") || err.contains("not supported yet"), "{bad}: {err}");

@@ -62,6 +62,8 @@ pub struct MemnodeStatus {
     /// Estimated live data, as cache mode measures it against `maxmemory` (0 while no
     /// limit is set).
     pub used_bytes: u64,
+    /// Its `maxmemory` in bytes (0: none; a share resolved against its region).
+    pub maxmemory_bytes: u64,
 }
 
 struct Parts {
@@ -98,6 +100,7 @@ impl Parts {
                     prefetched_chunks: m.chunks.ready(),
                     region_bytes: m.layout.region_len,
                     used_bytes: self.eviction.used_bytes(i),
+                    maxmemory_bytes: self.eviction.limit_bytes(i),
                 })
                 .collect(),
             workers: self.workers.lock().live(),
@@ -140,8 +143,8 @@ impl Parts {
         );
         for (i, m) in s.memnodes.iter().enumerate() {
             out.push_str(&format!(
-                "racekv_memnode{i}:endpoint={},connections={},healthy={},region_bytes={},used_bytes={}\r\n",
-                m.endpoint, m.connections, m.healthy_connections, m.region_bytes, m.used_bytes
+                "racekv_memnode{i}:endpoint={},connections={},healthy={},region_bytes={},used_bytes={},maxmemory={}\r\n",
+                m.endpoint, m.connections, m.healthy_connections, m.region_bytes, m.used_bytes, m.maxmemory_bytes
             ));
         }
         out
@@ -170,8 +173,9 @@ impl Computenode {
         let eviction =
             Eviction::start(&cluster, Arc::clone(&maxmemory), grace).context("starting the maxmemory refresher")?;
         let queue = Arc::new(WorkQueue::new(config.queue_capacity));
-        let workers = Workers::start(Arc::clone(&queue), Arc::clone(&cluster), config.scale_options())
-            .context("starting workers")?;
+        let workers =
+            Workers::start(Arc::clone(&queue), Arc::clone(&cluster), Arc::clone(&eviction), config.scale_options())
+                .context("starting workers")?;
         // One budget for both front ends' requests and replies in parts.
         let staging = crate::staging::Staging::start(config.staging_options());
         let parts = Arc::new(Parts {
@@ -198,8 +202,15 @@ impl Computenode {
             *parts.attach.lock() = Some(server);
         }
         if let Some(addr) = &config.remote_addr {
-            let server = crate::remote::serve(Arc::clone(&cluster), addr, Arc::clone(&acl), tls.clone(), staging)
-                .with_context(|| format!("starting the remote front end on {addr}"))?;
+            let server = crate::remote::serve(
+                Arc::clone(&cluster),
+                Arc::clone(&eviction),
+                addr,
+                Arc::clone(&acl),
+                tls.clone(),
+                staging,
+            )
+            .with_context(|| format!("starting the remote front end on {addr}"))?;
             *parts.remote.lock() = Some(server);
         }
         if let Some(addr) = &config.redis_addr {

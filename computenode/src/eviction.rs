@@ -3,28 +3,32 @@
 //!
 //! "Used memory" of a memnode is an estimate of its live data: its subtables plus its item
 //! count times the mean heap bytes of an item (from this computenode's writes). A refresher
-//! reads every memnode's statistics (one STATS RPC each) every [`REFRESH`]; between
-//! refreshes this computenode adds what it writes and takes off what it evicts. So a write
-//! costs no round trip while under the limit, and the GET path nothing at all.
+//! reads every memnode's statistics (one STATS RPC each) every [`REFRESH`] while a limit is
+//! set, and sleeps with no timeout while none is (an idle computenode wakes for nothing; the
+//! first write that sees a limit wakes it). Between refreshes this computenode adds what it
+//! writes and takes off what it evicts. So a write costs no round trip while under the
+//! limit, and the GET path nothing at all.
 //!
 //! Over the limit, a write first evicts: it samples `maxmemory-samples` neighbouring keys
 //! of the memnode's table (one scan step, then one read per sampled key), picks the victim
 //! by policy, and deletes it by compare-and-swap against the value it read (a key
 //! rewritten meanwhile is not evicted). At most [`MAX_VICTIMS_PER_WRITE`] victims and
 //! [`SAMPLE_TRIES`] (volatile policies: [`VOLATILE_SAMPLE_TRIES`]) samplings each: nothing
-//! loops unbounded. When nothing could be evicted
-//! the write fails with Redis' OOM reply.
+//! loops unbounded. When nothing could be evicted the write fails ([`WriteError::OverLimit`]:
+//! Redis' OOM reply, the library's `OutOfSpace`).
+//!
+//! Every front end's writes come through [`Eviction::write`]: the Redis store's, and the
+//! attach and remote front ends' requests ([`crate::execute`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
-use std::thread::JoinHandle;
+use std::sync::{Arc, OnceLock, Weak};
+use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
 
 use parking_lot::Mutex;
 use racekv_client::{ClientError, Session, Shards};
 use racekv_hashing::layout::item_heap_bytes;
 use racekv_redis::maxmemory::{count_evicted, Maxmemory, MaxmemoryPolicy};
-use racekv_redis::{StoreError, StoreErrorKind};
 
 use crate::cluster::{Cluster, WorkerShards};
 
@@ -49,22 +53,54 @@ pub struct Eviction {
     used: Vec<AtomicU64>,
     /// Per memnode: bytes of one subtable.
     subtable_bytes: Vec<u64>,
+    /// Per memnode: its endpoint, for errors.
+    labels: Vec<String>,
+    /// Per memnode: its region's bytes (a limit may be a share of it).
+    region_bytes: Vec<u64>,
     /// Mean heap bytes of an item this computenode wrote (0: none written yet).
     mean_item: AtomicU64,
     /// How long a freed block waits before reuse: a write that found the region full
     /// waits this long after evicting, then tries once more.
     grace: Duration,
     stopping: AtomicBool,
+    /// The refresher is parked with no timeout (no limit was set when it last looked).
+    refresher_idle: AtomicBool,
     refresher: Mutex<Option<JoinHandle<()>>>,
+    /// The refresher, to unpark.
+    refresher_thread: OnceLock<Thread>,
 }
 
-/// Redis' `-OOM command not allowed when used memory > 'maxmemory'.`
-fn over_limit() -> StoreError {
-    StoreError::new(StoreErrorKind::OverMaxmemory, "")
+/// Why a write in cache mode failed.
+#[derive(Debug)]
+pub enum WriteError {
+    /// Its memnode is over `maxmemory` and nothing could be evicted (Redis' OOM).
+    OverLimit {
+        /// The memnode's endpoint.
+        memnode: String,
+    },
+    /// The store's error.
+    Client(ClientError),
 }
 
-fn client_error(e: ClientError) -> StoreError {
-    crate::store_error::store_error(e)
+impl WriteError {
+    /// As the library reports it: over the limit is its memnode's `OutOfSpace`.
+    pub fn into_client_error(self) -> ClientError {
+        match self {
+            Self::OverLimit { memnode } => {
+                ClientError::OutOfSpace { endpoint: memnode, reason: OVER_LIMIT_REASON.into() }
+            }
+            Self::Client(e) => e,
+        }
+    }
+}
+
+/// The reason of an `OutOfSpace` from a write over `maxmemory` (Redis' OOM message).
+pub const OVER_LIMIT_REASON: &str = "command not allowed when used memory > 'maxmemory'";
+
+impl From<ClientError> for WriteError {
+    fn from(e: ClientError) -> Self {
+        Self::Client(e)
+    }
 }
 
 impl Eviction {
@@ -72,19 +108,26 @@ impl Eviction {
     pub fn start(cluster: &Arc<Cluster>, limits: Arc<Maxmemory>, grace: Duration) -> std::io::Result<Arc<Self>> {
         racekv_redis::maxmemory::register_metrics();
         let n = cluster.memnodes().len();
+        let smallest = cluster.memnodes().iter().map(|m| m.layout.region_len).min().unwrap_or(0);
+        limits.set_region_bytes(smallest);
         let eviction = Arc::new(Self {
             limits,
             used: (0..n).map(|_| AtomicU64::new(0)).collect(),
             subtable_bytes: cluster.memnodes().iter().map(|m| m.layout.subtable_bytes()).collect(),
+            labels: cluster.memnodes().iter().map(|m| m.label.clone()).collect(),
+            region_bytes: cluster.memnodes().iter().map(|m| m.layout.region_len).collect(),
             mean_item: AtomicU64::new(0),
             grace,
             stopping: AtomicBool::new(false),
+            refresher_idle: AtomicBool::new(false),
             refresher: Mutex::new(None),
+            refresher_thread: OnceLock::new(),
         });
         let (weak_cluster, weak_self) = (Arc::downgrade(cluster), Arc::downgrade(&eviction));
         let handle = std::thread::Builder::new()
             .name("maxmemory-refresh".into())
             .spawn(move || refresh_loop(weak_cluster, weak_self))?;
+        let _ = eviction.refresher_thread.set(handle.thread().clone());
         *eviction.refresher.lock() = Some(handle);
         Ok(eviction)
     }
@@ -92,14 +135,26 @@ impl Eviction {
     /// Stops the refresher (before the cluster stops: it holds a session while it reads).
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::Release);
+        self.wake_refresher();
         if let Some(handle) = self.refresher.lock().take() {
             let _ = handle.join();
+        }
+    }
+
+    fn wake_refresher(&self) {
+        if let Some(thread) = self.refresher_thread.get() {
+            thread.unpark();
         }
     }
 
     /// Memnode `shard`'s estimated used memory (0 while no limit is set).
     pub fn used_bytes(&self, shard: usize) -> u64 {
         self.used[shard].load(Ordering::Relaxed)
+    }
+
+    /// Memnode `shard`'s limit in bytes (0: none).
+    pub fn limit_bytes(&self, shard: usize) -> u64 {
+        self.limits.limit().bytes_of(self.region_bytes[shard])
     }
 
     /// The limits this enforces.
@@ -123,23 +178,47 @@ impl Eviction {
         }
     }
 
+    /// Runs `write` of `key`, a new item of `bytes` of heap, in cache mode: room made
+    /// first, and once more if the region turns out full.
+    pub fn write<R>(
+        &self,
+        session: &mut Session<WorkerShards>,
+        key: &[u8],
+        bytes: u64,
+        write: impl FnMut(&mut Session<WorkerShards>) -> Result<R, ClientError>,
+    ) -> Result<R, WriteError> {
+        self.make_room(session, key, bytes)?;
+        self.retry_when_full(session, key, write)
+    }
+
+    fn over_limit(&self, shard: usize) -> WriteError {
+        WriteError::OverLimit { memnode: self.labels[shard].clone() }
+    }
+
     /// Makes room for a write of `key` taking `bytes` of heap: evicts while its memnode is
-    /// over the limit (see the module's comment). Errors: OOM when over the limit and
-    /// nothing may be evicted; the store's errors.
-    pub fn make_room(&self, session: &mut Session<WorkerShards>, key: &[u8], bytes: u64) -> Result<(), StoreError> {
-        let limit = self.limits.bytes();
-        if limit == 0 {
+    /// over the limit (see the module's comment). Errors: over the limit and nothing may
+    /// be evicted; the store's errors. Single writes use [`Self::write`]; a transaction
+    /// makes room for each of its writes before it commits.
+    pub fn make_room(&self, session: &mut Session<WorkerShards>, key: &[u8], bytes: u64) -> Result<(), WriteError> {
+        let setting = self.limits.limit();
+        if !setting.is_set() {
             return Ok(());
+        }
+        // A limit set since the refresher went to sleep (CONFIG SET): wake it. Should the
+        // refresher park just after this load, the next write wakes it.
+        if self.refresher_idle.load(Ordering::Relaxed) && self.refresher_idle.swap(false, Ordering::AcqRel) {
+            self.wake_refresher();
         }
         let mean = self.mean_item.load(Ordering::Relaxed);
         let next = if mean == 0 { bytes } else { mean - (mean >> MEAN_SHIFT) + (bytes >> MEAN_SHIFT) };
         self.mean_item.store(next.max(1), Ordering::Relaxed);
         let shard = session.shards().route(key);
+        let limit = setting.bytes_of(self.region_bytes[shard]);
         let used = &self.used[shard];
         if used.load(Ordering::Relaxed) + bytes > limit {
             let policy = self.limits.policy();
             if policy == MaxmemoryPolicy::NoEviction || self.evict(session, shard, policy, limit, bytes)? == 0 {
-                return Err(over_limit());
+                return Err(self.over_limit(shard));
             }
         }
         used.fetch_add(bytes, Ordering::Relaxed);
@@ -148,23 +227,23 @@ impl Eviction {
 
     /// Runs `write`; when the region is full and the policy may evict, evicts, waits for
     /// freed blocks to become reusable, and runs it once more.
-    pub fn retry_when_full<R>(
+    fn retry_when_full<R>(
         &self,
         session: &mut Session<WorkerShards>,
         key: &[u8],
         mut write: impl FnMut(&mut Session<WorkerShards>) -> Result<R, ClientError>,
-    ) -> Result<R, StoreError> {
+    ) -> Result<R, WriteError> {
         match write(session) {
             Err(ClientError::OutOfSpace { .. }) if self.limits.policy() != MaxmemoryPolicy::NoEviction => {
                 let shard = session.shards().route(key);
                 let wanted = self.mean_item.load(Ordering::Relaxed).max(1) * MAX_VICTIMS_PER_WRITE as u64;
                 if self.evict(session, shard, self.limits.policy(), 0, wanted)? == 0 {
-                    return Err(over_limit());
+                    return Err(self.over_limit(shard));
                 }
                 std::thread::sleep(self.grace + Duration::from_millis(1));
-                write(session).map_err(client_error)
+                Ok(write(session)?)
             }
-            other => other.map_err(client_error),
+            other => Ok(other?),
         }
     }
 
@@ -177,7 +256,7 @@ impl Eviction {
         policy: MaxmemoryPolicy,
         limit: u64,
         bytes: u64,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<u64, ClientError> {
         let used = &self.used[shard];
         let (mut victims, mut freed) = (0u64, 0u64);
         while (victims as usize) < MAX_VICTIMS_PER_WRITE {
@@ -201,19 +280,19 @@ impl Eviction {
         session: &mut Session<WorkerShards>,
         shard: usize,
         policy: MaxmemoryPolicy,
-    ) -> Result<Option<u64>, StoreError> {
+    ) -> Result<Option<u64>, ClientError> {
         debug_assert_ne!(policy, MaxmemoryPolicy::NoEviction);
         let samples = self.limits.samples() as usize;
         let tries = if policy.volatile_only() { VOLATILE_SAMPLE_TRIES } else { SAMPLE_TRIES };
         for _ in 0..tries {
             let seed = racekv_client::session::random_seed();
-            let keys = session.random_keys_on(shard, seed, samples).map_err(client_error)?;
+            let keys = session.random_keys_on(shard, seed, samples)?;
             if keys.is_empty() {
                 return Ok(None); // an empty table
             }
             let mut pick: Option<(Vec<u8>, racekv_hashing::Item)> = None;
             for key in keys {
-                let Some(item) = session.get_item(&key).map_err(client_error)? else { continue };
+                let Some(item) = session.get_item(&key)? else { continue };
                 let better = match (policy, item.expires_at_ms) {
                     (MaxmemoryPolicy::AllkeysRandom, _) | (MaxmemoryPolicy::VolatileRandom, Some(_)) => true,
                     (MaxmemoryPolicy::VolatileTtl, Some(at)) => {
@@ -234,7 +313,7 @@ impl Eviction {
                 "a volatile policy picked a persistent key"
             );
             // Against the value read: a key rewritten since is not evicted.
-            if session.compare_and_swap(&key, Some(&item.value), None).map_err(client_error)? {
+            if session.compare_and_swap(&key, Some(&item.value), None)? {
                 let bytes = item_heap_bytes(key.len(), item.value.len(), item.expires_at_ms.is_some()).unwrap_or(0);
                 return Ok(Some(bytes));
             }
@@ -245,16 +324,32 @@ impl Eviction {
 
 fn refresh_loop(cluster: Weak<Cluster>, eviction: Weak<Eviction>) {
     loop {
-        {
+        let limited = {
             let (Some(cluster), Some(eviction)) = (cluster.upgrade(), eviction.upgrade()) else { return };
             if eviction.stopping.load(Ordering::Acquire) {
                 return;
             }
-            if eviction.limits.bytes() > 0 {
+            let limited = eviction.limits.limit().is_set();
+            eviction.refresher_idle.store(!limited, Ordering::Relaxed);
+            if limited {
                 let mut session = cluster.attach();
                 eviction.refresh(&mut session);
             }
+            limited
+        };
+        // No strong reference held while asleep: dropping the last one ends the loop.
+        if limited {
+            std::thread::park_timeout(REFRESH);
+        } else {
+            std::thread::park();
         }
-        std::thread::sleep(REFRESH);
+    }
+}
+
+impl Drop for Eviction {
+    /// Without [`Eviction::stop`]: the refresher finds its reference dead when woken, and
+    /// returns.
+    fn drop(&mut self) {
+        self.wake_refresher();
     }
 }

@@ -8,7 +8,8 @@
 //! * [`queue`] and [`workers`]: the bounded work queue front ends submit to, and worker
 //!   threads added by an autoscaler when it backs up.
 //! * [`store`]: the Redis front end's storage (attached sessions; the front end itself is
-//!   the `racekv-redis` crate), kept under `maxmemory` by [`eviction`] (cache mode);
+//!   the `racekv-redis` crate), kept under `maxmemory` by [`eviction`] (cache mode, as are
+//!   the attach and remote front ends' requests: [`execute`]);
 //!   [`remote`]: the request/reply model over FLOCK RPC for clients on other hosts.
 //! * [`access`]: what each ACL user may do through the remote and attach front ends.
 //! * [`staging`]: requests and replies too large for one ring slot or RPC, in parts.
@@ -23,6 +24,7 @@ pub mod cluster;
 pub mod config;
 pub mod daemon;
 pub mod eviction;
+pub mod execute;
 pub mod pool;
 pub mod queue;
 pub mod remote;

@@ -46,7 +46,8 @@ struct Args {
     min_workers: Option<usize>,
     #[arg(long)]
     max_workers: Option<usize>,
-    /// Cache mode: bytes of live data per memnode (`100mb`, `1gb`; 0: no limit).
+    /// Cache mode: bytes of live data per memnode (`100mb`, `1gb`; 0: no limit), or a
+    /// share of each memnode's region (`50%`).
     #[arg(long)]
     maxmemory: Option<String>,
     /// noeviction, allkeys-random, volatile-random or volatile-ttl (LRU/LFU: not yet).
@@ -95,7 +96,7 @@ fn main() -> anyhow::Result<()> {
         cfg.max_workers = v;
     }
     if let Some(v) = args.maxmemory {
-        cfg.maxmemory = racekv_redis::maxmemory::parse_bytes(&v).context("--maxmemory takes a size like 100mb")?;
+        cfg.maxmemory = racekv_redis::maxmemory::Limit::parse(&v).map_err(anyhow::Error::msg).context("--maxmemory")?;
     }
     if let Some(v) = args.maxmemory_policy {
         cfg.maxmemory_policy = racekv_redis::maxmemory::MaxmemoryPolicy::parse(&v)

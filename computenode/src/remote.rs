@@ -26,6 +26,7 @@ use racekv_transport::{
 };
 
 use crate::cluster::{Attached, Cluster};
+use crate::eviction::Eviction;
 use crate::staging::{self, Staging};
 
 static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
@@ -39,6 +40,8 @@ static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
 
 struct KvService {
     cluster: Arc<Cluster>,
+    /// Cache mode: writes evict as the Redis front end's do.
+    eviction: Arc<Eviction>,
     acl: Arc<Acl>,
     staging: Arc<Staging>,
     /// Sessions between calls (one per concurrently serving thread at most).
@@ -94,7 +97,7 @@ impl RpcService for KvService {
             return Ok(out);
         }
         let mut session = self.idle.lock().pop().unwrap_or_else(|| self.cluster.attach());
-        let reply = session.execute(&request);
+        let reply = crate::execute::execute(&self.eviction, &mut session, &request);
         if let Err(e) = session.publish_counts() {
             tracing::debug!("publishing a remote session's item count failed: {e}");
         }
@@ -115,9 +118,11 @@ impl RpcService for KvService {
 }
 
 /// Serves remote clients on `addr` (tcp), the users of `acl`; with `tls`, only over TLS.
-/// Requests and replies larger than an RPC are assembled and kept in `staging`.
+/// Requests and replies larger than an RPC are assembled and kept in `staging`; writes
+/// are kept under `maxmemory` by `eviction`.
 pub fn serve(
     cluster: Arc<Cluster>,
+    eviction: Arc<Eviction>,
     addr: &str,
     acl: Arc<Acl>,
     tls: Option<ServerTls>,
@@ -125,7 +130,7 @@ pub fn serve(
 ) -> std::io::Result<RegionServer> {
     LazyLock::force(&REQUESTS);
     let credentials = Arc::new(AclCredentials(Arc::clone(&acl)));
-    let service = Arc::new(KvService { cluster, acl, staging, idle: Mutex::new(Vec::new()) });
+    let service = Arc::new(KvService { cluster, eviction, acl, staging, idle: Mutex::new(Vec::new()) });
     RegionServer::serve_rpc(
         service,
         ServerOptions { credentials: Some(credentials), tls, ..ServerOptions::default() },

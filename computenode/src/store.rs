@@ -14,7 +14,7 @@ use racekv_hashing::{Expiry as TableExpiry, ExpiryUpdate as TableExpiryUpdate, P
 
 use crate::cluster::{Attached, Cluster, WorkerShards};
 use crate::eviction::Eviction;
-use crate::store_error::store_error;
+use crate::store_error::{store_error, write_error};
 use racekv_redis::store::{SCAN_PAGE_MAX_BYTES, SCAN_PAGE_MAX_KEYS};
 use racekv_redis::{
     Expiry, ExpiryUpdate, Item, KeyVersion, KvSession, KvStore, PutMode, PutOptions, PutResult, StoreError, TxnWrite,
@@ -96,8 +96,7 @@ impl RedisSession {
         write: impl FnMut(&mut Session<WorkerShards>) -> Result<R, ClientError>,
     ) -> Result<R, StoreError> {
         let bytes = item_heap_bytes(key.len(), value_len, expires).unwrap_or(0);
-        self.eviction.make_room(&mut self.session, key, bytes)?;
-        self.eviction.retry_when_full(&mut self.session, key, write)
+        self.eviction.write(&mut self.session, key, bytes, write).map_err(write_error)
     }
 }
 
@@ -159,7 +158,7 @@ impl KvSession for RedisSession {
     }
 
     fn multi_put(&mut self, pairs: &[(&[u8], &[u8])]) -> Result<(), StoreError> {
-        if self.eviction.limits().bytes() == 0 {
+        if !self.eviction.limits().limit().is_set() {
             return self.s().multi_put(pairs).map_err(store_error);
         }
         // Cache mode: room made key by key (not atomic either way).
@@ -204,11 +203,11 @@ impl KvSession for RedisSession {
     /// items is made first (eviction deletes other keys, never the transaction's own reads:
     /// a read key evicted meanwhile is a change and the commit reports it).
     fn commit(&mut self, reads: &[(&[u8], KeyVersion)], writes: &[TxnWrite<'_>]) -> Result<bool, StoreError> {
-        if self.eviction.limits().bytes() > 0 {
+        if self.eviction.limits().limit().is_set() {
             for w in writes {
                 if let Some(value) = w.value {
                     let bytes = item_heap_bytes(w.key.len(), value.len(), w.expires_at_ms.is_some()).unwrap_or(0);
-                    self.eviction.make_room(&mut self.session, w.key, bytes)?;
+                    self.eviction.make_room(&mut self.session, w.key, bytes).map_err(write_error)?;
                 }
             }
         }

@@ -14,6 +14,7 @@ use parking_lot::Mutex;
 use prometheus::{Histogram, IntCounterVec, IntGauge};
 
 use crate::cluster::Cluster;
+use crate::eviction::Eviction;
 use crate::queue::WorkQueue;
 
 /// When to add and retire workers.
@@ -66,6 +67,8 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
 struct Shared {
     queue: Arc<WorkQueue>,
     cluster: Arc<Cluster>,
+    /// Cache mode: the requests' writes evict as the Redis front end's do.
+    eviction: Arc<Eviction>,
     options: ScaleOptions,
     live: AtomicUsize,
     stopping: AtomicBool,
@@ -79,13 +82,20 @@ pub struct Workers {
 }
 
 impl Workers {
-    /// Starts `min_workers` workers on `queue` and the autoscaler that adds and retires more.
-    pub fn start(queue: Arc<WorkQueue>, cluster: Arc<Cluster>, options: ScaleOptions) -> std::io::Result<Self> {
+    /// Starts `min_workers` workers on `queue` and the autoscaler that adds and retires more;
+    /// their writes are kept under `maxmemory` by `eviction`.
+    pub fn start(
+        queue: Arc<WorkQueue>,
+        cluster: Arc<Cluster>,
+        eviction: Arc<Eviction>,
+        options: ScaleOptions,
+    ) -> std::io::Result<Self> {
         LazyLock::force(&METRICS);
         assert!(options.min_workers <= options.max_workers && options.max_workers >= 1);
         let shared = Arc::new(Shared {
             queue,
             cluster,
+            eviction,
             options,
             live: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
@@ -152,7 +162,7 @@ fn work(shared: &Shared) {
         match shared.queue.next(shared.options.idle_retire.min(Duration::from_millis(100))) {
             Ok(job) => {
                 let started = Instant::now();
-                let reply = session.execute(&job.request);
+                let reply = crate::execute::execute(&shared.eviction, &mut session, &job.request);
                 let result = if matches!(reply, racekv_client::op::Reply::Error(..)) { "error" } else { "ok" };
                 METRICS.requests.with_label_values(&[result]).inc();
                 (job.reply)(reply);

@@ -1,13 +1,17 @@
-//! Cache mode through a real computenode's Redis front end over a real memnode (shm):
+//! Cache mode through a real computenode's front ends over a real memnode (shm): Redis'
 //! `maxmemory` with each implemented policy, the OOM replies, `CONFIG GET/SET` and the
-//! INFO counters.
+//! INFO counters; the library's writes through the attach and remote front ends.
 
 use std::time::Duration;
 
 mod common;
 
+use racekv_client::{Client, ClientError};
+use racekv_computenode::config::ComputenodeConfig;
+use racekv_computenode::eviction::OVER_LIMIT_REASON;
 use racekv_computenode::Computenode;
 use racekv_hashing::testing::{TestMemnode, Via};
+use racekv_redis::maxmemory::Limit;
 use racekv_transport::TransportKind;
 
 const LIMIT: u64 = 1 << 20;
@@ -20,7 +24,7 @@ fn cache(policy: &str) -> (TestMemnode, Computenode, redis::Connection) {
         // Few chunks held ahead: the heap's footprint then tracks the data.
         c.ready_sessions = 2;
         c.prefetch_chunks = 1;
-        c.maxmemory = LIMIT;
+        c.maxmemory = Limit::Bytes(LIMIT);
         c.maxmemory_policy = policy.into();
     });
     let port = node.redis_addr().unwrap().port();
@@ -158,4 +162,151 @@ fn noeviction_answers_oom_and_config_set_switches_policy() {
     assert!(info.contains("maxmemory_policy:allkeys-random") && info.contains(&format!("maxmemory:{LIMIT}")), "{info}");
     redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("0").query::<()>(&mut conn).unwrap();
     set(&mut conn, "unlimited", None).unwrap();
+}
+
+/// With no limit the refresher sleeps; the first write after `CONFIG SET maxmemory` wakes
+/// it, and it reads the memnode's statistics (the keys written before the limit count).
+#[test]
+fn a_limit_set_at_run_time_wakes_the_refresher() {
+    let (_m, node, mut conn) = cache("allkeys-random");
+    redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("0").query::<()>(&mut conn).unwrap();
+    let keys = (LIMIT / 2 / VALUE.len() as u64) as usize;
+    for i in 0..keys {
+        set(&mut conn, &format!("before:{i}"), None).unwrap();
+    }
+    redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("1gb").query::<()>(&mut conn).unwrap();
+    set(&mut conn, "after", None).unwrap();
+    let counted = keys as u64 * VALUE.len() as u64;
+    // Liveness only: one refresh is due within 100 ms of the write.
+    let mut used = 0;
+    for _ in 0..200 {
+        used = node.status().memnodes[0].used_bytes;
+        if used >= counted {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(used >= counted, "the refresher never counted the {keys} keys written before the limit: {used} B");
+}
+
+const PASSWORD: &str = "cache secret";
+
+/// A memnode of 32 MiB and a computenode serving the attach and remote front ends on it,
+/// with `maxmemory` 1 MiB; a client of each.
+fn library_cache(policy: &str, dir: &std::path::Path) -> (TestMemnode, Computenode, [Client; 2]) {
+    let m = TestMemnode::start(Via::Transport(TransportKind::Shm), 32 << 20, 16);
+    let node = Computenode::start(ComputenodeConfig {
+        memnodes: vec![m.endpoint().unwrap().to_string()],
+        token: TestMemnode::TOKEN.into(),
+        requirepass: Some(PASSWORD.into()),
+        redis_addr: None,
+        metrics_addr: None,
+        remote_addr: Some("127.0.0.1:0".into()),
+        attach_socket: Some(dir.join("computenode.sock")),
+        ready_sessions: 2,
+        prefetch_chunks: 1,
+        // Each worker's session holds a chunk of its own (64 KiB): a loaded machine scaled
+        // one sequential client's workers to 50, and the heap's footprint with them.
+        max_workers: 2,
+        maxmemory: Limit::Bytes(LIMIT),
+        maxmemory_policy: policy.into(),
+        ..ComputenodeConfig::default()
+    })
+    .unwrap();
+    let socket = node.status().attach_socket.unwrap();
+    let attached = Client::builder().attach(&socket).connect().unwrap();
+    let remote_addr = node.remote_endpoint().unwrap().trim_start_matches("tcp:").to_string();
+    let remote = Client::builder().remote(remote_addr).password(PASSWORD).connect().unwrap();
+    (m, node, [attached, remote])
+}
+
+/// 10x maxmemory written through the attached library (puts, puts with a TTL, multi-puts),
+/// then through the remote one: no write fails, the memnode stays near the limit, and the
+/// evictions are counted with the Redis front end's.
+#[test]
+fn library_writes_evict_through_the_attach_and_remote_front_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, node, clients) = library_cache("allkeys-random", dir.path());
+    let keys = (10 * LIMIT / VALUE.len() as u64) as usize;
+    for (name, client) in ["attached", "remote"].into_iter().zip(&clients) {
+        let evicted_before = racekv_redis::maxmemory::evicted_keys();
+        for i in (0..keys).step_by(4) {
+            let key = |j: usize| format!("{name}:{}", i + j).into_bytes();
+            client.put(&key(0), &VALUE).unwrap_or_else(|e| panic!("{name}: put {i} of {keys}: {e}"));
+            client.put_ex(&key(1), &VALUE, Duration::from_secs(3600)).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let (k2, k3) = (key(2), key(3));
+            client.multi_put(&[(&k2, &VALUE[..]), (&k3, &VALUE[..])]).unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+        std::thread::sleep(Duration::from_millis(300)); // a refresh or two
+        let used = node.status().memnodes[0].used_bytes;
+        let footprint = m.stats().heap.heap_used_bytes;
+        eprintln!("{name}: {keys} keys written: estimated live data {used} B, heap footprint {footprint} B");
+        assert!(used <= LIMIT + LIMIT / 4, "{name}: estimated live data {used} B, limit {LIMIT} B");
+        assert!(footprint <= 2 * LIMIT, "{name}: the memnode's heap holds {footprint} B, limit {LIMIT} B");
+        let evicted = racekv_redis::maxmemory::evicted_keys() - evicted_before;
+        assert!(evicted >= keys as u64 / 2, "{name}: evicted {evicted} of {keys}");
+        let last = format!("{name}:{}", keys - 1);
+        assert_eq!(client.get(last.as_bytes()).unwrap().as_deref(), Some(&VALUE[..]), "{name}: the last key");
+    }
+}
+
+/// Under noeviction, a library write over the limit fails with its memnode's
+/// `OutOfSpace`, carrying Redis' OOM message, on both front ends.
+#[test]
+fn library_writes_over_the_limit_under_noeviction_are_out_of_space() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_m, _node, clients) = library_cache("noeviction", dir.path());
+    for (name, client) in ["attached", "remote"].into_iter().zip(&clients) {
+        let mut written = 0;
+        let e = loop {
+            match client.put(format!("{name}:{written}").as_bytes(), &VALUE) {
+                Ok(()) => written += 1,
+                Err(e) => break e,
+            }
+            assert!(written < 4 * LIMIT as usize / VALUE.len(), "{name}: noeviction never refused a write");
+        };
+        assert!(
+            matches!(&e, ClientError::OutOfSpace { reason, .. } if reason.contains(OVER_LIMIT_REASON)),
+            "{name}: {e}"
+        );
+    }
+}
+
+/// `maxmemory` as a share of the region: from the configuration and from `CONFIG SET`,
+/// INFO shows it in bytes, and writes of 10x that stay near it.
+#[test]
+fn maxmemory_as_a_share_of_the_region() {
+    let m = TestMemnode::start(Via::Transport(TransportKind::Shm), 32 << 20, 16);
+    let node = common::redis_only(&[&m], |c| {
+        c.ready_sessions = 2;
+        c.prefetch_chunks = 1;
+        c.maxmemory = Limit::Share(5_000);
+        c.maxmemory_policy = "allkeys-random".into();
+    });
+    let port = node.redis_addr().unwrap().port();
+    let mut conn = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap().get_connection().unwrap();
+    let region = node.status().memnodes[0].region_bytes;
+    let maxmemory = |conn: &mut redis::Connection| {
+        let info: String = redis::cmd("INFO").arg("memory").query(conn).unwrap();
+        let line = info.lines().find_map(|l| l.strip_prefix("maxmemory:")).unwrap_or_else(|| panic!("{info}"));
+        line.trim().parse::<u64>().unwrap()
+    };
+    assert_eq!(maxmemory(&mut conn), region / 2);
+    assert_eq!(node.status().memnodes[0].maxmemory_bytes, region / 2);
+    redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("3.12%").query::<()>(&mut conn).unwrap();
+    let limit = region * 312 / 10_000;
+    assert_eq!((maxmemory(&mut conn), node.status().memnodes[0].maxmemory_bytes), (limit, limit));
+    let got: Vec<String> = redis::cmd("CONFIG").arg("GET").arg("maxmemory").query(&mut conn).unwrap();
+    assert_eq!(Limit::parse(&got[1]).unwrap().bytes_of(region), limit, "CONFIG GET: {got:?}");
+    for bad in ["0%", "101%", "1.234%", "half"] {
+        let e = redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(bad).query::<()>(&mut conn).unwrap_err();
+        assert!(e.to_string().contains("maxmemory"), "{bad}: {e}");
+    }
+    let keys = (10 * limit / VALUE.len() as u64) as usize;
+    for i in 0..keys {
+        set(&mut conn, &format!("key:{i}"), None).unwrap_or_else(|e| panic!("SET {i} of {keys}: {e}"));
+    }
+    std::thread::sleep(Duration::from_millis(300)); // a refresh or two
+    let used = node.status().memnodes[0].used_bytes;
+    assert!(used <= limit + limit / 4, "estimated live data {used} B, limit {limit} B");
 }

@@ -346,6 +346,7 @@ fn settings_come_from_the_environment_and_print_as_toml_that_loads_back() {
         .arg("--print-config")
         .env("RACEKV_COMPUTENODE_MEMNODES", "tcp:10.0.0.1:7400,tcp:10.0.0.2:7400")
         .env("RACEKV_COMPUTENODE_MAX_WORKERS", "7")
+        .env("RACEKV_COMPUTENODE_MAXMEMORY", "50%")
         .env("RACEKV_STATUS_FROM", "127.0.0.1:1,127.0.0.1:2")
         .env("RACEKV_MEMNODES", "tcp:127.0.0.1:1")
         .output()
@@ -356,12 +357,20 @@ fn settings_come_from_the_environment_and_print_as_toml_that_loads_back() {
     let memnodes = toml::Value::Array(vec!["tcp:10.0.0.1:7400".into(), "tcp:10.0.0.2:7400".into()]);
     assert_eq!(parsed["memnodes"], memnodes);
     assert_eq!(parsed["max_workers"].as_integer(), Some(7));
+    assert_eq!(parsed["maxmemory"].as_str(), Some("50%"), "a share prints as set");
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("computenode.toml");
     std::fs::write(&file, &printed).unwrap();
     let again = Command::new(bin).arg("--print-config").arg("--config").arg(&file).output().unwrap();
     assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
     assert_eq!(String::from_utf8(again.stdout).unwrap(), printed);
+    // The flag over the environment, bytes with Redis' units.
+    let flag = Command::new(bin)
+        .args(["--print-config", "--maxmemory", "2mb"])
+        .env("RACEKV_COMPUTENODE_MAXMEMORY", "50%")
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&flag.stdout).contains("maxmemory = 2097152\n"), "{flag:?}");
     // An unknown setting stops the daemon with a clear error, naming it.
     let out = Command::new(bin).arg("--print-config").env("RACEKV_COMPUTENODE_NO_SUCH", "1").output().unwrap();
     assert!(!out.status.success());

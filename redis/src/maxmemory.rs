@@ -3,7 +3,9 @@
 //! counters (`evicted_keys`, `keyspace_hits`, `keyspace_misses`).
 //!
 //! The settings are atomics: `CONFIG SET` changes apply at the next write, without locks.
+//! `maxmemory` is bytes per memnode or a share of each memnode's region ([`Limit`]).
 
+use std::fmt;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::LazyLock;
 
@@ -13,6 +15,94 @@ use prometheus::IntCounter;
 pub const DEFAULT_SAMPLES: u32 = 5;
 /// Most `maxmemory-samples` accepted: each sample costs a read on the write path.
 pub const MAX_SAMPLES: u32 = 64;
+/// A share of the region is kept in hundredths of a percent: `12.34%` is the finest.
+pub const SHARE_SCALE: u32 = 100 * 100;
+/// Marks an encoded [`Limit::Share`] (a byte count never reaches it: Redis' sizes are i64).
+const SHARE_FLAG: u64 = 1 << 63;
+
+/// `maxmemory` as set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Limit {
+    /// Bytes per memnode (0: no limit).
+    Bytes(u64),
+    /// A share of each memnode's region, in hundredths of a percent (1 to [`SHARE_SCALE`]).
+    Share(u32),
+    /// No limit (`maxmemory 0`).
+    #[default]
+    None,
+}
+
+impl Limit {
+    /// Bytes with Redis' units (`100mb`, `1gb`, `0`), or a share of the region (`50%`,
+    /// `12.5%`, above 0 and at most 100).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        if let Some(number) = text.strip_suffix('%') {
+            let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+            let digits = |d: &str| !d.is_empty() && d.len() <= 3 && d.bytes().all(|b| b.is_ascii_digit());
+            if !digits(whole) || (!fraction.is_empty() && (fraction.len() > 2 || !digits(fraction))) {
+                return Err(format!("maxmemory '{text}': a share is like 50% or 12.5%"));
+            }
+            let hundredths = whole.parse::<u32>().unwrap_or(u32::MAX).saturating_mul(100)
+                + format!("{fraction:0<2}").parse::<u32>().unwrap_or(0);
+            if hundredths == 0 || hundredths > SHARE_SCALE {
+                return Err(format!("maxmemory '{text}': a share must be above 0% and at most 100%"));
+            }
+            return Ok(Self::Share(hundredths));
+        }
+        match parse_bytes(text) {
+            Some(0) => Ok(Self::None),
+            Some(n) => Ok(Self::Bytes(n)),
+            None => Err(format!("maxmemory '{text}' is not a size (like 100mb) or a share of the region (like 50%)")),
+        }
+    }
+
+    /// Whether there is a limit.
+    pub fn is_set(self) -> bool {
+        !matches!(self, Self::None | Self::Bytes(0))
+    }
+
+    /// The limit in bytes of a memnode whose region is `region_bytes` (0: none).
+    pub fn bytes_of(self, region_bytes: u64) -> u64 {
+        match self {
+            Self::None => 0,
+            Self::Bytes(n) => n,
+            // At least 1 byte: 0 would mean no limit.
+            Self::Share(h) => (u128::from(region_bytes) * u128::from(h) / u128::from(SHARE_SCALE)).max(1) as u64,
+        }
+    }
+
+    fn encode(self) -> u64 {
+        match self {
+            Self::None => 0,
+            Self::Bytes(n) => n.min(SHARE_FLAG - 1),
+            Self::Share(h) => SHARE_FLAG | u64::from(h),
+        }
+    }
+
+    fn decode(word: u64) -> Self {
+        match word {
+            0 => Self::None,
+            w if w & SHARE_FLAG != 0 => Self::Share((w & !SHARE_FLAG) as u32),
+            n => Self::Bytes(n),
+        }
+    }
+}
+
+/// As set: bytes as a number, a share as `50%` (what `CONFIG GET` and the configuration show).
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::None => f.write_str("0"),
+            Self::Bytes(n) => write!(f, "{n}"),
+            Self::Share(h) if h % 100 == 0 => write!(f, "{}%", h / 100),
+            Self::Share(h) => {
+                let fraction = format!("{:02}", h % 100);
+                write!(f, "{}.{}%", h / 100, fraction.trim_end_matches('0'))
+            }
+        }
+    }
+}
 
 /// Redis' eviction policies that racekv implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -71,34 +161,52 @@ impl MaxmemoryPolicy {
     }
 }
 
-/// The cache-mode settings of one computenode (every memnode gets the same limit).
+/// The cache-mode settings of one computenode (every memnode gets the same limit, or the
+/// same share of its region).
 #[derive(Debug)]
 pub struct Maxmemory {
-    /// Bytes per memnode; 0: no limit.
-    bytes: AtomicU64,
+    /// The [`Limit`], encoded.
+    limit: AtomicU64,
+    /// The smallest memnode's region (0: not known), for [`Maxmemory::bytes`].
+    region_bytes: AtomicU64,
     policy: AtomicU8,
     samples: AtomicU32,
 }
 
 impl Default for Maxmemory {
     fn default() -> Self {
-        Self::new(0, MaxmemoryPolicy::NoEviction, DEFAULT_SAMPLES)
+        Self::new(Limit::None, MaxmemoryPolicy::NoEviction, DEFAULT_SAMPLES)
     }
 }
 
 impl Maxmemory {
     /// Settings with these values (`samples` clamped to 1..=[`MAX_SAMPLES`]).
-    pub fn new(bytes: u64, policy: MaxmemoryPolicy, samples: u32) -> Self {
+    pub fn new(limit: Limit, policy: MaxmemoryPolicy, samples: u32) -> Self {
         Self {
-            bytes: AtomicU64::new(bytes),
+            limit: AtomicU64::new(limit.encode()),
+            region_bytes: AtomicU64::new(0),
             policy: AtomicU8::new(policy as u8),
             samples: AtomicU32::new(samples.clamp(1, MAX_SAMPLES)),
         }
     }
 
-    /// The limit per memnode in bytes (0: none).
+    /// `maxmemory` as set.
+    pub fn limit(&self) -> Limit {
+        Limit::decode(self.limit.load(Ordering::Relaxed))
+    }
+
+    /// The limit per memnode in bytes (0: none), as INFO shows it; for a share, that of the
+    /// smallest region [`Maxmemory::set_region_bytes`] was told of (0 until then).
     pub fn bytes(&self) -> u64 {
-        self.bytes.load(Ordering::Relaxed)
+        match self.limit() {
+            Limit::Share(_) if self.region_bytes.load(Ordering::Relaxed) == 0 => 0,
+            limit => limit.bytes_of(self.region_bytes.load(Ordering::Relaxed)),
+        }
+    }
+
+    /// Tells the settings the smallest memnode's region (at start), for [`Maxmemory::bytes`].
+    pub fn set_region_bytes(&self, bytes: u64) {
+        self.region_bytes.store(bytes, Ordering::Relaxed);
     }
 
     /// The eviction policy.
@@ -112,8 +220,8 @@ impl Maxmemory {
     }
 
     /// Changes the limit (`CONFIG SET maxmemory`).
-    pub fn set_bytes(&self, bytes: u64) {
-        self.bytes.store(bytes, Ordering::Relaxed);
+    pub fn set_limit(&self, limit: Limit) {
+        self.limit.store(limit.encode(), Ordering::Relaxed);
     }
 
     /// Changes the policy (`CONFIG SET maxmemory-policy`).
@@ -215,8 +323,36 @@ mod tests {
         assert_eq!(parse_bytes("100mb"), Some(100 << 20));
         assert_eq!(parse_bytes("12"), Some(12));
         assert_eq!(parse_bytes("12 apples"), None);
-        let m = Maxmemory::new(1, MaxmemoryPolicy::VolatileTtl, 1000);
+        let m = Maxmemory::new(Limit::Bytes(1), MaxmemoryPolicy::VolatileTtl, 1000);
         assert_eq!((m.bytes(), m.policy(), m.samples()), (1, MaxmemoryPolicy::VolatileTtl, MAX_SAMPLES));
         assert!(m.policy().volatile_only() && !MaxmemoryPolicy::AllkeysRandom.volatile_only());
+    }
+
+    #[test]
+    fn limits_are_bytes_or_a_share_of_the_region_and_show_as_set() {
+        for (text, limit, shown) in [
+            ("0", Limit::None, "0"),
+            ("100mb", Limit::Bytes(100 << 20), "104857600"),
+            ("50%", Limit::Share(5_000), "50%"),
+            (" 12.5% ", Limit::Share(1_250), "12.5%"),
+            ("0.01%", Limit::Share(1), "0.01%"),
+            ("100%", Limit::Share(SHARE_SCALE), "100%"),
+        ] {
+            assert_eq!(Limit::parse(text), Ok(limit), "{text}");
+            assert_eq!(limit.to_string(), shown);
+            assert_eq!(Limit::parse(shown), Ok(limit), "{shown}");
+            assert_eq!(Limit::decode(limit.encode()), limit);
+        }
+        for bad in ["0%", "101%", "50.001%", "%", "-5%", "5e2%", "50 %", "lots", "1.5mb"] {
+            assert!(Limit::parse(bad).is_err(), "{bad}");
+        }
+        assert_eq!(Limit::Share(5_000).bytes_of(64 << 20), 32 << 20);
+        assert_eq!(Limit::Share(1).bytes_of(100), 1, "a share never rounds to no limit");
+        let m = Maxmemory::new(Limit::Share(2_500), MaxmemoryPolicy::AllkeysRandom, 5);
+        assert_eq!(m.bytes(), 0, "no region known yet");
+        m.set_region_bytes(1 << 30);
+        assert_eq!(m.bytes(), 256 << 20);
+        m.set_limit(Limit::Bytes(5));
+        assert_eq!((m.limit(), m.bytes()), (Limit::Bytes(5), 5));
     }
 }

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering}
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::maxmemory::{parse_memory, Maxmemory, MaxmemoryPolicy, MAX_SAMPLES};
+use crate::maxmemory::{parse_memory, Limit, Maxmemory, MaxmemoryPolicy, MAX_SAMPLES};
 use crate::resp::QueryBudget;
 use crate::slowlog::MAX_SLOWLOG_LEN;
 
@@ -139,6 +139,8 @@ pub(crate) enum Kind {
     Text,
     /// A `maxmemory-policy` name.
     Policy,
+    /// `maxmemory`: bytes with Redis' units, or a share of each memnode's region (`50%`).
+    Limit,
     /// Not settable at run time.
     Immutable,
 }
@@ -170,7 +172,7 @@ pub(crate) static PARAMETERS: &[Parameter] = &[
     param("client-query-buffer-limit", Kind::Memory { min: 1 << 20, max: i64::MAX }),
     // racekv's own: the budget every connection's large commands share (0: unlimited).
     param("query-buffer-budget", Kind::Memory { min: 0, max: i64::MAX }),
-    param("maxmemory", Kind::Memory { min: 0, max: i64::MAX }),
+    param("maxmemory", Kind::Limit),
     param("maxmemory-policy", Kind::Policy),
     param("maxmemory-samples", Kind::Integer { min: 1, max: MAX_SAMPLES as i64 }),
     param("port", Kind::Immutable),
@@ -189,6 +191,7 @@ pub(crate) enum Value {
     Bool(bool),
     Text(Vec<u8>),
     Policy(MaxmemoryPolicy),
+    Limit(Limit),
 }
 
 /// Checks `raw` for `p`; the error is Redis' reason text (after "... argument 'x') - ").
@@ -197,6 +200,7 @@ pub(crate) fn validate(p: &Parameter, raw: &[u8]) -> Result<Value, String> {
         Kind::Immutable => Err("can't set immutable config".into()),
         Kind::Text => Ok(Value::Text(raw.to_vec())),
         Kind::Policy => MaxmemoryPolicy::parse(&String::from_utf8_lossy(raw)).map(Value::Policy),
+        Kind::Limit => Limit::parse(&String::from_utf8_lossy(raw)).map(Value::Limit),
         Kind::Bool => match raw.to_ascii_lowercase().as_slice() {
             b"yes" => Ok(Value::Bool(true)),
             b"no" => Ok(Value::Bool(false)),
@@ -235,7 +239,7 @@ impl Settings {
             ("protected-mode", Value::Bool(on)) => self.set_protected_mode(*on),
             ("client-query-buffer-limit", Value::Integer(n)) => self.set_client_query_buffer_limit(*n as usize),
             ("query-buffer-budget", Value::Integer(n)) => self.query_budget.set_limit(*n as usize),
-            ("maxmemory", Value::Integer(n)) => self.maxmemory.set_bytes(*n as u64),
+            ("maxmemory", Value::Limit(limit)) => self.maxmemory.set_limit(*limit),
             ("maxmemory-policy", Value::Policy(p)) => self.maxmemory.set_policy(*p),
             ("maxmemory-samples", Value::Integer(n)) => self.maxmemory.set_samples(*n as u32),
             _ => debug_assert!(false, "no setting {name} = {value:?}"),
@@ -281,6 +285,9 @@ mod tests {
         settings.apply("maxmemory-samples", &Value::Integer(7));
         let m = settings.maxmemory();
         assert_eq!((m.bytes(), m.policy(), m.samples()), (100 << 20, MaxmemoryPolicy::VolatileTtl, 7));
+        settings.apply("maxmemory", &validate(parameter(b"maxmemory").unwrap(), b"25%").unwrap());
+        assert_eq!(settings.maxmemory().limit(), Limit::Share(2_500));
+        assert!(validate(parameter(b"maxmemory").unwrap(), b"150%").is_err());
         let lru = validate(parameter(b"maxmemory-policy").unwrap(), b"allkeys-lru").unwrap_err();
         assert!(lru.contains("not supported yet"), "{lru}");
         assert!(validate(parameter(b"maxmemory-samples").unwrap(), b"65").is_err());

@@ -119,7 +119,7 @@ struct Slot {
 
 /// What a slot's current command expects back.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Expect {
+pub(crate) enum Expect {
     /// A bulk string or nil (GET).
     Bulk,
     /// `+OK` (SET).
@@ -210,7 +210,7 @@ fn thread(
 
 /// A parsed reply, as far as the driver needs it.
 #[derive(Debug, PartialEq, Eq)]
-enum Reply {
+pub(crate) enum Reply {
     /// What the command answers with when it worked (a SCAN page: its cursor and keys).
     Expected { cursor: u64, keys: u64 },
     /// A GET's nil.
@@ -258,7 +258,7 @@ fn set_tail(value: &[u8]) -> Vec<u8> {
     tail
 }
 
-fn push_bulk(out: &mut Vec<u8>, bytes: &[u8]) {
+pub(crate) fn push_bulk(out: &mut Vec<u8>, bytes: &[u8]) {
     out.push(b'$');
     push_decimal(out, bytes.len() as u64);
     out.extend_from_slice(b"\r\n");
@@ -422,7 +422,7 @@ impl Reader {
     }
 
     /// The next reply, for a command that expects `expect`.
-    fn reply(&mut self, expect: Expect) -> anyhow::Result<Reply> {
+    pub(crate) fn reply(&mut self, expect: Expect) -> anyhow::Result<Reply> {
         while self.start == self.end {
             self.fill()?;
         }

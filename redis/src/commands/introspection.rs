@@ -523,7 +523,7 @@ fn config_value(c: &Client, name: &str) -> String {
         "proto-max-bulk-len" => settings.proto_max_bulk_len().to_string(),
         "client-query-buffer-limit" => settings.client_query_buffer_limit().to_string(),
         "query-buffer-budget" => settings.query_budget().limit().to_string(),
-        "maxmemory" => settings.maxmemory().bytes().to_string(),
+        "maxmemory" => settings.maxmemory().limit().to_string(),
         "maxmemory-policy" => settings.maxmemory().policy().name().into(),
         "maxmemory-samples" => settings.maxmemory().samples().to_string(),
         "port" => c.stats.tcp_port().to_string(),
