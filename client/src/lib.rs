@@ -487,7 +487,8 @@ impl Client {
     /// computenode's session runs (the same protocol as embedded mode, and the Redis front
     /// end's MULTI/EXEC); there the ACL checks the reads as GET and the commit as EXEC of its
     /// keys (with SET or DEL for its writes). Through a computenode a transaction reads and
-    /// writes at most [`op::MAX_MULTI`] keys each ([`ClientError::TooLarge`] past that).
+    /// writes at most [`op::MAX_MULTI`] keys each, in a commit of at most
+    /// [`op::MAX_REQUEST_BYTES`] ([`ClientError::TooLarge`] past either).
     ///
     /// ```no_run
     /// # fn main() -> Result<(), racekv_client::ClientError> {

@@ -86,7 +86,9 @@ pub const MAX_MESSAGE_BYTES: usize = 8 << 20;
 /// Bytes of a request's header (kind, mode, count).
 pub const REQUEST_HEADER_BYTES: usize = 4;
 /// Bytes of the largest request a client sends (in parts): a compare-and-swap of a maximal
-/// key with a maximal expected and new value. A multi-key request in parts carries one item.
+/// key with a maximal expected and new value. A multi-key request in parts carries one item;
+/// a transaction's COMMIT carries all its reads and writes, and must fit this (the client
+/// refuses a larger one with `ClientError::TooLarge`).
 pub const MAX_REQUEST_BYTES: usize = REQUEST_HEADER_BYTES + 4 + MAX_KEY_BYTES + 2 * (1 + 4 + MAX_VALUE_BYTES);
 /// Bytes a PART request takes besides its data.
 pub const PART_REQUEST_OVERHEAD_BYTES: usize = REQUEST_HEADER_BYTES + 8 + 8 + 8 + 4;
