@@ -9,8 +9,12 @@ use racekv_hashing::{Item, PutMode, PutOptions, PutResult};
 
 use crate::error::ClientError;
 use crate::expiry::ExpiryChange;
-use crate::op::{ErrorKind, MemnodeStats, Reply, Request, MAX_KEY_BYTES, MAX_SCAN_REPLY_BYTES, MAX_VALUE_BYTES};
+use crate::op::{
+    ErrorKind, MemnodeStats, Reply, Request, MAX_KEY_BYTES, MAX_MULTI, MAX_REQUEST_BYTES, MAX_SCAN_REPLY_BYTES,
+    MAX_VALUE_BYTES,
+};
 use crate::parts::{check_item, too_large};
+use crate::txn::{last_write_per_key, Coordinator, Version, Write, MAX_TXN_WRITES};
 use crate::Mode;
 
 /// Takes each reply of [`Channel::call_many`], with the batch items it answers.
@@ -196,6 +200,40 @@ impl dyn Channel {
         Ok(out)
     }
 
+    /// A transaction's read of `key` (`Session::read_versioned`, in the computenode).
+    pub(crate) fn read_versioned(&self, key: &[u8]) -> Result<(Option<Item>, Version), ClientError> {
+        check_key(key)?;
+        self.call(&Request::ReadVersioned(key.to_vec()))?.versioned().map_err(|r| self.unexpected(r))
+    }
+
+    /// A transaction's commit (`Session::commit`, in the computenode): one request, sent in
+    /// parts when it outgrows a message. At most [`MAX_MULTI`] keys read and as many
+    /// written (one write per key: the last), and [`MAX_REQUEST_BYTES`] in all; more is
+    /// [`ClientError::TooLarge`] (`max` the limit exceeded), and nothing is sent.
+    pub(crate) fn commit(&self, reads: &[(&[u8], Version)], writes: &[Write<'_>]) -> Result<bool, ClientError> {
+        let writes = last_write_per_key(writes);
+        if reads.is_empty() && writes.is_empty() {
+            return Ok(true); // nothing to check or apply (as `Session::commit` finds)
+        }
+        for w in &writes {
+            check_item(w.key, w.value.map_or(0, <[u8]>::len))?;
+        }
+        for (count, max) in [(reads.len(), MAX_MULTI), (writes.len(), MAX_TXN_WRITES.min(MAX_MULTI))] {
+            if count > max {
+                return Err(ClientError::TooLarge { key: 0, value: count, max });
+            }
+        }
+        let bytes = crate::op::commit_request_bytes(reads, &writes);
+        if bytes > MAX_REQUEST_BYTES {
+            return Err(ClientError::TooLarge { key: 0, value: bytes, max: MAX_REQUEST_BYTES });
+        }
+        let request = Request::Commit {
+            reads: reads.iter().map(|(k, v)| (k.to_vec(), *v)).collect(),
+            writes: writes.iter().map(|w| (w.key.to_vec(), w.value.map(<[u8]>::to_vec), w.expires_at_ms)).collect(),
+        };
+        self.call(&request)?.done().map_err(|r| self.unexpected(r))
+    }
+
     pub(crate) fn multi_put(&self, pairs: &[(&[u8], &[u8])]) -> Result<(), ClientError> {
         for (k, v) in pairs {
             check_item(k, v.len())?;
@@ -206,5 +244,16 @@ impl dyn Channel {
             (other, &[i]) => Err(self.unexpected_for(other, pairs[i].0.len(), pairs[i].1.len())),
             (other, _) => Err(self.unexpected(other)),
         })
+    }
+}
+
+/// A transaction through a computenode: its reads and its commit are requests.
+impl Coordinator for &(dyn Channel + 'static) {
+    fn read_versioned(&mut self, key: &[u8]) -> Result<(Option<Item>, Version), ClientError> {
+        (**self).read_versioned(key)
+    }
+
+    fn commit(&mut self, reads: &[(&[u8], Version)], writes: &[Write<'_>]) -> Result<bool, ClientError> {
+        (**self).commit(reads, writes)
     }
 }

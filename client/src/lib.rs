@@ -482,8 +482,13 @@ impl Client {
     /// Runs `body` as a transaction (`txn`): its reads see one snapshot, its writes apply
     /// atomically across memnodes when it returns `Ok`, or not at all; on a conflict it runs
     /// again (so it should have no other effects), up to [`txn::MAX_TXN_ATTEMPTS`] times.
-    /// Serializable. Embedded mode only for now: attached and remote clients get
-    /// [`ClientError::Config`] (the Redis front end's MULTI/EXEC runs on the same protocol).
+    /// Serializable. In every mode: an attached or remote client reads each key once through
+    /// its computenode and sends the buffered writes in one commit request, which the
+    /// computenode's session runs (the same protocol as embedded mode, and the Redis front
+    /// end's MULTI/EXEC); there the ACL checks the reads as GET and the commit as EXEC of its
+    /// keys (with SET or DEL for its writes). Through a computenode a transaction reads and
+    /// writes at most [`op::MAX_MULTI`] keys each, in a commit of at most
+    /// [`op::MAX_REQUEST_BYTES`] ([`ClientError::TooLarge`] past either).
     ///
     /// ```no_run
     /// # fn main() -> Result<(), racekv_client::ClientError> {
@@ -504,9 +509,7 @@ impl Client {
     ) -> Result<T, ClientError> {
         match &self.backend {
             Backend::Embedded(c) => c.with(|s| s.transaction(body)),
-            Backend::Channel(_) => Err(ClientError::Config(
-                "transactions run in embedded mode only so far; through a computenode use Redis MULTI/EXEC".into(),
-            )),
+            Backend::Channel(c) => txn::run(&mut &**c, body),
         }
     }
 

@@ -20,6 +20,10 @@
 //!   EXPIRE      : key, change u8 (0 at: condition u8 (bits NX XX GT LT) + u64 Unix ms; 1 persist)
 //!   PART        : upload id u64 | total u64 | offset u64 | bytes (u32 len + bytes)
 //!   FETCH_PART  : staged id u64 | offset u64 | max bytes u32
+//!   READ_VERSIONED : key
+//!   COMMIT      : writes u16 (0..=MAX_MULTI) | count x read | writes x write   (count: the reads)
+//!                 read: key, word u64, expiry (u8 present + u64 Unix ms)
+//!                 write: key, value (u8 present + bytes; absent: delete), expiry (u8 present + u64)
 //! reply   : status u8 (0 ok, else an ErrorKind) | kind u8 | count u16 | then:
 //!   VALUE       : u8 present + bytes       DONE : u8 (0/1)      COUNT : u64
 //!   VALUES      : count x (u8 present + bytes)                  OK    : -
@@ -31,6 +35,7 @@
 //!                        heap capacity, used, free, subtables, chunks u64
 //!   STAGED      : staged id u64 | total u64
 //!   PART        : bytes (u32 len + bytes)
+//!   VERSIONED   : word u64 | expiry (u8 present + u64) | item as ITEM   (READ_VERSIONED)
 //!   error       : UTF-8 message
 //! ```
 //!
@@ -59,6 +64,7 @@ use racekv_transport::decode::{DecodeError, Reader};
 
 use crate::error::ClientError;
 use crate::expiry::{ExpireCondition, ExpiryChange};
+use crate::txn::Version;
 
 /// The RPC method a computenode's remote front end answers: the request/reply of this module.
 pub const REMOTE_METHOD: u16 = 0x4B56;
@@ -80,7 +86,9 @@ pub const MAX_MESSAGE_BYTES: usize = 8 << 20;
 /// Bytes of a request's header (kind, mode, count).
 pub const REQUEST_HEADER_BYTES: usize = 4;
 /// Bytes of the largest request a client sends (in parts): a compare-and-swap of a maximal
-/// key with a maximal expected and new value. A multi-key request in parts carries one item.
+/// key with a maximal expected and new value. A multi-key request in parts carries one item;
+/// a transaction's COMMIT carries all its reads and writes, and must fit this (the client
+/// refuses a larger one with `ClientError::TooLarge`).
 pub const MAX_REQUEST_BYTES: usize = REQUEST_HEADER_BYTES + 4 + MAX_KEY_BYTES + 2 * (1 + 4 + MAX_VALUE_BYTES);
 /// Bytes a PART request takes besides its data.
 pub const PART_REQUEST_OVERHEAD_BYTES: usize = REQUEST_HEADER_BYTES + 8 + 8 + 8 + 4;
@@ -180,7 +188,23 @@ pub enum Request {
         /// Bytes wanted at most.
         max_len: u32,
     },
+    /// A transaction's read of a key: its item and version (`Session::read_versioned`;
+    /// answered VERSIONED).
+    ReadVersioned(Vec<u8>),
+    /// A transaction's commit (`Session::commit`): `writes` apply atomically if every key
+    /// of `reads` still has its version (answered DONE: whether they applied). At most
+    /// [`MAX_MULTI`] reads and [`MAX_MULTI`] writes.
+    Commit {
+        /// The keys read and the versions they had.
+        reads: Vec<(Vec<u8>, Version)>,
+        /// The writes, in order.
+        writes: Vec<TxnWrite>,
+    },
 }
+
+/// One write of a [`Request::Commit`]: key, new value (None: delete), expiry (absolute Unix
+/// ms; None: never).
+pub type TxnWrite = (Vec<u8>, Option<Vec<u8>>, Option<u64>);
 
 /// What comes back.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -218,6 +242,13 @@ pub enum Reply {
     },
     /// FETCH_PART's bytes.
     Part(Vec<u8>),
+    /// READ_VERSIONED: the key's item (None: absent or expired) and its version.
+    Versioned {
+        /// The item read.
+        item: Option<Item>,
+        /// Its version, for the commit's check.
+        version: Version,
+    },
     /// The request failed: its kind and a message.
     Error(ErrorKind, String),
 }
@@ -347,6 +378,14 @@ impl Reply {
         }
     }
 
+    /// READ_VERSIONED's item and version, or the reply itself when it is anything else.
+    pub fn versioned(self) -> Result<(Option<Item>, Version), Reply> {
+        match self {
+            Reply::Versioned { item, version } => Ok((item, version)),
+            other => Err(other),
+        }
+    }
+
     /// LEN's count, or the reply itself when it is anything else.
     pub fn count(self) -> Result<u64, Reply> {
         match self {
@@ -402,6 +441,7 @@ trait Fields {
     fn optional(&mut self) -> Result<Option<Vec<u8>>, DecodeError>;
     fn boolean(&mut self) -> Result<bool, DecodeError>;
     fn optional_u64(&mut self) -> Result<Option<u64>, DecodeError>;
+    fn item(&mut self) -> Result<Option<Item>, DecodeError>;
     fn memnode_stats(&mut self) -> Result<MemnodeStats, DecodeError>;
 }
 
@@ -427,6 +467,13 @@ impl Fields for Reader<'_> {
         match self.u8()? {
             0 => Ok(None),
             1 => self.u64().map(Some),
+            other => Err(bad(format!("presence byte {other}"))),
+        }
+    }
+    fn item(&mut self) -> Result<Option<Item>, DecodeError> {
+        match self.u8()? {
+            0 => Ok(None),
+            1 => Ok(Some(Item { value: self.field()?, expires_at_ms: self.optional_u64()? })),
             other => Err(bad(format!("presence byte {other}"))),
         }
     }
@@ -524,6 +571,26 @@ const GET_ITEM: u8 = 13;
 const EXPIRE: u8 = 14;
 const PART: u8 = 15;
 const FETCH_PART: u8 = 16;
+const READ_VERSIONED: u8 = 17;
+const COMMIT: u8 = 18;
+
+/// The fewest bytes a COMMIT's read takes (an empty key, no expiry): claimed counts are
+/// checked against the bytes present before anything is decoded.
+const COMMIT_READ_MIN_BYTES: usize = 4 + 8 + 1;
+/// The fewest bytes a COMMIT's write takes (an empty key, a delete, no expiry).
+const COMMIT_WRITE_MIN_BYTES: usize = 4 + 1 + 1;
+
+/// The encoded length of a [`Request::Commit`] of `reads` and `writes` (to check it against
+/// [`MAX_REQUEST_BYTES`] before building it).
+pub fn commit_request_bytes(reads: &[(&[u8], Version)], writes: &[crate::txn::Write<'_>]) -> usize {
+    let u64_optional = |v: Option<u64>| if v.is_some() { 9 } else { 1 };
+    let reads: usize = reads.iter().map(|(key, v)| 4 + key.len() + 8 + u64_optional(v.expires_at_ms)).sum();
+    let writes: usize = writes
+        .iter()
+        .map(|w| 4 + w.key.len() + 1 + w.value.map_or(0, |v| 4 + v.len()) + u64_optional(w.expires_at_ms))
+        .sum();
+    REQUEST_HEADER_BYTES + 2 + reads + writes
+}
 
 /// Appends a PART request to `out` (without building a [`Request`]: the data is copied once).
 pub fn encode_part(id: u64, total: u64, offset: u64, bytes: &[u8], out: &mut Vec<u8>) {
@@ -569,6 +636,17 @@ fn put_u64_optional(out: &mut Vec<u8>, value: Option<u64>) {
     }
 }
 
+fn put_item(out: &mut Vec<u8>, item: Option<&Item>) {
+    match item {
+        None => out.push(0),
+        Some(item) => {
+            out.push(1);
+            put_field(out, &item.value);
+            put_u64_optional(out, item.expires_at_ms);
+        }
+    }
+}
+
 impl Request {
     /// Appends the encoding to `out`.
     pub fn encode(&self, out: &mut Vec<u8>) {
@@ -589,13 +667,20 @@ impl Request {
             Request::Expire { .. } => (EXPIRE, 0, 0),
             Request::Part { id, total, offset, bytes } => return encode_part(*id, *total, *offset, bytes, out),
             Request::FetchPart { .. } => (FETCH_PART, 0, 0),
+            Request::ReadVersioned(_) => (READ_VERSIONED, 0, 0),
+            Request::Commit { reads, writes } => {
+                assert!(writes.len() <= MAX_MULTI, "at most {MAX_MULTI} writes per commit");
+                (COMMIT, 0, reads.len())
+            }
         };
         assert!(count <= MAX_MULTI, "at most {MAX_MULTI} keys per multi-key request");
         out.push(kind);
         out.push(mode);
         out.extend_from_slice(&(count as u16).to_le_bytes());
         match self {
-            Request::Get(key) | Request::Delete(key) | Request::GetItem(key) => put_field(out, key),
+            Request::Get(key) | Request::Delete(key) | Request::GetItem(key) | Request::ReadVersioned(key) => {
+                put_field(out, key)
+            }
             Request::Put { key, value, .. } => {
                 put_field(out, key);
                 put_field(out, value);
@@ -646,6 +731,19 @@ impl Request {
                 out.extend_from_slice(&offset.to_le_bytes());
                 out.extend_from_slice(&max_len.to_le_bytes());
             }
+            Request::Commit { reads, writes } => {
+                out.extend_from_slice(&(writes.len() as u16).to_le_bytes());
+                for (key, version) in reads {
+                    put_field(out, key);
+                    out.extend_from_slice(&version.word.to_le_bytes());
+                    put_u64_optional(out, version.expires_at_ms);
+                }
+                for (key, value, expires_at_ms) in writes {
+                    put_field(out, key);
+                    put_optional(out, value.as_deref());
+                    put_u64_optional(out, *expires_at_ms);
+                }
+            }
         }
     }
 
@@ -661,7 +759,9 @@ impl Request {
         if count > MAX_MULTI {
             return Err(bad(format!("{count} keys exceed {MAX_MULTI}")));
         }
-        if (mode != 0 && kind != PUT && kind != PUT_OPTS) || (count != 0 && kind != MGET && kind != MPUT) {
+        if (mode != 0 && kind != PUT && kind != PUT_OPTS)
+            || (count != 0 && kind != MGET && kind != MPUT && kind != COMMIT)
+        {
             return Err(bad("mode or count set on a request that takes none"));
         }
         let request = match kind {
@@ -713,6 +813,30 @@ impl Request {
             DELETE_ALL => Request::DeleteAll,
             PART => Request::Part { id: r.u64()?, total: r.u64()?, offset: r.u64()?, bytes: r.field()? },
             FETCH_PART => Request::FetchPart { id: r.u64()?, offset: r.u64()?, max_len: r.u32()? },
+            READ_VERSIONED => Request::ReadVersioned(r.field()?),
+            COMMIT => {
+                let writes = r.u16()? as usize;
+                if writes > MAX_MULTI {
+                    return Err(bad(format!("{writes} writes exceed {MAX_MULTI}")));
+                }
+                if count * COMMIT_READ_MIN_BYTES + writes * COMMIT_WRITE_MIN_BYTES > r.remaining() {
+                    return Err(bad(format!(
+                        "a commit of {count} reads and {writes} writes in {} bytes",
+                        r.remaining()
+                    )));
+                }
+                let reads = (0..count)
+                    .map(|_| {
+                        let key = r.field()?;
+                        Ok((key, Version { word: r.u64()?, expires_at_ms: r.optional_u64()? }))
+                    })
+                    .collect::<Result<_, DecodeError>>()?;
+                let writes =
+                    (0..writes)
+                        .map(|_| Ok((r.field()?, r.optional()?, r.optional_u64()?)))
+                        .collect::<Result<_, DecodeError>>()?;
+                Request::Commit { reads, writes }
+            }
             other => return Err(bad(format!("unknown request kind {other}"))),
         };
         r.finish()?;
@@ -731,6 +855,7 @@ const PUT_REPLY: u8 = 8;
 const ITEM: u8 = 9;
 const STAGED: u8 = 10;
 const PART_REPLY: u8 = 11;
+const VERSIONED: u8 = 12;
 
 impl Reply {
     /// Appends the reply's encoding to `out` (an error's message cut to 4096 bytes).
@@ -776,14 +901,13 @@ impl Reply {
             }
             Reply::Item(item) => {
                 out.extend_from_slice(&[0, ITEM, 0, 0]);
-                match item {
-                    None => out.push(0),
-                    Some(item) => {
-                        out.push(1);
-                        put_field(out, &item.value);
-                        put_u64_optional(out, item.expires_at_ms);
-                    }
-                }
+                put_item(out, item.as_ref());
+            }
+            Reply::Versioned { item, version } => {
+                out.extend_from_slice(&[0, VERSIONED, 0, 0]);
+                out.extend_from_slice(&version.word.to_le_bytes());
+                put_u64_optional(out, version.expires_at_ms);
+                put_item(out, item.as_ref());
             }
             Reply::Staged { id, total } => {
                 out.extend_from_slice(&[0, STAGED, 0, 0]);
@@ -844,11 +968,11 @@ impl Reply {
                 };
                 Reply::Put(PutResult { outcome, old: r.optional()? })
             }
-            ITEM => match r.u8()? {
-                0 => Reply::Item(None),
-                1 => Reply::Item(Some(Item { value: r.field()?, expires_at_ms: r.optional_u64()? })),
-                other => return Err(bad(format!("presence byte {other}"))),
-            },
+            ITEM => Reply::Item(r.item()?),
+            VERSIONED => {
+                let version = Version { word: r.u64()?, expires_at_ms: r.optional_u64()? };
+                Reply::Versioned { item: r.item()?, version }
+            }
             STATS_REPLY => Reply::Stats((0..count).map(|_| r.memnode_stats()).collect::<Result<_, _>>()?),
             KEYS => {
                 let cursor = r.u64()?;
@@ -906,7 +1030,26 @@ mod tests {
                 offset,
                 max_len
             }),
+            bytes().prop_map(Request::ReadVersioned),
+            (
+                proptest::collection::vec((bytes(), version()), 0..6),
+                proptest::collection::vec(
+                    (bytes(), proptest::option::of(bytes()), proptest::option::of(any::<u64>())),
+                    0..6
+                )
+            )
+                .prop_map(|(reads, writes)| Request::Commit { reads, writes }),
         ]
+    }
+
+    fn version() -> impl Strategy<Value = Version> {
+        (any::<u64>(), proptest::option::of(any::<u64>()))
+            .prop_map(|(word, expires_at_ms)| Version { word, expires_at_ms })
+    }
+
+    fn item() -> impl Strategy<Value = Option<Item>> {
+        proptest::option::of((bytes(), proptest::option::of(any::<u64>())))
+            .prop_map(|item| item.map(|(value, expires_at_ms)| Item { value, expires_at_ms }))
     }
 
     fn put_mode() -> impl Strategy<Value = PutMode> {
@@ -934,8 +1077,8 @@ mod tests {
                 proptest::option::of(bytes())
             )
                 .prop_map(|(outcome, old)| Reply::Put(PutResult { outcome, old })),
-            proptest::option::of((bytes(), proptest::option::of(any::<u64>())))
-                .prop_map(|item| Reply::Item(item.map(|(value, expires_at_ms)| Item { value, expires_at_ms }))),
+            item().prop_map(Reply::Item),
+            (item(), version()).prop_map(|(item, version)| Reply::Versioned { item, version }),
             proptest::collection::vec(proptest::option::of(bytes()), 0..10).prop_map(Reply::Values),
             any::<u64>().prop_map(Reply::Count),
             Just(Reply::Ok),
@@ -994,7 +1137,7 @@ mod tests {
 
         /// Arbitrary bytes after a valid header of every kind (so decoding gets past it).
         #[test]
-        fn decoders_never_panic_past_the_header(kind in 0u8..20, mode in 0u8..4, count in 0u16..8,
+        fn decoders_never_panic_past_the_header(kind in 0u8..24, mode in 0u8..4, count in 0u16..8,
                                                  junk in proptest::collection::vec(any::<u8>(), 0..300)) {
             let mut bytes = vec![kind, mode];
             bytes.extend_from_slice(&count.to_le_bytes());
@@ -1027,6 +1170,33 @@ mod tests {
             }
             prop_assert_eq!(&assembled, &whole);
             prop_assert_eq!(Request::decode(&assembled).unwrap(), req);
+        }
+
+        /// Arbitrary bytes after a COMMIT's header and write count (small counts, so the
+        /// decoder gets into the reads and writes).
+        #[test]
+        fn commit_decoding_never_panics(reads in 0u16..6, writes in 0u16..6,
+                                        junk in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let mut bytes = vec![COMMIT, 0];
+            bytes.extend_from_slice(&reads.to_le_bytes());
+            bytes.extend_from_slice(&writes.to_le_bytes());
+            bytes.extend_from_slice(&junk);
+            let _ = Request::decode(&bytes);
+        }
+
+        /// What [`commit_request_bytes`] says a commit takes is its encoding's length.
+        #[test]
+        fn commit_lengths_are_exact(req in request()) {
+            if let Request::Commit { reads, writes } = &req {
+                let mut out = Vec::new();
+                req.encode(&mut out);
+                let reads: Vec<(&[u8], Version)> = reads.iter().map(|(k, v)| (k.as_slice(), *v)).collect();
+                let writes: Vec<crate::txn::Write<'_>> = writes
+                    .iter()
+                    .map(|(k, v, at)| crate::txn::Write { key: k, value: v.as_deref(), expires_at_ms: *at })
+                    .collect();
+                prop_assert_eq!(commit_request_bytes(&reads, &writes), out.len());
+            }
         }
 
         #[test]
@@ -1100,6 +1270,48 @@ mod tests {
         let mut msg = vec![GET, 0, 0, 0];
         msg.extend_from_slice(&(MAX_FIELD_BYTES as u32 + 1).to_le_bytes());
         assert!(Request::decode(&msg).unwrap_err().message.contains("exceeds"));
+    }
+
+    #[test]
+    fn commits_out_of_bounds_are_refused() {
+        let encoded = |r: &Request| {
+            let mut out = Vec::new();
+            r.encode(&mut out);
+            out
+        };
+        let read = (b"r".to_vec(), Version { word: 7, expires_at_ms: Some(9) });
+        let write = (b"w".to_vec(), Some(b"v".to_vec()), None);
+        let commit = Request::Commit { reads: vec![read.clone(); 2], writes: vec![write.clone(); 3] };
+        let bytes = encoded(&commit);
+        assert_eq!(Request::decode(&bytes).unwrap(), commit);
+        // Counts claiming more than the bytes carry, or more than MAX_MULTI, are refused
+        // before anything is decoded.
+        for (reads, writes) in
+            [(3u16, 3u16), (2, 4), (MAX_MULTI as u16 + 1, 0), (0, MAX_MULTI as u16 + 1), (u16::MAX, u16::MAX)]
+        {
+            let mut bytes = bytes.clone();
+            bytes[2..4].copy_from_slice(&reads.to_le_bytes());
+            bytes[4..6].copy_from_slice(&writes.to_le_bytes());
+            assert!(Request::decode(&bytes).is_err(), "{reads} reads, {writes} writes");
+        }
+        // A mode byte, bad presence bytes.
+        let mut bad_mode = bytes.clone();
+        bad_mode[1] = 1;
+        assert!(Request::decode(&bad_mode).is_err());
+        let value_presence = bytes.len() - 1 - (4 + 1) - 1; // the last write's: no expiry, then "v"
+        assert_eq!(bytes[value_presence], 1);
+        let mut bad_presence = bytes.clone();
+        bad_presence[value_presence] = 2;
+        assert!(Request::decode(&bad_presence).is_err());
+        // A VERSIONED reply with a bad presence byte (the version's expiry, the item).
+        let mut reply = Vec::new();
+        Reply::Versioned { item: None, version: Version::ABSENT }.encode(&mut reply);
+        assert_eq!(reply.len(), 4 + 8 + 1 + 1);
+        for at in [12, 13] {
+            let mut bad = reply.clone();
+            bad[at] = 2;
+            assert!(Reply::decode(&bad).is_err());
+        }
     }
 
     #[test]

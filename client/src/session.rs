@@ -19,6 +19,7 @@ use racekv_hashing::table::txn::TxnState;
 use crate::error::ClientError;
 use crate::expiry::{ExpiryChange, Ttl};
 use crate::op::{MemnodeStats, Reply, Request, MAX_MULTI};
+use crate::txn::{Version, Write};
 
 /// Bits of a session's scan cursor above the table cursor: which memnode, in the order of
 /// their node ids.
@@ -454,6 +455,21 @@ impl<S: Shards> Session<S> {
             }
             Request::RandomKey => self.random_key(random_seed()).map(Reply::Value),
             Request::DeleteAll => self.delete_all().map(Reply::Count),
+            Request::ReadVersioned(key) => {
+                self.read_versioned(key).map(|(item, version)| Reply::Versioned { item, version })
+            }
+            Request::Commit { reads, writes } => {
+                let reads: Vec<(&[u8], Version)> = reads.iter().map(|(k, v)| (k.as_slice(), *v)).collect();
+                let writes: Vec<Write<'_>> = writes
+                    .iter()
+                    .map(|(key, value, expires_at_ms)| Write {
+                        key,
+                        value: value.as_deref(),
+                        expires_at_ms: *expires_at_ms,
+                    })
+                    .collect();
+                self.commit(&reads, &writes).map(Reply::Done)
+            }
             // Transfers are the front end's business: it assembles a request before it runs.
             Request::Part { .. } | Request::FetchPart { .. } => {
                 Err(ClientError::Protocol("a request in parts reached a session unassembled".into()))

@@ -185,39 +185,15 @@ impl<S: Shards> Session<S> {
         Ok(committed)
     }
 
-    /// Runs `body` as a transaction: its reads ([`Txn::get`]) see one snapshot and its
-    /// writes ([`Txn::put`], [`Txn::delete`]) apply atomically when it returns, or not at
-    /// all. On a conflict `body` runs again (at most [`MAX_TXN_ATTEMPTS`] times, then
-    /// [`ClientError::Conflict`]), so it should have no other effects.
+    /// Runs `body` as a transaction: its reads ([`Transaction::get`]) see one snapshot and
+    /// its writes ([`Transaction::put`], [`Transaction::delete`]) apply atomically when it
+    /// returns, or not at all. On a conflict `body` runs again (at most [`MAX_TXN_ATTEMPTS`]
+    /// times, then [`ClientError::Conflict`]), so it should have no other effects.
     pub fn transaction<T>(
         &mut self,
-        mut body: impl FnMut(&mut dyn Transaction) -> Result<T, ClientError>,
+        body: impl FnMut(&mut dyn Transaction) -> Result<T, ClientError>,
     ) -> Result<T, ClientError> {
-        for attempt in 0..MAX_TXN_ATTEMPTS {
-            let mut txn = Txn { session: self, reads: Vec::new(), writes: Vec::new() };
-            let value = body(&mut txn)?;
-            let Txn { reads, writes, .. } = txn;
-            let mut writes: Vec<Write<'_>> =
-                writes.iter().map(|(k, v, at)| Write { key: k, value: v.as_deref(), expires_at_ms: *at }).collect();
-            if attempt >= LOCK_READS_AFTER_ATTEMPTS {
-                // Write back what was read: its lock keeps it still until the commit point.
-                let read_only = reads.iter().filter(|(k, _, _)| !writes.iter().any(|w| w.key == k.as_slice()));
-                let rewrites: Vec<Write<'_>> = read_only
-                    .map(|(k, v, item)| Write {
-                        key: k,
-                        value: item.as_ref().map(|i| i.value.as_slice()),
-                        expires_at_ms: v.expires_at_ms,
-                    })
-                    .collect();
-                writes.splice(0..0, rewrites);
-            }
-            let reads: Vec<(&[u8], Version)> = reads.iter().map(|(k, v, _)| (k.as_slice(), *v)).collect();
-            if self.commit(&reads, &writes)? {
-                return Ok(value);
-            }
-            backoff(attempt);
-        }
-        Err(ClientError::Conflict(format!("the transaction conflicted {MAX_TXN_ATTEMPTS} times in a row")))
+        run(self, body)
     }
 
     /// Locks every write; false at the first conflict. Locks placed go to `held`; a lock
@@ -280,7 +256,7 @@ impl<S: Shards> Session<S> {
 }
 
 /// The writes, one per key (the last of each), in first-seen order.
-fn last_write_per_key<'a>(writes: &[Write<'a>]) -> Vec<Write<'a>> {
+pub(crate) fn last_write_per_key<'a>(writes: &[Write<'a>]) -> Vec<Write<'a>> {
     let mut out: Vec<Write<'a>> = Vec::with_capacity(writes.len());
     for w in writes {
         match out.iter_mut().find(|o| o.key == w.key) {
@@ -312,19 +288,75 @@ pub trait Transaction {
     fn delete(&mut self, key: &[u8]);
 }
 
+/// How a transaction's reads and commit are done: a [`Session`] runs the protocol itself;
+/// an attached or remote client asks its computenode (`Request::ReadVersioned`,
+/// `Request::Commit`), whose session runs it.
+pub(crate) trait Coordinator {
+    /// [`Session::read_versioned`].
+    fn read_versioned(&mut self, key: &[u8]) -> Result<(Option<Item>, Version), ClientError>;
+    /// [`Session::commit`].
+    fn commit(&mut self, reads: &[(&[u8], Version)], writes: &[Write<'_>]) -> Result<bool, ClientError>;
+}
+
+impl<S: Shards> Coordinator for Session<S> {
+    fn read_versioned(&mut self, key: &[u8]) -> Result<(Option<Item>, Version), ClientError> {
+        Session::read_versioned(self, key)
+    }
+
+    fn commit(&mut self, reads: &[(&[u8], Version)], writes: &[Write<'_>]) -> Result<bool, ClientError> {
+        Session::commit(self, reads, writes)
+    }
+}
+
+/// Runs `body` as a transaction through `coordinator` ([`Session::transaction`],
+/// `crate::Client::transaction`): its reads (each key once) and writes are buffered, then
+/// committed at once; on a conflict it runs again, after a backoff, at most
+/// [`MAX_TXN_ATTEMPTS`] times. From attempt [`LOCK_READS_AFTER_ATTEMPTS`] on, the keys
+/// only read are written back as read, so their locks hold them still until the commit.
+pub(crate) fn run<C: Coordinator + ?Sized, T>(
+    coordinator: &mut C,
+    mut body: impl FnMut(&mut dyn Transaction) -> Result<T, ClientError>,
+) -> Result<T, ClientError> {
+    for attempt in 0..MAX_TXN_ATTEMPTS {
+        let mut txn = Txn { coordinator: &mut *coordinator, reads: Vec::new(), writes: Vec::new() };
+        let value = body(&mut txn)?;
+        let Txn { reads, writes, .. } = txn;
+        let mut writes: Vec<Write<'_>> =
+            writes.iter().map(|(k, v, at)| Write { key: k, value: v.as_deref(), expires_at_ms: *at }).collect();
+        if attempt >= LOCK_READS_AFTER_ATTEMPTS {
+            // Write back what was read: its lock keeps it still until the commit point.
+            let read_only = reads.iter().filter(|(k, _, _)| !writes.iter().any(|w| w.key == k.as_slice()));
+            let rewrites: Vec<Write<'_>> = read_only
+                .map(|(k, v, item)| Write {
+                    key: k,
+                    value: item.as_ref().map(|i| i.value.as_slice()),
+                    expires_at_ms: v.expires_at_ms,
+                })
+                .collect();
+            writes.splice(0..0, rewrites);
+        }
+        let reads: Vec<(&[u8], Version)> = reads.iter().map(|(k, v, _)| (k.as_slice(), *v)).collect();
+        if coordinator.commit(&reads, &writes)? {
+            return Ok(value);
+        }
+        backoff(attempt);
+    }
+    Err(ClientError::Conflict(format!("the transaction conflicted {MAX_TXN_ATTEMPTS} times in a row")))
+}
+
 /// A buffered write: key, value (None: a delete), expiry.
 type BufferedWrite = (Vec<u8>, Option<Vec<u8>>, Option<u64>);
 
-/// A transaction being built by [`Session::transaction`]'s body.
-pub struct Txn<'s, S: Shards> {
-    session: &'s mut Session<S>,
+/// A transaction being built by a body ([`run`]).
+struct Txn<'c, C: ?Sized> {
+    coordinator: &'c mut C,
     /// (key, version, item) of every key read, in order.
     reads: Vec<(Vec<u8>, Version, Option<Item>)>,
     /// The writes, in order.
     writes: Vec<BufferedWrite>,
 }
 
-impl<S: Shards> Transaction for Txn<'_, S> {
+impl<C: Coordinator + ?Sized> Transaction for Txn<'_, C> {
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
         if let Some((_, value, _)) = self.writes.iter().rev().find(|(k, _, _)| k == key) {
             return Ok(value.clone());
@@ -332,7 +364,7 @@ impl<S: Shards> Transaction for Txn<'_, S> {
         if let Some((_, _, item)) = self.reads.iter().find(|(k, _, _)| k == key) {
             return Ok(item.as_ref().map(|i| i.value.clone()));
         }
-        let (item, version) = self.session.read_versioned(key)?;
+        let (item, version) = self.coordinator.read_versioned(key)?;
         let value = item.as_ref().map(|i| i.value.clone());
         self.reads.push((key.to_vec(), version, item));
         Ok(value)

@@ -31,8 +31,34 @@ fn as_command(request: &Request) -> (&'static str, Vec<(&[u8], KeyAccess)>) {
         Request::GetItem(key) => ("get", vec![(key, KeyAccess::Read)]),
         Request::Expire { key, change: ExpiryChange::At { .. } } => ("pexpireat", vec![(key, KeyAccess::Write)]),
         Request::Expire { key, change: ExpiryChange::Persist } => ("persist", vec![(key, KeyAccess::Write)]),
+        // A transaction's read: what GET reads, with the key's version.
+        Request::ReadVersioned(key) => ("get", vec![(key, KeyAccess::Read)]),
+        // EXEC of a transaction: it reads (checks) its read keys and writes its write keys;
+        // `check` also asks for the commands its writes amount to.
+        Request::Commit { reads, writes } => (
+            "exec",
+            reads
+                .iter()
+                .map(|(k, _)| (&k[..], KeyAccess::Read))
+                .chain(writes.iter().map(|(k, _, _)| (&k[..], KeyAccess::Write)))
+                .collect(),
+        ),
         Request::Part { .. } | Request::FetchPart { .. } => unreachable!("`check` passes transfers through"),
     }
+}
+
+/// The commands a commit's writes amount to, queued in a MULTI: SET for a value, DEL for a
+/// delete (a user may EXEC only what it could have queued).
+fn commit_writes(request: &Request) -> Vec<&'static str> {
+    let Request::Commit { writes, .. } = request else { return Vec::new() };
+    let mut commands = Vec::new();
+    if writes.iter().any(|(_, value, _)| value.is_some()) {
+        commands.push("set");
+    }
+    if writes.iter().any(|(_, value, _)| value.is_none()) {
+        commands.push("del");
+    }
+    commands
 }
 
 /// Whether `user` may make `request`; the error is Redis' NOPERM text. Parts of a request
@@ -43,7 +69,11 @@ pub fn check(acl: &Acl, user: &str, request: &Request) -> Result<(), String> {
         return Ok(());
     }
     let (command, keys) = as_command(request);
-    acl.check(user, command, keys)
+    acl.check(user, command, keys)?;
+    for command in commit_writes(request) {
+        acl.check(user, command, [])?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -87,5 +117,43 @@ mod tests {
         assert!(check(&acl, "w", &put(true)).is_err(), "returning the old value reads the key");
         assert!(check(&acl, "w", &expire).is_ok());
         assert!(check(&acl, "w", &Request::GetItem(b"k".to_vec())).is_err());
+    }
+
+    #[test]
+    fn transactions_are_checked_as_exec_of_their_reads_and_writes() {
+        use racekv_client::txn::Version;
+        let acl = Acl::open(racekv_redis::commands::catalog());
+        acl.set_user(b"ro", &[b"on", b"nopass", b"+@read", b"~*"]).unwrap();
+        acl.set_user(b"cache", &[b"on", b"nopass", b"+@all", b"~cache:*"]).unwrap();
+        acl.set_user(b"w", &[b"on", b"nopass", b"+@all", b"%W~*"]).unwrap();
+        acl.set_user(b"nowrite", &[b"on", b"nopass", b"+@all", b"-@write", b"~*"]).unwrap();
+        let v = Version::ABSENT;
+        let commit = |reads: &[&str], writes: &[(&str, Option<&str>)]| Request::Commit {
+            reads: reads.iter().map(|k| (k.as_bytes().to_vec(), v)).collect(),
+            writes: writes
+                .iter()
+                .map(|(k, val)| (k.as_bytes().to_vec(), val.map(|x| x.as_bytes().to_vec()), None))
+                .collect(),
+        };
+        let read = |k: &str| Request::ReadVersioned(k.as_bytes().to_vec());
+        // A transaction's read is a GET.
+        assert!(check(&acl, "ro", &read("k")).is_ok());
+        assert!(check(&acl, "cache", &read("cache:1")).is_ok());
+        assert!(check(&acl, "cache", &read("other")).is_err());
+        assert!(check(&acl, "w", &read("k")).is_err(), "a write-only pattern does not read");
+        // The commit is an EXEC: a read-only user may not run one (as MULTI/EXEC on the
+        // Redis port), even with nothing to write.
+        assert!(check(&acl, "ro", &commit(&["k"], &[])).unwrap_err().contains("'exec'"));
+        assert!(check(&acl, "default", &commit(&["a"], &[("b", Some("1")), ("c", None)])).is_ok());
+        // Every key read and written is checked, each for its access.
+        assert!(check(&acl, "cache", &commit(&["cache:a"], &[("cache:b", Some("1"))])).is_ok());
+        assert!(check(&acl, "cache", &commit(&["other"], &[("cache:b", Some("1"))])).is_err());
+        assert!(check(&acl, "cache", &commit(&["cache:a"], &[("other", None)])).is_err());
+        assert!(check(&acl, "w", &commit(&[], &[("k", Some("1"))])).is_ok());
+        assert!(check(&acl, "w", &commit(&["k"], &[("k", Some("1"))])).is_err(), "a read through %W~");
+        // Writes need the commands they amount to (SET, DEL), as queued in a MULTI.
+        assert!(check(&acl, "nowrite", &commit(&["k"], &[])).is_ok());
+        assert!(check(&acl, "nowrite", &commit(&["k"], &[("k", Some("1"))])).unwrap_err().contains("'set'"));
+        assert!(check(&acl, "nowrite", &commit(&[], &[("k", None)])).unwrap_err().contains("'del'"));
     }
 }

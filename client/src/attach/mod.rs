@@ -111,6 +111,9 @@ pub fn reply_bound(request: &Request) -> u64 {
         Request::PutOpts { .. } => 5 + VALUE_REPLY_BOUND,
         // Presence, the value, the expiry.
         Request::GetItem(_) => 4 + VALUE_REPLY_BOUND + 9,
+        // The version (word, expiry), then as GET_ITEM.
+        Request::ReadVersioned(_) => 4 + 8 + 9 + VALUE_REPLY_BOUND + 9,
+        Request::Commit { .. } => 5,
         // A part is acknowledged with a count; the last one's reply is its request's, which
         // the daemon budgets once the request is assembled.
         Request::Part { .. } => 12,
