@@ -13,8 +13,8 @@ use crate::op::{
     ErrorKind, MemnodeStats, Reply, Request, MAX_KEY_BYTES, MAX_MULTI, MAX_REQUEST_BYTES, MAX_SCAN_REPLY_BYTES,
     MAX_VALUE_BYTES,
 };
+use crate::optimistic::{last_write_per_key, Coordinator, Version, Write, MAX_TXN_WRITES};
 use crate::parts::{check_item, too_large};
-use crate::txn::{last_write_per_key, Coordinator, Version, Write, MAX_TXN_WRITES};
 use crate::Mode;
 
 /// Takes each reply of [`Channel::call_many`], with the batch items it answers.

@@ -68,9 +68,11 @@ mod embedded;
 mod error;
 pub mod expiry;
 pub mod op;
+mod optimistic;
 mod parts;
 mod remote;
 pub mod ring;
+mod seed;
 pub mod session;
 pub mod txn;
 
@@ -509,7 +511,7 @@ impl Client {
     ) -> Result<T, ClientError> {
         match &self.backend {
             Backend::Embedded(c) => c.with(|s| s.transaction(body)),
-            Backend::Channel(c) => txn::run(&mut &**c, body),
+            Backend::Channel(c) => optimistic::run(&mut &**c, body),
         }
     }
 

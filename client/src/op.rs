@@ -64,7 +64,7 @@ use racekv_transport::decode::{DecodeError, Reader};
 
 use crate::error::ClientError;
 use crate::expiry::{ExpireCondition, ExpiryChange};
-use crate::txn::Version;
+use crate::optimistic::Version;
 
 /// The RPC method a computenode's remote front end answers: the request/reply of this module.
 pub const REMOTE_METHOD: u16 = 0x4B56;
@@ -582,7 +582,7 @@ const COMMIT_WRITE_MIN_BYTES: usize = 4 + 1 + 1;
 
 /// The encoded length of a [`Request::Commit`] of `reads` and `writes` (to check it against
 /// [`MAX_REQUEST_BYTES`] before building it).
-pub fn commit_request_bytes(reads: &[(&[u8], Version)], writes: &[crate::txn::Write<'_>]) -> usize {
+pub fn commit_request_bytes(reads: &[(&[u8], Version)], writes: &[crate::optimistic::Write<'_>]) -> usize {
     let u64_optional = |v: Option<u64>| if v.is_some() { 9 } else { 1 };
     let reads: usize = reads.iter().map(|(key, v)| 4 + key.len() + 8 + u64_optional(v.expires_at_ms)).sum();
     let writes: usize = writes
@@ -1191,9 +1191,9 @@ mod tests {
                 let mut out = Vec::new();
                 req.encode(&mut out);
                 let reads: Vec<(&[u8], Version)> = reads.iter().map(|(k, v)| (k.as_slice(), *v)).collect();
-                let writes: Vec<crate::txn::Write<'_>> = writes
+                let writes: Vec<crate::optimistic::Write<'_>> = writes
                     .iter()
-                    .map(|(k, v, at)| crate::txn::Write { key: k, value: v.as_deref(), expires_at_ms: *at })
+                    .map(|(k, v, at)| crate::optimistic::Write { key: k, value: v.as_deref(), expires_at_ms: *at })
                     .collect();
                 prop_assert_eq!(commit_request_bytes(&reads, &writes), out.len());
             }

@@ -5,7 +5,6 @@
 //! business: the embedded client opens its own connections; a computenode worker borrows
 //! virtual connections from its daemon's pre-initialized pool.
 
-use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
 use racekv_hashing::scan::TABLE_CURSOR_BITS;
@@ -19,7 +18,7 @@ use racekv_hashing::table::txn::TxnState;
 use crate::error::ClientError;
 use crate::expiry::{ExpiryChange, Ttl};
 use crate::op::{MemnodeStats, Reply, Request, MAX_MULTI};
-use crate::txn::{Version, Write};
+use crate::optimistic::{Version, Write};
 
 /// Bits of a session's scan cursor above the table cursor: which memnode, in the order of
 /// their node ids.
@@ -31,12 +30,7 @@ pub const MAX_SCAN_MEMNODES: usize = 1 << MEMNODE_CURSOR_BITS;
 /// error is returned (each resolution settles one lock for good).
 const MAX_LOCK_RESOLUTIONS: u32 = 8;
 
-/// A random number for picking keys (no generator to seed: std's hasher keys are random).
-pub fn random_seed() -> u64 {
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
-    h.finish()
-}
+pub use crate::seed::random_seed;
 
 /// The memnodes a session can reach.
 pub trait Shards: Send {

@@ -45,55 +45,18 @@
 //! the version in place), `r` checks of 2, decide 1, settle 1 per memnode. Versions and locks
 //! go one key at a time today.
 
-use std::time::Duration;
-
 use racekv_hashing::layout::TxnMark;
 use racekv_hashing::table::txn::{Lock, TxnState, TXN_LEASE_MS};
 use racekv_hashing::Item;
 
 use crate::error::ClientError;
+use crate::optimistic::{last_write_per_key, run, Coordinator};
+pub use crate::optimistic::{Transaction, Version, Write, LOCK_READS_AFTER_ATTEMPTS, MAX_TXN_ATTEMPTS, MAX_TXN_WRITES};
 use crate::session::{Session, Shards};
 
-/// Attempts [`Session::transaction`] makes before it gives up with
-/// [`ClientError::Conflict`].
-pub const MAX_TXN_ATTEMPTS: u32 = 64;
-/// Attempts after which a transaction also locks the keys it only read (writing back what
-/// it read), so a long reader among busy writers stops losing every validation.
-pub const LOCK_READS_AFTER_ATTEMPTS: u32 = 4;
 /// Times a key written without being read has its version read again when its lock loses
 /// a race, before the attempt counts as a conflict.
 const BLIND_LOCK_ATTEMPTS: u32 = 3;
-/// Most distinct keys one transaction may write (each holds a lock until the commit).
-pub const MAX_TXN_WRITES: usize = 4096;
-
-/// What a transaction read of a key: its slot word (0: absent) and its expiry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Version {
-    /// The key's canonical slot word when read (0: absent). A write gives a new one.
-    pub word: u64,
-    /// Its expiry when read (None: never, or absent): expiring since counts as a change.
-    pub expires_at_ms: Option<u64>,
-}
-
-impl Version {
-    /// The version of an absent key.
-    pub const ABSENT: Version = Version { word: 0, expires_at_ms: None };
-
-    fn expired(&self, now_ms: u64) -> bool {
-        self.expires_at_ms.is_some_and(|at| now_ms > at)
-    }
-}
-
-/// One write of a transaction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Write<'a> {
-    /// The key.
-    pub key: &'a [u8],
-    /// Its new value; None deletes it.
-    pub value: Option<&'a [u8]>,
-    /// The new value's expiry (absolute Unix ms; None: never).
-    pub expires_at_ms: Option<u64>,
-}
 
 /// A lock this coordinator placed.
 struct Held<'a> {
@@ -255,49 +218,6 @@ impl<S: Shards> Session<S> {
     }
 }
 
-/// The writes, one per key (the last of each), in first-seen order.
-pub(crate) fn last_write_per_key<'a>(writes: &[Write<'a>]) -> Vec<Write<'a>> {
-    let mut out: Vec<Write<'a>> = Vec::with_capacity(writes.len());
-    for w in writes {
-        match out.iter_mut().find(|o| o.key == w.key) {
-            Some(o) => *o = *w,
-            None => out.push(*w),
-        }
-    }
-    out
-}
-
-/// Waits a little before a transaction runs again: more after each conflict, with jitter
-/// so two conflicting coordinators do not meet again in lockstep.
-fn backoff(attempt: u32) {
-    let most_us = 20u64 << attempt.min(8);
-    let jitter = crate::session::random_seed() % most_us;
-    std::thread::sleep(Duration::from_micros(most_us / 2 + jitter / 2));
-}
-
-/// What a transaction's body may do (`crate::Client::transaction`, [`Session::transaction`]).
-pub trait Transaction {
-    /// The value of `key` as this transaction sees it: its own write if it made one, else
-    /// the stored value (read once, and checked at commit).
-    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, ClientError>;
-    /// Sets `key` to `value` (no expiry) when the transaction commits.
-    fn put(&mut self, key: &[u8], value: &[u8]);
-    /// Sets `key` to `value`, expiring at `expires_at_ms` (Unix ms), when it commits.
-    fn put_expiring(&mut self, key: &[u8], value: &[u8], expires_at_ms: u64);
-    /// Deletes `key` when the transaction commits.
-    fn delete(&mut self, key: &[u8]);
-}
-
-/// How a transaction's reads and commit are done: a [`Session`] runs the protocol itself;
-/// an attached or remote client asks its computenode (`Request::ReadVersioned`,
-/// `Request::Commit`), whose session runs it.
-pub(crate) trait Coordinator {
-    /// [`Session::read_versioned`].
-    fn read_versioned(&mut self, key: &[u8]) -> Result<(Option<Item>, Version), ClientError>;
-    /// [`Session::commit`].
-    fn commit(&mut self, reads: &[(&[u8], Version)], writes: &[Write<'_>]) -> Result<bool, ClientError>;
-}
-
 impl<S: Shards> Coordinator for Session<S> {
     fn read_versioned(&mut self, key: &[u8]) -> Result<(Option<Item>, Version), ClientError> {
         Session::read_versioned(self, key)
@@ -305,80 +225,5 @@ impl<S: Shards> Coordinator for Session<S> {
 
     fn commit(&mut self, reads: &[(&[u8], Version)], writes: &[Write<'_>]) -> Result<bool, ClientError> {
         Session::commit(self, reads, writes)
-    }
-}
-
-/// Runs `body` as a transaction through `coordinator` ([`Session::transaction`],
-/// `crate::Client::transaction`): its reads (each key once) and writes are buffered, then
-/// committed at once; on a conflict it runs again, after a backoff, at most
-/// [`MAX_TXN_ATTEMPTS`] times. From attempt [`LOCK_READS_AFTER_ATTEMPTS`] on, the keys
-/// only read are written back as read, so their locks hold them still until the commit.
-pub(crate) fn run<C: Coordinator + ?Sized, T>(
-    coordinator: &mut C,
-    mut body: impl FnMut(&mut dyn Transaction) -> Result<T, ClientError>,
-) -> Result<T, ClientError> {
-    for attempt in 0..MAX_TXN_ATTEMPTS {
-        let mut txn = Txn { coordinator: &mut *coordinator, reads: Vec::new(), writes: Vec::new() };
-        let value = body(&mut txn)?;
-        let Txn { reads, writes, .. } = txn;
-        let mut writes: Vec<Write<'_>> =
-            writes.iter().map(|(k, v, at)| Write { key: k, value: v.as_deref(), expires_at_ms: *at }).collect();
-        if attempt >= LOCK_READS_AFTER_ATTEMPTS {
-            // Write back what was read: its lock keeps it still until the commit point.
-            let read_only = reads.iter().filter(|(k, _, _)| !writes.iter().any(|w| w.key == k.as_slice()));
-            let rewrites: Vec<Write<'_>> = read_only
-                .map(|(k, v, item)| Write {
-                    key: k,
-                    value: item.as_ref().map(|i| i.value.as_slice()),
-                    expires_at_ms: v.expires_at_ms,
-                })
-                .collect();
-            writes.splice(0..0, rewrites);
-        }
-        let reads: Vec<(&[u8], Version)> = reads.iter().map(|(k, v, _)| (k.as_slice(), *v)).collect();
-        if coordinator.commit(&reads, &writes)? {
-            return Ok(value);
-        }
-        backoff(attempt);
-    }
-    Err(ClientError::Conflict(format!("the transaction conflicted {MAX_TXN_ATTEMPTS} times in a row")))
-}
-
-/// A buffered write: key, value (None: a delete), expiry.
-type BufferedWrite = (Vec<u8>, Option<Vec<u8>>, Option<u64>);
-
-/// A transaction being built by a body ([`run`]).
-struct Txn<'c, C: ?Sized> {
-    coordinator: &'c mut C,
-    /// (key, version, item) of every key read, in order.
-    reads: Vec<(Vec<u8>, Version, Option<Item>)>,
-    /// The writes, in order.
-    writes: Vec<BufferedWrite>,
-}
-
-impl<C: Coordinator + ?Sized> Transaction for Txn<'_, C> {
-    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
-        if let Some((_, value, _)) = self.writes.iter().rev().find(|(k, _, _)| k == key) {
-            return Ok(value.clone());
-        }
-        if let Some((_, _, item)) = self.reads.iter().find(|(k, _, _)| k == key) {
-            return Ok(item.as_ref().map(|i| i.value.clone()));
-        }
-        let (item, version) = self.coordinator.read_versioned(key)?;
-        let value = item.as_ref().map(|i| i.value.clone());
-        self.reads.push((key.to_vec(), version, item));
-        Ok(value)
-    }
-
-    fn put(&mut self, key: &[u8], value: &[u8]) {
-        self.writes.push((key.to_vec(), Some(value.to_vec()), None));
-    }
-
-    fn put_expiring(&mut self, key: &[u8], value: &[u8], expires_at_ms: u64) {
-        self.writes.push((key.to_vec(), Some(value.to_vec()), Some(expires_at_ms)));
-    }
-
-    fn delete(&mut self, key: &[u8]) {
-        self.writes.push((key.to_vec(), None, None));
     }
 }
