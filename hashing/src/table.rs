@@ -1218,6 +1218,22 @@ impl TableClient {
 
     // ---- reading ----
 
+    /// READs the key's buckets (no write), again as long as a split in progress or a stale
+    /// directory entry asks, and puts its fingerprint matches in `self.cands`. Returns the
+    /// subtable read (for [`Self::others_unchanged`]).
+    fn read_candidates(&mut self, hash: &KeyHash, attempts: &mut Attempts) -> Result<u64, Error> {
+        loop {
+            let entry = self.entry(hash, attempts)?;
+            let probe = self.probe(hash, entry.entry.subtable, None)?;
+            if !probe.admits(hash.dir) {
+                self.stale(hash, attempts)?;
+                continue;
+            }
+            probe.candidates(hash.fingerprint, &mut self.cands);
+            return Ok(entry.entry.subtable);
+        }
+    }
+
     /// READs the key's two combined buckets (after `write`, if any: the new block goes out
     /// in the same doorbell). Also carries any pending item-count change.
     fn probe(&mut self, hash: &KeyHash, subtable: u64, write: Option<&NewBlock>) -> Result<Probe, Error> {
@@ -1391,13 +1407,7 @@ impl TableClient {
         let hash = self.hash(key);
         let mut attempts = Attempts::new(self.shared.options.op_timeout);
         loop {
-            let entry = self.entry(&hash, &mut attempts)?;
-            let probe = self.probe(&hash, entry.entry.subtable, None)?;
-            if !probe.admits(hash.dir) {
-                self.stale(&hash, &mut attempts)?;
-                continue;
-            }
-            probe.candidates(hash.fingerprint, &mut self.cands);
+            let subtable = self.read_candidates(&hash, &mut attempts)?;
             if self.cands.is_empty() {
                 return Ok(None);
             }
@@ -1418,7 +1428,7 @@ impl TableClient {
                     return Ok(None);
                 }
                 Verified::Done => {
-                    if self.others_unchanged(&hash, entry.entry.subtable)? {
+                    if self.others_unchanged(&hash, subtable)? {
                         return Ok(None);
                     }
                     attempts.retry("the key's buckets kept changing")?;

@@ -196,13 +196,7 @@ impl TableClient {
         let hash = self.hash(key);
         let mut attempts = Attempts::new(self.shared.options.op_timeout);
         loop {
-            let entry = self.entry(&hash, &mut attempts)?;
-            let probe = self.probe(&hash, entry.entry.subtable, None)?;
-            if !probe.admits(hash.dir) {
-                self.stale(&hash, &mut attempts)?;
-                continue;
-            }
-            probe.candidates(hash.fingerprint, &mut self.cands);
+            let subtable = self.read_candidates(&hash, &mut attempts)?;
             if self.cands.is_empty() {
                 return Ok(0);
             }
@@ -211,7 +205,7 @@ impl TableClient {
                 Verified::Done => match self.copies.first().copied() {
                     Some(c) if c.locked() || !c.expired() => return Ok(c.word),
                     Some(_) => return Ok(0),
-                    None if self.others_unchanged(&hash, entry.entry.subtable)? => return Ok(0),
+                    None if self.others_unchanged(&hash, subtable)? => return Ok(0),
                     None => attempts.retry("the key's buckets kept changing")?,
                 },
             }
@@ -251,13 +245,7 @@ impl TableClient {
         let hash = self.hash(key);
         let mut attempts = Attempts::new(self.shared.options.op_timeout);
         loop {
-            let entry = self.entry(&hash, &mut attempts)?;
-            let probe = self.probe(&hash, entry.entry.subtable, None)?;
-            if !probe.admits(hash.dir) {
-                self.stale(&hash, &mut attempts)?;
-                continue;
-            }
-            probe.candidates(hash.fingerprint, &mut self.cands);
+            self.read_candidates(&hash, &mut attempts)?;
             // Only the slot holding this very word matters: no block read is needed to
             // know it (the word names the block, and a word does not come back).
             let Some(&(at, _)) = self.cands.iter().find(|&&(_, word)| word == locked) else {
