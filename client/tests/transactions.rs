@@ -2,6 +2,8 @@
 //! transports: atomicity across memnodes, conflicts, a bank-transfer workload whose total
 //! never changes in any snapshot while tables split, and coordinators SIGKILLed mid-commit.
 
+#[path = "shared/bank.rs"]
+mod bank;
 #[path = "shared/linearizability.rs"]
 mod linearizability;
 
@@ -9,7 +11,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use racekv_client::{Client, ClientError};
+use bank::{account, number, splitmix, total, transfer, GROUP};
+use racekv_client::Client;
 use racekv_hashing::testing::{TestMemnode, Via};
 use racekv_transport::TransportKind;
 
@@ -29,57 +32,6 @@ fn client(endpoints: &[String]) -> Client {
         .timeout(Duration::from_secs(10))
         .connect()
         .unwrap()
-}
-
-fn number(value: Option<Vec<u8>>) -> i64 {
-    value.map_or(0, |v| String::from_utf8(v).unwrap().parse().unwrap())
-}
-
-fn account(i: usize) -> Vec<u8> {
-    format!("account-{i}").into_bytes()
-}
-
-/// The sum of accounts `range`, read in one transaction (a snapshot).
-fn total(client: &Client, range: std::ops::Range<usize>) -> i64 {
-    client
-        .transaction(|tx| {
-            let mut sum = 0;
-            for i in range.clone() {
-                sum += number(tx.get(&account(i))?);
-            }
-            Ok(sum)
-        })
-        .unwrap()
-}
-
-/// Accounts are in groups of this many; transfers stay within a group, so each group's
-/// total is fixed (and a snapshot of one group is a short read).
-const GROUP: usize = 4;
-
-/// Moves a pseudo-random amount between two pseudo-random accounts of one group.
-fn transfer(client: &Client, accounts: usize, seed: u64) -> Result<(), ClientError> {
-    let group = (seed % (accounts / GROUP) as u64) as usize * GROUP;
-    let from = group + ((seed >> 8) % GROUP as u64) as usize;
-    let to = group + ((seed >> 16) % GROUP as u64) as usize;
-    let amount = ((seed >> 32) % 50) as i64;
-    client.transaction(|tx| {
-        let a = number(tx.get(&account(from))?);
-        let b = number(tx.get(&account(to))?);
-        if from == to {
-            return Ok(());
-        }
-        tx.put(&account(from), (a - amount).to_string().as_bytes());
-        tx.put(&account(to), (b + amount).to_string().as_bytes());
-        Ok(())
-    })
-}
-
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 #[test]
@@ -206,7 +158,7 @@ fn bank_transfers_keep_the_total_in_every_snapshot_while_tables_split() {
             while !stop.load(Ordering::Relaxed) {
                 group = (group + 1) % (ACCOUNTS / GROUP);
                 let range = group * GROUP..(group + 1) * GROUP;
-                assert_eq!(total(&client, range), GROUP as i64 * INITIAL, "a snapshot saw part of a transfer");
+                assert_eq!(total(&client, range).unwrap(), GROUP as i64 * INITIAL, "a snapshot saw part of a transfer");
                 snapshots.fetch_add(1, Ordering::Relaxed);
             }
         }));
@@ -234,7 +186,7 @@ fn bank_transfers_keep_the_total_in_every_snapshot_while_tables_split() {
     for t in threads {
         t.join().unwrap();
     }
-    assert_eq!(total(&setup, 0..ACCOUNTS), expected);
+    assert_eq!(total(&setup, 0..ACCOUNTS).unwrap(), expected);
     let splits: u64 = nodes.iter().map(|m| m.stats().heap.subtables).sum();
     assert!(splits > 3, "the tables never split ({splits} subtables)");
     eprintln!(
@@ -365,7 +317,7 @@ fn a_coordinator_killed_mid_commit_leaves_nothing_partial_or_locked() {
         child.wait().unwrap();
         // Every account, read in one snapshot: locks the child left are waited out (its
         // lease), then resolved from its record.
-        assert_eq!(total(&checker, 0..ACCOUNTS), expected, "after kill {kill}");
+        assert_eq!(total(&checker, 0..ACCOUNTS).unwrap(), expected, "after kill {kill}");
         // And written by plain writes: nothing stays locked.
         for i in 0..ACCOUNTS {
             let v = checker.get(&account(i)).unwrap();

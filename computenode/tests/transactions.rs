@@ -6,6 +6,10 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+#[path = "../../client/tests/shared/bank.rs"]
+mod bank;
+
+use bank::{account, number, splitmix, total, transfer, GROUP};
 use racekv_client::{Client, ClientError, Mode};
 use racekv_computenode::config::ComputenodeConfig;
 use racekv_computenode::Computenode;
@@ -45,56 +49,6 @@ fn remote(node: &Computenode) -> Client {
     let client = Client::builder().remote(addr.trim_start_matches("tcp:")).password(PASSWORD).connect().unwrap();
     assert_eq!(client.mode(), Mode::Remote);
     client
-}
-
-fn number(value: Option<Vec<u8>>) -> i64 {
-    value.map_or(0, |v| String::from_utf8(v).unwrap().parse().unwrap())
-}
-
-fn account(i: usize) -> Vec<u8> {
-    format!("account-{i}").into_bytes()
-}
-
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// Accounts are in groups of this many; transfers stay within a group, so each group's
-/// total is fixed (and a snapshot of one group is a short read, which busy writers do not
-/// starve).
-const GROUP: usize = 4;
-
-/// Moves a pseudo-random amount between two pseudo-random accounts of one group.
-fn transfer(client: &Client, accounts: usize, seed: u64) -> Result<(), ClientError> {
-    let group = (seed % (accounts / GROUP) as u64) as usize * GROUP;
-    let from = group + ((seed >> 8) % GROUP as u64) as usize;
-    let to = group + ((seed >> 16) % GROUP as u64) as usize;
-    let amount = ((seed >> 32) % 50) as i64;
-    client.transaction(|tx| {
-        let a = number(tx.get(&account(from))?);
-        let b = number(tx.get(&account(to))?);
-        if from == to {
-            return Ok(());
-        }
-        tx.put(&account(from), (a - amount).to_string().as_bytes());
-        tx.put(&account(to), (b + amount).to_string().as_bytes());
-        Ok(())
-    })
-}
-
-/// The sum of accounts `range`, read in one transaction (a snapshot).
-fn total(client: &Client, range: std::ops::Range<usize>) -> Result<i64, ClientError> {
-    client.transaction(|tx| {
-        let mut sum = 0;
-        for i in range.clone() {
-            sum += number(tx.get(&account(i))?);
-        }
-        Ok(sum)
-    })
 }
 
 #[test]
