@@ -38,7 +38,10 @@
 //! then the first operation to meet one gets `Error::Locked`, and [`Session`] aborts the
 //! record if it is still pending (or finds it committed) and settles that lock. Each lock
 //! is settled by whoever meets it; the record of a dead coordinator is freed at its
-//! memnode's next start (with the blocks its locks kept, `racekv_hashing::reclaim`).
+//! memnode's next start (with the blocks its locks kept, `racekv_hashing::reclaim`). The
+//! home's locks are settled last: while one stands, that reclaim keeps the record. A home
+//! memnode that restarts under the first lock aborts the commit (ARCHITECTURE.md,
+//! "Multi-key transactions", which also names the window still open).
 //!
 //! **Round trips**, uncontended, on one memnode, for `w` keys written (`r` more read):
 //! per written key 2 (version, unless it was read) + 2 (lock; 3 if the probe no longer shows
@@ -125,8 +128,10 @@ impl<S: Shards> Session<S> {
                 return Err(prepared.err().unwrap_or(e));
             }
         };
+        // The home memnode's locks last: while one stands, its start's reclaim keeps the
+        // record, so a coordinator dying midway leaves every other lock resolvable.
         let mut shards: Vec<usize> = held.iter().map(|h| h.shard).collect();
-        shards.sort_unstable();
+        shards.sort_unstable_by_key(|&s| (s == home, s));
         shards.dedup();
         for shard in shards {
             let locks: Vec<(&[u8], Lock, TxnMark)> =

@@ -515,6 +515,7 @@ impl Table {
             last_word: 0,
             placed_at: 0,
             staged_record: None,
+            record_run: None,
             stats: ClientStats::default(),
             metrics: LocalMetrics::new(),
         }
@@ -756,6 +757,9 @@ pub struct TableClient {
     placed_at: u64,
     /// A transaction record (offset, word) to write with the next new block (`txn.rs`).
     staged_record: Option<(u64, u64)>,
+    /// The last transaction record this client allocated: (offset, memnode run). A lock
+    /// naming it is published only in that run (`txn.rs`).
+    record_run: Option<(u64, u64)>,
     stats: ClientStats,
     metrics: LocalMetrics,
 }
@@ -1651,8 +1655,13 @@ impl TableClient {
             let Error::Transport(TransportError::InstanceChanged { expected, .. }) = e else { return Err(e) };
             self.alloc.forget(expected);
             // The memnode restarted under the write. Before its block was in a slot nothing
-            // of it is visible, so it starts over in space from the new run.
-            if !matches!(state, BlockState::Unpublished) || restarts == MAX_RESTARTED_ATTEMPTS {
+            // of it is visible, so it starts over in space from the new run; but a lock
+            // naming this memnode's record does not (the record may not have survived the
+            // restart's reclaim): its transaction aborts.
+            if !matches!(state, BlockState::Unpublished)
+                || restarts == MAX_RESTARTED_ATTEMPTS
+                || self.locks_local_record()
+            {
                 return Err(e);
             }
             restarts += 1;
@@ -1677,6 +1686,7 @@ impl TableClient {
         let mark_bytes = if intent.is_some() { TXN_MARK_BYTES } else { 0 };
         if let Some(units) = block_units_for(key.len(), value.len() + mark_bytes, expires) {
             let block = self.alloc.alloc(units)?;
+            self.check_record_run(block, units)?;
             let encoded = encode_any_block(&mut self.block, key, value, None, None, expires_at_ms, intent.as_ref());
             assert_eq!(encoded, units, "a block sized {units} units encoded to {encoded}");
             let word = self.next_word(hash, block, units, false);
@@ -1691,6 +1701,7 @@ impl TableClient {
         let units = block_units_for(inline_key_len, EXTENT_DESCRIPTOR_BYTES + mark_bytes, expires)
             .expect("descriptors fit a block");
         let block = self.alloc.alloc(units)?;
+        self.check_record_run(block, units)?;
         let run = self.alloc.instance().expect("an allocated block belongs to a run");
         let (extent, long_key) = match self.write_extents(key, value, long, run) {
             Ok(extents) => extents,

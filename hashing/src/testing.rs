@@ -238,6 +238,9 @@ pub enum Fault {
     /// Forwards, then reports `ConnectionLost { maybe_executed: true }`: the request ran
     /// (or failed on its own), but the client cannot know.
     LostAfter,
+    /// Fails before forwarding as if the memnode had restarted since the batch's space was
+    /// handed out: `InstanceChanged` (a batch only; a call goes through).
+    Restarted,
 }
 
 #[derive(Default)]
@@ -345,6 +348,10 @@ impl Connection for FaultyConnection {
             None => self.inner.execute(batch),
             Some(Fault::LostBefore) => Err(Self::lost(false)),
             Some(Fault::LostAfter) => self.inner.execute(batch).and(Err(Self::lost(true))),
+            Some(Fault::Restarted) => {
+                let expected = self.inner.instance();
+                Err(racekv_transport::TransportError::InstanceChanged { expected, found: expected.wrapping_add(1) })
+            }
         }
     }
 
@@ -354,6 +361,7 @@ impl Connection for FaultyConnection {
             None => self.inner.call(method, request),
             Some(Fault::LostBefore) => Err(Self::lost(false)),
             Some(Fault::LostAfter) => self.inner.call(method, request).and(Err(Self::lost(true))),
+            Some(Fault::Restarted) => self.inner.call(method, request),
         }
     }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use racekv_hashing::format::read_node_id;
 use racekv_hashing::layout::TxnMark;
 use racekv_hashing::table::txn::{TxnState, TXN_LEASE_MS};
-use racekv_hashing::testing::{TestMemnode, Via};
+use racekv_hashing::testing::{Fault, FaultyConnection, TestMemnode, Via};
 use racekv_hashing::{Error, TableOptions};
 
 const MIB: u64 = 1 << 20;
@@ -161,4 +161,42 @@ fn others_wait_for_a_lock_within_its_lease_and_a_second_lock_fails_at_once() {
     holder.txn_free_record(record_offset);
     assert_eq!(reader.join().unwrap().as_deref(), Some(&b"v1"[..]));
     assert!(other.stats().lock_waits == 0 && other.get(b"k").unwrap().as_deref() == Some(&b"v1"[..]));
+}
+
+#[test]
+fn a_memnode_restart_under_the_first_lock_aborts_instead_of_naming_a_lost_record() {
+    let memnode = TestMemnode::start(Via::Local, 16 * MIB, 16);
+    let options = TableOptions { grace_period: Duration::ZERO, ..TableOptions::default() };
+    let table = memnode.table(options);
+    let faulty = std::sync::Arc::new(FaultyConnection::new(memnode.connect()));
+    let mut c = table.client(faulty.clone());
+    c.put(b"k", b"old").unwrap();
+    let node = read_node_id(&*memnode.connect()).unwrap();
+    let deadline_ms = racekv_hashing::clock::now_unix_ms() + TXN_LEASE_MS;
+    let record_offset = c.txn_record(deadline_ms).unwrap();
+    let (_, word) = c.read_versioned(b"k").unwrap();
+    // The first lock's first batch carries the record: the memnode "restarts" under it, so
+    // the record is lost with that run. The write would start over in the new run; a lock
+    // naming the record must not.
+    faulty.schedule(0, Fault::Restarted);
+    let mark = TxnMark { record_node: node, record_offset, old_word: word, deadline_ms, tombstone: false };
+    match c.txn_lock(b"k", Some(b"new"), None, mark) {
+        Err(Error::Transport(racekv_transport::TransportError::InstanceChanged { .. })) => {}
+        other => panic!("a lock over a lost record: {other:?}"),
+    }
+    assert_eq!(faulty.injected(), 1);
+    // Nothing was locked: the key reads (and writes) at once.
+    assert_eq!(c.get(b"k").unwrap().as_deref(), Some(&b"old"[..]));
+    assert_eq!(c.txn_version(b"k").unwrap(), word);
+    // The session goes on: the next transaction's record and lock work (the unwritten
+    // record is dropped, not left staged).
+    let deadline_ms = racekv_hashing::clock::now_unix_ms() + TXN_LEASE_MS;
+    let record_offset = c.txn_record(deadline_ms).unwrap();
+    let mark = TxnMark { record_node: node, record_offset, old_word: word, deadline_ms, tombstone: false };
+    let lock = c.txn_lock(b"k", Some(b"new"), None, mark).unwrap().expect("no one else holds k");
+    assert_eq!(c.txn_state(record_offset).unwrap(), Some(TxnState::Pending { deadline_ms }));
+    assert_eq!(c.txn_decide(record_offset, deadline_ms, TxnState::Committed).unwrap(), Some(TxnState::Committed));
+    assert!(c.txn_settle(b"k", lock.word, &mark, true, lock.replaced).unwrap());
+    c.txn_free_record(record_offset);
+    assert_eq!(c.get(b"k").unwrap().as_deref(), Some(&b"new"[..]));
 }

@@ -113,10 +113,15 @@ impl TableClient {
     /// next [`Self::txn_lock`], before that lock's CAS, so no lock can name a record that is
     /// not there. One that no lock follows is freed unwritten ([`Self::txn_free_record`]).
     pub fn txn_record(&mut self, deadline_ms: u64) -> Result<u64, Error> {
-        assert!(self.staged_record.is_none(), "a record is already waiting for its first lock");
+        if let Some((stale, _)) = self.staged_record {
+            // A commit that failed before its first lock went out: never written.
+            self.txn_free_record(stale);
+        }
         std::sync::LazyLock::force(&RESOLUTIONS); // exported from the first transaction on
         let offset = self.alloc.alloc(1)?;
+        let run = self.alloc.instance().expect("an allocated record belongs to a run");
         self.staged_record = Some((offset, TxnState::Pending { deadline_ms }.encode()));
+        self.record_run = Some((offset, run));
         Ok(offset)
     }
 
@@ -147,7 +152,33 @@ impl TableClient {
         if self.staged_record.is_some_and(|(staged, _)| staged == offset) {
             self.staged_record = None; // never written
         }
-        self.alloc.retire(offset, 1, self.batch.executed_instance());
+        let run = match self.record_run.take() {
+            Some((record, run)) if record == offset => run,
+            other => {
+                self.record_run = other;
+                self.batch.executed_instance()
+            }
+        };
+        self.alloc.retire(offset, 1, run);
+    }
+
+    /// Whether the lock being written names this client's record (so lives on its memnode).
+    pub(super) fn locks_local_record(&self) -> bool {
+        self.intent.is_some_and(|m| self.record_run.is_some_and(|(record, _)| record == m.record_offset))
+    }
+
+    /// Refuses a lock naming this memnode's record in space of another run than the
+    /// record's: the memnode restarted since the record was allocated, and its start's
+    /// reclaim may have freed the record (no lock named it yet), so no lock may name it
+    /// now. The transaction aborts instead (`block` of `units` goes back).
+    pub(super) fn check_record_run(&mut self, block: u64, units: u8) -> Result<(), Error> {
+        let (Some((_, expected)), true) = (self.record_run, self.locks_local_record()) else { return Ok(()) };
+        let found = self.alloc.instance().expect("an allocated block belongs to a run");
+        if found == expected {
+            return Ok(());
+        }
+        self.alloc.release_unpublished(block, units, found);
+        Err(Error::Transport(racekv_transport::TransportError::InstanceChanged { expected, found }))
     }
 
     /// Locks `key` for a transaction: writes an intent of `value` (None: a delete) expiring
