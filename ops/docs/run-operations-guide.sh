@@ -142,6 +142,8 @@ if [ $status -ne 0 ]; then
     for log in "$work"/session/*.err; do
         [ -e "$log" ] || continue
         echo "== ${log##*/}" >&2
+        # A panic's message and place, then the log's end.
+        grep -A2 "panicked at" "$log" >&2 || true
         tail -5 "$log" >&2
     done
     exit 1
