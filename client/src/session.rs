@@ -189,6 +189,15 @@ impl<S: Shards> Session<S> {
         self.on_key(key, |c| c.get_item(key))
     }
 
+    /// The value, expiry and access word of `key` (`TableClient::peek_item`), read without
+    /// recording the read: cache mode's eviction samples keys this way.
+    pub fn peek_item(
+        &mut self,
+        key: &[u8],
+    ) -> Result<Option<(Item, Option<racekv_hashing::access::Access>)>, ClientError> {
+        self.on_key(key, |c| c.peek_item(key))
+    }
+
     /// What `key`'s expiry is.
     pub fn ttl(&mut self, key: &[u8]) -> Result<Ttl, ClientError> {
         self.get_item(key).map(|item| Ttl::of(item.as_ref()))

@@ -12,7 +12,14 @@
 //! Over the limit, a write first evicts: it samples `maxmemory-samples` neighbouring keys
 //! of the memnode's table (one scan step, then one read per sampled key), picks the victim
 //! by policy, and deletes it by compare-and-swap against the value it read (a key
-//! rewritten meanwhile is not evicted). At most [`MAX_VICTIMS_PER_WRITE`] victims and
+//! rewritten meanwhile is not evicted).
+//!
+//! The LRU and LFU policies score each sampled key from its block's access word (how long
+//! unread, or 255 less its decayed counter: `racekv_hashing::access`), which reads keep up
+//! to date while the tables' tracking is on: this sets it from the policy whenever a limit
+//! is set. As Redis does, the best candidates of past samplings wait in a pool per memnode
+//! ([`POOL_SIZE`]), so each eviction picks from more than one sample's keys; the pick is
+//! read again before its delete, and goes back to the pool if it was read meanwhile. At most [`MAX_VICTIMS_PER_WRITE`] victims and
 //! [`SAMPLE_TRIES`] (volatile policies: [`VOLATILE_SAMPLE_TRIES`]) samplings each: nothing
 //! loops unbounded. When nothing could be evicted the write fails ([`WriteError::OverLimit`]:
 //! Redis' OOM reply, the library's `OutOfSpace`).
@@ -27,7 +34,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use racekv_client::{ClientError, Session, Shards};
+use racekv_hashing::access::{Access, Tracking};
 use racekv_hashing::layout::item_heap_bytes;
+use racekv_hashing::Table;
 use racekv_redis::maxmemory::{count_evicted, Maxmemory, MaxmemoryPolicy};
 
 use crate::cluster::{Cluster, WorkerShards};
@@ -45,6 +54,15 @@ pub const SAMPLE_TRIES: usize = 4;
 pub const VOLATILE_SAMPLE_TRIES: usize = 16;
 /// Weight of a new write in the mean item size (1/16).
 const MEAN_SHIFT: u32 = 4;
+/// Candidates kept per memnode for the LRU and LFU policies (Redis' `EVPOOL_SIZE`).
+pub const POOL_SIZE: usize = 16;
+
+/// A key that may be evicted, and how good a victim it looked when sampled.
+#[derive(Debug)]
+struct Candidate {
+    key: Vec<u8>,
+    score: u64,
+}
 
 /// One computenode's eviction state: the limits and each memnode's used-memory estimate.
 pub struct Eviction {
@@ -57,6 +75,12 @@ pub struct Eviction {
     labels: Vec<String>,
     /// Per memnode: its region's bytes (a limit may be a share of it).
     region_bytes: Vec<u64>,
+    /// Per memnode: its table, whose reads' tracking follows the policy.
+    tables: Vec<Table>,
+    /// The tracking last set on the tables (encoded).
+    tracking: AtomicU64,
+    /// Per memnode: the LRU and LFU policies' best candidates, best last.
+    pools: Vec<Mutex<Vec<Candidate>>>,
     /// Mean heap bytes of an item this computenode wrote (0: none written yet).
     mean_item: AtomicU64,
     /// How long a freed block waits before reuse: a write that found the region full
@@ -116,6 +140,9 @@ impl Eviction {
             subtable_bytes: cluster.memnodes().iter().map(|m| m.layout.subtable_bytes()).collect(),
             labels: cluster.memnodes().iter().map(|m| m.label.clone()).collect(),
             region_bytes: cluster.memnodes().iter().map(|m| m.layout.region_len).collect(),
+            tables: cluster.memnodes().iter().map(|m| m.table.clone()).collect(),
+            tracking: AtomicU64::new(Tracking::Off.encode()),
+            pools: (0..n).map(|_| Mutex::new(Vec::with_capacity(POOL_SIZE + 1))).collect(),
             mean_item: AtomicU64::new(0),
             grace,
             stopping: AtomicBool::new(false),
@@ -123,6 +150,7 @@ impl Eviction {
             refresher: Mutex::new(None),
             refresher_thread: OnceLock::new(),
         });
+        eviction.sync_tracking();
         let (weak_cluster, weak_self) = (Arc::downgrade(cluster), Arc::downgrade(&eviction));
         let handle = std::thread::Builder::new()
             .name("maxmemory-refresh".into())
@@ -160,6 +188,30 @@ impl Eviction {
     /// The limits this enforces.
     pub fn limits(&self) -> &Arc<Maxmemory> {
         &self.limits
+    }
+
+    /// What reads should record, as the settings are now: recency or frequency under an
+    /// LRU or LFU policy with a limit set, nothing otherwise.
+    pub fn wanted_tracking(&self) -> Tracking {
+        let policy = self.limits.policy();
+        match self.limits.limit().is_set() {
+            true if policy.lru() => Tracking::Lru,
+            true if policy.lfu() => Tracking::Lfu {
+                log_factor: self.limits.lfu_log_factor(),
+                decay_minutes: self.limits.lfu_decay_minutes(),
+            },
+            _ => Tracking::Off,
+        }
+    }
+
+    /// Sets the tables' tracking to [`Self::wanted_tracking`] if it changed (one atomic
+    /// load when it did not): at start, on every write over a limit and every refresh.
+    fn sync_tracking(&self) {
+        let wanted = self.wanted_tracking();
+        if self.tracking.swap(wanted.encode(), Ordering::Relaxed) != wanted.encode() {
+            self.tables.iter().for_each(|t| t.set_tracking(wanted));
+            tracing::info!(?wanted, "reads' access tracking follows maxmemory-policy");
+        }
     }
 
     /// Sets every memnode's estimate from its statistics.
@@ -209,6 +261,7 @@ impl Eviction {
         if self.refresher_idle.load(Ordering::Relaxed) && self.refresher_idle.swap(false, Ordering::AcqRel) {
             self.wake_refresher();
         }
+        self.sync_tracking();
         let mean = self.mean_item.load(Ordering::Relaxed);
         let next = if mean == 0 { bytes } else { mean - (mean >> MEAN_SHIFT) + (bytes >> MEAN_SHIFT) };
         self.mean_item.store(next.max(1), Ordering::Relaxed);
@@ -282,6 +335,9 @@ impl Eviction {
         policy: MaxmemoryPolicy,
     ) -> Result<Option<u64>, ClientError> {
         debug_assert_ne!(policy, MaxmemoryPolicy::NoEviction);
+        if policy.lru() || policy.lfu() {
+            return self.evict_from_pool(session, shard, policy);
+        }
         let samples = self.limits.samples() as usize;
         let tries = if policy.volatile_only() { VOLATILE_SAMPLE_TRIES } else { SAMPLE_TRIES };
         for _ in 0..tries {
@@ -322,6 +378,70 @@ impl Eviction {
     }
 }
 
+impl Eviction {
+    /// Evicts the best victim under an LRU or LFU policy: samples memnode `shard`'s keys
+    /// into its pool, then deletes the pool's best, read again first (gone: the next; read
+    /// since it was sampled: back in the pool at its new score, unless still the best).
+    /// Returns the victim's heap bytes, or None when no sampling found one.
+    fn evict_from_pool(
+        &self,
+        session: &mut Session<WorkerShards>,
+        shard: usize,
+        policy: MaxmemoryPolicy,
+    ) -> Result<Option<u64>, ClientError> {
+        let tracking = self.wanted_tracking();
+        let tries = if policy.volatile_only() { VOLATILE_SAMPLE_TRIES } else { SAMPLE_TRIES };
+        for _ in 0..tries {
+            let now_ms = racekv_client::now_unix_ms();
+            let seed = racekv_client::session::random_seed();
+            let keys = session.random_keys_on(shard, seed, self.limits.samples() as usize)?;
+            for key in keys {
+                let Some((item, access)) = session.peek_item(&key)? else { continue };
+                if !policy.volatile_only() || item.expires_at_ms.is_some() {
+                    let score = Access::eviction_score(access, tracking, now_ms);
+                    self.offer(shard, Candidate { key, score });
+                }
+            }
+            for _ in 0..POOL_SIZE {
+                let Some(best) = self.pools[shard].lock().pop() else { break };
+                let Some((item, access)) = session.peek_item(&best.key)? else { continue };
+                if policy.volatile_only() && item.expires_at_ms.is_none() {
+                    continue; // persisted since it was sampled
+                }
+                let score = Access::eviction_score(access, tracking, now_ms);
+                if score < best.score && self.offer(shard, Candidate { key: best.key.clone(), score }) {
+                    continue; // read since: another candidate is better now
+                }
+                self.pools[shard].lock().retain(|c| c.key != best.key);
+                // Against the value read: a key rewritten since is not evicted.
+                if session.compare_and_swap(&best.key, Some(&item.value), None)? {
+                    let expires = item.expires_at_ms.is_some();
+                    return Ok(Some(item_heap_bytes(best.key.len(), item.value.len(), expires).unwrap_or(0)));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Puts `candidate` in memnode `shard`'s pool (replacing the same key's entry) if the
+    /// pool has room or it beats the worst there. Returns whether it is now not the best.
+    fn offer(&self, shard: usize, candidate: Candidate) -> bool {
+        let mut pool = self.pools[shard].lock();
+        pool.retain(|c| c.key != candidate.key);
+        if pool.len() == POOL_SIZE && pool.first().is_some_and(|worst| worst.score >= candidate.score) {
+            return true;
+        }
+        let mut at = pool.partition_point(|c| c.score <= candidate.score);
+        pool.insert(at, candidate);
+        if pool.len() > POOL_SIZE {
+            pool.remove(0); // the worst: the candidate beat it, so it was not at 0
+            at -= 1;
+        }
+        assert!(pool.len() <= POOL_SIZE && pool.is_sorted_by_key(|c| c.score), "the pool keeps its order and size");
+        at + 1 < pool.len()
+    }
+}
+
 fn refresh_loop(cluster: Weak<Cluster>, eviction: Weak<Eviction>) {
     loop {
         let limited = {
@@ -331,6 +451,7 @@ fn refresh_loop(cluster: Weak<Cluster>, eviction: Weak<Eviction>) {
             }
             let limited = eviction.limits.limit().is_set();
             eviction.refresher_idle.store(!limited, Ordering::Relaxed);
+            eviction.sync_tracking();
             if limited {
                 let mut session = cluster.attach();
                 eviction.refresh(&mut session);

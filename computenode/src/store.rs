@@ -17,7 +17,8 @@ use crate::eviction::Eviction;
 use crate::store_error::{store_error, write_error};
 use racekv_redis::store::{SCAN_PAGE_MAX_BYTES, SCAN_PAGE_MAX_KEYS};
 use racekv_redis::{
-    Expiry, ExpiryUpdate, Item, KeyVersion, KvSession, KvStore, PutMode, PutOptions, PutResult, StoreError, TxnWrite,
+    Expiry, ExpiryUpdate, Item, KeyAccess, KeyVersion, KvSession, KvStore, PutMode, PutOptions, PutResult, StoreError,
+    TxnWrite,
 };
 
 /// A key's slot word in its bucket (`MEMORY USAGE` counts it with the block).
@@ -142,6 +143,15 @@ impl KvSession for RedisSession {
     fn get_item(&mut self, key: &[u8]) -> Result<Option<Item>, StoreError> {
         let item = self.s().get_item(key).map_err(store_error)?;
         Ok(item.map(|i| Item { value: i.value, expires_at_ms: i.expires_at_ms }))
+    }
+
+    fn access(&mut self, key: &[u8]) -> Result<Option<Option<KeyAccess>>, StoreError> {
+        let Some((_, access)) = self.s().peek_item(key).map_err(store_error)? else { return Ok(None) };
+        let (now_ms, decay_minutes) = (racekv_client::now_unix_ms(), self.eviction.limits().lfu_decay_minutes());
+        Ok(Some(
+            access
+                .map(|a| KeyAccess { idle_s: a.idle_s(now_ms), lfu_counter: a.decayed_counter(now_ms, decay_minutes) }),
+        ))
     }
 
     fn update_expiry(

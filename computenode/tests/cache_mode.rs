@@ -86,11 +86,11 @@ fn allkeys_random_never_fails_a_set_and_stays_near_the_limit() {
     }
 }
 
-/// volatile-random and volatile-ttl evict only keys with an expiry; volatile-ttl those
-/// expiring soonest; with no volatile key left, a write over the limit gets Redis' OOM.
+/// Every volatile policy evicts only keys with an expiry; volatile-ttl those expiring
+/// soonest; with no volatile key left, a write over the limit gets Redis' OOM.
 #[test]
 fn volatile_policies_evict_only_keys_with_an_expiry() {
-    for policy in ["volatile-random", "volatile-ttl"] {
+    for policy in ["volatile-random", "volatile-ttl", "volatile-lru", "volatile-lfu"] {
         let (_m, _node, mut conn) = cache(policy);
         let persistent = (LIMIT / 4 / VALUE.len() as u64) as usize;
         for i in 0..persistent {
@@ -132,8 +132,7 @@ fn volatile_policies_evict_only_keys_with_an_expiry() {
     }
 }
 
-/// noeviction answers OOM over the limit; CONFIG SET shows and changes the settings, and
-/// refuses the LRU and LFU policies.
+/// noeviction answers OOM over the limit; CONFIG SET shows and changes the settings.
 #[test]
 fn noeviction_answers_oom_and_config_set_switches_policy() {
     let (_m, _node, mut conn) = cache("noeviction");
@@ -150,9 +149,12 @@ fn noeviction_answers_oom_and_config_set_switches_policy() {
     assert_eq!(e.code(), Some("OOM"), "{e}");
     assert!(written as u64 >= LIMIT / 2 / VALUE.len() as u64, "OOM after only {written} keys");
     for policy in ["allkeys-lru", "allkeys-lfu", "volatile-lru", "volatile-lfu"] {
-        let e = redis::cmd("CONFIG").arg("SET").arg("maxmemory-policy").arg(policy).query::<()>(&mut conn).unwrap_err();
-        assert!(e.to_string().contains("not supported yet"), "{policy}: {e}");
+        redis::cmd("CONFIG").arg("SET").arg("maxmemory-policy").arg(policy).query::<()>(&mut conn).unwrap();
+        let got: Vec<String> = redis::cmd("CONFIG").arg("GET").arg("maxmemory-policy").query(&mut conn).unwrap();
+        assert_eq!(got, ["maxmemory-policy", policy]);
     }
+    let lfu: Vec<String> = redis::cmd("CONFIG").arg("GET").arg("lfu-*").query(&mut conn).unwrap();
+    assert_eq!(lfu, ["lfu-log-factor", "10", "lfu-decay-time", "1"], "Redis' defaults");
     redis::cmd("CONFIG").arg("SET").arg("maxmemory-policy").arg("allkeys-random").query::<()>(&mut conn).unwrap();
     redis::cmd("CONFIG").arg("SET").arg("maxmemory-samples").arg("3").query::<()>(&mut conn).unwrap();
     for i in 0..written {
@@ -162,6 +164,86 @@ fn noeviction_answers_oom_and_config_set_switches_policy() {
     assert!(info.contains("maxmemory_policy:allkeys-random") && info.contains(&format!("maxmemory:{LIMIT}")), "{info}");
     redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("0").query::<()>(&mut conn).unwrap();
     set(&mut conn, "unlimited", None).unwrap();
+}
+
+/// `maxmemory` fits this many of the tests' keys (1 MiB of 2 KB values: about 480).
+const FITTING: usize = (LIMIT / 2_112) as usize;
+
+/// Keys `prefix:0..n` that exist now.
+fn present(conn: &mut redis::Connection, prefix: &str, n: usize) -> usize {
+    (0..n).filter(|i| redis::cmd("EXISTS").arg(format!("{prefix}:{i}")).query::<bool>(conn).unwrap()).count()
+}
+
+/// allkeys-lfu: keys read often outlive keys written as often but never read. With
+/// `lfu-log-factor 0` every read counts, so the counters are exact: hot keys read 10 times
+/// score 15, the others stay at Redis' initial 5.
+#[test]
+fn allkeys_lfu_keeps_the_keys_read_most() {
+    let (_m, node, mut conn) = cache("allkeys-lfu");
+    redis::cmd("CONFIG").arg("SET").arg("lfu-log-factor").arg("0").query::<()>(&mut conn).unwrap();
+    let half = FITTING / 3;
+    for i in 0..half {
+        set(&mut conn, &format!("hot:{i}"), None).unwrap();
+        set(&mut conn, &format!("cold:{i}"), None).unwrap();
+    }
+    for _ in 0..10 {
+        for i in 0..half {
+            let _: Option<Vec<u8>> = redis::cmd("GET").arg(format!("hot:{i}")).query(&mut conn).unwrap();
+        }
+    }
+    let freq = |conn: &mut redis::Connection, key: &str| -> u64 {
+        redis::cmd("OBJECT").arg("FREQ").arg(key).query(conn).unwrap()
+    };
+    assert_eq!((freq(&mut conn, "hot:0"), freq(&mut conn, "cold:0")), (15, 5), "OBJECT FREQ: counted, not counting");
+    let e = redis::cmd("OBJECT").arg("IDLETIME").arg("hot:0").query::<u64>(&mut conn).unwrap_err();
+    assert!(e.to_string().contains("An LRU maxmemory policy is not selected"), "{e}");
+    // As much again as fits, never read: they and the cold keys are the candidates.
+    for i in 0..FITTING {
+        set(&mut conn, &format!("new:{i}"), None).unwrap_or_else(|e| panic!("SET new:{i}: {e}"));
+    }
+    let (hot, cold) = (present(&mut conn, "hot", half), present(&mut conn, "cold", half));
+    let evicted = info_field(&mut conn, "evicted_keys");
+    eprintln!("allkeys-lfu: {hot} of {half} hot and {cold} of {half} cold keys left, {evicted} evicted");
+    assert!(evicted as usize >= half, "the writes evicted {evicted} keys");
+    assert!(hot >= half * 9 / 10, "only {hot} of {half} often-read keys are left ({cold} cold ones)");
+    assert!(cold <= half / 2, "{cold} of {half} unread keys outlived the read ones");
+    assert!(node.status().memnodes[0].used_bytes <= LIMIT + LIMIT / 4);
+}
+
+/// allkeys-lru: keys read since outlive keys unread for longer. The access word keeps
+/// seconds, as Redis' LRU clock does, so the phases are a second apart.
+#[test]
+fn allkeys_lru_evicts_the_keys_unread_longest() {
+    let (_m, _node, mut conn) = cache("allkeys-lru");
+    let half = FITTING / 3;
+    for i in 0..half {
+        set(&mut conn, &format!("old:{i}"), None).unwrap();
+        set(&mut conn, &format!("read:{i}"), None).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(2_100));
+    for i in 0..half {
+        let _: Option<Vec<u8>> = redis::cmd("GET").arg(format!("read:{i}")).query(&mut conn).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(1_100));
+    let idle = |conn: &mut redis::Connection, key: &str| -> u64 {
+        redis::cmd("OBJECT").arg("IDLETIME").arg(key).query(conn).unwrap()
+    };
+    let (old_idle, read_idle) = (idle(&mut conn, "old:0"), idle(&mut conn, "read:0"));
+    assert!(old_idle >= 3 && read_idle >= 1 && old_idle > read_idle, "OBJECT IDLETIME {old_idle} and {read_idle}");
+    let e = redis::cmd("OBJECT").arg("FREQ").arg("old:0").query::<u64>(&mut conn).unwrap_err();
+    assert!(e.to_string().contains("An LFU maxmemory policy is not selected"), "{e}");
+    // Enough new keys to evict about as many keys as are old.
+    for i in 0..FITTING * 2 / 3 {
+        set(&mut conn, &format!("new:{i}"), None).unwrap_or_else(|e| panic!("SET new:{i}: {e}"));
+    }
+    let (read, old) = (present(&mut conn, "read", half), present(&mut conn, "old", half));
+    eprintln!("allkeys-lru: {read} of {half} keys read 1 s ago and {old} of {half} unread for 3 s left");
+    assert!(old < half, "nothing was evicted");
+    assert!(read >= half * 7 / 10, "only {read} of {half} recently read keys are left ({old} older ones)");
+    assert!(
+        old <= half * 4 / 10 && old * 2 < read,
+        "{old} of {half} keys unread the longest outlived those read since"
+    );
 }
 
 /// With no limit the refresher sleeps; the first write after `CONFIG SET maxmemory` wakes

@@ -19,7 +19,7 @@ fuzz_target!(|data: &[u8]| {
     if let Some(block) = decode_block(data) {
         // A long key's block holds its descriptor in place of the key; any other, the key.
         assert!(!block.key.is_empty() || block.long_key.is_some());
-        let header = 16 + block.expires_at_ms.map_or(0, |_| 8);
+        let header = 16 + block.access.map_or(0, |_| 8) + block.expires_at_ms.map_or(0, |_| 8);
         let (key_len, inline) = (block.inline_key_len(), block.inline_value_len());
         assert!(header + key_len + inline <= data.len());
         // An indirect block's descriptor stays within the format's limits.
@@ -30,9 +30,10 @@ fuzz_target!(|data: &[u8]| {
         if let Some(mark) = block.txn {
             assert!(mark.record_offset % 64 == 0);
         }
-        // It re-encodes to the same bytes (up to the padding), if it is small enough to be
-        // a block at all (the bytes read may be longer than any block).
-        if block_units_for(key_len, inline, block.expires_at_ms.is_some()).is_some() {
+        // It re-encodes to the same bytes (up to the padding and the access word's reserved
+        // byte, which decoding ignores), if it is a block this build writes (one with an
+        // access word) small enough to be a block at all (the bytes read may be longer).
+        if let (Some(access), Some(_)) = (block.access, block_units_for(key_len, inline, block.expires_at_ms.is_some())) {
             let mut again = Vec::new();
             encode_any_block(
                 &mut again,
@@ -42,9 +43,12 @@ fuzz_target!(|data: &[u8]| {
                 block.long_key.as_ref(),
                 block.expires_at_ms,
                 block.txn.as_ref(),
+                access,
             );
             let used = header + key_len + inline;
-            assert_eq!(&again[..used], &data[..used]);
+            let mut read = data[..used].to_vec();
+            read[16 + 7] = 0;
+            assert_eq!(&again[..used], &read[..]);
         }
     }
     if let Ok(layout) = Layout::decode(data) {

@@ -7,7 +7,8 @@
 //! bucket (64 B): header {local depth u32 | suffix u32} + 7 slots of 8 B
 //! slot (8 B):  fingerprint 8 | length 8 (64 B units) | tag 6 | indirect 1 | locked 1 | block offset / 64 40
 //! directory entry (8 B): lock 1 | unused 7 | local depth 8 | subtable offset 48
-//! KV block: key_len u16 | flags u16 | value_len u32 | checksum u64 | [expires_at_ms u64] | key | value | pad to 64 B
+//! KV block: key_len u16 | flags u16 | value_len u32 | checksum u64 | [access u64] | [expires_at_ms u64] | key |
+//!           value | pad to 64 B
 //! indirect block: the same, flag INDIRECT, and in place of the value an extent descriptor:
 //!                 extent offset u64 | value_len u64 | value checksum u64
 //! long-key block: an indirect block, flag LONG_KEY, and in place of the key a key descriptor:
@@ -39,10 +40,18 @@
 //! follows the header; the checksum covers it (the flags are in its seed, the time in its
 //! input), and the block's size counts it.
 //!
+//! [`BLOCK_FLAG_ACCESS`] says the block has an access word ([`crate::access`]: when the key
+//! was last read, and how often) right after the header, 8-byte aligned so readers can
+//! CAS it. It is the one part of a block that changes after publication, so the checksum
+//! does not cover it (it covers everything after it); every block this build writes has
+//! one, blocks of earlier builds have none and decode as before.
+//!
 //! A combined bucket is a main bucket plus its overflow neighbour, contiguous, so one READ of
 //! 128 B fetches 14 slots. Every key has two combined buckets (4 buckets, 28 slots).
 
 use racekv_transport::decode::{DecodeError, Reader};
+
+use crate::access::Access;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// Bytes of the superblock at the start of the region.
@@ -63,6 +72,10 @@ pub const BLOCK_UNIT_BYTES: u64 = 64;
 pub const MAX_BLOCK_UNITS: u64 = 255;
 /// Bytes of a KV block's header (lengths, flags, checksum).
 pub const BLOCK_HEADER_BYTES: usize = 16;
+/// Bytes of a block's access word ([`BLOCK_FLAG_ACCESS`]).
+pub const BLOCK_ACCESS_BYTES: usize = 8;
+/// Where a block's access word is, from the block's start (8-byte aligned, as CAS needs).
+pub const ACCESS_WORD_OFFSET: u64 = BLOCK_HEADER_BYTES as u64;
 /// Block flag: an `expires_at_ms u64` follows the header.
 pub const BLOCK_FLAG_EXPIRES: u16 = 1;
 /// Block flag: the value is in an extent; the block holds its [`Extent`] descriptor.
@@ -72,8 +85,12 @@ pub const BLOCK_FLAG_INDIRECT: u16 = 2;
 pub const BLOCK_FLAG_LONG_KEY: u16 = 4;
 /// Block flag: a transaction wrote the block; a [`TxnMark`] precedes its value (`txn.rs`).
 pub const BLOCK_FLAG_TXN: u16 = 8;
+/// Block flag: an access word ([`crate::access::Access`]) follows the header, outside the
+/// checksum. Every block this build writes has it.
+pub const BLOCK_FLAG_ACCESS: u16 = 16;
 /// Flags this build understands; a block with any other bit set is not a valid block.
-const BLOCK_KNOWN_FLAGS: u16 = BLOCK_FLAG_EXPIRES | BLOCK_FLAG_INDIRECT | BLOCK_FLAG_LONG_KEY | BLOCK_FLAG_TXN;
+const BLOCK_KNOWN_FLAGS: u16 =
+    BLOCK_FLAG_EXPIRES | BLOCK_FLAG_INDIRECT | BLOCK_FLAG_LONG_KEY | BLOCK_FLAG_TXN | BLOCK_FLAG_ACCESS;
 /// Bytes of a transaction mark (before an intent block's value).
 pub const TXN_MARK_BYTES: usize = 32;
 /// Bytes of an extent descriptor (the inline "value" of an indirect block).
@@ -89,7 +106,7 @@ pub const MAX_INLINE_KEY_BYTES: usize = MAX_KV_BYTES - BLOCK_EXPIRY_BYTES - EXTE
 /// Bytes an expiry time adds to a block.
 pub const BLOCK_EXPIRY_BYTES: usize = 8;
 /// Largest key + value that fits a block (without an expiry; one takes 8 more bytes).
-pub const MAX_KV_BYTES: usize = (MAX_BLOCK_UNITS * BLOCK_UNIT_BYTES) as usize - BLOCK_HEADER_BYTES;
+pub const MAX_KV_BYTES: usize = (MAX_BLOCK_UNITS * BLOCK_UNIT_BYTES) as usize - BLOCK_HEADER_BYTES - BLOCK_ACCESS_BYTES;
 /// Directory depth limit (a 2^30-entry directory is 8 GiB).
 pub const MAX_GLOBAL_DEPTH_LIMIT: u32 = 30;
 
@@ -221,10 +238,13 @@ const _: () = assert!(COMBINED_BUCKET_BYTES == 2 * BUCKET_BYTES && 4 * SLOTS_PER
 // length field holds; the header's key length is a u16, its value length a u32.
 const _: () = assert!(BLOCK_UNIT_BYTES == 1 << 6 && BUCKET_BYTES.is_multiple_of(BLOCK_UNIT_BYTES));
 const _: () = assert!(MAX_BLOCK_UNITS >= 1 && MAX_BLOCK_UNITS <= u8::MAX as u64);
-const _: () = assert!(BLOCK_HEADER_BYTES == 16 && BLOCK_EXPIRY_BYTES == 8);
-const _: () = assert!(BLOCK_HEADER_BYTES + MAX_KV_BYTES == (MAX_BLOCK_UNITS * BLOCK_UNIT_BYTES) as usize);
+const _: () = assert!(BLOCK_HEADER_BYTES == 16 && BLOCK_EXPIRY_BYTES == 8 && BLOCK_ACCESS_BYTES == 8);
+const _: () =
+    assert!(BLOCK_HEADER_BYTES + BLOCK_ACCESS_BYTES + MAX_KV_BYTES == (MAX_BLOCK_UNITS * BLOCK_UNIT_BYTES) as usize);
 const _: () = assert!(MAX_KV_BYTES <= u16::MAX as usize && MAX_KV_BYTES <= u32::MAX as usize);
-const _: () = assert!(BLOCK_PEEK_BYTES == BLOCK_HEADER_BYTES + BLOCK_EXPIRY_BYTES);
+const _: () = assert!(BLOCK_PEEK_BYTES == BLOCK_HEADER_BYTES + BLOCK_ACCESS_BYTES + BLOCK_EXPIRY_BYTES);
+// The access word, CAS'd by readers: 8-byte aligned in every (64 B aligned) block.
+const _: () = assert!(ACCESS_WORD_OFFSET == BLOCK_HEADER_BYTES as u64 && ACCESS_WORD_OFFSET.is_multiple_of(8));
 // An inline key fits beside an extent descriptor and an expiry; so does a long key's
 // descriptor (`TableClient::new_block`: "descriptors fit a block").
 const _: () = assert!(MAX_INLINE_KEY_BYTES + EXTENT_DESCRIPTOR_BYTES + BLOCK_EXPIRY_BYTES == MAX_KV_BYTES);
@@ -239,7 +259,8 @@ const _: () = assert!(
         && BLOCK_FLAG_INDIRECT.is_power_of_two()
         && BLOCK_FLAG_LONG_KEY.is_power_of_two()
         && BLOCK_FLAG_TXN.is_power_of_two()
-        && BLOCK_KNOWN_FLAGS.count_ones() == 4
+        && BLOCK_FLAG_ACCESS.is_power_of_two()
+        && BLOCK_KNOWN_FLAGS.count_ones() == 5
 );
 // The directory: 2^limit entries of 8 B fit a region; the entry's 8-bit depth field holds
 // the limit; a bucket header's u32 suffix holds `limit` bits.
@@ -589,8 +610,7 @@ impl Slot {
     /// the word was read (a freed block can hold any key).
     pub fn fits_block(&self, block: &Block<'_>) -> bool {
         self.indirect == block.extent.is_some()
-            && block_units_for(block.inline_key_len(), block.inline_value_len(), block.expires_at_ms.is_some())
-                == Some(self.units)
+            && block.units() == Some(self.units)
             && digest_fingerprint(block.key_digest()) == self.fingerprint
     }
 
@@ -628,6 +648,8 @@ pub struct Block<'a> {
     pub long_key: Option<LongKey>,
     /// The transaction that wrote it, for an intent block.
     pub txn: Option<TxnMark>,
+    /// Its access word as read (None: a block of an earlier build, which has none).
+    pub access: Option<Access>,
 }
 
 /// What an intent block says of the transaction that wrote it ([`BLOCK_FLAG_TXN`]).
@@ -824,6 +846,11 @@ impl Block<'_> {
         mark + if self.extent.is_some() { EXTENT_DESCRIPTOR_BYTES } else { self.value.len() }
     }
 
+    /// Its length in 64 B units, from what it holds.
+    pub fn units(&self) -> Option<u8> {
+        units_of(self.inline_key_len(), self.inline_value_len(), self.expires_at_ms.is_some(), self.access.is_some())
+    }
+
     /// Whether the item's expiry time has passed at `now_ms` (Redis: a key lives through
     /// its expiry millisecond and is gone after it).
     pub fn expired_at(&self, now_ms: u64) -> bool {
@@ -832,7 +859,7 @@ impl Block<'_> {
 }
 
 /// Bytes at the start of a block that say its sizes and expiry ([`peek_block_header`]).
-pub const BLOCK_PEEK_BYTES: usize = BLOCK_HEADER_BYTES + BLOCK_EXPIRY_BYTES;
+pub const BLOCK_PEEK_BYTES: usize = BLOCK_HEADER_BYTES + BLOCK_ACCESS_BYTES + BLOCK_EXPIRY_BYTES;
 
 /// What the first [`BLOCK_PEEK_BYTES`] of a block say, **unverified** (the checksum covers
 /// the whole block): the block's units and its expiry. Only for decisions that a CAS on the
@@ -849,9 +876,11 @@ pub fn peek_block_header(bytes: &[u8]) -> Option<(u8, Option<u64>)> {
         return None;
     }
     let expires = flags & BLOCK_FLAG_EXPIRES != 0;
-    let units = block_units_for(key_len, value_len, expires)?;
+    let access = flags & BLOCK_FLAG_ACCESS != 0;
+    let units = units_of(key_len, value_len, expires, access)?;
+    let at = BLOCK_HEADER_BYTES + if access { BLOCK_ACCESS_BYTES } else { 0 };
     let expires_at_ms = match expires {
-        true => Some(u64::from_le_bytes(bytes.get(BLOCK_HEADER_BYTES..BLOCK_PEEK_BYTES)?.try_into().ok()?)),
+        true => Some(u64::from_le_bytes(bytes.get(at..at + BLOCK_EXPIRY_BYTES)?.try_into().ok()?)),
         false => None,
     };
     Some((units, expires_at_ms))
@@ -863,10 +892,17 @@ pub fn block_units(key_len: usize, value_len: usize) -> Option<u8> {
     block_units_for(key_len, value_len, false)
 }
 
-/// Units needed for a block holding `key_len + value_len` bytes, with an expiry time when
-/// `expires`, or None if too large.
+/// Units needed for a block this build writes (with its access word) holding `key_len +
+/// value_len` bytes, with an expiry time when `expires`, or None if too large.
 pub fn block_units_for(key_len: usize, value_len: usize, expires: bool) -> Option<u8> {
-    let header = BLOCK_HEADER_BYTES + if expires { BLOCK_EXPIRY_BYTES } else { 0 };
+    units_of(key_len, value_len, expires, true)
+}
+
+/// Units of a block holding these, with an access word when `access` (earlier builds'
+/// blocks have none).
+fn units_of(key_len: usize, value_len: usize, expires: bool, access: bool) -> Option<u8> {
+    let header =
+        BLOCK_HEADER_BYTES + if expires { BLOCK_EXPIRY_BYTES } else { 0 } + if access { BLOCK_ACCESS_BYTES } else { 0 };
     let bytes = header.checked_add(key_len)?.checked_add(value_len)? as u64;
     let units = bytes.div_ceil(BLOCK_UNIT_BYTES);
     (units <= MAX_BLOCK_UNITS).then_some(units as u8)
@@ -877,14 +913,16 @@ fn block_checksum(len_word: u64, covered: &[u8]) -> u64 {
 }
 
 /// Writes a KV block for `key` and `value`, expiring at `expires_at_ms` (None: never), into
-/// `out` (cleared first, padded to 64 B units). Returns its units.
+/// `out` (cleared first, padded to 64 B units), with a zero access word (never read).
+/// Returns its units.
 pub fn encode_block(out: &mut Vec<u8>, key: &[u8], value: &[u8], expires_at_ms: Option<u64>) -> u8 {
-    encode_block_with(out, key, value, expires_at_ms, 0, None)
+    encode_block_with(out, key, value, expires_at_ms, 0, None, Access::default())
 }
 
 /// Writes any of the blocks above ([`encode_block`], [`encode_indirect_block`],
 /// [`encode_long_key_block`] as `extent` and `long_key` say), as an intent block of `txn`
-/// when it is some. Returns its units.
+/// when it is some, with `access` as its access word. Returns its units.
+#[allow(clippy::too_many_arguments)] // a block's every field, named
 pub fn encode_any_block(
     out: &mut Vec<u8>,
     key: &[u8],
@@ -893,6 +931,7 @@ pub fn encode_any_block(
     long_key: Option<&LongKey>,
     expires_at_ms: Option<u64>,
     txn: Option<&TxnMark>,
+    access: Access,
 ) -> u8 {
     match (long_key, extent) {
         (Some(long_key), Some(extent)) => {
@@ -901,26 +940,26 @@ pub fn encode_any_block(
             long_key.extent.assert_decodable();
             extent.assert_decodable();
             let flags = BLOCK_FLAG_INDIRECT | BLOCK_FLAG_LONG_KEY;
-            encode_block_with(out, &long_key.encode(), &extent.encode(), expires_at_ms, flags, txn)
+            encode_block_with(out, &long_key.encode(), &extent.encode(), expires_at_ms, flags, txn, access)
         }
         (None, Some(extent)) => {
             assert!(key.len() <= MAX_INLINE_KEY_BYTES, "a long key goes in an extent");
             extent.assert_decodable();
-            encode_block_with(out, key, &extent.encode(), expires_at_ms, BLOCK_FLAG_INDIRECT, txn)
+            encode_block_with(out, key, &extent.encode(), expires_at_ms, BLOCK_FLAG_INDIRECT, txn, access)
         }
-        (None, None) => encode_block_with(out, key, value, expires_at_ms, 0, txn),
+        (None, None) => encode_block_with(out, key, value, expires_at_ms, 0, txn, access),
         (Some(_), None) => panic!("a long key without an extent"),
     }
 }
 
 /// Writes an indirect block for `key` whose value is in `extent` (see [`encode_block`]).
 pub fn encode_indirect_block(out: &mut Vec<u8>, key: &[u8], extent: &Extent, expires_at_ms: Option<u64>) -> u8 {
-    encode_any_block(out, key, &[], Some(extent), None, expires_at_ms, None)
+    encode_any_block(out, key, &[], Some(extent), None, expires_at_ms, None, Access::default())
 }
 
 /// Writes a long-key block: the key is in `long_key`'s extent, the value in `extent`.
 pub fn encode_long_key_block(out: &mut Vec<u8>, long_key: &LongKey, extent: &Extent, expires_at_ms: Option<u64>) -> u8 {
-    encode_any_block(out, &[], &[], Some(extent), Some(long_key), expires_at_ms, None)
+    encode_any_block(out, &[], &[], Some(extent), Some(long_key), expires_at_ms, None, Access::default())
 }
 
 fn encode_block_with(
@@ -930,6 +969,7 @@ fn encode_block_with(
     expires_at_ms: Option<u64>,
     flags: u16,
     txn: Option<&TxnMark>,
+    access: Access,
 ) -> u8 {
     let mark_len = if txn.is_some() { TXN_MARK_BYTES } else { 0 };
     let stored_value_len = value.len() + mark_len;
@@ -945,11 +985,13 @@ fn encode_block_with(
     assert!(flags & BLOCK_FLAG_LONG_KEY == 0 || flags & BLOCK_FLAG_INDIRECT != 0, "a long key without an extent");
     out.clear();
     let flags = flags
+        | BLOCK_FLAG_ACCESS
         | if expires_at_ms.is_some() { BLOCK_FLAG_EXPIRES } else { 0 }
         | if txn.is_some() { BLOCK_FLAG_TXN } else { 0 };
     let len_word = (key.len() as u64) | (u64::from(flags) << 16) | ((stored_value_len as u64) << 32);
     out.extend_from_slice(&len_word.to_le_bytes());
     out.extend_from_slice(&[0u8; 8]);
+    out.extend_from_slice(&access.encode().to_le_bytes());
     if let Some(at) = expires_at_ms {
         out.extend_from_slice(&at.to_le_bytes());
     }
@@ -958,7 +1000,7 @@ fn encode_block_with(
         out.extend_from_slice(&txn.encode());
     }
     out.extend_from_slice(value);
-    let checksum = block_checksum(len_word, &out[BLOCK_HEADER_BYTES..]);
+    let checksum = block_checksum(len_word, &out[BLOCK_HEADER_BYTES + BLOCK_ACCESS_BYTES..]);
     out[8..16].copy_from_slice(&checksum.to_le_bytes());
     out.resize(units as usize * BLOCK_UNIT_BYTES as usize, 0);
     // Paired with the read side: the block decodes to what was written. Debug only: it
@@ -973,6 +1015,7 @@ fn encode_block_with(
                 && b.extent.is_some() == (flags & BLOCK_FLAG_INDIRECT != 0)
                 && b.long_key.is_some() == (flags & BLOCK_FLAG_LONG_KEY != 0)
                 && b.txn.as_ref() == txn
+                && b.access == Some(access)
         }),
         "an encoded block ({} B key, {} B value, flags {flags:#x}) does not decode to itself",
         key.len(),
@@ -996,17 +1039,20 @@ pub fn decode_block(bytes: &[u8]) -> Option<Block<'_>> {
         return None;
     }
     let expires = flags & BLOCK_FLAG_EXPIRES != 0;
-    let body = BLOCK_HEADER_BYTES + if expires { BLOCK_EXPIRY_BYTES } else { 0 };
+    let has_access = flags & BLOCK_FLAG_ACCESS != 0;
+    let covered = BLOCK_HEADER_BYTES + if has_access { BLOCK_ACCESS_BYTES } else { 0 };
+    let body = covered + if expires { BLOCK_EXPIRY_BYTES } else { 0 };
     let end = body.checked_add(key_len)?.checked_add(value_len)?;
     if end > bytes.len() {
         return None;
     }
     let checksum = u64::from_le_bytes(bytes[8..16].try_into().ok()?);
-    if block_checksum(len_word, &bytes[BLOCK_HEADER_BYTES..end]) != checksum {
+    if block_checksum(len_word, &bytes[covered..end]) != checksum {
         return None;
     }
-    let expires_at_ms = expires
-        .then(|| u64::from_le_bytes(bytes[BLOCK_HEADER_BYTES..BLOCK_HEADER_BYTES + 8].try_into().expect("8 bytes")));
+    let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+    let access = has_access.then(|| Access::decode(word(BLOCK_HEADER_BYTES)));
+    let expires_at_ms = expires.then(|| word(covered));
     let (key, mut value) = (&bytes[body..body + key_len], &bytes[body + key_len..end]);
     let txn = match flags & BLOCK_FLAG_TXN != 0 {
         true => {
@@ -1021,13 +1067,13 @@ pub fn decode_block(bytes: &[u8]) -> Option<Block<'_>> {
         // A long key always comes with its value in an extent.
         let long_key = Some(LongKey::decode(key).filter(|_| indirect)?);
         let extent = Some(Extent::decode(value)?);
-        return Some(Block { key: &[], value: &[], expires_at_ms, extent, long_key, txn });
+        return Some(Block { key: &[], value: &[], expires_at_ms, extent, long_key, txn, access });
     }
     if indirect {
         let extent = Some(Extent::decode(value)?);
-        return Some(Block { key, value: &[], expires_at_ms, extent, long_key: None, txn });
+        return Some(Block { key, value: &[], expires_at_ms, extent, long_key: None, txn, access });
     }
-    Some(Block { key, value, expires_at_ms, extent: None, long_key: None, txn })
+    Some(Block { key, value, expires_at_ms, extent: None, long_key: None, txn, access })
 }
 
 // ---- subtable geometry ----
@@ -1130,9 +1176,11 @@ mod tests {
             let mark = TxnMark { record_node, record_offset, old_word, deadline_ms, tombstone };
             let extent = Extent::of(4096, &value);
             let mut out = Vec::new();
-            let units = encode_any_block(&mut out, &key, &value, indirect.then_some(&extent), None, expires_at_ms, Some(&mark));
+            let access = Access::decode(old_word);
+            let units = encode_any_block(&mut out, &key, &value, indirect.then_some(&extent), None, expires_at_ms, Some(&mark), access);
             let block = decode_block(&out).expect("an intent block decodes");
             prop_assert_eq!(block.txn, Some(mark));
+            prop_assert_eq!(block.access, Some(access));
             prop_assert_eq!(block.key, &key[..]);
             if indirect {
                 prop_assert_eq!(block.extent, Some(extent));
@@ -1156,7 +1204,7 @@ mod tests {
             let mut out = Vec::new();
             let units = encode_indirect_block(&mut out, &key, &extent, expires_at_ms);
             let block = decode_block(&out).unwrap();
-            prop_assert_eq!(block, Block { key: &key, value: &[], expires_at_ms, extent: Some(extent), long_key: None, txn: None });
+            prop_assert_eq!(block, Block { key: &key, value: &[], expires_at_ms, extent: Some(extent), long_key: None, txn: None, access: Some(Access::default()) });
             let slot = Slot { fingerprint: digest_fingerprint(key_digest(&key)), units, tag: 1, block: 64, indirect: true, locked: false };
             prop_assert!(slot.fits_block(&block));
             let direct = Slot { indirect: false, ..slot };
@@ -1178,7 +1226,7 @@ mod tests {
             let mut out = Vec::new();
             let units = encode_long_key_block(&mut out, &long_key, &extent, expires_at_ms);
             let block = decode_block(&out).unwrap();
-            let want = Block { key: &[], value: &[], expires_at_ms, extent: Some(extent), long_key: Some(long_key), txn: None };
+            let want = Block { key: &[], value: &[], expires_at_ms, extent: Some(extent), long_key: Some(long_key), txn: None, access: Some(Access::default()) };
             prop_assert_eq!(block, want);
             prop_assert_eq!(block.key_digest(), key_digest(&key));
             prop_assert!(long_key.may_be(&key, key_digest(&key)));
@@ -1187,8 +1235,8 @@ mod tests {
             let slot = Slot { fingerprint: digest_fingerprint(key_digest(&key)), units, tag: 1, block: 64, indirect: true, locked: false };
             prop_assert!(slot.fits_block(&block));
             prop_assert_eq!(peek_block_header(&out), Some((units, expires_at_ms)));
-            let used = BLOCK_HEADER_BYTES + expires_at_ms.map_or(0, |_| BLOCK_EXPIRY_BYTES) + LONG_KEY_DESCRIPTOR_BYTES + EXTENT_DESCRIPTOR_BYTES;
-            out[flip % used] ^= 0x10;
+            let used = BLOCK_HEADER_BYTES + BLOCK_ACCESS_BYTES + expires_at_ms.map_or(0, |_| BLOCK_EXPIRY_BYTES) + LONG_KEY_DESCRIPTOR_BYTES + EXTENT_DESCRIPTOR_BYTES;
+            out[checked_byte(flip, used)] ^= 0x10;
             prop_assert!(decode_block(&out).is_none());
         }
 
@@ -1210,15 +1258,35 @@ mod tests {
             prop_assert_eq!(out.len(), units as usize * 64);
             prop_assert_eq!(Some(units), block_units_for(key.len(), value.len(), expires_at_ms.is_some()));
             let block = decode_block(&out).unwrap();
-            prop_assert_eq!(block, Block { key: &key, value: &value, expires_at_ms, extent: None, long_key: None, txn: None });
-            let used = BLOCK_HEADER_BYTES + expires_at_ms.map_or(0, |_| BLOCK_EXPIRY_BYTES) + key.len() + value.len();
-            let at = flip % used;
+            prop_assert_eq!(block, Block { key: &key, value: &value, expires_at_ms, extent: None, long_key: None, txn: None, access: Some(Access::default()) });
+            let used = BLOCK_HEADER_BYTES + BLOCK_ACCESS_BYTES + expires_at_ms.map_or(0, |_| BLOCK_EXPIRY_BYTES) + key.len() + value.len();
+            let at = checked_byte(flip, used);
             out[at] ^= 0x40;
             prop_assert!(decode_block(&out).is_none(), "a flipped bit at {} went unnoticed", at);
         }
 
+        /// The access word is the one part of a block readers may change: any word there
+        /// leaves the block valid, and the same block to its slot.
+        #[test]
+        fn the_access_word_changes_nothing_else(
+            key in proptest::collection::vec(any::<u8>(), 1..100),
+            value in proptest::collection::vec(any::<u8>(), 0..300),
+            expires_at_ms in proptest::option::of(any::<u64>()),
+            word in any::<u64>(),
+        ) {
+            let mut out = Vec::new();
+            let units = encode_block(&mut out, &key, &value, expires_at_ms);
+            let at = ACCESS_WORD_OFFSET as usize;
+            out[at..at + 8].copy_from_slice(&word.to_le_bytes());
+            let block = decode_block(&out).expect("still a block");
+            prop_assert_eq!(block.access, Some(Access::decode(word)));
+            prop_assert_eq!((block.key, block.value, block.expires_at_ms), (&key[..], &value[..], expires_at_ms));
+            prop_assert_eq!(block.units(), Some(units));
+            prop_assert_eq!(peek_block_header(&out[..BLOCK_PEEK_BYTES]), Some((units, expires_at_ms)));
+        }
+
         /// Blocks as builds before expiry wrote them (a zero where the flags are now)
-        /// decode as blocks without an expiry.
+        /// decode as blocks without an expiry, and with no access word.
         #[test]
         fn blocks_of_earlier_builds_still_decode(
             key in proptest::collection::vec(any::<u8>(), 1..100),
@@ -1232,10 +1300,11 @@ mod tests {
             old.extend_from_slice(&xxh3_64_with_seed(&body, len_word).to_le_bytes());
             old.extend_from_slice(&body);
             old.resize(old.len().div_ceil(64) * 64, 0);
-            prop_assert_eq!(decode_block(&old), Some(Block { key: &key, value: &value, expires_at_ms: None, extent: None, long_key: None, txn: None }));
-            let mut new = Vec::new();
-            encode_block(&mut new, &key, &value, None);
-            prop_assert_eq!(new, old, "a block without an expiry is written as before");
+            let decoded = decode_block(&old);
+            prop_assert_eq!(decoded, Some(Block { key: &key, value: &value, expires_at_ms: None, extent: None, long_key: None, txn: None, access: None }));
+            let units = old.len() / 64;
+            prop_assert_eq!(decoded.and_then(|b| b.units()), Some(units as u8), "it still fits its slot");
+            prop_assert_eq!(peek_block_header(&old), Some((units as u8, None)));
         }
 
         /// The peek agrees with the full decode on every block.
@@ -1258,15 +1327,25 @@ mod tests {
         }
     }
 
+    /// A byte of a block's first `used` that its checksum covers (all but the access word).
+    fn checked_byte(pick: usize, used: usize) -> usize {
+        let at = pick % (used - BLOCK_ACCESS_BYTES);
+        if at < ACCESS_WORD_OFFSET as usize {
+            at
+        } else {
+            at + BLOCK_ACCESS_BYTES
+        }
+    }
+
     #[test]
     fn size_limits() {
         assert_eq!(block_units(1, 0), Some(1));
-        assert_eq!(block_units(8, 40), Some(1));
-        assert_eq!(block_units(8, 41), Some(2));
+        assert_eq!(block_units(8, 32), Some(1), "header and access word: 24 bytes");
+        assert_eq!(block_units(8, 33), Some(2));
         assert!(block_units(1, MAX_KV_BYTES - 1).is_some());
         assert!(block_units(1, MAX_KV_BYTES).is_none());
-        assert_eq!(block_units_for(8, 40, true), Some(2), "an expiry takes 8 bytes");
-        assert_eq!(block_units_for(8, 32, true), Some(1));
+        assert_eq!(block_units_for(8, 32, true), Some(2), "an expiry takes 8 bytes");
+        assert_eq!(block_units_for(8, 24, true), Some(1));
         assert!(block_units_for(1, MAX_KV_BYTES - 1 - BLOCK_EXPIRY_BYTES, true).is_some());
         assert!(block_units_for(1, MAX_KV_BYTES - BLOCK_EXPIRY_BYTES, true).is_none());
     }
@@ -1274,7 +1353,7 @@ mod tests {
     #[test]
     fn unknown_flags_are_not_a_block() {
         // Well formed but for a flag this build does not know (its checksum is right).
-        let len_word = 1u64 | (0x08 << 16) | (1 << 32);
+        let len_word = 1u64 | (0x20 << 16) | (1 << 32);
         let mut out = len_word.to_le_bytes().to_vec();
         out.extend_from_slice(&xxh3_64_with_seed(b"kv", len_word).to_le_bytes());
         out.extend_from_slice(b"kv");
@@ -1286,14 +1365,29 @@ mod tests {
         out[8..16].copy_from_slice(&xxh3_64_with_seed(b"kv", len_word).to_le_bytes());
         assert_eq!(
             decode_block(&out),
-            Some(Block { key: b"k", value: b"v", expires_at_ms: None, extent: None, long_key: None, txn: None })
+            Some(Block {
+                key: b"k",
+                value: b"v",
+                expires_at_ms: None,
+                extent: None,
+                long_key: None,
+                txn: None,
+                access: None
+            })
         );
     }
 
     #[test]
     fn an_item_lives_through_its_expiry_millisecond() {
-        let block =
-            Block { key: b"k", value: b"v", expires_at_ms: Some(1000), extent: None, long_key: None, txn: None };
+        let block = Block {
+            key: b"k",
+            value: b"v",
+            expires_at_ms: Some(1000),
+            extent: None,
+            long_key: None,
+            txn: None,
+            access: None,
+        };
         assert!(!block.expired_at(999) && !block.expired_at(1000) && block.expired_at(1001));
         assert!(!Block { expires_at_ms: None, ..block }.expired_at(u64::MAX));
     }

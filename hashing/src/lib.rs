@@ -10,6 +10,8 @@
 //! * [`directory`], [`alloc`], [`heap`], [`format`]: the directory cache, client-side block
 //!   allocation with a grace period, the memnode's heap, and formatting a region.
 //! * [`reclaim`]: at a memnode's start, every heap byte no slot references becomes free.
+//! * [`access`]: cache mode's access metadata (LRU and LFU) in each block, updated by
+//!   readers with one-sided CAS.
 //! * [`clock`], [`expiry`]: the clock items' expiry times are kept in, and the memnode's
 //!   active expiry (sampling slots, removing expired items nobody reads, freeing their
 //!   blocks). Readers treat expired items as absent and remove those they meet.
@@ -20,6 +22,7 @@
 // `unsafe` only in `epoch_cell` (opted in below), each block with the argument for its soundness.
 #![deny(unsafe_code)]
 
+pub mod access;
 pub mod alloc;
 pub mod clock;
 pub mod directory;

@@ -41,6 +41,7 @@
 //! indirect block's word away retires its extent by RPC at the end of the operation (its
 //! block, retired into the grace queue, still says where the extent is).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
@@ -48,6 +49,7 @@ use prometheus::local::{LocalHistogram, LocalIntCounter};
 use prometheus::{HistogramVec, IntCounter, IntCounterVec};
 use racekv_transport::{Batch, Connection, ReadId, TransportError};
 
+use crate::access::{Access, Tracking};
 use crate::alloc::{BlockAllocator, Chunk, ChunkSource, Fragments, FreePool};
 use crate::directory::{CachedEntry, DirectoryCache};
 use crate::error::Error;
@@ -61,6 +63,7 @@ use crate::probe::{Probe, ProbeReads};
 use crate::rpc::{self, method, SplitRequest};
 use crate::stall::{StallClock, Stamp};
 
+mod touch;
 pub mod txn;
 mod walk;
 
@@ -359,6 +362,8 @@ struct Shared {
     /// Readers trust a block only if they surely read it within the shortest grace period
     /// any client of the region waits (the memnode's, where it published one).
     stall: StallClock,
+    /// What reads update in access words: a [`Tracking`], encoded (cache mode sets it).
+    tracking: AtomicU64,
 }
 
 /// Gets KV chunks from the memnode by RPC.
@@ -459,7 +464,20 @@ impl Table {
         }
         let stall = StallClock::new(published.unwrap_or(options.grace_period));
         let pool = Arc::new(FreePool::new());
-        Ok(Self { shared: Arc::new(Shared { layout, directory, chunks, pool, options, grace, stall }) })
+        LazyLock::force(&touch::UPDATES); // exported (as 0) before cache mode records a read
+        let tracking = AtomicU64::new(Tracking::Off.encode());
+        Ok(Self { shared: Arc::new(Shared { layout, directory, chunks, pool, options, grace, stall, tracking }) })
+    }
+
+    /// Sets what this process's reads record in the blocks they read (cache mode's LRU or
+    /// LFU policies; [`crate::access`]). Off by default: reads write nothing.
+    pub fn set_tracking(&self, tracking: Tracking) {
+        self.shared.tracking.store(tracking.encode(), Ordering::Relaxed);
+    }
+
+    /// What reads record now.
+    pub fn tracking(&self) -> Tracking {
+        Tracking::decode(self.shared.tracking.load(Ordering::Relaxed))
     }
 
     /// The grace period this process waits before reusing a freed block.
@@ -506,6 +524,7 @@ impl Table {
             round: RoundScratch::default(),
             probe_sent: s.stall.now(),
             tag: first_tag(),
+            coin: xxhash_rust::xxh3::xxh3_64(&[first_tag()]) | 1,
             count_delta: 0,
             found_live: false,
             read_large: false,
@@ -596,6 +615,8 @@ struct KeyCopy {
     expires_at_ms: Option<u64>,
     /// The mark of an intent block (a transaction's write, `txn.rs`).
     txn: Option<TxnMark>,
+    /// Its block's access word as read (None: an earlier build's block, or not read).
+    access: Option<Access>,
 }
 
 impl KeyCopy {
@@ -700,6 +721,9 @@ struct RoundScratch {
     done: Vec<bool>,
     /// Index into `wanted` of settled copies that had expired (removed after the round).
     expired: Vec<usize>,
+    /// (key index, slot word, access word) of each live value the round returned, for
+    /// recording the reads (`touch.rs`).
+    touched: Vec<(usize, u64, Option<Access>)>,
 }
 
 impl RoundScratch {
@@ -711,6 +735,7 @@ impl RoundScratch {
         self.foreign.clear();
         self.done.clear();
         self.expired.clear();
+        self.touched.clear();
     }
 }
 
@@ -760,6 +785,8 @@ pub struct TableClient {
     /// The last transaction record this client allocated: (offset, memnode run). A lock
     /// naming it is published only in that run (`txn.rs`).
     record_run: Option<(u64, u64)>,
+    /// State of the coin LFU's counter increments toss (`touch.rs`).
+    coin: u64,
     stats: ClientStats,
     metrics: LocalMetrics,
 }
@@ -785,7 +812,7 @@ impl TableClient {
     /// An expired item found on the way is removed (lazy expiry).
     pub fn get_into(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, Error> {
         let sample = self.begin();
-        let result = self.search(key, out).map(|found| found.is_some());
+        let result = self.search(key, out, true).map(|found| found.is_some());
         self.end(0, sample, result, |&found| found)
     }
 
@@ -793,8 +820,9 @@ impl TableClient {
     pub fn get_item(&mut self, key: &[u8]) -> Result<Option<Item>, Error> {
         let sample = self.begin();
         let mut value = Vec::new();
-        let result =
-            self.search(key, &mut value).map(|found| found.map(|c| Item { value, expires_at_ms: c.expires_at_ms }));
+        let result = self
+            .search(key, &mut value, true)
+            .map(|found| found.map(|c| Item { value, expires_at_ms: c.expires_at_ms }));
         self.end(0, sample, result, Option::is_some)
     }
 
@@ -930,6 +958,7 @@ impl TableClient {
                             r.expired.push(n);
                         } else {
                             values[i] = Some(block.value.to_vec());
+                            r.touched.push((i, word, block.access));
                         }
                         r.done[i] = true;
                         r.settled.push(n);
@@ -960,6 +989,9 @@ impl TableClient {
             .map(|(_, slot, word)| (slot, word))
             .collect();
         self.expire_lazily(&expired)?;
+        let touched: Vec<(u64, Option<Access>)> =
+            r.touched.iter().filter(|&&(i, _, _)| !r.foreign[i]).map(|&(_, word, access)| (word, access)).collect();
+        self.touch(&touched, sent);
         Ok(())
     }
 
@@ -1041,7 +1073,7 @@ impl TableClient {
         let sample = self.begin();
         let result = match new {
             // Absent -> absent: true exactly when the key is absent.
-            None if expected.is_none() => self.search(key, &mut Vec::new()).map(|found| found.is_none()),
+            None if expected.is_none() => self.search(key, &mut Vec::new(), false).map(|found| found.is_none()),
             _ => {
                 self.read_large = expected.is_some();
                 self.mutate(key, new, Expiry::Keep, Cond::Equals(expected)).map(|o| o != PutOutcome::NotApplied)
@@ -1075,7 +1107,7 @@ impl TableClient {
         let mut attempts = Attempts::new(self.shared.options.op_timeout);
         loop {
             let mut value = Vec::new();
-            let Some(copy) = self.search(key, &mut value)? else { return Ok(None) };
+            let Some(copy) = self.search(key, &mut value, false)? else { return Ok(None) };
             let item = Item { value, expires_at_ms: copy.expires_at_ms };
             let (new, expiry) = match decide(item.expires_at_ms) {
                 ExpiryUpdate::Unchanged => return Ok(Some((item, false))),
@@ -1297,7 +1329,8 @@ impl TableClient {
             match decode_block(self.batch.read_result(read)?) {
                 None => torn = true,
                 Some(block) if block.key == key || long_keys_found.contains(&i) => {
-                    self.copies.push(KeyCopy { slot, word, expires_at_ms: block.expires_at_ms, txn: block.txn });
+                    let (expires_at_ms, txn, access) = (block.expires_at_ms, block.txn, block.access);
+                    self.copies.push(KeyCopy { slot, word, expires_at_ms, txn, access });
                     if best.is_none_or(|(s, _)| slot < s) {
                         best = Some((slot, read));
                     }
@@ -1405,8 +1438,9 @@ impl TableClient {
     }
 
     /// Finds `key`: its value goes to `out`, its canonical copy is returned; None when it
-    /// is absent or expired (an expired copy is removed on the way: lazy expiry).
-    fn search(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<Option<KeyCopy>, Error> {
+    /// is absent or expired (an expired copy is removed on the way: lazy expiry). A read
+    /// that `touch`es records itself in the block's access word (`touch.rs`).
+    fn search(&mut self, key: &[u8], out: &mut Vec<u8>, touch: bool) -> Result<Option<KeyCopy>, Error> {
         Self::check_key(key)?;
         let hash = self.hash(key);
         let mut attempts = Attempts::new(self.shared.options.op_timeout);
@@ -1425,6 +1459,9 @@ impl TableClient {
                 Verified::Done if !self.copies.is_empty() => {
                     let canonical = self.copies[0];
                     if !canonical.expired() {
+                        if touch {
+                            self.touch(&[(canonical.word, canonical.access)], self.probe_sent);
+                        }
                         return Ok(Some(canonical));
                     }
                     out.clear();
@@ -1687,7 +1724,9 @@ impl TableClient {
         if let Some(units) = block_units_for(key.len(), value.len() + mark_bytes, expires) {
             let block = self.alloc.alloc(units)?;
             self.check_record_run(block, units)?;
-            let encoded = encode_any_block(&mut self.block, key, value, None, None, expires_at_ms, intent.as_ref());
+            let access = Access::fresh(crate::clock::now_unix_ms());
+            let encoded =
+                encode_any_block(&mut self.block, key, value, None, None, expires_at_ms, intent.as_ref(), access);
             assert_eq!(encoded, units, "a block sized {units} units encoded to {encoded}");
             let word = self.next_word(hash, block, units, false);
             return Ok(Some(NewBlock { block, units, extent: None, long_key: None, expires_at_ms, word }));
@@ -1718,6 +1757,7 @@ impl TableClient {
             long_key.as_ref(),
             expires_at_ms,
             intent.as_ref(),
+            Access::fresh(crate::clock::now_unix_ms()),
         );
         assert_eq!(encoded, units, "an indirect block sized {units} units encoded to {encoded}");
         let word = self.next_word(hash, block, units, true);
@@ -1915,7 +1955,7 @@ impl TableClient {
         let Cond::Word(expected) = cond else { return None };
         self.intent?;
         let &(slot, word) = self.cands.iter().min_by_key(|&&(slot, _)| slot)?;
-        (word == expected).then_some(KeyCopy { slot, word, expires_at_ms: None, txn: None })
+        (word == expected).then_some(KeyCopy { slot, word, expires_at_ms: None, txn: None, access: None })
     }
 
     /// Swings the canonical copy to `new` (or to 0 to delete) and removes any duplicates, in

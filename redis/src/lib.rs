@@ -62,6 +62,6 @@ pub use reply::{Output, Protocol, Reply};
 pub use resp::{Command, Limits, Parser, ProtocolError, QueryBudget};
 pub use server::RedisServer;
 pub use store::{
-    Expiry, ExpiryUpdate, Item, KeyVersion, KvSession, KvStore, PutMode, PutOptions, PutResult, StoreError,
+    Expiry, ExpiryUpdate, Item, KeyAccess, KeyVersion, KvSession, KvStore, PutMode, PutOptions, PutResult, StoreError,
     StoreErrorKind, TxnWrite,
 };

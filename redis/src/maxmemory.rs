@@ -1,4 +1,5 @@
-//! Cache mode's settings (`maxmemory`, `maxmemory-policy`, `maxmemory-samples`), shared by
+//! Cache mode's settings (`maxmemory`, `maxmemory-policy`, `maxmemory-samples`,
+//! `lfu-log-factor`, `lfu-decay-time`), shared by
 //! `CONFIG GET/SET`, INFO and whoever enforces them (the computenode's eviction), and its
 //! counters (`evicted_keys`, `keyspace_hits`, `keyspace_misses`).
 //!
@@ -15,6 +16,12 @@ use prometheus::IntCounter;
 pub const DEFAULT_SAMPLES: u32 = 5;
 /// Most `maxmemory-samples` accepted: each sample costs a read on the write path.
 pub const MAX_SAMPLES: u32 = 64;
+/// `lfu-log-factor`'s default (Redis').
+pub const DEFAULT_LFU_LOG_FACTOR: u32 = 10;
+/// `lfu-decay-time`'s default in minutes (Redis').
+pub const DEFAULT_LFU_DECAY_MINUTES: u32 = 1;
+/// Largest `lfu-log-factor` and `lfu-decay-time` accepted (Redis': `INT_MAX`).
+pub const MAX_LFU_SETTING: u32 = i32::MAX as u32;
 /// A share of the region is kept in hundredths of a percent: `12.34%` is the finest.
 pub const SHARE_SCALE: u32 = 100 * 100;
 /// Marks an encoded [`Limit::Share`] (a byte count never reaches it: Redis' sizes are i64).
@@ -117,13 +124,27 @@ pub enum MaxmemoryPolicy {
     VolatileRandom = 2,
     /// Evict the key with the soonest expiry among the sampled ones.
     VolatileTtl = 3,
+    /// Evict the least recently read key (approximated by sampling).
+    AllkeysLru = 4,
+    /// Evict the least frequently read key (Redis' logarithmic counter, sampled).
+    AllkeysLfu = 5,
+    /// As `allkeys-lru`, among keys with an expiry.
+    VolatileLru = 6,
+    /// As `allkeys-lfu`, among keys with an expiry.
+    VolatileLfu = 7,
 }
 
-/// Policies Redis has and racekv does not implement yet (they need access metadata).
-const NOT_YET: &[&str] = &["allkeys-lru", "allkeys-lfu", "volatile-lru", "volatile-lfu"];
-
 impl MaxmemoryPolicy {
-    const ALL: [Self; 4] = [Self::NoEviction, Self::AllkeysRandom, Self::VolatileRandom, Self::VolatileTtl];
+    const ALL: [Self; 8] = [
+        Self::NoEviction,
+        Self::AllkeysRandom,
+        Self::VolatileRandom,
+        Self::VolatileTtl,
+        Self::AllkeysLru,
+        Self::AllkeysLfu,
+        Self::VolatileLru,
+        Self::VolatileLfu,
+    ];
 
     /// Redis' name of the policy.
     pub fn name(self) -> &'static str {
@@ -132,28 +153,32 @@ impl MaxmemoryPolicy {
             Self::AllkeysRandom => "allkeys-random",
             Self::VolatileRandom => "volatile-random",
             Self::VolatileTtl => "volatile-ttl",
+            Self::AllkeysLru => "allkeys-lru",
+            Self::AllkeysLfu => "allkeys-lfu",
+            Self::VolatileLru => "volatile-lru",
+            Self::VolatileLfu => "volatile-lfu",
         }
     }
 
-    /// The policy Redis names `text` (any case); the LRU and LFU policies are refused with
-    /// a reason saying so.
+    /// The policy Redis names `text` (any case).
     pub fn parse(text: &str) -> Result<Self, String> {
         let lower = text.to_ascii_lowercase();
-        if let Some(p) = Self::ALL.into_iter().find(|p| p.name() == lower) {
-            return Ok(p);
-        }
-        if NOT_YET.contains(&lower.as_str()) {
-            return Err(format!(
-                "maxmemory-policy {lower} is not supported yet (racekv keeps no access metadata yet): use \
-                 noeviction, allkeys-random, volatile-random or volatile-ttl"
-            ));
-        }
-        Err(format!("invalid maxmemory-policy '{text}'"))
+        Self::ALL.into_iter().find(|p| p.name() == lower).ok_or_else(|| format!("invalid maxmemory-policy '{text}'"))
     }
 
     /// Whether only keys with an expiry may be evicted.
     pub fn volatile_only(self) -> bool {
-        matches!(self, Self::VolatileRandom | Self::VolatileTtl)
+        matches!(self, Self::VolatileRandom | Self::VolatileTtl | Self::VolatileLru | Self::VolatileLfu)
+    }
+
+    /// Whether it evicts by recency (reads then record when they happened).
+    pub fn lru(self) -> bool {
+        matches!(self, Self::AllkeysLru | Self::VolatileLru)
+    }
+
+    /// Whether it evicts by frequency (reads then count themselves).
+    pub fn lfu(self) -> bool {
+        matches!(self, Self::AllkeysLfu | Self::VolatileLfu)
     }
 
     fn from_u8(v: u8) -> Self {
@@ -171,6 +196,8 @@ pub struct Maxmemory {
     region_bytes: AtomicU64,
     policy: AtomicU8,
     samples: AtomicU32,
+    lfu_log_factor: AtomicU32,
+    lfu_decay_minutes: AtomicU32,
 }
 
 impl Default for Maxmemory {
@@ -187,6 +214,8 @@ impl Maxmemory {
             region_bytes: AtomicU64::new(0),
             policy: AtomicU8::new(policy as u8),
             samples: AtomicU32::new(samples.clamp(1, MAX_SAMPLES)),
+            lfu_log_factor: AtomicU32::new(DEFAULT_LFU_LOG_FACTOR),
+            lfu_decay_minutes: AtomicU32::new(DEFAULT_LFU_DECAY_MINUTES),
         }
     }
 
@@ -232,6 +261,26 @@ impl Maxmemory {
     /// Changes the sample count, clamped to 1..=[`MAX_SAMPLES`].
     pub fn set_samples(&self, samples: u32) {
         self.samples.store(samples.clamp(1, MAX_SAMPLES), Ordering::Relaxed);
+    }
+
+    /// `lfu-log-factor`: how much harder each increment of a key's LFU counter gets.
+    pub fn lfu_log_factor(&self) -> u32 {
+        self.lfu_log_factor.load(Ordering::Relaxed)
+    }
+
+    /// `lfu-decay-time`: minutes per decrement of an unread key's LFU counter (0: never).
+    pub fn lfu_decay_minutes(&self) -> u32 {
+        self.lfu_decay_minutes.load(Ordering::Relaxed)
+    }
+
+    /// Changes `lfu-log-factor` (at most [`MAX_LFU_SETTING`]).
+    pub fn set_lfu_log_factor(&self, factor: u32) {
+        self.lfu_log_factor.store(factor.min(MAX_LFU_SETTING), Ordering::Relaxed);
+    }
+
+    /// Changes `lfu-decay-time` (at most [`MAX_LFU_SETTING`]).
+    pub fn set_lfu_decay_minutes(&self, minutes: u32) {
+        self.lfu_decay_minutes.store(minutes.min(MAX_LFU_SETTING), Ordering::Relaxed);
     }
 }
 
@@ -312,13 +361,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn policies_parse_by_redis_names_and_lru_lfu_are_refused() {
+    fn policies_parse_by_redis_names() {
         for p in MaxmemoryPolicy::ALL {
             assert_eq!(MaxmemoryPolicy::parse(&p.name().to_uppercase()), Ok(p));
+            assert_eq!(MaxmemoryPolicy::from_u8(p as u8), p);
+            assert!(!(p.lru() && p.lfu()));
+            assert_eq!(p.volatile_only(), p.name().starts_with("volatile-"), "{p:?}");
         }
-        for name in NOT_YET {
-            assert!(MaxmemoryPolicy::parse(name).unwrap_err().contains("not supported yet"), "{name}");
-        }
+        assert!(MaxmemoryPolicy::AllkeysLru.lru() && MaxmemoryPolicy::VolatileLfu.lfu());
         assert!(MaxmemoryPolicy::parse("sometimes").is_err());
         assert_eq!(parse_bytes("100mb"), Some(100 << 20));
         assert_eq!(parse_bytes("12"), Some(12));

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering}
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::maxmemory::{parse_memory, Limit, Maxmemory, MaxmemoryPolicy, MAX_SAMPLES};
+use crate::maxmemory::{parse_memory, Limit, Maxmemory, MaxmemoryPolicy, MAX_LFU_SETTING, MAX_SAMPLES};
 use crate::resp::QueryBudget;
 use crate::slowlog::MAX_SLOWLOG_LEN;
 
@@ -175,6 +175,8 @@ pub(crate) static PARAMETERS: &[Parameter] = &[
     param("maxmemory", Kind::Limit),
     param("maxmemory-policy", Kind::Policy),
     param("maxmemory-samples", Kind::Integer { min: 1, max: MAX_SAMPLES as i64 }),
+    param("lfu-log-factor", Kind::Integer { min: 0, max: MAX_LFU_SETTING as i64 }),
+    param("lfu-decay-time", Kind::Integer { min: 0, max: MAX_LFU_SETTING as i64 }),
     param("port", Kind::Immutable),
     param("cluster-enabled", Kind::Immutable),
 ];
@@ -242,6 +244,8 @@ impl Settings {
             ("maxmemory", Value::Limit(limit)) => self.maxmemory.set_limit(*limit),
             ("maxmemory-policy", Value::Policy(p)) => self.maxmemory.set_policy(*p),
             ("maxmemory-samples", Value::Integer(n)) => self.maxmemory.set_samples(*n as u32),
+            ("lfu-log-factor", Value::Integer(n)) => self.maxmemory.set_lfu_log_factor(*n as u32),
+            ("lfu-decay-time", Value::Integer(n)) => self.maxmemory.set_lfu_decay_minutes(*n as u32),
             _ => debug_assert!(false, "no setting {name} = {value:?}"),
         }
     }
@@ -288,8 +292,14 @@ mod tests {
         settings.apply("maxmemory", &validate(parameter(b"maxmemory").unwrap(), b"25%").unwrap());
         assert_eq!(settings.maxmemory().limit(), Limit::Share(2_500));
         assert!(validate(parameter(b"maxmemory").unwrap(), b"150%").is_err());
-        let lru = validate(parameter(b"maxmemory-policy").unwrap(), b"allkeys-lru").unwrap_err();
-        assert!(lru.contains("not supported yet"), "{lru}");
+        let lru = validate(parameter(b"maxmemory-policy").unwrap(), b"allkeys-lru").unwrap();
+        settings.apply("maxmemory-policy", &lru);
+        assert_eq!(settings.maxmemory().policy(), MaxmemoryPolicy::AllkeysLru);
+        assert!(validate(parameter(b"maxmemory-policy").unwrap(), b"sometimes-lru").is_err());
+        settings.apply("lfu-log-factor", &validate(parameter(b"lfu-log-factor").unwrap(), b"100").unwrap());
+        settings.apply("lfu-decay-time", &validate(parameter(b"lfu-decay-time").unwrap(), b"0").unwrap());
+        assert_eq!((settings.maxmemory().lfu_log_factor(), settings.maxmemory().lfu_decay_minutes()), (100, 0));
+        assert!(validate(parameter(b"lfu-log-factor").unwrap(), b"-1").is_err());
         assert!(validate(parameter(b"maxmemory-samples").unwrap(), b"65").is_err());
     }
 

@@ -83,6 +83,17 @@ pub struct Item {
     pub expires_at_ms: Option<u64>,
 }
 
+/// What a store knows of a key's reads ([`KvSession::access`]: `OBJECT IDLETIME`, `OBJECT
+/// FREQ`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyAccess {
+    /// Seconds since it was last read (reads are recorded under an LRU policy; under
+    /// others this counts from its last write).
+    pub idle_s: u64,
+    /// Its LFU counter as of now, decayed (counted under an LFU policy).
+    pub lfu_counter: u8,
+}
+
 /// A new expiry for a key, decided from its current one ([`KvSession::update_expiry`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExpiryUpdate {
@@ -241,6 +252,12 @@ pub trait KvSession: Send {
 
     /// The value and expiry of `key`, or `None` when absent.
     fn get_item(&mut self, key: &[u8]) -> Result<Option<Item>, StoreError>;
+
+    /// What the store knows of `key`'s reads, read without counting as one: `None` when
+    /// absent, `Some(None)` when it keeps nothing for the key. The default keeps nothing.
+    fn access(&mut self, key: &[u8]) -> Result<Option<Option<KeyAccess>>, StoreError> {
+        Ok(self.get(key)?.map(|_| None))
+    }
 
     /// Atomically changes `key`'s expiry as `decide` says given its current one (None: no
     /// expiry): `decide` is not called for an absent key, and may be called again when a

@@ -101,7 +101,7 @@ impl TableClient {
     pub fn read_versioned(&mut self, key: &[u8]) -> Result<(Option<Item>, u64), Error> {
         let sample = self.begin();
         let mut value = Vec::new();
-        let result = self.search(key, &mut value).map(|copy| match copy {
+        let result = self.search(key, &mut value, true).map(|copy| match copy {
             Some(copy) => (Some(Item { value, expires_at_ms: copy.expires_at_ms }), copy.word),
             None => (None, 0),
         });

@@ -256,7 +256,7 @@ pub(super) fn client(c: &mut Client, cmd: &Command) -> CmdResult {
             "NO-EVICT (ON|OFF)",
             "    Accepted and shown in CLIENT LIST; racekv never evicts clients.",
             "NO-TOUCH (ON|OFF)",
-            "    Accepted and shown in CLIENT LIST; racekv keeps no access times.",
+            "    Accepted and shown in CLIENT LIST; this connection's reads still update access data.",
             "PAUSE <timeout> [WRITE|ALL]",
             "    Suspend other clients' commands (or only writes) for <timeout> milliseconds.",
             "SETINFO <LIB-NAME|LIB-VER> <value>",
@@ -526,6 +526,8 @@ fn config_value(c: &Client, name: &str) -> String {
         "maxmemory" => settings.maxmemory().limit().to_string(),
         "maxmemory-policy" => settings.maxmemory().policy().name().into(),
         "maxmemory-samples" => settings.maxmemory().samples().to_string(),
+        "lfu-log-factor" => settings.maxmemory().lfu_log_factor().to_string(),
+        "lfu-decay-time" => settings.maxmemory().lfu_decay_minutes().to_string(),
         "port" => c.stats.tcp_port().to_string(),
         "cluster-enabled" => "no".into(),
         _ => String::new(),
@@ -958,9 +960,9 @@ fn encoding(value: &[u8]) -> &'static str {
     }
 }
 
-/// `OBJECT ENCODING|FREQ|IDLETIME|REFCOUNT key|HELP`. FREQ answers Redis' error for a
-/// server without an LFU policy (racekv evicts nothing); IDLETIME is refused, since racekv
-/// keeps no access times.
+/// `OBJECT ENCODING|FREQ|IDLETIME|REFCOUNT key|HELP`. FREQ and IDLETIME read the key's
+/// access word (`KvSession::access`) and answer Redis' errors as Redis does: FREQ only
+/// under an LFU policy, IDLETIME only under any other.
 pub(super) fn object(c: &mut Client, cmd: &Command) -> CmdResult {
     let sub = upper(cmd.arg(1));
     if sub == b"HELP" {
@@ -969,9 +971,9 @@ pub(super) fn object(c: &mut Client, cmd: &Command) -> CmdResult {
             "ENCODING <key>",
             "    Return the kind of internal representation Redis would use for the value stored at <key>.",
             "FREQ <key>",
-            "    Not available: racekv has no LFU eviction policy.",
+            "    Return the access frequency index of the key <key> (under an LFU maxmemory-policy).",
             "IDLETIME <key>",
-            "    Not available: racekv keeps no access times.",
+            "    Return the idle time of the key <key> (seconds since it was last read, or written).",
             "REFCOUNT <key>",
             "    Return the number of references of the value associated with the specified key (1).",
             "HELP",
@@ -981,6 +983,9 @@ pub(super) fn object(c: &mut Client, cmd: &Command) -> CmdResult {
     if !matches!(sub.as_slice(), b"ENCODING" | b"FREQ" | b"IDLETIME" | b"REFCOUNT") {
         return Err(unsupported_subcommand("OBJECT", cmd.arg(1)));
     }
+    if matches!(sub.as_slice(), b"FREQ" | b"IDLETIME") {
+        return object_access(c, cmd, sub == b"FREQ");
+    }
     let value = c.store()?.get(cmd.arg(2))?;
     c.stats.keyspace_lookup(value.is_some());
     let Some(value) = value else {
@@ -988,12 +993,30 @@ pub(super) fn object(c: &mut Client, cmd: &Command) -> CmdResult {
     };
     match sub.as_slice() {
         b"ENCODING" => Ok(Reply::bulk_str(encoding(&value))),
-        b"REFCOUNT" => Ok(Reply::Integer(1)),
-        b"FREQ" => Err(fail(
+        _ => Ok(Reply::Integer(1)), // REFCOUNT
+    }
+}
+
+/// `OBJECT FREQ key` (`freq`) or `OBJECT IDLETIME key`.
+fn object_access(c: &mut Client, cmd: &Command, freq: bool) -> CmdResult {
+    let access = c.store()?.access(cmd.arg(2))?;
+    c.stats.keyspace_lookup(access.is_some());
+    let Some(access) = access else {
+        return Ok(Reply::Nil);
+    };
+    let lfu = c.stats.settings.maxmemory().policy().lfu();
+    match (freq, lfu, access) {
+        (true, false, _) => Err(fail(
             "ERR An LFU maxmemory policy is not selected, access frequency not tracked. Please note that when \
              switching between policies at runtime LRU and LFU data will take some time to adjust.",
         )),
-        _ => Err(fail("ERR racekv keeps no access times: OBJECT IDLETIME is not available")),
+        (false, true, _) => Err(fail(
+            "ERR An LRU maxmemory policy is not selected, access time not tracked. Please note that when \
+             switching between policies at runtime LRU and LFU data will take some time to adjust.",
+        )),
+        (_, _, None) => Err(fail("ERR no access data is kept for this key (written by an earlier build)")),
+        (true, true, Some(a)) => Ok(Reply::Integer(i64::from(a.lfu_counter))),
+        (false, false, Some(a)) => Ok(Reply::Integer(a.idle_s.min(i64::MAX as u64) as i64)),
     }
 }
 

@@ -137,7 +137,7 @@ pub(super) fn type_of(c: &mut Client, cmd: &Command) -> CmdResult {
 }
 
 /// `TOUCH key...`: how many of the keys exist; a key named twice counts twice, as in
-/// Redis. racekv keeps no access times, so there is nothing else to do.
+/// Redis. The keys are read, and reads record themselves under an LRU or LFU policy.
 pub(super) fn touch(c: &mut Client, cmd: &Command) -> CmdResult {
     super::keys::exists(c, cmd)
 }
