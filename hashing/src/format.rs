@@ -32,6 +32,27 @@ pub fn read_layout(conn: &dyn Connection) -> Result<Layout, Error> {
     Ok(layout)
 }
 
+/// Brings a region of an upgradable earlier format version up to this build's
+/// (`layout::UPGRADABLE_FORMAT_VERSIONS`): its superblock's layout is written again with
+/// [`crate::layout::FORMAT_VERSION`], after which builds of the old version refuse the
+/// region. Returns the version it was (None: it already was this build's). For the memnode,
+/// at start, before it serves. The 64 bytes go in one WRITE: a SIGKILL cannot tear them; a
+/// power loss mid-write can, and the start after it then refuses the superblock as corrupt.
+pub fn upgrade(conn: &dyn Connection) -> Result<Option<u32>, Error> {
+    let mut b = Batch::new();
+    let r = b.read(0, 64);
+    conn.execute(&mut b)?;
+    let (layout, version) = Layout::decode_any(b.read_result(r)?).map_err(Error::Layout)?;
+    if version == crate::layout::FORMAT_VERSION {
+        return Ok(None);
+    }
+    b.clear();
+    b.write(0, &layout.encode());
+    conn.execute(&mut b)?;
+    assert_eq!(read_layout(conn)?, layout, "an upgraded superblock reads back as the same layout");
+    Ok(Some(version))
+}
+
 /// Reads the node id a formatted region was given.
 pub fn read_node_id(conn: &dyn Connection) -> Result<u64, Error> {
     Ok(crate::words::read_words(conn, &mut Batch::new(), &[sb::NODE_ID])?[0])

@@ -112,8 +112,12 @@ pub const MAX_GLOBAL_DEPTH_LIMIT: u32 = 30;
 
 /// First word of a formatted region ("RACEKV\0\x01").
 pub const MAGIC: u64 = u64::from_le_bytes(*b"RACEKV\0\x01");
-/// Version of the region format this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// Version of the region format this build writes and reads. 2: blocks carry an access
+/// word ([`BLOCK_FLAG_ACCESS`]), which builds of version 1 would take for damage.
+pub const FORMAT_VERSION: u32 = 2;
+/// Earlier versions whose regions this build reads once their superblock says
+/// [`FORMAT_VERSION`] (`format::upgrade`): version 1's blocks are valid blocks of version 2.
+pub const UPGRADABLE_FORMAT_VERSIONS: &[u32] = &[1];
 
 /// Byte offsets of superblock words. The first 64 B are the immutable layout (with its own
 /// checksum); the rest are words the memnode updates.
@@ -402,8 +406,18 @@ impl Layout {
         out
     }
 
-    /// Parses and checks the immutable part of a superblock read from a region.
+    /// Parses and checks the immutable part of a superblock read from a region, of this
+    /// build's [`FORMAT_VERSION`].
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        match Self::decode_any(bytes)? {
+            (layout, FORMAT_VERSION) => Ok(layout),
+            (_, version) => Err(bad(format!("region format version {version}, this build reads {FORMAT_VERSION}"))),
+        }
+    }
+
+    /// [`Self::decode`] for a superblock of this version or an upgradable one
+    /// ([`UPGRADABLE_FORMAT_VERSIONS`]); returns the version too.
+    pub fn decode_any(bytes: &[u8]) -> Result<(Self, u32), DecodeError> {
         if bytes.len() < 64 {
             return Err(bad("superblock shorter than 64 bytes"));
         }
@@ -412,7 +426,7 @@ impl Layout {
             return Err(bad("no racekv superblock (bad magic): not a racekv region, or never formatted"));
         }
         let version = r.u32()?;
-        if version != FORMAT_VERSION {
+        if version != FORMAT_VERSION && !UPGRADABLE_FORMAT_VERSIONS.contains(&version) {
             return Err(bad(format!("region format version {version}, this build reads {FORMAT_VERSION}")));
         }
         r.take(4)?; // bytes 12..16: unused, and never checked
@@ -425,7 +439,7 @@ impl Layout {
         let layout =
             Self { region_len, directory_offset, max_global_depth, groups_per_subtable, heap_offset, chunk_bytes };
         layout.check()?;
-        Ok(layout)
+        Ok((layout, version))
     }
 }
 

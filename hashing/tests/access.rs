@@ -174,3 +174,41 @@ fn access_updates_under_writes_deletes_and_splits_never_damage_a_value() {
         (0..KEYS).filter_map(|k| writer.peek_item(&key(k)).unwrap()).map(|(_, a)| u64::from(counted(a))).sum();
     assert!(total > 0, "the reads were recorded");
 }
+
+/// Blocks with access words are format version 2: a version-1 region (whose blocks are all
+/// valid version-2 blocks) is upgraded in place by rewriting its superblock, after which it
+/// reads as this build's; versions this build does not know stay refused.
+#[test]
+fn a_version_1_region_is_upgraded_in_place_and_unknown_versions_are_refused() {
+    use racekv_hashing::format::{read_layout, upgrade};
+    use racekv_hashing::layout::{sb, FORMAT_VERSION};
+    let memnode = TestMemnode::start(Via::Local, 16 * MIB, 16);
+    let conn = memnode.connect();
+    let mut c = memnode.table(options(10)).client(memnode.connect());
+    c.put(b"kept", b"through the upgrade").unwrap();
+    let layout = memnode.layout();
+    let superblock_of = |version: u32| {
+        let mut bytes = layout.encode();
+        bytes[8..12].copy_from_slice(&version.to_le_bytes());
+        let checksum = xxhash_rust::xxh3::xxh3_64_with_seed(&bytes[..sb::LAYOUT_BYTES], 0x5B);
+        bytes[56..64].copy_from_slice(&checksum.to_le_bytes());
+        bytes
+    };
+    let write = |bytes: &[u8; 64]| {
+        let mut b = racekv_transport::Batch::new();
+        b.write(0, bytes);
+        conn.execute(&mut b).unwrap();
+    };
+    assert_eq!(FORMAT_VERSION, 2);
+    write(&superblock_of(1));
+    let refused = read_layout(&*conn).unwrap_err().to_string();
+    assert!(refused.contains("region format version 1, this build reads 2"), "{refused}");
+    assert_eq!(upgrade(&*conn).unwrap(), Some(1));
+    assert_eq!(read_layout(&*conn).unwrap(), layout);
+    assert_eq!(upgrade(&*conn).unwrap(), None, "once is enough");
+    let mut c2 = memnode.table(options(10)).client(memnode.connect());
+    assert_eq!(c2.get(b"kept").unwrap().as_deref(), Some(&b"through the upgrade"[..]));
+    write(&superblock_of(3));
+    assert!(upgrade(&*conn).unwrap_err().to_string().contains("region format version 3"));
+    c.put(b"after", b"x").unwrap(); // the table's clients never read the superblock again
+}

@@ -131,6 +131,13 @@ fn format_or_reopen(region: &Arc<Region>, config: &MemnodeConfig) -> anyhow::Res
         );
         return Ok(Opened { layout, node_id, start_reclaim: None });
     }
+    if let Some(version) = racekv_hashing::format::upgrade(&local)? {
+        tracing::warn!(
+            from = version,
+            to = racekv_hashing::layout::FORMAT_VERSION,
+            "upgraded the region's format version (builds of the old version now refuse this data file)"
+        );
+    }
     let layout = read_layout(&local)?;
     let local: Arc<dyn Connection> = Arc::new(local);
     let splitter = Splitter::new(Arc::clone(&local), layout, Arc::new(Heap::new(Arc::clone(&local), layout)));
