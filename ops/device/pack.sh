@@ -12,6 +12,8 @@ features=()
 pkg-config --exists libibverbs 2>/dev/null && features=(--features rdma)
 cargo build --release -p racekv "${features[@]}"
 cp target/release/racekv "$D/"
+# Without symbols: what the device tool carries is limited (64 MiB in all).
+strip "$D/racekv"
 for tool in redis-server redis-benchmark redis-cli; do
     cp "$(command -v "$tool")" "$D/bin/"
 done

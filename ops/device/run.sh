@@ -19,8 +19,9 @@ run() {
     local name=$1; shift
     want "$name" || return 0
     echo "== $name: racekv $*"
+    local t0=$SECONDS
     timeout 300 "$R" "$@" --json > "$name.json" 2> "$name.err"
-    echo "rc=$?"; head -c 800 "$name.json"; echo; tail -3 "$name.err"
+    echo "rc=$? in $(( SECONDS - t0 )) s"; head -c 800 "$name.json"; echo; tail -3 "$name.err"
 }
 run attach-shm bench attach --transport shm
 run attach-tcp bench attach --transport tcp
@@ -35,3 +36,7 @@ run redis-p1-loops2 bench redis --rounds 3 --requests 1000000 --event-loops 2
 run redis-p1-spin50 bench redis --rounds 3 --requests 1000000 --poll-spin-us 50
 run redis-t4 bench redis --benchmark-threads 4 --rounds 3 --requests 1000000
 run rpc-tcp bench rpc --transport tcp --threads 1,2,4,8,16,32,64 --plot "$OUT/rpc-tcp.png"
+# Shorter variants for a tight device budget: Redis at P1 with fewer requests, and FLOCK's
+# coalescing against per-thread connections with 4 lanes (after the credit-window fix).
+run redis-p1-short bench redis --pipeline 1 --rounds 3 --requests 300000
+run rpc-tcp-credit bench rpc --transport tcp --threads 8,32 --modes per_thread,coalescing --lanes 4
