@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages racekv's tests need (run as root; a no-op when all are there):
 # the real servers and tools the tests drive (redis-server, redis-tools, prometheus), the
-# RDMA development libraries for the `rdma` build, the Soft-RoCE VM's host tools, and podman
+# RDMA development libraries for the `rdma` build, etcd (the coordinator the `etcd` build
+# talks to; its tests start their own) and protoc (which building the etcd client needs), the Soft-RoCE VM's host tools, and podman
 # and buildah for the container image and the cluster run from it (ops/container; netavark
 # and aardvark-dns let containers find each other by name, crun runs them; named because
 # they are only recommended); then the Redis client libraries of ops/clients (Python and
@@ -13,6 +14,7 @@ packages=(
     libibverbs-dev librdmacm-dev libclang-dev pkg-config
     qemu-system-x86 debootstrap e2fsprogs
     podman buildah crun netavark aardvark-dns iptables binutils
+    etcd-server etcd-client protobuf-compiler
 )
 
 missing=()
@@ -30,7 +32,7 @@ else
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${missing[@]}"
     # The Debian packages start their services; the tests start their own instances.
-    systemctl stop redis-server prometheus 2>/dev/null || true
+    systemctl stop redis-server prometheus etcd 2>/dev/null || true
 fi
 
 # The client libraries the compatibility tests drive (ops/clients): redis-py in a venv,

@@ -5,7 +5,8 @@
 #   bash ops/test.sh --quick   skip the Soft-RoCE VM suite and fuzzing
 #
 # Steps: packages; rustfmt; no import cycle between source files; clippy (warnings are
-# errors); `cargo test --workspace`; the `rdma` build; a real Prometheus scraping a real
+# errors); `cargo test --workspace`; the `rdma` build; the `etcd` build and its tests against a
+# real etcd; a real Prometheus scraping a real
 # memnode and computenode under load; the Kubernetes manifests rendered and validated; the
 # operator's guide (docs/operations.md) run as written; the container image, and a cluster
 # from it driven by redis-cli; then (not with --quick) the verbs suites (transport
@@ -44,6 +45,11 @@ cargo run -q -- --version
 step "rdma build (libibverbs; no device needed)"
 cargo clippy --workspace --all-targets --features rdma -- -D warnings
 
+step "etcd build (protoc) and the coordinator against a real etcd"
+etcd_features=racekv-coord/etcd,racekv-coord/testing,racekv-memnode/etcd
+cargo clippy -p racekv-coord -p racekv-memnode --all-targets --features "$etcd_features" -- -D warnings
+cargo test -p racekv-coord -p racekv-memnode --features "$etcd_features" --test etcd
+
 step "Prometheus smoke test"
 ops/prometheus/smoke-test.sh
 
@@ -77,7 +83,7 @@ step "fuzzing (60 s per target)"
 command -v cargo-fuzz > /dev/null || cargo install --locked cargo-fuzz
 (
     cd fuzz
-    for target in wire_frames table_structures flock_messages attach_ring resp_parser http_request auth_handshake table_ops client_ops; do
+    for target in wire_frames table_structures flock_messages attach_ring resp_parser http_request auth_handshake table_ops client_ops cluster_map; do
         extra=()
         [[ $target == resp_parser ]] && extra=(-dict=resp.dict -max_len=4096)
         [[ $target == http_request ]] && extra=(-dict=http.dict -max_len=65536)

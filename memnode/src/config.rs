@@ -84,6 +84,14 @@ pub struct MemnodeConfig {
     pub rpc_max_active_lanes: usize,
     /// Most RPC requests granted but not yet answered, over all clients.
     pub rpc_max_outstanding: u64,
+    /// etcd endpoints (`http://host:port`): with them the memnode registers itself in the
+    /// cluster `cluster` under a lease (issue 17); empty: no coordinator (a fixed ring).
+    pub etcd_endpoints: Vec<String>,
+    /// The cluster's name in etcd (lowercase letters, digits, `-`).
+    pub cluster: String,
+    /// The registration's lease: a memnode that stops renewing it (dead, or cut off from
+    /// etcd) leaves the cluster's list this long after.
+    pub etcd_lease_ms: u64,
     /// Longest backlog a lane is granted at the measured service time; beyond it credits
     /// are refused (overload) and clients wait, then fail with a clear error.
     pub rpc_max_queue_delay_ms: u64,
@@ -131,6 +139,9 @@ impl Default for MemnodeConfig {
             rpc_max_active_lanes: 256,
             rpc_max_outstanding: 256 * 48,
             rpc_max_queue_delay_ms: 100,
+            etcd_endpoints: Vec::new(),
+            cluster: racekv_coord::keys::DEFAULT_CLUSTER_NAME.into(),
+            etcd_lease_ms: 3_000,
         }
     }
 }
@@ -160,6 +171,14 @@ impl MemnodeConfig {
         anyhow::ensure!((2..=65536).contains(&self.rpc_credits), "rpc_credits must be within 2..=65536");
         anyhow::ensure!(self.rpc_max_active_lanes > 0, "rpc_max_active_lanes must be at least 1");
         anyhow::ensure!(self.rpc_max_outstanding > 0, "rpc_max_outstanding must be at least 1");
+        if !self.etcd_endpoints.is_empty() {
+            racekv_coord::KeySpace::new(&self.cluster)?;
+            anyhow::ensure!(
+                (1_000..=600_000).contains(&self.etcd_lease_ms),
+                "etcd_lease_ms must be within 1000..=600000"
+            );
+            anyhow::ensure!(cfg!(feature = "etcd"), racekv_coord::CoordError::NotBuilt);
+        }
         anyhow::ensure!(
             !(self.huge_pages && self.data_file.is_some()),
             "huge_pages applies to anonymous regions; a data_file region uses the page cache"
@@ -281,5 +300,26 @@ mod tests {
         cfg.token = "a real secret".into();
         cfg.validate().unwrap();
         assert!(is_loopback("[::1]:5") && is_loopback("localhost:1") && !is_loopback("10.0.0.1:1"));
+    }
+
+    /// etcd endpoints come as a list from the environment too; the cluster name and lease
+    /// are checked; a build without the etcd client says how to get one.
+    #[test]
+    fn etcd_settings_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("memnode.toml");
+        std::fs::write(&file, "etcd_endpoints = [\"http://127.0.0.1:2379\"]\ncluster = \"prod\"\n").unwrap();
+        let mut cfg = MemnodeConfig::load(Some(&file)).unwrap();
+        assert_eq!((cfg.etcd_endpoints.len(), cfg.cluster.as_str()), (1, "prod"));
+        let built = cfg!(feature = "etcd");
+        match cfg.validate() {
+            Ok(()) => assert!(built, "validated without the etcd client"),
+            Err(e) => assert!(!built && e.to_string().contains("--features etcd"), "{e}"),
+        }
+        cfg.cluster = "Not A Name".into();
+        assert!(cfg.validate().unwrap_err().to_string().contains("cluster name"));
+        cfg.cluster = "prod".into();
+        cfg.etcd_lease_ms = 10;
+        assert!(cfg.validate().unwrap_err().to_string().contains("etcd_lease_ms"));
     }
 }

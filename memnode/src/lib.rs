@@ -22,6 +22,7 @@
 pub mod bytes;
 pub mod config;
 mod gauges;
+mod registry;
 
 use std::fs::{File, OpenOptions};
 use std::net::SocketAddr;
@@ -68,6 +69,8 @@ pub struct Memnode {
     start_reclaim: Option<StartReclaim>,
     /// This memnode's series (label `memnode`), removed when it is dropped.
     gauges: Arc<Gauges>,
+    /// Its registration in etcd (with `etcd_endpoints`), revoked first at stop.
+    registration: Option<registry::Registered>,
     /// Holds the exclusive lock on the data file while we run.
     _lock: Option<nix::fcntl::Flock<File>>,
 }
@@ -286,10 +289,14 @@ impl Memnode {
             expiry: None,
             start_reclaim,
             gauges,
+            registration: None,
             _lock: lock,
         };
         memnode.housekeeping = Some(memnode.spawn_housekeeping()?);
         memnode.expiry = memnode.spawn_expiry()?;
+        // Last: registered means serving.
+        let endpoints: Vec<String> = memnode.endpoints().iter().map(|e| e.to_string()).collect();
+        memnode.registration = registry::register(&memnode.config, node_id, endpoints, layout.region_len)?;
         Ok(memnode)
     }
 
@@ -426,6 +433,8 @@ impl Memnode {
     }
 
     fn stop(&mut self) -> anyhow::Result<()> {
+        // Out of the cluster's list before it stops answering.
+        self.registration.take();
         self.stopping.store(true, Ordering::Release);
         // The expiry first: it gives back what it freed through the loopback connection.
         if let Some(h) = self.expiry.take() {

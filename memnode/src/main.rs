@@ -52,6 +52,13 @@ struct Args {
     /// Bytes per KV chunk handed to clients, e.g. 1MiB.
     #[arg(long, value_parser = parse_bytes)]
     chunk_bytes: Option<u64>,
+    /// etcd endpoints, comma-separated (`http://host:port`): register in the cluster's
+    /// list under a lease (builds with the `etcd` feature).
+    #[arg(long, value_delimiter = ',')]
+    etcd: Option<Vec<String>>,
+    /// The cluster's name in etcd.
+    #[arg(long)]
+    cluster: Option<String>,
     /// Print the effective configuration as TOML (secrets shown as ***) and exit.
     #[arg(long)]
     print_config: bool,
@@ -93,6 +100,12 @@ fn main() -> anyhow::Result<()> {
     }
     if let Some(v) = args.chunk_bytes {
         cfg.chunk_bytes = v;
+    }
+    if let Some(v) = args.etcd {
+        cfg.etcd_endpoints = v;
+    }
+    if let Some(v) = args.cluster {
+        cfg.cluster = v;
     }
     if args.print_config {
         print!("{}", racekv_telemetry::secret::redacted_toml(&cfg, racekv_memnode::config::SECRET_KEYS)?);

@@ -1,0 +1,325 @@
+//! The cluster's state in etcd (`keys.rs` has the layout), through the `etcd-client`
+//! crate, behind a blocking API: the daemons are threads, not async tasks, so [`Etcd`] owns
+//! a small tokio runtime (one worker) that runs the calls, the lease keep-alives and the
+//! watches.
+//!
+//! * [`Etcd::register`]: a memnode's registration, under a lease of its own that a
+//!   background task keeps alive. If etcd loses the lease (it was down longer than the
+//!   TTL, or restarted without its data), the task grants a new one and registers again,
+//!   so a live memnode is listed again within a TTL of etcd coming back. Dropping the
+//!   [`Registration`] revokes the lease: the memnode leaves the list at once.
+//! * [`Etcd::map`] and [`Etcd::put_map`]: the map and its revision; a write succeeds only
+//!   if the map is still at the revision the writer read (or absent, for the first map),
+//!   so concurrent writers agree on one sequence of maps.
+//! * [`Etcd::watch_map`]: every later map, in order, through a channel; a broken watch is
+//!   started again from the next revision (and reports a compacted gap by reading the
+//!   current map).
+//!
+//! Every call is bounded by the timeout given at connect. Everything read is checked
+//! (`map.rs`) before it is returned.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions,
+};
+
+use crate::map::{ClusterMap, MemnodeInfo, MAX_MEMNODES};
+use crate::{CoordError, KeySpace};
+
+/// Shortest lease accepted (etcd's own minimum is about this).
+pub const MIN_LEASE: Duration = Duration::from_secs(1);
+/// How long a broken keep-alive or watch waits before it tries again.
+const RETRY: Duration = Duration::from_millis(200);
+
+/// A connection to a cluster's state in etcd.
+pub struct Etcd {
+    runtime: Arc<tokio::runtime::Runtime>,
+    client: Client,
+    keys: KeySpace,
+    endpoints: String,
+    timeout: Duration,
+}
+
+/// A memnode's registration: kept alive while this lives, revoked when it is dropped.
+pub struct Registration {
+    stop: Arc<AtomicBool>,
+    stopped: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+    runtime: Arc<tokio::runtime::Runtime>,
+}
+
+/// The maps after a revision, as etcd sends them ([`Etcd::watch_map`]).
+pub struct MapWatch {
+    maps: mpsc::Receiver<Result<(ClusterMap, i64), CoordError>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Etcd {
+    /// Connects to etcd at `endpoints` (`http://host:port`, or `host:port`) for cluster
+    /// `cluster`; every call waits at most `timeout`.
+    pub fn connect(endpoints: &[String], cluster: &str, timeout: Duration) -> Result<Self, CoordError> {
+        let keys = KeySpace::new(cluster)?;
+        if endpoints.is_empty() {
+            return Err(CoordError::Config("no etcd endpoints".into()));
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("etcd")
+            .enable_all()
+            .build()
+            .map_err(|e| CoordError::Config(format!("starting the etcd client's runtime: {e}")))?;
+        let label = endpoints.join(",");
+        let options = ConnectOptions::new().with_connect_timeout(timeout).with_timeout(timeout);
+        let client = runtime
+            .block_on(async { tokio::time::timeout(timeout, Client::connect(endpoints, Some(options))).await })
+            .map_err(|_| etcd_error(&label, format!("no answer within {timeout:?}")))?
+            .map_err(|e| etcd_error(&label, e))?;
+        Ok(Self { runtime: Arc::new(runtime), client, keys, endpoints: label, timeout })
+    }
+
+    /// The cluster's keys.
+    pub fn keys(&self) -> &KeySpace {
+        &self.keys
+    }
+
+    /// Runs `call` on the runtime, bounded by the timeout.
+    fn run<T, F>(&self, call: impl FnOnce(Client) -> F) -> Result<T, CoordError>
+    where
+        F: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let future = call(self.client.clone());
+        self.runtime
+            .block_on(async { tokio::time::timeout(self.timeout, future).await })
+            .map_err(|_| etcd_error(&self.endpoints, format!("no answer within {:?}", self.timeout)))?
+            .map_err(|e| etcd_error(&self.endpoints, e))
+    }
+
+    /// Registers memnode `info` under a lease of `ttl`, kept alive in the background (see
+    /// the module's comment).
+    pub fn register(&self, info: &MemnodeInfo, ttl: Duration) -> Result<Registration, CoordError> {
+        info.check()?;
+        let ttl_s = i64::try_from(ttl.max(MIN_LEASE).as_secs()).unwrap_or(i64::MAX);
+        let (key, value) = (self.keys.memnode(info.node_id), info.encode());
+        let lease = self.run(|mut c| {
+            let (key, value) = (key.clone(), value.clone());
+            async move { grant_and_put(&mut c, &key, &value, ttl_s).await }
+        })?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (stopped, on_stop) = tokio::sync::oneshot::channel();
+        let task = self.runtime.spawn(keep_registered(
+            self.client.clone(),
+            key,
+            value,
+            ttl_s,
+            lease,
+            Arc::clone(&stop),
+            on_stop,
+        ));
+        Ok(Registration { stop, stopped: Some(stopped), task: Some(task), runtime: Arc::clone(&self.runtime) })
+    }
+
+    /// The memnodes registered now (live leases), by node id.
+    pub fn memnodes(&self) -> Result<Vec<MemnodeInfo>, CoordError> {
+        let prefix = self.keys.memnodes();
+        let options = GetOptions::new().with_prefix().with_limit(MAX_MEMNODES as i64 + 1);
+        let resp = self.run(|mut c| async move { c.get(prefix, Some(options)).await })?;
+        let mut out = Vec::with_capacity(resp.kvs().len());
+        for kv in resp.kvs() {
+            out.push(MemnodeInfo::decode(kv.value())?);
+        }
+        if out.len() > MAX_MEMNODES {
+            return Err(CoordError::BadMap(format!("more than {MAX_MEMNODES} memnodes registered")));
+        }
+        out.sort_by_key(|m| m.node_id);
+        Ok(out)
+    }
+
+    /// The map and its revision (etcd's `mod_revision`), or None before the first map.
+    pub fn map(&self) -> Result<Option<(ClusterMap, i64)>, CoordError> {
+        let key = self.keys.map();
+        let resp = self.run(|mut c| async move { c.get(key, None).await })?;
+        match resp.kvs().first() {
+            None => Ok(None),
+            Some(kv) => Ok(Some((ClusterMap::decode(kv.value())?, kv.mod_revision()))),
+        }
+    }
+
+    /// Writes `map` if the stored map is still at revision `expected` (None: if there is
+    /// none yet). Returns the new revision, or None when another writer came first (read
+    /// the map again). The map must be valid and its epoch above the one it replaces (the
+    /// caller read it).
+    pub fn put_map(&self, map: &ClusterMap, expected: Option<i64>) -> Result<Option<i64>, CoordError> {
+        map.check()?;
+        let (key, value) = (self.keys.map(), map.encode());
+        let compare = match expected {
+            Some(revision) => Compare::mod_revision(key.clone(), CompareOp::Equal, revision),
+            None => Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+        };
+        let txn = Txn::new().when([compare]).and_then([TxnOp::put(key, value, None)]);
+        let resp = self.run(|mut c| async move { c.txn(txn).await })?;
+        if !resp.succeeded() {
+            return Ok(None);
+        }
+        Ok(Some(resp.header().map_or(0, |h| h.revision())))
+    }
+
+    /// Every map written after revision `after`, in order (see the module's comment). The
+    /// watch ends when the [`MapWatch`] is dropped.
+    pub fn watch_map(&self, after: i64) -> MapWatch {
+        let (send, maps) = mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        self.runtime.spawn(forward_maps(
+            self.client.clone(),
+            self.keys.map(),
+            after,
+            send,
+            Arc::clone(&stop),
+            self.endpoints.clone(),
+        ));
+        MapWatch { maps, stop }
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        // Background tasks hold clones of the client; the runtime goes with the last Arc.
+        tracing::debug!(endpoints = %self.endpoints, "etcd client closed");
+    }
+}
+
+fn etcd_error(endpoints: &str, reason: impl std::fmt::Display) -> CoordError {
+    CoordError::Etcd { endpoints: endpoints.to_string(), reason: reason.to_string() }
+}
+
+async fn grant_and_put(c: &mut Client, key: &str, value: &[u8], ttl_s: i64) -> Result<i64, etcd_client::Error> {
+    let lease = c.lease_grant(ttl_s, None).await?.id();
+    c.put(key, value, Some(PutOptions::new().with_lease(lease))).await?;
+    Ok(lease)
+}
+
+/// Keeps a registration's lease alive (a keep-alive every third of the TTL); grants a new
+/// lease and registers again when etcd says the lease is gone; revokes it when told to stop.
+async fn keep_registered(
+    mut c: Client,
+    key: String,
+    value: Vec<u8>,
+    ttl_s: i64,
+    mut lease: i64,
+    stop: Arc<AtomicBool>,
+    mut on_stop: tokio::sync::oneshot::Receiver<()>,
+) {
+    let period = Duration::from_millis((ttl_s as u64 * 1000 / 3).max(100));
+    while !stop.load(Ordering::Relaxed) {
+        let alive = match c.lease_keep_alive(lease).await {
+            Ok((mut keeper, mut stream)) => match keeper.keep_alive().await {
+                Ok(()) => matches!(stream.message().await, Ok(Some(r)) if r.ttl() > 0),
+                Err(_) => false,
+            },
+            Err(_) => false,
+        };
+        if !alive {
+            match grant_and_put(&mut c, &key, &value, ttl_s).await {
+                Ok(new) => {
+                    tracing::warn!(key, "etcd had lost this memnode's lease: registered again");
+                    lease = new;
+                }
+                Err(e) => tracing::debug!(key, "renewing the registration failed (retrying): {e}"),
+            }
+        }
+        let wait = if alive { period } else { RETRY };
+        if tokio::time::timeout(wait, &mut on_stop).await.is_ok() {
+            break;
+        }
+    }
+    if let Err(e) = c.lease_revoke(lease).await {
+        tracing::debug!(key, "revoking the registration's lease failed (it expires by itself): {e}");
+    }
+}
+
+/// Sends every map after revision `after` to `send`, watching again from where it was
+/// after a break, until `stop` (or the receiver is gone).
+async fn forward_maps(
+    mut c: Client,
+    key: String,
+    mut after: i64,
+    send: mpsc::Sender<Result<(ClusterMap, i64), CoordError>>,
+    stop: Arc<AtomicBool>,
+    endpoints: String,
+) {
+    while !stop.load(Ordering::Relaxed) {
+        let options = WatchOptions::new().with_start_revision(after + 1);
+        let mut stream = match c.watch(key.clone(), Some(options)).await {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::debug!("watching the cluster map failed (retrying): {e}");
+                tokio::time::sleep(RETRY).await;
+                continue;
+            }
+        };
+        loop {
+            let message = tokio::time::timeout(RETRY * 5, stream.message()).await;
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let resp = match message {
+                Err(_) => continue, // no news; look at `stop` again
+                Ok(Ok(Some(resp))) => resp,
+                Ok(Ok(None)) | Ok(Err(_)) => break,
+            };
+            if resp.compact_revision() > 0 {
+                // The revisions we missed are gone: report the current map instead.
+                after = resp.compact_revision() - 1;
+                break;
+            }
+            for event in resp.events() {
+                let Some(kv) = event.kv().filter(|_| event.event_type() == EventType::Put) else { continue };
+                after = kv.mod_revision();
+                let item = ClusterMap::decode(kv.value()).map(|m| (m, kv.mod_revision()));
+                if send.send(item).is_err() {
+                    return;
+                }
+            }
+        }
+        tracing::debug!(endpoints, after, "the cluster map's watch broke; watching again");
+        tokio::time::sleep(RETRY).await;
+    }
+}
+
+impl Registration {
+    /// Stops keeping the lease alive without revoking it, as a crashed memnode would: the
+    /// registration disappears when the lease expires (tests of lease expiry).
+    pub fn abandon(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+        self.stopped.take();
+    }
+}
+
+impl Drop for Registration {
+    /// Revokes the lease (bounded: the keep-alive task's revoke, joined for at most 5 s).
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let (Some(stopped), Some(task)) = (self.stopped.take(), self.task.take()) {
+            let _ = stopped.send(());
+            let _ = self.runtime.block_on(async { tokio::time::timeout(Duration::from_secs(5), task).await });
+        }
+    }
+}
+
+impl MapWatch {
+    /// The next map written, waiting at most `timeout` (None: none came).
+    pub fn next(&self, timeout: Duration) -> Option<Result<(ClusterMap, i64), CoordError>> {
+        self.maps.recv_timeout(timeout).ok()
+    }
+}
+
+impl Drop for MapWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,87 @@
+//! A memnode process registering in a real etcd (issue 17, item 1): listed once it serves,
+//! gone at once after SIGTERM, gone within its lease after SIGKILL; a start whose etcd
+//! cannot be reached fails, bounded, with the reason.
+#![cfg(feature = "etcd")]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use racekv_coord::etcd::Etcd;
+use racekv_coord::testing::{free_port, EtcdServer};
+
+const CLUSTER: &str = "memnode-test";
+
+/// Starts a memnode registering in `etcd`; returns it once it printed READY, with its tcp
+/// endpoint.
+fn memnode(etcd: &[String], data: &std::path::Path) -> (Child, String) {
+    let port = free_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_racekv-memnode"))
+        .args(["--region-bytes", "16MiB", "--metrics-addr", "none", "--cluster", CLUSTER])
+        .args(["--listen-tcp", &format!("127.0.0.1:{port}"), "--etcd", &etcd.join(",")])
+        .arg("--data-file")
+        .arg(data)
+        .env("RACEKV_MEMNODE_ETCD_LEASE_MS", "1000")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    loop {
+        match lines.next() {
+            Some(Ok(line)) if line.starts_with("READY ") => break,
+            Some(Ok(_)) => {}
+            other => panic!("the memnode exited before READY: {other:?}, {:?}", child.wait()),
+        }
+    }
+    (child, format!("tcp:127.0.0.1:{port}"))
+}
+
+fn signal(child: &Child, signal: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
+}
+
+#[test]
+fn a_memnode_is_listed_while_it_serves() {
+    let server = EtcdServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::connect(&server.endpoint(), CLUSTER, Duration::from_secs(5)).unwrap();
+    let (mut child, endpoint) = memnode(&server.endpoint(), &dir.path().join("a.region"));
+    let listed = etcd.memnodes().unwrap();
+    assert_eq!(listed.len(), 1, "registered before READY");
+    assert_eq!((listed[0].endpoints.clone(), listed[0].region_bytes), (vec![endpoint], 16 << 20));
+    let node_id = listed[0].node_id;
+
+    // A clean stop leaves the list before the process is gone.
+    signal(&child, nix::sys::signal::Signal::SIGTERM);
+    assert!(child.wait().unwrap().success());
+    assert!(etcd.memnodes().unwrap().is_empty());
+
+    // The same data file: the same node id. A crash leaves the list within the lease.
+    let (mut child, _) = memnode(&server.endpoint(), &dir.path().join("a.region"));
+    assert_eq!(etcd.memnodes().unwrap()[0].node_id, node_id, "the node id is the data file's");
+    signal(&child, nix::sys::signal::Signal::SIGKILL);
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !etcd.memnodes().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "a killed memnode stayed listed past its lease");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_start_without_its_etcd_fails_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_racekv-memnode"))
+        .args(["--region-bytes", "16MiB", "--metrics-addr", "none", "--listen-tcp", "127.0.0.1:0"])
+        .args(["--etcd", &format!("http://127.0.0.1:{}", free_port())])
+        .arg("--data-file")
+        .arg(dir.path().join("b.region"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("etcd"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(30), "bounded");
+}
