@@ -46,9 +46,9 @@ step "rdma build (libibverbs; no device needed)"
 cargo clippy --workspace --all-targets --features rdma -- -D warnings
 
 step "etcd build (protoc) and the coordinator against a real etcd"
-etcd_features=racekv-coord/etcd,racekv-coord/testing,racekv-memnode/etcd
-cargo clippy -p racekv-coord -p racekv-memnode --all-targets --features "$etcd_features" -- -D warnings
-cargo test -p racekv-coord -p racekv-memnode --features "$etcd_features" --test etcd
+etcd_features=racekv/etcd,racekv-coord/etcd,racekv-coord/testing,racekv-memnode/etcd
+cargo clippy -p racekv -p racekv-coord -p racekv-memnode --all-targets --features "$etcd_features" -- -D warnings
+cargo test -p racekv -p racekv-coord -p racekv-memnode --features "$etcd_features" --test etcd --test cluster_etcd
 
 step "Prometheus smoke test"
 ops/prometheus/smoke-test.sh

@@ -2,6 +2,7 @@
 
 #![forbid(unsafe_code)]
 
+mod cluster;
 mod doctor;
 mod up;
 
@@ -66,6 +67,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The coordinated cluster's state in etcd (the `etcd` build).
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCommand),
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(Bench),
@@ -169,6 +173,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Up(args) => up::run(args),
         Command::Doctor => doctor::run(),
+        Command::Cluster(command) => cluster::run(command),
         Command::Get { key, target } => match target.client()?.get(key.as_bytes())? {
             Some(value) => {
                 if std::env::var_os(coldstart::FIRST_OP_ENV).is_some() {

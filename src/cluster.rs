@@ -1,0 +1,192 @@
+//! `racekv cluster ...`: the coordinated cluster's state in etcd (issue 17): `status` lists
+//! the memnodes registered and the map, `init` writes a cluster's first map from the
+//! memnodes registered. Needs the `etcd` build.
+
+#[cfg(feature = "etcd")]
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use racekv_coord::map::DEFAULT_PARTITIONS_PER_MEMNODE;
+use racekv_coord::{ClusterMap, MemnodeInfo};
+use serde::Serialize;
+
+/// How to reach the cluster's state.
+#[derive(Debug, Args)]
+pub struct EtcdTarget {
+    /// etcd endpoints, comma-separated.
+    #[arg(long, env = "RACEKV_ETCD", value_delimiter = ',', default_value = "http://127.0.0.1:2379")]
+    etcd: Vec<String>,
+    /// The cluster's name in etcd.
+    #[arg(long, env = "RACEKV_CLUSTER", default_value = racekv_coord::keys::DEFAULT_CLUSTER_NAME)]
+    cluster: String,
+}
+
+/// `racekv cluster` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// The memnodes registered (live leases) and the cluster map.
+    Status {
+        #[command(flatten)]
+        target: EtcdTarget,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write the cluster's first map from the memnodes registered now.
+    Init {
+        #[command(flatten)]
+        target: EtcdTarget,
+        /// The replication factor R (1 to 5).
+        #[arg(long, default_value_t = 1)]
+        replicas: u8,
+        /// Partitions per memnode.
+        #[arg(long, default_value_t = DEFAULT_PARTITIONS_PER_MEMNODE)]
+        partitions_per_memnode: usize,
+    },
+}
+
+/// One memnode as `status` shows it.
+#[derive(Debug, Serialize)]
+struct MemnodeStatus {
+    node_id: String,
+    endpoints: Vec<String>,
+    region_bytes: u64,
+    /// Its lease is live.
+    registered: bool,
+    /// In the map.
+    mapped: bool,
+    primary_partitions: usize,
+    replica_partitions: usize,
+}
+
+/// What `status` shows.
+#[derive(Debug, Serialize)]
+struct ClusterStatus {
+    cluster: String,
+    epoch: Option<u64>,
+    replicas: Option<u8>,
+    partitions: usize,
+    memnodes: Vec<MemnodeStatus>,
+}
+
+/// Runs a `racekv cluster` command.
+pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
+    match command {
+        ClusterCommand::Status { target, json } => {
+            let status = status(&target)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&status)?);
+            } else {
+                print_status(&status);
+            }
+            Ok(())
+        }
+        ClusterCommand::Init { target, replicas, partitions_per_memnode } => {
+            let map = init(&target, replicas, partitions_per_memnode)?;
+            println!(
+                "cluster {}: map epoch {} written: {} memnodes, {} partitions, {} replica(s) each",
+                target.cluster,
+                map.epoch,
+                map.memnodes.len(),
+                map.partitions.len(),
+                map.partitions.first().map_or(0, Vec::len)
+            );
+            Ok(())
+        }
+    }
+}
+
+fn status(target: &EtcdTarget) -> anyhow::Result<ClusterStatus> {
+    let (registered, map) = read(target)?;
+    let mut rows: Vec<MemnodeStatus> = Vec::new();
+    let mapped: &[MemnodeInfo] = map.as_ref().map_or(&[], |m| &m.memnodes);
+    let mut all: Vec<&MemnodeInfo> = registered.iter().chain(mapped).collect();
+    all.sort_by_key(|m| m.node_id);
+    all.dedup_by_key(|m| m.node_id);
+    for m in all {
+        let sets = map.as_ref().map_or(&[][..], |m| &m.partitions[..]);
+        rows.push(MemnodeStatus {
+            node_id: format!("{:#018x}", m.node_id),
+            endpoints: m.endpoints.clone(),
+            region_bytes: m.region_bytes,
+            registered: registered.iter().any(|r| r.node_id == m.node_id),
+            mapped: mapped.iter().any(|r| r.node_id == m.node_id),
+            primary_partitions: sets.iter().filter(|s| s.first() == Some(&m.node_id)).count(),
+            replica_partitions: sets.iter().filter(|s| s.iter().skip(1).any(|id| *id == m.node_id)).count(),
+        });
+    }
+    Ok(ClusterStatus {
+        cluster: target.cluster.clone(),
+        epoch: map.as_ref().map(|m| m.epoch),
+        replicas: map.as_ref().map(|m| m.replicas),
+        partitions: map.as_ref().map_or(0, |m| m.partitions.len()),
+        memnodes: rows,
+    })
+}
+
+fn print_status(s: &ClusterStatus) {
+    match (s.epoch, s.replicas) {
+        (Some(epoch), Some(r)) => {
+            println!("cluster {}: map epoch {epoch}, R = {r}, {} partitions", s.cluster, s.partitions)
+        }
+        _ => println!("cluster {}: no map yet (`racekv cluster init`)", s.cluster),
+    }
+    println!("{:<20} {:<10} {:<7} {:>8} {:>8}  ENDPOINTS", "MEMNODE", "STATE", "MAPPED", "PRIMARY", "REPLICA");
+    for m in &s.memnodes {
+        let state = if m.registered { "up" } else { "no lease" };
+        let mapped = if m.mapped { "yes" } else { "no" };
+        println!(
+            "{:<20} {:<10} {:<7} {:>8} {:>8}  {}",
+            m.node_id,
+            state,
+            mapped,
+            m.primary_partitions,
+            m.replica_partitions,
+            m.endpoints.join(",")
+        );
+    }
+}
+
+fn init(target: &EtcdTarget, replicas: u8, per: usize) -> anyhow::Result<ClusterMap> {
+    let (registered, map) = read(target)?;
+    if let Some(map) = map {
+        anyhow::bail!("cluster {} already has a map (epoch {}): nothing written", target.cluster, map.epoch);
+    }
+    anyhow::ensure!(
+        !registered.is_empty(),
+        "no memnode is registered in cluster {} (start memnodes with --etcd)",
+        target.cluster
+    );
+    let map = ClusterMap::initial(registered, replicas, per)?;
+    write_first(target, &map)?;
+    Ok(map)
+}
+
+/// Each etcd call waits at most this long.
+#[cfg(feature = "etcd")]
+const ETCD_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[cfg(feature = "etcd")]
+fn read(target: &EtcdTarget) -> anyhow::Result<(Vec<MemnodeInfo>, Option<ClusterMap>)> {
+    let etcd = racekv_coord::etcd::Etcd::connect(&target.etcd, &target.cluster, ETCD_TIMEOUT)?;
+    Ok((etcd.memnodes()?, etcd.map()?.map(|(map, _)| map)))
+}
+
+#[cfg(feature = "etcd")]
+fn write_first(target: &EtcdTarget, map: &ClusterMap) -> anyhow::Result<()> {
+    let etcd = racekv_coord::etcd::Etcd::connect(&target.etcd, &target.cluster, ETCD_TIMEOUT)?;
+    match etcd.put_map(map, None)? {
+        Some(_) => Ok(()),
+        None => anyhow::bail!("another writer put the first map meanwhile: nothing written"),
+    }
+}
+
+#[cfg(not(feature = "etcd"))]
+fn read(_: &EtcdTarget) -> anyhow::Result<(Vec<MemnodeInfo>, Option<ClusterMap>)> {
+    Err(racekv_coord::CoordError::NotBuilt.into())
+}
+
+#[cfg(not(feature = "etcd"))]
+fn write_first(_: &EtcdTarget, _: &ClusterMap) -> anyhow::Result<()> {
+    Err(racekv_coord::CoordError::NotBuilt.into())
+}
