@@ -2,10 +2,8 @@
 //! the memnodes registered and the map, `init` writes a cluster's first map from the
 //! memnodes registered. Needs the `etcd` build.
 
-#[cfg(feature = "etcd")]
-use std::time::Duration;
-
 use clap::{Args, Subcommand};
+use racekv_coord::etcd::{Etcd, DEFAULT_TIMEOUT};
 use racekv_coord::map::DEFAULT_PARTITIONS_PER_MEMNODE;
 use racekv_coord::{ClusterMap, MemnodeInfo};
 use serde::Serialize;
@@ -97,7 +95,7 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
 }
 
 fn status(target: &EtcdTarget) -> anyhow::Result<ClusterStatus> {
-    let (registered, map) = read(target)?;
+    let (registered, map) = read(&connect(target)?)?;
     let mut rows: Vec<MemnodeStatus> = Vec::new();
     let mapped: &[MemnodeInfo] = map.as_ref().map_or(&[], |m| &m.memnodes);
     let mut all: Vec<&MemnodeInfo> = registered.iter().chain(mapped).collect();
@@ -148,7 +146,8 @@ fn print_status(s: &ClusterStatus) {
 }
 
 fn init(target: &EtcdTarget, replicas: u8, per: usize) -> anyhow::Result<ClusterMap> {
-    let (registered, map) = read(target)?;
+    let etcd = connect(target)?;
+    let (registered, map) = read(&etcd)?;
     if let Some(map) = map {
         anyhow::bail!("cluster {} already has a map (epoch {}): nothing written", target.cluster, map.epoch);
     }
@@ -158,35 +157,17 @@ fn init(target: &EtcdTarget, replicas: u8, per: usize) -> anyhow::Result<Cluster
         target.cluster
     );
     let map = ClusterMap::initial(registered, replicas, per)?;
-    write_first(target, &map)?;
-    Ok(map)
-}
-
-/// Each etcd call waits at most this long.
-#[cfg(feature = "etcd")]
-const ETCD_TIMEOUT: Duration = Duration::from_secs(5);
-
-#[cfg(feature = "etcd")]
-fn read(target: &EtcdTarget) -> anyhow::Result<(Vec<MemnodeInfo>, Option<ClusterMap>)> {
-    let etcd = racekv_coord::etcd::Etcd::connect(&target.etcd, &target.cluster, ETCD_TIMEOUT)?;
-    Ok((etcd.memnodes()?, etcd.map()?.map(|(map, _)| map)))
-}
-
-#[cfg(feature = "etcd")]
-fn write_first(target: &EtcdTarget, map: &ClusterMap) -> anyhow::Result<()> {
-    let etcd = racekv_coord::etcd::Etcd::connect(&target.etcd, &target.cluster, ETCD_TIMEOUT)?;
-    match etcd.put_map(map, None)? {
-        Some(_) => Ok(()),
+    match etcd.put_map(&map, None)? {
+        Some(_) => Ok(map),
         None => anyhow::bail!("another writer put the first map meanwhile: nothing written"),
     }
 }
 
-#[cfg(not(feature = "etcd"))]
-fn read(_: &EtcdTarget) -> anyhow::Result<(Vec<MemnodeInfo>, Option<ClusterMap>)> {
-    Err(racekv_coord::CoordError::NotBuilt.into())
+fn connect(target: &EtcdTarget) -> anyhow::Result<Etcd> {
+    Ok(Etcd::connect(&target.etcd, &target.cluster, DEFAULT_TIMEOUT)?)
 }
 
-#[cfg(not(feature = "etcd"))]
-fn write_first(_: &EtcdTarget, _: &ClusterMap) -> anyhow::Result<()> {
-    Err(racekv_coord::CoordError::NotBuilt.into())
+/// The memnodes registered and the map.
+fn read(etcd: &Etcd) -> anyhow::Result<(Vec<MemnodeInfo>, Option<ClusterMap>)> {
+    Ok((etcd.memnodes()?, etcd.map()?.map(|(map, _)| map)))
 }

@@ -207,8 +207,11 @@ impl Eviction {
     /// Sets the tables' tracking to [`Self::wanted_tracking`] if it changed (one atomic
     /// load when it did not): at start, on every write over a limit and every refresh.
     fn sync_tracking(&self) {
-        let wanted = self.wanted_tracking();
-        if self.tracking.swap(wanted.encode(), Ordering::Relaxed) != wanted.encode() {
+        let wanted = self.wanted_tracking().encode();
+        // A load first: every write over a limit comes here, and a swap would make all
+        // workers write one cache line.
+        if self.tracking.load(Ordering::Relaxed) != wanted && self.tracking.swap(wanted, Ordering::Relaxed) != wanted {
+            let wanted = Tracking::decode(wanted);
             self.tables.iter().for_each(|t| t.set_tracking(wanted));
             tracing::info!(?wanted, "reads' access tracking follows maxmemory-policy");
         }
@@ -335,11 +338,11 @@ impl Eviction {
         policy: MaxmemoryPolicy,
     ) -> Result<Option<u64>, ClientError> {
         debug_assert_ne!(policy, MaxmemoryPolicy::NoEviction);
+        let tries = if policy.volatile_only() { VOLATILE_SAMPLE_TRIES } else { SAMPLE_TRIES };
         if policy.lru() || policy.lfu() {
-            return self.evict_from_pool(session, shard, policy);
+            return self.evict_from_pool(session, shard, policy, tries);
         }
         let samples = self.limits.samples() as usize;
-        let tries = if policy.volatile_only() { VOLATILE_SAMPLE_TRIES } else { SAMPLE_TRIES };
         for _ in 0..tries {
             let seed = racekv_client::session::random_seed();
             let keys = session.random_keys_on(shard, seed, samples)?;
@@ -380,7 +383,7 @@ impl Eviction {
 
 impl Eviction {
     /// Evicts the best victim under an LRU or LFU policy: samples memnode `shard`'s keys
-    /// into its pool, then deletes the pool's best, read again first (gone: the next; read
+    /// (up to `tries` times) into its pool, then deletes the pool's best, read again first (gone: the next; read
     /// since it was sampled: back in the pool at its new score, unless still the best).
     /// Returns the victim's heap bytes, or None when no sampling found one.
     fn evict_from_pool(
@@ -388,9 +391,9 @@ impl Eviction {
         session: &mut Session<WorkerShards>,
         shard: usize,
         policy: MaxmemoryPolicy,
+        tries: usize,
     ) -> Result<Option<u64>, ClientError> {
         let tracking = self.wanted_tracking();
-        let tries = if policy.volatile_only() { VOLATILE_SAMPLE_TRIES } else { SAMPLE_TRIES };
         for _ in 0..tries {
             let now_ms = racekv_client::now_unix_ms();
             let seed = racekv_client::session::random_seed();

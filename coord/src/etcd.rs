@@ -29,6 +29,7 @@ use etcd_client::{
 use crate::map::{ClusterMap, MemnodeInfo, MAX_MEMNODES};
 use crate::{CoordError, KeySpace};
 
+pub use crate::DEFAULT_ETCD_TIMEOUT as DEFAULT_TIMEOUT;
 /// Shortest lease accepted (etcd's own minimum is about this).
 pub const MIN_LEASE: Duration = Duration::from_secs(1);
 /// How long a broken keep-alive or watch waits before it tries again.

@@ -10,6 +10,9 @@
 
 #[cfg(feature = "etcd")]
 pub mod etcd;
+#[cfg(not(feature = "etcd"))]
+#[path = "etcd_absent.rs"]
+pub mod etcd;
 pub mod keys;
 pub mod map;
 #[cfg(all(feature = "testing", feature = "etcd"))]
@@ -17,6 +20,9 @@ pub mod testing;
 
 pub use keys::KeySpace;
 pub use map::{ClusterMap, MemnodeInfo};
+
+/// How long a daemon's or the CLI's etcd calls wait: a start fails rather than hang.
+pub const DEFAULT_ETCD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// What went wrong talking to the coordinator or reading what it holds.
 #[derive(Debug, thiserror::Error)]

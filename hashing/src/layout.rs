@@ -890,9 +890,8 @@ pub fn peek_block_header(bytes: &[u8]) -> Option<(u8, Option<u64>)> {
         return None;
     }
     let expires = flags & BLOCK_FLAG_EXPIRES != 0;
-    let access = flags & BLOCK_FLAG_ACCESS != 0;
-    let units = units_of(key_len, value_len, expires, access)?;
-    let at = BLOCK_HEADER_BYTES + if access { BLOCK_ACCESS_BYTES } else { 0 };
+    let units = units_of(key_len, value_len, expires, flags & BLOCK_FLAG_ACCESS != 0)?;
+    let at = covered_from(flags);
     let expires_at_ms = match expires {
         true => Some(u64::from_le_bytes(bytes.get(at..at + BLOCK_EXPIRY_BYTES)?.try_into().ok()?)),
         false => None,
@@ -920,6 +919,12 @@ fn units_of(key_len: usize, value_len: usize, expires: bool, access: bool) -> Op
     let bytes = header.checked_add(key_len)?.checked_add(value_len)? as u64;
     let units = bytes.div_ceil(BLOCK_UNIT_BYTES);
     (units <= MAX_BLOCK_UNITS).then_some(units as u8)
+}
+
+/// Where the part of a block with these flags that its checksum covers starts (its expiry,
+/// if any, then key and value): after the header and the access word, if it has one.
+fn covered_from(flags: u16) -> usize {
+    BLOCK_HEADER_BYTES + if flags & BLOCK_FLAG_ACCESS != 0 { BLOCK_ACCESS_BYTES } else { 0 }
 }
 
 fn block_checksum(len_word: u64, covered: &[u8]) -> u64 {
@@ -1053,8 +1058,7 @@ pub fn decode_block(bytes: &[u8]) -> Option<Block<'_>> {
         return None;
     }
     let expires = flags & BLOCK_FLAG_EXPIRES != 0;
-    let has_access = flags & BLOCK_FLAG_ACCESS != 0;
-    let covered = BLOCK_HEADER_BYTES + if has_access { BLOCK_ACCESS_BYTES } else { 0 };
+    let covered = covered_from(flags);
     let body = covered + if expires { BLOCK_EXPIRY_BYTES } else { 0 };
     let end = body.checked_add(key_len)?.checked_add(value_len)?;
     if end > bytes.len() {
@@ -1065,7 +1069,7 @@ pub fn decode_block(bytes: &[u8]) -> Option<Block<'_>> {
         return None;
     }
     let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
-    let access = has_access.then(|| Access::decode(word(BLOCK_HEADER_BYTES)));
+    let access = (flags & BLOCK_FLAG_ACCESS != 0).then(|| Access::decode(word(BLOCK_HEADER_BYTES)));
     let expires_at_ms = expires.then(|| word(covered));
     let (key, mut value) = (&bytes[body..body + key_len], &bytes[body + key_len..end]);
     let txn = match flags & BLOCK_FLAG_TXN != 0 {

@@ -477,7 +477,7 @@ impl Table {
 
     /// What reads record now.
     pub fn tracking(&self) -> Tracking {
-        Tracking::decode(self.shared.tracking.load(Ordering::Relaxed))
+        self.shared.tracking()
     }
 
     /// The grace period this process waits before reusing a freed block.
@@ -542,6 +542,11 @@ impl Table {
 }
 
 impl Shared {
+    /// What reads record now ([`Table::set_tracking`]).
+    fn tracking(&self) -> Tracking {
+        Tracking::decode(self.tracking.load(Ordering::Relaxed))
+    }
+
     fn give_back_free_memory(&self) -> crate::alloc::Drained {
         let drained = self.pool.drain_all(self.grace, crate::layout::BLOCK_UNIT_BYTES);
         // Chunk-sized runs first, in calls of their own: a memnode from before fragments
@@ -989,9 +994,8 @@ impl TableClient {
             .map(|(_, slot, word)| (slot, word))
             .collect();
         self.expire_lazily(&expired)?;
-        let touched: Vec<(u64, Option<Access>)> =
-            r.touched.iter().filter(|&&(i, _, _)| !r.foreign[i]).map(|&(_, word, access)| (word, access)).collect();
-        self.touch(&touched, sent);
+        let touched = r.touched.iter().filter(|&&(i, _, _)| !r.foreign[i]).map(|&(_, word, access)| (word, access));
+        self.touch(touched, sent);
         Ok(())
     }
 
@@ -1460,7 +1464,7 @@ impl TableClient {
                     let canonical = self.copies[0];
                     if !canonical.expired() {
                         if touch {
-                            self.touch(&[(canonical.word, canonical.access)], self.probe_sent);
+                            self.touch([(canonical.word, canonical.access)], self.probe_sent);
                         }
                         return Ok(Some(canonical));
                     }

@@ -6,15 +6,18 @@
 
 use std::time::Duration;
 
+use anyhow::Context;
+use racekv_coord::etcd::{Etcd, DEFAULT_TIMEOUT};
+
 use crate::config::MemnodeConfig;
 
 /// A live registration (dropped: revoked).
 pub(crate) struct Registered {
-    #[cfg(feature = "etcd")]
     _registration: racekv_coord::etcd::Registration,
 }
 
-/// Registers the memnode if the configuration names etcd (None: it does not).
+/// Registers the memnode if the configuration names etcd (None: it does not). A build
+/// without the etcd client refuses (`CoordError::NotBuilt`).
 pub(crate) fn register(
     config: &MemnodeConfig,
     node_id: u64,
@@ -25,36 +28,14 @@ pub(crate) fn register(
         return Ok(None);
     }
     let info = racekv_coord::MemnodeInfo { node_id, endpoints, region_bytes };
+    let etcd = Etcd::connect(&config.etcd_endpoints, &config.cluster, DEFAULT_TIMEOUT).context("connecting to etcd")?;
     let lease = Duration::from_millis(config.etcd_lease_ms);
-    register_in_etcd(config, &info, lease).map(Some)
-}
-
-#[cfg(feature = "etcd")]
-fn register_in_etcd(
-    config: &MemnodeConfig,
-    info: &racekv_coord::MemnodeInfo,
-    lease: Duration,
-) -> anyhow::Result<Registered> {
-    use anyhow::Context;
-    /// Each etcd call waits at most this long (a start fails rather than hang).
-    const ETCD_TIMEOUT: Duration = Duration::from_secs(5);
-    let etcd = racekv_coord::etcd::Etcd::connect(&config.etcd_endpoints, &config.cluster, ETCD_TIMEOUT)
-        .context("connecting to etcd")?;
-    let registration = etcd.register(info, lease).context("registering in etcd")?;
+    let registration = etcd.register(&info, lease).context("registering in etcd")?;
     tracing::info!(
         cluster = %config.cluster,
         node_id = format_args!("{:#018x}", info.node_id),
         lease_ms = config.etcd_lease_ms,
         "registered in etcd"
     );
-    Ok(Registered { _registration: registration })
-}
-
-#[cfg(not(feature = "etcd"))]
-fn register_in_etcd(
-    _config: &MemnodeConfig,
-    _info: &racekv_coord::MemnodeInfo,
-    _lease: Duration,
-) -> anyhow::Result<Registered> {
-    Err(racekv_coord::CoordError::NotBuilt.into())
+    Ok(Some(Registered { _registration: registration }))
 }

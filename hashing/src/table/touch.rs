@@ -42,15 +42,14 @@ impl TableClient {
     /// the table's tracking says, if the reads began (`probe_sent`) surely within the grace
     /// period: the blocks cannot have been reused before the CAS goes out. Best effort: a
     /// failure is logged, the read stands.
-    pub(super) fn touch(&mut self, copies: &[(u64, Option<Access>)], probe_sent: Stamp) {
-        let tracking = self.shared.tracking.load(std::sync::atomic::Ordering::Relaxed);
-        let tracking = Tracking::decode(tracking);
+    pub(super) fn touch(&mut self, copies: impl IntoIterator<Item = (u64, Option<Access>)>, probe_sent: Stamp) {
+        let tracking = self.shared.tracking();
         if tracking == Tracking::Off || !self.shared.stall.surely_within(probe_sent) {
             return;
         }
         let now_ms = crate::clock::now_unix_ms();
         self.batch.clear();
-        for &(word, access) in copies {
+        for (word, access) in copies {
             // An earlier build's block has no word to record in.
             let (Some(slot), Some(old)) = (Slot::decode(word), access) else { continue };
             let new = old.touched(tracking, now_ms, self.uniform());

@@ -1,0 +1,44 @@
+//! The etcd API of a build without the `etcd` feature: connecting says how to get one, and
+//! nothing else can be reached (no value of these types exists), so callers are written
+//! once for both builds.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use crate::map::{ClusterMap, MemnodeInfo};
+use crate::CoordError;
+
+pub use crate::DEFAULT_ETCD_TIMEOUT as DEFAULT_TIMEOUT;
+
+/// A connection to etcd, which this build cannot make.
+pub struct Etcd(Infallible);
+
+/// A registration, which this build cannot hold.
+pub struct Registration(Infallible);
+
+impl Etcd {
+    /// Refuses: this build has no etcd client.
+    pub fn connect(_endpoints: &[String], _cluster: &str, _timeout: Duration) -> Result<Self, CoordError> {
+        Err(CoordError::NotBuilt)
+    }
+
+    /// Unreachable (no connection exists).
+    pub fn register(&self, _info: &MemnodeInfo, _ttl: Duration) -> Result<Registration, CoordError> {
+        match self.0 {}
+    }
+
+    /// Unreachable (no connection exists).
+    pub fn memnodes(&self) -> Result<Vec<MemnodeInfo>, CoordError> {
+        match self.0 {}
+    }
+
+    /// Unreachable (no connection exists).
+    pub fn map(&self) -> Result<Option<(ClusterMap, i64)>, CoordError> {
+        match self.0 {}
+    }
+
+    /// Unreachable (no connection exists).
+    pub fn put_map(&self, _map: &ClusterMap, _expected: Option<i64>) -> Result<Option<i64>, CoordError> {
+        match self.0 {}
+    }
+}
