@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # racekv's whole test run: what `.ci/run` runs and what the README calls "test it".
 #
-#   bash ops/test.sh           everything (about 45-50 minutes on 2 cores)
+#   bash ops/test.sh           everything (about 60 minutes on 2 cores)
 #   bash ops/test.sh --quick   skip the Soft-RoCE VM suite and fuzzing
 #
 # Steps: packages; rustfmt; no import cycle between source files; clippy (warnings are
@@ -79,7 +79,7 @@ ops/vm/run-cargo-tests.sh -p racekv --features racekv/rdma --test e2e -- --test-
 # The computenode's pool over verbs (its other suites need redis-tools, which the VM lacks).
 ops/vm/run-cargo-tests.sh -p racekv-computenode --features racekv-computenode/rdma --test verbs_pool
 
-step "fuzzing (60 s per target)"
+step "fuzzing (40 s per target)"
 command -v cargo-fuzz > /dev/null || cargo install --locked cargo-fuzz
 (
     cd fuzz
@@ -87,7 +87,7 @@ command -v cargo-fuzz > /dev/null || cargo install --locked cargo-fuzz
         extra=()
         [[ $target == resp_parser ]] && extra=(-dict=resp.dict -max_len=4096)
         [[ $target == http_request ]] && extra=(-dict=http.dict -max_len=65536)
-        RUSTC_BOOTSTRAP=1 cargo fuzz run "$target" -- -max_total_time=60 "${extra[@]}" 2>&1 | tail -3
+        RUSTC_BOOTSTRAP=1 cargo fuzz run "$target" -- -max_total_time=40 "${extra[@]}" 2>&1 | tail -3
     done
 )
 
