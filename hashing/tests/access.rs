@@ -28,7 +28,9 @@ fn counter(c: &mut racekv_hashing::TableClient, key: &[u8]) -> u8 {
 
 fn reads_record_themselves_as_tracking_says(via: Via) {
     let memnode = TestMemnode::start(via, 16 * MIB, 16);
-    let table = memnode.table(options(10));
+    // A long grace period: a read counts only if it surely beat it (`touch.rs`), and the
+    // counts below are exact even on a slow emulated machine.
+    let table = memnode.table(options(1_000));
     let mut c = table.client(memnode.connect());
     c.put(b"k", b"v").unwrap();
     c.put(b"other", b"w").unwrap();
@@ -40,11 +42,14 @@ fn reads_record_themselves_as_tracking_says(via: Via) {
 
     // Off (the default): reads cost what they always did and write nothing.
     assert_eq!(table.tracking(), Tracking::Off);
-    let before = c.stats().round_trips;
+    // A read that may have outlived the grace period (a slow machine: the Soft-RoCE VM)
+    // checks its slot again, one round trip more (`stall.rs`); nothing else adds any here.
+    let trips = |c: &racekv_hashing::TableClient| c.stats().round_trips - c.stats().stalled_reads;
+    let before = trips(&c);
     for _ in 0..5 {
         assert_eq!(c.get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
     }
-    assert_eq!(c.stats().round_trips - before, 10, "two round trips a GET, no more");
+    assert_eq!(trips(&c) - before, 10, "two round trips a GET, no more");
     assert_eq!(counter(&mut c, b"k"), LFU_INIT_VAL);
 
     // LFU: each read counts (one CAS each), whichever way it reads; peeks do not.
@@ -82,11 +87,11 @@ fn reads_record_themselves_as_tracking_says(via: Via) {
     assert!(read.last_read_s > written.last_read_s, "{read:?} after {written:?}");
     assert!(u64::from(read.last_read_s) >= reading / 1000);
     assert_eq!(read.lfu_counter, written.lfu_counter, "LRU leaves the count alone");
-    let (second, before) = (now_unix_ms() / 1000, c.stats().round_trips);
+    let (second, before) = (now_unix_ms() / 1000, trips(&c));
     c.get(b"other").unwrap();
-    let (trips, second_after) = (c.stats().round_trips - before, now_unix_ms() / 1000);
+    let (used, second_after) = (trips(&c) - before, now_unix_ms() / 1000);
     if second == u64::from(read.last_read_s) && second_after == second {
-        assert_eq!(trips, 2, "a read in the second already recorded writes nothing");
+        assert_eq!(used, 2, "a read in the second already recorded writes nothing");
     }
 }
 
