@@ -483,7 +483,8 @@ impl Client {
 
     /// Runs `body` as a transaction (`txn`): its reads see one snapshot, its writes apply
     /// atomically across memnodes when it returns `Ok`, or not at all; on a conflict it runs
-    /// again (so it should have no other effects), up to [`txn::MAX_TXN_ATTEMPTS`] times.
+    /// again (so it should have no other effects), at least [`txn::MAX_TXN_ATTEMPTS`] times
+    /// and until [`txn::TXN_CONFLICT_BUDGET`] has passed, then fails with a conflict.
     /// Serializable. In every mode: an attached or remote client reads each key once through
     /// its computenode and sends the buffered writes in one commit request, which the
     /// computenode's session runs (the same protocol as embedded mode, and the Redis front

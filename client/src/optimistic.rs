@@ -10,9 +10,14 @@ use racekv_hashing::Item;
 
 use crate::error::ClientError;
 
-/// Attempts a transaction (`Session::transaction`, `crate::Client::transaction`) makes before it gives up with
-/// [`ClientError::Conflict`].
+/// Attempts a transaction (`Session::transaction`, `crate::Client::transaction`) makes at
+/// least before it gives up with [`ClientError::Conflict`]; it goes on past them until
+/// [`TXN_CONFLICT_BUDGET`] has passed since its first (a reader of many keys among busy
+/// writers on a loaded machine can lose more than 64 in a row, and then get through).
 pub const MAX_TXN_ATTEMPTS: u32 = 64;
+/// How long a transaction that keeps conflicting goes on running again (past its first
+/// [`MAX_TXN_ATTEMPTS`] attempts) before it gives up.
+pub const TXN_CONFLICT_BUDGET: Duration = Duration::from_secs(5);
 /// Attempts after which a transaction also locks the keys it only read (writing back what
 /// it read), so a long reader among busy writers stops losing every validation.
 pub const LOCK_READS_AFTER_ATTEMPTS: u32 = 4;
@@ -64,7 +69,7 @@ pub(crate) fn last_write_per_key<'a>(writes: &[Write<'a>]) -> Vec<Write<'a>> {
 /// Waits a little before a transaction runs again: more after each conflict, with jitter
 /// so two conflicting coordinators do not meet again in lockstep.
 fn backoff(attempt: u32) {
-    let most_us = 20u64 << attempt.min(8);
+    let most_us = 20u64 << attempt.min(9);
     let jitter = crate::seed::random_seed() % most_us;
     std::thread::sleep(Duration::from_micros(most_us / 2 + jitter / 2));
 }
@@ -94,14 +99,17 @@ pub(crate) trait Coordinator {
 
 /// Runs `body` as a transaction through `coordinator` (`Session::transaction`,
 /// `crate::Client::transaction`): its reads (each key once) and writes are buffered, then
-/// committed at once; on a conflict it runs again, after a backoff, at most
-/// [`MAX_TXN_ATTEMPTS`] times. From attempt [`LOCK_READS_AFTER_ATTEMPTS`] on, the keys
+/// committed at once; on a conflict it runs again, after a backoff (20 us doubling to
+/// 10 ms, jittered), [`MAX_TXN_ATTEMPTS`] times and on until [`TXN_CONFLICT_BUDGET`]
+/// has passed. From attempt [`LOCK_READS_AFTER_ATTEMPTS`] on, the keys
 /// only read are written back as read, so their locks hold them still until the commit.
 pub(crate) fn run<C: Coordinator + ?Sized, T>(
     coordinator: &mut C,
     mut body: impl FnMut(&mut dyn Transaction) -> Result<T, ClientError>,
 ) -> Result<T, ClientError> {
-    for attempt in 0..MAX_TXN_ATTEMPTS {
+    let started = std::time::Instant::now();
+    let mut attempt = 0;
+    loop {
         let mut txn = Txn { coordinator: &mut *coordinator, reads: Vec::new(), writes: Vec::new() };
         let value = body(&mut txn)?;
         let Txn { reads, writes, .. } = txn;
@@ -123,9 +131,15 @@ pub(crate) fn run<C: Coordinator + ?Sized, T>(
         if coordinator.commit(&reads, &writes)? {
             return Ok(value);
         }
+        attempt += 1;
+        if attempt >= MAX_TXN_ATTEMPTS && started.elapsed() >= TXN_CONFLICT_BUDGET {
+            return Err(ClientError::Conflict(format!(
+                "the transaction conflicted {attempt} times in a row, for {} ms",
+                started.elapsed().as_millis()
+            )));
+        }
         backoff(attempt);
     }
-    Err(ClientError::Conflict(format!("the transaction conflicted {MAX_TXN_ATTEMPTS} times in a row")))
 }
 
 /// A buffered write: key, value (None: a delete), expiry.

@@ -5,9 +5,11 @@
 //! the writes atomic, if nothing it read has changed, with one-sided operations only
 //! (the per-memnode steps are `racekv_hashing::table::txn`):
 //!
-//! 1. **Record**: a 64 B record on the memnode of the first key written (the *home*),
-//!    pending until a lease deadline ([`TXN_LEASE_MS`] from now). It is written in the first
-//!    batch of that key's lock, before any lock's CAS: no round trip of its own.
+//! 1. **Records**: a record on the memnode of the first key written (the *home*), pending
+//!    until a lease deadline ([`TXN_LEASE_MS`] from now), listing a *participant record* on
+//!    every other memnode written, each naming the home record. Each is written in the
+//!    first batch of its memnode's first lock, before that lock's CAS: no round trip of its
+//!    own. A lock names the record on its own memnode.
 //! 2. **Lock** each written key: write an intent block (the new value, or a tombstone for a
 //!    delete, marked with the record's place, the version read and the deadline) and CAS
 //!    the key's slot from the version read to the intent's *locked* word. A key written but
@@ -35,13 +37,15 @@
 //! commit point waits for it.
 //!
 //! **Crashes**: a coordinator that dies holding locks leaves them until its lease ends;
-//! then the first operation to meet one gets `Error::Locked`, and [`Session`] aborts the
-//! record if it is still pending (or finds it committed) and settles that lock. Each lock
-//! is settled by whoever meets it; the record of a dead coordinator is freed at its
-//! memnode's next start (with the blocks its locks kept, `racekv_hashing::reclaim`). The
-//! home's locks are settled last: while one stands, that reclaim keeps the record. A home
-//! memnode that restarts under the first lock aborts the commit (ARCHITECTURE.md,
-//! "Multi-key transactions", which also names the window still open).
+//! then the first operation to meet one gets `Error::Locked`, and [`Session`] settles it as
+//! decided: by a participant record that holds the decision, else by the home record
+//! (aborted first if still pending). A lock on the home memnode is settled only after the
+//! decision is copied into every participant record, and the coordinator settles the
+//! home's locks last: so a home memnode that restarts after its locks were settled (its
+//! reclaim frees the home record) leaves every other lock its decision in a record its own
+//! memnode keeps. Records of a dead coordinator are freed at their memnode's next start
+//! (`racekv_hashing::reclaim`). A memnode that restarts under its first lock aborts the
+//! commit (ARCHITECTURE.md, "Multi-key transactions").
 //!
 //! **Round trips**, uncontended, on one memnode, for `w` keys written (`r` more read):
 //! per written key 2 (version, unless it was read) + 2 (lock; 3 if the probe no longer shows
@@ -49,12 +53,14 @@
 //! go one key at a time today.
 
 use racekv_hashing::layout::TxnMark;
-use racekv_hashing::table::txn::{Lock, TxnState, TXN_LEASE_MS};
+use racekv_hashing::table::txn::{Lock, RecordLinks, TxnState, MAX_TXN_PARTICIPANTS, TXN_LEASE_MS};
 use racekv_hashing::Item;
 
 use crate::error::ClientError;
 use crate::optimistic::{last_write_per_key, run, Coordinator};
-pub use crate::optimistic::{Transaction, Version, Write, LOCK_READS_AFTER_ATTEMPTS, MAX_TXN_ATTEMPTS, MAX_TXN_WRITES};
+pub use crate::optimistic::{
+    Transaction, Version, Write, LOCK_READS_AFTER_ATTEMPTS, MAX_TXN_ATTEMPTS, MAX_TXN_WRITES, TXN_CONFLICT_BUDGET,
+};
 use crate::session::{Session, Shards};
 
 /// Times a key written without being read has its version read again when its lock loses
@@ -92,7 +98,8 @@ impl<S: Shards> Session<S> {
         };
         let home = self.route(first.key);
         let deadline_ms = racekv_hashing::clock::now_unix_ms() + TXN_LEASE_MS;
-        let record_offset = self.on(home, |c| c.txn_record(deadline_ms))?;
+        let records = self.stage_records(home, &writes, deadline_ms)?;
+        let record_offset = records[0].1;
         let base = TxnMark {
             record_node: self.shards().node_id(home),
             record_offset,
@@ -103,14 +110,11 @@ impl<S: Shards> Session<S> {
         let mut held = Vec::with_capacity(writes.len());
         let mut uncertain = false;
         let prepared = self
-            .lock_all(reads, &writes, base, &mut held, &mut uncertain)
+            .lock_all(reads, &writes, &records, base, &mut held, &mut uncertain)
             .and_then(|locked| Ok(locked && self.validate(reads, &writes)?));
         if held.is_empty() && !uncertain {
-            // No lock was placed: nothing names the record (which may not even be written).
-            let _ = self.on(home, |c| {
-                c.txn_free_record(record_offset);
-                Ok(())
-            });
+            // No lock was placed: nothing names the records (which may not even be written).
+            self.free_records(&records);
             return prepared.map(|_| false);
         }
         let still_leased = racekv_hashing::clock::now_unix_ms() < deadline_ms;
@@ -144,10 +148,7 @@ impl<S: Shards> Session<S> {
             }
         }
         if !uncertain {
-            let _ = self.on(home, |c| {
-                c.txn_free_record(record_offset);
-                Ok(())
-            });
+            self.free_records(&records);
         }
         prepared?;
         Ok(committed)
@@ -155,8 +156,9 @@ impl<S: Shards> Session<S> {
 
     /// Runs `body` as a transaction: its reads ([`Transaction::get`]) see one snapshot and
     /// its writes ([`Transaction::put`], [`Transaction::delete`]) apply atomically when it
-    /// returns, or not at all. On a conflict `body` runs again (at most [`MAX_TXN_ATTEMPTS`]
-    /// times, then [`ClientError::Conflict`]), so it should have no other effects.
+    /// returns, or not at all. On a conflict `body` runs again (at least [`MAX_TXN_ATTEMPTS`]
+    /// times, and until [`TXN_CONFLICT_BUDGET`] has passed, then [`ClientError::Conflict`]),
+    /// so it should have no other effects.
     pub fn transaction<T>(
         &mut self,
         body: impl FnMut(&mut dyn Transaction) -> Result<T, ClientError>,
@@ -170,6 +172,7 @@ impl<S: Shards> Session<S> {
         &mut self,
         reads: &[(&[u8], Version)],
         writes: &[Write<'w>],
+        records: &[(usize, u64, u8)],
         base: TxnMark,
         held: &mut Vec<Held<'w>>,
         uncertain: &mut bool,
@@ -186,7 +189,9 @@ impl<S: Shards> Session<S> {
                 if read.is_none() && racekv_hashing::layout::Slot::decode(old_word).is_some_and(|s| s.locked) {
                     break None; // another transaction holds it
                 }
-                let mark = TxnMark { old_word, ..base };
+                // A lock names the record on its own memnode (the home's or a participant's).
+                let &(_, record_offset, _) = records.iter().find(|r| r.0 == shard).expect("a record per memnode");
+                let mark = TxnMark { record_node: self.shards().node_id(shard), record_offset, old_word, ..base };
                 let locked = self.on(shard, |c| c.txn_lock(w.key, w.value, w.expires_at_ms, mark));
                 match locked {
                     Ok(Some(lock)) => break Some((lock, mark)),
@@ -202,6 +207,59 @@ impl<S: Shards> Session<S> {
             held.push(Held { key: w.key, shard, lock, mark: TxnMark { tombstone: w.value.is_none(), ..mark } });
         }
         Ok(true)
+    }
+
+    /// Allocates the transaction's records, staged to go out with each memnode's first lock:
+    /// the home record first, listing a participant record on every other memnode written,
+    /// which names it. Returns (shard, offset, units), the home's first.
+    fn stage_records(
+        &mut self,
+        home: usize,
+        writes: &[Write<'_>],
+        deadline_ms: u64,
+    ) -> Result<Vec<(usize, u64, u8)>, ClientError> {
+        let mut shards = vec![home];
+        for w in writes {
+            let shard = self.route(w.key);
+            if !shards.contains(&shard) {
+                shards.push(shard);
+            }
+        }
+        if shards.len() - 1 > MAX_TXN_PARTICIPANTS {
+            return Err(ClientError::TooLarge { key: 0, value: shards.len() - 1, max: MAX_TXN_PARTICIPANTS });
+        }
+        let home_node = self.shards().node_id(home);
+        let placeholder = RecordLinks::Home(vec![(0, 0); shards.len() - 1]);
+        let home_offset = self.on(home, |c| c.txn_record(deadline_ms, &placeholder))?;
+        let mut records = vec![(home, home_offset, placeholder.units())];
+        let participant = RecordLinks::Participant { home_node, home_offset };
+        for &shard in &shards[1..] {
+            match self.on(shard, |c| c.txn_record(deadline_ms, &participant)) {
+                Ok(offset) => records.push((shard, offset, participant.units())),
+                Err(e) => {
+                    self.free_records(&records);
+                    return Err(e);
+                }
+            }
+        }
+        let links =
+            RecordLinks::Home(records[1..].iter().map(|&(s, offset, _)| (self.shards().node_id(s), offset)).collect());
+        self.on(home, |c| {
+            c.txn_relink_record(home_offset, deadline_ms, &links);
+            Ok(())
+        })?;
+        Ok(records)
+    }
+
+    /// Frees the transaction's records (best effort: a record left is freed at its
+    /// memnode's next start).
+    fn free_records(&mut self, records: &[(usize, u64, u8)]) {
+        for &(shard, offset, units) in records {
+            let _ = self.on(shard, |c| {
+                c.txn_free_record(offset, units);
+                Ok(())
+            });
+        }
     }
 
     /// Whether every read not among `writes` still has its version, and none has expired.

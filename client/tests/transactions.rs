@@ -13,7 +13,11 @@ use std::time::{Duration, Instant};
 
 use bank::{account, number, splitmix, total, transfer, GROUP};
 use racekv_client::Client;
+use racekv_hashing::format::read_node_id;
+use racekv_hashing::layout::TxnMark;
+use racekv_hashing::table::txn::{RecordLinks, TxnState, TXN_LEASE_MS};
 use racekv_hashing::testing::{TestMemnode, Via};
+use racekv_hashing::TableOptions;
 use racekv_transport::TransportKind;
 
 /// Memnodes with small subtables (`groups` bucket groups each), so inserts split them.
@@ -363,4 +367,82 @@ fn resolutions() -> u64 {
         .filter(|f| f.name() == "racekv_txn_lock_resolutions_total")
         .flat_map(|f| f.get_metric().iter().map(|m| m.get_counter().get_value() as u64).collect::<Vec<_>>())
         .sum()
+}
+
+/// Which of `nodes` `client` puts `key` on.
+fn home_of(client: &Client, nodes: &[TestMemnode], key: &[u8]) -> usize {
+    client.put(key, b"old").unwrap();
+    let options = TableOptions::default();
+    let found: Vec<usize> = (0..nodes.len())
+        .filter(|&i| {
+            let table = nodes[i].table(options);
+            let mut c = table.client(nodes[i].connect());
+            c.get(key).unwrap().is_some()
+        })
+        .collect();
+    assert_eq!(found.len(), 1, "{key:?} on {found:?}");
+    found[0]
+}
+
+/// The double fault participant records close: a coordinator dies after deciding (or
+/// before), with locks on two memnodes; a reader settles the home memnode's lock first; the
+/// home memnode restarts (its reclaim frees the record, which nothing there names now) and
+/// its space is reused. The other memnode's lock still resolves, to the same outcome.
+#[test]
+fn a_lock_outlives_its_home_records_restart_and_still_resolves_to_the_decision() {
+    for decided in [Some(TxnState::Committed), Some(TxnState::Aborted), None] {
+        let nodes = memnodes(2, 16);
+        let eps = endpoints(&nodes);
+        let options = TableOptions { grace_period: Duration::ZERO, ..TableOptions::default() };
+        let (ka, kb) = {
+            let c = client(&eps);
+            let keys: Vec<Vec<u8>> = (0..64).map(|i| format!("dbl-{i}").into_bytes()).collect();
+            let on: Vec<usize> = keys.iter().map(|k| home_of(&c, &nodes, k)).collect();
+            let a = keys[on.iter().position(|&n| n == 0).unwrap()].clone();
+            let b = keys[on.iter().position(|&n| n == 1).unwrap()].clone();
+            (a, b)
+        };
+        // The coordinator, by hand: records, a lock on each memnode, the decision; then it
+        // "dies" (nothing settled, nothing freed).
+        let node = |i: usize| read_node_id(&*nodes[i].connect()).unwrap();
+        let (table_a, table_b) = (nodes[0].table(options), nodes[1].table(options));
+        let (mut a, mut b) = (table_a.client(nodes[0].connect()), table_b.client(nodes[1].connect()));
+        let deadline_ms = racekv_hashing::clock::now_unix_ms() + TXN_LEASE_MS;
+        let home = a.txn_record(deadline_ms, &RecordLinks::Home(vec![(0, 0)])).unwrap();
+        let participant =
+            b.txn_record(deadline_ms, &RecordLinks::Participant { home_node: node(0), home_offset: home }).unwrap();
+        a.txn_relink_record(home, deadline_ms, &RecordLinks::Home(vec![(node(1), participant)]));
+        for (c, key, n, record) in [(&mut a, &ka, 0, home), (&mut b, &kb, 1, participant)] {
+            let (_, word) = c.read_versioned(key).unwrap();
+            let mark =
+                TxnMark { record_node: node(n), record_offset: record, old_word: word, deadline_ms, tombstone: false };
+            assert!(c.txn_lock(key, Some(b"new"), None, mark).unwrap().is_some());
+        }
+        if let Some(to) = decided {
+            assert_eq!(a.txn_decide(home, deadline_ms, to).unwrap(), Some(to));
+        }
+        a.flush().unwrap();
+        b.flush().unwrap();
+        std::mem::forget((a, b, table_a, table_b));
+        let expected: &[u8] = if decided == Some(TxnState::Committed) { b"new" } else { b"old" };
+        // A reader meets the home memnode's lock past its lease and settles it (aborting a
+        // transaction still pending), copying the decision to the participant first.
+        let reader = client(&eps);
+        assert_eq!(reader.get(&ka).unwrap().as_deref(), Some(expected), "{decided:?}");
+        drop(reader);
+        let table_b = nodes[1].table(options);
+        let want = if decided == Some(TxnState::Committed) { TxnState::Committed } else { TxnState::Aborted };
+        assert_eq!(table_b.client(nodes[1].connect()).txn_state(participant).unwrap(), Some(want));
+        // The home memnode restarts (nothing there names the home record now) and its space
+        // is written over (blocks of every small size, so the record's is reused).
+        nodes[0].reclaim_as_if_restarted();
+        let filler = client(&eps);
+        for i in 0..4000 {
+            filler.put(format!("fill-{i}").as_bytes(), &vec![7u8; i % 120]).unwrap();
+        }
+        // The other lock resolves from its participant record, to the same outcome.
+        assert_eq!(filler.get(&kb).unwrap().as_deref(), Some(expected), "{decided:?}");
+        assert_eq!(filler.get(&ka).unwrap().as_deref(), Some(expected));
+        assert!(filler.compare_and_swap(&kb, Some(expected), Some(b"later")).unwrap());
+    }
 }

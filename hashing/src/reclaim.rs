@@ -123,10 +123,11 @@ pub fn reclaim(conn: &dyn Connection, layout: &Layout) -> Result<Reclaimed, Erro
     }
     // A transaction's locked slot keeps two more things alive (`table::txn`): the block its
     // lock replaced (an abort puts it back) and, on this memnode, its record.
+    let mut records = Vec::new();
     for_each_block(conn, &mut b, &locked, |block| {
         let Some(mark) = block.and_then(|block| block.txn) else { return };
         if mark.record_node == node_id && mark.record_offset >= heap && mark.record_offset + BLOCK_UNIT_BYTES <= top {
-            live.mark(mark.record_offset, BLOCK_UNIT_BYTES);
+            records.push(mark.record_offset);
         }
         let Some(old) = Slot::decode(mark.old_word) else { return };
         if old.block >= heap && old.block + old.block_bytes() <= top {
@@ -137,6 +138,17 @@ pub fn reclaim(conn: &dyn Connection, layout: &Layout) -> Result<Reclaimed, Erro
             }
         }
     })?;
+    // A record's size is in its header word (a home record lists its participants).
+    records.sort_unstable();
+    records.dedup();
+    for chunk in records.chunks(racekv_transport::MAX_BATCH_OPS) {
+        let headers = crate::words::read_words(conn, &mut b, &chunk.iter().map(|r| r + 8).collect::<Vec<_>>())?;
+        for (&record, header) in chunk.iter().zip(headers) {
+            let units = crate::table::txn::record_units(header).unwrap_or(1);
+            let bytes = (u64::from(units) * BLOCK_UNIT_BYTES).min(top - record);
+            live.mark(record, bytes);
+        }
+    }
     // The extents the indirect blocks point to (a block shared by two slots, as in a
     // duplicate, names its extent twice: kept once).
     indirect.sort_unstable_by_key(|s| s.block);

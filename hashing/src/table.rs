@@ -785,8 +785,8 @@ pub struct TableClient {
     last_word: u64,
     /// The slot the last write's CAS put its word in (a hint: splits move slots).
     placed_at: u64,
-    /// A transaction record (offset, word) to write with the next new block (`txn.rs`).
-    staged_record: Option<(u64, u64)>,
+    /// A transaction record (offset, bytes) to write with the next new block (`txn.rs`).
+    staged_record: Option<(u64, Vec<u8>)>,
     /// The last transaction record this client allocated: (offset, memnode run). A lock
     /// naming it is published only in that run (`txn.rs`).
     record_run: Option<(u64, u64)>,
@@ -1290,9 +1290,7 @@ impl TableClient {
             );
             self.batch.write(new.block, &self.block);
             // A transaction's record goes out with its first lock's block (`txn.rs`).
-            if let Some((offset, word)) = self.staged_record.take() {
-                let mut record = [0u8; BLOCK_UNIT_BYTES as usize];
-                record[..8].copy_from_slice(&word.to_le_bytes());
+            if let Some((offset, record)) = self.staged_record.take() {
                 self.batch.write(offset, &record);
             }
         }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use racekv_hashing::format::read_node_id;
 use racekv_hashing::layout::TxnMark;
-use racekv_hashing::table::txn::{TxnState, TXN_LEASE_MS};
+use racekv_hashing::table::txn::{RecordLinks, TxnState, TXN_LEASE_MS};
 use racekv_hashing::testing::{Fault, FaultyConnection, TestMemnode, Via};
 use racekv_hashing::{Error, TableOptions};
 
@@ -21,7 +21,7 @@ fn big(seed: u8) -> Vec<u8> {
 fn die_holding_locks(memnode: &TestMemnode, options: TableOptions, deadline_ms: u64) -> TxnMark {
     let table = memnode.table(options);
     let mut c = table.client(memnode.connect());
-    let record_offset = c.txn_record(deadline_ms).unwrap();
+    let record_offset = c.txn_record(deadline_ms, &RecordLinks::Home(Vec::new())).unwrap();
     let node = read_node_id(&*memnode.connect()).unwrap();
     let base = TxnMark { record_node: node, record_offset, old_word: 0, deadline_ms, tombstone: false };
     for (key, value) in [(&b"k-small"[..], &b"new"[..]), (b"k-big", &big(9)[..]), (b"k-new", b"fresh")] {
@@ -139,7 +139,7 @@ fn others_wait_for_a_lock_within_its_lease_and_a_second_lock_fails_at_once() {
     let mut other = table.client(memnode.connect());
     holder.put(b"k", b"v0").unwrap();
     let deadline_ms = racekv_hashing::clock::now_unix_ms() + TXN_LEASE_MS;
-    let record_offset = holder.txn_record(deadline_ms).unwrap();
+    let record_offset = holder.txn_record(deadline_ms, &RecordLinks::Home(Vec::new())).unwrap();
     let node = read_node_id(&*memnode.connect()).unwrap();
     let (_, word) = holder.read_versioned(b"k").unwrap();
     let mark = TxnMark { record_node: node, record_offset, old_word: word, deadline_ms, tombstone: false };
@@ -158,7 +158,7 @@ fn others_wait_for_a_lock_within_its_lease_and_a_second_lock_fails_at_once() {
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(holder.txn_decide(record_offset, deadline_ms, TxnState::Committed).unwrap(), Some(TxnState::Committed));
     assert!(holder.txn_settle(b"k", lock.word, &mark, true, lock.replaced).unwrap());
-    holder.txn_free_record(record_offset);
+    holder.txn_free_record(record_offset, 1);
     assert_eq!(reader.join().unwrap().as_deref(), Some(&b"v1"[..]));
     assert!(other.stats().lock_waits == 0 && other.get(b"k").unwrap().as_deref() == Some(&b"v1"[..]));
 }
@@ -173,7 +173,7 @@ fn a_memnode_restart_under_the_first_lock_aborts_instead_of_naming_a_lost_record
     c.put(b"k", b"old").unwrap();
     let node = read_node_id(&*memnode.connect()).unwrap();
     let deadline_ms = racekv_hashing::clock::now_unix_ms() + TXN_LEASE_MS;
-    let record_offset = c.txn_record(deadline_ms).unwrap();
+    let record_offset = c.txn_record(deadline_ms, &RecordLinks::Home(Vec::new())).unwrap();
     let (_, word) = c.read_versioned(b"k").unwrap();
     // The first lock's first batch carries the record: the memnode "restarts" under it, so
     // the record is lost with that run. The write would start over in the new run; a lock
@@ -191,12 +191,46 @@ fn a_memnode_restart_under_the_first_lock_aborts_instead_of_naming_a_lost_record
     // The session goes on: the next transaction's record and lock work (the unwritten
     // record is dropped, not left staged).
     let deadline_ms = racekv_hashing::clock::now_unix_ms() + TXN_LEASE_MS;
-    let record_offset = c.txn_record(deadline_ms).unwrap();
+    let record_offset = c.txn_record(deadline_ms, &RecordLinks::Home(Vec::new())).unwrap();
     let mark = TxnMark { record_node: node, record_offset, old_word: word, deadline_ms, tombstone: false };
     let lock = c.txn_lock(b"k", Some(b"new"), None, mark).unwrap().expect("no one else holds k");
     assert_eq!(c.txn_state(record_offset).unwrap(), Some(TxnState::Pending { deadline_ms }));
     assert_eq!(c.txn_decide(record_offset, deadline_ms, TxnState::Committed).unwrap(), Some(TxnState::Committed));
     assert!(c.txn_settle(b"k", lock.word, &mark, true, lock.replaced).unwrap());
-    c.txn_free_record(record_offset);
+    c.txn_free_record(record_offset, 1);
     assert_eq!(c.get(b"k").unwrap().as_deref(), Some(&b"new"[..]));
+}
+
+#[test]
+fn a_restart_keeps_a_home_record_of_several_units_while_a_lock_names_it() {
+    let memnode = TestMemnode::start(Via::Local, 16 * MIB, 16);
+    let options = TableOptions { grace_period: Duration::ZERO, ..TableOptions::default() };
+    let node = read_node_id(&*memnode.connect()).unwrap();
+    let deadline_ms = racekv_hashing::clock::now_unix_ms() + TXN_LEASE_MS;
+    let links = RecordLinks::Home((0..20u64).map(|i| (1000 + i, 64 * (i + 1))).collect());
+    assert!(links.units() > 1);
+    {
+        let table = memnode.table(options);
+        let mut c = table.client(memnode.connect());
+        let record_offset = c.txn_record(deadline_ms, &links).unwrap();
+        let mark = TxnMark { record_node: node, record_offset, old_word: 0, deadline_ms, tombstone: false };
+        assert!(c.txn_lock(b"k", Some(b"v"), None, mark).unwrap().is_some());
+        c.flush().unwrap();
+        std::mem::forget(c);
+        std::mem::forget(table);
+    }
+    memnode.reclaim_as_if_restarted();
+    // Space of every small size is handed out again: none of it may be the record's.
+    let table = memnode.table(options);
+    let mut c = table.client(memnode.connect());
+    for i in 0..3000usize {
+        c.put(format!("filler-{i}").as_bytes(), &vec![3u8; (i * 7) % 1500]).unwrap();
+    }
+    let (_, word, mark) = locked(c.get(b"k"));
+    let record = c.txn_read_record(mark.record_offset).unwrap().expect("the record survived");
+    assert_eq!(record.state, TxnState::Pending { deadline_ms });
+    assert_eq!(record.links, links);
+    assert_eq!(c.txn_decide(mark.record_offset, deadline_ms, TxnState::Aborted).unwrap(), Some(TxnState::Aborted));
+    assert!(c.txn_settle(b"k", word, &mark, false, 0).unwrap());
+    assert_eq!(c.get(b"k").unwrap(), None);
 }

@@ -1,8 +1,11 @@
 //! A multi-key transaction's steps on one memnode; the coordinator that runs them across
 //! memnodes, and the protocol's argument, are in `client/src/txn.rs`.
 //!
-//! * A **record** (one 64 B block on the coordinator's home memnode) holds one word: the
-//!   transaction's state and its lease, [`TxnState`]. One CAS of it is the commit point.
+//! * A **record** (a block on the memnode of the first key written, the *home*) holds the
+//!   transaction's state and its lease, [`TxnState`] (one CAS of it is the commit point),
+//!   and [`RecordLinks`]: the *participant records* on every other memnode it locks keys on.
+//!   A participant record (64 B) names the home record; locks name the record on their own
+//!   memnode, so each memnode's start reclaim keeps what its own locks need.
 //! * A **lock** swings a key's canonical slot, by CAS from the word the transaction read, to
 //!   a *locked* word naming an **intent block**: the new value (or a tombstone), and a
 //!   [`TxnMark`] saying where the record is, what the slot held before, and when the lease
@@ -82,6 +85,108 @@ impl TxnState {
     }
 }
 
+/// The most participant records a home record lists (memnodes besides the home that one
+/// transaction locks keys on): what a block of [`crate::layout::MAX_BLOCK_UNITS`] holds.
+pub const MAX_TXN_PARTICIPANTS: usize =
+    ((crate::layout::MAX_BLOCK_UNITS * BLOCK_UNIT_BYTES) as usize - RECORD_HEADER_BYTES) / RECORD_LINK_BYTES;
+const RECORD_HEADER_BYTES: usize = 16;
+const RECORD_LINK_BYTES: usize = 16;
+const KIND_HOME: u64 = 1;
+const KIND_PARTICIPANT: u64 = 2;
+
+/// Where the rest of a transaction is, as its record on one memnode says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordLinks {
+    /// The home record (the commit point): the participant records, (node id, offset).
+    /// A resolver that settles a lock on the home memnode first copies the decision into
+    /// each of them, so the home's locks (which keep this record through restarts) are
+    /// never settled while another memnode's lock still needs the decision.
+    Home(Vec<(u64, u64)>),
+    /// A participant record: where the home record is.
+    Participant {
+        /// The home memnode's node id.
+        home_node: u64,
+        /// The home record's offset there.
+        home_offset: u64,
+    },
+}
+
+impl RecordLinks {
+    /// The record's size in blocks units.
+    pub fn units(&self) -> u8 {
+        let links = match self {
+            RecordLinks::Home(participants) => participants.len(),
+            RecordLinks::Participant { .. } => 1,
+        };
+        assert!(links <= MAX_TXN_PARTICIPANTS, "{links} participants past {MAX_TXN_PARTICIPANTS}");
+        let bytes = (RECORD_HEADER_BYTES + links * RECORD_LINK_BYTES) as u64;
+        u8::try_from(bytes.div_ceil(BLOCK_UNIT_BYTES).max(1)).expect("within MAX_BLOCK_UNITS")
+    }
+
+    /// The record's bytes: the state word, a header word (kind 8 | links 16 | units 8),
+    /// the links.
+    fn encode(&self, state: TxnState) -> Vec<u8> {
+        let units = self.units();
+        let mut out = vec![0u8; usize::from(units) * BLOCK_UNIT_BYTES as usize];
+        let (kind, links) = match self {
+            RecordLinks::Home(participants) => (KIND_HOME, participants.clone()),
+            RecordLinks::Participant { home_node, home_offset } => (KIND_PARTICIPANT, vec![(*home_node, *home_offset)]),
+        };
+        let header = kind | (links.len() as u64) << 8 | u64::from(units) << 24;
+        out[..8].copy_from_slice(&state.encode().to_le_bytes());
+        out[8..16].copy_from_slice(&header.to_le_bytes());
+        for (i, (node, offset)) in links.into_iter().enumerate() {
+            let at = RECORD_HEADER_BYTES + i * RECORD_LINK_BYTES;
+            out[at..at + 8].copy_from_slice(&node.to_le_bytes());
+            out[at + 8..at + 16].copy_from_slice(&offset.to_le_bytes());
+        }
+        out
+    }
+}
+
+/// A record's size in units from its header word (None: not a record's header).
+pub fn record_units(header: u64) -> Option<u8> {
+    let (kind, links, units) = (header & 0xff, (header >> 8) & 0xffff, (header >> 24) & 0xff);
+    let expected = match kind {
+        KIND_HOME if links as usize <= MAX_TXN_PARTICIPANTS => RecordLinks::Home(vec![(0, 0); links as usize]).units(),
+        KIND_PARTICIPANT if links == 1 => 1,
+        _ => return None,
+    };
+    (header >> 32 == 0 && units == u64::from(expected)).then_some(expected)
+}
+
+/// A record as read: its state and links. None from [`decode_record`]: not a record (freed
+/// and reused under a slow reader).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TxnRecord {
+    /// The transaction's state.
+    pub state: TxnState,
+    /// Where the rest of it is.
+    pub links: RecordLinks,
+}
+
+fn decode_record(bytes: &[u8]) -> Option<TxnRecord> {
+    let word = |at: usize| bytes.get(at..at + 8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
+    let state = TxnState::decode(word(0)?)?;
+    let header = word(8)?;
+    record_units(header)?;
+    let links = (header >> 8) & 0xffff;
+    let mut pairs = Vec::with_capacity(links as usize);
+    for i in 0..links as usize {
+        let at = RECORD_HEADER_BYTES + i * RECORD_LINK_BYTES;
+        let (node, offset) = (word(at)?, word(at + 8)?);
+        if !offset.is_multiple_of(BLOCK_UNIT_BYTES) {
+            return None;
+        }
+        pairs.push((node, offset));
+    }
+    let links = match header & 0xff {
+        KIND_HOME => RecordLinks::Home(pairs),
+        _ => RecordLinks::Participant { home_node: pairs[0].0, home_offset: pairs[0].1 },
+    };
+    Some(TxnRecord { state, links })
+}
+
 /// A lock a transaction holds on one key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lock {
@@ -108,21 +213,49 @@ impl TableClient {
         self.end(0, sample, result, |(item, _)| item.is_some())
     }
 
-    /// Allocates a transaction record, pending until `deadline_ms`, and returns its region
-    /// offset. No round trip: the record is written in the first batch of this client's
-    /// next [`Self::txn_lock`], before that lock's CAS, so no lock can name a record that is
-    /// not there. One that no lock follows is freed unwritten ([`Self::txn_free_record`]).
-    pub fn txn_record(&mut self, deadline_ms: u64) -> Result<u64, Error> {
-        if let Some((stale, _)) = self.staged_record {
+    /// Allocates a transaction record, pending until `deadline_ms`, linked as `links` says,
+    /// and returns its region offset. No round trip: the record is written in the first
+    /// batch of this client's next [`Self::txn_lock`], before that lock's CAS, so no lock
+    /// can name a record that is not there. One that no lock follows is freed unwritten
+    /// ([`Self::txn_free_record`]). [`Self::txn_relink_record`] changes the links until then.
+    pub fn txn_record(&mut self, deadline_ms: u64, links: &RecordLinks) -> Result<u64, Error> {
+        if let Some((stale, bytes)) = self.staged_record.take() {
             // A commit that failed before its first lock went out: never written.
-            self.txn_free_record(stale);
+            let units = u8::try_from(bytes.len() as u64 / BLOCK_UNIT_BYTES).expect("a record's units");
+            self.staged_record = Some((stale, bytes));
+            self.txn_free_record(stale, units);
         }
         std::sync::LazyLock::force(&RESOLUTIONS); // exported from the first transaction on
-        let offset = self.alloc.alloc(1)?;
+        let offset = self.alloc.alloc(links.units())?;
         let run = self.alloc.instance().expect("an allocated record belongs to a run");
-        self.staged_record = Some((offset, TxnState::Pending { deadline_ms }.encode()));
+        self.staged_record = Some((offset, links.encode(TxnState::Pending { deadline_ms })));
         self.record_run = Some((offset, run));
         Ok(offset)
+    }
+
+    /// Replaces the links of the record staged at `offset` (same size): a home record is
+    /// allocated before its participants, which name it.
+    pub fn txn_relink_record(&mut self, offset: u64, deadline_ms: u64, links: &RecordLinks) {
+        let bytes = links.encode(TxnState::Pending { deadline_ms });
+        match &mut self.staged_record {
+            Some((staged, old)) if *staged == offset && old.len() == bytes.len() => *old = bytes,
+            other => panic!("relinking {offset:#x} ({} B), staged: {other:?}", bytes.len()),
+        }
+    }
+
+    /// The record at `offset`, its state and links (None: not a record any more).
+    pub fn txn_read_record(&mut self, offset: u64) -> Result<Option<TxnRecord>, Error> {
+        self.count_round_trip();
+        let mut bytes = Vec::new();
+        crate::words::read_bytes(&*self.conn, &mut self.batch, offset, BLOCK_UNIT_BYTES, &mut bytes)?;
+        let header = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
+        let units = record_units(header).unwrap_or(1);
+        if units > 1 {
+            self.count_round_trip();
+            let rest = (u64::from(units) - 1) * BLOCK_UNIT_BYTES;
+            crate::words::read_bytes(&*self.conn, &mut self.batch, offset + BLOCK_UNIT_BYTES, rest, &mut bytes)?;
+        }
+        Ok(decode_record(&bytes))
     }
 
     /// The state in the record at `offset` (None: not a record any more).
@@ -147,9 +280,10 @@ impl TableClient {
         self.txn_state(offset)
     }
 
-    /// Retires a record once no slot names it any more (the coordinator settled them all).
-    pub fn txn_free_record(&mut self, offset: u64) {
-        if self.staged_record.is_some_and(|(staged, _)| staged == offset) {
+    /// Retires a record of `units` once no slot names it any more (the coordinator settled
+    /// them all).
+    pub fn txn_free_record(&mut self, offset: u64, units: u8) {
+        if self.staged_record.as_ref().is_some_and(|(staged, _)| *staged == offset) {
             self.staged_record = None; // never written
         }
         let run = match self.record_run.take() {
@@ -159,7 +293,7 @@ impl TableClient {
                 self.batch.executed_instance()
             }
         };
-        self.alloc.retire(offset, 1, run);
+        self.alloc.retire(offset, units, run);
     }
 
     /// Whether the lock being written names this client's record (so lives on its memnode).
@@ -414,5 +548,56 @@ mod tests {
         }
         assert_eq!(TxnState::decode(0), None);
         assert_eq!(TxnState::decode((2 << STATE_SHIFT) | 5), None);
+    }
+
+    #[test]
+    fn record_sizes_grow_with_participants_up_to_one_block() {
+        assert_eq!(RecordLinks::Home(Vec::new()).units(), 1);
+        assert_eq!(RecordLinks::Home(vec![(1, 64); 3]).units(), 1);
+        assert_eq!(RecordLinks::Home(vec![(1, 64); 4]).units(), 2);
+        assert_eq!(RecordLinks::Participant { home_node: 1, home_offset: 64 }.units(), 1);
+        let most = RecordLinks::Home(vec![(1, 64); MAX_TXN_PARTICIPANTS]);
+        assert_eq!(u64::from(most.units()), crate::layout::MAX_BLOCK_UNITS);
+    }
+
+    #[test]
+    fn a_header_of_no_record_has_no_size() {
+        assert_eq!(record_units(0), None);
+        let header = |kind: u64, links: u64, units: u64| kind | links << 8 | units << 24;
+        assert_eq!(record_units(header(KIND_HOME, 4, 2)), Some(2));
+        assert_eq!(record_units(header(KIND_HOME, 4, 3)), None, "units that do not match the links");
+        assert_eq!(record_units(header(KIND_PARTICIPANT, 2, 1)), None);
+        assert_eq!(record_units(header(3, 0, 1)), None);
+        assert_eq!(record_units(header(KIND_HOME, MAX_TXN_PARTICIPANTS as u64 + 1, 255)), None);
+        assert_eq!(record_units(header(KIND_HOME, 0, 1) | 1 << 40), None);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn records_round_trip_with_their_links(
+            participants in proptest::collection::vec((proptest::prelude::any::<u64>(), 0u64..1 << 40), 0..40),
+            home in proptest::option::of((proptest::prelude::any::<u64>(), 0u64..1 << 40)),
+            state in 0u8..3,
+            deadline_ms in 0u64..1 << 45,
+        ) {
+            let aligned = |o: u64| o * BLOCK_UNIT_BYTES;
+            let links = match home {
+                Some((home_node, offset)) => RecordLinks::Participant { home_node, home_offset: aligned(offset) },
+                None => RecordLinks::Home(participants.iter().map(|&(n, o)| (n, aligned(o))).collect()),
+            };
+            let state = [TxnState::Pending { deadline_ms }, TxnState::Committed, TxnState::Aborted][state as usize];
+            let bytes = links.encode(state);
+            proptest::prop_assert_eq!(bytes.len() as u64, u64::from(links.units()) * BLOCK_UNIT_BYTES);
+            proptest::prop_assert_eq!(decode_record(&bytes), Some(TxnRecord { state, links: links.clone() }));
+            // Cut short (a reader that trusted a wrong size), it is no record.
+            if bytes.len() > BLOCK_UNIT_BYTES as usize {
+                proptest::prop_assert_eq!(decode_record(&bytes[..BLOCK_UNIT_BYTES as usize]), None);
+            }
+        }
+
+        #[test]
+        fn any_bytes_decode_without_panicking(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)) {
+            let _ = decode_record(&bytes);
+        }
     }
 }
