@@ -9,7 +9,8 @@
 //!   the RESP driver; the native driver reads racekv's).
 //! * The three servers are driven by one RESP driver ([`resp`]) with the same threads,
 //!   connections and pipeline depth; the native driver ([`native`]) runs as many threads
-//!   as asked (`--native-threads`, default `--threads`), one synchronous call at a time.
+//!   as asked (`--native-threads`, default `--threads`), each with batches of as many
+//!   operations as the pipeline depth (`--native-batch`; 1: one synchronous call at a time).
 //! * Workload E: a hash store has no key order, so a "short range scan" here is `SCAN
 //!   cursor COUNT n` from a random place of the server's cursor space (racekv's or Redis'
 //!   layout), repeated with the returned cursor until it has n keys (1-100, uniform) or the
@@ -75,6 +76,11 @@ pub struct YcsbArgs {
     /// Native driver threads, each attached on its own (default: --threads).
     #[arg(long)]
     pub native_threads: Option<usize>,
+    /// Operations each native thread sends as one batch (a multi_get and a multi_put),
+    /// as a RESP pipeline keeps that many in flight; 1: one synchronous call at a time
+    /// (default: the run's pipeline depth).
+    #[arg(long)]
+    pub native_batch: Option<usize>,
     /// Drivers, comma-separated, run in this order for each workload.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "native,racekv,redis,valkey")]
     pub drivers: Vec<Driver>,
@@ -170,7 +176,7 @@ pub struct RunResult {
     pub round: u32,
     /// The driver.
     pub driver: Driver,
-    /// Operations in flight at most (threads x connections x pipeline; native: threads).
+    /// Operations in flight at most (threads x connections x pipeline; native: threads x batch).
     pub in_flight: usize,
     /// Operations completed.
     pub ops: u64,
@@ -386,7 +392,7 @@ pub struct Config {
     pub value_size: usize,
     /// Key distribution (workload D reads by the latest distribution whatever this says).
     pub distribution: Distribution,
-    /// RESP pipeline depth (the native driver has none: one call per thread at a time).
+    /// RESP pipeline depth (the native driver's batch, unless `--native-batch` says otherwise).
     pub pipeline: usize,
 }
 
@@ -522,7 +528,11 @@ pub fn run(args: &YcsbArgs) -> anyhow::Result<YcsbReport> {
                             let bar = progress(n, &format!("{} {}", workload.name(), driver.name()));
                             let shape = Shape { threads: args.threads, connections: args.connections, pipeline };
                             let ((m, seconds), in_flight) = if driver == Driver::Native {
-                                (native::run(&racekv.socket, &run, native_threads, &bar)?, native_threads)
+                                let batch = args.native_batch.unwrap_or(pipeline).max(1);
+                                (
+                                    native::run(&racekv.socket, &run, native_threads, batch, &bar)?,
+                                    native_threads * batch,
+                                )
                             } else {
                                 (resp::run(&run, shape, &bar)?, args.threads * args.connections * pipeline)
                             };

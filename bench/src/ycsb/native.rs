@@ -1,6 +1,11 @@
 //! The native driver: racekv's Rust library attached to the computenode (its shared-memory
-//! ring), each of `threads` threads with its own attachment, one operation at a time (the
-//! library's calls are synchronous).
+//! ring), each of `threads` threads with its own attachment. With a batch of 1, one
+//! operation at a time (the library's calls are synchronous); with a batch of n, the next
+//! n operations go as one `multi_get` and one `multi_put` (the library's batched calls,
+//! which travel pipelined through the ring), the way a RESP pipeline of n keeps n in
+//! flight. A batch ends early at a key it already holds (so no operation is reordered
+//! around another of the same key) and at a scan (run alone); each operation's latency is
+//! its batch's.
 
 use std::path::Path;
 use std::time::Instant;
@@ -17,8 +22,10 @@ pub fn run(
     socket: &Path,
     run: &Run<'_>,
     threads: usize,
+    batch: usize,
     bar: &indicatif::ProgressBar,
 ) -> anyhow::Result<(Measured, f64)> {
+    anyhow::ensure!(batch >= 1, "a native batch holds at least one operation");
     let value = value_bytes(run.value_size, run.seed);
     let clients: Vec<Client> =
         (0..threads).map(|_| Client::builder().attach(socket).connect()).collect::<Result<_, _>>()?;
@@ -29,7 +36,10 @@ pub fn run(
             .enumerate()
             .map(|(t, client)| {
                 let value = &value;
-                s.spawn(move || thread(client, run, threads, t, value, bar))
+                s.spawn(move || match batch {
+                    1 => thread(client, run, threads, t, value, bar),
+                    _ => batched_thread(client, run, threads, t, batch, value, bar),
+                })
             })
             .collect();
         handles.into_iter().map(|h| h.join().expect("a driver thread panicked")).collect()
@@ -80,6 +90,99 @@ fn thread(
     }
     bar.inc(ops % 256);
     measured
+}
+
+/// One thread's share of the operations, `batch` at a time.
+fn batched_thread(
+    client: &Client,
+    run: &Run<'_>,
+    threads: usize,
+    index: usize,
+    batch: usize,
+    value: &[u8],
+    bar: &indicatif::ProgressBar,
+) -> Measured {
+    let ops = share(run.ops, threads, index);
+    let seed = run.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(index as u64);
+    let mut chooser = Chooser::new(run.workload, run.distribution, run.space, run.ops, seed);
+    let mut measured = Measured::new();
+    let mut pending: Vec<(Op, Vec<u8>)> = Vec::with_capacity(batch);
+    let mut key = Vec::with_capacity(32);
+    let (mut done, mut reported) = (0u64, 0u64);
+    while done < ops {
+        let next = chooser.next(run.space);
+        let start_cursor = Cursors::Racekv.random_start(chooser.random()); // drawn as `thread` does
+        super::generator::key_name(next.key, &mut key);
+        if next.op == Op::Scan {
+            done += flush(client, run, value, &mut pending, &mut measured);
+            let started = Instant::now();
+            let result = scan(client, start_cursor, u64::from(next.scan_length), &mut measured);
+            measured.record(Op::Scan, started.elapsed().as_nanos() as u64);
+            if let Err(e) = result {
+                measured.error(|| e.to_string());
+            }
+            done += 1;
+        } else {
+            if pending.iter().any(|(_, k)| *k == key) {
+                done += flush(client, run, value, &mut pending, &mut measured);
+            }
+            pending.push((next.op, key.clone()));
+            if pending.len() == batch || done + pending.len() as u64 == ops {
+                done += flush(client, run, value, &mut pending, &mut measured);
+            }
+        }
+        if done - reported >= 256 || done == ops {
+            bar.inc(done - reported);
+            reported = done;
+        }
+    }
+    measured
+}
+
+/// Runs the batch: its reads (and the reads of its read-modify-writes) as one `multi_get`,
+/// then its writes as one `multi_put`. Returns how many operations it ran.
+fn flush(
+    client: &Client,
+    run: &Run<'_>,
+    value: &[u8],
+    pending: &mut Vec<(Op, Vec<u8>)>,
+    measured: &mut Measured,
+) -> u64 {
+    if pending.is_empty() {
+        return 0;
+    }
+    let started = Instant::now();
+    let reads: Vec<&[u8]> = pending
+        .iter()
+        .filter(|(op, _)| matches!(op, Op::Read | Op::ReadModifyWrite))
+        .map(|(_, k)| k.as_slice())
+        .collect();
+    let writes: Vec<(&[u8], &[u8])> = pending
+        .iter()
+        .filter(|(op, _)| matches!(op, Op::Update | Op::Insert | Op::ReadModifyWrite))
+        .map(|(_, k)| (k.as_slice(), value))
+        .collect();
+    let mut result = Ok(());
+    if !reads.is_empty() {
+        result = client.multi_get(&reads).map(|values| {
+            measured.not_found += values.iter().filter(|v| v.is_none()).count() as u64;
+        });
+    }
+    if result.is_ok() && !writes.is_empty() {
+        result = client.multi_put(&writes);
+    }
+    let ns = started.elapsed().as_nanos() as u64;
+    for (op, _) in pending.iter() {
+        measured.record(*op, ns);
+        match (&result, op) {
+            (Ok(()), Op::Insert) => run.space.ack_insert(),
+            (Err(e), _) => measured.error(|| e.to_string()),
+            _ => {}
+        }
+    }
+    let n = pending.len() as u64;
+    pending.clear();
+    n
 }
 
 /// A scan of `length` keys from `cursor`: SCAN calls until it has them or the walk ends.
