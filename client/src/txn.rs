@@ -138,6 +138,12 @@ impl<S: Shards> Session<S> {
         shards.sort_unstable_by_key(|&s| (s == home, s));
         shards.dedup();
         for shard in shards {
+            if shard == home && uncertain {
+                // Another memnode's locks may stand: the home's stay too (their record, kept
+                // through restarts, holds the decision), for resolvers, who copy it into the
+                // participant records before they settle a lock here.
+                break;
+            }
             let locks: Vec<(&[u8], Lock, TxnMark)> =
                 held.iter().filter(|h| h.shard == shard).map(|h| (h.key, h.lock, h.mark)).collect();
             if let Err(e) = self.on(shard, |c| c.txn_settle_placed(&locks, committed)) {
