@@ -52,6 +52,14 @@ pub fn run(
     Ok((total, seconds))
 }
 
+/// Thread `index`'s share of the operations and its chooser (seeded by the index, so every
+/// batch size draws the same operations).
+fn thread_share(run: &Run<'_>, threads: usize, index: usize) -> (u64, Chooser) {
+    let ops = share(run.ops, threads, index);
+    let seed = run.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(index as u64);
+    (ops, Chooser::new(run.workload, run.distribution, run.space, run.ops, seed))
+}
+
 fn thread(
     client: &Client,
     run: &Run<'_>,
@@ -60,9 +68,7 @@ fn thread(
     value: &[u8],
     bar: &indicatif::ProgressBar,
 ) -> Measured {
-    let ops = share(run.ops, threads, index);
-    let seed = run.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(index as u64);
-    let mut chooser = Chooser::new(run.workload, run.distribution, run.space, run.ops, seed);
+    let (ops, mut chooser) = thread_share(run, threads, index);
     let mut measured = Measured::new();
     let mut key = Vec::with_capacity(32);
     for i in 0..ops {
@@ -102,9 +108,7 @@ fn batched_thread(
     value: &[u8],
     bar: &indicatif::ProgressBar,
 ) -> Measured {
-    let ops = share(run.ops, threads, index);
-    let seed = run.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(index as u64);
-    let mut chooser = Chooser::new(run.workload, run.distribution, run.space, run.ops, seed);
+    let (ops, mut chooser) = thread_share(run, threads, index);
     let mut measured = Measured::new();
     let mut pending: Vec<(Op, Vec<u8>)> = Vec::with_capacity(batch);
     let mut key = Vec::with_capacity(32);
