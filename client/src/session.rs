@@ -130,10 +130,12 @@ impl<S: Shards> Session<S> {
             (TxnState::Committed, _) => true,
             (TxnState::Aborted, _) => false,
             (TxnState::Pending { deadline_ms }, _) if deadline_ms != mark.deadline_ms => return Ok(()),
-            (TxnState::Pending { .. }, RecordLinks::Home(_)) => {
-                match self.decide_on(at, mark.record_offset, mark.deadline_ms)? {
-                    Some(decided) => decided == TxnState::Committed,
-                    None => return Ok(()),
+            (TxnState::Pending { deadline_ms }, RecordLinks::Home(_)) => {
+                // Read just now: pending with this lock's deadline, so abort it at once.
+                match self.on(at, |c| c.txn_decide(mark.record_offset, deadline_ms, TxnState::Aborted))? {
+                    Some(TxnState::Committed) => true,
+                    Some(TxnState::Aborted) => false,
+                    _ => return Ok(()),
                 }
             }
             (TxnState::Pending { .. }, &RecordLinks::Participant { home_node, home_offset }) => {
@@ -157,7 +159,7 @@ impl<S: Shards> Session<S> {
             // (A lock naming a home record on another memnode is from a coordinator of
             // before participant records; it lists none.)
             let decided = if committed { TxnState::Committed } else { TxnState::Aborted };
-            self.copy_decision((mark.record_node, mark.record_offset), participants, mark.deadline_ms, decided)?;
+            self.copy_decision(shard, (mark.record_node, mark.record_offset), participants, mark.deadline_ms, decided)?;
         }
         racekv_hashing::table::txn::count_resolution(committed);
         self.on(shard, |c| c.txn_settle(key, word, mark, committed, 0))?;
@@ -166,7 +168,7 @@ impl<S: Shards> Session<S> {
 
     /// The decided state of the home record at `offset` on `shard` (pending until
     /// `deadline_ms`), aborting it if still pending; None when it is no record of that
-    /// transaction.
+    /// transaction. For a participant's resolver, which has not read the home record.
     fn decide_on(&mut self, shard: usize, offset: u64, deadline_ms: u64) -> Result<Option<TxnState>, ClientError> {
         let state = match self.on(shard, |c| c.txn_state(offset))? {
             Some(TxnState::Pending { deadline_ms: d }) if d == deadline_ms => {
@@ -183,6 +185,7 @@ impl<S: Shards> Session<S> {
     /// settled that memnode, or by its restart's reclaim with no lock left there) is left.
     fn copy_decision(
         &mut self,
+        shard: usize,
         (home_node, home_offset): (u64, u64),
         participants: &[(u64, u64)],
         deadline_ms: u64,
@@ -193,11 +196,11 @@ impl<S: Shards> Session<S> {
             links: RecordLinks::Participant { home_node, home_offset },
         };
         for &(node, offset) in participants {
-            let Some(shard) = self.shard_of_node(node) else {
-                return Err(self.unknown_memnode(0, node));
+            let Some(at) = self.shard_of_node(node) else {
+                return Err(self.unknown_memnode(shard, node));
             };
-            if self.on(shard, |c| c.txn_read_record(offset))?.as_ref() == Some(&ours) {
-                self.on(shard, |c| c.txn_decide(offset, deadline_ms, decided))?;
+            if self.on(at, |c| c.txn_read_record(offset))?.as_ref() == Some(&ours) {
+                self.on(at, |c| c.txn_decide(offset, deadline_ms, decided))?;
             }
         }
         Ok(())

@@ -219,11 +219,10 @@ impl TableClient {
     /// can name a record that is not there. One that no lock follows is freed unwritten
     /// ([`Self::txn_free_record`]). [`Self::txn_relink_record`] changes the links until then.
     pub fn txn_record(&mut self, deadline_ms: u64, links: &RecordLinks) -> Result<u64, Error> {
-        if let Some((stale, bytes)) = self.staged_record.take() {
+        if let Some((stale, bytes)) = &self.staged_record {
             // A commit that failed before its first lock went out: never written.
             let units = u8::try_from(bytes.len() as u64 / BLOCK_UNIT_BYTES).expect("a record's units");
-            self.staged_record = Some((stale, bytes));
-            self.txn_free_record(stale, units);
+            self.txn_free_record(*stale, units);
         }
         std::sync::LazyLock::force(&RESOLUTIONS); // exported from the first transaction on
         let offset = self.alloc.alloc(links.units())?;
