@@ -70,6 +70,7 @@ pub mod expiry;
 pub mod op;
 mod optimistic;
 mod parts;
+pub mod placement;
 mod remote;
 pub mod ring;
 mod seed;

@@ -7,6 +7,12 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 pub const VIRTUAL_NODES: u32 = 160;
 const KEY_SEED: u64 = 0x52_41_43_45; // independent of the table's own key hash
 
+/// A key's placement hash: where it falls on the ring, and (modulo the partition count)
+/// its partition in a cluster map. Independent of the table's own key hash.
+pub fn key_hash(key: &[u8]) -> u64 {
+    xxh3_64_with_seed(key, KEY_SEED)
+}
+
 /// The consistent-hashing ring: [`VIRTUAL_NODES`] points per memnode, a key owned by the
 /// first point at or after its hash.
 #[derive(Debug, Clone)]
@@ -34,7 +40,7 @@ impl Ring {
         if self.points.len() <= VIRTUAL_NODES as usize {
             return 0; // one memnode (the common local case): no hash, no search
         }
-        let h = xxh3_64_with_seed(key, KEY_SEED);
+        let h = key_hash(key);
         let at = self.points.partition_point(|&(p, _)| p < h);
         self.points[at % self.points.len()].1
     }

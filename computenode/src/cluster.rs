@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
 use parking_lot::{Condvar, Mutex};
-use prometheus::{Histogram, IntCounter};
+use prometheus::{Histogram, IntCounter, IntGauge};
+use racekv_client::placement::{PartitionTable, Placement};
 use racekv_client::ring::Ring;
 use racekv_client::{ClientError, Session, Shards};
 use racekv_hashing::{Layout, Table, TableClient, TableOptions};
@@ -22,6 +23,7 @@ struct Metrics {
     attach_seconds: Histogram,
     attaches: IntCounter,
     cold_attaches: IntCounter,
+    map_epoch: IntGauge,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
@@ -35,6 +37,10 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         cold_attaches: metric::counter(
             "racekv_computenode_cold_attaches_total",
             "Attaches that found no pre-initialized session and built one",
+        ),
+        map_epoch: metric::gauge(
+            "racekv_computenode_map_epoch",
+            "Epoch of the cluster map keys are routed by (0: a fixed ring, no coordinator)",
         ),
     }
 });
@@ -56,6 +62,26 @@ pub struct ClusterOptions {
     pub ready_sessions: usize,
     /// Chunks kept prefetched per memnode.
     pub prefetch_chunks: usize,
+    /// How keys are routed to the memnodes.
+    pub routing: Routing,
+}
+
+/// How a cluster routes keys to its memnodes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Routing {
+    /// A fixed consistent-hashing ring over the memnodes' node ids (no coordinator).
+    #[default]
+    Ring,
+    /// By a cluster map (issue 17): the memnodes must have the node ids the map gives them,
+    /// and each partition is served by its primary.
+    Map {
+        /// The map's epoch.
+        epoch: u64,
+        /// The node id the map gives each of [`ClusterOptions::memnodes`], in order.
+        node_ids: Vec<u64>,
+        /// Per partition, its primary's node id.
+        primaries: Vec<u64>,
+    },
 }
 
 /// One memnode, as the daemon holds it.
@@ -77,7 +103,7 @@ pub struct Memnode {
 /// All memnodes, and the ready sessions.
 pub struct Cluster {
     memnodes: Vec<Memnode>,
-    ring: Ring,
+    placement: Placement,
     options: ClusterOptions,
     upgrader: Upgrader,
     ready: ArrayQueue<Session<WorkerShards>>,
@@ -121,8 +147,23 @@ impl Cluster {
                 return Err(ClientError::Config(format!("{} is listed twice (node id {id})", memnodes[i].label)));
             }
         }
+        let placement = match &options.routing {
+            Routing::Ring => Placement::Ring(Ring::new(&ids)),
+            Routing::Map { epoch, node_ids, primaries } => {
+                if let Some(i) = (0..ids.len()).find(|&i| node_ids.get(i) != Some(&ids[i])) {
+                    return Err(ClientError::Config(format!(
+                        "{} has node id {:#x}, not the one the cluster map gives it ({})",
+                        memnodes[i].label,
+                        ids[i],
+                        node_ids.get(i).map_or("none".into(), |id| format!("{id:#x}"))
+                    )));
+                }
+                Placement::partitions(partition_table(*epoch, primaries, &ids).map_err(ClientError::Config)?)
+            }
+        };
+        METRICS.map_epoch.set(placement.epoch().unwrap_or(0) as i64);
         let cluster = Arc::new(Self {
-            ring: Ring::new(&ids),
+            placement,
             memnodes,
             ready: ArrayQueue::new(options.ready_sessions.max(1)),
             options,
@@ -145,6 +186,21 @@ impl Cluster {
     /// The memnodes, in the order they were configured.
     pub fn memnodes(&self) -> &[Memnode] {
         &self.memnodes
+    }
+
+    /// The epoch of the cluster map keys are routed by (None: a fixed ring).
+    pub fn map_epoch(&self) -> Option<u64> {
+        self.placement.epoch()
+    }
+
+    /// Routes by a newer cluster map from now on: partition `p`'s primary is the memnode
+    /// with node id `primaries[p]`. Refused (routing unchanged) on a fixed ring, for a map
+    /// not newer than the current one, and for a primary this cluster is not connected to.
+    pub fn install_map(&self, epoch: u64, primaries: &[u64]) -> Result<(), String> {
+        let ids: Vec<u64> = self.memnodes.iter().map(|m| m.node_id).collect();
+        self.placement.install(partition_table(epoch, primaries, &ids)?)?;
+        METRICS.map_epoch.set(epoch as i64);
+        Ok(())
     }
 
     /// A new session over new virtual connections (allocates; the refiller calls it).
@@ -224,6 +280,22 @@ impl Cluster {
     }
 }
 
+/// Map `epoch`'s routing over memnodes with node ids `ids` (shard i has `ids[i]`).
+fn partition_table(epoch: u64, primaries: &[u64], ids: &[u64]) -> Result<PartitionTable, String> {
+    let shards = primaries
+        .iter()
+        .map(|id| {
+            ids.iter().position(|x| x == id).ok_or_else(|| {
+                format!(
+                    "map epoch {epoch} has memnode {id:#x} as a primary, and this computenode is not connected to it \
+                     (restart it to connect: adding memnodes live is not built yet)"
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    PartitionTable::new(epoch, &shards, ids.len())
+}
+
 fn refill(weak: std::sync::Weak<Cluster>) {
     loop {
         let Some(cluster) = weak.upgrade() else { return };
@@ -299,7 +371,7 @@ impl WorkerShards {
 
 impl Shards for WorkerShards {
     fn route(&self, key: &[u8]) -> usize {
-        self.cluster.ring.shard(key)
+        self.cluster.placement.shard(key)
     }
 
     fn count(&self) -> usize {

@@ -44,8 +44,17 @@ pub const MAX_REDIS_EVENT_LOOPS: usize = 64;
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ComputenodeConfig {
-    /// Memnode endpoints (`shm:/path`, `tcp:host:port`, `verbs:host:port`).
+    /// Memnode endpoints (`shm:/path`, `tcp:host:port`, `verbs:host:port`). Replaced by
+    /// the cluster map's memnodes when `etcd_endpoints` is set.
     pub memnodes: Vec<String>,
+    /// etcd endpoints (`http://host:port`): with them the memnodes and the routing of keys
+    /// come from cluster `cluster`'s map, followed as it changes (issue 17); empty: the
+    /// fixed ring over `memnodes`.
+    pub etcd_endpoints: Vec<String>,
+    /// The cluster's name in etcd (lowercase letters, digits, `-`).
+    pub cluster: String,
+    /// How long a start waits for the cluster's first map (`racekv cluster init`).
+    pub etcd_map_wait_ms: u64,
     /// The memnodes' shared secret.
     pub token: String,
     /// Pre-initialized connections per memnode (the pool virtual connections share).
@@ -199,6 +208,9 @@ impl Default for ComputenodeConfig {
     fn default() -> Self {
         Self {
             memnodes: vec!["tcp:127.0.0.1:7400".into()],
+            etcd_endpoints: Vec::new(),
+            cluster: racekv_coord::keys::DEFAULT_CLUSTER_NAME.into(),
+            etcd_map_wait_ms: 30_000,
             token: DEV_TOKEN.into(),
             connections_per_memnode: 4,
             op_timeout_ms: 5_000,
@@ -262,6 +274,10 @@ impl ComputenodeConfig {
     /// out-of-range limits), naming the setting.
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(!self.memnodes.is_empty(), "no memnodes configured");
+        if !self.etcd_endpoints.is_empty() {
+            anyhow::ensure!(self.etcd_map_wait_ms <= 3_600_000, "etcd_map_wait_ms must be at most 3600000");
+            racekv_coord::check_settings(&self.cluster)?;
+        }
         anyhow::ensure!(!self.token.is_empty(), "token must not be empty");
         if self.token == DEV_TOKEN {
             let remote = self
@@ -393,6 +409,7 @@ impl ComputenodeConfig {
             upgrade: UpgradePolicy { ops_per_sec: self.upgrade_ops_per_sec, window_ops: 4096 },
             ready_sessions: self.ready_sessions,
             prefetch_chunks: self.prefetch_chunks,
+            routing: crate::cluster::Routing::Ring,
         })
     }
 
@@ -541,5 +558,26 @@ mod tests {
         let file = dir.path().join("computenode.toml");
         std::fs::write(&file, "max_worker = 5\n").unwrap();
         assert!(ComputenodeConfig::load(Some(&file)).is_err());
+    }
+
+    /// The cluster map's settings: read from a file, the cluster name and the wait checked,
+    /// and a build without the etcd client says how to get one.
+    #[test]
+    fn etcd_settings_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("computenode.toml");
+        std::fs::write(&file, "etcd_endpoints = [\"http://127.0.0.1:2379\"]\ncluster = \"prod\"\n").unwrap();
+        let mut cfg = ComputenodeConfig::load(Some(&file)).unwrap();
+        assert_eq!((cfg.etcd_endpoints.len(), cfg.cluster.as_str()), (1, "prod"));
+        let built = cfg!(feature = "etcd");
+        match cfg.validate() {
+            Ok(()) => assert!(built, "validated without the etcd client"),
+            Err(e) => assert!(!built && e.to_string().contains("--features etcd"), "{e}"),
+        }
+        cfg.cluster = "Not A Name".into();
+        assert!(cfg.validate().unwrap_err().to_string().contains("cluster name"));
+        cfg.cluster = "prod".into();
+        cfg.etcd_map_wait_ms = 4_000_000;
+        assert!(cfg.validate().unwrap_err().to_string().contains("etcd_map_wait_ms"));
     }
 }

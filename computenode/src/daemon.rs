@@ -24,6 +24,8 @@ use racekv_transport::ServerTls;
 pub struct Status {
     /// Each memnode, in configured order.
     pub memnodes: Vec<MemnodeStatus>,
+    /// The epoch of the cluster map keys are routed by (None: a fixed ring, no etcd).
+    pub map_epoch: Option<u64>,
     /// Worker threads running now.
     pub workers: usize,
     /// Requests waiting in the work queue.
@@ -103,6 +105,7 @@ impl Parts {
                     maxmemory_bytes: self.eviction.limit_bytes(i),
                 })
                 .collect(),
+            map_epoch: self.cluster.map_epoch(),
             workers: self.workers.lock().live(),
             queue_depth: self.queue.depth(),
             ready_sessions: self.cluster.ready_sessions(),
@@ -155,19 +158,30 @@ impl Parts {
 pub struct Computenode {
     parts: Arc<Parts>,
     metrics: Option<MetricsServer>,
+    map_follower: Option<crate::map_follower::MapFollower>,
 }
 
 impl Computenode {
     /// Connects to the memnodes, starts the workers and the configured front ends, and
     /// serves /metrics if asked.
-    pub fn start(config: ComputenodeConfig) -> anyhow::Result<Self> {
+    pub fn start(mut config: ComputenodeConfig) -> anyhow::Result<Self> {
+        // With etcd the cluster map names the memnodes (and how keys route to them).
+        let map = crate::map_follower::fetch(&config)?;
+        if let Some(map) = &map {
+            config.memnodes = map.endpoints()?;
+        }
         config.validate()?;
         let acl = Arc::new(config.acl().context("loading the users (requirepass, aclfile)")?);
         let tls = match config.tls_files() {
             Some(files) => Some(ServerTls::load(files).context("loading the front ends' TLS files")?),
             None => None,
         };
-        let cluster = Cluster::connect(config.cluster_options()?).context("connecting to the memnodes")?;
+        let mut cluster_options = config.cluster_options()?;
+        if let Some(map) = &map {
+            cluster_options.routing = map.routing();
+        }
+        let cluster = Cluster::connect(cluster_options).context("connecting to the memnodes")?;
+        let map_follower = map.map(|m| m.follow(&cluster)).transpose()?;
         let maxmemory = Arc::new(config.maxmemory());
         let grace = Duration::from_millis(config.grace_period_ms);
         let eviction =
@@ -250,7 +264,7 @@ impl Computenode {
             }
             None => None,
         };
-        Ok(Self { parts, metrics })
+        Ok(Self { parts, metrics, map_follower })
     }
 
     /// A session over pre-initialized virtual connections, for a worker thread of this
@@ -336,6 +350,7 @@ impl Submit for Computenode {
 
 impl Drop for Computenode {
     fn drop(&mut self) {
+        self.map_follower.take();
         if let Some(mut redis) = self.parts.redis.lock().take() {
             redis.shutdown();
         }

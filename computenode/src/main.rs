@@ -24,6 +24,13 @@ struct Args {
     /// Memnode endpoints, comma-separated (shm:/path, tcp:host:port, verbs:host:port).
     #[arg(long, value_delimiter = ',')]
     memnodes: Option<Vec<String>>,
+    /// etcd endpoints, comma-separated (`http://host:port`): take the memnodes and the
+    /// routing of keys from the cluster map (builds with the `etcd` feature).
+    #[arg(long, value_delimiter = ',')]
+    etcd: Option<Vec<String>>,
+    /// The cluster's name in etcd.
+    #[arg(long)]
+    cluster: Option<String>,
     /// The memnodes' shared secret (prefer `token_file` in the config, or
     /// RACEKV_COMPUTENODE_TOKEN_FILE: flags show in `ps`).
     #[arg(long)]
@@ -70,6 +77,12 @@ fn main() -> anyhow::Result<()> {
     let mut cfg = ComputenodeConfig::load(args.config.as_deref())?;
     if let Some(v) = args.memnodes {
         cfg.memnodes = v;
+    }
+    if let Some(v) = args.etcd {
+        cfg.etcd_endpoints = v;
+    }
+    if let Some(v) = args.cluster {
+        cfg.cluster = v;
     }
     if let Some(v) = args.token {
         cfg.token = v;

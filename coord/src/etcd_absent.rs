@@ -16,6 +16,16 @@ pub struct Etcd(Infallible);
 /// A registration, which this build cannot hold.
 pub struct Registration(Infallible);
 
+/// A watch of the map, which this build cannot hold.
+pub struct MapWatch(Infallible);
+
+impl MapWatch {
+    /// Unreachable (no watch exists).
+    pub fn next(&self, _timeout: Duration) -> Option<Result<(ClusterMap, i64), CoordError>> {
+        match self.0 {}
+    }
+}
+
 impl Etcd {
     /// Refuses: this build has no etcd client.
     pub fn connect(_endpoints: &[String], _cluster: &str, _timeout: Duration) -> Result<Self, CoordError> {
@@ -39,6 +49,11 @@ impl Etcd {
 
     /// Unreachable (no connection exists).
     pub fn put_map(&self, _map: &ClusterMap, _expected: Option<i64>) -> Result<Option<i64>, CoordError> {
+        match self.0 {}
+    }
+
+    /// Unreachable (no connection exists).
+    pub fn watch_map(&self, _after: i64) -> MapWatch {
         match self.0 {}
     }
 }

@@ -24,6 +24,17 @@ pub use map::{ClusterMap, MemnodeInfo};
 /// How long a daemon's or the CLI's etcd calls wait: a start fails rather than hang.
 pub const DEFAULT_ETCD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// Checks a daemon's etcd settings before it starts: the cluster's name is a valid one, and
+/// this build has the etcd client.
+pub fn check_settings(cluster: &str) -> Result<(), CoordError> {
+    KeySpace::new(cluster)?;
+    if cfg!(feature = "etcd") {
+        Ok(())
+    } else {
+        Err(CoordError::NotBuilt)
+    }
+}
+
 /// What went wrong talking to the coordinator or reading what it holds.
 #[derive(Debug, thiserror::Error)]
 pub enum CoordError {

@@ -172,12 +172,11 @@ impl MemnodeConfig {
         anyhow::ensure!(self.rpc_max_active_lanes > 0, "rpc_max_active_lanes must be at least 1");
         anyhow::ensure!(self.rpc_max_outstanding > 0, "rpc_max_outstanding must be at least 1");
         if !self.etcd_endpoints.is_empty() {
-            racekv_coord::KeySpace::new(&self.cluster)?;
             anyhow::ensure!(
                 (1_000..=600_000).contains(&self.etcd_lease_ms),
                 "etcd_lease_ms must be within 1000..=600000"
             );
-            anyhow::ensure!(cfg!(feature = "etcd"), racekv_coord::CoordError::NotBuilt);
+            racekv_coord::check_settings(&self.cluster)?;
         }
         anyhow::ensure!(
             !(self.huge_pages && self.data_file.is_some()),

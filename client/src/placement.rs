@@ -1,0 +1,181 @@
+//! Where a key lives: on a fixed consistent-hashing ring of memnodes (no coordinator), or in
+//! a partition of the cluster map (issue 17), whose primary memnode serves it. A map's
+//! routing is replaced whole when a newer map arrives, while sessions keep routing: readers
+//! never wait (arc-swap).
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::ring::{key_hash, Ring};
+
+/// Most partitions a routing table holds (the cluster map's own limit).
+pub const MAX_PARTITIONS: usize = 16_384;
+
+/// One cluster map's routing: per partition, the shard (a session's memnode index) of its
+/// primary. A key's partition is its [`key_hash`] modulo the partition count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionTable {
+    epoch: u64,
+    primary_shards: Vec<u16>,
+}
+
+impl PartitionTable {
+    /// The routing of map `epoch` whose partition `p` has its primary on shard
+    /// `primary_shards[p]`, over `shard_count` shards. Refuses an empty table, more than
+    /// [`MAX_PARTITIONS`], and a shard out of range.
+    pub fn new(epoch: u64, primary_shards: &[usize], shard_count: usize) -> Result<Self, String> {
+        if primary_shards.is_empty() || primary_shards.len() > MAX_PARTITIONS {
+            return Err(format!("{} partitions (1 to {MAX_PARTITIONS})", primary_shards.len()));
+        }
+        if shard_count > usize::from(u16::MAX) {
+            return Err(format!("{shard_count} memnodes (at most {})", u16::MAX));
+        }
+        if let Some((p, s)) = primary_shards.iter().enumerate().find(|&(_, &s)| s >= shard_count) {
+            return Err(format!("partition {p} routes to memnode #{s} of {shard_count}"));
+        }
+        let primary_shards = primary_shards.iter().map(|&s| s as u16).collect();
+        Ok(Self { epoch, primary_shards })
+    }
+
+    /// The map epoch this routing came from.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// How many partitions.
+    pub fn partitions(&self) -> usize {
+        self.primary_shards.len()
+    }
+
+    /// The partition of `key`.
+    pub fn partition(&self, key: &[u8]) -> usize {
+        (key_hash(key) % self.primary_shards.len() as u64) as usize
+    }
+
+    /// The shard that serves `key`.
+    pub fn shard(&self, key: &[u8]) -> usize {
+        usize::from(self.primary_shards[self.partition(key)])
+    }
+}
+
+/// How a set of sessions routes keys (see the module's comment).
+#[derive(Debug)]
+pub enum Placement {
+    /// A fixed ring over the memnodes' node ids.
+    Ring(Ring),
+    /// The cluster map's partitions; [`Placement::install`] replaces them.
+    Partitions(ArcSwap<PartitionTable>),
+}
+
+impl Placement {
+    /// Routing by the partitions of one map.
+    pub fn partitions(table: PartitionTable) -> Self {
+        Self::Partitions(ArcSwap::from_pointee(table))
+    }
+
+    /// The shard that serves `key`.
+    pub fn shard(&self, key: &[u8]) -> usize {
+        match self {
+            Self::Ring(ring) => ring.shard(key),
+            Self::Partitions(table) => table.load().shard(key),
+        }
+    }
+
+    /// The epoch of the map routed by (None: a fixed ring).
+    pub fn epoch(&self) -> Option<u64> {
+        match self {
+            Self::Ring(_) => None,
+            Self::Partitions(table) => Some(table.load().epoch),
+        }
+    }
+
+    /// Routes by `table` from now on. Refused on a fixed ring, and for a table not newer
+    /// than the current one (maps only move forward; a watch may deliver one twice).
+    pub fn install(&self, table: PartitionTable) -> Result<(), String> {
+        let Self::Partitions(current) = self else {
+            return Err("this placement is a fixed ring, not a cluster map".into());
+        };
+        let mut refused = None;
+        let table = Arc::new(table);
+        current.rcu(|old| {
+            if old.epoch >= table.epoch {
+                refused = Some(old.epoch);
+                Arc::clone(old)
+            } else {
+                refused = None;
+                Arc::clone(&table)
+            }
+        });
+        match refused {
+            Some(epoch) => Err(format!("map epoch {} is not newer than epoch {epoch}", table.epoch)),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// A key routes to the primary of its partition, which is its hash modulo the
+        /// partition count (the rule the cluster map states).
+        #[test]
+        fn keys_route_to_their_partitions_primary(shards in proptest::collection::vec(0usize..5, 1..64), key in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let table = PartitionTable::new(3, &shards, 5).unwrap();
+            let p = (key_hash(&key) % shards.len() as u64) as usize;
+            prop_assert_eq!(table.partition(&key), p);
+            prop_assert_eq!(Placement::partitions(table).shard(&key), shards[p]);
+        }
+    }
+
+    #[test]
+    fn bad_tables_are_refused() {
+        assert!(PartitionTable::new(1, &[], 1).unwrap_err().contains("0 partitions"));
+        assert!(PartitionTable::new(1, &[0, 2], 2).unwrap_err().contains("partition 1 routes to memnode #2 of 2"));
+        assert!(PartitionTable::new(1, &vec![0; MAX_PARTITIONS + 1], 1).is_err());
+    }
+
+    #[test]
+    fn only_newer_maps_are_installed() {
+        let placement = Placement::partitions(PartitionTable::new(5, &[0, 1], 2).unwrap());
+        assert_eq!(placement.epoch(), Some(5));
+        assert!(placement.install(PartitionTable::new(5, &[1, 1], 2).unwrap()).unwrap_err().contains("not newer"));
+        assert!(placement.install(PartitionTable::new(4, &[1, 1], 2).unwrap()).is_err());
+        let key = b"some key";
+        let before = placement.shard(key);
+        placement.install(PartitionTable::new(6, &[1 - before, 1 - before], 2).unwrap()).unwrap();
+        assert_eq!((placement.epoch(), placement.shard(key)), (Some(6), 1 - before));
+        let ring = Placement::Ring(Ring::new(&[1, 2]));
+        assert_eq!(ring.epoch(), None);
+        assert!(ring.install(PartitionTable::new(1, &[0], 2).unwrap()).is_err());
+    }
+
+    #[test]
+    fn readers_route_while_maps_are_installed() {
+        let placement = Arc::new(Placement::partitions(PartitionTable::new(1, &[1; 8], 4).unwrap()));
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                let placement = Arc::clone(&placement);
+                s.spawn(move || {
+                    let mut last_epoch = 0;
+                    for i in 0..20_000u32 {
+                        // Epochs only grow, and every table sends all keys to shard epoch % 4.
+                        let epoch = placement.epoch().unwrap();
+                        assert!(epoch >= last_epoch, "epoch {epoch} after {last_epoch}");
+                        last_epoch = epoch;
+                        assert!(placement.shard(&i.to_le_bytes()) < 4);
+                    }
+                });
+            }
+            for epoch in 2..200u64 {
+                let shard = (epoch % 4) as usize;
+                placement.install(PartitionTable::new(epoch, &[shard; 8], 4).unwrap()).unwrap();
+            }
+        });
+        assert_eq!(placement.epoch(), Some(199));
+        assert_eq!(placement.shard(b"x"), 3);
+    }
+}
