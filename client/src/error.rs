@@ -61,6 +61,18 @@ pub enum ClientError {
     /// up; nothing of it was applied. Worth a retry.
     #[error("transaction conflict: {0}")]
     Conflict(String),
+    /// A memnode serves a newer cluster map than the operation was routed by (issue 17), and
+    /// no map that new reached this side in time; the operation may or may not have been
+    /// applied there. Worth a retry.
+    #[error("memnode {endpoint} serves cluster map epoch {current}, newer than epoch {routed} this was routed by")]
+    MapChanged {
+        /// The memnode that refused.
+        endpoint: String,
+        /// The epoch the operation was routed by.
+        routed: u64,
+        /// The epoch the memnode serves.
+        current: u64,
+    },
     /// Any other failure of the table on a memnode (a corrupt region, a bug).
     #[error("memnode {endpoint}: {reason}")]
     Internal {
@@ -109,6 +121,7 @@ impl ClientError {
                 | ClientError::Timeout { .. }
                 | ClientError::Overloaded(_)
                 | ClientError::Conflict(_)
+                | ClientError::MapChanged { .. }
         )
     }
 }

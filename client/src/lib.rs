@@ -67,6 +67,7 @@ mod channel;
 mod embedded;
 mod error;
 pub mod expiry;
+pub mod map_fence;
 pub mod op;
 mod optimistic;
 mod parts;

@@ -334,7 +334,8 @@ impl Reply {
         let kind = match e {
             ClientError::EmptyKey => ErrorKind::EmptyKey,
             ClientError::TooLarge { .. } => ErrorKind::TooLarge,
-            ClientError::Unavailable { .. } => ErrorKind::Unavailable,
+            // Remote clients see a map change like any memnode they may retry.
+            ClientError::Unavailable { .. } | ClientError::MapChanged { .. } => ErrorKind::Unavailable,
             ClientError::Timeout { .. } => ErrorKind::Timeout,
             ClientError::OutOfSpace { .. } => ErrorKind::OutOfSpace,
             ClientError::Overloaded(_) => ErrorKind::Overloaded,

@@ -90,6 +90,14 @@ impl Placement {
         }
     }
 
+    /// The partitions routed by now (None: a fixed ring).
+    pub fn table(&self) -> Option<Arc<PartitionTable>> {
+        match self {
+            Self::Ring(_) => None,
+            Self::Partitions(table) => Some(table.load_full()),
+        }
+    }
+
     /// Routes by `table` from now on. Refused on a fixed ring, and for a table not newer
     /// than the current one (maps only move forward; a watch may deliver one twice).
     pub fn install(&self, table: PartitionTable) -> Result<(), String> {

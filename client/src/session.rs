@@ -51,6 +51,32 @@ pub trait Shards: Send {
     fn on_transient_failure(&mut self, shard: usize) {
         let _ = shard;
     }
+    /// Routes by the newest cluster map this side has from now on (called before an
+    /// operation routes its keys; no-op on a fixed ring).
+    fn refresh_routing(&mut self) {}
+    /// When a memnode reported serving a newer map than the one routed by
+    /// (`map_fence`): (routed epoch, reported epoch). None on a fixed ring.
+    fn map_changed(&self) -> Option<(u64, u64)> {
+        None
+    }
+    /// Waits (bounded by the timeout) for a map at least as new as `epoch` and routes by
+    /// it. False when none came.
+    fn await_map(&mut self, epoch: u64) -> bool {
+        let _ = epoch;
+        false
+    }
+}
+
+/// Most times one operation routes again after memnodes reported newer maps.
+const MAX_MAP_REFRESHES: u32 = 8;
+
+/// Whether an operation may run again when the keys it reached moved ([`Session::under_map`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Redo {
+    /// It may: reads, and writes whose second run gives the same result.
+    Yes,
+    /// It may not (a transaction's commit): the caller hears of the move.
+    No,
 }
 
 /// Runs operations over some [`Shards`].
@@ -221,10 +247,45 @@ impl<S: Shards> Session<S> {
     pub(crate) fn on_key<R>(
         &mut self,
         key: &[u8],
-        op: impl FnMut(&mut TableClient) -> Result<R, racekv_hashing::Error>,
+        mut op: impl FnMut(&mut TableClient) -> Result<R, racekv_hashing::Error>,
     ) -> Result<R, ClientError> {
-        let shard = self.shards.route(key);
-        self.on(shard, op)
+        self.under_map(&[key], Redo::Yes, |s| {
+            let shard = s.shards.route(key);
+            s.on(shard, &mut op)
+        })
+    }
+
+    /// Runs `op`, which routes `keys`, by one cluster map (the newest this side has). When
+    /// a memnode it reached served a newer map (`map_fence`), waits for that map: the result
+    /// stands if the map still routes every key where `op` found it; otherwise `op` runs
+    /// again by the new map (`Redo::Yes`, for operations that may run twice) or the caller
+    /// learns it may have been applied where the keys no longer live (`ClientError::MapChanged`).
+    pub(crate) fn under_map<R>(
+        &mut self,
+        keys: &[&[u8]],
+        redo: Redo,
+        mut op: impl FnMut(&mut Self) -> Result<R, ClientError>,
+    ) -> Result<R, ClientError> {
+        self.shards.refresh_routing();
+        let mut refreshes = 0;
+        loop {
+            let result = op(self);
+            let Some((routed, current)) = self.shards.map_changed() else { return result };
+            // Where `op` went (routing changes only in refresh_routing and await_map).
+            let went: Vec<usize> = keys.iter().map(|k| self.shards.route(k)).collect();
+            let endpoint = went.first().map_or(String::new(), |&s| self.shards.label(s).to_string());
+            let moved = ClientError::MapChanged { endpoint, routed, current };
+            if refreshes == MAX_MAP_REFRESHES || !self.shards.await_map(current) {
+                return Err(moved);
+            }
+            if keys.iter().zip(&went).all(|(k, &shard)| self.shards.route(k) == shard) {
+                return result;
+            }
+            if redo == Redo::No {
+                return Err(moved);
+            }
+            refreshes += 1;
+        }
     }
 
     /// The value of `key`, if any.
@@ -308,43 +369,50 @@ impl<S: Shards> Session<S> {
 
     /// Values of many keys; each memnode's share goes out in batches.
     pub fn multi_get(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, ClientError> {
-        let mut out = vec![None; keys.len()];
-        for (shard, indices) in self.group(keys.iter().copied()) {
-            let subset: Vec<&[u8]> = indices.iter().map(|&i| keys[i]).collect();
-            let values = self.on(shard, |c| c.get_many(&subset))?;
-            for (i, v) in indices.into_iter().zip(values) {
-                out[i] = v;
+        self.under_map(keys, Redo::Yes, |s| {
+            let mut out = vec![None; keys.len()];
+            for (shard, indices) in s.group(keys.iter().copied()) {
+                let subset: Vec<&[u8]> = indices.iter().map(|&i| keys[i]).collect();
+                let values = s.on(shard, |c| c.get_many(&subset))?;
+                for (i, v) in indices.into_iter().zip(values) {
+                    out[i] = v;
+                }
             }
-        }
-        Ok(out)
+            Ok(out)
+        })
     }
 
     /// Values of `keys` as consecutive [`Session::get`]s would return them: each key is read
     /// after every key before it (see `TableClient::get_many_in_order`); consecutive keys of
     /// one memnode travel together.
     pub fn get_in_order(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, ClientError> {
-        let mut out = Vec::with_capacity(keys.len());
-        let mut start = 0;
-        while start < keys.len() {
-            let shard = self.shards.route(keys[start]);
-            let end = (start + 1..keys.len()).find(|&i| self.shards.route(keys[i]) != shard).unwrap_or(keys.len());
-            out.extend(self.on(shard, |c| c.get_many_in_order(&keys[start..end]))?);
-            start = end;
-        }
-        Ok(out)
+        self.under_map(keys, Redo::Yes, |s| {
+            let mut out = Vec::with_capacity(keys.len());
+            let mut start = 0;
+            while start < keys.len() {
+                let shard = s.shards.route(keys[start]);
+                let end = (start + 1..keys.len()).find(|&i| s.shards.route(keys[i]) != shard).unwrap_or(keys.len());
+                out.extend(s.on(shard, |c| c.get_many_in_order(&keys[start..end]))?);
+                start = end;
+            }
+            Ok(out)
+        })
     }
 
     /// Sets many keys (not atomic across keys: a failure leaves the earlier ones set).
     pub fn multi_put(&mut self, pairs: &[(&[u8], &[u8])]) -> Result<(), ClientError> {
-        for (shard, indices) in self.group(pairs.iter().map(|(k, _)| *k)) {
-            self.on(shard, |c| {
-                for &i in &indices {
-                    c.put(pairs[i].0, pairs[i].1)?;
-                }
-                Ok(())
-            })?;
-        }
-        Ok(())
+        let keys: Vec<&[u8]> = pairs.iter().map(|(k, _)| *k).collect();
+        self.under_map(&keys, Redo::Yes, |s| {
+            for (shard, indices) in s.group(keys.iter().copied()) {
+                s.on(shard, |c| {
+                    for &i in &indices {
+                        c.put(pairs[i].0, pairs[i].1)?;
+                    }
+                    Ok(())
+                })?;
+            }
+            Ok(())
+        })
     }
 
     /// Each memnode's statistics (this session's pending item counts sent first).

@@ -61,7 +61,7 @@ use crate::optimistic::{last_write_per_key, run, Coordinator};
 pub use crate::optimistic::{
     Transaction, Version, Write, LOCK_READS_AFTER_ATTEMPTS, MAX_TXN_ATTEMPTS, MAX_TXN_WRITES, TXN_CONFLICT_BUDGET,
 };
-use crate::session::{Session, Shards};
+use crate::session::{Redo, Session, Shards};
 
 /// Times a key written without being read has its version read again when its lock loses
 /// a race, before the attempt counts as a conflict.
@@ -89,6 +89,13 @@ impl<S: Shards> Session<S> {
     /// another transaction held a key. Writes of one key: the last wins. A key both read and
     /// written is checked by its lock.
     pub fn commit(&mut self, reads: &[(&[u8], Version)], writes: &[Write<'_>]) -> Result<bool, ClientError> {
+        // By one map; a commit that met a move is reported, not run again (it may have
+        // applied where its keys no longer live).
+        let keys: Vec<&[u8]> = reads.iter().map(|(k, _)| *k).chain(writes.iter().map(|w| w.key)).collect();
+        self.under_map(&keys, Redo::No, |s| s.commit_routed(reads, writes))
+    }
+
+    fn commit_routed(&mut self, reads: &[(&[u8], Version)], writes: &[Write<'_>]) -> Result<bool, ClientError> {
         let writes = last_write_per_key(writes);
         if writes.len() > MAX_TXN_WRITES {
             return Err(ClientError::TooLarge { key: 0, value: writes.len(), max: MAX_TXN_WRITES });

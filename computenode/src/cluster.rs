@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use crossbeam_queue::ArrayQueue;
 use parking_lot::{Condvar, Mutex};
 use prometheus::{Histogram, IntCounter, IntGauge};
+use racekv_client::map_fence::{MapEpochs, MapFence};
 use racekv_client::placement::{PartitionTable, Placement};
 use racekv_client::ring::Ring;
 use racekv_client::{ClientError, Session, Shards};
@@ -104,6 +105,11 @@ pub struct Memnode {
 pub struct Cluster {
     memnodes: Vec<Memnode>,
     placement: Placement,
+    /// Notified when a map is installed; sessions waiting for one sleep on it.
+    map_installed: (Mutex<()>, Condvar),
+    /// A session saw a memnode serve a newer map than installed: the map follower reads
+    /// etcd now rather than wait for its watch.
+    map_wanted: AtomicBool,
     options: ClusterOptions,
     upgrader: Upgrader,
     ready: ArrayQueue<Session<WorkerShards>>,
@@ -164,6 +170,8 @@ impl Cluster {
         METRICS.map_epoch.set(placement.epoch().unwrap_or(0) as i64);
         let cluster = Arc::new(Self {
             placement,
+            map_installed: (Mutex::new(()), Condvar::new()),
+            map_wanted: AtomicBool::new(false),
             memnodes,
             ready: ArrayQueue::new(options.ready_sessions.max(1)),
             options,
@@ -200,7 +208,30 @@ impl Cluster {
         let ids: Vec<u64> = self.memnodes.iter().map(|m| m.node_id).collect();
         self.placement.install(partition_table(epoch, primaries, &ids)?)?;
         METRICS.map_epoch.set(epoch as i64);
+        drop(self.map_installed.0.lock());
+        self.map_installed.1.notify_all();
         Ok(())
+    }
+
+    /// Whether a session asked for the map to be read again (and clears the request).
+    pub fn map_wanted(&self) -> bool {
+        self.map_wanted.swap(false, Ordering::AcqRel)
+    }
+
+    /// Waits up to the operation timeout for a map of at least `epoch` (asking the map
+    /// follower to read etcd); whether one is installed.
+    fn await_map(&self, epoch: u64) -> bool {
+        let deadline = Instant::now() + self.options.connect.timeout;
+        let mut guard = self.map_installed.0.lock();
+        loop {
+            if self.placement.epoch().is_some_and(|e| e >= epoch) {
+                return true;
+            }
+            self.map_wanted.store(true, Ordering::Release);
+            if self.map_installed.1.wait_until(&mut guard, deadline).timed_out() {
+                return self.placement.epoch().is_some_and(|e| e >= epoch);
+            }
+        }
     }
 
     /// A new session over new virtual connections (allocates; the refiller calls it).
@@ -210,19 +241,24 @@ impl Cluster {
             .iter()
             .map(|m| VirtualConnection::new(&m.pool, self.options.upgrade, &self.upgrader))
             .collect();
-        let mut clients: Vec<TableClient> = self
-            .memnodes
-            .iter()
-            .zip(&vconns)
-            .map(|(m, vc)| m.table.client(Arc::clone(vc) as Arc<dyn Connection>))
-            .collect();
+        let table = self.placement.table();
+        // Routing by a map: every batch also reads the memnode's map epoch (`map_fence`).
+        let epochs = table.as_ref().map(|t| Arc::new(MapEpochs::new(t.epoch())));
+        let connection = |vc: &Arc<VirtualConnection>| -> Arc<dyn Connection> {
+            match &epochs {
+                Some(epochs) => Arc::new(MapFence::new(Arc::clone(vc) as Arc<dyn Connection>, Arc::clone(epochs))),
+                None => Arc::clone(vc) as Arc<dyn Connection>,
+            }
+        };
+        let mut clients: Vec<TableClient> =
+            self.memnodes.iter().zip(&vconns).map(|(m, vc)| m.table.client(connection(vc))).collect();
         for (c, m) in clients.iter_mut().zip(&self.memnodes) {
             // Everything pre-initialized, down to the first heap chunk.
             if let Err(e) = c.prepare() {
                 tracing::warn!(memnode = %m.label, "could not fetch a chunk for a ready session: {e}");
             }
         }
-        Session::new(WorkerShards { cluster: Arc::clone(self), clients, vconns })
+        Session::new(WorkerShards { cluster: Arc::clone(self), clients, vconns, table, epochs })
     }
 
     /// A session for a worker: a pre-initialized one when available (no system call, no
@@ -356,6 +392,11 @@ pub struct WorkerShards {
     cluster: Arc<Cluster>,
     clients: Vec<TableClient>,
     vconns: Vec<Arc<VirtualConnection>>,
+    /// The map's partitions this session routes by (None: the cluster's fixed ring); taken
+    /// anew only when an operation starts, so an operation routes all its keys by one map.
+    table: Option<Arc<PartitionTable>>,
+    /// That map's epoch and the newest one its memnodes reported (with `table`).
+    epochs: Option<Arc<MapEpochs>>,
 }
 
 impl WorkerShards {
@@ -371,7 +412,31 @@ impl WorkerShards {
 
 impl Shards for WorkerShards {
     fn route(&self, key: &[u8]) -> usize {
-        self.cluster.placement.shard(key)
+        match &self.table {
+            Some(table) => table.shard(key),
+            None => self.cluster.placement.shard(key),
+        }
+    }
+
+    fn refresh_routing(&mut self) {
+        let (Some(table), Some(epochs)) = (&mut self.table, &self.epochs) else { return };
+        if self.cluster.placement.epoch() != Some(table.epoch()) {
+            *table = self.cluster.placement.table().expect("a cluster routing by a map keeps one");
+            epochs.route_by(table.epoch());
+        }
+    }
+
+    fn map_changed(&self) -> Option<(u64, u64)> {
+        let epochs = self.epochs.as_ref()?;
+        epochs.changed().map(|current| (epochs.routed(), current))
+    }
+
+    fn await_map(&mut self, epoch: u64) -> bool {
+        if self.epochs.is_none() || !self.cluster.await_map(epoch) {
+            return false;
+        }
+        self.refresh_routing();
+        true
     }
 
     fn count(&self) -> usize {

@@ -20,7 +20,8 @@ use racekv_transport::Endpoint;
 use crate::cluster::{Cluster, Routing};
 use crate::config::ComputenodeConfig;
 
-/// How often a start looks for the first map, and a watcher for a stop request.
+/// How often a start looks for the first map, and the watcher for a stop request and for
+/// sessions wanting the map read (the watch itself delivers maps at once).
 const POLL: Duration = Duration::from_millis(200);
 
 static MAPS: LazyLock<IntCounterVec> = LazyLock::new(|| {
@@ -114,8 +115,19 @@ impl Drop for MapFollower {
 fn watch(source: MapSource, cluster: Weak<Cluster>, stop: Arc<AtomicBool>) {
     let watch = source.etcd.watch_map(source.revision);
     while !stop.load(Ordering::Relaxed) {
-        let Some(next) = watch.next(POLL) else { continue };
+        let next = watch.next(POLL);
         let Some(cluster) = cluster.upgrade() else { return };
+        let next = match next {
+            Some(next) => next,
+            // A memnode serves a newer map than installed: read it rather than wait for
+            // the watch (which may be broken or behind).
+            None if cluster.map_wanted() => match source.etcd.map() {
+                Ok(Some((map, revision))) if Some(map.epoch) > cluster.map_epoch() => Ok((map, revision)),
+                Ok(_) => continue,
+                Err(e) => Err(e),
+            },
+            None => continue,
+        };
         let outcome = match next {
             Ok((map, _revision)) => match cluster.install_map(map.epoch, &primaries(&map)) {
                 Ok(()) => {

@@ -20,9 +20,10 @@ pub fn store_error(e: ClientError) -> StoreError {
     let kind = match &e {
         ClientError::TooLarge { .. } => StoreErrorKind::ValueTooLarge,
         ClientError::OutOfSpace { .. } => StoreErrorKind::Full,
-        ClientError::Unavailable { .. } | ClientError::Overloaded(_) | ClientError::Conflict(_) => {
-            StoreErrorKind::Unavailable
-        }
+        ClientError::Unavailable { .. }
+        | ClientError::Overloaded(_)
+        | ClientError::Conflict(_)
+        | ClientError::MapChanged { .. } => StoreErrorKind::Unavailable,
         ClientError::Timeout { .. } => StoreErrorKind::Timeout,
         ClientError::EmptyKey => {
             return StoreError::new(StoreErrorKind::Other, "racekv keys cannot be empty");

@@ -2,7 +2,9 @@
 //! the memnodes the map lists, puts each key on its partition's primary (checked key by key
 //! on each memnode directly), installs a newer map while serving, refuses one naming a memnode
 //! it is not connected to (and installs the next good one), and refuses to start on a map
-//! whose memnode answers with another node id, or with no map at all.
+//! whose memnode answers with another node id, or with no map at all. A memnode serving a
+//! newer map than the computenode routes by (its map epoch word) makes it wait for that map
+//! and route again; when none comes, the command fails with the reason.
 #![cfg(feature = "etcd")]
 
 mod common;
@@ -16,6 +18,7 @@ use racekv_computenode::Computenode;
 use racekv_coord::etcd::Etcd;
 use racekv_coord::testing::EtcdServer;
 use racekv_coord::{ClusterMap, MemnodeInfo};
+use racekv_hashing::format::raise_map_epoch;
 use racekv_hashing::testing::{TestMemnode, Via};
 use racekv_transport::TransportKind;
 use redis::Commands;
@@ -156,4 +159,57 @@ fn a_start_refuses_a_memnode_with_another_node_id_and_a_missing_map() {
         Computenode::start(common::redis_only_config(&[], by_map(&server))).err().expect("wrong node id: no start")
     );
     assert!(e.contains("not the one the cluster map gives it"), "{e}");
+}
+
+#[test]
+fn a_memnode_serving_a_newer_map_makes_the_computenode_route_again() {
+    let server = EtcdServer::start();
+    let memnodes: Vec<TestMemnode> =
+        (0..2).map(|_| TestMemnode::start(Via::Transport(TransportKind::Tcp), 16 << 20, 16)).collect();
+    let (a, b) = (info(&memnodes[0]).node_id, info(&memnodes[1]).node_id);
+    let etcd = Etcd::connect(&server.endpoint(), CLUSTER, Duration::from_secs(5)).unwrap();
+    let mut map = ClusterMap::initial(memnodes.iter().map(info).collect(), 1, 4).unwrap();
+    let revision = etcd.put_map(&map, None).unwrap().unwrap();
+    let tweak = by_map(&server);
+    let node = common::redis_only(&[], |c| {
+        tweak(c);
+        c.op_timeout_ms = 1_000;
+    });
+    let mut redis =
+        redis::Client::open(format!("redis://{}", node.redis_addr().unwrap())).unwrap().get_connection().unwrap();
+    let on = |map: &ClusterMap, id: u64| (0..).map(|i| format!("k{i}")).find(|k| primary_of(map, k) == id).unwrap();
+
+    // What a mover does before it moves a's partitions to b: a serves map 2 from now on.
+    // The computenode routes by map 1 until the map is written 300 ms later; the SET that
+    // meets a's newer epoch waits for it and is done again on b, where map 2 puts the key.
+    let key = on(&map, a);
+    raise_map_epoch(&*memnodes[0].connect(), 2).unwrap();
+    map.epoch = 2;
+    map.partitions.iter_mut().for_each(|set| set[0] = b);
+    let publish = {
+        let (etcd, map) = (Etcd::connect(&server.endpoint(), CLUSTER, Duration::from_secs(5)).unwrap(), map.clone());
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            etcd.put_map(&map, Some(revision)).unwrap().unwrap()
+        })
+    };
+    let () = redis.set(&key, "moved").unwrap();
+    let revision = publish.join().unwrap();
+    assert_eq!(node.status().map_epoch, Some(2));
+    let here = std::slice::from_ref(&key);
+    assert_eq!(held_by(&memnodes[1], here), here, "done again where map 2 puts it");
+    let got: String = redis.get(&key).unwrap();
+    assert_eq!(got, "moved");
+
+    // b serves map 3, which never comes: commands on b fail, saying why, within the timeout.
+    raise_map_epoch(&*memnodes[1].connect(), 3).unwrap();
+    let e = redis.get::<_, Option<String>>(&key).unwrap_err().to_string();
+    assert!(e.contains("serves cluster map epoch 3, newer than epoch 2"), "{e}");
+    // Once map 3 is written (b keeps its keys), they work again.
+    map.epoch = 3;
+    etcd.put_map(&map, Some(revision)).unwrap().unwrap();
+    wait_until("epoch 3 is installed", || node.status().map_epoch == Some(3));
+    let got: String = redis.get(&key).unwrap();
+    assert_eq!(got, "moved");
+    node.shutdown();
 }

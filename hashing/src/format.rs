@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use racekv_transport::{Batch, Connection};
+use racekv_transport::{Batch, Connection, TransportError};
 
 use crate::error::Error;
 use crate::layout::{sb, BucketHeader, DirEntry, Layout, SUPERBLOCK_BYTES};
@@ -70,6 +70,32 @@ pub fn read_grace_period(conn: &dyn Connection) -> Result<Option<Duration>, Erro
 pub fn publish_grace_period(conn: &dyn Connection, grace: Duration) -> Result<(), Error> {
     let us = u64::try_from(grace.as_micros()).unwrap_or(u64::MAX).max(1);
     crate::words::write_words(conn, &mut Batch::new(), &[(sb::GRACE_PERIOD_US, us)])
+}
+
+/// The cluster map epoch the region's memnode serves by (`sb::MAP_EPOCH`; 0: none).
+pub fn read_map_epoch(conn: &dyn Connection) -> Result<u64, Error> {
+    Ok(crate::words::read_words(conn, &mut Batch::new(), &[sb::MAP_EPOCH])?[0])
+}
+
+/// Sets the map epoch outright: a memnode at start, before it serves, to the epoch of the
+/// cluster's map in etcd (lower than the word's when the cluster was made anew).
+pub fn set_map_epoch(conn: &dyn Connection, epoch: u64) -> Result<(), Error> {
+    crate::words::write_words(conn, &mut Batch::new(), &[(sb::MAP_EPOCH, epoch)])
+}
+
+/// Raises the map epoch to `epoch` unless it is already there or higher (by CAS, so
+/// concurrent raisers never lower it); returns the word's value after.
+pub fn raise_map_epoch(conn: &dyn Connection, epoch: u64) -> Result<u64, Error> {
+    let mut b = Batch::new();
+    let mut current = read_map_epoch(conn)?;
+    while current < epoch {
+        b.clear();
+        let cas = b.cas(sb::MAP_EPOCH, current, epoch);
+        conn.execute(&mut b)?;
+        let seen = b.result(cas).map_err(|e| Error::Transport(TransportError::Op { index: 0, error: e }))?;
+        current = if seen == current { epoch } else { seen };
+    }
+    Ok(current)
 }
 
 /// Formats an empty region: superblock, one subtable at depth 0, and its directory entry.

@@ -177,11 +177,17 @@ pub mod sb {
     /// wait at least this long, and readers check again any read that may have taken longer
     /// (`stall.rs`).
     pub const GRACE_PERIOD_US: u64 = 184;
+    /// The newest cluster map epoch this memnode serves by (issue 17; 0: no map). Raised,
+    /// never lowered while a map lasts; clients routing by a map read it after the other
+    /// ops of each batch and refuse their result when it is newer than the epoch they
+    /// routed by (`racekv_client::map_fence`). Set from etcd at each start of a memnode
+    /// given etcd (0 without).
+    pub const MAP_EPOCH: u64 = 192;
     /// Bytes of the immutable layout at the start of the superblock (its words up to the checksum).
     pub const LAYOUT_BYTES: usize = 56;
 
     /// Every word, in order (the compile-time checks below walk it).
-    pub(super) const WORDS: [u64; 24] = [
+    pub(super) const WORDS: [u64; 25] = [
         MAGIC,
         VERSION,
         REGION_LEN,
@@ -206,6 +212,7 @@ pub mod sb {
         FRAGMENT_BYTES,
         FRAGMENT_LIST,
         GRACE_PERIOD_US,
+        MAP_EPOCH,
     ];
 }
 

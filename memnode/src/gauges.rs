@@ -24,6 +24,7 @@ struct Families {
     last_sync_seconds: GaugeVec,
     reclaim_seconds: GaugeVec,
     reclaimed_bytes: IntGaugeVec,
+    map_epoch: IntGaugeVec,
 }
 
 static FAMILIES: LazyLock<Families> = LazyLock::new(|| {
@@ -64,6 +65,11 @@ static FAMILIES: LazyLock<Families> = LazyLock::new(|| {
             "Heap bytes this start found free (free list, fragments and a lowered heap top), leaks of crashed processes included",
             l,
         ),
+        map_epoch: gauge_vec(
+            "racekv_memnode_map_epoch",
+            "The cluster map epoch the memnode serves by (0: no etcd); clients routed by an older map route again",
+            l,
+        ),
     }
 });
 
@@ -84,6 +90,7 @@ pub(crate) struct Gauges {
     pub(crate) last_sync_seconds: Gauge,
     pub(crate) reclaim_seconds: Gauge,
     pub(crate) reclaimed_bytes: IntGauge,
+    pub(crate) map_epoch: IntGauge,
 }
 
 impl Gauges {
@@ -108,6 +115,7 @@ impl Gauges {
             last_sync_seconds: f.last_sync_seconds.with_label_values(v),
             reclaim_seconds: f.reclaim_seconds.with_label_values(v),
             reclaimed_bytes: f.reclaimed_bytes.with_label_values(v),
+            map_epoch: f.map_epoch.with_label_values(v),
             label,
         }
     }
@@ -132,6 +140,7 @@ impl Drop for Gauges {
         let _ = f.last_sync_seconds.remove_label_values(v);
         let _ = f.reclaim_seconds.remove_label_values(v);
         let _ = f.reclaimed_bytes.remove_label_values(v);
+        let _ = f.map_epoch.remove_label_values(v);
     }
 }
 

@@ -248,6 +248,8 @@ impl Memnode {
             None => (Vec::new(), Vec::new()),
         };
 
+        // Before anyone connects: the map epoch clients must route by (etcd's; 0 without).
+        let coordinator = registry::connect(&config, &region, &gauges)?;
         // Before anyone connects: every client of this run waits at least this long.
         publish_grace_period(
             &LocalConnection::new(Arc::clone(&region), None),
@@ -296,7 +298,9 @@ impl Memnode {
         memnode.expiry = memnode.spawn_expiry()?;
         // Last: registered means serving.
         let endpoints: Vec<String> = memnode.endpoints().iter().map(|e| e.to_string()).collect();
-        memnode.registration = registry::register(&memnode.config, node_id, endpoints, layout.region_len)?;
+        memnode.registration = coordinator
+            .map(|c| c.register(&memnode.config, node_id, endpoints, &memnode.region, &memnode.gauges))
+            .transpose()?;
         Ok(memnode)
     }
 

@@ -1,6 +1,7 @@
 //! A memnode process registering in a real etcd (issue 17, item 1): listed once it serves,
 //! gone at once after SIGTERM, gone within its lease after SIGKILL; a start whose etcd
-//! cannot be reached fails, bounded, with the reason.
+//! cannot be reached fails, bounded, with the reason; its region's map epoch word follows the
+//! cluster's map.
 #![cfg(feature = "etcd")]
 
 use std::io::{BufRead, BufReader};
@@ -84,4 +85,45 @@ fn a_start_without_its_etcd_fails_with_the_reason() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("etcd"), "{err}");
     assert!(started.elapsed() < Duration::from_secs(30), "bounded");
+}
+
+/// The map epoch word of the memnode at `endpoint` (what fenced clients read).
+fn map_epoch(endpoint: &str) -> u64 {
+    let options = racekv_transport::ConnectOptions::new(racekv_memnode::config::DEV_TOKEN, Duration::from_secs(5));
+    let conn = racekv_transport::connect(&endpoint.parse().unwrap(), &options).unwrap();
+    racekv_hashing::format::read_map_epoch(&*conn).unwrap()
+}
+
+#[test]
+fn the_map_epoch_word_follows_the_clusters_map() {
+    let server = EtcdServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("a.region");
+    let etcd = Etcd::connect(&server.endpoint(), CLUSTER, Duration::from_secs(5)).unwrap();
+    let someone =
+        racekv_coord::MemnodeInfo { node_id: 7, endpoints: vec!["tcp:127.0.0.1:1".into()], region_bytes: 1 << 20 };
+    let mut map = racekv_coord::ClusterMap::initial(vec![someone], 1, 1).unwrap();
+    map.epoch = 3;
+    let revision = etcd.put_map(&map, None).unwrap().unwrap();
+
+    // Set from etcd before it serves, raised as maps are written.
+    let (mut child, endpoint) = memnode(&server.endpoint(), &data);
+    assert_eq!(map_epoch(&endpoint), 3);
+    map.epoch = 9;
+    etcd.put_map(&map, Some(revision)).unwrap().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while map_epoch(&endpoint) != 9 {
+        assert!(Instant::now() < deadline, "the word never reached epoch 9");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    signal(&child, nix::sys::signal::Signal::SIGTERM);
+    assert!(child.wait().unwrap().success());
+
+    // The same data file in a cluster made anew (no map yet): the old cluster's epoch must
+    // not make this one's clients wait for maps that will never come.
+    let fresh = EtcdServer::start();
+    let (mut child, endpoint) = memnode(&fresh.endpoint(), &data);
+    assert_eq!(map_epoch(&endpoint), 0);
+    signal(&child, nix::sys::signal::Signal::SIGTERM);
+    assert!(child.wait().unwrap().success());
 }

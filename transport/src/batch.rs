@@ -130,6 +130,19 @@ impl Batch {
         self.ops.is_empty()
     }
 
+    /// Drops every op from index `len` on, with their buffer bytes (ops are appended with
+    /// buffers in order, so the first dropped READ and WRITE mark where those end).
+    pub fn truncate(&mut self, len: usize) {
+        let Some(dropped) = self.ops.get(len..) else { return };
+        if let Some(op) = dropped.iter().find(|op| op.kind == OpKind::Read) {
+            self.read_bytes.truncate(op.buf_at as usize);
+        }
+        if let Some(op) = dropped.iter().find(|op| op.kind == OpKind::Write) {
+            self.write_bytes.truncate(op.buf_at as usize);
+        }
+        self.ops.truncate(len);
+    }
+
     fn push(&mut self, op: Op) -> u32 {
         let index = u32::try_from(self.ops.len()).expect("batch index fits u32");
         self.ops.push(op);
@@ -337,6 +350,24 @@ pub fn check_op(kind: OpKind, offset: u64, len: u64, region_len: u64) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn truncate_drops_the_ops_and_their_bytes() {
+        let mut b = Batch::new();
+        let first = b.read(0, 8);
+        b.write(8, &[1, 2, 3]);
+        b.read(16, 8);
+        b.write(24, &[4]);
+        b.cas(32, 0, 1);
+        b.truncate(2);
+        assert_eq!((b.len(), b.read_bytes.len(), b.write_bytes.len()), (2, 8, 3));
+        b.truncate(5); // past the end: nothing
+        assert_eq!(b.len(), 2);
+        let again = b.read(40, 16);
+        assert_eq!((b.read_bytes.len(), again), (24, ReadId(2)));
+        b.complete(0, 0);
+        assert!(b.read_result(first).is_ok());
+    }
 
     #[test]
     fn handles_address_their_own_bytes() {

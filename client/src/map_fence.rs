@@ -1,0 +1,165 @@
+//! The epoch check of requests routed by a cluster map (issue 17). One-sided operations
+//! never reach a memnode's CPU, so it cannot refuse them; instead each memnode keeps the
+//! newest map epoch it serves by in a word of its region (`sb::MAP_EPOCH`), and a
+//! [`MapFence`] appends a READ of that word to every batch. Ops of a batch execute in
+//! order on every transport (a NIC's queue pair, the tcp server, shared memory), so a word
+//! no newer than the routed epoch proves the batch's other ops ran while the memnode still
+//! served that map. A newer word is recorded ([`MapEpochs::changed`]); the session that
+//! routed the operation then waits for that map, and routes again and repeats the operation
+//! when the key's memnode changed (its result there stands when it did not). The operation
+//! itself is not cut short: a batch that ran is never reported as failed. Whoever takes a
+//! partition off a memnode raises its word first.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use racekv_hashing::layout::sb;
+use racekv_transport::{Batch, Connection, TransportError, TransportKind, MAX_BATCH_OPS};
+
+/// A session's map epochs, shared by its fenced connections: the one it routes by, and the
+/// newest any memnode reported since.
+#[derive(Debug, Default)]
+pub struct MapEpochs {
+    routed: AtomicU64,
+    seen: AtomicU64,
+}
+
+impl MapEpochs {
+    /// Epochs of a session routing by map `routed`.
+    pub fn new(routed: u64) -> Self {
+        Self { routed: AtomicU64::new(routed), seen: AtomicU64::new(routed) }
+    }
+
+    /// The epoch routed by.
+    pub fn routed(&self) -> u64 {
+        self.routed.load(Ordering::Acquire)
+    }
+
+    /// Routes by map `epoch` from now on (forgets reports no newer than it).
+    pub fn route_by(&self, epoch: u64) {
+        self.routed.store(epoch, Ordering::Release);
+        self.seen.fetch_max(epoch, Ordering::AcqRel);
+    }
+
+    /// The newest epoch a memnode reported, when newer than the one routed by.
+    pub fn changed(&self) -> Option<u64> {
+        let seen = self.seen.load(Ordering::Acquire);
+        (seen > self.routed()).then_some(seen)
+    }
+
+    fn report(&self, epoch: u64) {
+        self.seen.fetch_max(epoch, Ordering::AcqRel);
+    }
+}
+
+/// A connection that reads the memnode's map epoch after every batch (see the module's
+/// comment).
+pub struct MapFence {
+    inner: Arc<dyn Connection>,
+    epochs: Arc<MapEpochs>,
+}
+
+impl MapFence {
+    /// Fences `inner`'s batches, reporting to `epochs`.
+    pub fn new(inner: Arc<dyn Connection>, epochs: Arc<MapEpochs>) -> Self {
+        Self { inner, epochs }
+    }
+}
+
+fn word(bytes: &[u8]) -> u64 {
+    u64::from_le_bytes(bytes.try_into().expect("an 8-byte READ"))
+}
+
+impl Connection for MapFence {
+    fn execute(&self, batch: &mut Batch) -> Result<(), TransportError> {
+        if batch.is_empty() || batch.len() >= MAX_BATCH_OPS {
+            // No room for the READ (or nothing to fence): a batch of its own, after this one
+            // completed, so still ordered after every op of it.
+            self.inner.execute(batch)?;
+            let mut fence = Batch::new();
+            let read = fence.read(sb::MAP_EPOCH, 8);
+            self.inner.execute(&mut fence)?;
+            self.epochs.report(word(fence.read_result(read).expect("an executed READ has its bytes")));
+            return Ok(());
+        }
+        let len = batch.len();
+        let read = batch.read(sb::MAP_EPOCH, 8);
+        let result = self.inner.execute(batch);
+        if let Ok(bytes) = batch.read_result(read) {
+            self.epochs.report(word(bytes));
+        }
+        batch.truncate(len);
+        match result {
+            // Only the READ failed (it cannot, on a formatted region): the caller's ops ran.
+            Err(TransportError::Op { index, .. }) if index == len => {
+                Err(TransportError::Protocol("the map epoch word could not be read".into()))
+            }
+            result => result,
+        }
+    }
+
+    fn call(&self, method: u16, request: &[u8]) -> Result<Vec<u8>, TransportError> {
+        // RPCs allocate and describe space; they place no key, so the map does not fence them.
+        self.inner.call(method, request)
+    }
+
+    fn region_len(&self) -> u64 {
+        self.inner.region_len()
+    }
+
+    fn kind(&self) -> TransportKind {
+        self.inner.kind()
+    }
+
+    fn instance(&self) -> u64 {
+        self.inner.instance()
+    }
+
+    fn is_healthy(&self) -> bool {
+        self.inner.is_healthy()
+    }
+
+    fn check_healthy(&self) -> bool {
+        self.inner.check_healthy()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use racekv_hashing::format::{raise_map_epoch, read_map_epoch};
+    use racekv_hashing::testing::{TestMemnode, Via};
+
+    #[test]
+    fn batches_report_a_memnode_serving_a_newer_map() {
+        let m = TestMemnode::start(Via::Local, 4 << 20, 4);
+        let epochs = Arc::new(MapEpochs::new(3));
+        let fenced = MapFence::new(m.connect(), Arc::clone(&epochs));
+        let mut b = Batch::new();
+        let node_id = b.read(sb::NODE_ID, 8);
+        fenced.execute(&mut b).unwrap();
+        assert_eq!(b.len(), 1, "the fence READ is gone from the caller's batch");
+        assert_ne!(word(b.read_result(node_id).unwrap()), 0);
+        assert_eq!(epochs.changed(), None, "the memnode serves no map (0)");
+
+        assert_eq!(raise_map_epoch(&*m.connect(), 5).unwrap(), 5);
+        assert_eq!(raise_map_epoch(&*m.connect(), 4).unwrap(), 5, "never lowered");
+        b.clear();
+        let w = b.write(sb::MAP_EPOCH + 8 * 64, &[7; 8]); // a superblock word no one uses
+        fenced.execute(&mut b).unwrap();
+        assert!(b.result(w).is_ok());
+        assert_eq!(epochs.changed(), Some(5));
+        epochs.route_by(5);
+        assert_eq!(epochs.changed(), None);
+
+        // A full batch gets the READ in a batch of its own, after it.
+        raise_map_epoch(&*m.connect(), 6).unwrap();
+        b.clear();
+        for _ in 0..MAX_BATCH_OPS {
+            b.read(sb::NODE_ID, 8);
+        }
+        fenced.execute(&mut b).unwrap();
+        assert_eq!((b.len(), epochs.changed()), (MAX_BATCH_OPS, Some(6)));
+        assert_eq!(read_map_epoch(&*m.connect()).unwrap(), 6);
+    }
+}
