@@ -92,6 +92,10 @@ pub struct MemnodeConfig {
     /// The registration's lease: a memnode that stops renewing it (dead, or cut off from
     /// etcd) leaves the cluster's list this long after.
     pub etcd_lease_ms: u64,
+    /// The endpoints registered in etcd, where computenodes reach this memnode (empty: the
+    /// ones it listens on). Set them when it listens on an unspecified address (`0.0.0.0`,
+    /// `[::]`) or behind an address translation: `tcp:10.0.0.5:7400`.
+    pub advertise_endpoints: Vec<String>,
     /// Longest backlog a lane is granted at the measured service time; beyond it credits
     /// are refused (overload) and clients wait, then fail with a clear error.
     pub rpc_max_queue_delay_ms: u64,
@@ -142,6 +146,7 @@ impl Default for MemnodeConfig {
             etcd_endpoints: Vec::new(),
             cluster: racekv_coord::keys::DEFAULT_CLUSTER_NAME.into(),
             etcd_lease_ms: 3_000,
+            advertise_endpoints: Vec::new(),
         }
     }
 }
@@ -177,6 +182,15 @@ impl MemnodeConfig {
                 "etcd_lease_ms must be within 1000..=600000"
             );
             racekv_coord::check_settings(&self.cluster)?;
+        }
+        anyhow::ensure!(
+            self.advertise_endpoints.len() <= racekv_coord::map::MAX_ENDPOINTS,
+            "advertise_endpoints lists at most {} endpoints",
+            racekv_coord::map::MAX_ENDPOINTS
+        );
+        for e in &self.advertise_endpoints {
+            e.parse::<racekv_transport::Endpoint>()
+                .map_err(|reason| anyhow::anyhow!("advertise_endpoints: {e}: {reason}"))?;
         }
         anyhow::ensure!(
             !(self.huge_pages && self.data_file.is_some()),

@@ -297,7 +297,10 @@ impl Memnode {
         memnode.housekeeping = Some(memnode.spawn_housekeeping()?);
         memnode.expiry = memnode.spawn_expiry()?;
         // Last: registered means serving.
-        let endpoints: Vec<String> = memnode.endpoints().iter().map(|e| e.to_string()).collect();
+        let endpoints = match memnode.config.advertise_endpoints.as_slice() {
+            [] => memnode.endpoints().iter().map(|e| e.to_string()).collect(),
+            advertised => advertised.to_vec(),
+        };
         memnode.registration = coordinator
             .map(|c| c.register(&memnode.config, node_id, endpoints, &memnode.region, &memnode.gauges))
             .transpose()?;

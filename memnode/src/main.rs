@@ -59,6 +59,9 @@ struct Args {
     /// The cluster's name in etcd.
     #[arg(long)]
     cluster: Option<String>,
+    /// Endpoints to register in etcd, comma-separated (default: the ones it listens on).
+    #[arg(long, value_delimiter = ',')]
+    advertise: Option<Vec<String>>,
     /// Print the effective configuration as TOML (secrets shown as ***) and exit.
     #[arg(long)]
     print_config: bool,
@@ -106,6 +109,9 @@ fn main() -> anyhow::Result<()> {
     }
     if let Some(v) = args.cluster {
         cfg.cluster = v;
+    }
+    if let Some(v) = args.advertise {
+        cfg.advertise_endpoints = v;
     }
     if args.print_config {
         print!("{}", racekv_telemetry::secret::redacted_toml(&cfg, racekv_memnode::config::SECRET_KEYS)?);

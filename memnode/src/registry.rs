@@ -72,6 +72,12 @@ impl Coordinator {
         region: &Arc<Region>,
         gauges: &Arc<Gauges>,
     ) -> anyhow::Result<Registered> {
+        if let Some(e) = endpoints.iter().find(|e| is_unspecified(e)) {
+            tracing::warn!(
+                endpoint = %e,
+                "registering an unspecified address: computenodes on other hosts cannot reach it (set advertise_endpoints)"
+            );
+        }
         let info = racekv_coord::MemnodeInfo { node_id, endpoints, region_bytes: region.len() };
         let lease = Duration::from_millis(config.etcd_lease_ms);
         let registration = self.etcd.register(&info, lease).context("registering in etcd")?;
@@ -89,6 +95,12 @@ impl Coordinator {
             .context("starting the map watcher")?;
         Ok(Registered { stop, watcher: Some(watcher), _registration: registration })
     }
+}
+
+/// `tcp:0.0.0.0:7400`, `verbs:[::]:7500`: listening everywhere, reachable nowhere by name.
+fn is_unspecified(endpoint: &str) -> bool {
+    let host = endpoint.split_once(':').map_or("", |(_, rest)| rest.rsplit_once(':').map_or(rest, |(host, _)| host));
+    host.trim_matches(|c| c == '[' || c == ']').parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_unspecified())
 }
 
 fn follow(coordinator: Coordinator, region: &Arc<Region>, gauges: &Gauges, stop: &AtomicBool) {
@@ -114,6 +126,19 @@ impl Drop for Registered {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(watcher) = self.watcher.take() {
             let _ = watcher.join(); // it looks at the flag every POLL
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn unspecified_addresses_are_told_apart() {
+        for e in ["tcp:0.0.0.0:7400", "verbs:[::]:7500", "tcp:[::]:1"] {
+            assert!(super::is_unspecified(e), "{e}");
+        }
+        for e in ["tcp:127.0.0.1:7400", "tcp:10.0.0.5:7400", "shm:/run/racekv/m.sock", "tcp:memnode-0:7400"] {
+            assert!(!super::is_unspecified(e), "{e}");
         }
     }
 }

@@ -1,7 +1,7 @@
 //! A memnode process registering in a real etcd (issue 17, item 1): listed once it serves,
 //! gone at once after SIGTERM, gone within its lease after SIGKILL; a start whose etcd
 //! cannot be reached fails, bounded, with the reason; its region's map epoch word follows the
-//! cluster's map.
+//! cluster's map; it registers the endpoints it is told to advertise.
 #![cfg(feature = "etcd")]
 
 use std::io::{BufRead, BufReader};
@@ -16,9 +16,15 @@ const CLUSTER: &str = "memnode-test";
 /// Starts a memnode registering in `etcd`; returns it once it printed READY, with its tcp
 /// endpoint.
 fn memnode(etcd: &[String], data: &std::path::Path) -> (Child, String) {
+    memnode_with(etcd, data, &[])
+}
+
+/// [`memnode`] with more flags.
+fn memnode_with(etcd: &[String], data: &std::path::Path, flags: &[&str]) -> (Child, String) {
     let port = free_port();
     let mut child = Command::new(env!("CARGO_BIN_EXE_racekv-memnode"))
         .args(["--region-bytes", "16MiB", "--metrics-addr", "none", "--cluster", CLUSTER])
+        .args(flags)
         .args(["--listen-tcp", &format!("127.0.0.1:{port}"), "--etcd", &etcd.join(",")])
         .arg("--data-file")
         .arg(data)
@@ -120,10 +126,13 @@ fn the_map_epoch_word_follows_the_clusters_map() {
     assert!(child.wait().unwrap().success());
 
     // The same data file in a cluster made anew (no map yet): the old cluster's epoch must
-    // not make this one's clients wait for maps that will never come.
+    // not make this one's clients wait for maps that will never come. It registers the
+    // endpoint it is told to advertise, not the one it listens on.
     let fresh = EtcdServer::start();
-    let (mut child, endpoint) = memnode(&fresh.endpoint(), &data);
+    let (mut child, endpoint) = memnode_with(&fresh.endpoint(), &data, &["--advertise", "tcp:10.1.2.3:7400"]);
     assert_eq!(map_epoch(&endpoint), 0);
+    let listed = Etcd::connect(&fresh.endpoint(), CLUSTER, Duration::from_secs(5)).unwrap().memnodes().unwrap();
+    assert_eq!(listed[0].endpoints, ["tcp:10.1.2.3:7400"]);
     signal(&child, nix::sys::signal::Signal::SIGTERM);
     assert!(child.wait().unwrap().success());
 }
