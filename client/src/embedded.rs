@@ -11,7 +11,8 @@ use racekv_hashing::{Table, TableClient, TableOptions};
 use racekv_transport::{ConnectOptions, Connection, Endpoint};
 
 use crate::error::ClientError;
-use crate::ring::Ring;
+use crate::map_follower::{MapFollower, MapSource};
+use crate::map_routing::{Router, SessionRouting};
 use crate::session::{Session, Shards};
 
 /// Reconnect attempts to one memnode are at least this far apart.
@@ -78,10 +79,10 @@ impl Memnode {
         })
     }
 
-    fn table_client(&self) -> (u64, TableClient) {
+    fn table_client(&self, routing: &SessionRouting) -> (u64, TableClient) {
         let live = self.live.read();
         let conn = &live.conns[self.next_conn.fetch_add(1, Ordering::Relaxed) % live.conns.len()];
-        (live.generation, live.table.client(Arc::clone(conn)))
+        (live.generation, live.table.client(routing.connection(Arc::clone(conn))))
     }
 
     fn generation(&self) -> u64 {
@@ -121,8 +122,10 @@ impl Memnode {
 /// All memnodes of an embedded client. Sessions share it.
 pub(crate) struct Core {
     memnodes: Vec<Memnode>,
-    ring: Ring,
+    router: Arc<Router>,
     timeout: Duration,
+    /// Installs newer cluster maps into `router` (with etcd); stops with the last session.
+    _follower: Option<MapFollower>,
 }
 
 /// The memnodes and the idle sessions. Sessions hold the [`Core`], not this, so the last
@@ -133,17 +136,24 @@ pub(crate) struct Cluster {
 }
 
 impl Cluster {
+    /// Connects to the memnodes `endpoints` names, or (with `map`) to those of the cluster
+    /// map, routing by it and following it.
     pub(crate) fn connect(
         endpoints: &[String],
+        map: Option<MapSource>,
         connect: ConnectOptions,
         table_options: TableOptions,
         connections: usize,
     ) -> Result<Arc<Self>, ClientError> {
+        let endpoints = match &map {
+            Some(map) => map.endpoints()?,
+            None => endpoints.to_vec(),
+        };
         if endpoints.is_empty() {
             return Err(ClientError::Config("no memnode endpoints given".into()));
         }
         let mut memnodes = Vec::with_capacity(endpoints.len());
-        for text in endpoints {
+        for text in &endpoints {
             let endpoint: Endpoint = text.parse().map_err(ClientError::Config)?;
             memnodes.push(Memnode::connect(endpoint, connect.clone(), table_options, connections)?);
         }
@@ -156,7 +166,23 @@ impl Cluster {
                 )));
             }
         }
-        let core = Arc::new(Core { ring: Ring::new(&ids), memnodes, timeout: connect.timeout });
+        let (router, follower) = match map {
+            None => (Arc::new(Router::ring(&ids)), None),
+            Some(map) => {
+                let expected = map.node_ids();
+                if let Some(i) = (0..ids.len()).find(|&i| expected[i] != ids[i]) {
+                    return Err(ClientError::Config(format!(
+                        "{} has node id {:#x}, not the one the cluster map gives it ({:#x})",
+                        memnodes[i].label, ids[i], expected[i]
+                    )));
+                }
+                let router =
+                    Arc::new(Router::map(map.map().epoch, &map.primaries(), &ids).map_err(ClientError::Config)?);
+                let follower = map.follow(Arc::downgrade(&router), |_| {})?;
+                (router, Some(follower))
+            }
+        };
+        let core = Arc::new(Core { router, memnodes, timeout: connect.timeout, _follower: follower });
         Ok(Arc::new(Self { core, idle: Mutex::new(Vec::new()) }))
     }
 
@@ -166,6 +192,7 @@ impl Cluster {
             Session::new(EmbeddedShards {
                 core: Arc::clone(&self.core),
                 parts: (0..self.core.memnodes.len()).map(|_| None).collect(),
+                routing: self.core.router.session(),
             })
         });
         let result = f(&mut session);
@@ -192,11 +219,24 @@ impl Cluster {
 pub(crate) struct EmbeddedShards {
     core: Arc<Core>,
     parts: Vec<Option<(u64, TableClient)>>,
+    routing: SessionRouting,
 }
 
 impl Shards for EmbeddedShards {
     fn route(&self, key: &[u8]) -> usize {
-        self.core.ring.shard(key)
+        self.routing.route(&self.core.router, key)
+    }
+
+    fn refresh_routing(&mut self) {
+        self.routing.refresh(&self.core.router);
+    }
+
+    fn map_changed(&self) -> Option<(u64, u64)> {
+        self.routing.changed()
+    }
+
+    fn await_map(&mut self, epoch: u64) -> bool {
+        self.routing.await_map(&self.core.router, epoch, self.core.timeout)
     }
 
     fn count(&self) -> usize {
@@ -219,7 +259,7 @@ impl Shards for EmbeddedShards {
         let memnode = &self.core.memnodes[shard];
         let current = memnode.generation();
         if self.parts[shard].as_ref().is_none_or(|(generation, _)| *generation != current) {
-            self.parts[shard] = Some(memnode.table_client());
+            self.parts[shard] = Some(memnode.table_client(&self.routing));
         }
         Ok(&mut self.parts[shard].as_mut().expect("just set").1)
     }

@@ -68,6 +68,8 @@ mod embedded;
 mod error;
 pub mod expiry;
 pub mod map_fence;
+pub mod map_follower;
+pub mod map_routing;
 pub mod op;
 mod optimistic;
 mod parts;
@@ -95,6 +97,8 @@ pub use session::{Session, Shards};
 pub struct ClientBuilder {
     remote: Option<String>,
     memnodes: Vec<String>,
+    /// etcd endpoints and cluster name: embedded mode over the cluster map's memnodes.
+    etcd: Option<(Vec<String>, String)>,
     token: String,
     timeout: Duration,
     connections_per_memnode: usize,
@@ -153,6 +157,7 @@ impl Default for ClientBuilder {
             attach: None,
             attach_spin: default_attach_spin(),
             memnodes: Vec::new(),
+            etcd: None,
             token: "racekv-dev-token".into(),
             timeout: Duration::from_secs(5),
             connections_per_memnode: 4,
@@ -186,6 +191,19 @@ impl ClientBuilder {
     /// [`default_attach_spin`].
     pub fn attach_spin(mut self, spin: Duration) -> Self {
         self.attach_spin = spin;
+        self
+    }
+
+    /// Embedded mode over the memnodes of cluster `cluster`'s map in etcd at `endpoints`
+    /// (`http://host:port`): keys route to their partitions' primaries, and newer maps are
+    /// followed (issue 17; a build with the `etcd` feature). Waits up to the timeout for a
+    /// first map. Not combinable with [`ClientBuilder::memnode`].
+    pub fn etcd<I: IntoIterator<Item = S>, S: Into<String>>(
+        mut self,
+        endpoints: I,
+        cluster: impl Into<String>,
+    ) -> Self {
+        self.etcd = Some((endpoints.into_iter().map(Into::into).collect(), cluster.into()));
         self
     }
 
@@ -294,9 +312,9 @@ impl ClientBuilder {
     /// [`ClientError::Unavailable`] naming the path and the alternatives.
     pub fn connect(self) -> Result<Client, ClientError> {
         if let Some(addr) = &self.remote {
-            if !self.memnodes.is_empty() || self.attach.is_some() {
+            if !self.memnodes.is_empty() || self.attach.is_some() || self.etcd.is_some() {
                 return Err(ClientError::Config(
-                    "a remote computenode and memnodes or an attach socket were given; choose one".into(),
+                    "a remote computenode and memnodes, etcd or an attach socket were given; choose one".into(),
                 ));
             }
             // A remote computenode knows users, not the memnodes' token.
@@ -304,6 +322,20 @@ impl ClientBuilder {
             let options = self.connect_options()?.with_user(user, self.password.clone().unwrap_or_default());
             let remote = remote::Remote::connect(addr, options)?;
             return Ok(Client { backend: Backend::Channel(Arc::new(remote)) });
+        }
+        if let Some((endpoints, cluster)) = &self.etcd {
+            if !self.memnodes.is_empty() || self.attach.is_some() {
+                return Err(ClientError::Config(
+                    "etcd (the cluster map names the memnodes) and memnodes or an attach socket were given; choose one"
+                        .into(),
+                ));
+            }
+            let map = map_follower::fetch(endpoints, cluster, self.timeout)?;
+            let table_options = TableOptions { grace_period: self.grace_period, op_timeout: self.timeout };
+            let connect = self.connect_options()?;
+            let cluster =
+                embedded::Cluster::connect(&[], Some(map), connect, table_options, self.connections_per_memnode)?;
+            return Ok(Client { backend: Backend::Embedded(cluster) });
         }
         if !self.memnodes.is_empty() {
             if let Some(path) = &self.attach {
@@ -315,7 +347,7 @@ impl ClientBuilder {
             let table_options = TableOptions { grace_period: self.grace_period, op_timeout: self.timeout };
             let connect = self.connect_options()?;
             let cluster =
-                embedded::Cluster::connect(&self.memnodes, connect, table_options, self.connections_per_memnode)?;
+                embedded::Cluster::connect(&self.memnodes, None, connect, table_options, self.connections_per_memnode)?;
             return Ok(Client { backend: Backend::Embedded(cluster) });
         }
         if self.tls_ca.is_some() || self.tls_client_cert.is_some() || self.tls_server_name.is_some() {

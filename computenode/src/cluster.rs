@@ -10,9 +10,7 @@ use std::time::{Duration, Instant};
 use crossbeam_queue::ArrayQueue;
 use parking_lot::{Condvar, Mutex};
 use prometheus::{Histogram, IntCounter, IntGauge};
-use racekv_client::map_fence::{MapEpochs, MapFence};
-use racekv_client::placement::{PartitionTable, Placement};
-use racekv_client::ring::Ring;
+use racekv_client::map_routing::{Router, SessionRouting};
 use racekv_client::{ClientError, Session, Shards};
 use racekv_hashing::{Layout, Table, TableClient, TableOptions};
 use racekv_transport::{ConnectOptions, Connection, Endpoint};
@@ -104,12 +102,7 @@ pub struct Memnode {
 /// All memnodes, and the ready sessions.
 pub struct Cluster {
     memnodes: Vec<Memnode>,
-    placement: Placement,
-    /// Notified when a map is installed; sessions waiting for one sleep on it.
-    map_installed: (Mutex<()>, Condvar),
-    /// A session saw a memnode serve a newer map than installed: the map follower reads
-    /// etcd now rather than wait for its watch.
-    map_wanted: AtomicBool,
+    router: Arc<Router>,
     options: ClusterOptions,
     upgrader: Upgrader,
     ready: ArrayQueue<Session<WorkerShards>>,
@@ -153,8 +146,8 @@ impl Cluster {
                 return Err(ClientError::Config(format!("{} is listed twice (node id {id})", memnodes[i].label)));
             }
         }
-        let placement = match &options.routing {
-            Routing::Ring => Placement::Ring(Ring::new(&ids)),
+        let router = match &options.routing {
+            Routing::Ring => Router::ring(&ids),
             Routing::Map { epoch, node_ids, primaries } => {
                 if let Some(i) = (0..ids.len()).find(|&i| node_ids.get(i) != Some(&ids[i])) {
                     return Err(ClientError::Config(format!(
@@ -164,14 +157,12 @@ impl Cluster {
                         node_ids.get(i).map_or("none".into(), |id| format!("{id:#x}"))
                     )));
                 }
-                Placement::partitions(partition_table(*epoch, primaries, &ids).map_err(ClientError::Config)?)
+                Router::map(*epoch, primaries, &ids).map_err(ClientError::Config)?
             }
         };
-        METRICS.map_epoch.set(placement.epoch().unwrap_or(0) as i64);
+        METRICS.map_epoch.set(router.epoch().unwrap_or(0) as i64);
         let cluster = Arc::new(Self {
-            placement,
-            map_installed: (Mutex::new(()), Condvar::new()),
-            map_wanted: AtomicBool::new(false),
+            router: Arc::new(router),
             memnodes,
             ready: ArrayQueue::new(options.ready_sessions.max(1)),
             options,
@@ -198,40 +189,17 @@ impl Cluster {
 
     /// The epoch of the cluster map keys are routed by (None: a fixed ring).
     pub fn map_epoch(&self) -> Option<u64> {
-        self.placement.epoch()
+        self.router.epoch()
     }
 
-    /// Routes by a newer cluster map from now on: partition `p`'s primary is the memnode
-    /// with node id `primaries[p]`. Refused (routing unchanged) on a fixed ring, for a map
-    /// not newer than the current one, and for a primary this cluster is not connected to.
-    pub fn install_map(&self, epoch: u64, primaries: &[u64]) -> Result<(), String> {
-        let ids: Vec<u64> = self.memnodes.iter().map(|m| m.node_id).collect();
-        self.placement.install(partition_table(epoch, primaries, &ids)?)?;
-        METRICS.map_epoch.set(epoch as i64);
-        drop(self.map_installed.0.lock());
-        self.map_installed.1.notify_all();
-        Ok(())
+    /// How this cluster's sessions route keys (the map follower installs newer maps here).
+    pub fn router(&self) -> &Arc<Router> {
+        &self.router
     }
 
-    /// Whether a session asked for the map to be read again (and clears the request).
-    pub fn map_wanted(&self) -> bool {
-        self.map_wanted.swap(false, Ordering::AcqRel)
-    }
-
-    /// Waits up to the operation timeout for a map of at least `epoch` (asking the map
-    /// follower to read etcd); whether one is installed.
-    fn await_map(&self, epoch: u64) -> bool {
-        let deadline = Instant::now() + self.options.connect.timeout;
-        let mut guard = self.map_installed.0.lock();
-        loop {
-            if self.placement.epoch().is_some_and(|e| e >= epoch) {
-                return true;
-            }
-            self.map_wanted.store(true, Ordering::Release);
-            if self.map_installed.1.wait_until(&mut guard, deadline).timed_out() {
-                return self.placement.epoch().is_some_and(|e| e >= epoch);
-            }
-        }
+    /// Publishes the epoch routed by (after the map follower installed one).
+    pub fn note_map_installed(&self) {
+        METRICS.map_epoch.set(self.router.epoch().unwrap_or(0) as i64);
     }
 
     /// A new session over new virtual connections (allocates; the refiller calls it).
@@ -241,24 +209,21 @@ impl Cluster {
             .iter()
             .map(|m| VirtualConnection::new(&m.pool, self.options.upgrade, &self.upgrader))
             .collect();
-        let table = self.placement.table();
         // Routing by a map: every batch also reads the memnode's map epoch (`map_fence`).
-        let epochs = table.as_ref().map(|t| Arc::new(MapEpochs::new(t.epoch())));
-        let connection = |vc: &Arc<VirtualConnection>| -> Arc<dyn Connection> {
-            match &epochs {
-                Some(epochs) => Arc::new(MapFence::new(Arc::clone(vc) as Arc<dyn Connection>, Arc::clone(epochs))),
-                None => Arc::clone(vc) as Arc<dyn Connection>,
-            }
-        };
-        let mut clients: Vec<TableClient> =
-            self.memnodes.iter().zip(&vconns).map(|(m, vc)| m.table.client(connection(vc))).collect();
+        let routing = self.router.session();
+        let mut clients: Vec<TableClient> = self
+            .memnodes
+            .iter()
+            .zip(&vconns)
+            .map(|(m, vc)| m.table.client(routing.connection(Arc::clone(vc) as Arc<dyn Connection>)))
+            .collect();
         for (c, m) in clients.iter_mut().zip(&self.memnodes) {
             // Everything pre-initialized, down to the first heap chunk.
             if let Err(e) = c.prepare() {
                 tracing::warn!(memnode = %m.label, "could not fetch a chunk for a ready session: {e}");
             }
         }
-        Session::new(WorkerShards { cluster: Arc::clone(self), clients, vconns, table, epochs })
+        Session::new(WorkerShards { cluster: Arc::clone(self), clients, vconns, routing })
     }
 
     /// A session for a worker: a pre-initialized one when available (no system call, no
@@ -314,22 +279,6 @@ impl Cluster {
             );
         }
     }
-}
-
-/// Map `epoch`'s routing over memnodes with node ids `ids` (shard i has `ids[i]`).
-fn partition_table(epoch: u64, primaries: &[u64], ids: &[u64]) -> Result<PartitionTable, String> {
-    let shards = primaries
-        .iter()
-        .map(|id| {
-            ids.iter().position(|x| x == id).ok_or_else(|| {
-                format!(
-                    "map epoch {epoch} has memnode {id:#x} as a primary, and this computenode is not connected to it \
-                     (restart it to connect: adding memnodes live is not built yet)"
-                )
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    PartitionTable::new(epoch, &shards, ids.len())
 }
 
 fn refill(weak: std::sync::Weak<Cluster>) {
@@ -392,11 +341,7 @@ pub struct WorkerShards {
     cluster: Arc<Cluster>,
     clients: Vec<TableClient>,
     vconns: Vec<Arc<VirtualConnection>>,
-    /// The map's partitions this session routes by (None: the cluster's fixed ring); taken
-    /// anew only when an operation starts, so an operation routes all its keys by one map.
-    table: Option<Arc<PartitionTable>>,
-    /// That map's epoch and the newest one its memnodes reported (with `table`).
-    epochs: Option<Arc<MapEpochs>>,
+    routing: SessionRouting,
 }
 
 impl WorkerShards {
@@ -412,31 +357,19 @@ impl WorkerShards {
 
 impl Shards for WorkerShards {
     fn route(&self, key: &[u8]) -> usize {
-        match &self.table {
-            Some(table) => table.shard(key),
-            None => self.cluster.placement.shard(key),
-        }
+        self.routing.route(&self.cluster.router, key)
     }
 
     fn refresh_routing(&mut self) {
-        let (Some(table), Some(epochs)) = (&mut self.table, &self.epochs) else { return };
-        if self.cluster.placement.epoch() != Some(table.epoch()) {
-            *table = self.cluster.placement.table().expect("a cluster routing by a map keeps one");
-            epochs.route_by(table.epoch());
-        }
+        self.routing.refresh(&self.cluster.router);
     }
 
     fn map_changed(&self) -> Option<(u64, u64)> {
-        let epochs = self.epochs.as_ref()?;
-        epochs.changed().map(|current| (epochs.routed(), current))
+        self.routing.changed()
     }
 
     fn await_map(&mut self, epoch: u64) -> bool {
-        if self.epochs.is_none() || !self.cluster.await_map(epoch) {
-            return false;
-        }
-        self.refresh_routing();
-        true
+        self.routing.await_map(&self.cluster.router, epoch, self.cluster.options.connect.timeout)
     }
 
     fn count(&self) -> usize {

@@ -158,7 +158,7 @@ impl Parts {
 pub struct Computenode {
     parts: Arc<Parts>,
     metrics: Option<MetricsServer>,
-    map_follower: Option<crate::map_follower::MapFollower>,
+    map_follower: Option<racekv_client::map_follower::MapFollower>,
 }
 
 impl Computenode {
@@ -178,10 +178,10 @@ impl Computenode {
         };
         let mut cluster_options = config.cluster_options()?;
         if let Some(map) = &map {
-            cluster_options.routing = map.routing();
+            cluster_options.routing = crate::map_follower::routing(map);
         }
         let cluster = Cluster::connect(cluster_options).context("connecting to the memnodes")?;
-        let map_follower = map.map(|m| m.follow(&cluster)).transpose()?;
+        let map_follower = map.map(|m| crate::map_follower::follow(m, &cluster)).transpose()?;
         let maxmemory = Arc::new(config.maxmemory());
         let grace = Duration::from_millis(config.grace_period_ms);
         let eviction =

@@ -1,0 +1,219 @@
+//! Following the cluster map in etcd (issue 17), for computenodes and embedded clients: a
+//! start reads the map (waiting for `racekv cluster init` if there is none yet) and picks an
+//! endpoint per memnode; a watcher thread then installs every newer map into a [`Router`],
+//! and reads etcd at once when a session asks (a memnode served a newer map than installed).
+//!
+//! Not built yet: connecting memnodes that a later map adds (such a map is refused and the
+//! old routing stays), replicas.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use racekv_coord::etcd::{Etcd, DEFAULT_TIMEOUT};
+use racekv_coord::{ClusterMap, MemnodeInfo};
+use racekv_transport::Endpoint;
+
+use crate::error::ClientError;
+use crate::map_routing::Router;
+
+/// How often a start looks for the first map, and the watcher for a stop request and for
+/// sessions wanting the map read (the watch itself delivers maps at once).
+const POLL: Duration = Duration::from_millis(200);
+
+/// What became of a map the watcher received.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Routed by from now on.
+    Installed,
+    /// Not applicable here (older, or naming a memnode this process is not connected to).
+    Refused,
+    /// Unreadable.
+    Error,
+}
+
+impl Outcome {
+    /// Its name in metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Installed => "installed",
+            Outcome::Refused => "refused",
+            Outcome::Error => "error",
+        }
+    }
+}
+
+/// The cluster map a start read, and where it came from.
+pub struct MapSource {
+    etcd: Etcd,
+    map: ClusterMap,
+    revision: i64,
+}
+
+/// Installs newer maps in the background; stops when dropped.
+pub struct MapFollower {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+fn coordinator(e: impl std::fmt::Display) -> ClientError {
+    ClientError::Config(format!("the cluster map: {e}"))
+}
+
+/// Reads cluster `cluster`'s map from etcd at `endpoints`, waiting up to `wait` for a first.
+pub fn fetch(endpoints: &[String], cluster: &str, wait: Duration) -> Result<MapSource, ClientError> {
+    let etcd = Etcd::connect(endpoints, cluster, DEFAULT_TIMEOUT).map_err(coordinator)?;
+    let deadline = Instant::now() + wait;
+    let mut said = false;
+    loop {
+        if let Some((map, revision)) = etcd.map().map_err(coordinator)? {
+            tracing::info!(cluster, epoch = map.epoch, partitions = map.partitions.len(), "routing by the cluster map");
+            return Ok(MapSource { etcd, map, revision });
+        }
+        if Instant::now() >= deadline {
+            return Err(ClientError::Config(format!(
+                "cluster {cluster} has no map after {} ms: run `racekv cluster init` once its memnodes are registered",
+                wait.as_millis()
+            )));
+        }
+        if !said {
+            tracing::info!(cluster, "waiting for the cluster's first map (`racekv cluster init`)");
+            said = true;
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+impl MapSource {
+    /// The map read.
+    pub fn map(&self) -> &ClusterMap {
+        &self.map
+    }
+
+    /// The endpoint to reach each memnode of the map by, in the map's order.
+    pub fn endpoints(&self) -> Result<Vec<String>, ClientError> {
+        self.map.memnodes.iter().map(choose_endpoint).collect()
+    }
+
+    /// The node id of each memnode of the map, in the map's order.
+    pub fn node_ids(&self) -> Vec<u64> {
+        self.map.memnodes.iter().map(|m| m.node_id).collect()
+    }
+
+    /// Per partition, its primary's node id.
+    pub fn primaries(&self) -> Vec<u64> {
+        primaries(&self.map)
+    }
+
+    /// Watches for newer maps and installs them into `router`, telling `outcome` of each.
+    pub fn follow(
+        self,
+        router: Weak<Router>,
+        outcome: impl Fn(Outcome) + Send + 'static,
+    ) -> Result<MapFollower, ClientError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("map-follower".into())
+            .spawn(move || watch(self, router, flag, outcome))
+            .map_err(|e| ClientError::Config(format!("starting the cluster map's watcher: {e}")))?;
+        Ok(MapFollower { stop, thread: Some(thread) })
+    }
+}
+
+impl Drop for MapFollower {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join(); // it looks at the flag every POLL
+        }
+    }
+}
+
+fn watch(source: MapSource, router: Weak<Router>, stop: Arc<AtomicBool>, outcome: impl Fn(Outcome)) {
+    let watch = source.etcd.watch_map(source.revision);
+    while !stop.load(Ordering::Relaxed) {
+        let next = watch.next(POLL);
+        let Some(router) = router.upgrade() else { return };
+        let next = match next {
+            Some(next) => next,
+            // A memnode serves a newer map than installed: read it rather than wait for
+            // the watch (which may be broken or behind).
+            None if router.take_wanted() => match source.etcd.map() {
+                Ok(Some((map, revision))) if Some(map.epoch) > router.epoch() => Ok((map, revision)),
+                Ok(_) => continue,
+                Err(e) => Err(e),
+            },
+            None => continue,
+        };
+        outcome(match next {
+            Ok((map, _revision)) => match router.install(map.epoch, &primaries(&map)) {
+                Ok(()) => {
+                    tracing::info!(epoch = map.epoch, partitions = map.partitions.len(), "installed a new cluster map");
+                    Outcome::Installed
+                }
+                Err(reason) => {
+                    tracing::warn!(epoch = map.epoch, "kept the current routing: {reason}");
+                    Outcome::Refused
+                }
+            },
+            Err(e) => {
+                tracing::warn!("an unreadable cluster map in etcd: {e}");
+                Outcome::Error
+            }
+        });
+    }
+}
+
+fn primaries(map: &ClusterMap) -> Vec<u64> {
+    map.partitions.iter().map(|set| set[0]).collect()
+}
+
+/// The endpoint this process reaches `memnode` by: its shared-memory socket when that is
+/// on this host, else verbs in a build with them, else tcp.
+fn choose_endpoint(memnode: &MemnodeInfo) -> Result<String, ClientError> {
+    let rank = |e: &Endpoint| match e {
+        Endpoint::Shm(path) if path.exists() => Some(0),
+        Endpoint::Verbs(_) if cfg!(feature = "rdma") => Some(1),
+        Endpoint::Tcp(_) => Some(2),
+        _ => None,
+    };
+    memnode
+        .endpoints
+        .iter()
+        .filter_map(|text| text.parse::<Endpoint>().ok().and_then(|e| rank(&e).map(|r| (r, text))))
+        .min_by_key(|(r, _)| *r)
+        .map(|(_, text)| text.clone())
+        .ok_or_else(|| {
+            ClientError::Config(format!(
+                "memnode {:#x} lists no endpoint this process can use: {:?}",
+                memnode.node_id, memnode.endpoints
+            ))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn memnode(endpoints: &[&str]) -> MemnodeInfo {
+        MemnodeInfo { node_id: 7, endpoints: endpoints.iter().map(|e| e.to_string()).collect(), region_bytes: 1 << 20 }
+    }
+
+    #[test]
+    fn a_local_shm_socket_wins_then_verbs_then_tcp() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("m.sock");
+        std::fs::write(&socket, b"").unwrap();
+        let shm = format!("shm:{}", socket.display());
+        let tcp = "tcp:127.0.0.1:7400";
+        assert_eq!(choose_endpoint(&memnode(&[tcp, &shm])).unwrap(), shm);
+        assert_eq!(choose_endpoint(&memnode(&[tcp, "shm:/nonexistent/racekv.sock"])).unwrap(), tcp);
+        let verbs = "verbs:127.0.0.1:7401";
+        let want = if cfg!(feature = "rdma") { verbs } else { tcp };
+        assert_eq!(choose_endpoint(&memnode(&[tcp, verbs])).unwrap(), want);
+        let e = choose_endpoint(&memnode(&["shm:/nonexistent/racekv.sock", "bogus"])).unwrap_err().to_string();
+        assert!(e.contains("no endpoint this process can use"), "{e}");
+    }
+}

@@ -1,0 +1,186 @@
+//! Routing keys to memnodes, shared by computenodes and embedded clients: a [`Router`] per
+//! process (a fixed ring, or the cluster map's partitions, replaced as newer maps arrive)
+//! and a [`SessionRouting`] per session (the map it routes by, taken when an operation
+//! starts, and the epochs its memnodes report through `map_fence`).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use racekv_transport::Connection;
+
+use crate::map_fence::{MapEpochs, MapFence};
+use crate::placement::{PartitionTable, Placement};
+use crate::ring::Ring;
+
+/// How a process's sessions route keys to its memnodes (shard `i` has node id `ids[i]`).
+#[derive(Debug)]
+pub struct Router {
+    placement: Placement,
+    ids: Vec<u64>,
+    /// Notified when a map is installed; sessions waiting for one sleep on it.
+    installed: (Mutex<()>, Condvar),
+    /// A session saw a memnode serve a newer map than installed: whoever follows the map
+    /// reads it now rather than wait for its watch.
+    wanted: AtomicBool,
+}
+
+impl Router {
+    /// A fixed consistent-hashing ring over memnodes with node ids `ids`.
+    pub fn ring(ids: &[u64]) -> Self {
+        Self::with(Placement::Ring(Ring::new(ids)), ids)
+    }
+
+    /// Routing by map `epoch`, whose partition `p` has its primary on the memnode with node
+    /// id `primaries[p]`, over memnodes with node ids `ids`.
+    pub fn map(epoch: u64, primaries: &[u64], ids: &[u64]) -> Result<Self, String> {
+        Ok(Self::with(Placement::partitions(partition_table(epoch, primaries, ids)?), ids))
+    }
+
+    fn with(placement: Placement, ids: &[u64]) -> Self {
+        Self {
+            placement,
+            ids: ids.to_vec(),
+            installed: (Mutex::new(()), Condvar::new()),
+            wanted: AtomicBool::new(false),
+        }
+    }
+
+    /// The epoch of the map routed by (None: a fixed ring).
+    pub fn epoch(&self) -> Option<u64> {
+        self.placement.epoch()
+    }
+
+    /// Routes by a newer map from now on. Refused (routing unchanged) on a fixed ring, for a
+    /// map not newer than the current one, and for a primary this process has no
+    /// connection to.
+    pub fn install(&self, epoch: u64, primaries: &[u64]) -> Result<(), String> {
+        self.placement.install(partition_table(epoch, primaries, &self.ids)?)?;
+        drop(self.installed.0.lock());
+        self.installed.1.notify_all();
+        Ok(())
+    }
+
+    /// Whether a session asked for the map to be read again (and clears the request).
+    pub fn take_wanted(&self) -> bool {
+        self.wanted.swap(false, Ordering::AcqRel)
+    }
+
+    /// Waits up to `timeout` for a map of at least `epoch` (asking for it to be read);
+    /// whether one is installed.
+    fn await_epoch(&self, epoch: u64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut guard = self.installed.0.lock();
+        loop {
+            if self.epoch().is_some_and(|e| e >= epoch) {
+                return true;
+            }
+            self.wanted.store(true, Ordering::Release);
+            if self.installed.1.wait_until(&mut guard, deadline).timed_out() {
+                return self.epoch().is_some_and(|e| e >= epoch);
+            }
+        }
+    }
+
+    /// A new session's routing: the current map, and (routing by a map) its epochs.
+    pub fn session(&self) -> SessionRouting {
+        let table = self.placement.table();
+        let epochs = table.as_ref().map(|t| Arc::new(MapEpochs::new(t.epoch())));
+        SessionRouting { table, epochs }
+    }
+}
+
+/// Map `epoch`'s routing over memnodes with node ids `ids` (shard i has `ids[i]`).
+fn partition_table(epoch: u64, primaries: &[u64], ids: &[u64]) -> Result<PartitionTable, String> {
+    let shards = primaries
+        .iter()
+        .map(|id| {
+            ids.iter().position(|x| x == id).ok_or_else(|| {
+                format!(
+                    "map epoch {epoch} has memnode {id:#x} as a primary, and this process is not connected to it \
+                     (restart it to connect: adding memnodes live is not built yet)"
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    PartitionTable::new(epoch, &shards, ids.len())
+}
+
+/// One session's routing (the `Shards` hooks of a session routing by a [`Router`]).
+#[derive(Debug)]
+pub struct SessionRouting {
+    /// The map's partitions routed by (None: the router's fixed ring); taken anew only
+    /// when an operation starts, so an operation routes all its keys by one map.
+    table: Option<Arc<PartitionTable>>,
+    /// That map's epoch and the newest one its memnodes reported (with `table`).
+    epochs: Option<Arc<MapEpochs>>,
+}
+
+impl SessionRouting {
+    /// The shard that serves `key`.
+    pub fn route(&self, router: &Router, key: &[u8]) -> usize {
+        match &self.table {
+            Some(table) => table.shard(key),
+            None => router.placement.shard(key),
+        }
+    }
+
+    /// Takes the router's newest map (a no-op on a fixed ring).
+    pub fn refresh(&mut self, router: &Router) {
+        let (Some(table), Some(epochs)) = (&mut self.table, &self.epochs) else { return };
+        if router.epoch() != Some(table.epoch()) {
+            *table = router.placement.table().expect("a router of a map keeps one");
+            epochs.route_by(table.epoch());
+        }
+    }
+
+    /// (routed epoch, reported epoch) when a memnode reported a newer map.
+    pub fn changed(&self) -> Option<(u64, u64)> {
+        let epochs = self.epochs.as_ref()?;
+        epochs.changed().map(|current| (epochs.routed(), current))
+    }
+
+    /// Waits up to `timeout` for a map of at least `epoch` and routes by it.
+    pub fn await_map(&mut self, router: &Router, epoch: u64, timeout: Duration) -> bool {
+        if self.epochs.is_none() || !router.await_epoch(epoch, timeout) {
+            return false;
+        }
+        self.refresh(router);
+        true
+    }
+
+    /// `conn` as this session's table clients use it: fenced when routing by a map.
+    pub fn connection(&self, conn: Arc<dyn Connection>) -> Arc<dyn Connection> {
+        match &self.epochs {
+            Some(epochs) => Arc::new(MapFence::new(conn, Arc::clone(epochs))),
+            None => conn,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sessions_route_by_the_map_they_took_until_they_refresh() {
+        let router = Router::map(1, &[10, 20], &[10, 20]).unwrap();
+        let mut session = router.session();
+        let key = b"k";
+        let first = session.route(&router, key);
+        let other = [20, 10][first];
+        router.install(2, &[other, other]).unwrap();
+        assert_eq!(session.route(&router, key), first, "one operation, one map");
+        session.refresh(&router);
+        assert_eq!(session.route(&router, key), 1 - first);
+        assert!(router.install(3, &[30, 30]).unwrap_err().contains("not connected"));
+        assert!(!session.await_map(&router, 3, Duration::from_millis(20)), "no map 3 came");
+        assert!(router.take_wanted(), "the wait asked for the map to be read");
+        assert!(session.await_map(&router, 2, Duration::ZERO));
+        let ring = Router::ring(&[10, 20]);
+        let mut on_ring = ring.session();
+        assert_eq!((on_ring.changed(), ring.epoch()), (None, None));
+        assert!(!on_ring.await_map(&ring, 1, Duration::ZERO));
+    }
+}
