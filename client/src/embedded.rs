@@ -169,15 +169,10 @@ impl Cluster {
         let (router, follower) = match map {
             None => (Arc::new(Router::ring(&ids)), None),
             Some(map) => {
-                let expected = map.node_ids();
-                if let Some(i) = (0..ids.len()).find(|&i| expected[i] != ids[i]) {
-                    return Err(ClientError::Config(format!(
-                        "{} has node id {:#x}, not the one the cluster map gives it ({:#x})",
-                        memnodes[i].label, ids[i], expected[i]
-                    )));
-                }
-                let router =
-                    Arc::new(Router::map(map.map().epoch, &map.primaries(), &ids).map_err(ClientError::Config)?);
+                let router = Router::map(map.map().epoch, &map.primaries(), &ids, &map.node_ids(), |i| {
+                    memnodes[i].label.clone()
+                });
+                let router = Arc::new(router.map_err(ClientError::Config)?);
                 let follower = map.follow(Arc::downgrade(&router), |_| {})?;
                 (router, Some(follower))
             }

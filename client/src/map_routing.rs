@@ -33,8 +33,23 @@ impl Router {
     }
 
     /// Routing by map `epoch`, whose partition `p` has its primary on the memnode with node
-    /// id `primaries[p]`, over memnodes with node ids `ids`.
-    pub fn map(epoch: u64, primaries: &[u64], ids: &[u64]) -> Result<Self, String> {
+    /// id `primaries[p]`, over memnodes with node ids `ids`, which must be the ones the map
+    /// gives them (`mapped`, in the same order; `label(i)` names memnode `i` in the error).
+    pub fn map(
+        epoch: u64,
+        primaries: &[u64],
+        ids: &[u64],
+        mapped: &[u64],
+        label: impl Fn(usize) -> String,
+    ) -> Result<Self, String> {
+        if let Some(i) = (0..ids.len()).find(|&i| mapped.get(i) != Some(&ids[i])) {
+            return Err(format!(
+                "{} has node id {:#x}, not the one the cluster map gives it ({})",
+                label(i),
+                ids[i],
+                mapped.get(i).map_or("none".into(), |id| format!("{id:#x}"))
+            ));
+        }
         Ok(Self::with(Placement::partitions(partition_table(epoch, primaries, ids)?), ids))
     }
 
@@ -165,7 +180,11 @@ mod tests {
 
     #[test]
     fn sessions_route_by_the_map_they_took_until_they_refresh() {
-        let router = Router::map(1, &[10, 20], &[10, 20]).unwrap();
+        let label = |i: usize| format!("memnode #{i}");
+        assert!(Router::map(1, &[10, 20], &[10, 20], &[10, 21], label)
+            .unwrap_err()
+            .contains("memnode #1 has node id 0x14, not the one the cluster map gives it (0x15)"));
+        let router = Router::map(1, &[10, 20], &[10, 20], &[10, 20], label).unwrap();
         let mut session = router.session();
         let key = b"k";
         let first = session.route(&router, key);

@@ -9,8 +9,7 @@ use arc_swap::ArcSwap;
 
 use crate::ring::{key_hash, Ring};
 
-/// Most partitions a routing table holds (the cluster map's own limit).
-pub const MAX_PARTITIONS: usize = 16_384;
+pub use racekv_coord::map::MAX_PARTITIONS;
 
 /// One cluster map's routing: per partition, the shard (a session's memnode index) of its
 /// primary. A key's partition is its [`key_hash`] modulo the partition count.

@@ -249,7 +249,7 @@ impl<S: Shards> Session<S> {
         key: &[u8],
         mut op: impl FnMut(&mut TableClient) -> Result<R, racekv_hashing::Error>,
     ) -> Result<R, ClientError> {
-        self.under_map(&[key], Redo::Yes, |s| {
+        self.under_map(std::iter::once(key), Redo::Yes, |s| {
             let shard = s.shards.route(key);
             s.on(shard, &mut op)
         })
@@ -260,9 +260,9 @@ impl<S: Shards> Session<S> {
     /// stands if the map still routes every key where `op` found it; otherwise `op` runs
     /// again by the new map (`Redo::Yes`, for operations that may run twice) or the caller
     /// learns it may have been applied where the keys no longer live (`ClientError::MapChanged`).
-    pub(crate) fn under_map<R>(
+    pub(crate) fn under_map<'k, R>(
         &mut self,
-        keys: &[&[u8]],
+        keys: impl Iterator<Item = &'k [u8]> + Clone,
         redo: Redo,
         mut op: impl FnMut(&mut Self) -> Result<R, ClientError>,
     ) -> Result<R, ClientError> {
@@ -271,14 +271,15 @@ impl<S: Shards> Session<S> {
         loop {
             let result = op(self);
             let Some((routed, current)) = self.shards.map_changed() else { return result };
-            // Where `op` went (routing changes only in refresh_routing and await_map).
-            let went: Vec<usize> = keys.iter().map(|k| self.shards.route(k)).collect();
+            // Where `op` went (routing changes only in refresh_routing and await_map); the
+            // keys are walked only here, so the common case allocates nothing.
+            let went: Vec<usize> = keys.clone().map(|k| self.shards.route(k)).collect();
             let endpoint = went.first().map_or(String::new(), |&s| self.shards.label(s).to_string());
             let moved = ClientError::MapChanged { endpoint, routed, current };
             if refreshes == MAX_MAP_REFRESHES || !self.shards.await_map(current) {
                 return Err(moved);
             }
-            if keys.iter().zip(&went).all(|(k, &shard)| self.shards.route(k) == shard) {
+            if keys.clone().zip(&went).all(|(k, &shard)| self.shards.route(k) == shard) {
                 return result;
             }
             if redo == Redo::No {
@@ -369,7 +370,7 @@ impl<S: Shards> Session<S> {
 
     /// Values of many keys; each memnode's share goes out in batches.
     pub fn multi_get(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, ClientError> {
-        self.under_map(keys, Redo::Yes, |s| {
+        self.under_map(keys.iter().copied(), Redo::Yes, |s| {
             let mut out = vec![None; keys.len()];
             for (shard, indices) in s.group(keys.iter().copied()) {
                 let subset: Vec<&[u8]> = indices.iter().map(|&i| keys[i]).collect();
@@ -386,7 +387,7 @@ impl<S: Shards> Session<S> {
     /// after every key before it (see `TableClient::get_many_in_order`); consecutive keys of
     /// one memnode travel together.
     pub fn get_in_order(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, ClientError> {
-        self.under_map(keys, Redo::Yes, |s| {
+        self.under_map(keys.iter().copied(), Redo::Yes, |s| {
             let mut out = Vec::with_capacity(keys.len());
             let mut start = 0;
             while start < keys.len() {
@@ -401,9 +402,9 @@ impl<S: Shards> Session<S> {
 
     /// Sets many keys (not atomic across keys: a failure leaves the earlier ones set).
     pub fn multi_put(&mut self, pairs: &[(&[u8], &[u8])]) -> Result<(), ClientError> {
-        let keys: Vec<&[u8]> = pairs.iter().map(|(k, _)| *k).collect();
-        self.under_map(&keys, Redo::Yes, |s| {
-            for (shard, indices) in s.group(keys.iter().copied()) {
+        let keys = pairs.iter().map(|(k, _)| *k);
+        self.under_map(keys.clone(), Redo::Yes, |s| {
+            for (shard, indices) in s.group(keys.clone()) {
                 s.on(shard, |c| {
                     for &i in &indices {
                         c.put(pairs[i].0, pairs[i].1)?;

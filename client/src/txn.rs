@@ -91,8 +91,8 @@ impl<S: Shards> Session<S> {
     pub fn commit(&mut self, reads: &[(&[u8], Version)], writes: &[Write<'_>]) -> Result<bool, ClientError> {
         // By one map; a commit that met a move is reported, not run again (it may have
         // applied where its keys no longer live).
-        let keys: Vec<&[u8]> = reads.iter().map(|(k, _)| *k).chain(writes.iter().map(|w| w.key)).collect();
-        self.under_map(&keys, Redo::No, |s| s.commit_routed(reads, writes))
+        let keys = reads.iter().map(|(k, _)| *k).chain(writes.iter().map(|w| w.key));
+        self.under_map(keys, Redo::No, |s| s.commit_routed(reads, writes))
     }
 
     fn commit_routed(&mut self, reads: &[(&[u8], Version)], writes: &[Write<'_>]) -> Result<bool, ClientError> {

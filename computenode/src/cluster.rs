@@ -149,15 +149,8 @@ impl Cluster {
         let router = match &options.routing {
             Routing::Ring => Router::ring(&ids),
             Routing::Map { epoch, node_ids, primaries } => {
-                if let Some(i) = (0..ids.len()).find(|&i| node_ids.get(i) != Some(&ids[i])) {
-                    return Err(ClientError::Config(format!(
-                        "{} has node id {:#x}, not the one the cluster map gives it ({})",
-                        memnodes[i].label,
-                        ids[i],
-                        node_ids.get(i).map_or("none".into(), |id| format!("{id:#x}"))
-                    )));
-                }
-                Router::map(*epoch, primaries, &ids).map_err(ClientError::Config)?
+                Router::map(*epoch, primaries, &ids, node_ids, |i| memnodes[i].label.clone())
+                    .map_err(ClientError::Config)?
             }
         };
         METRICS.map_epoch.set(router.epoch().unwrap_or(0) as i64);
