@@ -17,8 +17,13 @@ cd "$root"
 quick=0
 [[ ${1:-} == --quick ]] && quick=1
 export CARGO_TERM_COLOR=never
+# Disk: a full run with full debug info and incremental caches filled a CI machine's disk
+# (15 GiB of target/ by the container step alone). Line tables keep backtraces readable.
+export CARGO_INCREMENTAL=0
+export CARGO_PROFILE_DEV_DEBUG=line-tables-only
+disk_free() { df -h --output=avail "$root" | tail -1 | tr -d ' '; }
 started=$(date +%s)
-step() { echo; echo "=== $* (+$(( $(date +%s) - started )) s)"; }
+step() { echo; echo "=== $* (+$(( $(date +%s) - started )) s, $(disk_free) disk free)"; }
 
 step "system packages"
 if [[ $(id -u) -eq 0 ]]; then ops/install-packages.sh; else ops/install-packages.sh || true; fi
