@@ -5,6 +5,7 @@
 mod cluster;
 mod doctor;
 mod up;
+mod up_cluster;
 
 use std::io::Write;
 
@@ -248,6 +249,7 @@ fn status(client: &Client, computenode: &[String], json: bool) -> anyhow::Result
     let stats = client.stats();
     let found = find_computenode(computenode);
     let node = found.as_ref().map(|(_, status)| status.clone());
+    let local = up_cluster::local_cluster(&up::runtime_dir());
     if json {
         let memnodes: Vec<_> = stats
             .iter()
@@ -256,7 +258,12 @@ fn status(client: &Client, computenode: &[String], json: bool) -> anyhow::Result
                 Err(e) => serde_json::json!({"memnode": ep, "error": e.to_string()}),
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"memnodes": memnodes, "computenode": node}))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &serde_json::json!({"memnodes": memnodes, "computenode": node, "local_cluster": local})
+            )?
+        );
         return Ok(());
     }
     println!("{:<34} {:>12} {:>12} {:>10} {:>8} {:>6}", "MEMNODE", "REGION", "HEAP USED", "KEYS", "LOAD", "DEPTH");
@@ -299,6 +306,9 @@ fn status(client: &Client, computenode: &[String], json: bool) -> anyhow::Result
             "\ncomputenode: no status at {} (not running, or elsewhere: --computenode ADDR)",
             computenode.join(" or ")
         ),
+    }
+    if let Some(local) = &local {
+        up_cluster::print_local_cluster(local);
     }
     Ok(())
 }

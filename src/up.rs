@@ -1,4 +1,5 @@
-//! `racekv up`: a local cluster in this process, until Ctrl-C.
+//! `racekv up`: a local cluster in this process, until Ctrl-C (with `--replicas`, a
+//! coordinated one of child processes: [`crate::up_cluster`]).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -15,6 +16,15 @@ pub struct UpArgs {
     /// Number of memnodes.
     #[arg(long, default_value_t = 1)]
     memnodes: usize,
+    /// Copies of each partition. Given, the cluster is coordinated: a local etcd holds the
+    /// cluster map, each memnode runs as its own child process (started again on its data
+    /// file if it dies) and `racekv status` shows their pids. Needs the `etcd` build and
+    /// Debian's etcd-server. Only 1 for now: replication is not built yet.
+    #[arg(long)]
+    replicas: Option<u8>,
+    /// The local etcd's client port (`--replicas`); the next port is its peer port.
+    #[arg(long, default_value_t = 7379)]
+    etcd_port: u16,
     /// Region size of each memnode, e.g. 1GiB.
     #[arg(long, default_value = "256MiB", value_parser = parse_bytes)]
     region_bytes: u64,
@@ -43,7 +53,7 @@ pub struct UpArgs {
 
 /// This user's directory for racekv's sockets: where the computenode's attach socket
 /// lives by default (so local clients find it), and the memnodes' sockets beside it.
-fn runtime_dir() -> PathBuf {
+pub fn runtime_dir() -> PathBuf {
     racekv_client::default_attach_socket().parent().map(PathBuf::from).unwrap_or_else(std::env::temp_dir)
 }
 
@@ -58,6 +68,22 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         "none" => None,
         a => Some(a.parse().context("--metrics-addr")?),
     };
+    if let Some(replicas) = args.replicas {
+        return crate::up_cluster::run(crate::up_cluster::Settings {
+            memnodes: args.memnodes,
+            replicas,
+            region_bytes: args.region_bytes,
+            data_dir: args.data_dir,
+            base_port: args.base_port,
+            etcd_port: args.etcd_port,
+            redis_port: args.redis_port,
+            remote_port: args.remote_port,
+            max_workers: args.max_workers,
+            metrics_addr,
+            token: args.token,
+            run_dir,
+        });
+    }
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])?;
     let mut memnodes = Vec::new();
     for i in 0..args.memnodes {

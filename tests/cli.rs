@@ -173,3 +173,15 @@ fn the_systemd_install_script_stages_verified_units() {
     assert_eq!(token("memnode"), first, "a second run keeps the token");
     assert_eq!(std::fs::read_to_string(path("etc/racekv/memnode.toml")).unwrap(), "region_bytes = 1024\n");
 }
+
+/// `racekv up --replicas` needs the etcd build; without it, it says how to get one and
+/// starts nothing.
+#[cfg(not(feature = "etcd"))]
+#[test]
+fn up_with_replicas_says_how_to_get_an_etcd_build() {
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_racekv")).args(["up", "--memnodes", "3", "--replicas", "1"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--features etcd"), "{err}");
+}

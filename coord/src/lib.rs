@@ -14,6 +14,7 @@ pub mod etcd;
 #[path = "etcd_absent.rs"]
 pub mod etcd;
 pub mod keys;
+pub mod local_etcd;
 pub mod map;
 #[cfg(all(feature = "testing", feature = "etcd"))]
 pub mod testing;

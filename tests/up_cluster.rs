@@ -1,0 +1,123 @@
+//! `racekv up --memnodes 3 --replicas 1` (issue 17, item 5): a local etcd, three memnode
+//! processes and a computenode routing by the cluster map; `racekv status` lists each
+//! memnode's pid, state and partitions; a memnode killed with SIGKILL is started again on
+//! its data file and every acknowledged write is still there; Ctrl-C stops every child.
+#![cfg(feature = "etcd")]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{free_port, Up};
+use redis::Commands;
+
+/// The children of a `racekv up`, killed if the test fails half-way (SIGKILL of `up`
+/// itself, which the `Up` guard sends, would leave them running).
+struct Pids(Vec<u32>);
+
+impl Drop for Pids {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+    }
+}
+
+fn alive(pid: u64) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
+}
+
+fn local_cluster(up: &Up) -> serde_json::Value {
+    let metrics = format!("127.0.0.1:{}", up.metrics);
+    let (ok, out, err) = up.racekv(&["status", "--json", "--computenode", &metrics]);
+    assert!(ok, "racekv status: {err}");
+    let status: serde_json::Value = serde_json::from_str(&out).unwrap();
+    status["local_cluster"].clone()
+}
+
+fn memnode_pids(cluster: &serde_json::Value) -> Vec<u64> {
+    cluster["memnodes"].as_array().unwrap().iter().map(|m| m["pid"].as_u64().unwrap()).collect()
+}
+
+#[test]
+fn a_killed_memnode_comes_back_with_every_acknowledged_write() {
+    let etcd_port = free_port();
+    let up = Up::start(&["--memnodes", "3", "--replicas", "1", "--etcd-port", &etcd_port.to_string()]);
+    assert!(up.banner.contains("3 memnode process(es), R = 1"), "{}", up.banner);
+    let cluster = local_cluster(&up);
+    let mut guard = Pids(memnode_pids(&cluster).into_iter().map(|p| p as u32).collect());
+    guard.0.push(cluster["etcd_pid"].as_u64().unwrap() as u32);
+    let pids = memnode_pids(&cluster);
+    assert_eq!(pids.len(), 3);
+    assert!(pids.iter().all(|&p| alive(p) && p != u64::from(up.child.id())), "{cluster}");
+    let partitions: u64 =
+        cluster["memnodes"].as_array().unwrap().iter().map(|m| m["primary_partitions"].as_u64().unwrap()).sum();
+    assert_eq!(partitions, 3 * racekv_coord::map::DEFAULT_PARTITIONS_PER_MEMNODE as u64, "{cluster}");
+    assert!(cluster["memnodes"].as_array().unwrap().iter().all(|m| m["state"] == "running"));
+
+    let mut redis = redis::Client::open(format!("redis://127.0.0.1:{}", up.redis)).unwrap().get_connection().unwrap();
+    for i in 0..300 {
+        let _: () = redis.set(format!("key-{i}"), format!("value-{i}")).unwrap();
+    }
+
+    // SIGKILL the memnode holding key-0's partition or any: all hold some of the 300 keys.
+    let victim = pids[1];
+    assert!(std::process::Command::new("kill").args(["-KILL", &victim.to_string()]).status().unwrap().success());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let back = loop {
+        let now = local_cluster(&up);
+        let m = &now["memnodes"][1];
+        if m["pid"].as_u64() != Some(victim) && m["state"] == "running" {
+            break now;
+        }
+        assert!(Instant::now() < deadline, "memnode 1 was not started again: {now}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(back["memnodes"][1]["restarts"].as_u64(), Some(1), "{back}");
+    let fresh = back["memnodes"][1]["pid"].as_u64().unwrap();
+    guard.0.push(fresh as u32);
+
+    // Every acknowledged write is there once the computenode reconnected.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for i in 0..300 {
+        loop {
+            let got: redis::RedisResult<Option<String>> = redis.get(format!("key-{i}"));
+            match got {
+                Ok(v) => {
+                    assert_eq!(v, Some(format!("value-{i}")), "key-{i} after the memnode came back");
+                    break;
+                }
+                Err(e) => {
+                    assert!(Instant::now() < deadline, "key-{i}: {e}");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+    }
+    let _: () = redis.set("after", "yes").unwrap();
+    let text = up.racekv(&["status", "--computenode", &format!("127.0.0.1:{}", up.metrics)]).1;
+    assert!(text.contains("local cluster (racekv up") && text.contains(&fresh.to_string()), "{text}");
+
+    let etcd_pid = back["etcd_pid"].as_u64().unwrap();
+    let mut all = memnode_pids(&back);
+    all.push(etcd_pid);
+    let (clean, rest) = up.stop();
+    assert!(clean, "racekv up did not stop cleanly: {rest}");
+    for pid in all {
+        assert!(!alive(pid), "child {pid} still runs after racekv up stopped");
+    }
+}
+
+#[test]
+fn replicas_beyond_one_are_refused_until_replication_exists() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_racekv"))
+        .args(["up", "--memnodes", "3", "--replicas", "2"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("replication is not built yet"));
+}
