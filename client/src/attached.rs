@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use crate::attach::area::status;
-use crate::attach::handshake::{refusal, FRAME_HEADER_BYTES, MAX_FRAME_BODY};
+use crate::attach::handshake::{kind, refusal, FRAME_HEADER_BYTES, MAX_FRAME_BODY};
+use crate::attach::lending::{LentMemnode, MAX_LENT_DESCRIPTORS};
 use crate::attach::{doorbell, monotonic_ns, Accepted, ClientRing, Doorbell, Frame, Hello};
 use crate::channel::{Batch, Channel, Take};
 use crate::error::ClientError;
@@ -72,6 +73,7 @@ impl Attached {
         password: Option<String>,
         timeout: Duration,
         spin: Duration,
+        borrow: bool,
     ) -> Result<Self, ClientError> {
         let label = format!("attach:{}", path.display());
         let too_long = |what: &str, max: usize| ClientError::Config(format!("a {what} longer than {max} bytes"));
@@ -81,7 +83,7 @@ impl Attached {
         if password.as_ref().is_some_and(|p| p.len() > crate::attach::handshake::MAX_PASSWORD_BYTES) {
             return Err(too_long("password", crate::attach::handshake::MAX_PASSWORD_BYTES));
         }
-        let hello = Hello { pid: std::process::id(), user, password: password.map(String::into_bytes) };
+        let hello = Hello { pid: std::process::id(), user, password: password.map(String::into_bytes), borrow };
         let attachment = Attachment::connect(&path, &label, &hello, timeout, spin)?;
         Ok(Self {
             path,
@@ -92,6 +94,14 @@ impl Attached {
             current: Mutex::new(attachment),
             last_attempt: Mutex::new(Instant::now()),
         })
+    }
+
+    /// What the daemon lent at attach time (once; later calls get None), and a watch on
+    /// whether it took it back.
+    pub(crate) fn take_lending(&self) -> Option<(Result<Vec<LentMemnode>, String>, LendingWatch)> {
+        let current = Arc::clone(&self.current.lock());
+        let lending = current.lending.lock().take()?;
+        Some((lending, LendingWatch { inner: Arc::clone(&current.inner) }))
     }
 
     /// The current attachment, attaching again if the daemon went away.
@@ -108,7 +118,9 @@ impl Attached {
             return Err(current.inner.broken_error());
         }
         *last = Instant::now();
-        let fresh = Attachment::connect(&self.path, &self.label, &self.hello, self.timeout, self.spin)?;
+        // Connections are lent once, with the first attachment.
+        let hello = Hello { borrow: false, ..self.hello.clone() };
+        let fresh = Attachment::connect(&self.path, &self.label, &hello, self.timeout, self.spin)?;
         tracing::info!(socket = %self.path.display(), "attached to the computenode again");
         *self.current.lock() = Arc::clone(&fresh);
         Ok(fresh)
@@ -314,6 +326,75 @@ struct Attachment {
     accepted: Accepted,
     control: UnixStream,
     watcher: Option<JoinHandle<()>>,
+    /// What the daemon lent, when this attachment asked (taken once).
+    lending: Mutex<Option<Result<Vec<LentMemnode>, String>>>,
+}
+
+/// Whether the daemon took back what it lent with an attachment.
+pub(crate) struct LendingWatch {
+    inner: Arc<Inner>,
+}
+
+impl LendingWatch {
+    /// The daemon revoked the lending (or the attachment it came with broke).
+    pub(crate) fn revoked(&self) -> bool {
+        self.inner.ring.lending_revoked() || self.inner.is_broken()
+    }
+}
+
+/// Reads the daemon's answer to a hello that asked to borrow connections: one LENT frame
+/// per memnode, in order, or one NOT_LENT.
+fn read_lending(
+    stream: &UnixStream,
+    label: &str,
+    timeout: Duration,
+) -> Result<Result<Vec<LentMemnode>, String>, ClientError> {
+    let io_error = |e: std::io::Error| {
+        if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
+            ClientError::Timeout { endpoint: label.to_string(), after: timeout }
+        } else {
+            ClientError::Unavailable { endpoint: label.to_string(), reason: format!("reading lent connections: {e}") }
+        }
+    };
+    let protocol = |e: racekv_transport::decode::DecodeError| ClientError::Protocol(e.to_string());
+    let mut lent: Vec<LentMemnode> = Vec::new();
+    loop {
+        let mut header = [0u8; FRAME_HEADER_BYTES];
+        let mut got = 0;
+        let mut fds: Vec<OwnedFd> = Vec::new();
+        while got < header.len() {
+            let room = MAX_LENT_DESCRIPTORS.saturating_sub(fds.len()).max(1);
+            let (n, more) =
+                racekv_transport::fdpass::recv_with_fds(stream, &mut header[got..], room).map_err(io_error)?;
+            if n == 0 {
+                return Err(io_error(std::io::ErrorKind::UnexpectedEof.into()));
+            }
+            got += n;
+            fds.extend(more);
+        }
+        let (frame_kind, _, body_len) = Frame::decode_header(&header).map_err(protocol)?;
+        let mut frame = header.to_vec();
+        frame.resize(FRAME_HEADER_BYTES + body_len, 0);
+        (&*stream).read_exact(&mut frame[FRAME_HEADER_BYTES..]).map_err(io_error)?;
+        if frame_kind != kind::LENT {
+            return match Frame::decode(&frame).map_err(protocol)? {
+                Frame::NotLent { reason } => Ok(Err(reason)),
+                other => Err(ClientError::Protocol(format!("expected lent connections, got {other:?}"))),
+            };
+        }
+        let memnode = LentMemnode::decode(&frame[FRAME_HEADER_BYTES..], fds).map_err(protocol)?;
+        if usize::from(memnode.index) != lent.len() || lent.first().is_some_and(|m| m.count != memnode.count) {
+            return Err(ClientError::Protocol(format!(
+                "lent memnode {} of {} out of order",
+                memnode.index, memnode.count
+            )));
+        }
+        let done = usize::from(memnode.index) + 1 == usize::from(memnode.count);
+        lent.push(memnode);
+        if done {
+            return Ok(Ok(lent));
+        }
+    }
 }
 
 struct Reap {
@@ -403,7 +484,7 @@ impl Attachment {
                     _ => ClientError::Unavailable { endpoint: label.to_string(), reason },
                 });
             }
-            Frame::Goodbye { reason, .. } => {
+            Frame::Goodbye { reason, .. } | Frame::NotLent { reason } => {
                 return Err(ClientError::Unavailable { endpoint: label.to_string(), reason });
             }
         };
@@ -433,6 +514,7 @@ impl Attachment {
             broken_reason: Mutex::new(None),
             next_id: AtomicU64::new(1),
         });
+        let lending = if hello.borrow { Some(read_lending(&stream, label, timeout)?) } else { None };
         stream.set_read_timeout(None).map_err(|e| io_error("attaching", e))?;
         let watch = stream.try_clone().map_err(|e| io_error("attaching", e))?;
         let watched = Arc::clone(&inner);
@@ -441,7 +523,7 @@ impl Attachment {
             .spawn(move || watch_daemon(watch, &watched))
             .map_err(|e| io_error("starting the watcher thread", e))?;
         tracing::debug!(socket = %path.display(), id = accepted.attachment_id, "attached to the computenode");
-        Ok(Arc::new(Self { inner, accepted, control: stream, watcher: Some(watcher) }))
+        Ok(Arc::new(Self { inner, accepted, control: stream, watcher: Some(watcher), lending: Mutex::new(lending) }))
     }
 
     fn payload_bytes(&self) -> usize {
@@ -679,7 +761,8 @@ mod tests {
     fn a_missing_daemon_names_the_path_and_the_alternatives() {
         let dir = std::env::temp_dir().join(format!("racekv-no-daemon-{}", std::process::id()));
         let path = dir.join("computenode.sock");
-        let err = Attached::connect(path.clone(), None, None, Duration::from_secs(1), Duration::ZERO).err().unwrap();
+        let err =
+            Attached::connect(path.clone(), None, None, Duration::from_secs(1), Duration::ZERO, false).err().unwrap();
         let text = err.to_string();
         assert!(matches!(err, ClientError::Unavailable { .. }), "{err:?}");
         assert!(text.contains(&path.display().to_string()), "{text}");

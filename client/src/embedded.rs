@@ -1,7 +1,7 @@
 //! Embedded mode: this process is its own compute worker, with its own connections to every
 //! memnode. Sessions (one table client per memnode each) are pooled and lent per call.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,6 +10,7 @@ use racekv_hashing::rpc;
 use racekv_hashing::{Table, TableClient, TableOptions};
 use racekv_transport::{ConnectOptions, Connection, Endpoint};
 
+use crate::attach::lending::LentMemnode;
 use crate::error::ClientError;
 use crate::map_follower::{MapFollower, MapSource};
 use crate::map_routing::{Router, SessionRouting};
@@ -25,13 +26,20 @@ struct Live {
     generation: u64,
 }
 
+/// Where a memnode's connections come from, and so how they are replaced.
+enum Source {
+    /// Dialed by this process: dialed again after a failure.
+    Dial { endpoint: Endpoint, connect: ConnectOptions, connections: usize },
+    /// Lent by the computenode this process is attached to: after a failure the client
+    /// stops using lent connections (`failed`) and goes back through the daemon.
+    Lent { failed: Arc<AtomicBool> },
+}
+
 pub(crate) struct Memnode {
-    endpoint: Endpoint,
+    source: Source,
     label: String,
     node_id: u64,
-    connect: ConnectOptions,
     table_options: TableOptions,
-    connections: usize,
     live: RwLock<Live>,
     next_conn: AtomicUsize,
     last_reconnect: Mutex<Option<Instant>>,
@@ -67,12 +75,10 @@ impl Memnode {
         let label = endpoint.to_string();
         let (live, node_id) = open_live(&endpoint, &label, &connect, table_options, connections, 0)?;
         Ok(Self {
-            endpoint,
+            source: Source::Dial { endpoint, connect, connections },
             label,
             node_id,
-            connect,
             table_options,
-            connections,
             live: RwLock::new(live),
             next_conn: AtomicUsize::new(0),
             last_reconnect: Mutex::new(None),
@@ -89,7 +95,37 @@ impl Memnode {
         self.live.read().generation
     }
 
+    /// A memnode on a connection the attached computenode lent; `failed` is raised when it
+    /// fails.
+    fn lent(lent: LentMemnode, table_options: TableOptions, failed: Arc<AtomicBool>) -> Result<Self, ClientError> {
+        let label = lent.conn.endpoint().to_string();
+        let unavailable = |reason: String| ClientError::Unavailable { endpoint: label.clone(), reason };
+        let conn: Arc<dyn Connection> =
+            Arc::new(lent.conn.into_connection(table_options.op_timeout).map_err(|e| unavailable(e.to_string()))?);
+        let chunks = Arc::new(racekv_hashing::table::RpcChunkSource::new(Arc::clone(&conn)));
+        let table = Table::open_with(&*conn, lent.layout, chunks, table_options)
+            .map_err(|e| ClientError::from_table(&label, e, table_options.op_timeout))?;
+        Ok(Self {
+            source: Source::Lent { failed },
+            node_id: lent.node_id,
+            table_options,
+            live: RwLock::new(Live { table, conns: vec![conn], generation: 0 }),
+            next_conn: AtomicUsize::new(0),
+            last_reconnect: Mutex::new(None),
+            label,
+        })
+    }
+
     fn reconnect(&self, failed_generation: u64) {
+        let (endpoint, connect, connections) = match &self.source {
+            Source::Dial { endpoint, connect, connections } => (endpoint, connect, *connections),
+            Source::Lent { failed } => {
+                if !failed.swap(true, Ordering::AcqRel) {
+                    tracing::warn!(memnode = %self.label, "a lent connection failed: back to the computenode's ring");
+                }
+                return;
+            }
+        };
         {
             let mut last = self.last_reconnect.lock();
             if last.is_some_and(|t| t.elapsed() < RECONNECT_BACKOFF) || self.generation() != failed_generation {
@@ -97,14 +133,7 @@ impl Memnode {
             }
             *last = Some(Instant::now());
         }
-        match open_live(
-            &self.endpoint,
-            &self.label,
-            &self.connect,
-            self.table_options,
-            self.connections,
-            failed_generation + 1,
-        ) {
+        match open_live(endpoint, &self.label, connect, self.table_options, connections, failed_generation + 1) {
             Ok((live, node_id)) if node_id == self.node_id => {
                 *self.live.write() = live;
                 tracing::info!(memnode = %self.label, "reconnected");
@@ -178,6 +207,26 @@ impl Cluster {
             }
         };
         let core = Arc::new(Core { router, memnodes, timeout: connect.timeout, _follower: follower });
+        Ok(Arc::new(Self { core, idle: Mutex::new(Vec::new()) }))
+    }
+
+    /// An embedded cluster over the connections the attached computenode lent (routed by
+    /// the ring of their node ids, as the computenode routes); a failure raises `failed`.
+    pub(crate) fn from_lent(
+        lent: Vec<LentMemnode>,
+        table_options: TableOptions,
+        failed: Arc<AtomicBool>,
+    ) -> Result<Arc<Self>, ClientError> {
+        if lent.is_empty() {
+            return Err(ClientError::Protocol("the computenode lent no memnode".into()));
+        }
+        let mut memnodes = Vec::with_capacity(lent.len());
+        for memnode in lent {
+            memnodes.push(Memnode::lent(memnode, table_options, Arc::clone(&failed))?);
+        }
+        let ids: Vec<u64> = memnodes.iter().map(|m| m.node_id).collect();
+        let router = Arc::new(Router::ring(&ids));
+        let core = Arc::new(Core { router, memnodes, timeout: table_options.op_timeout, _follower: None });
         Ok(Arc::new(Self { core, idle: Mutex::new(Vec::new()) }))
     }
 

@@ -80,7 +80,8 @@ mod seed;
 pub mod session;
 pub mod txn;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -110,6 +111,7 @@ pub struct ClientBuilder {
     tls_server_name: Option<String>,
     user: Option<String>,
     password: Option<String>,
+    borrow: bool,
 }
 
 /// Where a computenode daemon listens for attaching processes unless told otherwise:
@@ -120,7 +122,7 @@ pub fn default_attach_socket() -> PathBuf {
 }
 
 fn default_attach_socket_for(runtime_dir: Option<&std::ffi::OsStr>, uid: u32) -> PathBuf {
-    match runtime_dir.map(Path::new) {
+    match runtime_dir.map(std::path::Path::new) {
         Some(dir) if dir.is_absolute() => dir.join("racekv").join("computenode.sock"),
         _ => PathBuf::from(format!("/tmp/racekv-{uid}")).join("computenode.sock"),
     }
@@ -167,6 +169,7 @@ impl Default for ClientBuilder {
             tls_server_name: None,
             user: None,
             password: None,
+            borrow: false,
         }
     }
 }
@@ -306,6 +309,19 @@ impl ClientBuilder {
         Ok(options)
     }
 
+    /// Attached mode: asks the daemon to lend this process connections to its memnodes
+    /// (KRCORE's borrowed connections). When it does, key operations run one-sided from
+    /// this process, as in embedded mode, with no hop through the daemon and without the
+    /// memnodes' token; statistics and everything else still go through the daemon. The
+    /// daemon lends only to users allowed every command on every key, when it is not in
+    /// cache mode (`maxmemory`) and routes by a fixed ring of shm memnodes; it takes the
+    /// connections back when that changes, and a lent connection that fails is not used
+    /// again: either way operations go through its ring from then on. Off by default.
+    pub fn borrow_connections(mut self, borrow: bool) -> Self {
+        self.borrow = borrow;
+        self
+    }
+
     /// Connects: embedded mode when memnodes were given (connects to each and loads their
     /// directories), attached mode otherwise (to [`ClientBuilder::attach`]'s socket, or to
     /// [`default_attach_socket`]). When no daemon listens there, fails with
@@ -356,8 +372,25 @@ impl ClientBuilder {
             ));
         }
         let path = self.attach.unwrap_or_else(default_attach_socket);
-        let attached = attached::Attached::connect(path, self.user, self.password, self.timeout, self.attach_spin)?;
-        Ok(Client { backend: Backend::Channel(Arc::new(attached)) })
+        let table_options = TableOptions { grace_period: self.grace_period, op_timeout: self.timeout };
+        let attached =
+            attached::Attached::connect(path, self.user, self.password, self.timeout, self.attach_spin, self.borrow)?;
+        let lending = attached.take_lending();
+        let attached: Arc<dyn channel::Channel> = Arc::new(attached);
+        if let Some((lending, watch)) = lending {
+            match lending.and_then(|lent| {
+                let failed = Arc::new(AtomicBool::new(false));
+                let cluster = embedded::Cluster::from_lent(lent, table_options, Arc::clone(&failed));
+                cluster.map(|cluster| (cluster, failed)).map_err(|e| format!("could not use them: {e}"))
+            }) {
+                Ok((cluster, failed)) => {
+                    let direct = Direct { cluster, attached, failed, watch };
+                    return Ok(Client { backend: Backend::Direct(Arc::new(direct)) });
+                }
+                Err(reason) => tracing::info!("no lent connections ({reason}): operations go through the computenode"),
+            }
+        }
+        Ok(Client { backend: Backend::Channel(attached) })
     }
 }
 
@@ -366,6 +399,29 @@ enum Backend {
     Embedded(Arc<embedded::Cluster>),
     /// Attached or remote: requests to a computenode.
     Channel(Arc<dyn channel::Channel>),
+    /// Attached, on connections the computenode lent.
+    Direct(Arc<Direct>),
+}
+
+/// An attached client running key operations on lent connections while it may.
+struct Direct {
+    cluster: Arc<embedded::Cluster>,
+    attached: Arc<dyn channel::Channel>,
+    /// A lent connection failed.
+    failed: Arc<AtomicBool>,
+    watch: attached::LendingWatch,
+}
+
+impl Direct {
+    fn usable(&self) -> bool {
+        !self.failed.load(Ordering::Relaxed) && !self.watch.revoked()
+    }
+}
+
+/// Where one call goes.
+enum Path<'a> {
+    Embedded(&'a Arc<embedded::Cluster>),
+    Channel(&'a Arc<dyn channel::Channel>),
 }
 
 /// A handle on a racekv cluster; clone it freely.
@@ -385,46 +441,63 @@ impl Client {
         match &self.backend {
             Backend::Embedded(_) => Mode::Embedded,
             Backend::Channel(c) => c.mode(),
+            Backend::Direct(_) => Mode::Attached,
         }
     }
 
     /// The daemon's socket, in attached mode.
-    pub fn attach_socket(&self) -> Option<&Path> {
+    pub fn attach_socket(&self) -> Option<&std::path::Path> {
         match &self.backend {
             Backend::Embedded(_) => None,
             Backend::Channel(c) => c.attach_socket(),
+            Backend::Direct(d) => d.attached.attach_socket(),
+        }
+    }
+
+    /// Whether key operations run on connections the computenode lent
+    /// ([`ClientBuilder::borrow_connections`]) now.
+    pub fn is_direct(&self) -> bool {
+        matches!(&self.backend, Backend::Direct(d) if d.usable())
+    }
+
+    fn path(&self) -> Path<'_> {
+        match &self.backend {
+            Backend::Embedded(c) => Path::Embedded(c),
+            Backend::Channel(c) => Path::Channel(c),
+            Backend::Direct(d) if d.usable() => Path::Embedded(&d.cluster),
+            Backend::Direct(d) => Path::Channel(&d.attached),
         }
     }
 
     /// The value of `key`, if any.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
-        match &self.backend {
-            Backend::Embedded(c) => c.with(|s| s.get(key)),
-            Backend::Channel(c) => c.get(key),
+        match self.path() {
+            Path::Embedded(c) => c.with(|s| s.get(key)),
+            Path::Channel(c) => c.get(key),
         }
     }
 
     /// Sets `key` to `value`, replacing any previous value.
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<(), ClientError> {
-        match &self.backend {
-            Backend::Embedded(c) => c.with(|s| s.put(key, value)),
-            Backend::Channel(c) => c.put_with(key, value, PutMode::Upsert).map(|_| ()),
+        match self.path() {
+            Path::Embedded(c) => c.with(|s| s.put(key, value)),
+            Path::Channel(c) => c.put_with(key, value, PutMode::Upsert).map(|_| ()),
         }
     }
 
     /// Sets `key` to `value` only if it has no value; returns whether it did.
     pub fn insert(&self, key: &[u8], value: &[u8]) -> Result<bool, ClientError> {
-        match &self.backend {
-            Backend::Embedded(c) => c.with(|s| s.put_with(key, value, PutMode::InsertOnly)),
-            Backend::Channel(c) => c.put_with(key, value, PutMode::InsertOnly),
+        match self.path() {
+            Path::Embedded(c) => c.with(|s| s.put_with(key, value, PutMode::InsertOnly)),
+            Path::Channel(c) => c.put_with(key, value, PutMode::InsertOnly),
         }
     }
 
     /// Replaces the value of `key` only if it has one; returns whether it did.
     pub fn update(&self, key: &[u8], value: &[u8]) -> Result<bool, ClientError> {
-        match &self.backend {
-            Backend::Embedded(c) => c.with(|s| s.put_with(key, value, PutMode::UpdateOnly)),
-            Backend::Channel(c) => c.put_with(key, value, PutMode::UpdateOnly),
+        match self.path() {
+            Path::Embedded(c) => c.with(|s| s.put_with(key, value, PutMode::UpdateOnly)),
+            Path::Channel(c) => c.put_with(key, value, PutMode::UpdateOnly),
         }
     }
 
@@ -441,9 +514,9 @@ impl Client {
     /// # Ok::<(), racekv_client::ClientError>(())
     /// ```
     pub fn put_opts(&self, key: &[u8], value: &[u8], options: PutOptions) -> Result<PutResult, ClientError> {
-        match &self.backend {
-            Backend::Embedded(c) => c.with(|s| s.put_opts(key, value, options)),
-            Backend::Channel(c) => c.put_opts(key, value, options),
+        match self.path() {
+            Path::Embedded(c) => c.with(|s| s.put_opts(key, value, options)),
+            Path::Channel(c) => c.put_opts(key, value, options),
         }
     }
 
@@ -455,9 +528,9 @@ impl Client {
 
     /// The value and expiry of `key`, if it exists.
     pub fn get_item(&self, key: &[u8]) -> Result<Option<Item>, ClientError> {
-        match &self.backend {
-            Backend::Embedded(c) => c.with(|s| s.get_item(key)),
-            Backend::Channel(c) => c.get_item(key),
+        match self.path() {
+            Path::Embedded(c) => c.with(|s| s.get_item(key)),
+            Path::Channel(c) => c.get_item(key),
         }
     }
 
@@ -469,9 +542,9 @@ impl Client {
     /// Changes `key`'s expiry (a time not after now removes the key, as Redis' EXPIRE
     /// does); returns whether it applied (false: no such key, or the condition failed).
     pub fn expire(&self, key: &[u8], change: ExpiryChange) -> Result<bool, ClientError> {
-        match &self.backend {
-            Backend::Embedded(c) => c.with(|s| s.expire(key, change)),
-            Backend::Channel(c) => c.expire(key, change),
+        match self.path() {
+            Path::Embedded(c) => c.with(|s| s.expire(key, change)),
+            Path::Channel(c) => c.expire(key, change),
         }
     }
 
@@ -487,9 +560,9 @@ impl Client {
 
     /// Removes `key`; returns whether it had a value.
     pub fn delete(&self, key: &[u8]) -> Result<bool, ClientError> {
-        match &self.backend {
-            Backend::Embedded(c) => c.with(|s| s.delete(key)),
-            Backend::Channel(c) => c.delete(key),
+        match self.path() {
+            Path::Embedded(c) => c.with(|s| s.delete(key)),
+            Path::Channel(c) => c.delete(key),
         }
     }
 
@@ -501,17 +574,17 @@ impl Client {
         expected: Option<&[u8]>,
         new: Option<&[u8]>,
     ) -> Result<bool, ClientError> {
-        match &self.backend {
-            Backend::Embedded(c) => c.with(|s| s.compare_and_swap(key, expected, new)),
-            Backend::Channel(c) => c.compare_and_swap(key, expected, new),
+        match self.path() {
+            Path::Embedded(c) => c.with(|s| s.compare_and_swap(key, expected, new)),
+            Path::Channel(c) => c.compare_and_swap(key, expected, new),
         }
     }
 
     /// Values of many keys; the lookups to each memnode travel in batches.
     pub fn multi_get(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, ClientError> {
-        match &self.backend {
-            Backend::Embedded(c) => c.with(|s| s.multi_get(keys)),
-            Backend::Channel(c) => c.multi_get(keys),
+        match self.path() {
+            Path::Embedded(c) => c.with(|s| s.multi_get(keys)),
+            Path::Channel(c) => c.multi_get(keys),
         }
     }
 
@@ -544,17 +617,17 @@ impl Client {
         &self,
         body: impl FnMut(&mut dyn txn::Transaction) -> Result<T, ClientError>,
     ) -> Result<T, ClientError> {
-        match &self.backend {
-            Backend::Embedded(c) => c.with(|s| s.transaction(body)),
-            Backend::Channel(c) => optimistic::run(&mut &**c, body),
+        match self.path() {
+            Path::Embedded(c) => c.with(|s| s.transaction(body)),
+            Path::Channel(c) => optimistic::run(&mut &**c, body),
         }
     }
 
     /// Sets many keys. Not atomic across keys (a failure leaves the earlier keys set).
     pub fn multi_put(&self, pairs: &[(&[u8], &[u8])]) -> Result<(), ClientError> {
-        match &self.backend {
-            Backend::Embedded(c) => c.with(|s| s.multi_put(pairs)),
-            Backend::Channel(c) => c.multi_put(pairs),
+        match self.path() {
+            Path::Embedded(c) => c.with(|s| s.multi_put(pairs)),
+            Path::Channel(c) => c.multi_put(pairs),
         }
     }
 
@@ -563,12 +636,12 @@ impl Client {
     /// Attached mode: as the daemon sees them (one entry naming the socket if the daemon
     /// cannot be asked).
     pub fn stats(&self) -> Vec<(String, Result<TableStats, ClientError>)> {
-        let (label, entries) = match &self.backend {
-            Backend::Embedded(c) => {
+        let (label, entries) = match self.path() {
+            Path::Embedded(c) => {
                 c.flush_idle();
                 return c.with(|s| s.stats());
             }
-            Backend::Channel(c) => (c.label().to_string(), c.stats()),
+            Path::Channel(c) => (c.label().to_string(), c.stats()),
         };
         match entries {
             Ok(entries) => entries
@@ -585,9 +658,9 @@ impl Client {
     /// Endpoints of the memnodes (attached and remote modes: the daemon's, asked each time;
     /// empty if it cannot be asked).
     pub fn memnodes(&self) -> Vec<String> {
-        let entries = match &self.backend {
-            Backend::Embedded(c) => return c.labels(),
-            Backend::Channel(c) => c.stats(),
+        let entries = match self.path() {
+            Path::Embedded(c) => return c.labels(),
+            Path::Channel(c) => c.stats(),
         };
         match entries {
             Ok(entries) => entries.into_iter().map(|m| m.endpoint).collect(),
@@ -625,37 +698,37 @@ impl Client {
     /// ```
     pub fn scan(&self, cursor: u64, count: usize) -> Result<(u64, Vec<Vec<u8>>), ClientError> {
         let count = count.clamp(1, op::MAX_MULTI);
-        match &self.backend {
-            Backend::Embedded(c) => {
+        match self.path() {
+            Path::Embedded(c) => {
                 c.with(|s| s.scan(cursor, ScanLimits::new(count, op::MAX_MULTI, op::MAX_SCAN_REPLY_BYTES as usize)))
             }
-            Backend::Channel(c) => c.scan(cursor, count as u32),
+            Path::Channel(c) => c.scan(cursor, count as u32),
         }
     }
 
     /// A key picked at random, or None when there are none (Redis' RANDOMKEY; not uniform:
     /// keys after empty stretches of a table come up more often).
     pub fn random_key(&self) -> Result<Option<Vec<u8>>, ClientError> {
-        match &self.backend {
-            Backend::Embedded(c) => c.with(|s| s.random_key(session::random_seed())),
-            Backend::Channel(c) => c.random_key(),
+        match self.path() {
+            Path::Embedded(c) => c.with(|s| s.random_key(session::random_seed())),
+            Path::Channel(c) => c.random_key(),
         }
     }
 
     /// Deletes every key on every memnode (Redis' FLUSHALL); returns how many it removed.
     /// Not atomic: a key written while it runs may survive it.
     pub fn delete_all(&self) -> Result<u64, ClientError> {
-        match &self.backend {
-            Backend::Embedded(c) => c.with(|s| s.delete_all()),
-            Backend::Channel(c) => c.delete_all(),
+        match self.path() {
+            Path::Embedded(c) => c.with(|s| s.delete_all()),
+            Path::Channel(c) => c.delete_all(),
         }
     }
 
     /// Number of keys on all memnodes (their item counters; they trail operations in flight).
     pub fn len(&self) -> Result<u64, ClientError> {
-        match &self.backend {
-            Backend::Embedded(_) => self.stats().into_iter().map(|(_, s)| s.map(|s| s.items)).sum(),
-            Backend::Channel(c) => c.len(),
+        match self.path() {
+            Path::Embedded(_) => self.stats().into_iter().map(|(_, s)| s.map(|s| s.items)).sum(),
+            Path::Channel(c) => c.len(),
         }
     }
 
@@ -676,9 +749,9 @@ impl Client {
     /// # Ok::<(), racekv_client::ClientError>(())
     /// ```
     pub fn prepare(&self) -> Result<(), ClientError> {
-        match &self.backend {
-            Backend::Embedded(c) => c.with(|s| s.prepare()),
-            Backend::Channel(_) => Ok(()),
+        match self.path() {
+            Path::Embedded(c) => c.with(|s| s.prepare()),
+            Path::Channel(_) => Ok(()),
         }
     }
 }

@@ -175,7 +175,12 @@ impl Cluster {
         Ok(cluster)
     }
 
-    /// The memnodes, in the order they were configured.
+    /// Token, timeout and TLS of the daemon's connections to the memnodes.
+    pub fn connect_options(&self) -> &ConnectOptions {
+        &self.options.connect
+    }
+
+    /// Every memnode, in the order the ring indexes them.
     pub fn memnodes(&self) -> &[Memnode] {
         &self.memnodes
     }

@@ -142,6 +142,11 @@ pub struct ComputenodeConfig {
     /// `default` user without its password. Off: it must give a user and password
     /// (`ClientBuilder::user`, `password`) unless the default user needs none.
     pub attach_trust_uid: bool,
+    /// Lend attached clients that ask for them (`ClientBuilder::borrow_connections`)
+    /// connections to the memnodes, so they run key operations themselves, when their user
+    /// may do everything, no maxmemory is set and the memnodes are shm ones on a fixed ring
+    /// (see `lending.rs`). Off: every attached client goes through the ring.
+    pub attach_lend: bool,
     /// Bytes the attach and remote front ends hold, in all, for requests and replies too
     /// large for one ring slot or RPC while they travel in parts (past it, such a request
     /// gets an `Overloaded` error). Each client or user may hold as much (at least one
@@ -244,6 +249,7 @@ impl Default for ComputenodeConfig {
             remote_addr: Some("127.0.0.1:7410".into()),
             attach_socket: Some(racekv_client::default_attach_socket()),
             attach_trust_uid: true,
+            attach_lend: true,
             staging_budget_bytes: crate::staging::StagingOptions::default().budget_bytes,
             staging_idle_timeout_ms: crate::staging::StagingOptions::default().idle_timeout.as_millis() as u64,
             metrics_addr: Some("127.0.0.1:9401".parse().expect("static address")),

@@ -206,8 +206,17 @@ impl Computenode {
         if let Some(path) = &config.attach_socket {
             let submit: Arc<dyn Submit> = parts.queue.clone();
             let auth = crate::attach::AttachAuth { acl: Arc::clone(&acl), trust_uid: config.attach_trust_uid };
+            let lender = config.attach_lend.then(|| {
+                let lender = crate::lending::PoolLender::new(
+                    Arc::clone(&cluster),
+                    Arc::clone(&eviction),
+                    Some(Arc::clone(&acl)),
+                );
+                Arc::new(lender) as Arc<dyn crate::attach::Lender>
+            });
             let options = crate::attach::AttachOptions {
                 auth: Some(auth),
+                lender,
                 staging: Some(Arc::clone(&staging)),
                 ..crate::attach::AttachOptions::default()
             };

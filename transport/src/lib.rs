@@ -32,6 +32,7 @@ pub mod error;
 #[allow(unsafe_code)] // SCM_RIGHTS: owning the descriptors the kernel installed
 pub mod fdpass;
 pub mod flock;
+pub mod lend;
 pub mod listen;
 pub mod local;
 mod mux;

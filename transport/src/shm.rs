@@ -69,6 +69,22 @@ impl ShmConnection {
 
     /// [`Self::connect`] with explicit settings for the RPC channel.
     pub fn connect_with(path: &Path, options: &ConnectOptions, rpc: &FlockOptions) -> Result<Self, TransportError> {
+        let (stream, region_file, hello) = Self::dial(path, options)?;
+        let (lane_path, lane_options) = (path.to_path_buf(), options.clone());
+        let open = move |sender, lanes: usize| {
+            (0..lanes).map(|lane| open_shm_lane(&lane_path, &lane_options, sender, lane as u16)).collect()
+        };
+        let endpoint = format!("shm:{}", path.display());
+        let channel = Channel::new(rpc.clone(), options.timeout, endpoint.clone(), Box::new(open));
+        Self::assemble(stream, &region_file, hello, &endpoint, channel)
+    }
+
+    /// Authenticates on the region server's socket at `path`: the control socket, the
+    /// region's file and the server's hello.
+    pub(crate) fn dial(
+        path: &Path,
+        options: &ConnectOptions,
+    ) -> Result<(UnixStream, File, wire::HelloOk), TransportError> {
         let endpoint = format!("shm:{}", path.display());
         let fail = |reason: String| TransportError::Connect { endpoint: endpoint.clone(), reason };
         let mut stream = dial_unix(path, options.timeout, &fail)?;
@@ -82,13 +98,24 @@ impl ShmConnection {
             Kind::Error => return Err(error_frame(&body, &endpoint)),
             other => return Err(TransportError::Protocol(format!("{endpoint} answered hello with {other:?}"))),
         };
-        let region_fd = match region_fd {
-            Some(fd) if hello.flags & wire::HELLO_FLAG_REGION_FD != 0 => fd,
-            _ => return Err(fail("the server did not pass its region (is it a tcp-only server?)".into())),
-        };
-        let region = Region::map_file(&File::from(region_fd), hello.region_len)
-            .map_err(|e| fail(format!("mapping the region: {e}")))?;
+        match region_fd {
+            Some(fd) if hello.flags & wire::HELLO_FLAG_REGION_FD != 0 => Ok((stream, File::from(fd), hello)),
+            _ => Err(fail("the server did not pass its region (is it a tcp-only server?)".into())),
+        }
+    }
 
+    /// A connection from an authenticated control socket, the region's file, the server's
+    /// hello and an RPC channel: maps the region and watches the socket.
+    pub(crate) fn assemble(
+        stream: UnixStream,
+        region_file: &File,
+        hello: wire::HelloOk,
+        endpoint: &str,
+        rpc: Channel,
+    ) -> Result<Self, TransportError> {
+        let fail = |reason: String| TransportError::Connect { endpoint: endpoint.to_string(), reason };
+        let region =
+            Region::map_file(region_file, hello.region_len).map_err(|e| fail(format!("mapping the region: {e}")))?;
         stream.set_read_timeout(Some(POLL_INTERVAL)).map_err(|e| fail(e.to_string()))?;
         let lost = Arc::new(AtomicBool::new(false));
         let watch = stream.try_clone().map_err(|e| fail(e.to_string()))?;
@@ -97,18 +124,7 @@ impl ShmConnection {
             .name("shm-liveness".into())
             .spawn(move || watch_peer(&watch, &watcher_lost))
             .map_err(|e| fail(e.to_string()))?;
-        let (lane_path, lane_options) = (path.to_path_buf(), options.clone());
-        let open = move |sender, lanes: usize| {
-            (0..lanes).map(|lane| open_shm_lane(&lane_path, &lane_options, sender, lane as u16)).collect()
-        };
-        Ok(Self {
-            region,
-            rpc: Channel::new(rpc.clone(), options.timeout, endpoint, Box::new(open)),
-            hello,
-            lost,
-            control: stream,
-            watcher: Some(watcher),
-        })
+        Ok(Self { region, rpc, hello, lost, control: stream, watcher: Some(watcher) })
     }
 }
 

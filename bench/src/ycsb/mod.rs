@@ -115,10 +115,15 @@ pub struct YcsbArgs {
 /// Who runs the operations against which store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum, Serialize)]
 pub enum Driver {
-    /// racekv's Rust library attached to the computenode.
+    /// racekv's Rust library attached to the computenode, on connections it lends
+    /// (`borrow_connections`: key operations run in the driver's process).
     #[value(name = "native")]
     #[serde(rename = "racekv-native")]
     Native,
+    /// racekv's Rust library attached to the computenode, every operation through its ring.
+    #[value(name = "native-ring")]
+    #[serde(rename = "racekv-native-ring")]
+    NativeRing,
     /// racekv's Redis front end, through the RESP driver.
     #[value(name = "racekv")]
     #[serde(rename = "racekv-resp")]
@@ -134,10 +139,16 @@ pub enum Driver {
 }
 
 impl Driver {
+    /// racekv's own library, not a RESP client.
+    pub fn is_native(self) -> bool {
+        matches!(self, Self::Native | Self::NativeRing)
+    }
+
     /// Its name in the report and the plots.
     pub fn name(self) -> &'static str {
         match self {
             Self::Native => "racekv-native",
+            Self::NativeRing => "racekv-native-ring",
             Self::Racekv => "racekv-resp",
             Self::Redis => "redis-server",
             Self::Valkey => "valkey-server",
@@ -466,7 +477,7 @@ pub fn run(args: &YcsbArgs) -> anyhow::Result<YcsbReport> {
         redis_version = redis.as_ref().map(|r| r.version.clone()).or(redis_version);
         valkey.version = valkey_server.as_ref().map(|v| v.version.clone()).or(valkey.version);
         let mut stores = Vec::new();
-        if drivers.iter().any(|&d| d == Driver::Native || d == Driver::Racekv) {
+        if drivers.iter().any(|&d| matches!(d, Driver::Native | Driver::NativeRing | Driver::Racekv)) {
             stores.push(Store { driver: Driver::Racekv, port: racekv_port, cursors: Cursors::Racekv });
         }
         for (driver, server) in [(Driver::Redis, &redis), (Driver::Valkey, &valkey_server)] {
@@ -512,7 +523,7 @@ pub fn run(args: &YcsbArgs) -> anyhow::Result<YcsbReport> {
                     let n = if workload == Workload::E { scan_ops } else { ops };
                     for round in 0..args.rounds.max(1) {
                         for &driver in &drivers {
-                            let store_driver = if driver == Driver::Native { Driver::Racekv } else { driver };
+                            let store_driver = if driver.is_native() { Driver::Racekv } else { driver };
                             let store = stores.iter().find(|s| s.driver == store_driver).expect("started above");
                             let space = &spaces[&store_driver];
                             let run = Run {
@@ -527,10 +538,11 @@ pub fn run(args: &YcsbArgs) -> anyhow::Result<YcsbReport> {
                             };
                             let bar = progress(n, &format!("{} {}", workload.name(), driver.name()));
                             let shape = Shape { threads: args.threads, connections: args.connections, pipeline };
-                            let ((m, seconds), in_flight) = if driver == Driver::Native {
+                            let ((m, seconds), in_flight) = if driver.is_native() {
                                 let batch = args.native_batch.unwrap_or(pipeline).max(1);
+                                let borrow = driver == Driver::Native;
                                 (
-                                    native::run(&racekv.socket, &run, native_threads, batch, &bar)?,
+                                    native::run(&racekv.socket, borrow, &run, native_threads, batch, &bar)?,
                                     native_threads * batch,
                                 )
                             } else {

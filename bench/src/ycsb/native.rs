@@ -20,6 +20,7 @@ use super::workload::{share, Chooser, Measured, Op};
 /// wall time in seconds (`run.port` is not used).
 pub fn run(
     socket: &Path,
+    borrow: bool,
     run: &Run<'_>,
     threads: usize,
     batch: usize,
@@ -27,8 +28,13 @@ pub fn run(
 ) -> anyhow::Result<(Measured, f64)> {
     anyhow::ensure!(batch >= 1, "a native batch holds at least one operation");
     let value = value_bytes(run.value_size, run.seed);
-    let clients: Vec<Client> =
-        (0..threads).map(|_| Client::builder().attach(socket).connect()).collect::<Result<_, _>>()?;
+    let clients: Vec<Client> = (0..threads)
+        .map(|_| Client::builder().attach(socket).borrow_connections(borrow).connect())
+        .collect::<Result<_, _>>()?;
+    anyhow::ensure!(
+        clients.iter().all(|c| c.is_direct() == borrow),
+        "the computenode did not lend connections (see its log and racekv_attach_lendings_total)"
+    );
     let started = Instant::now();
     let results: Vec<Measured> = std::thread::scope(|s| {
         let handles: Vec<_> = clients

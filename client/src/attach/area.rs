@@ -36,6 +36,9 @@ pub mod word {
     pub const SLOT_BYTES: u64 = 24;
     /// The area's length, in bytes.
     pub const AREA_LEN: u64 = 32;
+    /// Daemon: non-zero once it takes back the connections it lent this client (the
+    /// client then sends everything through the ring; [`super::super::lending`]).
+    pub const LENDING_REVOKED: u64 = 64;
     /// Client: submissions published (wrapping count).
     pub const SQ_TAIL: u64 = 128;
     /// Daemon: submissions taken.

@@ -89,6 +89,11 @@ impl ClientRing {
         self.load(word::DAEMON_SLEEPING) != 0
     }
 
+    /// Whether the daemon took back the connections it lent (it never gives them back).
+    pub fn lending_revoked(&self) -> bool {
+        self.load(word::LENDING_REVOKED) != 0
+    }
+
     /// Completions published so far (a running count).
     pub fn completion_tail(&self) -> u64 {
         self.load(word::CQ_TAIL)

@@ -271,3 +271,16 @@ impl Completer {
         Ok(shared.load(word::CLIENT_SLEEPING) != 0)
     }
 }
+
+impl DaemonRing {
+    /// Tells the client to stop using the connections lent to it (it checks before each
+    /// operation it would run on them).
+    pub fn revoke_lending(&self) {
+        self.shared.store(word::LENDING_REVOKED, 1);
+    }
+
+    /// Whether [`Self::revoke_lending`] was called.
+    pub fn lending_revoked(&self) -> bool {
+        self.shared.load(word::LENDING_REVOKED) != 0
+    }
+}

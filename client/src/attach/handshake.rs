@@ -3,7 +3,7 @@
 //! [`MAX_FRAME_BODY`] bytes, whatever it is fed.
 //!
 //! ```text
-//! hello : magic "RKVA" | version u16 | flags u16 (0) | user_len u16 | password_len u16 |
+//! hello : magic "RKVA" | version u16 | flags u16 | user_len u16 | password_len u16 |
 //!         zero [12] | pid u32 | reserved u32   (32 B), then user | password
 //!         (the computenode's ACL user and password; length 0: none given)
 //! frame : magic "RKVF" | kind u8 | code u8 | body length u16 | body
@@ -11,7 +11,12 @@
 //!              max multi-get keys u32 | reserved u32          (32 B; memfd + 2 eventfds attached)
 //!   REFUSED  : UTF-8 reason (code: [`refusal`])
 //!   GOODBYE  : UTF-8 reason (code: [`goodbye`]), sent before the daemon closes an attachment
+//!   LENT     : one memnode's lent connection ([`super::lending`]; its descriptors attached)
+//!   NOT_LENT : UTF-8 reason the daemon lends no connections to this client
 //! ```
+//!
+//! Hello flags: bit 0 ([`HELLO_FLAG_BORROW`]) asks the daemon to lend connections to its
+//! memnodes; after ACCEPTED it then sends one LENT frame per memnode, or one NOT_LENT.
 
 use racekv_transport::decode::{DecodeError, Reader};
 
@@ -27,6 +32,8 @@ pub const HELLO_BYTES: usize = 32;
 pub const MAX_USER_BYTES: usize = 256;
 /// Longest password in a hello.
 pub const MAX_PASSWORD_BYTES: usize = 1024;
+/// Hello flag: lend me connections to the memnodes (after ACCEPTED: LENT frames or NOT_LENT).
+pub const HELLO_FLAG_BORROW: u16 = 1;
 /// A frame's header: magic, kind, code, body length.
 pub const FRAME_HEADER_BYTES: usize = 8;
 /// Longest frame body (reasons are cut to fit).
@@ -42,6 +49,10 @@ pub mod kind {
     pub const REFUSED: u8 = 2;
     /// The daemon is closing the attachment; the code is a [`goodbye`](super::goodbye).
     pub const GOODBYE: u8 = 3;
+    /// One memnode's lent connection ([`super::super::lending`]).
+    pub const LENT: u8 = 4;
+    /// The daemon lends no connections to this client; the body says why.
+    pub const NOT_LENT: u8 = 5;
 }
 
 /// Why an attach was refused.
@@ -80,6 +91,7 @@ struct HelloHead {
     user_len: usize,
     password_len: usize,
     pid: u32,
+    borrow: bool,
 }
 
 impl HelloHead {
@@ -99,7 +111,7 @@ impl HelloHead {
         let (user_len, password_len) = (usize::from(r.u16()?), usize::from(r.u16()?));
         let zero = r.array::<12>()?;
         let (pid, reserved) = (r.u32()?, r.u32()?);
-        if flags != 0 || zero != [0; 12] || reserved != 0 {
+        if flags & !HELLO_FLAG_BORROW != 0 || zero != [0; 12] || reserved != 0 {
             return Err(bad("reserved hello fields are not zero"));
         }
         if user_len > MAX_USER_BYTES || password_len > MAX_PASSWORD_BYTES {
@@ -107,7 +119,7 @@ impl HelloHead {
                 "credentials of {user_len} + {password_len} bytes (at most {MAX_USER_BYTES} + {MAX_PASSWORD_BYTES})"
             )));
         }
-        Ok(Self { user_len, password_len, pid })
+        Ok(Self { user_len, password_len, pid, borrow: flags & HELLO_FLAG_BORROW != 0 })
     }
 }
 
@@ -122,12 +134,19 @@ pub struct Hello {
     pub user: Option<String>,
     /// The user's password (`None`: none given).
     pub password: Option<Vec<u8>>,
+    /// Asks the daemon to lend connections to its memnodes ([`HELLO_FLAG_BORROW`]).
+    pub borrow: bool,
 }
 
 impl std::fmt::Debug for Hello {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let password = self.password.as_ref().map(|_| "***");
-        f.debug_struct("Hello").field("pid", &self.pid).field("user", &self.user).field("password", &password).finish()
+        f.debug_struct("Hello")
+            .field("pid", &self.pid)
+            .field("user", &self.user)
+            .field("password", &password)
+            .field("borrow", &self.borrow)
+            .finish()
     }
 }
 
@@ -140,6 +159,8 @@ impl Hello {
         let mut out = vec![0u8; HELLO_BYTES];
         out[0..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
         out[4..6].copy_from_slice(&(VERSION as u16).to_le_bytes());
+        let flags = if self.borrow { HELLO_FLAG_BORROW } else { 0 };
+        out[6..8].copy_from_slice(&flags.to_le_bytes());
         out[8..10].copy_from_slice(&(user.len() as u16).to_le_bytes());
         out[10..12].copy_from_slice(&(password.len() as u16).to_le_bytes());
         out[24..28].copy_from_slice(&self.pid.to_le_bytes());
@@ -169,6 +190,7 @@ impl Hello {
             pid: head.pid,
             user: (!user.is_empty()).then(|| user.to_string()),
             password: (!password.is_empty()).then(|| password.to_vec()),
+            borrow: head.borrow,
         })
     }
 }
@@ -230,6 +252,11 @@ pub enum Frame {
         /// Why, for people.
         reason: String,
     },
+    /// The daemon lends this client no connections (it asked with [`HELLO_FLAG_BORROW`]).
+    NotLent {
+        /// Why, for people.
+        reason: String,
+    },
 }
 
 impl Frame {
@@ -239,6 +266,7 @@ impl Frame {
             Frame::Accepted(a) => (kind::ACCEPTED, 0, a.encode_body().to_vec()),
             Frame::Refused { code, reason } => (kind::REFUSED, *code, cut(reason)),
             Frame::Goodbye { code, reason } => (kind::GOODBYE, *code, cut(reason)),
+            Frame::NotLent { reason } => (kind::NOT_LENT, 0, cut(reason)),
         };
         let mut out = Vec::with_capacity(FRAME_HEADER_BYTES + body.len());
         out.extend_from_slice(&FRAME_MAGIC.to_le_bytes());
@@ -279,6 +307,8 @@ impl Frame {
             kind::ACCEPTED => Accepted::decode_body(body).map(Frame::Accepted),
             kind::REFUSED => Ok(Frame::Refused { code, reason: String::from_utf8_lossy(body).into_owned() }),
             kind::GOODBYE => Ok(Frame::Goodbye { code, reason: String::from_utf8_lossy(body).into_owned() }),
+            kind::NOT_LENT => Ok(Frame::NotLent { reason: String::from_utf8_lossy(body).into_owned() }),
+            kind::LENT => Err(bad("a LENT frame carries descriptors: read it with lending::LentMemnode::decode")),
             other => Err(bad(format!("unknown frame kind {other}"))),
         }
     }

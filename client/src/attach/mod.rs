@@ -71,6 +71,7 @@ pub mod client_side;
 pub mod daemon_side;
 pub mod doorbell;
 pub mod handshake;
+pub mod lending;
 
 pub use area::Geometry;
 pub use client_side::{ClientRing, SlotReply};

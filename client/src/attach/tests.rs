@@ -412,9 +412,9 @@ fn reply_bounds_cover_their_replies() {
 #[test]
 fn hello_and_frames_round_trip() {
     for hello in [
-        Hello { pid: 4242, user: None, password: None },
-        Hello { pid: 7, user: Some("alice".into()), password: Some(b"pw".to_vec()) },
-        Hello { pid: 7, user: None, password: Some(vec![0xff; handshake::MAX_PASSWORD_BYTES]) },
+        Hello { pid: 4242, user: None, password: None, borrow: true },
+        Hello { pid: 7, user: Some("alice".into()), password: Some(b"pw".to_vec()), borrow: false },
+        Hello { pid: 7, user: None, password: Some(vec![0xff; handshake::MAX_PASSWORD_BYTES]), borrow: false },
     ] {
         let bytes = hello.encode();
         assert_eq!(
@@ -424,10 +424,11 @@ fn hello_and_frames_round_trip() {
         assert_eq!(Hello::decode(&bytes).unwrap(), hello);
         assert!(Hello::decode(&bytes[..bytes.len() - 1]).is_err() || bytes.len() == handshake::HELLO_BYTES);
     }
-    let mut too_long = Hello { pid: 1, user: None, password: None }.encode();
+    let mut too_long = Hello { pid: 1, user: None, password: None, borrow: false }.encode();
     too_long[10..12].copy_from_slice(&(handshake::MAX_PASSWORD_BYTES as u16 + 1).to_le_bytes());
     assert!(Hello::credentials_len(&too_long).is_err(), "a password past the limit is refused before it is read");
-    assert!(format!("{:?}", Hello { pid: 1, user: None, password: Some(b"secret".to_vec()) }).contains("***"));
+    assert!(format!("{:?}", Hello { pid: 1, user: None, password: Some(b"secret".to_vec()), borrow: false })
+        .contains("***"));
     let accepted = Accepted { attachment_id: 9, geometry: Geometry::new(64, 64 << 10).unwrap(), max_multi_keys: 1000 };
     for frame in [
         Frame::Accepted(accepted),
@@ -443,7 +444,7 @@ fn hello_and_frames_round_trip() {
             _ => assert_eq!(decoded, frame),
         }
     }
-    let mut bad = Hello { pid: 1, user: None, password: None }.encode();
+    let mut bad = Hello { pid: 1, user: None, password: None, borrow: false }.encode();
     bad[4] = 9;
     assert!(matches!(Hello::decode(&bad), Err(e) if e.message.contains("version")));
     assert!(Hello::decode(&[0; HELLO_BYTES - 1]).is_err());
@@ -476,4 +477,12 @@ fn doorbells_wake_and_time_out() {
     std::thread::sleep(Duration::from_millis(10));
     bell.ring();
     assert_eq!(waiter.join().unwrap(), vec![true]);
+}
+
+proptest! {
+    /// A LENT body of any bytes, with no descriptors: an error, never a panic.
+    #[test]
+    fn lent_frames_of_junk_are_refused(junk in proptest::collection::vec(any::<u8>(), 0..900)) {
+        prop_assert!(crate::attach::lending::LentMemnode::decode(&junk, Vec::new()).is_err());
+    }
 }

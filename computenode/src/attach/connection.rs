@@ -143,7 +143,13 @@ pub(crate) struct Serving<'a> {
     pub spin: Duration,
     /// Checks every request against the connection's user (None: no user checks).
     pub acl: Option<&'a Acl>,
+    /// What lent this client connections, and the user it lent them to: asked now and then
+    /// whether the lending still stands.
+    pub lending: Option<(std::sync::Arc<dyn super::Lender>, Option<String>)>,
 }
+
+/// How often a client's thread asks whether its lending still stands.
+const LENDING_CHECK: Duration = Duration::from_secs(1);
 
 /// Runs the client's ring until the attachment ends, then says goodbye (when it is the
 /// daemon that ends it) and closes the socket.
@@ -156,8 +162,21 @@ pub(crate) fn run(
 ) -> Ending {
     let mut pending: Option<Submission> = None;
     let mut last_request = Instant::now();
+    let mut lending = serving.lending.clone();
+    let mut lending_checked = Instant::now();
     let _ = stream.set_nonblocking(true);
     loop {
+        if let Some((lender, user)) = &lending {
+            if lending_checked.elapsed() >= LENDING_CHECK {
+                lending_checked = Instant::now();
+                if !lender.still_allowed(user.as_deref()) {
+                    ring.revoke_lending();
+                    METRICS.revoked.inc();
+                    tracing::info!(peer = %conn.peer, "took back the connections lent to this client");
+                    lending = None;
+                }
+            }
+        }
         if stopping.load(Ordering::Acquire) {
             conn.end(Ending::Shutdown);
         }

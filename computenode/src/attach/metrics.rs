@@ -16,6 +16,8 @@ pub(crate) struct Metrics {
     pub ring_wait_seconds: Histogram,
     pub request_seconds: Histogram,
     pub protocol_errors: IntCounterVec,
+    pub lendings: IntCounterVec,
+    pub revoked: IntCounter,
 }
 
 pub(crate) static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
@@ -54,4 +56,11 @@ pub(crate) static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
         &["reason"],
         &[],
     ),
+    lendings: counter_vec(
+        "racekv_attach_lendings_total",
+        "Clients that asked to borrow memnode connections, by outcome (lent, refused: policy, failed: dialing)",
+        &["outcome"],
+        &[&["lent", "refused", "failed"]],
+    ),
+    revoked: counter("racekv_attach_lendings_revoked_total", "Lendings taken back (the policy stopped allowing them)"),
 });

@@ -61,6 +61,19 @@
 //! requests it had in flight finish. A client that dies (its socket closes) is detached the
 //! same way. Other clients are not affected.
 //!
+//! # Lent connections
+//!
+//! A client may ask, in its hello, to borrow connections to the memnodes
+//! ([`racekv_client::attach::lending`]): with a [`Lender`] configured
+//! ([`AttachOptions::lender`]) and its policy allowing it, the daemon dials each memnode,
+//! authenticates, opens an RPC lane and sends the descriptors (one LENT frame per
+//! memnode); the client then runs key operations itself. Otherwise it sends NOT_LENT with
+//! the reason and the client uses the ring. About once a second the client's thread asks
+//! the lender whether the lending is still allowed; when it no longer is (the user's ACL
+//! changed, `maxmemory` was set), it raises the area's revoked word and the client goes
+//! back to the ring. `racekv_attach_lendings_total{outcome}`,
+//! `racekv_attach_lendings_revoked_total`.
+//!
 //! # Metrics
 //!
 //! `racekv_attach_clients`, `racekv_attach_attaches_total`, `racekv_attach_refused_total{reason}`,
@@ -126,6 +139,8 @@ pub struct AttachOptions {
     /// daemon's, so one budget bounds every front end; None: one of its own, with the
     /// default limits).
     pub staging: Option<std::sync::Arc<crate::staging::Staging>>,
+    /// Lends clients that ask for it connections to the memnodes (None: it lends none).
+    pub lender: Option<std::sync::Arc<dyn Lender>>,
     /// How long a client's thread polls its ring after the last request before sleeping.
     /// Default 20 µs on hosts with more than two CPUs, else none (there it would take the
     /// core a worker needs).
@@ -141,6 +156,7 @@ impl Default for AttachOptions {
             reply_budget_bytes: 16 << 20,
             auth: None,
             staging: None,
+            lender: None,
             allowed_uids: AllowedUids::SameUser,
             handshake_timeout: Duration::from_secs(2),
             spin: if std::thread::available_parallelism().is_ok_and(|n| n.get() > 2) {
@@ -150,6 +166,24 @@ impl Default for AttachOptions {
             },
         }
     }
+}
+
+/// Lends attached clients connections to the memnodes.
+pub trait Lender: Send + Sync + std::fmt::Debug {
+    /// One connection per memnode, in the daemon's order, for a client attached as `user`
+    /// (None: the server checks no users), or why not.
+    fn lend(&self, user: Option<&str>) -> Result<Vec<racekv_client::attach::lending::LentMemnode>, Refused>;
+    /// Whether a lending to `user` may still be used.
+    fn still_allowed(&self, user: Option<&str>) -> bool;
+}
+
+/// Why a [`Lender`] lent nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    /// Its policy says no (the reason says which rule).
+    Policy(String),
+    /// It tried and failed (dialing a memnode).
+    Failed(String),
 }
 
 /// What a connection's thread needs from the server.

@@ -19,7 +19,7 @@ use racekv_client::attach::{
 
 use super::connection::{self, Conn, Ending};
 use super::metrics::METRICS;
-use super::{AllowedUids, AttachAuth, AttachOptions, SharedSubmit};
+use super::{AllowedUids, AttachAuth, AttachOptions, Refused, SharedSubmit};
 use racekv_redis::acl::DEFAULT_USER;
 
 /// A refused handshake: the frame's code, the metric's reason, and the message.
@@ -255,7 +255,7 @@ fn serve(shared: &Arc<Shared>, id: u64, mut stream: UnixStream) {
             return;
         }
     };
-    let (conn, ring) = attached;
+    let (conn, ring, lent) = attached;
     if let Some(entry) = shared.open.lock().get_mut(&id) {
         entry.1 = Some(Arc::clone(&conn));
     }
@@ -272,6 +272,7 @@ fn serve(shared: &Arc<Shared>, id: u64, mut stream: UnixStream) {
             budget: shared.options.reply_budget_bytes,
             spin: shared.options.spin,
             acl,
+            lending: lent.then(|| shared.options.lender.clone().map(|l| (l, conn.user.clone()))).flatten(),
         },
         &shared.stopping,
     );
@@ -318,7 +319,8 @@ fn attaching_user(auth: &AttachAuth, hello: &Hello, own: bool) -> Result<String,
     }
 }
 
-fn handshake(shared: &Shared, id: u64, stream: &mut UnixStream) -> Result<(Arc<Conn>, DaemonRing), Refusal> {
+/// The handshake: the client's attachment, its ring, and whether it was lent connections.
+fn handshake(shared: &Shared, id: u64, stream: &mut UnixStream) -> Result<(Arc<Conn>, DaemonRing, bool), Refusal> {
     let unavailable =
         |e: io::Error| refuse(refusal::UNAVAILABLE, "unavailable", format!("setting up the ring failed: {e}"));
     let creds = nix::sys::socket::getsockopt(&*stream, nix::sys::socket::sockopt::PeerCredentials)
@@ -367,8 +369,40 @@ fn handshake(shared: &Shared, id: u64, stream: &mut UnixStream) -> Result<(Arc<C
         .map_err(unavailable)?;
     // Our copies of what the client holds now close here; the client's stay open.
     drop(fds);
+    let lent = hello.borrow && lend(shared, stream, user.as_deref()).map_err(unavailable)?;
     let peer = format!("{peer} (says pid {})", hello.pid);
     let transfers = (Arc::clone(&shared.staging), format!("attach/{id}"));
     let conn = Arc::new(Conn::new(peer, user, transfers, ring.completer(), to_client, to_daemon));
-    Ok((conn, ring))
+    Ok((conn, ring, lent))
+}
+
+/// Answers a client that asked to borrow connections: LENT frames, or NOT_LENT with why.
+/// Whether it lent them.
+fn lend(shared: &Shared, stream: &mut UnixStream, user: Option<&str>) -> io::Result<bool> {
+    use std::io::Write;
+    let outcome = match &shared.options.lender {
+        Some(lender) => lender.lend(user),
+        None => Err(Refused::Policy("this computenode lends no connections (attach_lend = false)".into())),
+    };
+    let reason = match outcome {
+        Ok(lent) => {
+            for memnode in &lent {
+                let (frame, fds) = memnode.encode();
+                racekv_transport::fdpass::send_with_fds(stream, &frame, &fds)?;
+            }
+            METRICS.lendings.with_label_values(&["lent"]).inc();
+            return Ok(true);
+        }
+        Err(Refused::Policy(reason)) => {
+            METRICS.lendings.with_label_values(&["refused"]).inc();
+            reason
+        }
+        Err(Refused::Failed(reason)) => {
+            METRICS.lendings.with_label_values(&["failed"]).inc();
+            tracing::warn!("lending connections failed: {reason}");
+            reason
+        }
+    };
+    stream.write_all(&Frame::NotLent { reason }.encode())?;
+    Ok(false)
 }

@@ -172,6 +172,13 @@ impl User {
         &self.name
     }
 
+    /// Whether the user may run every command on every key (`on ~* +@all`, nothing taken
+    /// away): who may be lent raw connections to the memnodes, which no check would
+    /// stand between.
+    pub fn unrestricted(&self) -> bool {
+        self.enabled && self.all_keys && self.commands == CommandSet::all()
+    }
+
     /// Whether the user may authenticate (`on`).
     pub fn enabled(&self) -> bool {
         self.enabled

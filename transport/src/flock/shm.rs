@@ -352,6 +352,37 @@ pub(crate) fn open_shm_lane(
     sender: u64,
     lane: u16,
 ) -> Result<super::sender::LaneSetup, crate::TransportError> {
+    let (stream, rings, accept) = dial_shm_lane(path, options, sender, lane)?;
+    lane_setup(stream, rings, &accept, options.timeout, &format!("shm:{}", path.display()))
+}
+
+/// The sender's end of a lane from its socket, its rings and the server's acceptance.
+pub(crate) fn lane_setup(
+    stream: UnixStream,
+    rings: File,
+    accept: &crate::wire::FlockAccept,
+    timeout: Duration,
+    peer: &str,
+) -> Result<super::sender::LaneSetup, crate::TransportError> {
+    let carrier = ShmLane::new(rings, stream, accept.ring_bytes, accept.key, timeout).map_err(|e| {
+        crate::TransportError::Connect { endpoint: peer.to_string(), reason: format!("mapping the rpc rings: {e}") }
+    })?;
+    Ok(super::sender::LaneSetup {
+        carrier: Box::new(carrier),
+        key: accept.key,
+        credits: accept.credits,
+        batch: accept.batch,
+    })
+}
+
+/// Authenticates on the region server's socket at `path` and opens lane `lane` of sender
+/// `sender`: the lane's socket, its rings and what the server granted.
+pub(crate) fn dial_shm_lane(
+    path: &std::path::Path,
+    options: &crate::ConnectOptions,
+    sender: u64,
+    lane: u16,
+) -> Result<(UnixStream, File, crate::wire::FlockAccept), crate::TransportError> {
     use std::io::Write;
 
     use crate::net::{dial_unix, read_frame_with_fd};
@@ -385,14 +416,7 @@ pub(crate) fn open_shm_lane(
     let (Some(accept), Some(rings)) = (accept, rings) else {
         return Err(fail("the server passed no rings for the rpc lane".into()));
     };
-    let carrier = ShmLane::new(File::from(rings), stream, accept.ring_bytes, accept.key, options.timeout)
-        .map_err(|e| fail(format!("mapping the rpc rings: {e}")))?;
-    Ok(super::sender::LaneSetup {
-        carrier: Box::new(carrier),
-        key: accept.key,
-        credits: accept.credits,
-        batch: accept.batch,
-    })
+    Ok((stream, File::from(rings), accept))
 }
 
 #[cfg(test)]

@@ -48,7 +48,7 @@ impl Raw {
     fn attach(socket: &Path) -> Self {
         let mut stream = UnixStream::connect(socket).unwrap();
         stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let hello = Hello { pid: 1, user: None, password: None };
+        let hello = Hello { pid: 1, user: None, password: None, borrow: false };
         stream.write_all(&hello.encode()).unwrap();
         let (frame, fds) = read_frame(&mut stream);
         let Frame::Accepted(accepted) = frame else { panic!("not accepted: {frame:?}") };
