@@ -11,7 +11,9 @@
 //! through the ring is what the daemon wrote, or says it was too large.
 //!
 //! Handshake mode (first byte odd): the rest is a hello and a daemon frame as decoded from a
-//! socket; what decodes re-encodes to the same bytes.
+//! socket; what decodes re-encodes to the same bytes. The frame's body is also read as a
+//! LENT body with as many descriptors as its first byte says (0-15, /dev/null ones): it
+//! decodes or fails, and never takes descriptors it was not given.
 #![no_main]
 
 use std::sync::Arc;
@@ -50,6 +52,11 @@ fn handshake(data: &[u8]) {
     let (hello, frame) = data.split_at(hello_len);
     if let Ok(h) = Hello::decode(hello) {
         assert_eq!(&h.encode()[..], hello);
+    }
+    if let Some((&count, body)) = frame.split_first() {
+        let fds: Vec<std::os::fd::OwnedFd> =
+            (0..count % 16).map(|_| std::fs::File::open("/dev/null").unwrap().into()).collect();
+        let _ = racekv_client::attach::lending::LentMemnode::decode(body, fds);
     }
     if let Ok(f) = Frame::decode(frame) {
         let again = f.encode();

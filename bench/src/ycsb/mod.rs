@@ -11,6 +11,9 @@
 //!   connections and pipeline depth; the native driver ([`native`]) runs as many threads
 //!   as asked (`--native-threads`, default `--threads`), each with batches of as many
 //!   operations as the pipeline depth (`--native-batch`; 1: one synchronous call at a time).
+//!   Driver `native` borrows the computenode's connections (`borrow_connections`: its
+//!   operations run one-sided in the driver's process); `native-ring` sends every
+//!   operation through the attach ring, for comparison.
 //! * Workload E: a hash store has no key order, so a "short range scan" here is `SCAN
 //!   cursor COUNT n` from a random place of the server's cursor space (racekv's or Redis'
 //!   layout), repeated with the returned cursor until it has n keys (1-100, uniform) or the
@@ -82,7 +85,7 @@ pub struct YcsbArgs {
     #[arg(long)]
     pub native_batch: Option<usize>,
     /// Drivers, comma-separated, run in this order for each workload.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "native,racekv,redis,valkey")]
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "native,native-ring,racekv,redis,valkey")]
     pub drivers: Vec<Driver>,
     /// Alternating rounds of every driver per workload.
     #[arg(long, default_value_t = 1)]
