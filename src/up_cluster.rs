@@ -36,6 +36,8 @@ const SUPERVISE_INTERVAL: Duration = Duration::from_millis(100);
 /// left down (its log says why) instead of restarted forever.
 const QUICK_DEATH: Duration = Duration::from_secs(5);
 const MAX_QUICK_DEATHS: u32 = 5;
+/// Before the n-th quick restart in a row, the supervisor waits n times this.
+const RESTART_BACKOFF: Duration = Duration::from_millis(200);
 /// How long a stopping memnode gets after SIGTERM before SIGKILL.
 const STOP_WAIT: Duration = Duration::from_secs(10);
 
@@ -408,6 +410,8 @@ fn supervise(
                 continue;
             }
             println!("memnode {} (pid {}) exited ({status}); starting it again on its data file", m.index, m.state.pid);
+            // Dying right after a start (a port still taken, say): back off a little more each time.
+            std::thread::sleep(RESTART_BACKOFF * m.quick_deaths);
             match start_memnode(program, s.clone(), data_dir, &endpoint, m.index, m.state.restarts + 1) {
                 Ok(mut fresh) => {
                     fresh.quick_deaths = m.quick_deaths;

@@ -8,49 +8,16 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{free_port, Up};
+use common::{alive, free_ports, memnode_pids, signal, Children, Up};
 use redis::Commands;
-
-/// The children of a `racekv up`, killed if the test fails half-way (SIGKILL of `up`
-/// itself, which the `Up` guard sends, would leave them running).
-struct Pids(Vec<u32>);
-
-impl Drop for Pids {
-    fn drop(&mut self) {
-        for pid in &self.0 {
-            let _ = std::process::Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .stderr(std::process::Stdio::null())
-                .status();
-        }
-    }
-}
-
-fn alive(pid: u64) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
-}
-
-fn local_cluster(up: &Up) -> serde_json::Value {
-    let metrics = format!("127.0.0.1:{}", up.metrics);
-    let (ok, out, err) = up.racekv(&["status", "--json", "--computenode", &metrics]);
-    assert!(ok, "racekv status: {err}");
-    let status: serde_json::Value = serde_json::from_str(&out).unwrap();
-    status["local_cluster"].clone()
-}
-
-fn memnode_pids(cluster: &serde_json::Value) -> Vec<u64> {
-    cluster["memnodes"].as_array().unwrap().iter().map(|m| m["pid"].as_u64().unwrap()).collect()
-}
 
 #[test]
 fn a_killed_memnode_comes_back_with_every_acknowledged_write() {
-    let etcd_port = free_port();
+    let etcd_port = free_ports(2);
     let up = Up::start(&["--memnodes", "3", "--replicas", "1", "--etcd-port", &etcd_port.to_string()]);
     assert!(up.banner.contains("3 memnode process(es), R = 1"), "{}", up.banner);
-    let cluster = local_cluster(&up);
-    let mut guard = Pids(memnode_pids(&cluster).into_iter().map(|p| p as u32).collect());
-    guard.0.push(cluster["etcd_pid"].as_u64().unwrap() as u32);
+    let cluster = up.local_cluster();
+    let mut guard = Children::of(&cluster);
     let pids = memnode_pids(&cluster);
     assert_eq!(pids.len(), 3);
     assert!(pids.iter().all(|&p| alive(p) && p != u64::from(up.child.id())), "{cluster}");
@@ -66,10 +33,10 @@ fn a_killed_memnode_comes_back_with_every_acknowledged_write() {
 
     // SIGKILL the memnode holding key-0's partition or any: all hold some of the 300 keys.
     let victim = pids[1];
-    assert!(std::process::Command::new("kill").args(["-KILL", &victim.to_string()]).status().unwrap().success());
+    assert!(signal(victim, "KILL"));
     let deadline = Instant::now() + Duration::from_secs(60);
     let back = loop {
-        let now = local_cluster(&up);
+        let now = up.local_cluster();
         let m = &now["memnodes"][1];
         if m["pid"].as_u64() != Some(victim) && m["state"] == "running" {
             break now;
@@ -79,7 +46,7 @@ fn a_killed_memnode_comes_back_with_every_acknowledged_write() {
     };
     assert_eq!(back["memnodes"][1]["restarts"].as_u64(), Some(1), "{back}");
     let fresh = back["memnodes"][1]["pid"].as_u64().unwrap();
-    guard.0.push(fresh as u32);
+    guard.0.push(fresh);
 
     // Every acknowledged write is there once the computenode reconnected.
     let deadline = Instant::now() + Duration::from_secs(30);

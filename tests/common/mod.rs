@@ -10,6 +10,23 @@ pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// The first of `n` consecutive loopback ports free now, below Linux's ephemeral range
+/// (32768 and up), so no outgoing connection takes one while a process restarts on it.
+pub fn free_ports(n: u16) -> u16 {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    // Spread over 20000..32000 by pid, then walk: tests of one binary do not collide.
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let start = 20_000 + (std::process::id() % 1000) as u16 * 12;
+    loop {
+        let base = start + NEXT.fetch_add(n, Ordering::Relaxed) % 12_000;
+        if base.checked_add(n).is_some_and(|end| end < 32_000)
+            && (base..base + n).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
+        {
+            return base;
+        }
+    }
+}
+
 /// A running `racekv up`.
 pub struct Up {
     pub child: Child,
@@ -27,7 +44,7 @@ impl Up {
     /// Starts `racekv up` with a 64 MiB region (unless `extra` names one) and `extra` arguments; returns once it printed
     /// its banner.
     pub fn start(extra: &[&str]) -> Self {
-        let (redis, memnode, metrics, remote) = (free_port(), free_port(), free_port(), free_port());
+        let (redis, memnode, metrics, remote) = (free_port(), free_ports(8), free_port(), free_port());
         let dir = tempfile::tempdir().unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_racekv"))
             .args(["up", "--redis-port", &redis.to_string()])
@@ -75,6 +92,16 @@ impl Up {
         )
     }
 
+    /// `racekv status --json`'s `local_cluster`: what `racekv up --replicas` runs (pids,
+    /// states, restarts, partitions), or null.
+    pub fn local_cluster(&self) -> serde_json::Value {
+        let metrics = format!("127.0.0.1:{}", self.metrics);
+        let (ok, out, err) = self.racekv(&["status", "--json", "--computenode", &metrics]);
+        assert!(ok, "racekv status: {err}");
+        let status: serde_json::Value = serde_json::from_str(&out).unwrap();
+        status["local_cluster"].clone()
+    }
+
     /// redis-cli against this cluster's Redis port: stdout trimmed.
     pub fn redis_cli(&self, args: &[&str]) -> String {
         let out = Command::new("redis-cli")
@@ -109,5 +136,47 @@ impl Drop for Up {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// The memnode pids of a `local_cluster` document.
+pub fn memnode_pids(cluster: &serde_json::Value) -> Vec<u64> {
+    cluster["memnodes"].as_array().unwrap().iter().map(|m| m["pid"].as_u64().unwrap()).collect()
+}
+
+/// Whether `pid` runs (exists and is not a zombie).
+pub fn alive(pid: u64) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
+}
+
+/// Sends `signal` (`KILL`, `STOP`, `CONT`, ...) to `pid`; whether it was delivered.
+pub fn signal(pid: u64, signal: &str) -> bool {
+    Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The children of a `racekv up --replicas`, killed if the test fails half-way (SIGKILL of
+/// `up` itself, which the `Up` guard sends, would leave them running).
+pub struct Children(pub Vec<u64>);
+
+impl Children {
+    /// The children `cluster` (a `local_cluster` document) names.
+    pub fn of(cluster: &serde_json::Value) -> Self {
+        let mut pids = memnode_pids(cluster);
+        pids.push(cluster["etcd_pid"].as_u64().unwrap());
+        Self(pids)
+    }
+}
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            signal(pid, "CONT");
+            signal(pid, "KILL");
+        }
     }
 }

@@ -1,0 +1,276 @@
+//! Faults under load (issue 17, item 6, the part that holds before replication): a
+//! `racekv up --memnodes 3 --replicas 1` cluster (a local etcd, memnode processes started
+//! again on their data files, a computenode routing by the map) while client threads run a
+//! recorded workload of SETs and GETs through the Redis port. A seeded injector SIGKILLs
+//! memnodes, stops them (SIGSTOP, then SIGCONT: a memnode that stops answering and comes
+//! back) and SIGKILLs etcd. At the end every key is read once more, and each key's history
+//! must be linearizable (a register; a SET that failed may or may not have happened) with
+//! every acknowledged write in it.
+//!
+//! `RACEKV_FAULTS` (default 50) faults; `RACEKV_FAULT_SEED` replays a run (the seed is
+//! printed).
+#![cfg(feature = "etcd")]
+
+mod common;
+#[allow(dead_code)]
+#[path = "../client/tests/shared/linearizability.rs"]
+mod linearizability;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::{alive, free_ports, memnode_pids, signal, Children, Up};
+use linearizability::{check, Event, Model, Verdict};
+use rand::{Rng, SeedableRng};
+
+const KEYS: u64 = 48;
+const CLIENTS: usize = 4;
+
+/// One key's value as a register: the id of the SET that wrote it.
+struct Register;
+
+#[derive(Debug, Clone, Copy)]
+enum RegisterOp {
+    Write(u64),
+    Read(Option<u64>),
+}
+
+impl Model for Register {
+    type State = Option<u64>;
+    type Op = RegisterOp;
+
+    fn init(&self) -> Option<u64> {
+        None
+    }
+
+    fn step(&self, state: &Option<u64>, op: &RegisterOp) -> Option<Option<u64>> {
+        match *op {
+            RegisterOp::Write(v) => Some(Some(v)),
+            RegisterOp::Read(seen) => (seen == *state).then_some(*state),
+        }
+    }
+}
+
+/// What the clients did: per key, its operations; writes that failed are kept apart
+/// (their outcome is unknown).
+#[derive(Default)]
+struct History {
+    done: HashMap<u64, Vec<Event<RegisterOp>>>,
+    failed_writes: HashMap<u64, Vec<(Instant, u64)>>,
+    acknowledged: u64,
+    failed: u64,
+}
+
+fn connect(port: u16) -> Option<redis::Connection> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?;
+    let con = client.get_connection_with_timeout(Duration::from_secs(2)).ok()?;
+    con.set_read_timeout(Some(Duration::from_secs(15))).ok()?;
+    Some(con)
+}
+
+fn client_loop(port: u16, id: u64, seed: u64, stop: &AtomicBool, next_value: &AtomicU64, history: &Mutex<History>) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ (id << 40));
+    let mut con = None;
+    while !stop.load(Ordering::Acquire) {
+        let Some(c) = con.as_mut() else {
+            con = connect(port);
+            if con.is_none() {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            continue;
+        };
+        let key = rng.random_range(0..KEYS);
+        let name = format!("fault-key-{key}");
+        let call = Instant::now();
+        if rng.random_bool(0.5) {
+            let value = next_value.fetch_add(1, Ordering::Relaxed);
+            let result: redis::RedisResult<()> = redis::cmd("SET").arg(&name).arg(format!("v{value}")).query(c);
+            let ret = Instant::now();
+            let mut h = history.lock().unwrap();
+            match result {
+                Ok(()) => {
+                    h.acknowledged += 1;
+                    h.done.entry(key).or_default().push(Event { call, ret, op: RegisterOp::Write(value) });
+                }
+                Err(_) => {
+                    h.failed += 1;
+                    h.failed_writes.entry(key).or_default().push((call, value));
+                    con = None;
+                }
+            }
+        } else {
+            let result: redis::RedisResult<Option<String>> = redis::cmd("GET").arg(&name).query(c);
+            let ret = Instant::now();
+            match result {
+                Ok(seen) => {
+                    let seen = seen.map(|s| s.trim_start_matches('v').parse::<u64>().expect("a value the test wrote"));
+                    history.lock().unwrap().done.entry(key).or_default().push(Event {
+                        call,
+                        ret,
+                        op: RegisterOp::Read(seen),
+                    });
+                }
+                // A failed read tells nothing.
+                Err(_) => con = None,
+            }
+        }
+    }
+}
+
+/// Raises the flag when dropped.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// Waits until every memnode runs (the supervisor started the killed ones again).
+fn wait_running(up: &Up, guard: &mut Children) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let cluster = up.local_cluster();
+        let pids = memnode_pids(&cluster);
+        let running = cluster["memnodes"].as_array().unwrap().iter().all(|m| m["state"] == "running");
+        if running && pids.iter().all(|&p| alive(p)) && alive(cluster["etcd_pid"].as_u64().unwrap()) {
+            guard.0.extend(pids);
+            guard.0.push(cluster["etcd_pid"].as_u64().unwrap());
+            return cluster;
+        }
+        assert!(Instant::now() < deadline, "the cluster did not heal: {cluster}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn clients_stay_linearizable_through_memnode_and_etcd_faults() {
+    let faults: usize = std::env::var("RACEKV_FAULTS").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
+    let seed: u64 = std::env::var("RACEKV_FAULT_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(rand::random);
+    println!("fault seed {seed} (RACEKV_FAULT_SEED={seed} replays the injector's choices), {faults} faults");
+    let etcd_port = free_ports(2);
+    let up = Up::start(&[
+        "--memnodes",
+        "3",
+        "--replicas",
+        "1",
+        "--etcd-port",
+        &etcd_port.to_string(),
+        "--region-bytes",
+        "32MiB",
+    ]);
+    let mut guard = Children::of(&up.local_cluster());
+
+    let stop = AtomicBool::new(false);
+    let next_value = AtomicU64::new(1);
+    let history = Mutex::new(History::default());
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut log: Vec<String> = Vec::new();
+    std::thread::scope(|s| {
+        for id in 0..CLIENTS as u64 {
+            let (stop, next_value, history) = (&stop, &next_value, &history);
+            s.spawn(move || client_loop(up.redis, id, seed, stop, next_value, history));
+        }
+        // However the injector ends (a failed check panics), the clients stop.
+        let _stop = StopOnDrop(&stop);
+        std::thread::sleep(Duration::from_millis(300));
+        let started = Instant::now();
+        for n in 0..faults {
+            let cluster = wait_running(&up, &mut guard);
+            log.push(format!("{:.1}s", started.elapsed().as_secs_f64()));
+            std::thread::sleep(Duration::from_millis(rng.random_range(100..400)));
+            let pids = memnode_pids(&cluster);
+            let victim = rng.random_range(0..pids.len());
+            match rng.random_range(0..10) {
+                0..=4 => {
+                    log.push(format!("{n}: SIGKILL memnode {victim}"));
+                    signal(pids[victim], "KILL");
+                }
+                5..=7 => {
+                    let pause = rng.random_range(200..1200);
+                    log.push(format!("{n}: SIGSTOP memnode {victim} for {pause} ms"));
+                    signal(pids[victim], "STOP");
+                    std::thread::sleep(Duration::from_millis(pause));
+                    signal(pids[victim], "CONT");
+                }
+                _ => {
+                    log.push(format!("{n}: SIGKILL etcd"));
+                    signal(cluster["etcd_pid"].as_u64().unwrap(), "KILL");
+                }
+            }
+        }
+        wait_running(&up, &mut guard);
+        // Let the clients run on a healed cluster for a moment, then stop them.
+        std::thread::sleep(Duration::from_millis(500));
+        stop.store(true, Ordering::Release);
+    });
+    println!("faults: {}", log.join("; "));
+
+    // Every key read once more, after the faults, each until it answers.
+    let mut h = history.into_inner().unwrap();
+    let mut con = None;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for key in 0..KEYS {
+        loop {
+            assert!(Instant::now() < deadline, "the final reads did not succeed");
+            let Some(c) = con.as_mut() else {
+                con = connect(up.redis);
+                continue;
+            };
+            let call = Instant::now();
+            match redis::cmd("GET").arg(format!("fault-key-{key}")).query::<Option<String>>(c) {
+                Ok(seen) => {
+                    let seen = seen.map(|s| s.trim_start_matches('v').parse::<u64>().unwrap());
+                    h.done.entry(key).or_default().push(Event {
+                        call,
+                        ret: Instant::now(),
+                        op: RegisterOp::Read(seen),
+                    });
+                    break;
+                }
+                Err(_) => con = None,
+            }
+        }
+    }
+    println!(
+        "{} acknowledged writes, {} failed writes, {} operations recorded",
+        h.acknowledged,
+        h.failed,
+        h.done.values().map(Vec::len).sum::<usize>()
+    );
+    assert!(h.acknowledged > 100, "the clients made too little progress to test anything");
+
+    // A failed write whose value some read saw happened at some point after its call: it
+    // enters the history with no return (it may come anywhere after its call). One that no
+    // read saw is left out: placing it after everything explains it.
+    let far = Instant::now() + Duration::from_secs(3600);
+    for (key, writes) in h.failed_writes {
+        let events = h.done.entry(key).or_default();
+        let seen: std::collections::HashSet<u64> = events
+            .iter()
+            .filter_map(|e| match e.op {
+                RegisterOp::Read(Some(v)) => Some(v),
+                _ => None,
+            })
+            .collect();
+        for (call, value) in writes {
+            if seen.contains(&value) {
+                events.push(Event { call, ret: far, op: RegisterOp::Write(value) });
+            }
+        }
+    }
+    for (key, events) in &h.done {
+        let verdict = check(&Register, events);
+        assert_eq!(
+            verdict,
+            Verdict::Linearizable,
+            "key {key}: {} operations (seed {seed}; {})",
+            events.len(),
+            log.join("; ")
+        );
+    }
+    let (clean, rest) = up.stop();
+    assert!(clean, "racekv up did not stop cleanly: {rest}");
+}
