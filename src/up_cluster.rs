@@ -33,11 +33,14 @@ const REGISTER_WAIT: Duration = Duration::from_secs(30);
 /// How often the supervisor looks at its children.
 const SUPERVISE_INTERVAL: Duration = Duration::from_millis(100);
 /// A memnode that dies this soon after its start, [`MAX_QUICK_DEATHS`] times in a row, is
-/// left down (its log says why) instead of restarted forever.
+/// left down (its log says why) instead of restarted forever. Quick deaths have transient
+/// causes too (etcd itself restarting), so the supervisor backs off and tries for a while.
 const QUICK_DEATH: Duration = Duration::from_secs(5);
-const MAX_QUICK_DEATHS: u32 = 5;
-/// Before the n-th quick restart in a row, the supervisor waits n times this.
+const MAX_QUICK_DEATHS: u32 = 30;
+/// Before the n-th quick restart in a row, the supervisor waits n times this, at most
+/// [`MAX_RESTART_BACKOFF`].
 const RESTART_BACKOFF: Duration = Duration::from_millis(200);
+const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(2);
 /// How long a stopping memnode gets after SIGTERM before SIGKILL.
 const STOP_WAIT: Duration = Duration::from_secs(10);
 
@@ -411,7 +414,7 @@ fn supervise(
             }
             println!("memnode {} (pid {}) exited ({status}); starting it again on its data file", m.index, m.state.pid);
             // Dying right after a start (a port still taken, say): back off a little more each time.
-            std::thread::sleep(RESTART_BACKOFF * m.quick_deaths);
+            std::thread::sleep((RESTART_BACKOFF * m.quick_deaths).min(MAX_RESTART_BACKOFF));
             match start_memnode(program, s.clone(), data_dir, &endpoint, m.index, m.state.restarts + 1) {
                 Ok(mut fresh) => {
                     fresh.quick_deaths = m.quick_deaths;

@@ -8,7 +8,13 @@
 //! every acknowledged write in it.
 //!
 //! `RACEKV_FAULTS` (default 50) faults; `RACEKV_FAULT_SEED` replays a run (the seed is
-//! printed).
+//! printed). Run it by hand (`ops/test.sh` does not yet: one run of 50 faults saw a memnode
+//! left down after its restarts kept failing, before the supervisor's back-off grew):
+//!
+//! ```sh
+//! cargo build -p racekv -p racekv-memnode --features racekv/etcd,racekv-memnode/etcd
+//! cargo test --features etcd --test faults -- --nocapture
+//! ```
 #![cfg(feature = "etcd")]
 
 mod common;
@@ -25,7 +31,7 @@ use common::{alive, free_ports, memnode_pids, signal, Children, Up};
 use linearizability::{check, Event, Model, Verdict};
 use rand::{Rng, SeedableRng};
 
-const KEYS: u64 = 48;
+const KEYS: u64 = 256;
 const CLIENTS: usize = 4;
 
 /// One key's value as a register: the id of the SET that wrote it.
@@ -261,6 +267,7 @@ fn clients_stay_linearizable_through_memnode_and_etcd_faults() {
             }
         }
     }
+    let checking = Instant::now();
     for (key, events) in &h.done {
         let verdict = check(&Register, events);
         assert_eq!(
@@ -271,6 +278,7 @@ fn clients_stay_linearizable_through_memnode_and_etcd_faults() {
             log.join("; ")
         );
     }
+    println!("checked {} keys in {:.1} s", h.done.len(), checking.elapsed().as_secs_f64());
     let (clean, rest) = up.stop();
     assert!(clean, "racekv up did not stop cleanly: {rest}");
 }

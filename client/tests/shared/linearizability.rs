@@ -8,7 +8,7 @@
 //! reads beside them) and check them here; a failure prints the operations that could not
 //! be placed.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::hash::Hash;
 use std::time::Instant;
 
@@ -59,13 +59,21 @@ pub fn check<M: Model>(model: &M, history: &[Event<M::Op>]) -> Verdict {
     // Operations in the order of their invocation.
     let mut order: Vec<usize> = (0..n).collect();
     order.sort_by_key(|&i| history[i].call);
+    let mut position = vec![0usize; n];
+    for (k, &i) in order.iter().enumerate() {
+        position[i] = k;
+    }
     let mut done = vec![false; n];
+    // The operations not placed, by return time: the first one's return is the horizon.
+    let mut returns: BTreeSet<(Instant, usize)> = (0..n).map(|i| (history[i].ret, i)).collect();
+    // No operation before this position of `order` is left to place.
+    let mut low = 0usize;
     let mut seen: HashSet<(Vec<u64>, M::State)> = HashSet::new();
     let mut steps = 0u64;
     let mut deepest = 0usize;
     let state = model.init();
-    // Depth-first, one frame per placed operation: (state before it, candidate index tried).
-    let mut stack: Vec<(M::State, usize, usize)> = Vec::new(); // (state, op placed, next candidate)
+    // Depth-first, one frame per placed operation: (state before it, op placed, next candidate).
+    let mut stack: Vec<(M::State, usize, usize)> = Vec::new();
     let mut current = state;
     let mut next_candidate = 0usize;
     loop {
@@ -78,9 +86,9 @@ pub fn check<M: Model>(model: &M, history: &[Event<M::Op>]) -> Verdict {
         }
         // The earliest return among operations not placed: only operations invoked before
         // it may come next (any other would follow an operation that ended before it began).
-        let horizon = order.iter().filter(|&&i| !done[i]).map(|&i| history[i].ret).min().expect("some left");
+        let horizon = returns.first().expect("some left").0;
         let mut placed = false;
-        let mut k = next_candidate;
+        let mut k = next_candidate.max(low);
         while k < n {
             let i = order[k];
             k += 1;
@@ -97,6 +105,10 @@ pub fn check<M: Model>(model: &M, history: &[Event<M::Op>]) -> Verdict {
                 done[i] = false;
                 continue;
             }
+            returns.remove(&(history[i].ret, i));
+            while low < n && done[order[low]] {
+                low += 1;
+            }
             stack.push((current.clone(), i, k));
             current = after;
             next_candidate = 0;
@@ -112,6 +124,8 @@ pub fn check<M: Model>(model: &M, history: &[Event<M::Op>]) -> Verdict {
             return Verdict::Violation { placed: deepest };
         };
         done[i] = false;
+        returns.insert((history[i].ret, i));
+        low = low.min(position[i]);
         current = before;
         next_candidate = k;
     }
