@@ -386,11 +386,13 @@ fn lend(shared: &Shared, stream: &mut UnixStream, user: Option<&str>) -> io::Res
     };
     let reason = match outcome {
         Ok(lent) => {
+            // Counted before the client can see the frames, so that a client that holds its
+            // connections finds them counted.
+            METRICS.lendings.with_label_values(&["lent"]).inc();
             for memnode in &lent {
                 let (frame, fds) = memnode.encode();
                 racekv_transport::fdpass::send_with_fds(stream, &frame, &fds)?;
             }
-            METRICS.lendings.with_label_values(&["lent"]).inc();
             return Ok(true);
         }
         Err(Refused::Policy(reason)) => {
