@@ -57,7 +57,7 @@ cargo clippy -p racekv -p racekv-coord -p racekv-memnode --all-targets --feature
 cargo build -p racekv -p racekv-memnode --features "$etcd_features"
 cargo test -p racekv -p racekv-coord -p racekv-memnode --features "$etcd_features" --test etcd --test cluster_etcd --test up_cluster
 cargo clippy -p racekv-computenode -p racekv-client --all-targets --features racekv-computenode/etcd,racekv-client/etcd -- -D warnings
-cargo test -p racekv-computenode --features racekv-computenode/etcd --test cluster_map
+cargo test -p racekv-computenode --features racekv-computenode/etcd --test cluster_map --test replication
 cargo test -p racekv-client --features racekv-client/etcd --test cluster_map
 
 step "Prometheus smoke test"

@@ -207,7 +207,7 @@ pub fn run(s: Settings) -> anyhow::Result<()> {
     computenode.shutdown();
     let mut c = lock(&children);
     for m in &mut c.memnodes {
-        stop_child(&mut m.child);
+        racekv_telemetry::child::stop(&mut m.child, STOP_WAIT);
     }
     c.etcd.stop();
     let _ = std::fs::remove_file(s.run_dir.join(STATE_FILE));
@@ -296,7 +296,7 @@ fn start_memnode(
     let ready = match ready_rx.recv_timeout(START_WAIT) {
         Ok(json) => json,
         Err(_) => {
-            stop_child(&mut child);
+            racekv_telemetry::child::stop(&mut child, STOP_WAIT);
             anyhow::bail!("it did not print READY within {START_WAIT:?}; its log: {}", log_tail(&log_path));
         }
     };
@@ -437,21 +437,6 @@ fn supervise(
 
 fn lock(children: &Mutex<Children>) -> std::sync::MutexGuard<'_, Children> {
     children.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn stop_child(child: &mut Child) {
-    // Our own unreaped child: the pid names it.
-    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-    let deadline = Instant::now() + STOP_WAIT;
-    while Instant::now() < deadline {
-        if !matches!(child.try_wait(), Ok(None)) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 /// The last lines of a log, for an error message.

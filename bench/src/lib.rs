@@ -15,6 +15,7 @@
 //! * [`reclaim`]: a memnode start's reclaim of unreferenced heap space vs one pass over it.
 //! * [`txn`]: 2-key transactions vs the single-key operations they replace; contention.
 //! * [`ycsb`]: YCSB's core workloads: racekv native and through RESP, redis-server, valkey-server.
+//! * [`valkey`]: where valkey-server is, for the benchmarks that compare with it.
 //! * [`cache`]: cache mode's hit ratio per eviction policy vs redis-server, and what it costs GETs.
 
 #![forbid(unsafe_code)]
@@ -36,4 +37,5 @@ pub mod rpc;
 pub mod scan;
 pub mod spike;
 pub mod txn;
+pub mod valkey;
 pub mod ycsb;

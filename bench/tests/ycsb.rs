@@ -33,7 +33,7 @@ fn every_workload_runs_against_every_driver_without_errors() {
         &plot_dir,
     ]);
     let report = ycsb::run(&cli.args).unwrap();
-    let valkey_found = ycsb::find_valkey(None).is_ok();
+    let valkey_found = racekv_bench::valkey::find_valkey(None).is_ok();
     assert_eq!(report.drivers.contains(&Driver::Valkey), valkey_found, "{:?}", report.valkey_server);
     if !valkey_found {
         eprintln!("no valkey-server: {:?}", report.valkey_server.missing);

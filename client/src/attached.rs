@@ -342,6 +342,35 @@ impl LendingWatch {
     }
 }
 
+/// Why a frame could not be read off the control socket.
+enum FrameError {
+    Io(std::io::Error),
+    Decode(racekv_transport::decode::DecodeError),
+}
+
+/// One frame (header and body) off the control socket, and the descriptors that rode on
+/// its first bytes (at most `max_fds`; more are closed by the kernel's receive).
+fn read_frame(stream: &UnixStream, max_fds: usize) -> Result<(Vec<u8>, Vec<OwnedFd>), FrameError> {
+    let mut header = [0u8; FRAME_HEADER_BYTES];
+    let mut got = 0;
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    while got < header.len() {
+        let room = max_fds.saturating_sub(fds.len()).max(1);
+        let (n, more) =
+            racekv_transport::fdpass::recv_with_fds(stream, &mut header[got..], room).map_err(FrameError::Io)?;
+        if n == 0 {
+            return Err(FrameError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+        got += n;
+        fds.extend(more);
+    }
+    let (_, _, body_len) = Frame::decode_header(&header).map_err(FrameError::Decode)?;
+    let mut frame = header.to_vec();
+    frame.resize(FRAME_HEADER_BYTES + body_len, 0);
+    (&*stream).read_exact(&mut frame[FRAME_HEADER_BYTES..]).map_err(FrameError::Io)?;
+    Ok((frame, fds))
+}
+
 /// Reads the daemon's answer to a hello that asked to borrow connections: one LENT frame
 /// per memnode, in order, or one NOT_LENT.
 fn read_lending(
@@ -359,23 +388,11 @@ fn read_lending(
     let protocol = |e: racekv_transport::decode::DecodeError| ClientError::Protocol(e.to_string());
     let mut lent: Vec<LentMemnode> = Vec::new();
     loop {
-        let mut header = [0u8; FRAME_HEADER_BYTES];
-        let mut got = 0;
-        let mut fds: Vec<OwnedFd> = Vec::new();
-        while got < header.len() {
-            let room = MAX_LENT_DESCRIPTORS.saturating_sub(fds.len()).max(1);
-            let (n, more) =
-                racekv_transport::fdpass::recv_with_fds(stream, &mut header[got..], room).map_err(io_error)?;
-            if n == 0 {
-                return Err(io_error(std::io::ErrorKind::UnexpectedEof.into()));
-            }
-            got += n;
-            fds.extend(more);
-        }
-        let (frame_kind, _, body_len) = Frame::decode_header(&header).map_err(protocol)?;
-        let mut frame = header.to_vec();
-        frame.resize(FRAME_HEADER_BYTES + body_len, 0);
-        (&*stream).read_exact(&mut frame[FRAME_HEADER_BYTES..]).map_err(io_error)?;
+        let (frame, fds) = read_frame(stream, MAX_LENT_DESCRIPTORS).map_err(|e| match e {
+            FrameError::Io(e) => io_error(e),
+            FrameError::Decode(e) => protocol(e),
+        })?;
+        let (frame_kind, _, _) = Frame::decode_header(&frame[..FRAME_HEADER_BYTES]).map_err(protocol)?;
         if frame_kind != kind::LENT {
             return match Frame::decode(&frame).map_err(protocol)? {
                 Frame::NotLent { reason } => Ok(Err(reason)),
@@ -448,31 +465,19 @@ impl Attachment {
         // hello: then its refusal is still there to read, and says more than EPIPE.
         let sent = stream.write_all(&hello.encode());
 
-        // The descriptors ride on the frame's first bytes.
-        let mut header = [0u8; FRAME_HEADER_BYTES];
-        let mut got = 0;
-        let mut fds: Vec<OwnedFd> = Vec::new();
-        while got < header.len() {
-            let received = racekv_transport::fdpass::recv_with_fds(&stream, &mut header[got..], 3 - fds.len());
-            let (n, more) = match (received, sent.as_ref()) {
-                (Ok((n, more)), _) if n > 0 => (n, more),
-                (_, Err(e)) => return Err(io_error("sending hello", std::io::Error::new(e.kind(), e.to_string()))),
-                (Err(e), Ok(())) => return Err(io_error("reading the daemon's answer", e)),
-                (Ok(_), Ok(())) => {
-                    return Err(ClientError::Unavailable {
-                        endpoint: label.to_string(),
-                        reason: "the computenode closed the socket during the handshake".into(),
-                    })
-                }
-            };
-            got += n;
-            fds.extend(more);
-        }
         let protocol = |e: racekv_transport::decode::DecodeError| ClientError::Protocol(e.to_string());
-        let (_, _, body_len) = Frame::decode_header(&header).map_err(protocol)?;
-        let mut frame = header.to_vec();
-        frame.resize(FRAME_HEADER_BYTES + body_len, 0);
-        stream.read_exact(&mut frame[FRAME_HEADER_BYTES..]).map_err(|e| io_error("reading the daemon's answer", e))?;
+        let (frame, fds) = match (read_frame(&stream, 3), sent) {
+            (Ok(read), _) => read,
+            (Err(FrameError::Decode(e)), _) => return Err(protocol(e)),
+            (Err(_), Err(e)) => return Err(io_error("sending hello", e)),
+            (Err(FrameError::Io(e)), Ok(())) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Err(ClientError::Unavailable {
+                    endpoint: label.to_string(),
+                    reason: "the computenode closed the socket during the handshake".into(),
+                })
+            }
+            (Err(FrameError::Io(e)), Ok(())) => return Err(io_error("reading the daemon's answer", e)),
+        };
         let accepted = match Frame::decode(&frame).map_err(protocol)? {
             Frame::Accepted(accepted) => accepted,
             Frame::Refused { code, reason } => {

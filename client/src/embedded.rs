@@ -59,10 +59,20 @@ fn open_live(
         conns.push(racekv_transport::connect(endpoint, connect).map_err(|e| unavailable(e.to_string()))?);
     }
     let meta = rpc::metadata(&*conns[0]).map_err(|e| ClientError::from_table(label, e, connect.timeout))?;
-    let chunks = Arc::new(racekv_hashing::table::RpcChunkSource::new(Arc::clone(&conns[0])));
-    let table = Table::open_with(&*conns[0], meta.layout, chunks, table_options)
-        .map_err(|e| ClientError::from_table(label, e, connect.timeout))?;
+    let table = open_table(&conns[0], meta.layout, label, table_options)?;
     Ok((Live { table, conns, generation }, meta.node_id))
+}
+
+/// The memnode's table over `conn`, whose RPCs also hand out its chunks.
+fn open_table(
+    conn: &Arc<dyn Connection>,
+    layout: racekv_hashing::Layout,
+    label: &str,
+    table_options: TableOptions,
+) -> Result<Table, ClientError> {
+    let chunks = Arc::new(racekv_hashing::table::RpcChunkSource::new(Arc::clone(conn)));
+    Table::open_with(&**conn, layout, chunks, table_options)
+        .map_err(|e| ClientError::from_table(label, e, table_options.op_timeout))
 }
 
 impl Memnode {
@@ -102,9 +112,7 @@ impl Memnode {
         let unavailable = |reason: String| ClientError::Unavailable { endpoint: label.clone(), reason };
         let conn: Arc<dyn Connection> =
             Arc::new(lent.conn.into_connection(table_options.op_timeout).map_err(|e| unavailable(e.to_string()))?);
-        let chunks = Arc::new(racekv_hashing::table::RpcChunkSource::new(Arc::clone(&conn)));
-        let table = Table::open_with(&*conn, lent.layout, chunks, table_options)
-            .map_err(|e| ClientError::from_table(&label, e, table_options.op_timeout))?;
+        let table = open_table(&conn, lent.layout, &label, table_options)?;
         Ok(Self {
             source: Source::Lent { failed },
             node_id: lent.node_id,
@@ -198,7 +206,7 @@ impl Cluster {
         let (router, follower) = match map {
             None => (Arc::new(Router::ring(&ids)), None),
             Some(map) => {
-                let router = Router::map(map.map().epoch, &map.primaries(), &ids, &map.node_ids(), |i| {
+                let router = Router::map(map.map().epoch, &map.replica_sets(), &ids, &map.node_ids(), |i| {
                     memnodes[i].label.clone()
                 });
                 let router = Arc::new(router.map_err(ClientError::Config)?);
@@ -206,8 +214,11 @@ impl Cluster {
                 (router, Some(follower))
             }
         };
-        let core = Arc::new(Core { router, memnodes, timeout: connect.timeout, _follower: follower });
-        Ok(Arc::new(Self { core, idle: Mutex::new(Vec::new()) }))
+        Ok(Self::assemble(Core { router, memnodes, timeout: connect.timeout, _follower: follower }))
+    }
+
+    fn assemble(core: Core) -> Arc<Self> {
+        Arc::new(Self { core: Arc::new(core), idle: Mutex::new(Vec::new()) })
     }
 
     /// An embedded cluster over the connections the attached computenode lent (routed by
@@ -226,8 +237,7 @@ impl Cluster {
         }
         let ids: Vec<u64> = memnodes.iter().map(|m| m.node_id).collect();
         let router = Arc::new(Router::ring(&ids));
-        let core = Arc::new(Core { router, memnodes, timeout: table_options.op_timeout, _follower: None });
-        Ok(Arc::new(Self { core, idle: Mutex::new(Vec::new()) }))
+        Ok(Self::assemble(Core { router, memnodes, timeout: table_options.op_timeout, _follower: None }))
     }
 
     /// Runs `f` on a pooled session.
@@ -269,6 +279,14 @@ pub(crate) struct EmbeddedShards {
 impl Shards for EmbeddedShards {
     fn route(&self, key: &[u8]) -> usize {
         self.routing.route(&self.core.router, key)
+    }
+
+    fn backups(&self, key: &[u8]) -> &[u16] {
+        self.routing.backups(key)
+    }
+
+    fn copies(&self) -> usize {
+        self.routing.copies()
     }
 
     fn refresh_routing(&mut self) {

@@ -75,6 +75,7 @@ mod optimistic;
 mod parts;
 pub mod placement;
 mod remote;
+mod replicated;
 pub mod ring;
 mod seed;
 pub mod session;

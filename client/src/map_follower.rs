@@ -101,9 +101,9 @@ impl MapSource {
         self.map.memnodes.iter().map(|m| m.node_id).collect()
     }
 
-    /// Per partition, its primary's node id.
-    pub fn primaries(&self) -> Vec<u64> {
-        primaries(&self.map)
+    /// Per partition, its replica set's node ids (the primary first).
+    pub fn replica_sets(&self) -> Vec<Vec<u64>> {
+        self.map.partitions.clone()
     }
 
     /// Watches for newer maps and installs them into `router`, telling `outcome` of each.
@@ -148,7 +148,7 @@ fn watch(source: MapSource, router: Weak<Router>, stop: Arc<AtomicBool>, outcome
             None => continue,
         };
         outcome(match next {
-            Ok((map, _revision)) => match router.install(map.epoch, &primaries(&map)) {
+            Ok((map, _revision)) => match router.install(map.epoch, &map.partitions) {
                 Ok(()) => {
                     tracing::info!(epoch = map.epoch, partitions = map.partitions.len(), "installed a new cluster map");
                     Outcome::Installed
@@ -164,10 +164,6 @@ fn watch(source: MapSource, router: Weak<Router>, stop: Arc<AtomicBool>, outcome
             }
         });
     }
-}
-
-fn primaries(map: &ClusterMap) -> Vec<u64> {
-    map.partitions.iter().map(|set| set[0]).collect()
 }
 
 /// The endpoint this process reaches `memnode` by: its shared-memory socket when that is

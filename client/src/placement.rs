@@ -11,30 +11,53 @@ use crate::ring::{key_hash, Ring};
 
 pub use racekv_coord::map::MAX_PARTITIONS;
 
-/// One cluster map's routing: per partition, the shard (a session's memnode index) of its
-/// primary. A key's partition is its [`key_hash`] modulo the partition count.
+/// One cluster map's routing: per partition, the shards (a session's memnode indexes) of
+/// its replica set, the primary first. A key's partition is its [`key_hash`] modulo the
+/// partition count; its primary serves reads, and writes go to every replica.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartitionTable {
     epoch: u64,
     primary_shards: Vec<u16>,
+    /// Per partition, its replicas after the primary (empty boxes, no allocation, at R = 1).
+    backup_shards: Vec<Box<[u16]>>,
+    /// The fewest replicas any partition has.
+    copies: usize,
 }
 
 impl PartitionTable {
-    /// The routing of map `epoch` whose partition `p` has its primary on shard
-    /// `primary_shards[p]`, over `shard_count` shards. Refuses an empty table, more than
-    /// [`MAX_PARTITIONS`], and a shard out of range.
+    /// The routing of map `epoch` whose partition `p` has its only replica on shard
+    /// `primary_shards[p]`, over `shard_count` shards (see [`PartitionTable::replicated`]).
     pub fn new(epoch: u64, primary_shards: &[usize], shard_count: usize) -> Result<Self, String> {
-        if primary_shards.is_empty() || primary_shards.len() > MAX_PARTITIONS {
-            return Err(format!("{} partitions (1 to {MAX_PARTITIONS})", primary_shards.len()));
+        let sets: Vec<Vec<usize>> = primary_shards.iter().map(|&s| vec![s]).collect();
+        Self::replicated(epoch, &sets, shard_count)
+    }
+
+    /// The routing of map `epoch` whose partition `p` lives on shards `replica_shards[p]`
+    /// (the primary first), over `shard_count` shards. Refuses an empty table, more than
+    /// [`MAX_PARTITIONS`], an empty replica set or one naming a shard twice, and a shard out
+    /// of range.
+    pub fn replicated(epoch: u64, replica_shards: &[Vec<usize>], shard_count: usize) -> Result<Self, String> {
+        if replica_shards.is_empty() || replica_shards.len() > MAX_PARTITIONS {
+            return Err(format!("{} partitions (1 to {MAX_PARTITIONS})", replica_shards.len()));
         }
         if shard_count > usize::from(u16::MAX) {
             return Err(format!("{shard_count} memnodes (at most {})", u16::MAX));
         }
-        if let Some((p, s)) = primary_shards.iter().enumerate().find(|&(_, &s)| s >= shard_count) {
-            return Err(format!("partition {p} routes to memnode #{s} of {shard_count}"));
+        for (p, set) in replica_shards.iter().enumerate() {
+            if set.is_empty() {
+                return Err(format!("partition {p} has no replica"));
+            }
+            if let Some(&s) = set.iter().find(|&&s| s >= shard_count) {
+                return Err(format!("partition {p} routes to memnode #{s} of {shard_count}"));
+            }
+            if (1..set.len()).any(|i| set[..i].contains(&set[i])) {
+                return Err(format!("partition {p} names a memnode twice in its replica set"));
+            }
         }
-        let primary_shards = primary_shards.iter().map(|&s| s as u16).collect();
-        Ok(Self { epoch, primary_shards })
+        let primary_shards = replica_shards.iter().map(|set| set[0] as u16).collect();
+        let backup_shards = replica_shards.iter().map(|set| set[1..].iter().map(|&s| s as u16).collect()).collect();
+        let copies = replica_shards.iter().map(Vec::len).min().expect("not empty");
+        Ok(Self { epoch, primary_shards, backup_shards, copies })
     }
 
     /// The map epoch this routing came from.
@@ -55,6 +78,17 @@ impl PartitionTable {
     /// The shard that serves `key`.
     pub fn shard(&self, key: &[u8]) -> usize {
         usize::from(self.primary_shards[self.partition(key)])
+    }
+
+    /// The shards of `key`'s other replicas (empty at R = 1).
+    pub fn backups(&self, key: &[u8]) -> &[u16] {
+        &self.backup_shards[self.partition(key)]
+    }
+
+    /// How many memnodes hold each key: the fewest replicas of any partition (all have as
+    /// many, but while a failed memnode's partitions are being re-replicated).
+    pub fn copies(&self) -> usize {
+        self.copies
     }
 }
 
@@ -136,6 +170,24 @@ mod tests {
             prop_assert_eq!(table.partition(&key), p);
             prop_assert_eq!(Placement::partitions(table).shard(&key), shards[p]);
         }
+    }
+
+    #[test]
+    fn writes_see_every_replica_and_reads_the_primary() {
+        let table = PartitionTable::replicated(2, &[vec![0, 2, 1], vec![1, 0]], 3).unwrap();
+        for i in 0..64u32 {
+            let key = i.to_le_bytes();
+            let (shard, backups) = (table.shard(&key), table.backups(&key));
+            match table.partition(&key) {
+                0 => assert_eq!((shard, backups), (0, &[2u16, 1][..])),
+                _ => assert_eq!((shard, backups), (1, &[0u16][..])),
+            }
+        }
+        assert_eq!(table.copies(), 2);
+        assert!(PartitionTable::new(1, &[0, 1], 2).unwrap().backups(b"k").is_empty());
+        assert!(PartitionTable::replicated(1, &[vec![]], 1).unwrap_err().contains("no replica"));
+        assert!(PartitionTable::replicated(1, &[vec![0, 0]], 1).unwrap_err().contains("twice"));
+        assert!(PartitionTable::replicated(1, &[vec![0, 3]], 2).unwrap_err().contains("memnode #3 of 2"));
     }
 
     #[test]

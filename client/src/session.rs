@@ -36,6 +36,16 @@ pub use crate::seed::random_seed;
 pub trait Shards: Send {
     /// Which memnode holds `key`.
     fn route(&self, key: &[u8]) -> usize;
+    /// The memnodes that hold copies of `key` besides [`Shards::route`]'s (its partition's
+    /// other replicas; none on a ring or at R = 1). Writes go to all of them.
+    fn backups(&self, key: &[u8]) -> &[u16] {
+        let _ = key;
+        &[]
+    }
+    /// How many memnodes hold each key (1 but with replicas).
+    fn copies(&self) -> usize {
+        1
+    }
     /// How many memnodes there are (shards are `0..count`).
     fn count(&self) -> usize;
     /// A name for memnode `shard` in errors.
@@ -302,6 +312,10 @@ impl<S: Shards> Session<S> {
 
     /// Sets `key` as `mode` allows; returns whether it did.
     pub fn put_with(&mut self, key: &[u8], value: &[u8], mode: PutMode) -> Result<bool, ClientError> {
+        if self.replicated(key) {
+            let options = PutOptions { mode, ..PutOptions::default() };
+            return self.put_replicated(key, value, options).map(|r| r.outcome != PutOutcome::NotApplied);
+        }
         self.on_key(key, |c| c.put_with(key, value, mode)).map(|o| o != PutOutcome::NotApplied)
     }
 
@@ -312,6 +326,9 @@ impl<S: Shards> Session<S> {
 
     /// Sets `key` to `value` as `options` say (mode, expiry, the old value back).
     pub fn put_opts(&mut self, key: &[u8], value: &[u8], options: PutOptions) -> Result<PutResult, ClientError> {
+        if self.replicated(key) {
+            return self.put_replicated(key, value, options);
+        }
         self.on_key(key, |c| c.put_opts(key, value, options))
     }
 
@@ -342,6 +359,9 @@ impl<S: Shards> Session<S> {
         key: &[u8],
         mut decide: impl FnMut(Option<u64>) -> ExpiryUpdate,
     ) -> Result<Option<(Item, bool)>, ClientError> {
+        if self.replicated(key) {
+            return self.update_expiry_replicated(key, &mut decide);
+        }
         self.on_key(key, |c| c.update_expiry(key, &mut decide))
     }
 
@@ -355,6 +375,9 @@ impl<S: Shards> Session<S> {
 
     /// Removes `key`; returns whether it had a value.
     pub fn delete(&mut self, key: &[u8]) -> Result<bool, ClientError> {
+        if self.replicated(key) {
+            return self.delete_replicated(key);
+        }
         self.on_key(key, |c| c.delete(key))
     }
 
@@ -365,6 +388,9 @@ impl<S: Shards> Session<S> {
         expected: Option<&[u8]>,
         new: Option<&[u8]>,
     ) -> Result<bool, ClientError> {
+        if self.replicated(key) {
+            return self.compare_and_swap_replicated(key, expected, new);
+        }
         self.on_key(key, |c| c.compare_and_swap(key, expected, new))
     }
 
@@ -402,6 +428,9 @@ impl<S: Shards> Session<S> {
 
     /// Sets many keys (not atomic across keys: a failure leaves the earlier ones set).
     pub fn multi_put(&mut self, pairs: &[(&[u8], &[u8])]) -> Result<(), ClientError> {
+        if pairs.iter().any(|(k, _)| self.replicated(k)) {
+            return pairs.iter().try_for_each(|(k, v)| self.put(k, v));
+        }
         let keys = pairs.iter().map(|(k, _)| *k);
         self.under_map(keys.clone(), Redo::Yes, |s| {
             for (shard, indices) in s.group(keys.clone()) {
@@ -421,9 +450,11 @@ impl<S: Shards> Session<S> {
         (0..self.shards.count()).map(|s| (self.shards.label(s).to_string(), self.on(s, |c| c.table_stats()))).collect()
     }
 
-    /// Keys on all memnodes.
+    /// Keys on all memnodes (each counted once: with replicas, the items of all memnodes
+    /// divided by the copies of each key).
     pub fn len(&mut self) -> Result<u64, ClientError> {
-        self.stats().into_iter().map(|(_, s)| s.map(|s| s.items)).sum()
+        let items: u64 = self.stats().into_iter().map(|(_, s)| s.map(|s| s.items)).sum::<Result<u64, _>>()?;
+        Ok(items / self.shards.copies() as u64)
     }
 
     /// Whether [`Session::len`] is zero.
@@ -443,7 +474,11 @@ impl<S: Shards> Session<S> {
         let mut memnode = (cursor >> TABLE_CURSOR_BITS) as usize;
         let mut table_cursor = TableCursor::decode(cursor);
         while memnode < order.len() {
-            let page = self.on(order[memnode], |c| c.scan(table_cursor, limits))?;
+            let mut page = self.on(order[memnode], |c| c.scan(table_cursor, limits))?;
+            if self.shards.copies() > 1 {
+                // Each key once: from its primary, not from its copies on other replicas.
+                page.keys.retain(|key| self.shards.route(key) == order[memnode]);
+            }
             if let Some(next) = page.next {
                 return Ok(((memnode as u64) << TABLE_CURSOR_BITS | next.encode(), page.keys));
             }
@@ -514,7 +549,7 @@ impl<S: Shards> Session<S> {
         for s in 0..self.shards.count() {
             removed += self.on(s, |c| c.delete_all())?;
         }
-        Ok(removed)
+        Ok(removed / self.shards.copies() as u64)
     }
 
     /// Publishes pending item-count changes (a round trip per memnode that has one, nothing

@@ -71,6 +71,8 @@ const BLIND_LOCK_ATTEMPTS: u32 = 3;
 struct Held<'a> {
     key: &'a [u8],
     shard: usize,
+    /// On a replica other than the key's primary (settled before any primary's lock).
+    backup: bool,
     lock: Lock,
     mark: TxnMark,
 }
@@ -139,32 +141,48 @@ impl<S: Shards> Session<S> {
                 return Err(prepared.err().unwrap_or(e));
             }
         };
-        // The home memnode's locks last: while one stands, its start's reclaim keeps the
-        // record, so a coordinator dying midway leaves every other lock resolvable.
-        let mut shards: Vec<usize> = held.iter().map(|h| h.shard).collect();
-        shards.sort_unstable_by_key(|&s| (s == home, s));
-        shards.dedup();
-        for shard in shards {
-            if shard == home && uncertain {
+        // Backups' locks first, so that a key's value is on every replica before its
+        // primary (which readers use) shows it. The home memnode's primary locks last:
+        // while one stands, its start's reclaim keeps the record, so a coordinator dying
+        // midway leaves every other lock resolvable.
+        let phase = |h: &Held<'_>| (!h.backup, h.shard == home && !h.backup, h.shard);
+        let mut groups: Vec<(bool, bool, usize)> = held.iter().map(phase).collect();
+        groups.sort_unstable();
+        groups.dedup();
+        let mut backup_unsettled = None;
+        for group in groups {
+            let (primary, at_home, shard) = group;
+            if (at_home && uncertain) || (primary && committed && backup_unsettled.is_some()) {
                 // Another memnode's locks may stand: the home's stay too (their record, kept
                 // through restarts, holds the decision), for resolvers, who copy it into the
-                // participant records before they settle a lock here.
+                // participant records before they settle a lock here. A committed backup
+                // lock left standing keeps the primaries' too: the resolver of a primary's
+                // lock settles the key's backups first.
                 break;
             }
             let locks: Vec<(&[u8], Lock, TxnMark)> =
-                held.iter().filter(|h| h.shard == shard).map(|h| (h.key, h.lock, h.mark)).collect();
+                held.iter().filter(|h| phase(h) == group).map(|h| (h.key, h.lock, h.mark)).collect();
             if let Err(e) = self.on(shard, |c| c.txn_settle_placed(&locks, committed)) {
                 tracing::warn!(
                     "a transaction's locks could not be settled (readers resolve them after the lease): {e}"
                 );
                 uncertain = true;
+                if !primary && backup_unsettled.is_none() {
+                    backup_unsettled = Some(e);
+                }
             }
         }
         if !uncertain {
             self.free_records(&records);
         }
         prepared?;
-        Ok(committed)
+        match backup_unsettled {
+            // Committed, but not yet on every replica (the primary's lock stands): not
+            // acknowledged, since a replica may still lose it if the home memnode fails
+            // before a reader settles it. The caller hears that it may have applied.
+            Some(e) if committed => Err(e),
+            _ => Ok(committed),
+        }
     }
 
     /// Runs `body` as a transaction: its reads ([`Transaction::get`]) see one snapshot and
@@ -217,7 +235,47 @@ impl<S: Shards> Session<S> {
                 }
             };
             let Some((lock, mark)) = lock else { return Ok(false) };
-            held.push(Held { key: w.key, shard, lock, mark: TxnMark { tombstone: w.value.is_none(), ..mark } });
+            let tombstone = w.value.is_none();
+            held.push(Held { key: w.key, shard, backup: false, lock, mark: TxnMark { tombstone, ..mark } });
+            if !self.lock_backups(w, records, base, held, uncertain)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Locks `w`'s key on its partition's other replicas, once its primary's lock is held.
+    /// Nothing else writes a backup without that lock, so a backup's version is read
+    /// blind (a lock a dead transaction left there is waited out and resolved by the
+    /// read); a lock that still loses its race (a settle landing meanwhile) is tried again
+    /// a few times, then counts as a conflict.
+    fn lock_backups<'w>(
+        &mut self,
+        w: &Write<'w>,
+        records: &[(usize, u64, u8)],
+        base: TxnMark,
+        held: &mut Vec<Held<'w>>,
+        uncertain: &mut bool,
+    ) -> Result<bool, ClientError> {
+        for i in 0..self.shards().backups(w.key).len() {
+            let shard = usize::from(self.shards().backups(w.key)[i]);
+            let &(_, record_offset, _) = records.iter().find(|r| r.0 == shard).expect("a record per memnode");
+            let mut attempt = 0;
+            let (lock, mark) = loop {
+                let (_, old_word) = self.on(shard, |c| c.read_versioned(w.key))?;
+                let mark = TxnMark { record_node: self.shards().node_id(shard), record_offset, old_word, ..base };
+                match self.on(shard, |c| c.txn_lock(w.key, w.value, w.expires_at_ms, mark)) {
+                    Ok(Some(lock)) => break (lock, mark),
+                    Ok(None) if attempt + 1 < BLIND_LOCK_ATTEMPTS => attempt += 1,
+                    Ok(None) => return Ok(false),
+                    Err(e) => {
+                        *uncertain = true;
+                        return Err(e);
+                    }
+                }
+            };
+            let tombstone = w.value.is_none();
+            held.push(Held { key: w.key, shard, backup: true, lock, mark: TxnMark { tombstone, ..mark } });
         }
         Ok(true)
     }
@@ -233,9 +291,11 @@ impl<S: Shards> Session<S> {
     ) -> Result<Vec<(usize, u64, u8)>, ClientError> {
         let mut shards = vec![home];
         for w in writes {
-            let shard = self.route(w.key);
-            if !shards.contains(&shard) {
-                shards.push(shard);
+            let backups = self.shards().backups(w.key).iter().map(|&b| usize::from(b));
+            for shard in std::iter::once(self.route(w.key)).chain(backups) {
+                if !shards.contains(&shard) {
+                    shards.push(shard);
+                }
             }
         }
         if shards.len() - 1 > MAX_TXN_PARTICIPANTS {

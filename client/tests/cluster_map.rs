@@ -79,3 +79,71 @@ fn an_embedded_client_routes_by_the_map_and_follows_it() {
     assert_eq!(direct(&memnodes[1]).get(key.as_bytes()).unwrap().as_deref(), Some(&b"2"[..]));
     assert_eq!(client.get(key.as_bytes()).unwrap().as_deref(), Some(&b"2"[..]));
 }
+
+/// Replication (R = 2): a coordinator that dies after deciding, holding a key's locks on
+/// its primary and its backup, leaves a key whose value still reaches both replicas: the
+/// reader that settles the primary's lock first copies the decision into the backup's
+/// participant record, so the backup's lock resolves to it without the primary's memnode
+/// (as it must once that one is gone). One that dies undecided is aborted, and the next
+/// write of the key, which meets the backup's lock, resolves it too.
+#[test]
+fn a_dead_coordinators_replicated_write_settles_on_every_replica() {
+    use racekv_hashing::layout::TxnMark;
+    use racekv_hashing::table::txn::{RecordLinks, TxnState, TXN_LEASE_MS};
+    use racekv_hashing::TableOptions;
+
+    for decided in [Some(TxnState::Committed), None] {
+        let server = EtcdServer::start();
+        let memnodes: Vec<TestMemnode> =
+            (0..2).map(|_| TestMemnode::start(Via::Transport(TransportKind::Tcp), 16 << 20, 16)).collect();
+        let (a, b) = (info(&memnodes[0]).node_id, info(&memnodes[1]).node_id);
+        let map = ClusterMap::initial(memnodes.iter().map(info).collect(), 2, 4).unwrap();
+        let etcd = Etcd::connect(&server.endpoint(), CLUSTER, Duration::from_secs(5)).unwrap();
+        etcd.put_map(&map, None).unwrap().unwrap();
+        let client = Client::builder()
+            .etcd(server.endpoint(), CLUSTER)
+            .token(TestMemnode::TOKEN)
+            .timeout(Duration::from_secs(5))
+            .connect()
+            .unwrap();
+        let key = (0..).map(|i| format!("r{i}")).find(|k| primary_of(&map, k) == a).unwrap();
+        let key = key.as_bytes();
+        client.put(key, b"old").unwrap();
+        assert_eq!(direct(&memnodes[1]).get(key).unwrap().as_deref(), Some(&b"old"[..]), "on the backup too");
+
+        // The coordinator, by hand: the home record on the primary, a participant record on
+        // the backup, the key locked on both, maybe the decision; then it "dies".
+        let options = TableOptions { grace_period: Duration::ZERO, ..TableOptions::default() };
+        let (table_a, table_b) = (memnodes[0].table(options), memnodes[1].table(options));
+        let (mut p, mut q) = (table_a.client(memnodes[0].connect()), table_b.client(memnodes[1].connect()));
+        let deadline_ms = racekv_hashing::clock::now_unix_ms() + TXN_LEASE_MS;
+        let home = p.txn_record(deadline_ms, &RecordLinks::Home(vec![(0, 0)])).unwrap();
+        let participant =
+            q.txn_record(deadline_ms, &RecordLinks::Participant { home_node: a, home_offset: home }).unwrap();
+        p.txn_relink_record(home, deadline_ms, &RecordLinks::Home(vec![(b, participant)]));
+        for (c, node, record) in [(&mut p, a, home), (&mut q, b, participant)] {
+            let (_, word) = c.read_versioned(key).unwrap();
+            let mark =
+                TxnMark { record_node: node, record_offset: record, old_word: word, deadline_ms, tombstone: false };
+            assert!(c.txn_lock(key, Some(b"new"), None, mark).unwrap().is_some());
+        }
+        if let Some(to) = decided {
+            assert_eq!(p.txn_decide(home, deadline_ms, to).unwrap(), Some(to));
+        }
+        p.flush().unwrap();
+        q.flush().unwrap();
+        std::mem::forget((p, q, table_a, table_b));
+
+        let expected: &[u8] = if decided.is_some() { b"new" } else { b"old" };
+        assert_eq!(client.get(key).unwrap().as_deref(), Some(expected), "{decided:?}");
+        if decided.is_some() {
+            // A client of the backup alone (which cannot reach the home record) resolves
+            // the backup's lock from its participant record.
+            assert_eq!(direct(&memnodes[1]).get(key).unwrap().as_deref(), Some(expected));
+        }
+        client.put(key, b"after").unwrap();
+        for m in &memnodes {
+            assert_eq!(direct(m).get(key).unwrap().as_deref(), Some(&b"after"[..]), "{decided:?}");
+        }
+    }
+}

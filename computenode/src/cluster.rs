@@ -78,8 +78,8 @@ pub enum Routing {
         epoch: u64,
         /// The node id the map gives each of [`ClusterOptions::memnodes`], in order.
         node_ids: Vec<u64>,
-        /// Per partition, its primary's node id.
-        primaries: Vec<u64>,
+        /// Per partition, its replica set's node ids (the primary first).
+        replica_sets: Vec<Vec<u64>>,
     },
 }
 
@@ -148,8 +148,8 @@ impl Cluster {
         }
         let router = match &options.routing {
             Routing::Ring => Router::ring(&ids),
-            Routing::Map { epoch, node_ids, primaries } => {
-                Router::map(*epoch, primaries, &ids, node_ids, |i| memnodes[i].label.clone())
+            Routing::Map { epoch, node_ids, replica_sets } => {
+                Router::map(*epoch, replica_sets, &ids, node_ids, |i| memnodes[i].label.clone())
                     .map_err(ClientError::Config)?
             }
         };
@@ -356,6 +356,14 @@ impl WorkerShards {
 impl Shards for WorkerShards {
     fn route(&self, key: &[u8]) -> usize {
         self.routing.route(&self.cluster.router, key)
+    }
+
+    fn backups(&self, key: &[u8]) -> &[u16] {
+        self.routing.backups(key)
+    }
+
+    fn copies(&self) -> usize {
+        self.routing.copies()
     }
 
     fn refresh_routing(&mut self) {

@@ -6,8 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 
 use crate::etcd::Etcd;
 use crate::CoordError;
@@ -111,20 +110,11 @@ impl LocalEtcd {
 
     /// SIGTERM, and SIGKILL if it has not exited after a few seconds.
     pub fn stop(&mut self) {
-        self.signal(Signal::SIGTERM);
-        let deadline = Instant::now() + STOP_WAIT;
-        while Instant::now() < deadline {
-            if !matches!(self.child.try_wait(), Ok(None)) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.kill();
+        racekv_telemetry::child::stop(&mut self.child, STOP_WAIT);
     }
 
     fn signal(&self, signal: Signal) {
-        // A pid we spawned and have not reaped: it cannot name another process yet.
-        let _ = kill(Pid::from_raw(self.child.id() as i32), signal);
+        racekv_telemetry::child::signal(&self.child, signal);
     }
 }
 

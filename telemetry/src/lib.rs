@@ -9,6 +9,7 @@
 //! * [`init_logging_as`]: `tracing` to stderr, filtered by `RACEKV_LOG` (or `RUST_LOG`), as
 //!   text (colour only on a terminal) or JSON lines.
 //! * [`systemd`]: readiness for `Type=notify` units.
+//! * [`child`]: stopping a child process (SIGTERM, a wait, SIGKILL).
 //! * [`load_config`]: defaults < TOML file < environment variables, into a serde struct;
 //!   secrets may come from files (`X_file`), and [`secret`] prints configs with them masked.
 //!
@@ -18,6 +19,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod child;
 pub mod clock;
 pub mod http;
 mod logging;

