@@ -289,6 +289,10 @@ impl Shards for EmbeddedShards {
         self.routing.copies()
     }
 
+    fn serves(&self, shard: usize) -> bool {
+        self.routing.serves(shard)
+    }
+
     fn refresh_routing(&mut self) {
         self.routing.refresh(&self.core.router);
     }

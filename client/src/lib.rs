@@ -76,6 +76,7 @@ mod parts;
 pub mod placement;
 mod remote;
 mod replicated;
+mod resolve;
 pub mod ring;
 mod seed;
 pub mod session;

@@ -148,6 +148,11 @@ impl SessionRouting {
         self.table.as_ref().map_or(&[], |table| table.backups(key))
     }
 
+    /// Whether `shard` holds a partition (on a ring, every one does).
+    pub fn serves(&self, shard: usize) -> bool {
+        self.table.as_ref().is_none_or(|table| table.serves(shard))
+    }
+
     /// How many memnodes hold each key (1 on a ring; see [`PartitionTable::copies`]).
     pub fn copies(&self) -> usize {
         self.table.as_ref().map_or(1, |table| table.copies())

@@ -22,6 +22,8 @@ pub struct PartitionTable {
     backup_shards: Vec<Box<[u16]>>,
     /// The fewest replicas any partition has.
     copies: usize,
+    /// Per shard, whether it holds a partition (a memnode failed over holds none).
+    members: Vec<bool>,
 }
 
 impl PartitionTable {
@@ -57,7 +59,9 @@ impl PartitionTable {
         let primary_shards = replica_shards.iter().map(|set| set[0] as u16).collect();
         let backup_shards = replica_shards.iter().map(|set| set[1..].iter().map(|&s| s as u16).collect()).collect();
         let copies = replica_shards.iter().map(Vec::len).min().expect("not empty");
-        Ok(Self { epoch, primary_shards, backup_shards, copies })
+        let mut members = vec![false; shard_count];
+        replica_shards.iter().flatten().for_each(|&s| members[s] = true);
+        Ok(Self { epoch, primary_shards, backup_shards, copies, members })
     }
 
     /// The map epoch this routing came from.
@@ -83,6 +87,11 @@ impl PartitionTable {
     /// The shards of `key`'s other replicas (empty at R = 1).
     pub fn backups(&self, key: &[u8]) -> &[u16] {
         &self.backup_shards[self.partition(key)]
+    }
+
+    /// Whether `shard` holds any partition.
+    pub fn serves(&self, shard: usize) -> bool {
+        self.members.get(shard).copied().unwrap_or(false)
     }
 
     /// How many memnodes hold each key: the fewest replicas of any partition (all have as
@@ -184,6 +193,9 @@ mod tests {
             }
         }
         assert_eq!(table.copies(), 2);
+        assert!((0..3).all(|s| table.serves(s)));
+        let failed_over = PartitionTable::replicated(3, &[vec![0, 1], vec![1, 0]], 3).unwrap();
+        assert!(!failed_over.serves(2) && failed_over.serves(0));
         assert!(PartitionTable::new(1, &[0, 1], 2).unwrap().backups(b"k").is_empty());
         assert!(PartitionTable::replicated(1, &[vec![]], 1).unwrap_err().contains("no replica"));
         assert!(PartitionTable::replicated(1, &[vec![0, 0]], 1).unwrap_err().contains("twice"));

@@ -12,9 +12,6 @@ use racekv_hashing::{
     ExpiryUpdate, Item, PutMode, PutOptions, PutOutcome, PutResult, ScanLimits, TableClient, TableCursor, TableStats,
 };
 
-use racekv_hashing::layout::TxnMark;
-use racekv_hashing::table::txn::{RecordLinks, TxnRecord, TxnState};
-
 use crate::error::ClientError;
 use crate::expiry::{ExpiryChange, Ttl};
 use crate::op::{MemnodeStats, Reply, Request, MAX_MULTI};
@@ -45,6 +42,12 @@ pub trait Shards: Send {
     /// How many memnodes hold each key (1 but with replicas).
     fn copies(&self) -> usize {
         1
+    }
+    /// Whether memnode `shard` holds any partition (false once failed over: its
+    /// transaction records no longer decide anything; see [`Session::resolve_lock`]).
+    fn serves(&self, shard: usize) -> bool {
+        let _ = shard;
+        true
     }
     /// How many memnodes there are (shards are `0..count`).
     fn count(&self) -> usize;
@@ -144,109 +147,6 @@ impl<S: Shards> Session<S> {
     /// The shard whose memnode has node id `node_id`.
     pub(crate) fn shard_of_node(&self, node_id: u64) -> Option<usize> {
         (0..self.shards.count()).find(|&s| self.shards.node_id(s) == node_id)
-    }
-
-    /// Settles a lock on `key` (memnode `shard`) whose transaction outlived its lease. The
-    /// lock names the record on its own memnode: the home record, or a participant record
-    /// that names the home's. The decision is a participant record's, if copied there;
-    /// else the home record's, made aborted if still pending (one CAS: if the coordinator's
-    /// commit came first, that is what stands). A lock on the home memnode is settled only
-    /// after the decision is copied into every participant record: the home's locks keep
-    /// its record through its restarts, so no other lock outlives the decision it needs.
-    fn resolve_lock(&mut self, shard: usize, key: &[u8], word: u64, mark: &TxnMark) -> Result<(), ClientError> {
-        let Some(at) = self.shard_of_node(mark.record_node) else {
-            return Err(self.unknown_memnode(shard, mark.record_node));
-        };
-        let Some(record) = self.on(at, |c| c.txn_read_record(mark.record_offset))? else {
-            // Not this transaction's record any more: its coordinator settled every lock
-            // before freeing it, so the slot has moved on; the operation reads it again.
-            return Ok(());
-        };
-        let committed = match (record.state, &record.links) {
-            (TxnState::Committed, _) => true,
-            (TxnState::Aborted, _) => false,
-            (TxnState::Pending { deadline_ms }, _) if deadline_ms != mark.deadline_ms => return Ok(()),
-            (TxnState::Pending { deadline_ms }, RecordLinks::Home(_)) => {
-                // Read just now: pending with this lock's deadline, so abort it at once.
-                match self.on(at, |c| c.txn_decide(mark.record_offset, deadline_ms, TxnState::Aborted))? {
-                    Some(TxnState::Committed) => true,
-                    Some(TxnState::Aborted) => false,
-                    _ => return Ok(()),
-                }
-            }
-            (TxnState::Pending { .. }, &RecordLinks::Participant { home_node, home_offset }) => {
-                let Some(home) = self.shard_of_node(home_node) else {
-                    return Err(self.unknown_memnode(shard, home_node));
-                };
-                match self.decide_on(home, home_offset, mark.deadline_ms)? {
-                    Some(decided) => decided == TxnState::Committed,
-                    // The home record is gone: a resolver copied the decision here before
-                    // settling the home's locks (read it again), or every lock, this one
-                    // included, was settled meanwhile.
-                    None => match self.on(at, |c| c.txn_read_record(mark.record_offset))? {
-                        Some(TxnRecord { state: TxnState::Committed, .. }) => true,
-                        Some(TxnRecord { state: TxnState::Aborted, .. }) => false,
-                        _ => return Ok(()),
-                    },
-                }
-            }
-        };
-        if let RecordLinks::Home(participants) = &record.links {
-            // (A lock naming a home record on another memnode is from a coordinator of
-            // before participant records; it lists none.)
-            let decided = if committed { TxnState::Committed } else { TxnState::Aborted };
-            self.copy_decision(shard, (mark.record_node, mark.record_offset), participants, mark.deadline_ms, decided)?;
-        }
-        racekv_hashing::table::txn::count_resolution(committed);
-        self.on(shard, |c| c.txn_settle(key, word, mark, committed, 0))?;
-        Ok(())
-    }
-
-    /// The decided state of the home record at `offset` on `shard` (pending until
-    /// `deadline_ms`), aborting it if still pending; None when it is no record of that
-    /// transaction. For a participant's resolver, which has not read the home record.
-    fn decide_on(&mut self, shard: usize, offset: u64, deadline_ms: u64) -> Result<Option<TxnState>, ClientError> {
-        let state = match self.on(shard, |c| c.txn_state(offset))? {
-            Some(TxnState::Pending { deadline_ms: d }) if d == deadline_ms => {
-                self.on(shard, |c| c.txn_decide(offset, deadline_ms, TxnState::Aborted))?
-            }
-            other => other,
-        };
-        Ok(state.filter(|s| !matches!(s, TxnState::Pending { .. })))
-    }
-
-    /// Copies the decision of the home record at (`home_node`, `home_offset`) into its
-    /// participant records still pending: each read, checked to name that home record
-    /// with this deadline, then one CAS. A record freed since (by a coordinator that
-    /// settled that memnode, or by its restart's reclaim with no lock left there) is left.
-    fn copy_decision(
-        &mut self,
-        shard: usize,
-        (home_node, home_offset): (u64, u64),
-        participants: &[(u64, u64)],
-        deadline_ms: u64,
-        decided: TxnState,
-    ) -> Result<(), ClientError> {
-        let ours = TxnRecord {
-            state: TxnState::Pending { deadline_ms },
-            links: RecordLinks::Participant { home_node, home_offset },
-        };
-        for &(node, offset) in participants {
-            let Some(at) = self.shard_of_node(node) else {
-                return Err(self.unknown_memnode(shard, node));
-            };
-            if self.on(at, |c| c.txn_read_record(offset))?.as_ref() == Some(&ours) {
-                self.on(at, |c| c.txn_decide(offset, deadline_ms, decided))?;
-            }
-        }
-        Ok(())
-    }
-
-    fn unknown_memnode(&self, shard: usize, node: u64) -> ClientError {
-        ClientError::Internal {
-            endpoint: self.shards.label(shard).to_string(),
-            reason: format!("a transaction's record is on memnode {node:#x}, which this session does not know"),
-        }
     }
 
     /// Which memnode holds `key`.

@@ -141,6 +141,10 @@ impl<S: Shards> Session<S> {
                 return Err(prepared.err().unwrap_or(e));
             }
         };
+        let committed = match self.copy_commit(&records, deadline_ms, &held, committed) {
+            Ok(committed) => committed,
+            Err(e) => return Err(prepared.err().unwrap_or(e)),
+        };
         // Backups' locks first, so that a key's value is on every replica before its
         // primary (which readers use) shows it. The home memnode's primary locks last:
         // while one stands, its start's reclaim keeps the record, so a coordinator dying
@@ -183,6 +187,36 @@ impl<S: Shards> Session<S> {
             Some(e) if committed => Err(e),
             _ => Ok(committed),
         }
+    }
+
+    /// A replicated transaction's commit, copied into every participant record in order
+    /// before any lock is settled (so a lock that outlives the home memnode's failover is
+    /// settled alike by whoever resolves it: resolve.rs). Returns whether it still commits:
+    /// a participant record a resolver already aborted (it saw the home failed over) means
+    /// the cluster decided against it. An error leaves every lock for the resolvers.
+    fn copy_commit(
+        &mut self,
+        records: &[(usize, u64, u8)],
+        deadline_ms: u64,
+        held: &[Held<'_>],
+        committed: bool,
+    ) -> Result<bool, ClientError> {
+        if !committed || !held.iter().any(|h| h.backup) {
+            return Ok(committed);
+        }
+        for &(shard, offset, _) in &records[1..] {
+            match self.on(shard, |c| c.txn_decide(offset, deadline_ms, TxnState::Committed))? {
+                Some(TxnState::Committed) => {}
+                Some(TxnState::Aborted) => return Ok(false),
+                other => {
+                    return Err(ClientError::Internal {
+                        endpoint: self.shards().label(shard).to_string(),
+                        reason: format!("a transaction's participant record holds {other:?}, not its decision"),
+                    })
+                }
+            }
+        }
+        Ok(true)
     }
 
     /// Runs `body` as a transaction: its reads ([`Transaction::get`]) see one snapshot and
@@ -305,8 +339,11 @@ impl<S: Shards> Session<S> {
         let placeholder = RecordLinks::Home(vec![(0, 0); shards.len() - 1]);
         let home_offset = self.on(home, |c| c.txn_record(deadline_ms, &placeholder))?;
         let mut records = vec![(home, home_offset, placeholder.units())];
-        let participant = RecordLinks::Participant { home_node, home_offset };
         for &shard in &shards[1..] {
+            // Each participant names those before it (resolve.rs: who decides once the
+            // home memnode is failed over).
+            let before = records[1..].iter().map(|&(s, offset, _)| (self.shards().node_id(s), offset)).collect();
+            let participant = RecordLinks::Participant { home_node, home_offset, before };
             match self.on(shard, |c| c.txn_record(deadline_ms, &participant)) {
                 Ok(offset) => records.push((shard, offset, participant.units())),
                 Err(e) => {

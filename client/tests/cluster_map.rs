@@ -118,8 +118,9 @@ fn a_dead_coordinators_replicated_write_settles_on_every_replica() {
         let (mut p, mut q) = (table_a.client(memnodes[0].connect()), table_b.client(memnodes[1].connect()));
         let deadline_ms = racekv_hashing::clock::now_unix_ms() + TXN_LEASE_MS;
         let home = p.txn_record(deadline_ms, &RecordLinks::Home(vec![(0, 0)])).unwrap();
-        let participant =
-            q.txn_record(deadline_ms, &RecordLinks::Participant { home_node: a, home_offset: home }).unwrap();
+        let participant = q
+            .txn_record(deadline_ms, &RecordLinks::Participant { home_node: a, home_offset: home, before: Vec::new() })
+            .unwrap();
         p.txn_relink_record(home, deadline_ms, &RecordLinks::Home(vec![(b, participant)]));
         for (c, node, record) in [(&mut p, a, home), (&mut q, b, participant)] {
             let (_, word) = c.read_versioned(key).unwrap();
@@ -144,6 +145,90 @@ fn a_dead_coordinators_replicated_write_settles_on_every_replica() {
         client.put(key, b"after").unwrap();
         for m in &memnodes {
             assert_eq!(direct(m).get(key).unwrap().as_deref(), Some(&b"after"[..]), "{decided:?}");
+        }
+    }
+}
+
+/// Failover of a transaction's home (R = 3): a coordinator decided a write of a key held
+/// by memnodes a (primary, home record), b and c (participant records, c naming b before
+/// it), copied its commit into b's record or not, and died; then a is failed over. Every
+/// lock left is settled alike: the first participant record still served (b's) decides,
+/// committed if the copy reached it, else aborted, and c's record gets that decision before
+/// c's lock is settled.
+#[test]
+fn a_failed_over_homes_transaction_is_decided_by_the_first_participant_still_served() {
+    use racekv_hashing::layout::TxnMark;
+    use racekv_hashing::table::txn::{RecordLinks, TxnState, TXN_LEASE_MS};
+    use racekv_hashing::TableOptions;
+
+    for copied in [true, false] {
+        let server = EtcdServer::start();
+        let memnodes: Vec<TestMemnode> =
+            (0..3).map(|_| TestMemnode::start(Via::Transport(TransportKind::Tcp), 16 << 20, 16)).collect();
+        let mut infos: Vec<MemnodeInfo> = memnodes.iter().map(info).collect();
+        infos.sort_by_key(|i| i.node_id);
+        let index_of = |id: u64| memnodes.iter().position(|m| info(m).node_id == id).unwrap();
+        let map = ClusterMap::initial(infos, 3, 1).unwrap();
+        let etcd = Etcd::connect(&server.endpoint(), CLUSTER, Duration::from_secs(5)).unwrap();
+        let revision = etcd.put_map(&map, None).unwrap().unwrap();
+        let set = map.partitions[0].clone();
+        let key = (0..).map(|i| format!("f{i}")).find(|k| map.partition_of(key_hash(k.as_bytes())) == 0).unwrap();
+        let key = key.as_bytes();
+        let (a, b, c) = (set[0], set[1], set[2]);
+        let writer = Client::builder().etcd(server.endpoint(), CLUSTER).token(TestMemnode::TOKEN).connect().unwrap();
+        writer.put(key, b"old").unwrap();
+        drop(writer);
+
+        // The coordinator, by hand, then it "dies".
+        let options = TableOptions { grace_period: Duration::ZERO, ..TableOptions::default() };
+        let tables: Vec<_> = [a, b, c].iter().map(|&id| memnodes[index_of(id)].table(options)).collect();
+        let mut clients: Vec<_> =
+            [a, b, c].iter().zip(&tables).map(|(&id, t)| t.client(memnodes[index_of(id)].connect())).collect();
+        let deadline_ms = racekv_hashing::clock::now_unix_ms() + TXN_LEASE_MS;
+        let home = clients[0].txn_record(deadline_ms, &RecordLinks::Home(vec![(0, 0); 2])).unwrap();
+        let pb = clients[1]
+            .txn_record(deadline_ms, &RecordLinks::Participant { home_node: a, home_offset: home, before: vec![] })
+            .unwrap();
+        let pc = clients[2]
+            .txn_record(
+                deadline_ms,
+                &RecordLinks::Participant { home_node: a, home_offset: home, before: vec![(b, pb)] },
+            )
+            .unwrap();
+        clients[0].txn_relink_record(home, deadline_ms, &RecordLinks::Home(vec![(b, pb), (c, pc)]));
+        for (i, (node, record)) in [(a, home), (b, pb), (c, pc)].into_iter().enumerate() {
+            let (_, word) = clients[i].read_versioned(key).unwrap();
+            let mark =
+                TxnMark { record_node: node, record_offset: record, old_word: word, deadline_ms, tombstone: false };
+            assert!(clients[i].txn_lock(key, Some(b"new"), None, mark).unwrap().is_some());
+        }
+        assert_eq!(clients[0].txn_decide(home, deadline_ms, TxnState::Committed).unwrap(), Some(TxnState::Committed));
+        if copied {
+            let got = clients[1].txn_decide(pb, deadline_ms, TxnState::Committed).unwrap();
+            assert_eq!(got, Some(TxnState::Committed));
+        }
+        clients.iter_mut().for_each(|c| c.flush().unwrap());
+        std::mem::forget((clients, tables));
+
+        // a is failed over: b is the primary now.
+        let next = racekv_coord::failover::without(&map, &std::collections::BTreeSet::from([a])).unwrap();
+        assert_eq!(next.partitions[0], vec![b, c]);
+        etcd.put_map(&next, Some(revision)).unwrap().unwrap();
+        let client = Client::builder()
+            .etcd(server.endpoint(), CLUSTER)
+            .token(TestMemnode::TOKEN)
+            .timeout(Duration::from_secs(5))
+            .connect()
+            .unwrap();
+        let expected: &[u8] = if copied { b"new" } else { b"old" };
+        assert_eq!(client.get(key).unwrap().as_deref(), Some(expected), "copied: {copied}");
+        // The next write meets c's lock and resolves it by b's record.
+        client.put(key, b"after").unwrap();
+        let decided = if copied { TxnState::Committed } else { TxnState::Aborted };
+        let table_c = memnodes[index_of(c)].table(options);
+        assert_eq!(table_c.client(memnodes[index_of(c)].connect()).txn_state(pc).unwrap(), Some(decided));
+        for id in [b, c] {
+            assert_eq!(direct(&memnodes[index_of(id)]).get(key).unwrap().as_deref(), Some(&b"after"[..]));
         }
     }
 }

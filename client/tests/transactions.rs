@@ -409,8 +409,12 @@ fn a_lock_outlives_its_home_records_restart_and_still_resolves_to_the_decision()
         let (mut a, mut b) = (table_a.client(nodes[0].connect()), table_b.client(nodes[1].connect()));
         let deadline_ms = racekv_hashing::clock::now_unix_ms() + TXN_LEASE_MS;
         let home = a.txn_record(deadline_ms, &RecordLinks::Home(vec![(0, 0)])).unwrap();
-        let participant =
-            b.txn_record(deadline_ms, &RecordLinks::Participant { home_node: node(0), home_offset: home }).unwrap();
+        let participant = b
+            .txn_record(
+                deadline_ms,
+                &RecordLinks::Participant { home_node: node(0), home_offset: home, before: Vec::new() },
+            )
+            .unwrap();
         a.txn_relink_record(home, deadline_ms, &RecordLinks::Home(vec![(node(1), participant)]));
         for (c, key, n, record) in [(&mut a, &ka, 0, home), (&mut b, &kb, 1, participant)] {
             let (_, word) = c.read_versioned(key).unwrap();

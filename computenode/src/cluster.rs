@@ -366,6 +366,10 @@ impl Shards for WorkerShards {
         self.routing.copies()
     }
 
+    fn serves(&self, shard: usize) -> bool {
+        self.routing.serves(shard)
+    }
+
     fn refresh_routing(&mut self) {
         self.routing.refresh(&self.cluster.router);
     }

@@ -13,6 +13,7 @@ pub mod etcd;
 #[cfg(not(feature = "etcd"))]
 #[path = "etcd_absent.rs"]
 pub mod etcd;
+pub mod failover;
 pub mod keys;
 pub mod local_etcd;
 pub mod map;

@@ -102,12 +102,16 @@ pub enum RecordLinks {
     /// each of them, so the home's locks (which keep this record through restarts) are
     /// never settled while another memnode's lock still needs the decision.
     Home(Vec<(u64, u64)>),
-    /// A participant record: where the home record is.
+    /// A participant record: where the home record is, and the participant records before
+    /// this one in the home's list (replication: with the home's memnode failed over, the
+    /// first of them still served decides).
     Participant {
         /// The home memnode's node id.
         home_node: u64,
         /// The home record's offset there.
         home_offset: u64,
+        /// The participant records listed before this one, in order: (node id, offset).
+        before: Vec<(u64, u64)>,
     },
 }
 
@@ -116,7 +120,7 @@ impl RecordLinks {
     pub fn units(&self) -> u8 {
         let links = match self {
             RecordLinks::Home(participants) => participants.len(),
-            RecordLinks::Participant { .. } => 1,
+            RecordLinks::Participant { before, .. } => 1 + before.len(),
         };
         assert!(links <= MAX_TXN_PARTICIPANTS, "{links} participants past {MAX_TXN_PARTICIPANTS}");
         let bytes = (RECORD_HEADER_BYTES + links * RECORD_LINK_BYTES) as u64;
@@ -130,7 +134,9 @@ impl RecordLinks {
         let mut out = vec![0u8; usize::from(units) * BLOCK_UNIT_BYTES as usize];
         let (kind, links) = match self {
             RecordLinks::Home(participants) => (KIND_HOME, participants.clone()),
-            RecordLinks::Participant { home_node, home_offset } => (KIND_PARTICIPANT, vec![(*home_node, *home_offset)]),
+            RecordLinks::Participant { home_node, home_offset, before } => {
+                (KIND_PARTICIPANT, std::iter::once((*home_node, *home_offset)).chain(before.iter().copied()).collect())
+            }
         };
         let header = kind | (links.len() as u64) << 8 | u64::from(units) << 24;
         out[..8].copy_from_slice(&state.encode().to_le_bytes());
@@ -149,7 +155,9 @@ pub fn record_units(header: u64) -> Option<u8> {
     let (kind, links, units) = (header & 0xff, (header >> 8) & 0xffff, (header >> 24) & 0xff);
     let expected = match kind {
         KIND_HOME if links as usize <= MAX_TXN_PARTICIPANTS => RecordLinks::Home(vec![(0, 0); links as usize]).units(),
-        KIND_PARTICIPANT if links == 1 => 1,
+        KIND_PARTICIPANT if links >= 1 && links as usize <= MAX_TXN_PARTICIPANTS => {
+            RecordLinks::Home(vec![(0, 0); links as usize]).units()
+        }
         _ => return None,
     };
     (header >> 32 == 0 && units == u64::from(expected)).then_some(expected)
@@ -182,7 +190,7 @@ fn decode_record(bytes: &[u8]) -> Option<TxnRecord> {
     }
     let links = match header & 0xff {
         KIND_HOME => RecordLinks::Home(pairs),
-        _ => RecordLinks::Participant { home_node: pairs[0].0, home_offset: pairs[0].1 },
+        _ => RecordLinks::Participant { home_node: pairs[0].0, home_offset: pairs[0].1, before: pairs[1..].to_vec() },
     };
     Some(TxnRecord { state, links })
 }
@@ -554,7 +562,9 @@ mod tests {
         assert_eq!(RecordLinks::Home(Vec::new()).units(), 1);
         assert_eq!(RecordLinks::Home(vec![(1, 64); 3]).units(), 1);
         assert_eq!(RecordLinks::Home(vec![(1, 64); 4]).units(), 2);
-        assert_eq!(RecordLinks::Participant { home_node: 1, home_offset: 64 }.units(), 1);
+        assert_eq!(RecordLinks::Participant { home_node: 1, home_offset: 64, before: Vec::new() }.units(), 1);
+        assert_eq!(RecordLinks::Participant { home_node: 1, home_offset: 64, before: vec![(2, 64); 2] }.units(), 1);
+        assert_eq!(RecordLinks::Participant { home_node: 1, home_offset: 64, before: vec![(2, 64); 3] }.units(), 2);
         let most = RecordLinks::Home(vec![(1, 64); MAX_TXN_PARTICIPANTS]);
         assert_eq!(u64::from(most.units()), crate::layout::MAX_BLOCK_UNITS);
     }
@@ -565,7 +575,9 @@ mod tests {
         let header = |kind: u64, links: u64, units: u64| kind | links << 8 | units << 24;
         assert_eq!(record_units(header(KIND_HOME, 4, 2)), Some(2));
         assert_eq!(record_units(header(KIND_HOME, 4, 3)), None, "units that do not match the links");
-        assert_eq!(record_units(header(KIND_PARTICIPANT, 2, 1)), None);
+        assert_eq!(record_units(header(KIND_PARTICIPANT, 2, 1)), Some(1));
+        assert_eq!(record_units(header(KIND_PARTICIPANT, 0, 1)), None, "a participant names its home");
+        assert_eq!(record_units(header(KIND_PARTICIPANT, 4, 1)), None);
         assert_eq!(record_units(header(3, 0, 1)), None);
         assert_eq!(record_units(header(KIND_HOME, MAX_TXN_PARTICIPANTS as u64 + 1, 255)), None);
         assert_eq!(record_units(header(KIND_HOME, 0, 1) | 1 << 40), None);
@@ -581,7 +593,11 @@ mod tests {
         ) {
             let aligned = |o: u64| o * BLOCK_UNIT_BYTES;
             let links = match home {
-                Some((home_node, offset)) => RecordLinks::Participant { home_node, home_offset: aligned(offset) },
+                Some((home_node, offset)) => RecordLinks::Participant {
+                    home_node,
+                    home_offset: aligned(offset),
+                    before: participants.iter().take(MAX_TXN_PARTICIPANTS - 1).map(|&(n, o)| (n, aligned(o))).collect(),
+                },
                 None => RecordLinks::Home(participants.iter().map(|&(n, o)| (n, aligned(o))).collect()),
             };
             let state = [TxnState::Pending { deadline_ms }, TxnState::Committed, TxnState::Aborted][state as usize];

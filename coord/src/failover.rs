@@ -1,0 +1,184 @@
+//! Failover (issue 17, item 3): the next map when memnodes of the current one are down.
+//!
+//! A memnode is down when its registration is gone (its lease expired: it stopped keeping
+//! it alive). Each replica set loses its down members; when the primary is among them,
+//! the first live replica becomes primary. That replica has every acknowledged write of
+//! the partition (a write is acknowledged only once it is on every replica), and a write
+//! still in flight there is a lock its readers resolve (`client/src/txn.rs`). A partition
+//! whose replicas are all down keeps its set: nothing can serve it until one returns.
+//!
+//! Down memnodes stay listed in the map (so one that comes back can be caught up and added
+//! again, and processes keep their connections to it); they just hold no partition.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::etcd::Etcd;
+use crate::{ClusterMap, CoordError};
+
+/// What failover did, for Prometheus.
+struct Metrics {
+    failovers: prometheus::IntCounter,
+    down: prometheus::IntGauge,
+    errors: prometheus::IntCounter,
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
+    failovers: racekv_telemetry::metric::counter(
+        "racekv_cluster_failovers_total",
+        "Cluster maps written to take down memnodes out of their replica sets",
+    ),
+    down: racekv_telemetry::metric::gauge(
+        "racekv_cluster_memnodes_down",
+        "Memnodes of the cluster map holding partitions whose registration is gone (as failover last saw)",
+    ),
+    errors: racekv_telemetry::metric::counter(
+        "racekv_cluster_failover_errors_total",
+        "Failover checks that could not read or write etcd",
+    ),
+});
+
+/// The map without the memnodes `down` in any replica set, one epoch later; None when
+/// nothing changes (none of them holds a partition that has another replica).
+pub fn without(map: &ClusterMap, down: &BTreeSet<u64>) -> Option<ClusterMap> {
+    let mut next = map.clone();
+    let mut changed = false;
+    for set in &mut next.partitions {
+        if set.iter().any(|id| down.contains(id)) && set.iter().any(|id| !down.contains(id)) {
+            set.retain(|id| !down.contains(id));
+            changed = true;
+        }
+    }
+    if !changed {
+        return None;
+    }
+    next.epoch += 1;
+    debug_assert!(next.check().is_ok(), "a map without some replicas is still a valid map");
+    Some(next)
+}
+
+/// The memnodes of `map` that hold a partition and are not among `live` (registered now).
+pub fn down_members(map: &ClusterMap, live: &BTreeSet<u64>) -> BTreeSet<u64> {
+    map.partitions.iter().flatten().filter(|id| !live.contains(id)).copied().collect()
+}
+
+/// One failover check: reads the registrations and the map, and writes the map without
+/// the down memnodes (compare-and-swap on the map's revision, so concurrent checkers write
+/// one map). Returns the map written, if any.
+pub fn check_once(etcd: &Etcd) -> Result<Option<ClusterMap>, CoordError> {
+    let Some((map, revision)) = etcd.map()? else { return Ok(None) };
+    let live: BTreeSet<u64> = etcd.memnodes()?.iter().map(|m| m.node_id).collect();
+    let down = down_members(&map, &live);
+    METRICS.down.set(down.len() as i64);
+    let Some(next) = without(&map, &down) else { return Ok(None) };
+    if etcd.put_map(&next, Some(revision))?.is_none() {
+        return Ok(None); // another writer came first; the next check reads its map
+    }
+    METRICS.failovers.inc();
+    tracing::warn!(epoch = next.epoch, down = ?down, "failover: down memnodes left their replica sets");
+    Ok(Some(next))
+}
+
+/// A thread running [`check_once`] every period until dropped.
+pub struct Failover {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Failover {
+    /// Checks for down memnodes every `period` (a fraction of the memnodes' lease: how
+    /// long after a lease expires the map changes).
+    pub fn start(etcd: Etcd, period: Duration) -> std::io::Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::Builder::new().name("failover".into()).spawn(move || {
+            let log = racekv_telemetry::ratelimit::RateLimit::new(10_000);
+            while !flag.load(Ordering::Relaxed) {
+                if let Err(e) = check_once(&etcd) {
+                    METRICS.errors.inc();
+                    racekv_telemetry::ratelimit::limited_warn(&log, || {
+                        format!("failover could not check the cluster: {e}")
+                    });
+                }
+                std::thread::sleep(period);
+            }
+        })?;
+        Ok(Self { stop, thread: Some(thread) })
+    }
+}
+
+impl Drop for Failover {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemnodeInfo;
+    use proptest::prelude::*;
+
+    fn map(ids: &[u64], replicas: u8) -> ClusterMap {
+        let memnodes = ids
+            .iter()
+            .map(|&node_id| MemnodeInfo {
+                node_id,
+                endpoints: vec![format!("tcp:127.0.0.1:{}", 7000 + node_id)],
+                region_bytes: 1 << 20,
+            })
+            .collect();
+        ClusterMap::initial(memnodes, replicas, 4).unwrap()
+    }
+
+    proptest! {
+        /// After failover no live-servable partition names a down memnode, every partition
+        /// keeps its surviving replicas in order (so the new primary is the first survivor),
+        /// partitions with no survivor are left alone, the map stays valid, and the epoch
+        /// grows by one exactly when something changed.
+        #[test]
+        fn down_memnodes_leave_every_replica_set_they_can(
+            n in 1usize..8,
+            replicas in 1u8..=5,
+            down_mask in any::<u8>(),
+        ) {
+            let ids: Vec<u64> = (1..=n as u64).collect();
+            let before = map(&ids, replicas);
+            let down: BTreeSet<u64> = ids.iter().copied().filter(|&id| down_mask & (1 << (id - 1)) != 0).collect();
+            let live: BTreeSet<u64> = ids.iter().copied().filter(|id| !down.contains(id)).collect();
+            prop_assert_eq!(&down_members(&before, &live), &down.iter().copied().filter(|id| before.partitions.iter().flatten().any(|x| x == id)).collect::<BTreeSet<_>>());
+            match without(&before, &down) {
+                None => prop_assert!(before.partitions.iter().all(|set| set.iter().all(|id| !down.contains(id)) || set.iter().all(|id| down.contains(id)))),
+                Some(after) => {
+                    prop_assert!(after.check().is_ok());
+                    prop_assert_eq!(after.epoch, before.epoch + 1);
+                    prop_assert_eq!(&after.memnodes, &before.memnodes);
+                    for (old, new) in before.partitions.iter().zip(&after.partitions) {
+                        let survivors: Vec<u64> = old.iter().copied().filter(|id| !down.contains(id)).collect();
+                        if survivors.is_empty() {
+                            prop_assert_eq!(new, old);
+                        } else {
+                            prop_assert_eq!(new, &survivors);
+                        }
+                    }
+                    prop_assert!(without(&after, &down).is_none(), "failing over twice changes nothing more");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_next_replica_becomes_primary() {
+        let before = map(&[1, 2, 3], 2);
+        let first = before.partitions.iter().position(|set| set[0] == 1).unwrap();
+        let after = without(&before, &BTreeSet::from([1])).unwrap();
+        assert_eq!(after.partitions[first], vec![before.partitions[first][1]]);
+        assert!(after.partitions.iter().flatten().all(|&id| id != 1));
+    }
+}
