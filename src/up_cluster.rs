@@ -43,6 +43,12 @@ const RESTART_BACKOFF: Duration = Duration::from_millis(200);
 const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(2);
 /// How long a stopping memnode gets after SIGTERM before SIGKILL.
 const STOP_WAIT: Duration = Duration::from_secs(10);
+/// The memnodes' etcd lease: a memnode silent this long is failed over (with replicas).
+const MEMNODE_LEASE_MS: u64 = 1_000;
+/// How often failover looks at the registrations.
+const FAILOVER_CHECK: Duration = Duration::from_millis(200);
+/// How often the supervisor reads the cluster map (for `up.json`).
+const MAP_READ_INTERVAL: Duration = Duration::from_secs(1);
 
 /// What `racekv up --replicas` was asked for.
 pub struct Settings {
@@ -73,6 +79,9 @@ pub struct MemnodeState {
     pub metrics: Option<String>,
     /// Partitions it is the primary of in the cluster map.
     pub primary_partitions: usize,
+    /// Partitions it holds a copy of without being their primary.
+    #[serde(default)]
+    pub backup_partitions: usize,
     pub log: PathBuf,
 }
 
@@ -115,9 +124,8 @@ pub fn run(s: Settings) -> anyhow::Result<()> {
         racekv_coord::map::MAX_REPLICAS
     );
     anyhow::ensure!(
-        s.replicas == 1,
-        "--replicas {}: replication is not built yet (issue 17); this version keeps one copy of each \
-         partition, so run --replicas 1 (a memnode that dies is restarted on its data file)",
+        usize::from(s.replicas) <= s.memnodes,
+        "--replicas {} needs at least as many --memnodes (each replica of a partition is on another memnode)",
         s.replicas
     );
     racekv_coord::check_settings(CLUSTER)?;
@@ -189,6 +197,14 @@ pub fn run(s: Settings) -> anyhow::Result<()> {
     })
     .context("starting the computenode")?;
 
+    // With replicas, a memnode whose lease lapses (stopped, or dead and not back within
+    // its lease) leaves its replica sets: its partitions go on on their other replicas.
+    let failover = if s.replicas > 1 {
+        let etcd = Etcd::connect(&[endpoint.clone()], CLUSTER, racekv_coord::DEFAULT_ETCD_TIMEOUT)?;
+        Some(racekv_coord::failover::Failover::start(etcd, FAILOVER_CHECK)?)
+    } else {
+        None
+    };
     let stopping = Arc::new(AtomicBool::new(false));
     let supervisor = {
         let (children, stopping) = (Arc::clone(&children), Arc::clone(&stopping));
@@ -204,6 +220,8 @@ pub fn run(s: Settings) -> anyhow::Result<()> {
     println!("stopping (signal {signal:?})");
     stopping.store(true, Ordering::Release);
     let _ = supervisor.join();
+    // Before the memnodes stop: their leases lapsing now is no failure to act on.
+    drop(failover);
     computenode.shutdown();
     let mut c = lock(&children);
     for m in &mut c.memnodes {
@@ -272,6 +290,7 @@ fn start_memnode(
         .args(["--listen-tcp", &format!("127.0.0.1:{port}"), "--metrics-addr", "127.0.0.1:0"])
         .args(["--etcd", etcd, "--cluster", CLUSTER])
         .env("RACEKV_MEMNODE_TOKEN", &s.token)
+        .env("RACEKV_MEMNODE_ETCD_LEASE_MS", MEMNODE_LEASE_MS.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::from(log.try_clone()?))
@@ -312,6 +331,7 @@ fn start_memnode(
         endpoints: strings(&ready["endpoints"]),
         metrics: ready["metrics"].as_str().map(String::from),
         primary_partitions: 0,
+        backup_partitions: 0,
         log: log_path,
     };
     Ok(MemnodeChild { index, child, started: Instant::now(), quick_deaths: 0, state })
@@ -349,12 +369,15 @@ fn first_map(endpoint: &str, memnodes: usize, replicas: u8) -> anyhow::Result<Cl
     }
 }
 
-/// Each memnode's primary partitions, matched by its endpoints.
+/// Each memnode's partitions (as primary, as backup), matched by its endpoints, and the
+/// map's epoch.
 fn count_partitions(c: &mut Children, map: &ClusterMap) {
+    c.state.map_epoch = map.epoch;
     for m in &mut c.memnodes {
         let node = map.memnodes.iter().find(|info| info.endpoints.iter().any(|e| m.state.endpoints.contains(e)));
-        m.state.primary_partitions =
-            node.map_or(0, |n| map.partitions.iter().filter(|set| set.first() == Some(&n.node_id)).count());
+        let Some(id) = node.map(|n| n.node_id) else { continue };
+        m.state.primary_partitions = map.partitions.iter().filter(|set| set.first() == Some(&id)).count();
+        m.state.backup_partitions = map.partitions.iter().filter(|set| set[1..].contains(&id)).count();
     }
 }
 
@@ -381,10 +404,25 @@ fn supervise(
     data_dir: &Path,
     run_dir: &Path,
 ) {
+    let etcd_endpoint = lock(children).state.etcd.clone();
+    let etcd = Etcd::connect(&[etcd_endpoint], CLUSTER, racekv_coord::DEFAULT_ETCD_TIMEOUT).ok();
+    let mut map_read = Instant::now();
     while !stopping.load(Ordering::Acquire) {
         std::thread::sleep(SUPERVISE_INTERVAL);
+        let map = match &etcd {
+            Some(etcd) if map_read.elapsed() >= MAP_READ_INTERVAL => {
+                map_read = Instant::now();
+                etcd.map().ok().flatten().map(|(map, _)| map)
+            }
+            _ => None,
+        };
         let mut c = lock(children);
         let mut changed = false;
+        if let Some(map) = map.filter(|m| m.epoch != c.state.map_epoch) {
+            println!("cluster map epoch {}: {}", map.epoch, describe_sets(&map, &c));
+            count_partitions(&mut c, &map);
+            changed = true;
+        }
         if c.etcd.exited() {
             println!("etcd (pid {}) exited; starting it again on its data", c.etcd.pid());
             if let Err(e) = c.etcd.restart(START_WAIT) {
@@ -435,6 +473,25 @@ fn supervise(
     }
 }
 
+/// Which memnodes hold no partition in `map` (failed over), for the supervisor's log.
+fn describe_sets(map: &ClusterMap, c: &Children) -> String {
+    let out: Vec<String> = c
+        .memnodes
+        .iter()
+        .filter(|m| {
+            let node = map.memnodes.iter().find(|info| info.endpoints.iter().any(|e| m.state.endpoints.contains(e)));
+            node.is_some_and(|n| !map.partitions.iter().flatten().any(|&id| id == n.node_id))
+        })
+        .map(|m| format!("memnode {}", m.index))
+        .collect();
+    match out.is_empty() {
+        true => "every memnode holds partitions".into(),
+        false => {
+            format!("{} failed over, out of every replica set (catching up to rejoin is not built yet)", out.join(", "))
+        }
+    }
+}
+
 fn lock(children: &Mutex<Children>) -> std::sync::MutexGuard<'_, Children> {
     children.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -456,10 +513,11 @@ fn print_banner(s: &Settings, state: &ClusterState, computenode: &Computenode) {
     println!("  etcd:        {} (pid {})", state.etcd, state.etcd_pid);
     for m in &state.memnodes {
         println!(
-            "  memnode {}:   pid {:<8} {} partitions   {}",
+            "  memnode {}:   pid {:<8} {} partitions ({} more as a backup)   {}",
             m.index,
             m.pid,
             m.primary_partitions,
+            m.backup_partitions,
             m.endpoints.join("  ")
         );
     }
@@ -478,6 +536,12 @@ fn print_banner(s: &Settings, state: &ClusterState, computenode: &Computenode) {
     println!("  redis-cli -p {} set greeting hello", redis.port());
     println!("  racekv status              (each memnode's pid, state and partitions)");
     println!("  kill -9 <a memnode's pid>  (it is started again on its data file; nothing acknowledged is lost)");
+    if state.replicas > 1 {
+        println!(
+            "  kill -STOP <a memnode's pid>  (silent past its {MEMNODE_LEASE_MS} ms lease, it is failed over: \
+             its partitions go on on their other replicas)"
+        );
+    }
     println!("Ctrl-C stops the cluster.");
 }
 
@@ -497,17 +561,26 @@ pub fn print_local_cluster(state: &ClusterState) {
         "local cluster (racekv up, pid {}): etcd {} (pid {}), cluster {}, R = {}, map epoch {}",
         state.pid, state.etcd, state.etcd_pid, state.cluster, state.replicas, state.map_epoch
     );
-    println!("  {:<8} {:<8} {:<11} {:>8} {:>10}  ENDPOINTS", "MEMNODE", "PID", "STATE", "RESTARTS", "PARTITIONS");
+    println!(
+        "  {:<8} {:<8} {:<13} {:>8} {:>8} {:>8}  ENDPOINTS",
+        "MEMNODE", "PID", "STATE", "RESTARTS", "PRIMARY", "BACKUP"
+    );
     for m in &state.memnodes {
         let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(m.pid as i32), None).is_ok();
-        let shown = if m.state == "running" && !alive { "down" } else { m.state.as_str() };
+        let out_of_map = state.replicas > 1 && m.primary_partitions + m.backup_partitions == 0;
+        let shown = match (m.state.as_str(), alive, out_of_map) {
+            ("running", false, _) => "down",
+            ("running", true, true) => "failed-over",
+            (state, _, _) => state,
+        };
         println!(
-            "  {:<8} {:<8} {:<11} {:>8} {:>10}  {}",
+            "  {:<8} {:<8} {:<13} {:>8} {:>8} {:>8}  {}",
             m.index,
             m.pid,
             shown,
             m.restarts,
             m.primary_partitions,
+            m.backup_partitions,
             m.endpoints.join(" ")
         );
     }

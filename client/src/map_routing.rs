@@ -153,9 +153,10 @@ impl SessionRouting {
         self.table.as_ref().is_none_or(|table| table.serves(shard))
     }
 
-    /// How many memnodes hold each key (1 on a ring; see [`PartitionTable::copies`]).
-    pub fn copies(&self) -> usize {
-        self.table.as_ref().map_or(1, |table| table.copies())
+    /// The share of `shard`'s items that are keys to count (all on a ring; see
+    /// [`PartitionTable::item_share`]).
+    pub fn item_share(&self, shard: usize) -> (u64, u64) {
+        self.table.as_ref().map_or((1, 1), |table| table.item_share(shard))
     }
 
     /// Takes the router's newest map (a no-op on a fixed ring).

@@ -20,10 +20,10 @@ pub struct PartitionTable {
     primary_shards: Vec<u16>,
     /// Per partition, its replicas after the primary (empty boxes, no allocation, at R = 1).
     backup_shards: Vec<Box<[u16]>>,
-    /// The fewest replicas any partition has.
-    copies: usize,
-    /// Per shard, whether it holds a partition (a memnode failed over holds none).
-    members: Vec<bool>,
+    /// How many replicas every partition has, when they all have as many.
+    uniform_copies: Option<usize>,
+    /// Per shard, (partitions it is primary of, partitions it holds).
+    held: Vec<(u32, u32)>,
 }
 
 impl PartitionTable {
@@ -58,10 +58,14 @@ impl PartitionTable {
         }
         let primary_shards = replica_shards.iter().map(|set| set[0] as u16).collect();
         let backup_shards = replica_shards.iter().map(|set| set[1..].iter().map(|&s| s as u16).collect()).collect();
-        let copies = replica_shards.iter().map(Vec::len).min().expect("not empty");
-        let mut members = vec![false; shard_count];
-        replica_shards.iter().flatten().for_each(|&s| members[s] = true);
-        Ok(Self { epoch, primary_shards, backup_shards, copies, members })
+        let first = replica_shards[0].len();
+        let uniform_copies = replica_shards.iter().all(|set| set.len() == first).then_some(first);
+        let mut held = vec![(0u32, 0u32); shard_count];
+        for set in replica_shards {
+            held[set[0]].0 += 1;
+            set.iter().for_each(|&s| held[s].1 += 1);
+        }
+        Ok(Self { epoch, primary_shards, backup_shards, uniform_copies, held })
     }
 
     /// The map epoch this routing came from.
@@ -91,13 +95,20 @@ impl PartitionTable {
 
     /// Whether `shard` holds any partition.
     pub fn serves(&self, shard: usize) -> bool {
-        self.members.get(shard).copied().unwrap_or(false)
+        self.held.get(shard).is_some_and(|&(_, held)| held > 0)
     }
 
-    /// How many memnodes hold each key: the fewest replicas of any partition (all have as
-    /// many, but while a failed memnode's partitions are being re-replicated).
-    pub fn copies(&self) -> usize {
-        self.copies
+    /// The share of `shard`'s items that counting keys counts, as (numerator,
+    /// denominator): with R replicas of every partition each key is on R memnodes, so
+    /// 1/R, exactly; while partitions have different replica counts (a failed memnode's,
+    /// until they are re-replicated) the share of its partitions it is primary of, which
+    /// assumes keys spread evenly over partitions (they do by hash, not exactly).
+    pub fn item_share(&self, shard: usize) -> (u64, u64) {
+        match (self.uniform_copies, self.held.get(shard)) {
+            (Some(r), _) => (1, r as u64),
+            (None, Some(&(primary, held))) if held > 0 => (u64::from(primary), u64::from(held)),
+            (None, _) => (0, 1),
+        }
     }
 }
 
@@ -192,10 +203,13 @@ mod tests {
                 _ => assert_eq!((shard, backups), (1, &[0u16][..])),
             }
         }
-        assert_eq!(table.copies(), 2);
         assert!((0..3).all(|s| table.serves(s)));
+        assert_eq!(table.item_share(2), (0, 1), "no partition has shard 2 as primary");
         let failed_over = PartitionTable::replicated(3, &[vec![0, 1], vec![1, 0]], 3).unwrap();
         assert!(!failed_over.serves(2) && failed_over.serves(0));
+        assert_eq!(failed_over.item_share(0), (1, 2), "uniform: every key on two memnodes");
+        let degraded = PartitionTable::replicated(4, &[vec![0, 1], vec![1]], 2).unwrap();
+        assert_eq!((degraded.item_share(0), degraded.item_share(1)), ((1, 1), (1, 2)));
         assert!(PartitionTable::new(1, &[0, 1], 2).unwrap().backups(b"k").is_empty());
         assert!(PartitionTable::replicated(1, &[vec![]], 1).unwrap_err().contains("no replica"));
         assert!(PartitionTable::replicated(1, &[vec![0, 0]], 1).unwrap_err().contains("twice"));

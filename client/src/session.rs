@@ -39,9 +39,11 @@ pub trait Shards: Send {
         let _ = key;
         &[]
     }
-    /// How many memnodes hold each key (1 but with replicas).
-    fn copies(&self) -> usize {
-        1
+    /// The share of memnode `shard`'s items that counting keys counts, (numerator,
+    /// denominator): all of them but with replicas (each key is on several memnodes).
+    fn item_share(&self, shard: usize) -> (u64, u64) {
+        let _ = shard;
+        (1, 1)
     }
     /// Whether memnode `shard` holds any partition (false once failed over: its
     /// transaction records no longer decide anything; see [`Session::resolve_lock`]).
@@ -350,11 +352,26 @@ impl<S: Shards> Session<S> {
         (0..self.shards.count()).map(|s| (self.shards.label(s).to_string(), self.on(s, |c| c.table_stats()))).collect()
     }
 
-    /// Keys on all memnodes (each counted once: with replicas, the items of all memnodes
-    /// divided by the copies of each key).
+    /// Keys on all memnodes (each counted once: with replicas, each memnode's items
+    /// weighted by [`Shards::item_share`]).
     pub fn len(&mut self) -> Result<u64, ClientError> {
-        let items: u64 = self.stats().into_iter().map(|(_, s)| s.map(|s| s.items)).sum::<Result<u64, _>>()?;
-        Ok(items / self.shards.copies() as u64)
+        let mut items = Vec::with_capacity(self.shards.count());
+        for (shard, (_, stats)) in self.stats().into_iter().enumerate() {
+            items.push((shard, stats?.items));
+        }
+        Ok(self.weighted(items))
+    }
+
+    /// The keys `items` (per shard) stand for, each memnode's weighted by its item share.
+    fn weighted(&self, items: Vec<(usize, u64)>) -> u64 {
+        let keys: u128 = items
+            .into_iter()
+            .map(|(shard, n)| {
+                let (num, den) = self.shards.item_share(shard);
+                u128::from(n) * u128::from(num) * 1_000_000 / u128::from(den.max(1))
+            })
+            .sum();
+        u64::try_from(keys.div_ceil(1_000_000)).unwrap_or(u64::MAX)
     }
 
     /// Whether [`Session::len`] is zero.
@@ -375,7 +392,7 @@ impl<S: Shards> Session<S> {
         let mut table_cursor = TableCursor::decode(cursor);
         while memnode < order.len() {
             let mut page = self.on(order[memnode], |c| c.scan(table_cursor, limits))?;
-            if self.shards.copies() > 1 {
+            if self.shards.item_share(order[memnode]) != (1, 1) {
                 // Each key once: from its primary, not from its copies on other replicas.
                 page.keys.retain(|key| self.shards.route(key) == order[memnode]);
             }
@@ -445,11 +462,11 @@ impl<S: Shards> Session<S> {
     /// Deletes every key on every memnode; returns how many it removed. Not atomic: a key
     /// written meanwhile may survive (`TableClient::delete_all`).
     pub fn delete_all(&mut self) -> Result<u64, ClientError> {
-        let mut removed = 0;
+        let mut removed = Vec::with_capacity(self.shards.count());
         for s in 0..self.shards.count() {
-            removed += self.on(s, |c| c.delete_all())?;
+            removed.push((s, self.on(s, |c| c.delete_all())?));
         }
-        Ok(removed / self.shards.copies() as u64)
+        Ok(self.weighted(removed))
     }
 
     /// Publishes pending item-count changes (a round trip per memnode that has one, nothing

@@ -362,8 +362,8 @@ impl Shards for WorkerShards {
         self.routing.backups(key)
     }
 
-    fn copies(&self) -> usize {
-        self.routing.copies()
+    fn item_share(&self, shard: usize) -> (u64, u64) {
+        self.routing.item_share(shard)
     }
 
     fn serves(&self, shard: usize) -> bool {
