@@ -200,7 +200,7 @@ pub fn run(s: Settings) -> anyhow::Result<()> {
     // With replicas, a memnode whose lease lapses (stopped, or dead and not back within
     // its lease) leaves its replica sets: its partitions go on on their other replicas.
     let failover = if s.replicas > 1 {
-        let etcd = Etcd::connect(&[endpoint.clone()], CLUSTER, racekv_coord::DEFAULT_ETCD_TIMEOUT)?;
+        let etcd = Etcd::connect(std::slice::from_ref(&endpoint), CLUSTER, racekv_coord::DEFAULT_ETCD_TIMEOUT)?;
         Some(racekv_coord::failover::Failover::start(etcd, FAILOVER_CHECK)?)
     } else {
         None
