@@ -16,10 +16,11 @@ pub struct UpArgs {
     /// Number of memnodes.
     #[arg(long, default_value_t = 1)]
     memnodes: usize,
-    /// Copies of each partition. Given, the cluster is coordinated: a local etcd holds the
-    /// cluster map, each memnode runs as its own child process (started again on its data
-    /// file if it dies) and `racekv status` shows their pids. Needs the `etcd` build and
-    /// Debian's etcd-server. Only 1 for now: replication is not built yet.
+    /// Copies of each partition (1 to 5, at most --memnodes). Given, the cluster is
+    /// coordinated: a local etcd holds the cluster map, each memnode runs as its own child
+    /// process (started again on its data file if it dies), a memnode silent past its 1 s
+    /// lease is failed over (R > 1), and `racekv status` shows their pids. Needs the `etcd`
+    /// build and Debian's etcd-server.
     #[arg(long)]
     replicas: Option<u8>,
     /// The local etcd's client port (`--replicas`); the next port is its peer port.

@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# What replication costs writes (issue 17's acceptance: PUT latency and throughput with
+# R = 1, 2, 3 in one run), and how long a failover takes:
+#
+#   ops/bench-replication.sh [--rounds 3] [--requests 200000] [--failovers 5] [--no-build]
+#
+# Builds the release binaries with the etcd feature (--no-build uses target/release as it
+# is) and starts three `racekv up --memnodes 3` clusters side by side, with --replicas 1, 2
+# and 3, each with its own local etcd, ports and runtime directory. Loads 100,000 keys
+# (64-byte values) into each, then runs redis-benchmark `-t set` and `-t get` (`-n REQUESTS
+# -c 50 -r 100000 -d 64`) at -P 1 and -P 16 against each, the clusters alternating in every
+# round, and prints each run (requests/s, p50 and p99 latency in ms as redis-benchmark
+# reports them) and R / (R = 1) ratios of the means as JSON. Then, on the R = 2 cluster,
+# --failovers times: SIGSTOP one memnode and time (from the SIGSTOP) until a SET to every
+# one of 64 keys spread over all partitions succeeds again; SIGCONT it (it stays failed
+# over: rejoining is not built), then restart that cluster for the next one. Stops
+# everything by pid at the end. Needs etcd (etcd-server), redis-benchmark (redis-tools),
+# protoc.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+rounds=3
+requests=200000
+failovers=5
+build=1
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --rounds) rounds=$2; shift 2 ;;
+        --requests) requests=$2; shift 2 ;;
+        --failovers) failovers=$2; shift 2 ;;
+        --no-build) build=0; shift ;;
+        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        *) echo "bench-replication.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+fail() { echo "bench-replication.sh: $*" >&2; exit 1; }
+command -v etcd > /dev/null || fail "etcd missing (apt-get install etcd-server)"
+command -v redis-benchmark > /dev/null || fail "redis-benchmark missing (redis-tools)"
+command -v redis-cli > /dev/null || fail "redis-cli missing (redis-tools)"
+if [[ $build -eq 1 ]]; then (cd "$repo" && cargo build --release --features etcd -p racekv -p racekv-memnode -q); fi
+bin=${CARGO_TARGET_DIR:-$repo/target}/release
+
+work=$(mktemp -d)
+declare -A up_pid redis_port
+cleanup() {
+    local rc=$?
+    for r in "${!up_pid[@]}"; do kill -CONT -- "-${up_pid[$r]}" 2>/dev/null || true; kill "${up_pid[$r]}" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$work"
+    exit "$rc"
+}
+trap cleanup EXIT
+
+# Starts `racekv up --replicas $1` on ports from $2 (etcd $2, $2+1; memnodes $2+10..;
+# Redis $2+20; remote $2+21; metrics $2+22), in its own process group.
+start_cluster() {
+    local r=$1 base=$2
+    mkdir -p "$work/run-$r"
+    XDG_RUNTIME_DIR="$work/run-$r" RACEKV_LOG=warn setsid "$bin/racekv" up --memnodes 3 --replicas "$r" \
+        --etcd-port "$base" --base-port $((base + 10)) --redis-port $((base + 20)) --remote-port $((base + 21)) \
+        --metrics-addr "127.0.0.1:$((base + 22))" --region-bytes 256MiB > "$work/up-$r.log" 2>&1 &
+    up_pid[$r]=$!
+    redis_port[$r]=$((base + 20))
+    for _ in $(seq 1 600); do
+        if grep -q "Ctrl-C stops the cluster" "$work/up-$r.log"; then return 0; fi
+        kill -0 "${up_pid[$r]}" 2>/dev/null || fail "racekv up --replicas $r exited: $(tail -5 "$work/up-$r.log")"
+        sleep 0.1
+    done
+    fail "racekv up --replicas $r did not start: $(tail -5 "$work/up-$r.log")"
+}
+
+stop_cluster() {
+    local r=$1
+    kill "${up_pid[$r]}" 2>/dev/null || true
+    wait "${up_pid[$r]}" 2>/dev/null || true
+    unset "up_pid[$r]"
+}
+
+load() {
+    redis-benchmark -p "${redis_port[$1]}" -t set -n 100000 -r 100000 -d 64 -c 50 -P 16 -q > /dev/null
+}
+
+bases=([1]=21000 [2]=21100 [3]=21200)
+for r in 1 2 3; do start_cluster "$r" "${bases[$r]}"; done
+for r in 1 2 3; do load "$r"; done
+
+runs="$work/runs.jsonl"
+: > "$runs"
+for round in $(seq 1 "$rounds"); do
+    for test in set get; do
+        for pipeline in 1 16; do
+            for r in 1 2 3; do
+                csv=$(redis-benchmark -p "${redis_port[$r]}" -t "$test" -n "$requests" -c 50 -r 100000 -d 64 \
+                    -P "$pipeline" --csv | grep -v '^"test"')
+                python3 - "$round" "$test" "$pipeline" "$r" "$csv" >> "$runs" << 'EOF'
+import csv, io, json, sys
+round_, test, pipeline, r, line = sys.argv[1:]
+row = next(csv.reader(io.StringIO(line)))
+print(json.dumps({"round": int(round_), "test": test, "pipeline": int(pipeline), "replicas": int(r),
+                  "rps": float(row[1]), "p50_ms": float(row[4]), "p99_ms": float(row[6])}))
+EOF
+                echo "round $round: $test -P $pipeline R=$r: $(tail -1 "$runs")" >&2
+            done
+        done
+    done
+done
+
+# Failover: on the R = 2 cluster, SIGSTOP one memnode and time until every key answers a SET.
+failover_ms=()
+for n in $(seq 1 "$failovers"); do
+    state="$work/run-2/racekv/up.json"
+    victim=$(python3 -c 'import json,sys; m=json.load(open(sys.argv[1]))["memnodes"]; print(m[int(sys.argv[2]) % len(m)]["pid"])' "$state" "$n")
+    start=$(date +%s%N)
+    kill -STOP "$victim"
+    for k in $(seq 0 63); do
+        until [[ $(redis-cli -p "${redis_port[2]}" set "failover-$k" "$n" 2> /dev/null) == OK ]]; do sleep 0.02; done
+    done
+    end=$(date +%s%N)
+    failover_ms+=($(((end - start) / 1000000)))
+    echo "failover $n: every key written again $(((end - start) / 1000000)) ms after the SIGSTOP" >&2
+    kill -CONT "$victim"
+    stop_cluster 2
+    start_cluster 2 "${bases[2]}"
+done
+
+python3 - "$runs" "$(hostname)" "$(date -u +%FT%TZ)" "$(git -C "$repo" rev-parse --short HEAD)" \
+    "$requests" "${failover_ms[*]:-}" << 'EOF'
+import json, statistics, sys
+path, host, date, commit, requests, failovers = sys.argv[1:]
+runs = [json.loads(l) for l in open(path)]
+summary = []
+for test in ("set", "get"):
+    for pipeline in (1, 16):
+        base = None
+        for r in (1, 2, 3):
+            sel = [x for x in runs if x["test"] == test and x["pipeline"] == pipeline and x["replicas"] == r]
+            rps = statistics.mean(x["rps"] for x in sel)
+            p50 = statistics.mean(x["p50_ms"] for x in sel)
+            p99 = statistics.mean(x["p99_ms"] for x in sel)
+            if r == 1:
+                base = (rps, p50, p99)
+            summary.append({"test": test, "pipeline": pipeline, "replicas": r, "rps": round(rps),
+                            "p50_ms": round(p50, 3), "p99_ms": round(p99, 3),
+                            "rps_vs_r1": round(rps / base[0], 3), "p50_vs_r1": round(p50 / base[1], 3)})
+f = sorted(int(x) for x in failovers.split()) if failovers else []
+pct = lambda q: f[min(len(f) - 1, int(q * len(f)))] if f else None
+print(json.dumps({"bench": "replication", "machine": host, "date": date, "commit": commit,
+                  "redis_benchmark": f"-n {requests} -c 50 -r 100000 -d 64", "summary": summary,
+                  "failover_ms": f, "failover_p50_ms": pct(0.5), "failover_p99_ms": pct(0.99),
+                  "runs": runs}, indent=1))
+EOF
