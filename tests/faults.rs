@@ -166,7 +166,9 @@ fn replicated_clients_stay_linearizable_through_faults_and_failovers() {
 fn run_faults(replicas: &str, faults: usize) {
     let faults: usize = std::env::var("RACEKV_FAULTS").ok().and_then(|v| v.parse().ok()).unwrap_or(faults);
     let seed: u64 = std::env::var("RACEKV_FAULT_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(rand::random);
-    println!("R = {replicas}: fault seed {seed} (RACEKV_FAULT_SEED={seed} replays the injector's choices), {faults} faults");
+    println!(
+        "R = {replicas}: fault seed {seed} (RACEKV_FAULT_SEED={seed} replays the injector's choices), {faults} faults"
+    );
     let etcd_port = free_ports(2);
     let up = Up::start(&[
         "--memnodes",
