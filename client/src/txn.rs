@@ -160,8 +160,9 @@ impl<S: Shards> Session<S> {
                 // Another memnode's locks may stand: the home's stay too (their record, kept
                 // through restarts, holds the decision), for resolvers, who copy it into the
                 // participant records before they settle a lock here. A committed backup
-                // lock left standing keeps the primaries' too: the resolver of a primary's
-                // lock settles the key's backups first.
+                // lock left standing keeps the primaries' too (conservative: its record
+                // already holds the commit, so resolvers settle it alike either way), and
+                // the caller hears the error rather than an acknowledgement.
                 break;
             }
             let locks: Vec<(&[u8], Lock, TxnMark)> =
@@ -181,9 +182,9 @@ impl<S: Shards> Session<S> {
         }
         prepared?;
         match backup_unsettled {
-            // Committed, but not yet on every replica (the primary's lock stands): not
-            // acknowledged, since a replica may still lose it if the home memnode fails
-            // before a reader settles it. The caller hears that it may have applied.
+            // Committed, but not yet settled on every replica (the primary's lock stands
+            // until a resolver settles it, from the records): not acknowledged; the caller
+            // hears that it may have applied.
             Some(e) if committed => Err(e),
             _ => Ok(committed),
         }
