@@ -5,7 +5,7 @@
 //! business: the embedded client opens its own connections; a computenode worker borrows
 //! virtual connections from its daemon's pre-initialized pool.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use racekv_hashing::scan::TABLE_CURSOR_BITS;
 use racekv_hashing::{
@@ -390,6 +390,7 @@ impl<S: Shards> Session<S> {
         let order = self.scan_order()?;
         let mut memnode = (cursor >> TABLE_CURSOR_BITS) as usize;
         let mut table_cursor = TableCursor::decode(cursor);
+        let started = Instant::now();
         while memnode < order.len() {
             let mut page = self.on(order[memnode], |c| c.scan(table_cursor, limits))?;
             if self.shards.item_share(order[memnode]) != (1, 1) {
@@ -397,7 +398,18 @@ impl<S: Shards> Session<S> {
                 page.keys.retain(|key| self.shards.route(key) == order[memnode]);
             }
             if let Some(next) = page.next {
-                return Ok(((memnode as u64) << TABLE_CURSOR_BITS | next.encode(), page.keys));
+                let encoded = (memnode as u64) << TABLE_CURSOR_BITS | next.encode();
+                if encoded == 0 {
+                    // A first step that met a split returns the cursor unmoved, and cursor 0
+                    // would end the walk: try again until the split is done.
+                    assert!(page.keys.is_empty(), "keys returned without moving the cursor");
+                    if started.elapsed() >= self.shards.timeout() {
+                        let endpoint = self.shards.label(order[memnode]).to_string();
+                        return Err(ClientError::Timeout { endpoint, after: self.shards.timeout() });
+                    }
+                    continue;
+                }
+                return Ok((encoded, page.keys));
             }
             memnode += 1;
             table_cursor = TableCursor::START;
