@@ -1,7 +1,11 @@
 //! `racekv cluster ...`: the coordinated cluster's state in etcd (issue 17): `status` lists
 //! the memnodes registered and the map, `init` writes a cluster's first map from the
-//! memnodes registered. Needs the `etcd` build.
+//! memnodes registered, `manage` runs the failover checker as a daemon. Needs the `etcd`
+//! build.
 
+use std::time::Duration;
+
+use anyhow::Context;
 use clap::{Args, Subcommand};
 use racekv_coord::etcd::{Etcd, DEFAULT_TIMEOUT};
 use racekv_coord::map::DEFAULT_PARTITIONS_PER_MEMNODE;
@@ -40,6 +44,20 @@ pub enum ClusterCommand {
         /// Partitions per memnode.
         #[arg(long, default_value_t = DEFAULT_PARTITIONS_PER_MEMNODE)]
         partitions_per_memnode: usize,
+    },
+    /// Run the failover checker until SIGTERM or SIGINT: a memnode whose lease lapses
+    /// leaves its replica sets (`racekv up --replicas` runs one itself). Several may run:
+    /// they write the map by compare-and-swap.
+    Manage {
+        #[command(flatten)]
+        target: EtcdTarget,
+        /// Prometheus metrics (`/metrics`, `/healthz`) on this address; `none` for none.
+        #[arg(long, default_value = "127.0.0.1:9402")]
+        metrics_addr: String,
+        /// Milliseconds between checks (a fraction of the memnodes' lease: the map changes
+        /// within lease + this after a memnode stops).
+        #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+        check_interval_ms: u64,
     },
 }
 
@@ -91,7 +109,33 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        ClusterCommand::Manage { target, metrics_addr, check_interval_ms } => {
+            manage(&target, &metrics_addr, Duration::from_millis(check_interval_ms))
+        }
     }
+}
+
+/// Runs the failover checker (and its metrics endpoint) until SIGTERM or SIGINT.
+fn manage(target: &EtcdTarget, metrics_addr: &str, period: Duration) -> anyhow::Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
+    let etcd = connect(target)?;
+    racekv_coord::failover::register_metrics();
+    let metrics = match metrics_addr {
+        "none" => None,
+        addr => {
+            let addr = addr.parse().with_context(|| format!("--metrics-addr {addr:?} is not host:port"))?;
+            Some(racekv_telemetry::MetricsServer::start(addr)?)
+        }
+    };
+    let failover = racekv_coord::failover::Failover::start(etcd, period)?;
+    let served = metrics.as_ref().map_or_else(|| "none".to_string(), |m| m.addr().to_string());
+    println!("READY cluster={} metrics={served} check_interval_ms={}", target.cluster, period.as_millis());
+    let signal = signals.forever().next();
+    drop(failover);
+    // A log line, not stdout: whoever read READY may have closed the pipe since.
+    tracing::info!(?signal, "failover checker stopped");
+    Ok(())
 }
 
 fn status(target: &EtcdTarget) -> anyhow::Result<ClusterStatus> {

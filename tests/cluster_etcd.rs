@@ -1,6 +1,7 @@
-//! `racekv cluster init` and `racekv cluster status` against a real etcd and three memnodes
-//! registered in it (issue 17, item 1): the first map from the registered memnodes, a
-//! second `init` refused, a stopped memnode shown as mapped but without a lease.
+//! `racekv cluster init`, `status` and `manage` against a real etcd and three memnodes
+//! registered in it (issue 17, items 1 and 3): the first map from the registered memnodes,
+//! a second `init` refused, a stopped memnode shown as mapped but without a lease, and
+//! failed over by the checker.
 #![cfg(feature = "etcd")]
 
 use std::process::Command;
@@ -68,4 +69,74 @@ fn init_writes_the_first_map_and_status_shows_it() {
     assert_eq!(down[0]["mapped"], true);
     let text = String::from_utf8_lossy(&cluster(&etcd, &["status"]).stdout).to_string();
     assert!(text.contains("map epoch 1, R = 2, 12 partitions") && text.contains("no lease"), "{text}");
+}
+
+/// `racekv cluster manage`: a memnode that leaves (its registration gone) is taken out of
+/// every replica set by the checker, its partitions go on on their other replica, and the
+/// checker's metrics say so.
+#[test]
+fn manage_fails_over_a_memnode_that_leaves() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::time::{Duration, Instant};
+
+    let server = EtcdServer::start();
+    let etcd = server.endpoint();
+    let mut memnodes: Vec<Memnode> = (0..3).map(|_| memnode(&etcd)).collect();
+    let init = cluster(&etcd, &["init", "--replicas", "2", "--partitions-per-memnode", "4"]);
+    assert!(init.status.success(), "{}", String::from_utf8_lossy(&init.stderr));
+    // Stopped however the test ends.
+    struct Daemon(std::process::Child);
+    impl Drop for Daemon {
+        fn drop(&mut self) {
+            racekv_telemetry::child::stop(&mut self.0, Duration::from_secs(5));
+        }
+    }
+    let mut manage = Command::new(env!("CARGO_BIN_EXE_racekv"))
+        .args(["cluster", "manage", "--etcd", &etcd.join(","), "--cluster", CLUSTER])
+        .args(["--metrics-addr", "127.0.0.1:0", "--check-interval-ms", "50"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .map(Daemon)
+        .unwrap();
+    let mut ready = String::new();
+    BufReader::new(manage.0.stdout.take().unwrap()).read_line(&mut ready).unwrap();
+    let metrics_addr = ready.split_whitespace().find_map(|w| w.strip_prefix("metrics=")).expect(&ready).to_string();
+    let metric = |name: &str| -> f64 {
+        let mut conn = std::net::TcpStream::connect(&metrics_addr).unwrap();
+        conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut body = String::new();
+        conn.read_to_string(&mut body).unwrap();
+        let line = body.lines().find(|l| l.starts_with(name) && l[name.len()..].starts_with(' ')).expect(name);
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+
+    let gone = memnodes.pop().unwrap();
+    gone.shutdown().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let s = loop {
+        let out = cluster(&etcd, &["status", "--json"]);
+        let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        if s["epoch"].as_u64() == Some(2) {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "no failover within 20 s: {s}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let rows = s["memnodes"].as_array().unwrap();
+    let (down, live): (Vec<_>, Vec<_>) = rows.iter().partition(|r| r["registered"] == false);
+    assert_eq!(down.len(), 1);
+    assert_eq!((down[0]["mapped"].as_bool(), down[0]["primary_partitions"].as_u64()), (Some(true), Some(0)));
+    assert_eq!(down[0]["replica_partitions"].as_u64(), Some(0));
+    let primaries: u64 = live.iter().map(|r| r["primary_partitions"].as_u64().unwrap()).sum();
+    let backups: u64 = live.iter().map(|r| r["replica_partitions"].as_u64().unwrap()).sum();
+    // Every partition has its live replica as primary; only those of the two live memnodes
+    // alone (4 of 12) keep a backup.
+    assert_eq!((primaries, backups), (12, 4));
+    assert_eq!(metric("racekv_cluster_failovers_total"), 1.0);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while metric("racekv_cluster_memnodes_down") != 1.0 {
+        assert!(Instant::now() < deadline, "the gauge should count the memnode listed without a lease");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(metric("racekv_cluster_failover_check_seconds_count") >= 1.0);
 }

@@ -24,6 +24,7 @@ struct Metrics {
     failovers: prometheus::IntCounter,
     down: prometheus::IntGauge,
     errors: prometheus::IntCounter,
+    checks: prometheus::Histogram,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
@@ -33,13 +34,22 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     ),
     down: racekv_telemetry::metric::gauge(
         "racekv_cluster_memnodes_down",
-        "Memnodes of the cluster map holding partitions whose registration is gone (as failover last saw)",
+        "Memnodes listed in the cluster map whose registration is gone, failed over or not (as the last check saw)",
     ),
     errors: racekv_telemetry::metric::counter(
         "racekv_cluster_failover_errors_total",
         "Failover checks that could not read or write etcd",
     ),
+    checks: racekv_telemetry::metric::latency_histogram(
+        "racekv_cluster_failover_check_seconds",
+        "Time of one failover check (read the registrations and the map, write a new map if needed)",
+    ),
 });
+
+/// Registers failover's series now, so a scrape shows them before the first check.
+pub fn register_metrics() {
+    LazyLock::force(&METRICS);
+}
 
 /// The map without the memnodes `down` in any replica set, one epoch later; None when
 /// nothing changes (none of them holds a partition that has another replica).
@@ -71,8 +81,9 @@ pub fn down_members(map: &ClusterMap, live: &BTreeSet<u64>) -> BTreeSet<u64> {
 pub fn check_once(etcd: &Etcd) -> Result<Option<ClusterMap>, CoordError> {
     let Some((map, revision)) = etcd.map()? else { return Ok(None) };
     let live: BTreeSet<u64> = etcd.memnodes()?.iter().map(|m| m.node_id).collect();
+    let unregistered = map.memnodes.iter().filter(|m| !live.contains(&m.node_id)).count();
+    METRICS.down.set(unregistered as i64);
     let down = down_members(&map, &live);
-    METRICS.down.set(down.len() as i64);
     let Some(next) = without(&map, &down) else { return Ok(None) };
     if etcd.put_map(&next, Some(revision))?.is_none() {
         return Ok(None); // another writer came first; the next check reads its map
@@ -97,7 +108,10 @@ impl Failover {
         let thread = std::thread::Builder::new().name("failover".into()).spawn(move || {
             let log = racekv_telemetry::ratelimit::RateLimit::new(10_000);
             while !flag.load(Ordering::Relaxed) {
-                if let Err(e) = check_once(&etcd) {
+                let timer = METRICS.checks.start_timer();
+                let checked = check_once(&etcd);
+                timer.observe_duration();
+                if let Err(e) = checked {
                     METRICS.errors.inc();
                     racekv_telemetry::ratelimit::limited_warn(&log, || {
                         format!("failover could not check the cluster: {e}")
