@@ -138,5 +138,7 @@ fn manage_fails_over_a_memnode_that_leaves() {
         assert!(Instant::now() < deadline, "the gauge should count the memnode listed without a lease");
         std::thread::sleep(Duration::from_millis(20));
     }
+    // The 8 partitions that had a replica on it run on one copy.
+    assert_eq!(metric("racekv_cluster_partitions_under_replicated"), 8.0);
     assert!(metric("racekv_cluster_failover_check_seconds_count") >= 1.0);
 }

@@ -23,6 +23,7 @@ use crate::{ClusterMap, CoordError};
 struct Metrics {
     failovers: prometheus::IntCounter,
     down: prometheus::IntGauge,
+    under_replicated: prometheus::IntGauge,
     errors: prometheus::IntCounter,
     checks: prometheus::Histogram,
 }
@@ -35,6 +36,10 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     down: racekv_telemetry::metric::gauge(
         "racekv_cluster_memnodes_down",
         "Memnodes listed in the cluster map whose registration is gone, failed over or not (as the last check saw)",
+    ),
+    under_replicated: racekv_telemetry::metric::gauge(
+        "racekv_cluster_partitions_under_replicated",
+        "Partitions with fewer live replicas than the map's replication factor R (as the last check saw)",
     ),
     errors: racekv_telemetry::metric::counter(
         "racekv_cluster_failover_errors_total",
@@ -75,6 +80,12 @@ pub fn down_members(map: &ClusterMap, live: &BTreeSet<u64>) -> BTreeSet<u64> {
     map.partitions.iter().flatten().filter(|id| !live.contains(id)).copied().collect()
 }
 
+/// Partitions of `map` with fewer than R replicas among `live` (registered now).
+pub fn under_replicated(map: &ClusterMap, live: &BTreeSet<u64>) -> usize {
+    let wanted = usize::from(map.replicas);
+    map.partitions.iter().filter(|set| set.iter().filter(|id| live.contains(id)).count() < wanted).count()
+}
+
 /// One failover check: reads the registrations and the map, and writes the map without
 /// the down memnodes (compare-and-swap on the map's revision, so concurrent checkers write
 /// one map). Returns the map written, if any.
@@ -83,6 +94,7 @@ pub fn check_once(etcd: &Etcd) -> Result<Option<ClusterMap>, CoordError> {
     let live: BTreeSet<u64> = etcd.memnodes()?.iter().map(|m| m.node_id).collect();
     let unregistered = map.memnodes.iter().filter(|m| !live.contains(&m.node_id)).count();
     METRICS.down.set(unregistered as i64);
+    METRICS.under_replicated.set(under_replicated(&map, &live) as i64);
     let down = down_members(&map, &live);
     let Some(next) = without(&map, &down) else { return Ok(None) };
     if etcd.put_map(&next, Some(revision))?.is_none() {
@@ -167,6 +179,13 @@ mod tests {
             let down: BTreeSet<u64> = ids.iter().copied().filter(|&id| down_mask & (1 << (id - 1)) != 0).collect();
             let live: BTreeSet<u64> = ids.iter().copied().filter(|id| !down.contains(id)).collect();
             prop_assert_eq!(&down_members(&before, &live), &down.iter().copied().filter(|id| before.partitions.iter().flatten().any(|x| x == id)).collect::<BTreeSet<_>>());
+            // Short of R: a set that lost a member, or one made smaller than R (fewer memnodes).
+            let short = before
+                .partitions
+                .iter()
+                .filter(|set| set.len() < usize::from(replicas) || set.iter().any(|id| down.contains(id)))
+                .count();
+            prop_assert_eq!(under_replicated(&before, &live), short);
             match without(&before, &down) {
                 None => prop_assert!(before.partitions.iter().all(|set| set.iter().all(|id| !down.contains(id)) || set.iter().all(|id| down.contains(id)))),
                 Some(after) => {
@@ -182,6 +201,7 @@ mod tests {
                         }
                     }
                     prop_assert!(without(&after, &down).is_none(), "failing over twice changes nothing more");
+                    prop_assert_eq!(under_replicated(&after, &live), short, "failover does not restore R");
                 }
             }
         }
