@@ -11,9 +11,10 @@
 # XDG_RUNTIME_DIR=/run/racekv (the computenode's attach socket, so `podman exec NAME racekv
 # get KEY` attaches to the daemon of that container). The entry point is `racekv`; the
 # daemons run with `--entrypoint racekv-memnode` (or racekv-computenode). Binaries are
-# built if needed (`cargo build --workspace --bins`, the command ops/prometheus/smoke-test.sh
-# runs just before this in ops/test.sh, so there it rebuilds nothing) and copied with their
-# debug info stripped (symbol names stay, for backtraces).
+# built if needed with the etcd coordinator (`cargo build --workspace --bins --features
+# racekv/etcd`, the command ops/prometheus/smoke-test.sh runs just before this in
+# ops/test.sh, so there it rebuilds nothing; needs protoc) and copied with their debug info
+# stripped (symbol names stay, for backtraces). `--no-etcd` builds without it.
 #
 # Needs root (buildah mounts the working container), buildah and podman (Debian packages,
 # ops/install-packages.sh), ldd and objcopy (binutils). Prints the image's size at the end.
@@ -26,11 +27,13 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 profile=release
 tag=racekv:latest
+features=(--features racekv/etcd)
 while [[ $# -gt 0 ]]; do
     case $1 in
         --profile) profile=$2; shift 2 ;;
         --tag) tag=$2; shift 2 ;;
-        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+        --no-etcd) features=(); shift ;;
+        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
         *) echo "build.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -46,7 +49,7 @@ done
 
 bins=(racekv racekv-memnode racekv-computenode)
 uid=10001
-(cd "$repo" && cargo build --workspace --bins "${cargo_flags[@]}")
+(cd "$repo" && cargo build --workspace --bins "${cargo_flags[@]}" "${features[@]}")
 bin_dir=${CARGO_TARGET_DIR:-$repo/target}/$out
 for bin in "${bins[@]}"; do
     [[ -x $bin_dir/$bin ]] || { echo "build.sh: $bin_dir/$bin missing after cargo build" >&2; exit 1; }

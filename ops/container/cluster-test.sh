@@ -3,14 +3,18 @@
 #
 #   sudo ops/container/cluster-test.sh [--image racekv:latest] [--remove-image]
 #
-# Starts two memnodes and one computenode from the image (ops/container/build.sh) on a podman
-# network of their own (the computenode reaches the memnodes by container name, over tcp with
-# a shared token), the computenode's Redis port published on 127.0.0.1 only and protected by a
-# password. Then from the host: redis-cli SET/GET/INCR, a 1 MiB value, keys over both
-# memnodes, DBSIZE, INFO, a refused unauthenticated client; `racekv status` and `racekv get`
-# from the image's own CLI (its entry point); and that every daemon runs as the image's
-# non-root user. Removes the containers and the network at the end, pass or fail, and the
-# image tag too with --remove-image. Needs root, podman, redis-cli.
+# Starts an etcd, two memnodes registered in it, a cluster map with R = 2 (`racekv cluster
+# init`), a computenode routing by that map, and a failover checker (`racekv cluster
+# manage`), all on a podman network of their own: racekv's from the image
+# (ops/container/build.sh, built with etcd), etcd from the host's etcd-server package in a
+# root filesystem of its own (nothing is pulled). The computenode reaches the memnodes by
+# container name, over tcp with a shared token; its Redis port is published on 127.0.0.1
+# only and protected by a password. Then from the host: redis-cli SET/GET/INCR, a 1 MiB
+# value, DBSIZE, INFO, a refused unauthenticated client; `racekv status` and `racekv get`
+# from the image's own CLI (its entry point); that every daemon runs as a non-root user;
+# then a memnode SIGKILLed: the checker fails it over and every key is read and written on
+# the other. Removes the containers and the network at the end, pass or fail, and the image
+# tag too with --remove-image. Needs root, podman, redis-cli, etcd (etcd-server).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=ops/container/lib.sh
@@ -21,19 +25,22 @@ while [[ $# -gt 0 ]]; do
     case $1 in
         --image) image=$2; shift 2 ;;
         --remove-image) remove_image=1; shift ;;
-        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
         *) echo "cluster-test.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
 fail() { echo "container cluster test FAILED: $*" >&2; exit 1; }
 [[ $(id -u) -eq 0 ]] || fail "run as root"
 command -v redis-cli > /dev/null || fail "redis-cli missing (redis-tools)"
+command -v etcd > /dev/null || fail "etcd missing (etcd-server)"
 uid=10001
 prefix=racekv-ct-$$
 net=$prefix-net
+etcd=$prefix-etcd
 memnodes=("$prefix-memnode-0" "$prefix-memnode-1")
 computenode=$prefix-computenode
-containers=("${memnodes[@]}" "$computenode")
+manager=$prefix-manage
+containers=("$etcd" "${memnodes[@]}" "$computenode" "$manager")
 work=$(mktemp -d)
 cleanup() {
     local rc=$?
@@ -62,9 +69,28 @@ chmod 0400 "$work/token" "$work/requirepass"
 password=$(cat "$work/requirepass")
 
 podman network create "$net" > /dev/null
-# ETCD: when racekv gains --etcd (another issue), start an etcd container on "$net" here,
-# before the daemons, and pass its address to each of them (and add it to "containers").
 
+# etcd: the host's binary and exactly the libraries it loads, as a root filesystem.
+etcd_root=$work/etcd-root
+install -d -m 0755 "$etcd_root/usr/bin" "$etcd_root/etc"
+install -d -m 1777 "$etcd_root/tmp"
+cp -L "$(command -v etcd)" "$etcd_root/usr/bin/etcd"
+ldd "$(command -v etcd)" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' |
+    while read -r lib; do install -d "$etcd_root$(dirname "$lib")"; cp -L "$lib" "$etcd_root$lib"; done
+podman run -d --name "$etcd" --network "$net" --user "$uid:$uid" --rootfs "$etcd_root" \
+    /usr/bin/etcd --name ct --data-dir /tmp/etcd \
+    --listen-client-urls http://0.0.0.0:2379 --advertise-client-urls "http://$etcd:2379" \
+    --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+    --initial-cluster ct=http://127.0.0.1:2380 > /dev/null
+for _ in $(seq 100); do
+    podman logs "$etcd" 2>&1 | grep -q 'ready to serve client requests' && break
+    sleep 0.1
+done
+podman logs "$etcd" 2>&1 | grep -q 'ready to serve client requests' || fail "etcd did not start"
+etcd_url=http://$etcd:2379
+echo "$etcd: etcd serving on $etcd_url"
+
+# Memnodes register in etcd under a 1 s lease, by their names on the network.
 for m in "${memnodes[@]}"; do
     podman run -d --name "$m" --network "$net" \
         --entrypoint /usr/local/bin/racekv-memnode \
@@ -74,9 +100,18 @@ for m in "${memnodes[@]}"; do
         -e RACEKV_MEMNODE_METRICS_ADDR=0.0.0.0:9400 \
         -e RACEKV_MEMNODE_REGION_BYTES=64MiB \
         -e RACEKV_MEMNODE_GROUPS_PER_SUBTABLE=4 \
+        -e RACEKV_MEMNODE_ETCD_ENDPOINTS="$etcd_url" \
+        -e RACEKV_MEMNODE_ETCD_LEASE_MS=1000 \
+        -e RACEKV_MEMNODE_ADVERTISE_ENDPOINTS="tcp:$m:7400" \
         "$image" > /dev/null
 done
 for m in "${memnodes[@]}"; do echo "$m: $(racekv_wait_ready "$m")"; done
+cluster_cli() { podman run --rm --network "$net" "$image" cluster "$@" --etcd "$etcd_url"; }
+cluster_cli init --replicas 2 || fail "racekv cluster init in the image"
+
+podman run -d --name "$manager" --network "$net" "$image" \
+    cluster manage --etcd "$etcd_url" --metrics-addr 0.0.0.0:9402 > /dev/null
+echo "$manager: $(racekv_wait_ready "$manager")"
 
 podman run -d --name "$computenode" --network "$net" \
     --entrypoint /usr/local/bin/racekv-computenode \
@@ -85,7 +120,7 @@ podman run -d --name "$computenode" --network "$net" \
     -v "$work/requirepass:/run/secrets/racekv-requirepass:ro" \
     -e RACEKV_COMPUTENODE_TOKEN_FILE=/run/secrets/racekv-token \
     -e RACEKV_COMPUTENODE_REQUIREPASS_FILE=/run/secrets/racekv-requirepass \
-    -e "RACEKV_COMPUTENODE_MEMNODES=tcp:${memnodes[0]}:7400,tcp:${memnodes[1]}:7400" \
+    -e RACEKV_COMPUTENODE_ETCD_ENDPOINTS="$etcd_url" \
     -e RACEKV_COMPUTENODE_REDIS_ADDR=0.0.0.0:6380 \
     -e RACEKV_COMPUTENODE_METRICS_ADDR=0.0.0.0:9401 \
     "$image" > /dev/null
@@ -123,7 +158,7 @@ rcli GET big > "$work/big.got"
 printf '\n' >> "$work/big"
 cmp -s "$work/big" "$work/big.got" || fail "GET of the 1 MiB value returned other bytes"
 
-# Enough keys that consistent hashing puts some on each memnode.
+# Enough keys that each memnode is primary for some (both hold every key: R = 2).
 for i in $(seq 200); do printf 'SET key:%d value-%d\n' "$i" "$i"; done | rcli > "$work/sets"
 [[ $(grep -c '^OK$' "$work/sets") -eq 200 ]] || fail "200 SETs: $(sort "$work/sets" | uniq -c)"
 expect value-137 GET key:137
@@ -132,8 +167,8 @@ rcli INFO server > "$work/info"
 grep -q '^redis_version:' "$work/info" || fail "INFO server has no redis_version: $(head -5 "$work/info")"
 rcli INFO keyspace | grep -q '^db0:keys=203' || fail "INFO keyspace: $(rcli INFO keyspace)"
 
-# The image's CLI (its entry point), inside the network: status over both memnodes, whose
-# keys must add up to the 203 written (items as the memnodes count them), and the
+# The image's CLI (its entry point), inside the network: status over both memnodes, each
+# holding all 203 keys written (R = 2; items as the memnodes count them), and the
 # computenode's /status, found by its address on the network.
 cn_ip=$(podman inspect --format '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$computenode")
 podman run --rm --network "$net" -v "$work/token:/run/secrets/racekv-token:ro" \
@@ -148,8 +183,7 @@ python3 - "$work/status.json" <<'PY' || fail "racekv status: $(cat "$work/status
 import json, sys
 s = json.load(open(sys.argv[1]))
 items = [m["stats"]["items"] for m in s["memnodes"]]
-assert len(items) == 2 and all(n > 0 for n in items), f"keys per memnode: {items}"
-assert sum(items) == 203, f"keys per memnode {items} do not add up to 203"
+assert items == [203, 203], f"keys per memnode {items}, not 203 on each (R = 2)"
 cn = s["computenode"]
 assert cn and cn["workers"] >= 1, f"computenode status: {cn}"
 healthy = [m["healthy_connections"] for m in cn["memnodes"]]
@@ -172,6 +206,34 @@ for c in "${containers[@]}"; do
     [[ $ids == "$uid $uid $uid $uid $uid $uid $uid $uid " ]] || fail "$c (pid $pid) runs with uid/gid $ids"
     echo "$c: pid $pid runs as $(podman top "$c" user huser | tail -1 | xargs) (uid/gid $uid)"
 done
+
+# A memnode SIGKILLed: its lease lapses, the checker writes the map without it, and every
+# key goes on on the other replica, read and written through the same Redis connection
+# settings (the computenode follows the map).
+podman kill -s KILL "${memnodes[1]}" > /dev/null
+started=$(date +%s%N)
+for _ in $(seq 150); do
+    cluster_cli status --json > "$work/cluster.json" 2>/dev/null &&
+        python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))["epoch"] != 2)' "$work/cluster.json" && break
+    sleep 0.1
+done
+python3 - "$work/cluster.json" <<'PY' || fail "no failover: $(cat "$work/cluster.json")"
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["epoch"] == 2, f"map epoch {s['epoch']}"
+down = [m for m in s["memnodes"] if not m["registered"]]
+assert len(down) == 1 and down[0]["primary_partitions"] == 0 and down[0]["replica_partitions"] == 0, down
+PY
+echo "failover: map without the killed memnode after $(( ($(date +%s%N) - started) / 1000000 )) ms"
+for _ in $(seq 100); do [[ $(rcli GET key:137 2>/dev/null) == value-137 ]] && break; sleep 0.1; done
+expect value-137 GET key:137
+for i in $(seq 200); do printf 'GET key:%d\n' "$i"; done | rcli > "$work/gets"
+for i in $(seq 200); do echo "value-$i"; done | cmp -s - "$work/gets" || fail "keys lost after failover"
+expect OK SET after-failover yes
+expect yes GET after-failover
+expect 43 INCR counter
+expect 1 EXISTS big
+echo "after failover: all 200 keys read, SET and INCR acknowledged on the survivor"
 
 # A clean stop: SIGTERM reaches the daemon (PID 1 of its container), which exits 0.
 podman stop -t 10 "$computenode" > /dev/null
