@@ -63,6 +63,7 @@
 
 pub mod attach;
 mod attached;
+mod catchup;
 mod channel;
 mod embedded;
 mod error;
@@ -90,6 +91,7 @@ use std::time::Duration;
 use racekv_hashing::{ScanLimits, TableOptions, TableStats};
 use racekv_transport::ConnectOptions;
 
+pub use catchup::CatchUp;
 pub use error::ClientError;
 pub use expiry::{ExpireCondition, ExpiryChange, Ttl};
 pub use racekv_hashing::{Expiry, Item, PutMode, PutOptions, PutOutcome, PutResult, MAX_KV_BYTES};
@@ -726,6 +728,32 @@ impl Client {
         }
     }
 
+    /// Copies `key`'s item on its primary (or its absence) to every memnode its writes go
+    /// to ([`Session::sync_key`]). Embedded mode.
+    pub fn sync_key(&self, key: &[u8]) -> Result<(), ClientError> {
+        match self.path() {
+            Path::Embedded(c) => c.with(|s| s.sync_key(key)),
+            Path::Channel(_) => Err(embedded_only("sync_key")),
+        }
+    }
+
+    /// Catches memnode `joiner` up on the keys `belongs` picks (one partition's) from memnode
+    /// `primary` ([`Session::catch_up`]; `catchup.rs`). Embedded mode, routing by cluster
+    /// map `epoch` (which names `joiner` as joining that partition) or newer.
+    pub fn catch_up(
+        &self,
+        epoch: u64,
+        primary: u64,
+        joiner: u64,
+        belongs: &dyn Fn(&[u8]) -> bool,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<CatchUp, ClientError> {
+        match self.path() {
+            Path::Embedded(c) => c.with(|s| s.catch_up(epoch, primary, joiner, belongs, progress)),
+            Path::Channel(_) => Err(embedded_only("catch_up")),
+        }
+    }
+
     /// Number of keys on all memnodes (their item counters; they trail operations in flight).
     pub fn len(&self) -> Result<u64, ClientError> {
         match self.path() {
@@ -760,6 +788,11 @@ impl Client {
 
 /// Now, as absolute Unix time in milliseconds: the clock expiry times are in.
 pub use racekv_hashing::clock::now_unix_ms;
+
+/// The error of an operation only embedded mode has (it needs the memnodes themselves).
+fn embedded_only(what: &str) -> ClientError {
+    ClientError::Config(format!("{what} needs embedded mode (this client goes through a computenode)"))
+}
 
 /// The absolute time `ttl` from now, in Unix milliseconds.
 fn expires_in(ttl: Duration) -> u64 {

@@ -101,9 +101,10 @@ impl MapSource {
         self.map.memnodes.iter().map(|m| m.node_id).collect()
     }
 
-    /// Per partition, its replica set's node ids (the primary first).
+    /// Per partition, the node ids its writes go to: its replica set (the primary first),
+    /// then the memnodes joining it (written to like backups, never read from).
     pub fn replica_sets(&self) -> Vec<Vec<u64>> {
-        self.map.partitions.clone()
+        self.map.write_sets()
     }
 
     /// Watches for newer maps and installs them into `router`, telling `outcome` of each.
@@ -148,7 +149,7 @@ fn watch(source: MapSource, router: Weak<Router>, stop: Arc<AtomicBool>, outcome
             None => continue,
         };
         outcome(match next {
-            Ok((map, _revision)) => match router.install(map.epoch, &map.partitions) {
+            Ok((map, _revision)) => match router.install(map.epoch, &map.write_sets()) {
                 Ok(()) => {
                     tracing::info!(epoch = map.epoch, partitions = map.partitions.len(), "installed a new cluster map");
                     Outcome::Installed

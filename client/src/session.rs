@@ -218,7 +218,7 @@ impl<S: Shards> Session<S> {
             let options = PutOptions { mode, ..PutOptions::default() };
             return self.put_replicated(key, value, options).map(|r| r.outcome != PutOutcome::NotApplied);
         }
-        self.on_key(key, |c| c.put_with(key, value, mode)).map(|o| o != PutOutcome::NotApplied)
+        self.write_unreplicated(key, |c| c.put_with(key, value, mode)).map(|o| o != PutOutcome::NotApplied)
     }
 
     /// Sets `key` to `value`, replacing any previous value.
@@ -231,7 +231,7 @@ impl<S: Shards> Session<S> {
         if self.replicated(key) {
             return self.put_replicated(key, value, options);
         }
-        self.on_key(key, |c| c.put_opts(key, value, options))
+        self.write_unreplicated(key, |c| c.put_opts(key, value, options))
     }
 
     /// The value and expiry of `key`, if it exists.
@@ -264,7 +264,7 @@ impl<S: Shards> Session<S> {
         if self.replicated(key) {
             return self.update_expiry_replicated(key, &mut decide);
         }
-        self.on_key(key, |c| c.update_expiry(key, &mut decide))
+        self.write_unreplicated(key, |c| c.update_expiry(key, &mut decide))
     }
 
     /// Applies `change` to `key`'s expiry (judged by this host's clock); returns whether it
@@ -280,7 +280,7 @@ impl<S: Shards> Session<S> {
         if self.replicated(key) {
             return self.delete_replicated(key);
         }
-        self.on_key(key, |c| c.delete(key))
+        self.write_unreplicated(key, |c| c.delete(key))
     }
 
     /// Sets `key` to `new` (None removes it) if its value is `expected` (None: absent).
@@ -293,7 +293,7 @@ impl<S: Shards> Session<S> {
         if self.replicated(key) {
             return self.compare_and_swap_replicated(key, expected, new);
         }
-        self.on_key(key, |c| c.compare_and_swap(key, expected, new))
+        self.write_unreplicated(key, |c| c.compare_and_swap(key, expected, new))
     }
 
     /// Values of many keys; each memnode's share goes out in batches.
@@ -344,7 +344,25 @@ impl<S: Shards> Session<S> {
                 })?;
             }
             Ok(())
-        })
+        })?;
+        // As `write_unreplicated`, for each key.
+        keys.into_iter().try_for_each(|k| if self.replicated(k) { self.sync_key(k) } else { Ok(()) })
+    }
+
+    /// A write of `key` on its primary alone (its partition has no other replica as this
+    /// session routes). When the map it finished under gives the key other replicas (a
+    /// memnode joining its partition, `catchup.rs`), the key is copied to them before the
+    /// write is acknowledged.
+    fn write_unreplicated<R>(
+        &mut self,
+        key: &[u8],
+        op: impl FnMut(&mut TableClient) -> Result<R, racekv_hashing::Error>,
+    ) -> Result<R, ClientError> {
+        let result = self.on_key(key, op)?;
+        if self.replicated(key) {
+            self.sync_key(key)?;
+        }
+        Ok(result)
     }
 
     /// Each memnode's statistics (this session's pending item counts sent first).

@@ -94,7 +94,28 @@ impl<S: Shards> Session<S> {
         // By one map; a commit that met a move is reported, not run again (it may have
         // applied where its keys no longer live).
         let keys = reads.iter().map(|(k, _)| *k).chain(writes.iter().map(|w| w.key));
-        self.under_map(keys, Redo::No, |s| s.commit_routed(reads, writes))
+        let mut routed: Vec<Vec<u16>> = Vec::new();
+        let committed = self.under_map(keys, Redo::No, |s| {
+            routed = writes.iter().map(|w| s.write_set(w.key)).collect();
+            s.commit_routed(reads, writes)
+        })?;
+        if committed {
+            // The map changed under the commit but kept each key's primary: the result
+            // stands, and a key whose other replicas changed (a memnode joining its
+            // partition, `catchup.rs`) is copied to the ones it has now.
+            for (write, went) in writes.iter().zip(&routed) {
+                if self.write_set(write.key) != *went {
+                    self.sync_key(write.key)?;
+                }
+            }
+        }
+        Ok(committed)
+    }
+
+    /// The shards a write of `key` goes to, the primary first.
+    fn write_set(&self, key: &[u8]) -> Vec<u16> {
+        let primary = self.route(key) as u16;
+        std::iter::once(primary).chain(self.shards().backups(key).iter().copied()).collect()
     }
 
     fn commit_routed(&mut self, reads: &[(&[u8], Version)], writes: &[Write<'_>]) -> Result<bool, ClientError> {

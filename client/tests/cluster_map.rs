@@ -232,3 +232,206 @@ fn a_failed_over_homes_transaction_is_decided_by_the_first_participant_still_ser
         }
     }
 }
+
+/// Every key and value of memnode `m`'s table (read directly, as a fixed ring of one).
+fn contents(m: &TestMemnode) -> std::collections::BTreeMap<Vec<u8>, Vec<u8>> {
+    let here = direct(m);
+    let (mut keys, mut cursor) = (Vec::new(), 0u64);
+    loop {
+        let (next, page) = here.scan(cursor, 1_000).unwrap();
+        keys.extend(page);
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    keys.into_iter().filter_map(|k| here.get(&k).unwrap().map(|v| (k, v))).collect()
+}
+
+/// Rejoin (issue 17): memnode c is failed over (R = 2 over three memnodes) and misses
+/// updates, deletes and inserts, and holds a stale key its partition's primary never had.
+/// It joins the partitions it left, is caught up on each while two writers keep writing
+/// (some by the map without it, until they notice the newer one), and becomes their replica
+/// again: then every partition holds the same keys and values on each of its replicas, and
+/// each key holds its last acknowledged write.
+#[test]
+fn a_failed_over_memnode_catches_up_and_rejoins_while_writers_write() {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use racekv_coord::failover::without;
+    use racekv_coord::rejoin::{finish_joining, joined_by, start_joining};
+
+    let server = EtcdServer::start();
+    let memnodes: Vec<TestMemnode> =
+        (0..3).map(|_| TestMemnode::start(Via::Transport(TransportKind::Tcp), 32 << 20, 16)).collect();
+    let ids: Vec<u64> = memnodes.iter().map(|m| info(m).node_id).collect();
+    let c = ids[2];
+    let etcd = Etcd::connect(&server.endpoint(), CLUSTER, Duration::from_secs(5)).unwrap();
+    let publish = |map: &ClusterMap| {
+        let (_, revision) = etcd.map().unwrap().unwrap();
+        etcd.put_map(map, Some(revision)).unwrap().unwrap();
+        // What each memnode's registry does on seeing the map.
+        for m in &memnodes {
+            raise_map_epoch(&*m.connect(), map.epoch).unwrap();
+        }
+    };
+    let whole = ClusterMap::initial(memnodes.iter().map(info).collect(), 2, 4).unwrap();
+    etcd.put_map(&whole, None).unwrap().unwrap();
+    let client = || {
+        Client::builder()
+            .etcd(server.endpoint(), CLUSTER)
+            .token(TestMemnode::TOKEN)
+            .timeout(Duration::from_secs(10))
+            .connect()
+            .unwrap()
+    };
+    let main = client();
+    let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    for i in 0..300 {
+        let (k, v) = (format!("k{i}").into_bytes(), b"v0".to_vec());
+        main.put(&k, &v).unwrap();
+        model.insert(k, v);
+    }
+
+    // c fails over and misses writes.
+    let degraded = without(&whole, &BTreeSet::from([c])).unwrap();
+    publish(&degraded);
+    for i in 0..100 {
+        let k = format!("k{i}").into_bytes();
+        main.put(&k, b"v1").unwrap();
+        model.insert(k, b"v1".to_vec());
+    }
+    for i in 100..150 {
+        let k = format!("k{i}").into_bytes();
+        main.delete(&k).unwrap();
+        model.remove(&k);
+    }
+    for i in 300..400 {
+        let k = format!("k{i}").into_bytes();
+        main.put(&k, b"v1").unwrap();
+        model.insert(k, b"v1".to_vec());
+    }
+    let joining = start_joining(&degraded, c).unwrap();
+    let partitions = joined_by(&joining, c);
+    let partition_of = |k: &[u8]| joining.partition_of(racekv_client::ring::key_hash(k));
+    // A stale key on c, in a partition it will join, that no primary has.
+    let stale =
+        (0..).map(|i| format!("stale{i}").into_bytes()).find(|k| partitions.contains(&partition_of(k))).unwrap();
+    direct(&memnodes[2]).put(&stale, b"old").unwrap();
+
+    // Writers run through the catch-up (their own keys, each its last write in a model).
+    let stop = AtomicBool::new(false);
+    let written: Vec<BTreeMap<Vec<u8>, Option<Vec<u8>>>> = std::thread::scope(|s| {
+        let writers: Vec<_> = (0..2)
+            .map(|w| {
+                let (stop, writer) = (&stop, client());
+                s.spawn(move || {
+                    let mut last = BTreeMap::new();
+                    let mut n = 0u32;
+                    while !stop.load(Ordering::Relaxed) || n < 200 {
+                        let k = format!("w{w}-{}", n % 150).into_bytes();
+                        if n % 7 == 3 {
+                            writer.delete(&k).unwrap();
+                            last.insert(k, None);
+                        } else {
+                            let v = format!("{n}").into_bytes();
+                            writer.put(&k, &v).unwrap();
+                            last.insert(k, Some(v));
+                        }
+                        n += 1;
+                    }
+                    last
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(50));
+        publish(&joining);
+        let mut handled = 0u64;
+        let (mut synced, mut removed) = (0, 0);
+        for &p in &partitions {
+            let primary = joining.replicas_of(p)[0];
+            let done =
+                main.catch_up(joining.epoch, primary, c, &|k| partition_of(k) == p, &mut |n| handled += n).unwrap();
+            synced += done.synced;
+            removed += done.removed;
+        }
+        assert!(synced > 0 && removed >= 1, "synced {synced}, removed {removed}");
+        assert!(handled >= synced + removed);
+        publish(&finish_joining(&joining, c, &partitions).unwrap());
+        std::thread::sleep(Duration::from_millis(50));
+        stop.store(true, Ordering::Relaxed);
+        writers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+
+    let done = etcd.map().unwrap().unwrap().0;
+    assert!(done.joining.is_empty() && done.partitions.iter().all(|set| set.len() == 2));
+    let held: Vec<_> = memnodes.iter().map(contents).collect();
+    for (p, set) in done.partitions.iter().enumerate() {
+        let of = |node: u64| -> BTreeMap<&Vec<u8>, &Vec<u8>> {
+            let i = ids.iter().position(|&id| id == node).unwrap();
+            held[i].iter().filter(|(k, _)| partition_of(k) == p).collect()
+        };
+        assert_eq!(of(set[0]), of(set[1]), "partition {p}: replicas {:#x} and {:#x} differ", set[0], set[1]);
+    }
+    assert!(!held[2].contains_key(&stale), "the stale key was removed from c");
+    for (k, v) in written.into_iter().flatten() {
+        match v {
+            Some(v) => model.insert(k, v),
+            None => model.remove(&k),
+        };
+    }
+    for (k, v) in &model {
+        assert_eq!(main.get(k).unwrap().as_ref(), Some(v), "{}", String::from_utf8_lossy(k));
+    }
+    let total: usize = held.iter().map(|h| h.len()).sum();
+    assert_eq!(total, 2 * model.len(), "every key on exactly two memnodes, nothing else");
+}
+
+/// A write routed by the map without a joining memnode, whose primary already serves the
+/// map with it: the commit stands (same primary), and the key is copied to the joiner
+/// before the write is acknowledged, so a catch-up that already passed the key misses
+/// nothing.
+#[test]
+fn a_write_that_meets_a_joining_map_copies_its_key_to_the_joiner() {
+    use std::collections::BTreeSet;
+
+    use racekv_coord::failover::without;
+    use racekv_coord::rejoin::{joined_by, start_joining};
+
+    let server = EtcdServer::start();
+    let memnodes: Vec<TestMemnode> =
+        (0..3).map(|_| TestMemnode::start(Via::Transport(TransportKind::Tcp), 16 << 20, 16)).collect();
+    let c = info(&memnodes[2]).node_id;
+    let etcd = Etcd::connect(&server.endpoint(), CLUSTER, Duration::from_secs(5)).unwrap();
+    let whole = ClusterMap::initial(memnodes.iter().map(info).collect(), 2, 4).unwrap();
+    let degraded = without(&whole, &BTreeSet::from([c])).unwrap();
+    let revision = etcd.put_map(&degraded, None).unwrap().unwrap();
+    let client = Client::builder()
+        .etcd(server.endpoint(), CLUSTER)
+        .token(TestMemnode::TOKEN)
+        .timeout(Duration::from_secs(5))
+        .connect()
+        .unwrap();
+    let joining = start_joining(&degraded, c).unwrap();
+    let partitions = joined_by(&joining, c);
+    let key = (0..)
+        .map(|i| format!("j{i}"))
+        .find(|k| partitions.contains(&joining.partition_of(key_hash(k.as_bytes()))))
+        .unwrap();
+    let primary = joining.replicas_of(joining.partition_of(key_hash(key.as_bytes())))[0];
+    let at = memnodes.iter().position(|m| info(m).node_id == primary).unwrap();
+    raise_map_epoch(&*memnodes[at].connect(), joining.epoch).unwrap();
+    let publish = {
+        let (endpoints, map) = (server.endpoint(), joining.clone());
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            let etcd = Etcd::connect(&endpoints, CLUSTER, Duration::from_secs(5)).unwrap();
+            etcd.put_map(&map, Some(revision)).unwrap().unwrap();
+        })
+    };
+    client.put(key.as_bytes(), b"seen by the joiner").unwrap();
+    publish.join().unwrap();
+    assert_eq!(direct(&memnodes[2]).get(key.as_bytes()).unwrap().as_deref(), Some(&b"seen by the joiner"[..]));
+    assert_eq!(direct(&memnodes[at]).get(key.as_bytes()).unwrap().as_deref(), Some(&b"seen by the joiner"[..]));
+}

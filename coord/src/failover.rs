@@ -67,17 +67,25 @@ pub fn without(map: &ClusterMap, down: &BTreeSet<u64>) -> Option<ClusterMap> {
             changed = true;
         }
     }
+    // A down memnode stops joining (it catches up again once it is back).
+    for joining in &mut next.joining {
+        let before = joining.len();
+        joining.retain(|id| !down.contains(id));
+        changed |= joining.len() != before;
+    }
     if !changed {
         return None;
     }
+    next.normalize_joining();
     next.epoch += 1;
     debug_assert!(next.check().is_ok(), "a map without some replicas is still a valid map");
     Some(next)
 }
 
-/// The memnodes of `map` that hold a partition and are not among `live` (registered now).
+/// The memnodes of `map` that hold or join a partition and are not among `live`
+/// (registered now).
 pub fn down_members(map: &ClusterMap, live: &BTreeSet<u64>) -> BTreeSet<u64> {
-    map.partitions.iter().flatten().filter(|id| !live.contains(id)).copied().collect()
+    map.partitions.iter().chain(&map.joining).flatten().filter(|id| !live.contains(id)).copied().collect()
 }
 
 /// Partitions of `map` with fewer than R replicas among `live` (registered now).

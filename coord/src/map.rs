@@ -52,6 +52,12 @@ pub struct ClusterMap {
     pub memnodes: Vec<MemnodeInfo>,
     /// Per partition, its replica set: node ids, the primary first.
     pub partitions: Vec<Vec<u64>>,
+    /// Per partition, memnodes catching up to join its replica set (rejoin and
+    /// re-replication, `catchup.rs`): written to like backups, never read from, never
+    /// promoted by failover. Empty (or absent, in maps written before it existed) when no
+    /// partition has one; otherwise one list per partition.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub joining: Vec<Vec<u64>>,
 }
 
 fn bad(what: impl Into<String>) -> CoordError {
@@ -118,7 +124,7 @@ impl ClusterMap {
         let count = n.saturating_mul(partitions_per_memnode.max(1)).min(MAX_PARTITIONS);
         let width = usize::from(replicas).min(n);
         let partitions = (0..count).map(|p| (0..width).map(|r| memnodes[(p + r) % n].node_id).collect()).collect();
-        let map = Self { epoch: 1, replicas, memnodes, partitions };
+        let map = Self { epoch: 1, replicas, memnodes, partitions, joining: Vec::new() };
         map.check()?;
         Ok(map)
     }
@@ -153,7 +159,49 @@ impl ClusterMap {
                 }
             }
         }
+        if !self.joining.is_empty() && self.joining.len() != self.partitions.len() {
+            return Err(bad(format!("{} joining lists for {} partitions", self.joining.len(), self.partitions.len())));
+        }
+        for (p, (set, joining)) in self.partitions.iter().zip(&self.joining).enumerate() {
+            if set.len() + joining.len() > usize::from(self.replicas) {
+                return Err(bad(format!(
+                    "partition {p} has {} replicas and {} joining (R = {})",
+                    set.len(),
+                    joining.len(),
+                    self.replicas
+                )));
+            }
+            for (i, id) in joining.iter().enumerate() {
+                if set.contains(id) || joining[..i].contains(id) {
+                    return Err(bad(format!("partition {p} names memnode {id:#x} twice")));
+                }
+                if self.memnode(*id).is_none() {
+                    return Err(bad(format!(
+                        "partition {p} names joining memnode {id:#x}, which the map does not list"
+                    )));
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// The memnodes joining `partition` (none when it has none).
+    pub fn joining_of(&self, partition: usize) -> &[u64] {
+        self.joining.get(partition).map_or(&[], Vec::as_slice)
+    }
+
+    /// Per partition, the memnodes a write of its keys goes to: its replica set (primary
+    /// first), then its joining memnodes.
+    pub fn write_sets(&self) -> Vec<Vec<u64>> {
+        (0..self.partitions.len()).map(|p| [self.replicas_of(p), self.joining_of(p)].concat()).collect()
+    }
+
+    /// Drops empty joining lists' storage when no partition has a joiner (the form the map
+    /// is stored in).
+    pub fn normalize_joining(&mut self) {
+        if self.joining.iter().all(Vec::is_empty) {
+            self.joining.clear();
+        }
     }
 
     /// The memnode with this id.
@@ -249,6 +297,21 @@ mod tests {
             ("0 partitions", |m| m.partitions.clear()),
             ("endpoint of 0 bytes", |m| m.memnodes[0].endpoints[0].clear()),
             ("lists 0 endpoints", |m| m.memnodes[0].endpoints.clear()),
+            ("1 joining lists for 6 partitions", |m| m.joining = vec![vec![]]),
+            ("2 replicas and 1 joining", |m| {
+                m.joining = vec![Vec::new(); 6];
+                m.joining[0].push(3);
+            }),
+            ("names memnode 0x1 twice", |m| {
+                m.partitions[0] = vec![1];
+                m.joining = vec![Vec::new(); 6];
+                m.joining[0].push(1);
+            }),
+            ("joining memnode 0x9", |m| {
+                m.partitions[0] = vec![1];
+                m.joining = vec![Vec::new(); 6];
+                m.joining[0].push(9);
+            }),
         ];
         for (reason, damage) in cases {
             let mut map = good.clone();

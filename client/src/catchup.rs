@@ -1,0 +1,114 @@
+//! Catching a memnode up on a partition (issue 17: rejoin and re-replication). The map
+//! first names the memnode as *joining* the partition (`racekv_coord::map`): from then on
+//! every write of the partition's keys goes to it too, like a backup's, while reads stay on
+//! the primary and failover never promotes it. Then [`Session::catch_up`] copies what was
+//! there before: each key of the partition on the primary is synced ([`Session::sync_key`]:
+//! its item on the primary written to every memnode of its write set, in one replicated
+//! write, so ordered with every other write of the key by the primary's lock), and each key
+//! of the partition the joiner holds but the primary does not (a stale copy from before it
+//! failed) is removed the same way. Then the map makes the joiner a replica.
+//!
+//! Why no write is missed: a writer routing by a map without the joiner either ran its
+//! last batch on the primary before the primary served the joining map (the copier starts
+//! only after that, so its sync reads that write), or its batch there saw the newer epoch
+//! (`map_fence`): it then waits for that map and syncs each key it wrote
+//! (`Session::commit`) before acknowledging.
+
+use racekv_hashing::{ScanLimits, TableCursor};
+
+use crate::error::ClientError;
+use crate::replicated::Change;
+use crate::session::{Session, Shards};
+
+/// Keys asked for per scan page of a catch-up.
+const CATCH_UP_PAGE_KEYS: usize = 256;
+/// Most bytes of keys per scan page of a catch-up.
+const CATCH_UP_PAGE_BYTES: usize = 1 << 20;
+
+/// What a catch-up did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CatchUp {
+    /// Keys of the partition copied from the primary to every memnode of their write set.
+    pub synced: u64,
+    /// Keys the joiner held that the primary does not: removed from it.
+    pub removed: u64,
+}
+
+impl<S: Shards> Session<S> {
+    /// Writes `key`'s item on its primary (or its absence) to every memnode its writes go
+    /// to, as one replicated write. Nothing to do when the key has no other replica.
+    pub fn sync_key(&mut self, key: &[u8]) -> Result<(), ClientError> {
+        if !self.replicated(key) {
+            return Ok(());
+        }
+        self.write_replicated(key, |item| {
+            let change = match item {
+                Some(item) => Change::Put(item.value.into(), item.expires_at_ms),
+                None => Change::Delete,
+            };
+            (Some(change), ())
+        })
+    }
+
+    /// Copies the keys that `belongs` picks (one partition's) from memnode `primary` to
+    /// every memnode of their write sets, the joining one included, and removes those that
+    /// memnode `joiner` holds and `primary` does not. `progress` hears of each key handled.
+    /// Routes by map `epoch` (the one that names `joiner` as joining) or newer, waiting for
+    /// it; run it once `primary` serves that map.
+    pub fn catch_up(
+        &mut self,
+        epoch: u64,
+        primary: u64,
+        joiner: u64,
+        belongs: &dyn Fn(&[u8]) -> bool,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<CatchUp, ClientError> {
+        if !self.shards_mut().await_map(epoch) {
+            return Err(ClientError::Config(format!("no cluster map of epoch {epoch} or newer came to route by")));
+        }
+        let shard = |s: &Self, node: u64| {
+            s.shard_of_node(node)
+                .ok_or_else(|| ClientError::Config(format!("memnode {node:#x} is not one this client reaches")))
+        };
+        let (from, to) = (shard(self, primary)?, shard(self, joiner)?);
+        assert_ne!(from, to, "a memnode catching up from itself");
+        let mut done = CatchUp::default();
+        self.each_key(from, belongs, &mut |s, key| {
+            s.sync_key(key)?;
+            done.synced += 1;
+            progress(1);
+            Ok(())
+        })?;
+        self.each_key(to, belongs, &mut |s, key| {
+            if s.on(from, |c| c.get(key))?.is_none() {
+                s.sync_key(key)?;
+                done.removed += 1;
+            }
+            progress(1);
+            Ok(())
+        })?;
+        Ok(done)
+    }
+
+    /// Runs `each` on every key of memnode `shard`'s table that `belongs` picks (a walk:
+    /// keys present throughout are seen at least once).
+    fn each_key(
+        &mut self,
+        shard: usize,
+        belongs: &dyn Fn(&[u8]) -> bool,
+        each: &mut dyn FnMut(&mut Self, &[u8]) -> Result<(), ClientError>,
+    ) -> Result<(), ClientError> {
+        let limits = ScanLimits::new(CATCH_UP_PAGE_KEYS, CATCH_UP_PAGE_KEYS, CATCH_UP_PAGE_BYTES);
+        let mut cursor = TableCursor::START;
+        loop {
+            let page = self.on(shard, |c| c.scan(cursor, limits))?;
+            for key in page.keys.iter().filter(|k| belongs(k)) {
+                each(self, key)?;
+            }
+            match page.next {
+                Some(next) => cursor = next,
+                None => return Ok(()),
+            }
+        }
+    }
+}
