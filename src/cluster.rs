@@ -13,7 +13,7 @@ use racekv_coord::{ClusterMap, MemnodeInfo};
 use serde::Serialize;
 
 /// How to reach the cluster's state.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct EtcdTarget {
     /// etcd endpoints, comma-separated.
     #[arg(long, env = "RACEKV_ETCD", value_delimiter = ',', default_value = "http://127.0.0.1:2379")]
@@ -58,7 +58,55 @@ pub enum ClusterCommand {
         /// within lease + this after a memnode stops).
         #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(10..=60_000))]
         check_interval_ms: u64,
+        /// Also restore R: a memnode registered again after failover rejoins the
+        /// partitions short of replicas at once, caught up from their primaries; after
+        /// `--re-replicate-after-s`, memnodes holding other partitions join them too.
+        #[arg(long)]
+        heal: bool,
+        /// Seconds partitions stay short of R before the healer copies them onto memnodes
+        /// that hold other partitions (rather than waiting for the lost one).
+        #[arg(long, default_value_t = 60)]
+        re_replicate_after_s: u64,
+        #[command(flatten)]
+        copy: CopyArgs,
     },
+    /// Make a registered memnode a replica of every partition short of R (a memnode back
+    /// after failover, with its old data file or an empty one): joins them, copies their
+    /// keys from the primaries, then becomes their replica. Shows progress.
+    Rejoin {
+        #[command(flatten)]
+        target: EtcdTarget,
+        /// The memnode's node id (as `racekv cluster status` shows it: 0x...).
+        node_id: String,
+        #[command(flatten)]
+        copy: CopyArgs,
+    },
+}
+
+/// How a rejoin reaches the memnodes and how fast it copies.
+#[derive(Debug, Args)]
+pub struct CopyArgs {
+    /// The memnodes' shared secret (the copy runs as an embedded client).
+    #[arg(long, env = "RACEKV_TOKEN", default_value = "racekv-dev-token", hide_env_values = true)]
+    token: String,
+    /// Most keys copied per second (0: no cap), so the copy leaves room for the workload.
+    #[arg(long, default_value_t = 50_000)]
+    max_keys_per_second: u64,
+}
+
+impl CopyArgs {
+    /// An embedded client routing by the cluster's map.
+    fn client(&self, target: &EtcdTarget) -> anyhow::Result<racekv_client::Client> {
+        Self::connect(target, &self.token)
+    }
+
+    fn connect(target: &EtcdTarget, token: &str) -> anyhow::Result<racekv_client::Client> {
+        Ok(racekv_client::Client::builder()
+            .etcd(target.etcd.clone(), target.cluster.clone())
+            .token(token)
+            .timeout(Duration::from_secs(10))
+            .connect()?)
+    }
 }
 
 /// One memnode as `status` shows it.
@@ -109,18 +157,59 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        ClusterCommand::Manage { target, metrics_addr, check_interval_ms } => {
-            manage(&target, &metrics_addr, Duration::from_millis(check_interval_ms))
+        ClusterCommand::Manage { target, metrics_addr, check_interval_ms, heal, re_replicate_after_s, copy } => {
+            let policy = crate::rejoin::HealPolicy {
+                max_keys_per_second: copy.max_keys_per_second,
+                re_replicate_after: Duration::from_secs(re_replicate_after_s),
+            };
+            let healing = heal.then_some((copy.token.as_str(), policy));
+            manage(&target, &metrics_addr, Duration::from_millis(check_interval_ms), healing)
+        }
+        ClusterCommand::Rejoin { target, node_id, copy } => {
+            let node = parse_node_id(&node_id)?;
+            let etcd = connect(&target)?;
+            let client = copy.client(&target)?;
+            let bar = indicatif::ProgressBar::new_spinner().with_style(
+                indicatif::ProgressStyle::with_template(
+                    "{spinner} rejoining: {pos} keys copied or checked ({per_sec})",
+                )
+                .expect("a valid template"),
+            );
+            bar.enable_steady_tick(Duration::from_millis(200));
+            let mut rate = crate::rejoin::KeyRate::new(copy.max_keys_per_second);
+            let done = crate::rejoin::rejoin(&etcd, &client, node, &mut rate, &mut |n| bar.inc(n))?;
+            bar.finish_and_clear();
+            println!(
+                "memnode {node:#018x}: replica of {} more partitions ({} keys copied, {} stale keys removed)",
+                done.partitions, done.synced, done.removed
+            );
+            Ok(())
         }
     }
 }
 
-/// Runs the failover checker (and its metrics endpoint) until SIGTERM or SIGINT.
-fn manage(target: &EtcdTarget, metrics_addr: &str, period: Duration) -> anyhow::Result<()> {
+/// A node id as `status` prints it (`0x...`) or in decimal.
+fn parse_node_id(text: &str) -> anyhow::Result<u64> {
+    let parsed = match text.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => text.parse(),
+    };
+    parsed.with_context(|| format!("{text:?} is not a node id (0x... as `racekv cluster status` shows, or decimal)"))
+}
+
+/// Runs the failover checker (and its metrics endpoint) until SIGTERM or SIGINT; with
+/// `heal`, also rejoins memnodes that come back.
+fn manage(
+    target: &EtcdTarget,
+    metrics_addr: &str,
+    period: Duration,
+    heal: Option<(&str, crate::rejoin::HealPolicy)>,
+) -> anyhow::Result<()> {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
     let etcd = connect(target)?;
     racekv_coord::failover::register_metrics();
+    crate::rejoin::register_metrics();
     let metrics = match metrics_addr {
         "none" => None,
         addr => {
@@ -129,9 +218,23 @@ fn manage(target: &EtcdTarget, metrics_addr: &str, period: Duration) -> anyhow::
         }
     };
     let failover = racekv_coord::failover::Failover::start(etcd, period)?;
+    let healer = match heal {
+        Some((token, policy)) => {
+            let (copy_target, token) = (target.clone(), token.to_string());
+            let client = move || CopyArgs::connect(&copy_target, &token);
+            Some(crate::rejoin::Healer::start(connect(target)?, client, policy)?)
+        }
+        None => None,
+    };
     let served = metrics.as_ref().map_or_else(|| "none".to_string(), |m| m.addr().to_string());
-    println!("READY cluster={} metrics={served} check_interval_ms={}", target.cluster, period.as_millis());
+    println!(
+        "READY cluster={} metrics={served} check_interval_ms={} heal={}",
+        target.cluster,
+        period.as_millis(),
+        healer.is_some()
+    );
     let signal = signals.forever().next();
+    drop(healer);
     drop(failover);
     // A log line, not stdout: whoever read READY may have closed the pipe since.
     tracing::info!(?signal, "failover checker stopped");

@@ -4,6 +4,7 @@
 
 mod cluster;
 mod doctor;
+mod rejoin;
 mod up;
 mod up_cluster;
 

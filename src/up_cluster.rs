@@ -47,6 +47,11 @@ const STOP_WAIT: Duration = Duration::from_secs(10);
 const MEMNODE_LEASE_MS: u64 = 1_000;
 /// How often failover looks at the registrations.
 const FAILOVER_CHECK: Duration = Duration::from_millis(200);
+/// Most keys a rejoin copies per second (room for the workload on one machine).
+const HEAL_KEYS_PER_SECOND: u64 = 50_000;
+/// How long partitions stay short of R before the other memnodes take copies (the
+/// supervisor usually has the lost one back well before).
+const RE_REPLICATE_AFTER: Duration = Duration::from_secs(60);
 /// How often the supervisor reads the cluster map (for `up.json`).
 const MAP_READ_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -199,11 +204,27 @@ pub fn run(s: Settings) -> anyhow::Result<()> {
 
     // With replicas, a memnode whose lease lapses (stopped, or dead and not back within
     // its lease) leaves its replica sets: its partitions go on on their other replicas.
-    let failover = if s.replicas > 1 {
-        let etcd = Etcd::connect(std::slice::from_ref(&endpoint), CLUSTER, racekv_coord::DEFAULT_ETCD_TIMEOUT)?;
-        Some(racekv_coord::failover::Failover::start(etcd, FAILOVER_CHECK)?)
+    // And a memnode back (restarted on its data file, or resumed) rejoins them, caught up.
+    let (failover, healer) = if s.replicas > 1 {
+        let etcd = || Etcd::connect(std::slice::from_ref(&endpoint), CLUSTER, racekv_coord::DEFAULT_ETCD_TIMEOUT);
+        let (endpoints, token) = (vec![endpoint.clone()], s.token.clone());
+        let client = move || {
+            Ok(racekv_client::Client::builder()
+                .etcd(endpoints.clone(), CLUSTER)
+                .token(token.clone())
+                .timeout(Duration::from_secs(10))
+                .connect()?)
+        };
+        let policy = crate::rejoin::HealPolicy {
+            max_keys_per_second: HEAL_KEYS_PER_SECOND,
+            re_replicate_after: RE_REPLICATE_AFTER,
+        };
+        (
+            Some(racekv_coord::failover::Failover::start(etcd()?, FAILOVER_CHECK)?),
+            Some(crate::rejoin::Healer::start(etcd()?, client, policy)?),
+        )
     } else {
-        None
+        (None, None)
     };
     let stopping = Arc::new(AtomicBool::new(false));
     let supervisor = {
@@ -221,6 +242,7 @@ pub fn run(s: Settings) -> anyhow::Result<()> {
     stopping.store(true, Ordering::Release);
     let _ = supervisor.join();
     // Before the memnodes stop: their leases lapsing now is no failure to act on.
+    drop(healer);
     drop(failover);
     computenode.shutdown();
     let mut c = lock(&children);

@@ -14,12 +14,16 @@
 //! (`map_fence`): it then waits for that map and syncs each key it wrote
 //! (`Session::commit`) before acknowledging.
 
+use std::time::{Duration, Instant};
+
 use racekv_hashing::{ScanLimits, TableCursor};
 
 use crate::error::ClientError;
 use crate::replicated::Change;
 use crate::session::{Session, Shards};
 
+/// How often a catch-up looks whether the primary serves its map yet.
+const SERVED_EPOCH_POLL: Duration = Duration::from_millis(10);
 /// Keys asked for per scan page of a catch-up.
 const CATCH_UP_PAGE_KEYS: usize = 256;
 /// Most bytes of keys per scan page of a catch-up.
@@ -53,8 +57,8 @@ impl<S: Shards> Session<S> {
     /// Copies the keys that `belongs` picks (one partition's) from memnode `primary` to
     /// every memnode of their write sets, the joining one included, and removes those that
     /// memnode `joiner` holds and `primary` does not. `progress` hears of each key handled.
-    /// Routes by map `epoch` (the one that names `joiner` as joining) or newer, waiting for
-    /// it; run it once `primary` serves that map.
+    /// Routes by map `epoch` (the one that names `joiner` as joining) or newer, and starts
+    /// once `primary` serves it, waiting for both (bounded by the timeout).
     pub fn catch_up(
         &mut self,
         epoch: u64,
@@ -72,6 +76,15 @@ impl<S: Shards> Session<S> {
         };
         let (from, to) = (shard(self, primary)?, shard(self, joiner)?);
         assert_ne!(from, to, "a memnode catching up from itself");
+        // Writers by older maps notice the joiner once the primary serves this one.
+        let deadline = Instant::now() + self.shards().timeout();
+        while self.on(from, |c| c.map_epoch())? < epoch {
+            if Instant::now() >= deadline {
+                let endpoint = self.shards().label(from).to_string();
+                return Err(ClientError::Timeout { endpoint, after: self.shards().timeout() });
+            }
+            std::thread::sleep(SERVED_EPOCH_POLL);
+        }
         let mut done = CatchUp::default();
         self.each_key(from, belongs, &mut |s, key| {
             s.sync_key(key)?;

@@ -1140,6 +1140,12 @@ impl TableClient {
         crate::service::decode_stats(&reply).ok_or_else(|| Error::Remote("unreadable stats".into()))
     }
 
+    /// The newest cluster map epoch the memnode serves by (its `sb::MAP_EPOCH` word; 0
+    /// without a map).
+    pub fn map_epoch(&mut self) -> Result<u64, Error> {
+        crate::format::read_map_epoch(&*self.conn)
+    }
+
     /// Sends any pending item-count change now (one FAA; nothing when there is none). It
     /// otherwise rides on the next batch: call this when the client goes idle.
     pub fn publish_count(&mut self) -> Result<(), Error> {
