@@ -181,11 +181,12 @@ fn rejoin_restores_r_after_a_failover() {
     let write = |client: &Client, model: &mut BTreeMap<String, String>, range: std::ops::Range<u32>, round: u32| {
         for i in range {
             let (k, v) = (format!("k{i}"), format!("v{round}-{i}"));
+            let deleted = (i + round).is_multiple_of(5);
             // Writes racing a failover may find the stopped memnode before the new map:
             // done again (each is idempotent) until one is acknowledged.
             let deadline = std::time::Instant::now() + Duration::from_secs(10);
             loop {
-                let done = if (i + round) % 5 == 0 {
+                let done = if deleted {
                     client.delete(k.as_bytes()).map(|_| ())
                 } else {
                     client.put(k.as_bytes(), v.as_bytes())
@@ -197,7 +198,7 @@ fn rejoin_restores_r_after_a_failover() {
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
-            if (i + round) % 5 == 0 {
+            if deleted {
                 model.remove(&k);
             } else {
                 model.insert(k, v);

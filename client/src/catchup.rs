@@ -86,13 +86,13 @@ impl<S: Shards> Session<S> {
             std::thread::sleep(SERVED_EPOCH_POLL);
         }
         let mut done = CatchUp::default();
-        self.each_key(from, belongs, &mut |s, key| {
+        self.each_key(from, belongs, |s, key| {
             s.sync_key(key)?;
             done.synced += 1;
             progress(1);
             Ok(())
         })?;
-        self.each_key(to, belongs, &mut |s, key| {
+        self.each_key(to, belongs, |s, key| {
             if s.on(from, |c| c.get(key))?.is_none() {
                 s.sync_key(key)?;
                 done.removed += 1;
@@ -105,12 +105,10 @@ impl<S: Shards> Session<S> {
 
     /// Runs `each` on every key of memnode `shard`'s table that `belongs` picks (a walk:
     /// keys present throughout are seen at least once).
-    fn each_key(
-        &mut self,
-        shard: usize,
-        belongs: &dyn Fn(&[u8]) -> bool,
-        each: &mut dyn FnMut(&mut Self, &[u8]) -> Result<(), ClientError>,
-    ) -> Result<(), ClientError> {
+    fn each_key<F>(&mut self, shard: usize, belongs: &dyn Fn(&[u8]) -> bool, mut each: F) -> Result<(), ClientError>
+    where
+        F: FnMut(&mut Self, &[u8]) -> Result<(), ClientError>,
+    {
         let limits = ScanLimits::new(CATCH_UP_PAGE_KEYS, CATCH_UP_PAGE_KEYS, CATCH_UP_PAGE_BYTES);
         let mut cursor = TableCursor::START;
         loop {
