@@ -26,6 +26,11 @@ fn direct(m: &TestMemnode) -> Client {
     Client::builder().memnode(m.endpoint().unwrap().to_string()).token(TestMemnode::TOKEN).connect().unwrap()
 }
 
+/// An embedded client routing by the map in `server`'s etcd.
+fn map_client(server: &EtcdServer, timeout: Duration) -> Client {
+    Client::builder().etcd(server.endpoint(), CLUSTER).token(TestMemnode::TOKEN).timeout(timeout).connect().unwrap()
+}
+
 fn primary_of(map: &ClusterMap, key: &str) -> u64 {
     map.replicas_of(map.partition_of(key_hash(key.as_bytes())))[0]
 }
@@ -39,12 +44,7 @@ fn an_embedded_client_routes_by_the_map_and_follows_it() {
     let etcd = Etcd::connect(&server.endpoint(), CLUSTER, Duration::from_secs(5)).unwrap();
     let mut map = ClusterMap::initial(memnodes.iter().map(info).collect(), 1, 4).unwrap();
     let revision = etcd.put_map(&map, None).unwrap().unwrap();
-    let client = Client::builder()
-        .etcd(server.endpoint(), CLUSTER)
-        .token(TestMemnode::TOKEN)
-        .timeout(Duration::from_secs(2))
-        .connect()
-        .unwrap();
+    let client = map_client(&server, Duration::from_secs(2));
 
     let keys: Vec<String> = (0..200).map(|i| format!("k{i}")).collect();
     for k in &keys {
@@ -100,12 +100,7 @@ fn a_dead_coordinators_replicated_write_settles_on_every_replica() {
         let map = ClusterMap::initial(memnodes.iter().map(info).collect(), 2, 4).unwrap();
         let etcd = Etcd::connect(&server.endpoint(), CLUSTER, Duration::from_secs(5)).unwrap();
         etcd.put_map(&map, None).unwrap().unwrap();
-        let client = Client::builder()
-            .etcd(server.endpoint(), CLUSTER)
-            .token(TestMemnode::TOKEN)
-            .timeout(Duration::from_secs(5))
-            .connect()
-            .unwrap();
+        let client = map_client(&server, Duration::from_secs(5));
         let key = (0..).map(|i| format!("r{i}")).find(|k| primary_of(&map, k) == a).unwrap();
         let key = key.as_bytes();
         client.put(key, b"old").unwrap();
@@ -214,12 +209,7 @@ fn a_failed_over_homes_transaction_is_decided_by_the_first_participant_still_ser
         let next = racekv_coord::failover::without(&map, &std::collections::BTreeSet::from([a])).unwrap();
         assert_eq!(next.partitions[0], vec![b, c]);
         etcd.put_map(&next, Some(revision)).unwrap().unwrap();
-        let client = Client::builder()
-            .etcd(server.endpoint(), CLUSTER)
-            .token(TestMemnode::TOKEN)
-            .timeout(Duration::from_secs(5))
-            .connect()
-            .unwrap();
+        let client = map_client(&server, Duration::from_secs(5));
         let expected: &[u8] = if copied { b"new" } else { b"old" };
         assert_eq!(client.get(key).unwrap().as_deref(), Some(expected), "copied: {copied}");
         // The next write meets c's lock and resolves it by b's record.
@@ -278,14 +268,7 @@ fn a_failed_over_memnode_catches_up_and_rejoins_while_writers_write() {
     };
     let whole = ClusterMap::initial(memnodes.iter().map(info).collect(), 2, 4).unwrap();
     etcd.put_map(&whole, None).unwrap().unwrap();
-    let client = || {
-        Client::builder()
-            .etcd(server.endpoint(), CLUSTER)
-            .token(TestMemnode::TOKEN)
-            .timeout(Duration::from_secs(10))
-            .connect()
-            .unwrap()
-    };
+    let client = || map_client(&server, Duration::from_secs(10));
     let main = client();
     let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
     for i in 0..300 {
@@ -407,12 +390,7 @@ fn a_write_that_meets_a_joining_map_copies_its_key_to_the_joiner() {
     let whole = ClusterMap::initial(memnodes.iter().map(info).collect(), 2, 4).unwrap();
     let degraded = without(&whole, &BTreeSet::from([c])).unwrap();
     let revision = etcd.put_map(&degraded, None).unwrap().unwrap();
-    let client = Client::builder()
-        .etcd(server.endpoint(), CLUSTER)
-        .token(TestMemnode::TOKEN)
-        .timeout(Duration::from_secs(5))
-        .connect()
-        .unwrap();
+    let client = map_client(&server, Duration::from_secs(5));
     let joining = start_joining(&degraded, c).unwrap();
     let partitions = joined_by(&joining, c);
     let key = (0..)

@@ -156,20 +156,8 @@ impl Drop for Failover {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::MemnodeInfo;
+    use crate::map::sample as map;
     use proptest::prelude::*;
-
-    fn map(ids: &[u64], replicas: u8) -> ClusterMap {
-        let memnodes = ids
-            .iter()
-            .map(|&node_id| MemnodeInfo {
-                node_id,
-                endpoints: vec![format!("tcp:127.0.0.1:{}", 7000 + node_id)],
-                region_bytes: 1 << 20,
-            })
-            .collect();
-        ClusterMap::initial(memnodes, replicas, 4).unwrap()
-    }
 
     proptest! {
         /// After failover no live-servable partition names a down memnode, every partition

@@ -238,6 +238,20 @@ impl ClusterMap {
     }
 }
 
+/// A map of memnodes `ids` (4 partitions each, R = `replicas`) for this crate's tests.
+#[cfg(test)]
+pub(crate) fn sample(ids: &[u64], replicas: u8) -> ClusterMap {
+    let memnodes = ids
+        .iter()
+        .map(|&node_id| MemnodeInfo {
+            node_id,
+            endpoints: vec![format!("tcp:127.0.0.1:{}", 7000 + node_id)],
+            region_bytes: 1 << 20,
+        })
+        .collect();
+    ClusterMap::initial(memnodes, replicas, 4).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -64,20 +64,8 @@ mod tests {
 
     use super::*;
     use crate::failover::without;
-    use crate::MemnodeInfo;
+    use crate::map::sample as map;
     use proptest::prelude::*;
-
-    fn map(ids: &[u64], replicas: u8) -> ClusterMap {
-        let memnodes = ids
-            .iter()
-            .map(|&node_id| MemnodeInfo {
-                node_id,
-                endpoints: vec![format!("tcp:127.0.0.1:{}", 7000 + node_id)],
-                region_bytes: 1 << 20,
-            })
-            .collect();
-        ClusterMap::initial(memnodes, replicas, 4).unwrap()
-    }
 
     proptest! {
         /// A memnode failed over and back: it joins exactly the partitions it left (those
