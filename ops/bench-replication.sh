@@ -14,10 +14,9 @@
 # --failovers times: SIGSTOP one memnode and time (from the SIGSTOP) until the map without
 # it is in etcd, and until a SET to each of 64 keys has succeeded (on shm a stopped memnode's
 # memory still answers one-sided operations, so writes need not wait for the failover);
-# SIGCONT it (it stays failed over: rejoining is not built), then restart that cluster for
-# the next one. Stops
-# everything by pid at the end. Needs etcd (etcd-server), redis-benchmark (redis-tools),
-# protoc.
+# SIGCONT it and time until `racekv up`'s healer has made it a replica again (R restored,
+# its keys copied: the count from the healer's log line). Stops everything by pid at the
+# end. Needs etcd (etcd-server), redis-benchmark (redis-tools), protoc.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 rounds=3
@@ -30,7 +29,7 @@ while [[ $# -gt 0 ]]; do
         --requests) requests=$2; shift 2 ;;
         --failovers) failovers=$2; shift 2 ;;
         --no-build) build=0; shift ;;
-        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
         *) echo "bench-replication.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -70,13 +69,6 @@ start_cluster() {
     fail "racekv up --replicas $r did not start: $(tail -5 "$work/up-$r.log")"
 }
 
-stop_cluster() {
-    local r=$1
-    kill "${up_pid[$r]}" 2>/dev/null || true
-    wait "${up_pid[$r]}" 2>/dev/null || true
-    unset "up_pid[$r]"
-}
-
 load() {
     redis-benchmark -p "${redis_port[$1]}" -t set -n 100000 -r 100000 -d 64 -c 50 -P 16 -q > /dev/null
 }
@@ -112,8 +104,18 @@ epoch() {
     "$bin/racekv" cluster status --etcd "http://127.0.0.1:${bases[2]}" --json 2> /dev/null \
         | python3 -c 'import json,sys; print(json.load(sys.stdin).get("epoch") or 0)' 2> /dev/null || echo 0
 }
+# Whether every partition has R = 2 replicas again.
+whole() {
+    "$bin/racekv" cluster status --etcd "http://127.0.0.1:${bases[2]}" --json 2> /dev/null | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+held = sum(m["primary_partitions"] + m["replica_partitions"] for m in s["memnodes"])
+sys.exit(0 if held == 2 * s["partitions"] else 1)' 2> /dev/null
+}
 failover_ms=()
 writes_ms=()
+rejoin_ms=()
+rejoin_keys=()
 for n in $(seq 1 "$failovers"); do
     state="$work/run-2/racekv/up.json"
     victim=$(python3 -c 'import json,sys; m=json.load(open(sys.argv[1]))["memnodes"]; print(m[int(sys.argv[2]) % len(m)]["pid"])' "$state" "$n")
@@ -129,15 +131,24 @@ for n in $(seq 1 "$failovers"); do
     failover_ms+=($(((end - start) / 1000000)))
     writes_ms+=($(((written - start) / 1000000)))
     echo "failover $n: map written $(((end - start) / 1000000)) ms after the SIGSTOP; every key written again after $(((written - start) / 1000000)) ms" >&2
+    healed_lines=$(grep -c 'healed:' "$work/up-2.log" || true)
     kill -CONT "$victim"
-    stop_cluster 2
-    start_cluster 2 "${bases[2]}"
+    resumed=$(date +%s%N)
+    until [[ $(grep -c 'healed:' "$work/up-2.log" || true) -gt $healed_lines ]] && whole; do
+        [[ $(( ($(date +%s%N) - resumed) / 1000000000 )) -lt 120 ]] || fail "not healed 120 s after SIGCONT"
+        sleep 0.05
+    done
+    healed=$(date +%s%N)
+    synced=$(grep 'healed:' "$work/up-2.log" | tail -1 | grep -o 'synced=[0-9]*' | cut -d= -f2)
+    rejoin_ms+=($(((healed - resumed) / 1000000)))
+    rejoin_keys+=("$synced")
+    echo "rejoin $n: R restored $(((healed - resumed) / 1000000)) ms after the SIGCONT, $synced keys copied" >&2
 done
 
 python3 - "$runs" "$(hostname)" "$(date -u +%FT%TZ)" "$(git -C "$repo" rev-parse --short HEAD)" \
-    "$requests" "${failover_ms[*]:-}" "${writes_ms[*]:-}" << 'EOF'
+    "$requests" "${failover_ms[*]:-}" "${writes_ms[*]:-}" "${rejoin_ms[*]:-}" "${rejoin_keys[*]:-}" << 'EOF'
 import json, statistics, sys
-path, host, date, commit, requests, failovers, writes = sys.argv[1:]
+path, host, date, commit, requests, failovers, writes, rejoins, rejoin_keys = sys.argv[1:]
 runs = [json.loads(l) for l in open(path)]
 summary = []
 for test in ("set", "get"):
@@ -159,5 +170,8 @@ print(json.dumps({"bench": "replication", "machine": host, "date": date, "commit
                   "redis_benchmark": f"-n {requests} -c 50 -r 100000 -d 64", "summary": summary,
                   "failover_ms": f, "failover_p50_ms": pct(0.5), "failover_p99_ms": pct(0.99),
                   "all_keys_written_ms": [int(x) for x in writes.split()] if writes else [],
+                  "rejoin_ms": [int(x) for x in rejoins.split()] if rejoins else [],
+                  "rejoin_keys": [int(x) for x in rejoin_keys.split()] if rejoin_keys else [],
+                  "rejoin_keys_per_second_from_sigcont": round(sum(int(x) for x in rejoin_keys.split()) * 1000 / max(1, sum(int(x) for x in rejoins.split()))) if rejoins else None,
                   "runs": runs}, indent=1))
 EOF

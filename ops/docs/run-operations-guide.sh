@@ -17,13 +17,15 @@
 # Daemons the blocks start in the background are killed (by pid) when the session ends, and
 # the temporary directory is removed. Ports: 27400-27499 on loopback.
 #
-# Needs: redis-tools, curl, and racekv built (cargo build --workspace --bins, done here when
-# RACEKV_BIN_DIR is not set; RACEKV_BIN_DIR overrides where the binaries are).
+# Needs: redis-tools, curl, etcd (etcd-server), and racekv built with etcd (cargo build
+# --workspace --bins --features racekv/etcd, done here when RACEKV_BIN_DIR is not set: the
+# build ops/prometheus/smoke-test.sh makes just before in ops/test.sh; RACEKV_BIN_DIR
+# overrides where the binaries are).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 guide=${1:-$root/docs/operations.md}
 if [ -z "${RACEKV_BIN_DIR:-}" ]; then
-    (cd "$root" && cargo build -q --workspace --bins)
+    (cd "$root" && cargo build -q --workspace --bins --features racekv/etcd)
 fi
 bin=$(cd "${RACEKV_BIN_DIR:-$root/target/debug}" && pwd)
 for b in racekv racekv-memnode racekv-computenode; do
