@@ -82,6 +82,10 @@ pub trait Shards: Send {
     }
 }
 
+/// Neighbouring keys RANDOMKEY samples on a memnode with replicas (it keeps those the
+/// memnode is primary of).
+const RANDOM_KEY_SAMPLE: usize = 16;
+
 /// Most times one operation routes again after memnodes reported newer maps.
 const MAX_MAP_REFRESHES: u32 = 8;
 
@@ -460,12 +464,15 @@ impl<S: Shards> Session<S> {
     }
 
     /// A key picked at random (None when there are none): a memnode in proportion to its
-    /// item count, then a key of its table (`TableClient::random_key`); one at random from
-    /// `seed`.
+    /// item count (with replicas, the share of them it is primary of), then a key of its
+    /// table (`TableClient::random_key`; with replicas, one of those it is primary of, so a
+    /// failed-over memnode's stale keys never come up); one at random from `seed`.
     pub fn random_key(&mut self, seed: u64) -> Result<Option<Vec<u8>>, ClientError> {
         let mut items = Vec::with_capacity(self.shards.count());
         for s in 0..self.shards.count() {
-            items.push(self.on(s, |c| c.table_stats())?.items);
+            let n = self.on(s, |c| c.table_stats())?.items;
+            let (num, den) = self.shards.item_share(s);
+            items.push(u64::try_from(u128::from(n) * u128::from(num) / u128::from(den.max(1))).unwrap_or(u64::MAX));
         }
         let total: u64 = items.iter().sum();
         let mut first = (seed as usize) % items.len().max(1);
@@ -482,8 +489,18 @@ impl<S: Shards> Session<S> {
         // Counts trail writes in flight: a memnode that turns out empty passes to the next.
         for i in 0..self.shards.count() {
             let shard = (first + i) % self.shards.count();
-            if let Some(key) = self.on(shard, |c| c.random_key(seed.rotate_left(17)))? {
-                return Ok(Some(key));
+            let key = match self.shards.item_share(shard) {
+                (1, 1) => self.on(shard, |c| c.random_key(seed.rotate_left(17)))?,
+                (0, _) => None,
+                _ => {
+                    let mut keys = self.on(shard, |c| c.random_keys(seed.rotate_left(17), RANDOM_KEY_SAMPLE))?;
+                    keys.retain(|key| self.shards.route(key) == shard);
+                    let pick = (seed >> 40) as usize % keys.len().max(1);
+                    (pick < keys.len()).then(|| keys.swap_remove(pick))
+                }
+            };
+            if key.is_some() {
+                return Ok(key);
             }
         }
         Ok(None)

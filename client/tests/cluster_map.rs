@@ -302,6 +302,12 @@ fn a_failed_over_memnode_catches_up_and_rejoins_while_writers_write() {
     let stale =
         (0..).map(|i| format!("stale{i}").into_bytes()).find(|k| partitions.contains(&partition_of(k))).unwrap();
     direct(&memnodes[2]).put(&stale, b"old").unwrap();
+    // RANDOMKEY never picks c's stale copies (deleted keys, the stale one): only keys of
+    // the memnodes serving them.
+    for _ in 0..200 {
+        let k = main.random_key().unwrap().expect("keys exist");
+        assert!(model.contains_key(&k), "RANDOMKEY returned {}, which no primary holds", String::from_utf8_lossy(&k));
+    }
 
     // Writers run through the catch-up (their own keys, each its last write in a model).
     let stop = AtomicBool::new(false);
