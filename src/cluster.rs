@@ -44,6 +44,16 @@ pub enum ClusterCommand {
         /// Partitions per memnode.
         #[arg(long, default_value_t = DEFAULT_PARTITIONS_PER_MEMNODE)]
         partitions_per_memnode: usize,
+        /// Wait (up to `--wait-s`) until this many memnodes are registered (a deployment's
+        /// init job starting beside its memnodes).
+        #[arg(long, default_value_t = 1)]
+        wait_memnodes: usize,
+        /// How long to wait for `--wait-memnodes`.
+        #[arg(long, default_value_t = 0)]
+        wait_s: u64,
+        /// A map already there is success, not an error (an init job run again).
+        #[arg(long)]
+        if_absent: bool,
     },
     /// Run the failover checker until SIGTERM or SIGINT: a memnode whose lease lapses
     /// leaves its replica sets (`racekv up --replicas` runs one itself). Several may run:
@@ -89,15 +99,31 @@ pub struct CopyArgs {
     /// The memnodes' shared secret (the copy runs as an embedded client).
     #[arg(long, env = "RACEKV_TOKEN", default_value = "racekv-dev-token", hide_env_values = true)]
     token: String,
+    /// A file holding the token (read at start; overrides `--token`): a mounted secret.
+    #[arg(long, env = "RACEKV_TOKEN_FILE")]
+    token_file: Option<std::path::PathBuf>,
     /// Most keys copied per second (0: no cap), so the copy leaves room for the workload.
     #[arg(long, default_value_t = 50_000)]
     max_keys_per_second: u64,
 }
 
 impl CopyArgs {
+    /// The token: the file's first line when one is given.
+    fn token(&self) -> anyhow::Result<String> {
+        match &self.token_file {
+            None => Ok(self.token.clone()),
+            Some(path) => {
+                let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+                let token = text.lines().next().unwrap_or("").trim().to_string();
+                anyhow::ensure!(!token.is_empty(), "{} holds no token", path.display());
+                Ok(token)
+            }
+        }
+    }
+
     /// An embedded client routing by the cluster's map.
     fn client(&self, target: &EtcdTarget) -> anyhow::Result<racekv_client::Client> {
-        Self::connect(target, &self.token)
+        Self::connect(target, &self.token()?)
     }
 
     fn connect(target: &EtcdTarget, token: &str) -> anyhow::Result<racekv_client::Client> {
@@ -145,8 +171,22 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        ClusterCommand::Init { target, replicas, partitions_per_memnode } => {
-            let map = init(&target, replicas, partitions_per_memnode)?;
+        ClusterCommand::Init { target, replicas, partitions_per_memnode, wait_memnodes, wait_s, if_absent } => {
+            let etcd = connect(&target)?;
+            let deadline = std::time::Instant::now() + Duration::from_secs(wait_s);
+            while etcd.map()?.is_none() && etcd.memnodes()?.len() < wait_memnodes {
+                anyhow::ensure!(
+                    std::time::Instant::now() < deadline,
+                    "fewer than {wait_memnodes} memnodes registered in cluster {} after {wait_s} s",
+                    target.cluster
+                );
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            if let (true, Some((map, _))) = (if_absent, etcd.map()?) {
+                println!("cluster {}: a map is there already (epoch {}): nothing written", target.cluster, map.epoch);
+                return Ok(());
+            }
+            let map = init(&etcd, &target, replicas, partitions_per_memnode)?;
             println!(
                 "cluster {}: map epoch {} written: {} memnodes, {} partitions, {} replica(s) each",
                 target.cluster,
@@ -162,7 +202,8 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
                 max_keys_per_second: copy.max_keys_per_second,
                 re_replicate_after: Duration::from_secs(re_replicate_after_s),
             };
-            let healing = heal.then_some((copy.token.as_str(), policy));
+            let token = copy.token()?;
+            let healing = heal.then_some((token.as_str(), policy));
             manage(&target, &metrics_addr, Duration::from_millis(check_interval_ms), healing)
         }
         ClusterCommand::Rejoin { target, node_id, copy } => {
@@ -292,9 +333,8 @@ fn print_status(s: &ClusterStatus) {
     }
 }
 
-fn init(target: &EtcdTarget, replicas: u8, per: usize) -> anyhow::Result<ClusterMap> {
-    let etcd = connect(target)?;
-    let (registered, map) = read(&etcd)?;
+fn init(etcd: &Etcd, target: &EtcdTarget, replicas: u8, per: usize) -> anyhow::Result<ClusterMap> {
+    let (registered, map) = read(etcd)?;
     if let Some(map) = map {
         anyhow::bail!("cluster {} already has a map (epoch {}): nothing written", target.cluster, map.epoch);
     }
