@@ -174,7 +174,7 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
         ClusterCommand::Init { target, replicas, partitions_per_memnode, wait_memnodes, wait_s, if_absent } => {
             let etcd = connect(&target)?;
             let deadline = std::time::Instant::now() + Duration::from_secs(wait_s);
-            while etcd.map()?.is_none() && etcd.memnodes()?.len() < wait_memnodes {
+            while wait_s > 0 && etcd.map()?.is_none() && etcd.memnodes()?.len() < wait_memnodes {
                 anyhow::ensure!(
                     std::time::Instant::now() < deadline,
                     "fewer than {wait_memnodes} memnodes registered in cluster {} after {wait_s} s",

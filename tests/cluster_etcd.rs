@@ -48,6 +48,8 @@ fn init_writes_the_first_map_and_status_shows_it() {
     assert!(String::from_utf8_lossy(&none.stdout).contains("no map yet"));
     let refused = cluster(&etcd, &["init"]);
     assert!(!refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("no memnode is registered"));
+    let waited = cluster(&etcd, &["init", "--wait-memnodes", "3", "--wait-s", "1"]);
+    assert!(String::from_utf8_lossy(&waited.stderr).contains("fewer than 3 memnodes registered"), "{waited:?}");
 
     let mut memnodes: Vec<Memnode> = (0..3).map(|_| memnode(&etcd)).collect();
     let init = cluster(&etcd, &["init", "--replicas", "2", "--partitions-per-memnode", "4"]);
@@ -55,6 +57,10 @@ fn init_writes_the_first_map_and_status_shows_it() {
     assert!(String::from_utf8_lossy(&init.stdout).contains("3 memnodes, 12 partitions, 2 replica(s) each"));
     let again = cluster(&etcd, &["init"]);
     assert!(!again.status.success() && String::from_utf8_lossy(&again.stderr).contains("already has a map"));
+    // An init job run again: success, nothing written.
+    let job = cluster(&etcd, &["init", "--if-absent", "--wait-memnodes", "3", "--wait-s", "5"]);
+    assert!(job.status.success(), "{}", String::from_utf8_lossy(&job.stderr));
+    assert!(String::from_utf8_lossy(&job.stdout).contains("a map is there already (epoch 1): nothing written"));
 
     let status = |etcd: &[String]| -> serde_json::Value {
         let out = cluster(etcd, &["status", "--json"]);
@@ -243,7 +249,9 @@ fn rejoin_restores_r_after_a_failover() {
     assert_eq!(node_of(&memnodes[2]), c, "the same memnode, back on its data file");
     let unknown = cluster(&etcd_urls, &["rejoin", "0x1234"]);
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("not registered"));
-    let out = cluster(&etcd_urls, &["rejoin", &format!("{c:#x}")]);
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "racekv-dev-token\n").unwrap();
+    let out = cluster(&etcd_urls, &["rejoin", &format!("{c:#x}"), "--token-file", token_file.to_str().unwrap()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(text.contains("replica of 8 more partitions") && text.contains("stale keys removed"), "{text}");
