@@ -100,6 +100,9 @@ impl<S: Shards> Session<S> {
             progress(1);
             Ok(())
         })?;
+        // The joiner's item count includes its copies before the map counts it a replica
+        // (DBSIZE is exact again the moment R is).
+        self.publish_counts()?;
         Ok(done)
     }
 
