@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use racekv_client::Client;
+use racekv_client::{CatchUpSource, Client};
 use racekv_coord::etcd::Etcd;
 use racekv_coord::rejoin::{finish_joining, joined_by, start_joining};
 use racekv_coord::ClusterMap;
@@ -86,21 +86,29 @@ pub fn rejoin(
         }
     };
     let partitions = joined_by(&joining, node);
-    let mut done = Rejoined::default();
-    let mut caught_up = Vec::with_capacity(partitions.len());
+    // One walk per primary, over the joined partitions it is primary of.
+    let mut by_primary: std::collections::BTreeMap<u64, Vec<usize>> = std::collections::BTreeMap::new();
     for &p in &partitions {
-        let primary = joining.replicas_of(p)[0];
-        let belongs = |key: &[u8]| joining.partition_of(racekv_client::ring::key_hash(key)) == p;
-        let copied = client
-            .catch_up(joining.epoch, primary, node, &belongs, &mut |n| {
-                rate.handled(n);
-                on_keys(n);
-            })
-            .with_context(|| format!("catching memnode {node:#x} up on partition {p} from {primary:#x}"))?;
-        done.synced += copied.synced;
-        done.removed += copied.removed;
-        caught_up.push((p, primary));
+        by_primary.entry(joining.replicas_of(p)[0]).or_default().push(p);
     }
+    let map = &joining;
+    let filters: Vec<_> = by_primary
+        .iter()
+        .map(|(&primary, parts)| {
+            (primary, move |key: &[u8]| parts.contains(&map.partition_of(racekv_client::ring::key_hash(key))))
+        })
+        .collect();
+    let sources: Vec<CatchUpSource<'_>> =
+        filters.iter().map(|(primary, belongs)| CatchUpSource { primary: *primary, belongs }).collect();
+    let copied = client
+        .catch_up(joining.epoch, node, &sources, &mut |n| {
+            rate.handled(n);
+            on_keys(n);
+        })
+        .with_context(|| format!("catching memnode {node:#x} up on {} partitions", partitions.len()))?;
+    let mut done = Rejoined { partitions: 0, synced: copied.synced, removed: copied.removed };
+    let caught_up: Vec<(usize, u64)> =
+        by_primary.iter().flat_map(|(&primary, parts)| parts.iter().map(move |&p| (p, primary))).collect();
     loop {
         let (map, revision) = etcd.map()?.context("the cluster map is gone")?;
         // Only where the primary is the one copied from (a failover meanwhile promoted

@@ -29,6 +29,15 @@ const CATCH_UP_PAGE_KEYS: usize = 256;
 /// Most bytes of keys per scan page of a catch-up.
 const CATCH_UP_PAGE_BYTES: usize = 1 << 20;
 
+/// Where a catch-up copies from: a primary, and which of its keys (those of the joined
+/// partitions it is primary of).
+pub struct CatchUpSource<'a> {
+    /// The primary's node id.
+    pub primary: u64,
+    /// Whether a key is one to copy.
+    pub belongs: &'a dyn Fn(&[u8]) -> bool,
+}
+
 /// What a catch-up did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CatchUp {
@@ -54,46 +63,44 @@ impl<S: Shards> Session<S> {
         })
     }
 
-    /// Copies the keys that `belongs` picks (one partition's) from memnode `primary` to
-    /// every memnode of their write sets, the joining one included, and removes those that
-    /// memnode `joiner` holds and `primary` does not. `progress` hears of each key handled.
-    /// Routes by map `epoch` (the one that names `joiner` as joining) or newer, and starts
-    /// once `primary` serves it, waiting for both (bounded by the timeout).
+    /// Copies the keys each source picks from its memnode (`sources`: a primary's node id
+    /// and which of its keys belong to the partitions it is primary of that `joiner` joins)
+    /// to every memnode of their write sets, the joining one included, and removes those
+    /// that memnode `joiner` holds and their source does not. Each table is walked once,
+    /// however many partitions it serves. `progress` hears of each key handled. Routes by
+    /// map `epoch` (the one that names `joiner` as joining) or newer, and copies from each
+    /// source once it serves that map, waiting for both (bounded by the timeout).
     pub fn catch_up(
         &mut self,
         epoch: u64,
-        primary: u64,
         joiner: u64,
-        belongs: &dyn Fn(&[u8]) -> bool,
+        sources: &[CatchUpSource<'_>],
         progress: &mut dyn FnMut(u64),
     ) -> Result<CatchUp, ClientError> {
         if !self.shards_mut().await_map(epoch) {
             return Err(ClientError::Config(format!("no cluster map of epoch {epoch} or newer came to route by")));
         }
-        let shard = |s: &Self, node: u64| {
-            s.shard_of_node(node)
-                .ok_or_else(|| ClientError::Config(format!("memnode {node:#x} is not one this client reaches")))
-        };
-        let (from, to) = (shard(self, primary)?, shard(self, joiner)?);
-        assert_ne!(from, to, "a memnode catching up from itself");
-        // Writers by older maps notice the joiner once the primary serves this one.
-        let deadline = Instant::now() + self.shards().timeout();
-        while self.on(from, |c| c.map_epoch())? < epoch {
-            if Instant::now() >= deadline {
-                let endpoint = self.shards().label(from).to_string();
-                return Err(ClientError::Timeout { endpoint, after: self.shards().timeout() });
-            }
-            std::thread::sleep(SERVED_EPOCH_POLL);
+        let to = self.shard_for(joiner)?;
+        let mut from = Vec::with_capacity(sources.len());
+        for source in sources {
+            let shard = self.shard_for(source.primary)?;
+            assert_ne!(shard, to, "a memnode catching up from itself");
+            self.await_served_epoch(shard, epoch)?;
+            from.push(shard);
         }
         let mut done = CatchUp::default();
-        self.each_key(from, belongs, |s, key| {
-            s.sync_key(key)?;
-            done.synced += 1;
-            progress(1);
-            Ok(())
-        })?;
-        self.each_key(to, belongs, |s, key| {
-            if s.on(from, |c| c.get(key))?.is_none() {
+        for (source, &shard) in sources.iter().zip(&from) {
+            self.each_key(shard, source.belongs, |s, key| {
+                s.sync_key(key)?;
+                done.synced += 1;
+                progress(1);
+                Ok(())
+            })?;
+        }
+        let source_of = |key: &[u8]| sources.iter().zip(&from).find(|(source, _)| (source.belongs)(key));
+        self.each_key(to, &|key| source_of(key).is_some(), |s, key| {
+            let (_, &shard) = source_of(key).expect("the walk keeps only keys of a source");
+            if s.on(shard, |c| c.get(key))?.is_none() {
                 s.sync_key(key)?;
                 done.removed += 1;
             }
@@ -104,6 +111,26 @@ impl<S: Shards> Session<S> {
         // (DBSIZE is exact again the moment R is).
         self.publish_counts()?;
         Ok(done)
+    }
+
+    /// The shard of memnode `node`.
+    fn shard_for(&self, node: u64) -> Result<usize, ClientError> {
+        self.shard_of_node(node)
+            .ok_or_else(|| ClientError::Config(format!("memnode {node:#x} is not one this client reaches")))
+    }
+
+    /// Waits (bounded by the timeout) until memnode `shard` serves map `epoch` or newer:
+    /// writers by older maps notice the joiner from then on.
+    fn await_served_epoch(&mut self, shard: usize, epoch: u64) -> Result<(), ClientError> {
+        let deadline = Instant::now() + self.shards().timeout();
+        while self.on(shard, |c| c.map_epoch())? < epoch {
+            if Instant::now() >= deadline {
+                let endpoint = self.shards().label(shard).to_string();
+                return Err(ClientError::Timeout { endpoint, after: self.shards().timeout() });
+            }
+            std::thread::sleep(SERVED_EPOCH_POLL);
+        }
+        Ok(())
     }
 
     /// Runs `each` on every key of memnode `shard`'s table that `belongs` picks (a walk:

@@ -91,7 +91,7 @@ use std::time::Duration;
 use racekv_hashing::{ScanLimits, TableOptions, TableStats};
 use racekv_transport::ConnectOptions;
 
-pub use catchup::CatchUp;
+pub use catchup::{CatchUp, CatchUpSource};
 pub use error::ClientError;
 pub use expiry::{ExpireCondition, ExpiryChange, Ttl};
 pub use racekv_hashing::{Expiry, Item, PutMode, PutOptions, PutOutcome, PutResult, MAX_KV_BYTES};
@@ -737,19 +737,18 @@ impl Client {
         }
     }
 
-    /// Catches memnode `joiner` up on the keys `belongs` picks (one partition's) from memnode
-    /// `primary` ([`Session::catch_up`]; `catchup.rs`). Embedded mode, routing by cluster
-    /// map `epoch` (which names `joiner` as joining that partition) or newer.
+    /// Catches memnode `joiner` up on the keys each source picks from its primary
+    /// ([`Session::catch_up`]; `catchup.rs`). Embedded mode, routing by cluster map `epoch`
+    /// (which names `joiner` as joining those partitions) or newer.
     pub fn catch_up(
         &self,
         epoch: u64,
-        primary: u64,
         joiner: u64,
-        belongs: &dyn Fn(&[u8]) -> bool,
+        sources: &[CatchUpSource<'_>],
         progress: &mut dyn FnMut(u64),
     ) -> Result<CatchUp, ClientError> {
         match self.path() {
-            Path::Embedded(c) => c.with(|s| s.catch_up(epoch, primary, joiner, belongs, progress)),
+            Path::Embedded(c) => c.with(|s| s.catch_up(epoch, joiner, sources, progress)),
             Path::Channel(_) => Err(embedded_only("catch_up")),
         }
     }

@@ -338,13 +338,23 @@ fn a_failed_over_memnode_catches_up_and_rejoins_while_writers_write() {
         publish(&joining);
         let mut handled = 0u64;
         let (mut synced, mut removed) = (0, 0);
-        for &p in &partitions {
-            let primary = joining.replicas_of(p)[0];
-            let done =
-                main.catch_up(joining.epoch, primary, c, &|k| partition_of(k) == p, &mut |n| handled += n).unwrap();
-            synced += done.synced;
-            removed += done.removed;
-        }
+        // Both other memnodes are primaries of partitions c joins: one walk of each.
+        let (a, b) = (ids[0], ids[1]);
+        let (joined, map) = (&partitions, &joining);
+        let of = |primary: u64| {
+            move |k: &[u8]| {
+                let p = map.partition_of(racekv_client::ring::key_hash(k));
+                joined.contains(&p) && map.replicas_of(p)[0] == primary
+            }
+        };
+        let (from_a, from_b) = (of(a), of(b));
+        let sources = [
+            racekv_client::CatchUpSource { primary: a, belongs: &from_a },
+            racekv_client::CatchUpSource { primary: b, belongs: &from_b },
+        ];
+        let done = main.catch_up(joining.epoch, c, &sources, &mut |n| handled += n).unwrap();
+        synced += done.synced;
+        removed += done.removed;
         assert!(synced > 0 && removed >= 1, "synced {synced}, removed {removed}");
         assert!(handled >= synced + removed);
         publish(&finish_joining(&joining, c, &partitions).unwrap());
