@@ -1,7 +1,8 @@
 //! `racekv cluster ...`: the coordinated cluster's state in etcd (issue 17): `status` lists
 //! the memnodes registered and the map, `init` writes a cluster's first map from the
-//! memnodes registered, `manage` runs the failover checker as a daemon. Needs the `etcd`
-//! build.
+//! memnodes registered, `manage` runs the failover checker as a daemon, `rejoin`,
+//! `remove-memnode`, `set-replicas` and `balance` change the map and copy keys. Needs the
+//! `etcd` build.
 
 use std::time::Duration;
 
@@ -91,9 +92,70 @@ pub enum ClusterCommand {
         #[command(flatten)]
         copy: CopyArgs,
     },
+    /// Drain a memnode and take it out of the map: each partition it holds is copied to
+    /// the live memnode holding fewest, which takes its place (primary where it was).
+    /// Clients keep reading and writing; stop the memnode once this returns. Shows progress.
+    RemoveMemnode {
+        #[command(flatten)]
+        target: EtcdTarget,
+        /// The memnode's node id (as `racekv cluster status` shows it: 0x...).
+        node_id: String,
+        #[command(flatten)]
+        copy: CopyArgs,
+    },
+    /// Change the replication factor R (1 to 5): lowering it drops each partition's last
+    /// backups and removes their copies; raising it copies partitions onto live memnodes
+    /// until each has R. Shows progress.
+    SetReplicas {
+        #[command(flatten)]
+        target: EtcdTarget,
+        /// The new R.
+        replicas: u8,
+        #[command(flatten)]
+        copy: CopyArgs,
+    },
+    /// Spread primaries over each partition's replicas (after failovers the survivors are
+    /// primary of everything; a memnode back rejoins as a backup). Nothing is copied.
+    Balance {
+        #[command(flatten)]
+        target: EtcdTarget,
+        #[command(flatten)]
+        copy: CopyArgs,
+    },
 }
 
-/// How a rejoin reaches the memnodes and how fast it copies.
+/// A spinner that shows each phase and the keys handled in it.
+struct Spinner(indicatif::ProgressBar);
+
+impl Spinner {
+    fn new() -> Self {
+        let bar = indicatif::ProgressBar::new_spinner().with_style(
+            indicatif::ProgressStyle::with_template("{spinner} {msg}: {pos} keys ({per_sec})")
+                .expect("a valid template"),
+        );
+        bar.enable_steady_tick(Duration::from_millis(200));
+        Self(bar)
+    }
+}
+
+impl crate::membership::Progress for Spinner {
+    fn phase(&mut self, what: &str) {
+        self.0.set_position(0);
+        self.0.set_message(what.to_string());
+    }
+
+    fn keys(&mut self, n: u64) {
+        self.0.inc(n);
+    }
+}
+
+impl Drop for Spinner {
+    fn drop(&mut self) {
+        self.0.finish_and_clear();
+    }
+}
+
+/// How a command that copies keys reaches the memnodes and how fast it copies.
 #[derive(Debug, Args)]
 pub struct CopyArgs {
     /// The memnodes' shared secret (the copy runs as an embedded client).
@@ -147,6 +209,8 @@ struct MemnodeStatus {
     mapped: bool,
     primary_partitions: usize,
     replica_partitions: usize,
+    /// Partitions it is catching up on (a rejoin or a move).
+    joining_partitions: usize,
 }
 
 /// What `status` shows.
@@ -198,7 +262,7 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
             Ok(())
         }
         ClusterCommand::Manage { target, metrics_addr, check_interval_ms, heal, re_replicate_after_s, copy } => {
-            let policy = crate::rejoin::HealPolicy {
+            let policy = crate::healer::HealPolicy {
                 max_keys_per_second: copy.max_keys_per_second,
                 re_replicate_after: Duration::from_secs(re_replicate_after_s),
             };
@@ -210,20 +274,43 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
             let node = parse_node_id(&node_id)?;
             let etcd = connect(&target)?;
             let client = copy.client(&target)?;
-            let bar = indicatif::ProgressBar::new_spinner().with_style(
-                indicatif::ProgressStyle::with_template(
-                    "{spinner} rejoining: {pos} keys copied or checked ({per_sec})",
-                )
-                .expect("a valid template"),
-            );
-            bar.enable_steady_tick(Duration::from_millis(200));
             let mut rate = crate::rejoin::KeyRate::new(copy.max_keys_per_second);
-            let done = crate::rejoin::rejoin(&etcd, &client, node, &mut rate, &mut |n| bar.inc(n))?;
-            bar.finish_and_clear();
+            let done = {
+                let mut spinner = Spinner::new();
+                crate::membership::Progress::phase(&mut spinner, &format!("rejoining {node:#x}"));
+                crate::rejoin::rejoin(&etcd, &client, node, &mut rate, &mut |n| spinner.0.inc(n))?
+            };
             println!(
                 "memnode {node:#018x}: replica of {} more partitions ({} keys copied, {} stale keys removed)",
                 done.partitions, done.synced, done.removed
             );
+            Ok(())
+        }
+        ClusterCommand::RemoveMemnode { target, node_id, copy } => {
+            let node = parse_node_id(&node_id)?;
+            let (etcd, client) = (connect(&target)?, copy.client(&target)?);
+            let mut rate = crate::rejoin::KeyRate::new(copy.max_keys_per_second);
+            let done = crate::membership::remove_memnode(&etcd, &client, node, &mut rate, &mut Spinner::new())?;
+            println!(
+                "memnode {node:#018x}: removed from the map ({} partitions moved, {} keys copied); stop it now",
+                done.moved, done.synced
+            );
+            Ok(())
+        }
+        ClusterCommand::SetReplicas { target, replicas, copy } => {
+            let (etcd, client) = (connect(&target)?, copy.client(&target)?);
+            let mut rate = crate::rejoin::KeyRate::new(copy.max_keys_per_second);
+            let done = crate::membership::set_replicas(&etcd, &client, replicas, &mut rate, &mut Spinner::new())?;
+            let what = if replicas < done.from { "stale copies removed" } else { "keys copied" };
+            println!("cluster {}: R = {replicas} (was {}); {} {what}", target.cluster, done.from, done.keys);
+            Ok(())
+        }
+        ClusterCommand::Balance { target, copy } => {
+            let (etcd, client) = (connect(&target)?, copy.client(&target)?);
+            match crate::membership::balance(&etcd, &client)? {
+                Some(epoch) => println!("cluster {}: primaries spread (map epoch {epoch})", target.cluster),
+                None => println!("cluster {}: primaries already spread", target.cluster),
+            }
             Ok(())
         }
     }
@@ -244,13 +331,13 @@ fn manage(
     target: &EtcdTarget,
     metrics_addr: &str,
     period: Duration,
-    heal: Option<(&str, crate::rejoin::HealPolicy)>,
+    heal: Option<(&str, crate::healer::HealPolicy)>,
 ) -> anyhow::Result<()> {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
     let etcd = connect(target)?;
     racekv_coord::failover::register_metrics();
-    crate::rejoin::register_metrics();
+    crate::healer::register_metrics();
     let metrics = match metrics_addr {
         "none" => None,
         addr => {
@@ -263,7 +350,7 @@ fn manage(
         Some((token, policy)) => {
             let (copy_target, token) = (target.clone(), token.to_string());
             let client = move || CopyArgs::connect(&copy_target, &token);
-            Some(crate::rejoin::Healer::start(connect(target)?, client, policy)?)
+            Some(crate::healer::Healer::start(connect(target)?, client, policy)?)
         }
         None => None,
     };
@@ -299,6 +386,9 @@ fn status(target: &EtcdTarget) -> anyhow::Result<ClusterStatus> {
             mapped: mapped.iter().any(|r| r.node_id == m.node_id),
             primary_partitions: sets.iter().filter(|s| s.first() == Some(&m.node_id)).count(),
             replica_partitions: sets.iter().filter(|s| s.iter().skip(1).any(|id| *id == m.node_id)).count(),
+            joining_partitions: map
+                .as_ref()
+                .map_or(0, |map| map.joining.iter().filter(|j| j.contains(&m.node_id)).count()),
         });
     }
     Ok(ClusterStatus {
@@ -317,17 +407,21 @@ fn print_status(s: &ClusterStatus) {
         }
         _ => println!("cluster {}: no map yet (`racekv cluster init`)", s.cluster),
     }
-    println!("{:<20} {:<10} {:<7} {:>8} {:>8}  ENDPOINTS", "MEMNODE", "STATE", "MAPPED", "PRIMARY", "REPLICA");
+    println!(
+        "{:<20} {:<10} {:<7} {:>8} {:>8} {:>8}  ENDPOINTS",
+        "MEMNODE", "STATE", "MAPPED", "PRIMARY", "REPLICA", "JOINING"
+    );
     for m in &s.memnodes {
         let state = if m.registered { "up" } else { "no lease" };
         let mapped = if m.mapped { "yes" } else { "no" };
         println!(
-            "{:<20} {:<10} {:<7} {:>8} {:>8}  {}",
+            "{:<20} {:<10} {:<7} {:>8} {:>8} {:>8}  {}",
             m.node_id,
             state,
             mapped,
             m.primary_partitions,
             m.replica_partitions,
+            m.joining_partitions,
             m.endpoints.join(",")
         );
     }

@@ -4,6 +4,8 @@
 
 mod cluster;
 mod doctor;
+mod healer;
+mod membership;
 mod rejoin;
 mod up;
 mod up_cluster;

@@ -37,7 +37,7 @@ impl KeyRate {
     }
 
     /// Counts `n` keys handled, sleeping as long as the cap asks.
-    fn handled(&mut self, n: u64) {
+    pub fn handled(&mut self, n: u64) {
         self.handled += n;
         if self.per_second == 0 {
             return;
@@ -86,29 +86,8 @@ pub fn rejoin(
         }
     };
     let partitions = joined_by(&joining, node);
-    // One walk per primary, over the joined partitions it is primary of.
-    let mut by_primary: std::collections::BTreeMap<u64, Vec<usize>> = std::collections::BTreeMap::new();
-    for &p in &partitions {
-        by_primary.entry(joining.replicas_of(p)[0]).or_default().push(p);
-    }
-    let map = &joining;
-    let filters: Vec<_> = by_primary
-        .iter()
-        .map(|(&primary, parts)| {
-            (primary, move |key: &[u8]| parts.contains(&map.partition_of(racekv_client::ring::key_hash(key))))
-        })
-        .collect();
-    let sources: Vec<CatchUpSource<'_>> =
-        filters.iter().map(|(primary, belongs)| CatchUpSource { primary: *primary, belongs }).collect();
-    let copied = client
-        .catch_up(joining.epoch, node, &sources, &mut |n| {
-            rate.handled(n);
-            on_keys(n);
-        })
-        .with_context(|| format!("catching memnode {node:#x} up on {} partitions", partitions.len()))?;
+    let (copied, caught_up) = copy_partitions(client, &joining, node, &partitions, rate, on_keys)?;
     let mut done = Rejoined { partitions: 0, synced: copied.synced, removed: copied.removed };
-    let caught_up: Vec<(usize, u64)> =
-        by_primary.iter().flat_map(|(&primary, parts)| parts.iter().map(move |&p| (p, primary))).collect();
     loop {
         let (map, revision) = etcd.map()?.context("the cluster map is gone")?;
         // Only where the primary is the one copied from (a failover meanwhile promoted
@@ -129,7 +108,43 @@ pub fn rejoin(
     }
 }
 
-fn primary_of(map: &ClusterMap, partition: usize) -> Option<u64> {
+/// Catches memnode `node` up on `partitions`, which it joins in `map` (the map naming it
+/// joining them, written already): one walk per primary over the partitions it serves.
+/// Returns what was copied and, per partition, the primary it was copied from (a
+/// partition whose primary has changed since must be copied again before `node` becomes its
+/// replica: the new primary may have writes the old one had not).
+pub fn copy_partitions(
+    client: &Client,
+    map: &ClusterMap,
+    node: u64,
+    partitions: &[usize],
+    rate: &mut KeyRate,
+    on_keys: &mut dyn FnMut(u64),
+) -> anyhow::Result<(racekv_client::CatchUp, Vec<(usize, u64)>)> {
+    let mut by_primary: std::collections::BTreeMap<u64, Vec<usize>> = std::collections::BTreeMap::new();
+    for &p in partitions {
+        by_primary.entry(map.replicas_of(p)[0]).or_default().push(p);
+    }
+    let filters: Vec<_> = by_primary
+        .iter()
+        .map(|(&primary, parts)| {
+            (primary, move |key: &[u8]| parts.contains(&map.partition_of(racekv_client::ring::key_hash(key))))
+        })
+        .collect();
+    let sources: Vec<CatchUpSource<'_>> =
+        filters.iter().map(|(primary, belongs)| CatchUpSource { primary: *primary, belongs }).collect();
+    let copied = client
+        .catch_up(map.epoch, node, &sources, &mut |n| {
+            rate.handled(n);
+            on_keys(n);
+        })
+        .with_context(|| format!("catching memnode {node:#x} up on {} partitions", partitions.len()))?;
+    let from = by_primary.iter().flat_map(|(&primary, parts)| parts.iter().map(move |&p| (p, primary))).collect();
+    Ok((copied, from))
+}
+
+/// The primary of `partition` in `map`.
+pub fn primary_of(map: &ClusterMap, partition: usize) -> Option<u64> {
     map.partitions.get(partition).and_then(|set| set.first().copied())
 }
 
@@ -147,118 +162,6 @@ pub fn next_candidate(map: &ClusterMap, registered: &[racekv_coord::MemnodeInfo]
         .filter(|m| start_joining(map, m.node_id).is_some() || !joined_by(map, m.node_id).is_empty())
         .min_by_key(|m| (held(m.node_id), m.node_id))
         .map(|m| m.node_id)
-}
-
-/// What healing did, for Prometheus.
-struct Metrics {
-    rejoins: prometheus::IntCounter,
-    keys: prometheus::IntCounter,
-    errors: prometheus::IntCounter,
-}
-
-static METRICS: std::sync::LazyLock<Metrics> = std::sync::LazyLock::new(|| Metrics {
-    rejoins: racekv_telemetry::metric::counter(
-        "racekv_cluster_rejoins_total",
-        "Rejoins finished: a memnode made replica of the partitions short of R it was caught up on",
-    ),
-    keys: racekv_telemetry::metric::counter(
-        "racekv_cluster_rejoin_keys_total",
-        "Keys a rejoin copied to a joining memnode or checked on it",
-    ),
-    errors: racekv_telemetry::metric::counter(
-        "racekv_cluster_rejoin_errors_total",
-        "Rejoins that failed (retried on the next round)",
-    ),
-});
-
-/// Registers healing's series now, so a scrape shows them before the first rejoin.
-pub fn register_metrics() {
-    std::sync::LazyLock::force(&METRICS);
-}
-
-/// How often the healer looks for memnodes to rejoin.
-const HEAL_PERIOD: Duration = Duration::from_secs(1);
-
-/// How the healer copies and when it re-replicates onto memnodes left.
-#[derive(Debug, Clone, Copy)]
-pub struct HealPolicy {
-    /// Most keys copied per second (0: no cap).
-    pub max_keys_per_second: u64,
-    /// How long partitions stay short of R before memnodes that hold others join them (a
-    /// memnode back after failover, holding none, rejoins at once).
-    pub re_replicate_after: Duration,
-}
-
-/// A thread that rejoins memnodes ([`next_candidate`]), one at a time, until dropped.
-/// Dropping it stops it between rejoins (a rejoin in progress is left to the process's
-/// exit; the memnode stays joining, and the next healer finishes it).
-pub struct Healer {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl Healer {
-    /// Starts healing the cluster of `etcd` as `policy` says, copying through a client
-    /// `connect` makes for each rejoin (the cluster may have no map yet when it starts).
-    pub fn start(
-        etcd: Etcd,
-        connect: impl Fn() -> anyhow::Result<Client> + Send + 'static,
-        policy: HealPolicy,
-    ) -> std::io::Result<Self> {
-        use std::sync::atomic::Ordering;
-        register_metrics();
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = std::sync::Arc::clone(&stop);
-        std::thread::Builder::new().name("healer".into()).spawn(move || {
-            let log = racekv_telemetry::ratelimit::RateLimit::new(10_000);
-            let mut short_since = None;
-            while !flag.load(Ordering::Relaxed) {
-                if let Err(e) = heal_once(&etcd, &connect, policy, &mut short_since) {
-                    METRICS.errors.inc();
-                    racekv_telemetry::ratelimit::limited_warn(&log, || format!("rejoin failed (retrying): {e:#}"));
-                }
-                std::thread::sleep(HEAL_PERIOD);
-            }
-        })?;
-        Ok(Self { stop })
-    }
-}
-
-impl Drop for Healer {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
-/// One round: rejoins the next candidate, if any. `short_since` is when partitions were
-/// last seen whole (None: they are).
-fn heal_once(
-    etcd: &Etcd,
-    connect: &dyn Fn() -> anyhow::Result<Client>,
-    policy: HealPolicy,
-    short_since: &mut Option<Instant>,
-) -> anyhow::Result<()> {
-    let Some((map, _)) = etcd.map()? else { return Ok(()) };
-    if map.partitions.iter().all(|set| set.len() >= usize::from(map.replicas)) {
-        *short_since = None;
-        return Ok(());
-    }
-    let survivors_too = short_since.get_or_insert_with(Instant::now).elapsed() >= policy.re_replicate_after;
-    let Some(node) = next_candidate(&map, &etcd.memnodes()?, survivors_too) else { return Ok(()) };
-    // A client of this round's memnodes (a long-lived one could miss a reconnection).
-    let client = connect()?;
-    let mut rate = KeyRate::new(policy.max_keys_per_second);
-    let done = rejoin(etcd, &client, node, &mut rate, &mut |n| METRICS.keys.inc_by(n))?;
-    if done.partitions > 0 {
-        METRICS.rejoins.inc();
-        tracing::warn!(
-            node = format_args!("{node:#x}"),
-            partitions = done.partitions,
-            synced = done.synced,
-            removed = done.removed,
-            "healed: a memnode is a replica of partitions that were short of R"
-        );
-    }
-    Ok(())
 }
 
 #[cfg(test)]

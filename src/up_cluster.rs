@@ -215,13 +215,13 @@ pub fn run(s: Settings) -> anyhow::Result<()> {
                 .timeout(Duration::from_secs(10))
                 .connect()?)
         };
-        let policy = crate::rejoin::HealPolicy {
+        let policy = crate::healer::HealPolicy {
             max_keys_per_second: HEAL_KEYS_PER_SECOND,
             re_replicate_after: RE_REPLICATE_AFTER,
         };
         (
             Some(racekv_coord::failover::Failover::start(etcd()?, FAILOVER_CHECK)?),
-            Some(crate::rejoin::Healer::start(etcd()?, client, policy)?),
+            Some(crate::healer::Healer::start(etcd()?, client, policy)?),
         )
     } else {
         (None, None)

@@ -230,7 +230,11 @@ fn rejoin_restores_r_after_a_failover() {
             for id in &map.partitions[p] {
                 assert_eq!(held[id].get(k.as_bytes()), Some(&v.clone().into_bytes()), "{k} on {id:#x}");
             }
-            assert_eq!(client.get(k.as_bytes()).unwrap(), Some(v.clone().into_bytes()));
+            // The memnode back is primary again once primaries are spread: the first read
+            // of it finds this client's connection from before its restart closed
+            // (reported, then reconnected).
+            let read = client.get(k.as_bytes()).or_else(|_| client.get(k.as_bytes())).unwrap();
+            assert_eq!(read, Some(v.clone().into_bytes()));
         }
         let copies: usize = held.values().map(|h| h.len()).sum();
         assert_eq!(copies, 2 * model.len(), "no copy of a deleted key anywhere, each key on two memnodes");
@@ -280,4 +284,146 @@ fn rejoin_restores_r_after_a_failover() {
         std::thread::sleep(Duration::from_millis(100));
     }
     check(&memnodes, &model);
+}
+
+#[test]
+fn memnodes_leave_and_r_changes_while_clients_write() {
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Mutex;
+
+    use racekv_client::Client;
+    use racekv_coord::etcd::Etcd;
+
+    let server = EtcdServer::start();
+    let etcd_urls = server.endpoint();
+    let mut memnodes: Vec<Memnode> = (0..3).map(|_| memnode(&etcd_urls)).collect();
+    let etcd = Etcd::connect(&etcd_urls, CLUSTER, Duration::from_secs(5)).unwrap();
+    let endpoint = |m: &Memnode| m.endpoints()[0].to_string();
+    let node_of = |m: &Memnode| -> u64 {
+        let e = endpoint(m);
+        etcd.memnodes().unwrap().into_iter().find(|r| r.endpoints.contains(&e)).expect("registered").node_id
+    };
+    let init = cluster(&etcd_urls, &["init", "--replicas", "1", "--partitions-per-memnode", "4"]);
+    assert!(init.status.success(), "{}", String::from_utf8_lossy(&init.stderr));
+    let client = Client::builder().etcd(etcd_urls.clone(), CLUSTER).timeout(Duration::from_secs(10)).connect().unwrap();
+    // Two writers on disjoint keys, each remembering what was acknowledged last; a reader.
+    let model: Vec<Mutex<BTreeMap<String, String>>> = (0..2).map(|_| Mutex::new(BTreeMap::new())).collect();
+    let (stop, errors, rounds) = (AtomicBool::new(false), AtomicU64::new(0), AtomicU64::new(0));
+    let increments = AtomicU64::new(0);
+    let run = |cmd: &[&str]| {
+        let out = cluster(&etcd_urls, cmd);
+        assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    // Every key on exactly the memnodes of its replica set, with its last acknowledged value.
+    let check = |memnodes: &[Memnode], model: &BTreeMap<String, String>| {
+        let (map, _) = etcd.map().unwrap().unwrap();
+        assert!(map.joining.is_empty(), "no move left half done: {map:?}");
+        let mut copies = 0;
+        for m in memnodes {
+            let id = node_of(m);
+            let direct = Client::builder().memnode(endpoint(m)).connect().unwrap();
+            for (k, v) in model {
+                let p = map.partition_of(racekv_client::ring::key_hash(k.as_bytes()));
+                let held = direct.get(k.as_bytes()).unwrap();
+                if map.partitions[p].contains(&id) {
+                    assert_eq!(held, Some(v.clone().into_bytes()), "{k} on its replica {id:#x}");
+                    copies += 1;
+                } else {
+                    assert_eq!(held, None, "{k}: a stale copy on {id:#x}, which does not hold partition {p}");
+                }
+            }
+        }
+        assert_eq!(copies, usize::from(map.replicas) * model.len());
+    };
+    std::thread::scope(|scope| {
+        for (w, model) in model.iter().enumerate() {
+            let (client, stop, errors, rounds) = (&client, &stop, &errors, &rounds);
+            scope.spawn(move || {
+                let mut round = 0u32;
+                while !stop.load(Ordering::Relaxed) {
+                    round += 1;
+                    for i in (w as u32..200).step_by(2) {
+                        let (k, v) = (format!("k{i}"), format!("v{round}-{i}"));
+                        match client.put(k.as_bytes(), v.as_bytes()) {
+                            Ok(()) => {
+                                model.lock().unwrap().insert(k, v);
+                            }
+                            Err(e) => {
+                                eprintln!("{k}: {e}");
+                                errors.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                    rounds.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+        // Counters incremented by compare-and-swap: a move that let two writers both
+        // succeed from one value (the old primary's and the new one's) would lose one.
+        let (client_ref, stop_ref, errors_ref, increments_ref) = (&client, &stop, &errors, &increments);
+        scope.spawn(move || {
+            let mut i = 0u32;
+            while !stop_ref.load(Ordering::Relaxed) {
+                i += 1;
+                let key = format!("counter{}", i % 4);
+                let done = client_ref.get(key.as_bytes()).and_then(|old| {
+                    let n: u64 = old.as_deref().map_or(0, |v| std::str::from_utf8(v).unwrap().parse().unwrap());
+                    client_ref.compare_and_swap(key.as_bytes(), old.as_deref(), Some((n + 1).to_string().as_bytes()))
+                });
+                match done {
+                    Ok(true) => {
+                        increments_ref.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        eprintln!("{key}: {e}");
+                        errors_ref.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        });
+        let wait_rounds = |n: u64| {
+            let target = rounds.load(Ordering::Relaxed) + n;
+            while rounds.load(Ordering::Relaxed) < target {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        };
+        wait_rounds(2);
+        // A memnode leaves: its partitions go to the two others while the writers write.
+        let leaving = node_of(&memnodes[2]);
+        let out = run(&["remove-memnode", &format!("{leaving:#x}")]);
+        assert!(out.contains("removed from the map (4 partitions moved"), "{out}");
+        let (map, _) = etcd.map().unwrap().unwrap();
+        assert!(map.memnode(leaving).is_none() && map.partitions.iter().all(|set| !set.contains(&leaving)));
+        memnodes.pop().unwrap().shutdown().unwrap();
+        wait_rounds(2);
+        // R raised to 2 and lowered again, still under writes.
+        let out = run(&["set-replicas", "2"]);
+        assert!(out.contains("R = 2 (was 1)"), "{out}");
+        wait_rounds(2);
+        let out = run(&["set-replicas", "1"]);
+        assert!(out.contains("R = 1 (was 2)") && out.contains("stale copies removed"), "{out}");
+        wait_rounds(2);
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert_eq!(errors.load(Ordering::Relaxed), 0, "writes failed during the moves");
+    let all: BTreeMap<String, String> = model.iter().flat_map(|m| m.lock().unwrap().clone()).collect();
+    assert_eq!(all.len(), 200);
+    let counted: u64 = (0..4)
+        .filter_map(|i| client.get(format!("counter{i}").as_bytes()).unwrap())
+        .map(|v| String::from_utf8(v).unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert!(increments.load(Ordering::Relaxed) > 0);
+    assert_eq!(counted, increments.load(Ordering::Relaxed), "every acknowledged increment counted once");
+    check(&memnodes, &all);
+    for (k, v) in &all {
+        assert_eq!(client.get(k.as_bytes()).unwrap(), Some(v.clone().into_bytes()), "{k}");
+    }
+    // Back to R = 2, then spread the primaries (the copies' memnode is a backup of all).
+    run(&["set-replicas", "2"]);
+    check(&memnodes, &all);
+    let out = run(&["balance"]);
+    assert!(out.contains("already spread") || out.contains("primaries spread"), "{out}");
 }

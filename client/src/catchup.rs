@@ -81,6 +81,9 @@ impl<S: Shards> Session<S> {
             return Err(ClientError::Config(format!("no cluster map of epoch {epoch} or newer came to route by")));
         }
         let to = self.shard_for(joiner)?;
+        // The joiner too: a purge of its stale copies notices the join from then on
+        // (`moves.rs`).
+        self.await_served_epoch(to, epoch)?;
         let mut from = Vec::with_capacity(sources.len());
         for source in sources {
             let shard = self.shard_for(source.primary)?;
@@ -114,14 +117,14 @@ impl<S: Shards> Session<S> {
     }
 
     /// The shard of memnode `node`.
-    fn shard_for(&self, node: u64) -> Result<usize, ClientError> {
+    pub(crate) fn shard_for(&self, node: u64) -> Result<usize, ClientError> {
         self.shard_of_node(node)
             .ok_or_else(|| ClientError::Config(format!("memnode {node:#x} is not one this client reaches")))
     }
 
     /// Waits (bounded by the timeout) until memnode `shard` serves map `epoch` or newer:
     /// writers by older maps notice the joiner from then on.
-    fn await_served_epoch(&mut self, shard: usize, epoch: u64) -> Result<(), ClientError> {
+    pub(crate) fn await_served_epoch(&mut self, shard: usize, epoch: u64) -> Result<(), ClientError> {
         let deadline = Instant::now() + self.shards().timeout();
         while self.on(shard, |c| c.map_epoch())? < epoch {
             if Instant::now() >= deadline {
@@ -135,7 +138,12 @@ impl<S: Shards> Session<S> {
 
     /// Runs `each` on every key of memnode `shard`'s table that `belongs` picks (a walk:
     /// keys present throughout are seen at least once).
-    fn each_key<F>(&mut self, shard: usize, belongs: &dyn Fn(&[u8]) -> bool, mut each: F) -> Result<(), ClientError>
+    pub(crate) fn each_key<F>(
+        &mut self,
+        shard: usize,
+        belongs: &dyn Fn(&[u8]) -> bool,
+        mut each: F,
+    ) -> Result<(), ClientError>
     where
         F: FnMut(&mut Self, &[u8]) -> Result<(), ClientError>,
     {

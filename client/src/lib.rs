@@ -71,6 +71,7 @@ pub mod expiry;
 pub mod map_fence;
 pub mod map_follower;
 pub mod map_routing;
+mod moves;
 pub mod op;
 mod optimistic;
 mod parts;
@@ -94,6 +95,7 @@ use racekv_transport::ConnectOptions;
 pub use catchup::{CatchUp, CatchUpSource};
 pub use error::ClientError;
 pub use expiry::{ExpireCondition, ExpiryChange, Ttl};
+pub use moves::Purged;
 pub use racekv_hashing::{Expiry, Item, PutMode, PutOptions, PutOutcome, PutResult, MAX_KV_BYTES};
 pub use session::{Session, Shards};
 
@@ -750,6 +752,30 @@ impl Client {
         match self.path() {
             Path::Embedded(c) => c.with(|s| s.catch_up(epoch, joiner, sources, progress)),
             Path::Channel(_) => Err(embedded_only("catch_up")),
+        }
+    }
+
+    /// Raises memnode `node`'s map epoch word to `epoch` ([`Session::raise_served_epoch`]).
+    /// Embedded mode.
+    pub fn raise_served_epoch(&self, node: u64, epoch: u64) -> Result<u64, ClientError> {
+        match self.path() {
+            Path::Embedded(c) => c.with(|s| s.raise_served_epoch(node, epoch)),
+            Path::Channel(_) => Err(embedded_only("raise_served_epoch")),
+        }
+    }
+
+    /// Removes memnode `node`'s copies of keys `stale` picks ([`Session::purge`]). Embedded
+    /// mode, routing by cluster map `epoch` or newer.
+    pub fn purge(
+        &self,
+        epoch: u64,
+        node: u64,
+        stale: &dyn Fn(&[u8]) -> bool,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Purged, ClientError> {
+        match self.path() {
+            Path::Embedded(c) => c.with(|s| s.purge(epoch, node, stale, progress)),
+            Path::Channel(_) => Err(embedded_only("purge")),
         }
     }
 

@@ -102,12 +102,15 @@ impl PartitionTable {
     /// denominator): with R replicas of every partition each key is on R memnodes, so
     /// 1/R, exactly; while partitions have different replica counts (a failed memnode's,
     /// until they are re-replicated) the share of its partitions it is primary of, which
-    /// assumes keys spread evenly over partitions (they do by hash, not exactly).
+    /// assumes keys spread evenly over partitions (they do by hash, not exactly). A shard
+    /// holding no partition counts none.
     pub fn item_share(&self, shard: usize) -> (u64, u64) {
         match (self.uniform_copies, self.held.get(shard)) {
+            // A memnode holding nothing (failed over, drained) counts nothing: what it
+            // keeps is stale.
+            (_, None | Some(&(_, 0))) => (0, 1),
             (Some(r), _) => (1, r as u64),
-            (None, Some(&(primary, held))) if held > 0 => (u64::from(primary), u64::from(held)),
-            (None, _) => (0, 1),
+            (None, Some(&(primary, held))) => (u64::from(primary), u64::from(held)),
         }
     }
 }
@@ -208,6 +211,7 @@ mod tests {
         let failed_over = PartitionTable::replicated(3, &[vec![0, 1], vec![1, 0]], 3).unwrap();
         assert!(!failed_over.serves(2) && failed_over.serves(0));
         assert_eq!(failed_over.item_share(0), (1, 2), "uniform: every key on two memnodes");
+        assert_eq!(failed_over.item_share(2), (0, 1), "holding nothing: its keys are stale");
         let degraded = PartitionTable::replicated(4, &[vec![0, 1], vec![1]], 2).unwrap();
         assert_eq!((degraded.item_share(0), degraded.item_share(1)), ((1, 1), (1, 2)));
         assert!(PartitionTable::new(1, &[0, 1], 2).unwrap().backups(b"k").is_empty());

@@ -91,18 +91,35 @@ impl<S: Shards> Session<S> {
     /// another transaction held a key. Writes of one key: the last wins. A key both read and
     /// written is checked by its lock.
     pub fn commit(&mut self, reads: &[(&[u8], Version)], writes: &[Write<'_>]) -> Result<bool, ClientError> {
-        // By one map; a commit that met a move is reported, not run again (it may have
-        // applied where its keys no longer live).
+        // By one map. A commit decides only while no participant served a newer map
+        // (`commit_routed`), so when the map moved its keys: an aborted one applied
+        // nothing (the caller reads again by the new map), a committed one stands if each
+        // key's new primary is among the memnodes it wrote. Otherwise it is reported (it
+        // may have applied where its keys no longer live).
         let keys = reads.iter().map(|(k, _)| *k).chain(writes.iter().map(|w| w.key));
         let mut routed: Vec<Vec<u16>> = Vec::new();
-        let committed = self.under_map(keys, Redo::No, |s| {
+        let mut outcome = None;
+        let result = self.under_map(keys, Redo::No, |s| {
             routed = writes.iter().map(|w| s.write_set(w.key)).collect();
-            s.commit_routed(reads, writes)
-        })?;
+            let result = s.commit_routed(reads, writes);
+            outcome = result.as_ref().ok().copied();
+            result
+        });
+        let committed = match result {
+            Err(ClientError::MapChanged { .. }) if outcome == Some(false) => return Ok(false),
+            Err(ClientError::MapChanged { .. })
+                if outcome == Some(true)
+                    && writes.iter().zip(&routed).all(|(w, went)| went.contains(&(self.route(w.key) as u16))) =>
+            {
+                true
+            }
+            result => result?,
+        };
         if committed {
-            // The map changed under the commit but kept each key's primary: the result
-            // stands, and a key whose other replicas changed (a memnode joining its
-            // partition, `catchup.rs`) is copied to the ones it has now.
+            // The map changed under the commit but kept each key's primary among the
+            // memnodes written: the result stands, and a key whose replicas changed (a
+            // memnode joining its partition, `catchup.rs`; one leaving it) is copied to
+            // the ones it has now.
             for (write, went) in writes.iter().zip(&routed) {
                 if self.write_set(write.key) != *went {
                     self.sync_key(write.key)?;
@@ -148,7 +165,16 @@ impl<S: Shards> Session<S> {
             return prepared.map(|_| false);
         }
         let still_leased = racekv_hashing::clock::now_unix_ms() < deadline_ms;
-        let to = if matches!(prepared, Ok(true)) && still_leased { TxnState::Committed } else { TxnState::Aborted };
+        // No participant may have served a newer map when its lock went in: a mover raises
+        // the epoch word of every memnode of a partition whose primary changes before the
+        // map that changes it is written, so a lock placed after that is seen here, and one
+        // placed before it comes before every lock by the new map (which then waits for it).
+        let same_map = self.shards().map_changed().is_none();
+        let to = if matches!(prepared, Ok(true)) && still_leased && same_map {
+            TxnState::Committed
+        } else {
+            TxnState::Aborted
+        };
         let decided = self.on(home, |c| c.txn_decide(record_offset, deadline_ms, to));
         let committed = match &decided {
             Ok(Some(TxnState::Committed)) => true,

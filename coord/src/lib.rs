@@ -17,6 +17,7 @@ pub mod failover;
 pub mod keys;
 pub mod local_etcd;
 pub mod map;
+pub mod membership;
 pub mod rejoin;
 #[cfg(all(feature = "testing", feature = "etcd"))]
 pub mod testing;

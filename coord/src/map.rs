@@ -53,8 +53,8 @@ pub struct ClusterMap {
     /// Per partition, its replica set: node ids, the primary first.
     pub partitions: Vec<Vec<u64>>,
     /// Per partition, memnodes catching up to join its replica set (rejoin and
-    /// re-replication, `catchup.rs`): written to like backups, never read from, never
-    /// promoted by failover. Empty (or absent, in maps written before it existed) when no
+    /// re-replication, `catchup.rs`; moves, `membership.rs`): written to like backups,
+    /// never read from, never promoted by failover. Empty (or absent, in maps written before it existed) when no
     /// partition has one; otherwise one list per partition.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub joining: Vec<Vec<u64>>,
@@ -163,13 +163,9 @@ impl ClusterMap {
             return Err(bad(format!("{} joining lists for {} partitions", self.joining.len(), self.partitions.len())));
         }
         for (p, (set, joining)) in self.partitions.iter().zip(&self.joining).enumerate() {
-            if set.len() + joining.len() > usize::from(self.replicas) {
-                return Err(bad(format!(
-                    "partition {p} has {} replicas and {} joining (R = {})",
-                    set.len(),
-                    joining.len(),
-                    self.replicas
-                )));
+            // A move's joiner may join a full set (it takes a replica's place when done).
+            if joining.len() > usize::from(self.replicas) {
+                return Err(bad(format!("partition {p} has {} joining (R = {})", joining.len(), self.replicas)));
             }
             for (i, id) in joining.iter().enumerate() {
                 if set.contains(id) || joining[..i].contains(id) {
@@ -312,9 +308,11 @@ mod tests {
             ("endpoint of 0 bytes", |m| m.memnodes[0].endpoints[0].clear()),
             ("lists 0 endpoints", |m| m.memnodes[0].endpoints.clear()),
             ("1 joining lists for 6 partitions", |m| m.joining = vec![vec![]]),
-            ("2 replicas and 1 joining", |m| {
+            ("partition 0 has 2 joining (R = 1)", |m| {
+                m.partitions.iter_mut().for_each(|set| set.truncate(1));
+                m.replicas = 1;
                 m.joining = vec![Vec::new(); 6];
-                m.joining[0].push(3);
+                m.joining[0] = vec![2, 3];
             }),
             ("names memnode 0x1 twice", |m| {
                 m.partitions[0] = vec![1];

@@ -30,18 +30,21 @@ pub fn start_joining(map: &ClusterMap, node: u64) -> Option<ClusterMap> {
     Some(next)
 }
 
-/// The partitions `node` is joining in `map`.
+/// The partitions `node` is joining in `map` to fill: those whose replica set is short of
+/// R (a joiner of a full set is a move's, `membership.rs`, which its mover finishes).
 pub fn joined_by(map: &ClusterMap, node: u64) -> Vec<usize> {
-    (0..map.partitions.len()).filter(|&p| map.joining_of(p).contains(&node)).collect()
+    let short = |p: usize| map.partitions[p].len() < usize::from(map.replicas);
+    (0..map.partitions.len()).filter(|&p| short(p) && map.joining_of(p).contains(&node)).collect()
 }
 
 /// The map with `node` moved from joining to the last replica of each of `partitions` it
-/// still joins, one epoch later; None when it joins none of them any more (failover took it
-/// out meanwhile).
+/// still joins to fill, one epoch later; None when it joins none of them any more (failover
+/// took it out meanwhile).
 pub fn finish_joining(map: &ClusterMap, node: u64, partitions: &[usize]) -> Option<ClusterMap> {
     let mut next = map.clone();
     let mut changed = false;
-    for &p in partitions {
+    let fill = joined_by(map, node);
+    for &p in partitions.iter().filter(|p| fill.contains(p)) {
         let Some(joining) = next.joining.get_mut(p) else { continue };
         if let Some(i) = joining.iter().position(|&id| id == node) {
             joining.remove(i);

@@ -1146,6 +1146,12 @@ impl TableClient {
         crate::format::read_map_epoch(&*self.conn)
     }
 
+    /// Raises the memnode's map epoch word to `epoch` unless it is newer (a mover, before a
+    /// map takes a primary role from the memnode); the word's value after.
+    pub fn raise_map_epoch(&mut self, epoch: u64) -> Result<u64, Error> {
+        crate::format::raise_map_epoch(&*self.conn, epoch)
+    }
+
     /// Sends any pending item-count change now (one FAA; nothing when there is none). It
     /// otherwise rides on the next batch: call this when the client goes idle.
     pub fn publish_count(&mut self) -> Result<(), Error> {

@@ -1,0 +1,345 @@
+//! Live membership (issue 17, item 4): the map changes that move partitions between
+//! memnodes, change R, spread primaries and let a memnode leave. Each is a pure function
+//! from one map to the next (one epoch later); whoever writes it does so by
+//! compare-and-swap, and copies keys between the steps (`src/membership.rs`).
+//!
+//! A move of partition `p` from memnode `from` to memnode `to` has two maps: in the first
+//! `to` joins `p` (written to like a backup, never read: [`start_moves`]); once it is
+//! caught up, the second puts `to` in `from`'s place in the replica set, primary if `from`
+//! was ([`finish_moves`]). Where a primary changes, the memnodes involved must serve the
+//! second map (their epoch words raised) before it is written: see [`fenced`].
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::map::MAX_REPLICAS;
+use crate::ClusterMap;
+
+/// Partition `partition` moving from memnode `from` to memnode `to`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Move {
+    /// The partition.
+    pub partition: usize,
+    /// The memnode leaving its replica set.
+    pub from: u64,
+    /// The memnode taking `from`'s place.
+    pub to: u64,
+}
+
+/// Partitions each memnode holds (as primary or backup).
+fn held(map: &ClusterMap) -> BTreeMap<u64, usize> {
+    let mut held: BTreeMap<u64, usize> = map.memnodes.iter().map(|m| (m.node_id, 0)).collect();
+    for id in map.partitions.iter().flatten() {
+        *held.entry(*id).or_default() += 1;
+    }
+    held
+}
+
+/// The moves that take every partition off memnode `node`, each to the memnode of `live`
+/// (listed in the map, not `node`) holding the fewest partitions, counting the moves
+/// planned before it, that neither holds nor joins the partition. Refused, saying why, when
+/// `node` is not listed or some partition has no memnode to go to.
+pub fn drain(map: &ClusterMap, node: u64, live: &BTreeSet<u64>) -> Result<Vec<Move>, String> {
+    if map.memnode(node).is_none() {
+        return Err(format!("memnode {node:#x} is not in the cluster map"));
+    }
+    let mut load = held(map);
+    load.retain(|id, _| *id != node && live.contains(id));
+    let mut moves = Vec::new();
+    for (p, set) in map.partitions.iter().enumerate() {
+        if !set.contains(&node) {
+            continue;
+        }
+        let busy = |id: &u64| set.contains(id) || map.joining_of(p).contains(id);
+        let to = load.iter().filter(|(id, _)| !busy(id)).min_by_key(|&(id, n)| (*n, *id)).map(|(id, _)| *id);
+        let Some(to) = to else {
+            return Err(format!(
+                "partition {p} has no live memnode to move to (its replicas {set:x?} are every other one): \
+                 add a memnode or lower R first (`racekv cluster set-replicas`)"
+            ));
+        };
+        *load.get_mut(&to).expect("chosen from the load") += 1;
+        moves.push(Move { partition: p, from: node, to });
+    }
+    Ok(moves)
+}
+
+/// The map with each move's `to` joining its partition, one epoch later; None when no move
+/// can start (its `from` left the set, its `to` holds or joins it already, or its joining
+/// list is full).
+pub fn start_moves(map: &ClusterMap, moves: &[Move]) -> Option<ClusterMap> {
+    let mut next = map.clone();
+    if next.joining.is_empty() {
+        next.joining = vec![Vec::new(); next.partitions.len()];
+    }
+    let mut changed = false;
+    for m in moves {
+        let (Some(set), Some(joining)) = (next.partitions.get(m.partition), next.joining.get_mut(m.partition)) else {
+            continue;
+        };
+        let room = joining.len() < usize::from(next.replicas);
+        if room && set.contains(&m.from) && !set.contains(&m.to) && !joining.contains(&m.to) {
+            joining.push(m.to);
+            changed = true;
+        }
+    }
+    if !changed {
+        return None;
+    }
+    next.epoch += 1;
+    debug_assert!(next.check().is_ok(), "a joiner per move within R keeps the map valid");
+    Some(next)
+}
+
+/// The moves of `moves` that `map` has started and not finished: `from` in the set, `to`
+/// joining.
+pub fn started(map: &ClusterMap, moves: &[Move]) -> Vec<Move> {
+    moves
+        .iter()
+        .filter(|m| {
+            map.partitions.get(m.partition).is_some_and(|set| set.contains(&m.from))
+                && map.joining_of(m.partition).contains(&m.to)
+        })
+        .copied()
+        .collect()
+}
+
+/// The map with each started move of `moves` done: `to` in `from`'s place in the replica
+/// set (primary if `from` was), no longer joining; one epoch later. None when none is
+/// started.
+pub fn finish_moves(map: &ClusterMap, moves: &[Move]) -> Option<ClusterMap> {
+    let ready = started(map, moves);
+    if ready.is_empty() {
+        return None;
+    }
+    let mut next = map.clone();
+    for m in ready {
+        let set = &mut next.partitions[m.partition];
+        let at = set.iter().position(|&id| id == m.from).expect("a started move's from is in the set");
+        set[at] = m.to;
+        next.joining[m.partition].retain(|&id| id != m.to);
+    }
+    next.normalize_joining();
+    next.epoch += 1;
+    debug_assert!(next.check().is_ok(), "a joiner taking a replica's place keeps the map valid");
+    Some(next)
+}
+
+/// The map without memnode `node` listed, one epoch later (it stops joining anything);
+/// None when it is not listed. Refused while it holds a partition or is the only memnode.
+pub fn forget(map: &ClusterMap, node: u64) -> Result<Option<ClusterMap>, String> {
+    if map.memnode(node).is_none() {
+        return Ok(None);
+    }
+    let holding = map.partitions.iter().filter(|set| set.contains(&node)).count();
+    if holding > 0 {
+        return Err(format!("memnode {node:#x} still holds {holding} partitions: move them first"));
+    }
+    if map.memnodes.len() == 1 {
+        return Err(format!("memnode {node:#x} is the cluster's only memnode"));
+    }
+    let mut next = map.clone();
+    next.memnodes.retain(|m| m.node_id != node);
+    next.joining.iter_mut().for_each(|joining| joining.retain(|&id| id != node));
+    next.normalize_joining();
+    next.epoch += 1;
+    debug_assert!(next.check().is_ok(), "a memnode holding nothing leaves a valid map");
+    Ok(Some(next))
+}
+
+/// The map with replication factor `replicas`, one epoch later; None when it is R already.
+/// Lowering R drops each set's last backups and joiners beyond it (their copies become
+/// stale: purge them); raising it leaves the sets short until memnodes join them (the
+/// healer, or `racekv cluster set-replicas`, copies).
+pub fn set_replicas(map: &ClusterMap, replicas: u8) -> Result<Option<ClusterMap>, String> {
+    if !(1..=MAX_REPLICAS).contains(&replicas) {
+        return Err(format!("replication factor {replicas} (1 to {MAX_REPLICAS})"));
+    }
+    if replicas == map.replicas {
+        return Ok(None);
+    }
+    let mut next = map.clone();
+    next.replicas = replicas;
+    let r = usize::from(replicas);
+    next.partitions.iter_mut().for_each(|set| set.truncate(r));
+    next.joining.iter_mut().for_each(|joining| joining.truncate(r));
+    next.normalize_joining();
+    next.epoch += 1;
+    debug_assert!(next.check().is_ok(), "sets cut to R keep the map valid");
+    Ok(Some(next))
+}
+
+/// The map with primaries spread over each set's replicas so that no memnode is primary of
+/// two or more partitions more than another replica of one of them; one epoch later. None
+/// when they are spread already. (After a failover the survivor is primary of everything
+/// it kept; a rejoined memnode comes back as a backup.)
+pub fn balance_primaries(map: &ClusterMap) -> Option<ClusterMap> {
+    let mut next = map.clone();
+    let mut primaries: BTreeMap<u64, usize> = BTreeMap::new();
+    for set in &next.partitions {
+        *primaries.entry(set[0]).or_default() += 1;
+    }
+    let mut changed = false;
+    // Each swap lowers the sum of squared primary counts, so this ends; bounded anyway.
+    for _ in 0..next.partitions.len() * usize::from(MAX_REPLICAS) {
+        let swap = next.partitions.iter().enumerate().find_map(|(p, set)| {
+            let busiest = primaries[&set[0]];
+            let idlest = (1..set.len()).min_by_key(|&i| primaries.get(&set[i]).copied().unwrap_or(0))?;
+            (primaries.get(&set[idlest]).copied().unwrap_or(0) + 1 < busiest).then_some((p, idlest))
+        });
+        let Some((p, i)) = swap else { break };
+        let set = &mut next.partitions[p];
+        *primaries.get_mut(&set[0]).expect("counted") -= 1;
+        *primaries.entry(set[i]).or_default() += 1;
+        set.swap(0, i);
+        changed = true;
+    }
+    if !changed {
+        return None;
+    }
+    next.epoch += 1;
+    debug_assert!(next.check().is_ok(), "reordering a set keeps the map valid");
+    Some(next)
+}
+
+/// The memnodes whose epoch word must be raised to `next`'s epoch before `next` is written:
+/// every memnode of the write set, in either map, of a partition whose primary changes.
+/// Then a reader routing by `map` that reads the old primary after that finds the word
+/// newer and reads again by `next`, and a commit routing by `map` that locks a replica
+/// after that sees the newer word before it decides and aborts (`racekv_client`'s
+/// `txn.rs`); its locks placed before come before any lock by `next`.
+pub fn fenced(map: &ClusterMap, next: &ClusterMap) -> Vec<u64> {
+    let (before, after) = (map.write_sets(), next.write_sets());
+    let mut ids: BTreeSet<u64> = BTreeSet::new();
+    for (old, new) in before.iter().zip(&after) {
+        if old[0] != new[0] {
+            ids.extend(old.iter().chain(new));
+        }
+    }
+    ids.into_iter().collect()
+}
+
+/// Per memnode, the partitions it is in the write set of in `map` but not in `next`: its
+/// copies of their keys are stale once `next` is served (purge them).
+pub fn dropped(map: &ClusterMap, next: &ClusterMap) -> BTreeMap<u64, Vec<usize>> {
+    let (before, after) = (map.write_sets(), next.write_sets());
+    let mut dropped: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+    for (p, (old, new)) in before.iter().zip(&after).enumerate() {
+        for id in old.iter().filter(|id| !new.contains(id)) {
+            dropped.entry(*id).or_default().push(p);
+        }
+    }
+    dropped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::map::sample as map;
+    use proptest::prelude::*;
+
+    fn primaries(map: &ClusterMap) -> BTreeMap<u64, usize> {
+        let mut n = BTreeMap::new();
+        for set in &map.partitions {
+            *n.entry(set[0]).or_insert(0) += 1;
+        }
+        n
+    }
+
+    proptest! {
+        /// Draining a memnode and forgetting it: every step is a valid map one epoch on,
+        /// no partition ever has fewer replicas than before, the drained memnode ends in
+        /// no set and off the list, and each partition it was primary of gets the memnode
+        /// that took its place as primary.
+        #[test]
+        fn a_drained_memnode_leaves_every_set_whole(n in 2usize..8, replicas in 1u8..=5, pick in any::<u8>()) {
+            let ids: Vec<u64> = (1..=n as u64).collect();
+            let before = map(&ids, replicas);
+            let node = ids[usize::from(pick) % n];
+            let live: BTreeSet<u64> = ids.iter().copied().collect();
+            let moves = match drain(&before, node, &live) {
+                Ok(moves) => moves,
+                Err(e) => {
+                    // Only when some set already holds every other memnode.
+                    prop_assert!(usize::from(replicas) >= n, "{}", e);
+                    return Ok(());
+                }
+            };
+            let joining = start_moves(&before, &moves).expect("each move starts");
+            prop_assert!(joining.check().is_ok());
+            prop_assert_eq!(&joining.partitions, &before.partitions, "sets unchanged while joining");
+            prop_assert_eq!(started(&joining, &moves).len(), moves.len());
+            let moved = finish_moves(&joining, &moves).expect("each move finishes");
+            prop_assert!(moved.check().is_ok());
+            prop_assert!(moved.joining.is_empty());
+            for m in &moves {
+                let (old, new) = (&before.partitions[m.partition], &moved.partitions[m.partition]);
+                prop_assert_eq!(old.len(), new.len());
+                prop_assert!(!new.contains(&node));
+                prop_assert_eq!(old[0] == node, new[0] == m.to, "the taker is primary where the leaver was");
+            }
+            prop_assert_eq!(fenced(&before, &moved).contains(&node), before.partitions.iter().any(|s| s[0] == node));
+            prop_assert_eq!(dropped(&joining, &moved).get(&node).map(Vec::len), Some(moves.len()));
+            let gone = forget(&moved, node).unwrap().unwrap();
+            prop_assert!(gone.check().is_ok() && gone.memnode(node).is_none());
+            prop_assert_eq!(gone.epoch, before.epoch + 3);
+        }
+
+        /// Lowering R cuts every set to R, keeping the primary; raising it changes no set.
+        #[test]
+        fn changing_r_keeps_primaries(n in 1usize..8, from in 1u8..=5, to in 1u8..=5) {
+            let ids: Vec<u64> = (1..=n as u64).collect();
+            let before = map(&ids, from);
+            let Some(after) = set_replicas(&before, to).unwrap() else {
+                prop_assert_eq!(from, to);
+                return Ok(());
+            };
+            prop_assert!(after.check().is_ok());
+            for (old, new) in before.partitions.iter().zip(&after.partitions) {
+                prop_assert_eq!(new.as_slice(), &old[..old.len().min(usize::from(to))]);
+            }
+            prop_assert!(fenced(&before, &after).is_empty());
+            let dropped_copies: usize = dropped(&before, &after).values().map(Vec::len).sum();
+            let lost: usize = before.partitions.iter().zip(&after.partitions).map(|(o, n)| o.len() - n.len()).sum();
+            prop_assert_eq!(dropped_copies, lost);
+        }
+
+        /// After balancing, no partition's primary is primary of two or more partitions
+        /// more than another of its replicas; the sets hold the same memnodes.
+        #[test]
+        fn balanced_primaries_are_spread(n in 2usize..7, replicas in 2u8..=5, down in any::<u8>()) {
+            let ids: Vec<u64> = (1..=n as u64).collect();
+            let whole = map(&ids, replicas);
+            // A failover then a rejoin: the returning memnode is a backup everywhere.
+            let node = ids[usize::from(down) % n];
+            let Some(skewed) = crate::failover::without(&whole, &BTreeSet::from([node])) else { return Ok(()) };
+            let left = crate::rejoin::joined_by(&crate::rejoin::start_joining(&skewed, node).unwrap(), node);
+            let back = crate::rejoin::finish_joining(&crate::rejoin::start_joining(&skewed, node).unwrap(), node, &left).unwrap();
+            let balanced = balance_primaries(&back).unwrap_or_else(|| back.clone());
+            prop_assert!(balanced.check().is_ok());
+            let counts = primaries(&balanced);
+            for (old, new) in back.partitions.iter().zip(&balanced.partitions) {
+                prop_assert_eq!(old.iter().collect::<BTreeSet<_>>(), new.iter().collect::<BTreeSet<_>>());
+                for id in &new[1..] {
+                    prop_assert!(counts[&new[0]] <= counts.get(id).copied().unwrap_or(0) + 1);
+                }
+            }
+            prop_assert!(counts.get(&node).copied().unwrap_or(0) > 0, "the rejoined memnode is primary again");
+            prop_assert!(balance_primaries(&balanced).is_none(), "balancing twice changes nothing");
+        }
+    }
+
+    #[test]
+    fn a_drain_with_nowhere_to_go_and_bad_factors_are_refused() {
+        let full = map(&[1, 2], 2);
+        let e = drain(&full, 1, &BTreeSet::from([1, 2])).unwrap_err();
+        assert!(e.contains("no live memnode to move to"), "{e}");
+        assert!(drain(&full, 9, &BTreeSet::from([1, 2])).unwrap_err().contains("not in the cluster map"));
+        assert!(forget(&full, 1).unwrap_err().contains("still holds"));
+        assert!(set_replicas(&full, 0).is_err() && set_replicas(&full, 6).is_err());
+        assert!(set_replicas(&full, 2).unwrap().is_none());
+        // A down memnode takes nothing.
+        let three = map(&[1, 2, 3], 1);
+        let moves = drain(&three, 1, &BTreeSet::from([1, 2])).unwrap();
+        assert!(moves.iter().all(|m| m.to == 2));
+    }
+}

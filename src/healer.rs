@@ -1,0 +1,126 @@
+//! The healer (issue 17): a thread in `racekv cluster manage --heal` and `racekv up
+//! --replicas` that restores R. A memnode back after failover rejoins the partitions it
+//! left at once (`rejoin.rs`) and gets its share of primaries back
+//! (`membership::balance`); after `re_replicate_after`, memnodes holding other partitions
+//! take copies of partitions still short.
+
+use std::time::{Duration, Instant};
+
+use racekv_client::Client;
+use racekv_coord::etcd::Etcd;
+
+use crate::rejoin::{next_candidate, rejoin, KeyRate};
+
+/// What healing did, for Prometheus.
+struct Metrics {
+    rejoins: prometheus::IntCounter,
+    keys: prometheus::IntCounter,
+    errors: prometheus::IntCounter,
+}
+
+static METRICS: std::sync::LazyLock<Metrics> = std::sync::LazyLock::new(|| Metrics {
+    rejoins: racekv_telemetry::metric::counter(
+        "racekv_cluster_rejoins_total",
+        "Rejoins finished: a memnode made replica of the partitions short of R it was caught up on",
+    ),
+    keys: racekv_telemetry::metric::counter(
+        "racekv_cluster_rejoin_keys_total",
+        "Keys a rejoin copied to a joining memnode or checked on it",
+    ),
+    errors: racekv_telemetry::metric::counter(
+        "racekv_cluster_rejoin_errors_total",
+        "Rejoins that failed (retried on the next round)",
+    ),
+});
+
+/// Registers healing's series now, so a scrape shows them before the first rejoin.
+pub fn register_metrics() {
+    std::sync::LazyLock::force(&METRICS);
+}
+
+/// How often the healer looks for memnodes to rejoin.
+const HEAL_PERIOD: Duration = Duration::from_secs(1);
+
+/// How the healer copies and when it re-replicates onto memnodes left.
+#[derive(Debug, Clone, Copy)]
+pub struct HealPolicy {
+    /// Most keys copied per second (0: no cap).
+    pub max_keys_per_second: u64,
+    /// How long partitions stay short of R before memnodes that hold others join them (a
+    /// memnode back after failover, holding none, rejoins at once).
+    pub re_replicate_after: Duration,
+}
+
+/// A thread that rejoins memnodes ([`next_candidate`]), one at a time, until dropped.
+/// Dropping it stops it between rejoins (a rejoin in progress is left to the process's
+/// exit; the memnode stays joining, and the next healer finishes it).
+pub struct Healer {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Healer {
+    /// Starts healing the cluster of `etcd` as `policy` says, copying through a client
+    /// `connect` makes for each rejoin (the cluster may have no map yet when it starts).
+    pub fn start(
+        etcd: Etcd,
+        connect: impl Fn() -> anyhow::Result<Client> + Send + 'static,
+        policy: HealPolicy,
+    ) -> std::io::Result<Self> {
+        use std::sync::atomic::Ordering;
+        register_metrics();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = std::sync::Arc::clone(&stop);
+        std::thread::Builder::new().name("healer".into()).spawn(move || {
+            let log = racekv_telemetry::ratelimit::RateLimit::new(10_000);
+            let mut short_since = None;
+            while !flag.load(Ordering::Relaxed) {
+                if let Err(e) = heal_once(&etcd, &connect, policy, &mut short_since) {
+                    METRICS.errors.inc();
+                    racekv_telemetry::ratelimit::limited_warn(&log, || format!("rejoin failed (retrying): {e:#}"));
+                }
+                std::thread::sleep(HEAL_PERIOD);
+            }
+        })?;
+        Ok(Self { stop })
+    }
+}
+
+impl Drop for Healer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// One round: rejoins the next candidate, if any. `short_since` is when partitions were
+/// last seen whole (None: they are).
+fn heal_once(
+    etcd: &Etcd,
+    connect: &dyn Fn() -> anyhow::Result<Client>,
+    policy: HealPolicy,
+    short_since: &mut Option<Instant>,
+) -> anyhow::Result<()> {
+    let Some((map, _)) = etcd.map()? else { return Ok(()) };
+    if map.partitions.iter().all(|set| set.len() >= usize::from(map.replicas)) {
+        *short_since = None;
+        return Ok(());
+    }
+    let survivors_too = short_since.get_or_insert_with(Instant::now).elapsed() >= policy.re_replicate_after;
+    let Some(node) = next_candidate(&map, &etcd.memnodes()?, survivors_too) else { return Ok(()) };
+    // A client of this round's memnodes (a long-lived one could miss a reconnection).
+    let client = connect()?;
+    let mut rate = KeyRate::new(policy.max_keys_per_second);
+    let done = rejoin(etcd, &client, node, &mut rate, &mut |n| METRICS.keys.inc_by(n))?;
+    if done.partitions > 0 {
+        // It came back as a backup everywhere: give it its share of primaries again.
+        crate::membership::balance(etcd, &client)?;
+        METRICS.rejoins.inc();
+        tracing::warn!(
+            node = format_args!("{node:#x}"),
+            partitions = done.partitions,
+            synced = done.synced,
+            removed = done.removed,
+            "healed: a memnode is a replica of partitions that were short of R"
+        );
+    }
+    Ok(())
+}

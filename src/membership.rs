@@ -1,0 +1,220 @@
+//! Live membership (issue 17, item 4): `racekv cluster remove-memnode`, `set-replicas` and
+//! `balance`, run as an embedded client of the cluster. The map changes are
+//! `racekv_coord::membership`'s; the copying is the rejoin's (`rejoin.rs`, the client's
+//! `catchup.rs`); the removal of stale copies is the client's `moves.rs`.
+
+use std::collections::BTreeSet;
+
+use anyhow::Context;
+use racekv_client::Client;
+use racekv_coord::etcd::Etcd;
+use racekv_coord::membership::{self, Move};
+use racekv_coord::ClusterMap;
+
+use crate::rejoin::{copy_partitions, next_candidate, primary_of, rejoin, KeyRate};
+
+/// Most rounds of one command (each round moves, copies or purges what is left; a round
+/// repeats only when the map changed under it, e.g. a failover).
+const MAX_ROUNDS: usize = 8;
+
+/// What a command reports as it goes: a phase's name, then keys handled in it.
+pub trait Progress {
+    /// A new phase begins.
+    fn phase(&mut self, what: &str);
+    /// `n` more keys handled.
+    fn keys(&mut self, n: u64);
+}
+
+/// Writes the map `change` makes of the current one, by compare-and-swap, raising first the
+/// epoch word of every memnode of a partition whose primary it changes
+/// (`membership::fenced`).
+/// Returns (the map before, the map written); None when `change` has nothing to do.
+fn update_map(
+    etcd: &Etcd,
+    client: &Client,
+    change: impl Fn(&ClusterMap) -> anyhow::Result<Option<ClusterMap>>,
+) -> anyhow::Result<Option<(ClusterMap, ClusterMap)>> {
+    loop {
+        let (map, revision) = etcd.map()?.context("the cluster has no map yet (`racekv cluster init`)")?;
+        let Some(next) = change(&map)? else { return Ok(None) };
+        for node in membership::fenced(&map, &next) {
+            client.raise_served_epoch(node, next.epoch).with_context(|| {
+                format!("raising memnode {node:#x}'s map epoch before its partitions' primary changes")
+            })?;
+        }
+        if etcd.put_map(&next, Some(revision))?.is_some() {
+            tracing::info!(epoch = next.epoch, "cluster map written");
+            return Ok(Some((map, next)));
+        }
+    }
+}
+
+/// What a removal did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Removed {
+    /// Partitions moved off the memnode.
+    pub moved: usize,
+    /// Keys copied to the memnodes that took them.
+    pub synced: u64,
+}
+
+/// Drains memnode `node` (each of its partitions copied to the live memnode holding fewest,
+/// which then takes its place) and takes it out of the map. Clients keep reading and
+/// writing throughout; the memnode may be stopped once this returns.
+pub fn remove_memnode(
+    etcd: &Etcd,
+    client: &Client,
+    node: u64,
+    rate: &mut KeyRate,
+    progress: &mut dyn Progress,
+) -> anyhow::Result<Removed> {
+    let mut done = Removed::default();
+    for _ in 0..MAX_ROUNDS {
+        let (map, _) = etcd.map()?.context("the cluster has no map yet (`racekv cluster init`)")?;
+        if !map.partitions.iter().any(|set| set.contains(&node)) {
+            break;
+        }
+        let live: BTreeSet<u64> = etcd.memnodes()?.iter().map(|m| m.node_id).collect();
+        let moves = membership::drain(&map, node, &live).map_err(anyhow::Error::msg)?;
+        progress.phase(&format!("moving {} partitions off {node:#x}", moves.len()));
+        let joining = match update_map(etcd, client, |map| Ok(membership::start_moves(map, &moves)))? {
+            Some((_, next)) => next,
+            None => map,
+        };
+        let (copied, synced) = copy_moves(client, &joining, &membership::started(&joining, &moves), rate, progress)?;
+        done.synced += synced;
+        let finished = update_map(etcd, client, |map| {
+            // Only moves whose partition's primary is the one copied from.
+            let ready: Vec<Move> = copied
+                .iter()
+                .filter(|(m, from)| primary_of(map, m.partition) == Some(*from))
+                .map(|(m, _)| *m)
+                .collect();
+            Ok(membership::finish_moves(map, &ready))
+        })?;
+        if let Some((before, after)) = finished {
+            done.moved += membership::started(&before, &moves).len() - membership::started(&after, &moves).len();
+        }
+    }
+    progress.phase(&format!("taking {node:#x} out of the map"));
+    let holding = |map: &ClusterMap| map.partitions.iter().filter(|set| set.contains(&node)).count();
+    update_map(etcd, client, |map| {
+        anyhow::ensure!(holding(map) == 0, "memnode {node:#x} still holds {} partitions after {MAX_ROUNDS} rounds (the map kept changing): run it again", holding(map));
+        membership::forget(map, node).map_err(anyhow::Error::msg)
+    })?;
+    Ok(done)
+}
+
+/// Copies each started move's partition to its taker, takers one after another. Returns
+/// each move with the primary it was copied from, and the keys copied.
+fn copy_moves(
+    client: &Client,
+    map: &ClusterMap,
+    moves: &[Move],
+    rate: &mut KeyRate,
+    progress: &mut dyn Progress,
+) -> anyhow::Result<(Vec<(Move, u64)>, u64)> {
+    let takers: BTreeSet<u64> = moves.iter().map(|m| m.to).collect();
+    let (mut copied, mut synced) = (Vec::new(), 0);
+    for to in takers {
+        let partitions: Vec<usize> = moves.iter().filter(|m| m.to == to).map(|m| m.partition).collect();
+        let (counts, from) = copy_partitions(client, map, to, &partitions, rate, &mut |n| progress.keys(n))?;
+        synced += counts.synced;
+        for (p, primary) in from {
+            let m = *moves.iter().find(|m| m.partition == p && m.to == to).expect("copied what was asked");
+            copied.push((m, primary));
+        }
+    }
+    Ok((copied, synced))
+}
+
+/// What a change of R did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Resized {
+    /// The map's R before.
+    pub from: u8,
+    /// Copies made (R raised) or stale copies removed (R lowered).
+    pub keys: u64,
+}
+
+/// Sets the replication factor to `replicas`: lowering it drops each partition's last
+/// backups and removes their copies; raising it copies each partition onto live memnodes
+/// that do not hold it until every set has R (or no memnode is left to take one: an error
+/// saying how many are short; the healer finishes once memnodes are added).
+pub fn set_replicas(
+    etcd: &Etcd,
+    client: &Client,
+    replicas: u8,
+    rate: &mut KeyRate,
+    progress: &mut dyn Progress,
+) -> anyhow::Result<Resized> {
+    let written = update_map(etcd, client, |map| membership::set_replicas(map, replicas).map_err(anyhow::Error::msg))?;
+    let (from, lowered) = match &written {
+        Some((before, after)) => (before.replicas, after.replicas < before.replicas),
+        None => (replicas, false),
+    };
+    let mut done = Resized { from, keys: 0 };
+    if lowered {
+        let (before, after) = written.as_ref().expect("lowered: a map was written");
+        for node in membership::dropped(before, after).into_keys() {
+            done.keys += purge(etcd, client, node, rate, progress)?;
+        }
+        return Ok(done);
+    }
+    for _ in 0..MAX_ROUNDS * 4 {
+        let (map, _) = etcd.map()?.context("the cluster map is gone")?;
+        let Some(node) = next_candidate(&map, &etcd.memnodes()?, true) else { break };
+        progress.phase(&format!("copying partitions short of R = {replicas} onto {node:#x}"));
+        done.keys += rejoin(etcd, client, node, rate, &mut |n| progress.keys(n))?.synced;
+    }
+    let (map, _) = etcd.map()?.context("the cluster map is gone")?;
+    let short = map.partitions.iter().filter(|set| set.len() < usize::from(map.replicas)).count();
+    anyhow::ensure!(
+        short == 0,
+        "{short} partitions have fewer than R = {} replicas: not enough live memnodes hold none of them \
+         (the healer of `racekv cluster manage --heal` fills them as memnodes come)",
+        map.replicas
+    );
+    Ok(done)
+}
+
+/// Removes memnode `node`'s copies of keys of partitions it is in no write set of (after a
+/// change took partitions from it), by the newest map, again while the map changes under
+/// it. A memnode not registered is skipped (a rejoin cleans what it joins). Returns the
+/// copies removed.
+pub fn purge(
+    etcd: &Etcd,
+    client: &Client,
+    node: u64,
+    rate: &mut KeyRate,
+    progress: &mut dyn Progress,
+) -> anyhow::Result<u64> {
+    if !etcd.memnodes()?.iter().any(|m| m.node_id == node) {
+        return Ok(0);
+    }
+    let mut removed = 0;
+    for _ in 0..MAX_ROUNDS {
+        let (map, _) = etcd.map()?.context("the cluster map is gone")?;
+        if map.memnode(node).is_none() {
+            return Ok(removed);
+        }
+        progress.phase(&format!("removing stale copies from {node:#x}"));
+        let sets = map.write_sets();
+        let stale = |key: &[u8]| !sets[map.partition_of(racekv_client::ring::key_hash(key))].contains(&node);
+        let purged = client.purge(map.epoch, node, &stale, &mut |n| {
+            rate.handled(n);
+            progress.keys(n);
+        })?;
+        removed += purged.removed;
+        if !purged.interrupted {
+            return Ok(removed);
+        }
+    }
+    anyhow::bail!("the map kept changing while stale copies were removed from {node:#x}: run it again")
+}
+
+/// Spreads primaries over each partition's replicas (`membership::balance_primaries`);
+/// the map's epoch after, or None when they were spread.
+pub fn balance(etcd: &Etcd, client: &Client) -> anyhow::Result<Option<u64>> {
+    Ok(update_map(etcd, client, |map| Ok(membership::balance_primaries(map)))?.map(|(_, next)| next.epoch))
+}
