@@ -143,11 +143,13 @@ fn a_stopped_memnode_is_failed_over_and_every_key_goes_on() {
         assert_eq!(got, Some(format!("again-{i}")));
     }
     // Resumed, it registers again and the healer makes it a replica of every partition it
-    // left (a backup now: the primaries moved), caught up on the keys written meanwhile.
+    // left, caught up on the keys written meanwhile, then primary of its share again.
     let healed = loop {
         let now = up.local_cluster();
         let m = &now["memnodes"][1];
-        if m["backup_partitions"].as_u64() == Some(2 * racekv_coord::map::DEFAULT_PARTITIONS_PER_MEMNODE as u64) {
+        let (primary, backup) = (m["primary_partitions"].as_u64(), m["backup_partitions"].as_u64());
+        let all = 2 * racekv_coord::map::DEFAULT_PARTITIONS_PER_MEMNODE as u64;
+        if primary.zip(backup).is_some_and(|(p, b)| p + b == all && p == all / 2) {
             break now;
         }
         assert!(Instant::now() < deadline + Duration::from_secs(30), "not healed: {now}");
