@@ -418,12 +418,14 @@ fn memnodes_leave_and_r_changes_while_clients_write() {
     assert!(increments.load(Ordering::Relaxed) > 0);
     assert_eq!(counted, increments.load(Ordering::Relaxed), "every acknowledged increment counted once");
     check(&memnodes, &all);
+    assert_eq!(client.len().unwrap(), 204, "DBSIZE: 200 keys and 4 counters, the memnode removed stopped");
     for (k, v) in &all {
         assert_eq!(client.get(k.as_bytes()).unwrap(), Some(v.clone().into_bytes()), "{k}");
     }
     // Back to R = 2, then spread the primaries (the copies' memnode is a backup of all).
     run(&["set-replicas", "2"]);
     check(&memnodes, &all);
+    assert_eq!(client.len().unwrap(), 204, "DBSIZE at R = 2");
     let out = run(&["balance"]);
     assert!(out.contains("already spread") || out.contains("primaries spread"), "{out}");
 }

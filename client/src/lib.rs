@@ -779,10 +779,11 @@ impl Client {
         }
     }
 
-    /// Number of keys on all memnodes (their item counters; they trail operations in flight).
+    /// Number of keys on all memnodes (their item counters, each key counted once with
+    /// replicas, as DBSIZE counts; they trail operations in flight).
     pub fn len(&self) -> Result<u64, ClientError> {
         match self.path() {
-            Path::Embedded(_) => self.stats().into_iter().map(|(_, s)| s.map(|s| s.items)).sum(),
+            Path::Embedded(c) => c.with(|s| s.len()),
             Path::Channel(c) => c.len(),
         }
     }

@@ -378,8 +378,12 @@ impl<S: Shards> Session<S> {
     /// weighted by [`Shards::item_share`]).
     pub fn len(&mut self) -> Result<u64, ClientError> {
         let mut items = Vec::with_capacity(self.shards.count());
-        for (shard, (_, stats)) in self.stats().into_iter().enumerate() {
-            items.push((shard, stats?.items));
+        // A memnode that counts for nothing (holding no partition: failed over, or gone
+        // from the map and perhaps stopped) is not asked.
+        self.shards.refresh_routing();
+        let counted: Vec<usize> = (0..self.shards.count()).filter(|&s| self.shards.item_share(s).0 > 0).collect();
+        for shard in counted {
+            items.push((shard, self.on(shard, |c| c.table_stats())?.items));
         }
         Ok(self.weighted(items))
     }
