@@ -170,16 +170,12 @@ pub struct CopyArgs {
 }
 
 impl CopyArgs {
-    /// The token: the file's first line when one is given.
+    /// The token: the file's content when one is given (bounded, one trailing newline
+    /// dropped, as the daemons read their `token_file`).
     fn token(&self) -> anyhow::Result<String> {
         match &self.token_file {
             None => Ok(self.token.clone()),
-            Some(path) => {
-                let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-                let token = text.lines().next().unwrap_or("").trim().to_string();
-                anyhow::ensure!(!token.is_empty(), "{} holds no token", path.display());
-                Ok(token)
-            }
+            Some(path) => racekv_telemetry::secret::read_secret_file("--token-file", path),
         }
     }
 

@@ -419,6 +419,20 @@ fn memnodes_leave_and_r_changes_while_clients_write() {
     assert_eq!(counted, increments.load(Ordering::Relaxed), "every acknowledged increment counted once");
     check(&memnodes, &all);
     assert_eq!(client.len().unwrap(), 204, "DBSIZE: 200 keys and 4 counters, the memnode removed stopped");
+    // A walk passes the removed (stopped) memnode over and returns each key once.
+    let (mut cursor, mut walked) = (0, Vec::new());
+    loop {
+        let (next, page) = client.scan(cursor, 50).unwrap();
+        walked.extend(page);
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    walked.sort();
+    assert_eq!(walked.len(), 204, "each key once");
+    walked.dedup();
+    assert_eq!(walked.len(), 204);
     for (k, v) in &all {
         assert_eq!(client.get(k.as_bytes()).unwrap(), Some(v.clone().into_bytes()), "{k}");
     }

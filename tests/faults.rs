@@ -151,6 +151,18 @@ fn wait_running(up: &Up, guard: &mut Children) -> serde_json::Value {
     }
 }
 
+/// `racekv cluster set-replicas <r>` on the cluster of the etcd on `etcd_port`.
+fn set_replicas(etcd_port: u16, r: &str) -> Result<(), String> {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_racekv"))
+        .args(["cluster", "set-replicas", r, "--etcd", &format!("http://127.0.0.1:{etcd_port}")])
+        .output()
+        .map_err(|e| e.to_string())?;
+    match out.status.success() {
+        true => Ok(()),
+        false => Err(String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("").to_string()),
+    }
+}
+
 #[test]
 fn clients_stay_linearizable_through_memnode_and_etcd_faults() {
     run_faults("1", 50);
@@ -203,11 +215,19 @@ fn run_faults(replicas: &str, faults: usize) {
             std::thread::sleep(Duration::from_millis(rng.random_range(100..400)));
             let pids = memnode_pids(&cluster);
             let victim = rng.random_range(0..pids.len());
-            // With replicas, one fault in eleven stops a memnode past its lease: it is failed
+            // With replicas, one fault in twelve stops a memnode past its lease: it is failed
             // over, and once resumed, caught up and made a replica again (the next round
-            // waits for that) while the clients write.
-            let kinds = if replicas == "1" { 10 } else { 11 };
+            // waits for that) while the clients write; one in twelve raises R to 3 and
+            // lowers it back (every partition copied to its third memnode, then those
+            // copies dropped and purged) while the clients write.
+            let kinds = if replicas == "1" { 10 } else { 12 };
             match rng.random_range(0..kinds) {
+                11 => {
+                    let up_r = set_replicas(etcd_port, "3");
+                    let back = (0..3).map(|_| set_replicas(etcd_port, replicas)).find(|r| r.is_ok());
+                    log.push(format!("{n}: R to 3 ({up_r:?}) and back ({back:?})"));
+                    assert!(back.is_some(), "R could not be set back to {replicas}: {}", log.join("; "));
+                }
                 10 => {
                     let pause = rng.random_range(2_500..3_500);
                     log.push(format!("{n}: SIGSTOP memnode {victim} for {pause} ms (failover, then rejoin)"));

@@ -409,15 +409,21 @@ impl<S: Shards> Session<S> {
     /// starts (0: the walk is over). A key present from a walk's first call to its last is
     /// returned at least once, however the tables split meanwhile (`racekv_hashing::scan`);
     /// some may come twice. The cursor is `memnode << 55 | table cursor`, memnodes in the
-    /// order of their node ids: the set of memnodes is fixed today (placement is a fixed
-    /// consistent-hash ring), so a cursor stays meaningful for as long as a walk takes.
-    /// A cursor naming no memnode ends the walk. Each page holds keys of one memnode.
+    /// order of their node ids (this process's memnodes, a set that does not change, so a
+    /// cursor stays meaningful for as long as a walk takes; one holding no partition, failed
+    /// over or removed from the map, is passed over without asking it). A cursor naming no
+    /// memnode ends the walk. Each page holds keys of one memnode.
     pub fn scan(&mut self, cursor: u64, limits: ScanLimits) -> Result<(u64, Vec<Vec<u8>>), ClientError> {
         let order = self.scan_order()?;
         let mut memnode = (cursor >> TABLE_CURSOR_BITS) as usize;
         let mut table_cursor = TableCursor::decode(cursor);
         let started = Instant::now();
         while memnode < order.len() {
+            if !self.shards.serves(order[memnode]) {
+                memnode += 1;
+                table_cursor = TableCursor::START;
+                continue;
+            }
             let mut page = self.on(order[memnode], |c| c.scan(table_cursor, limits))?;
             if self.shards.item_share(order[memnode]) != (1, 1) {
                 // Each key once: from its primary, not from its copies on other replicas.
@@ -514,7 +520,10 @@ impl<S: Shards> Session<S> {
     /// written meanwhile may survive (`TableClient::delete_all`).
     pub fn delete_all(&mut self) -> Result<u64, ClientError> {
         let mut removed = Vec::with_capacity(self.shards.count());
-        for s in 0..self.shards.count() {
+        // A memnode holding nothing counts for nothing (and may be gone); its stale copies
+        // go when it joins partitions again (`catchup.rs`).
+        let serving: Vec<usize> = (0..self.shards.count()).filter(|&s| self.shards.serves(s)).collect();
+        for s in serving {
             removed.push((s, self.on(s, |c| c.delete_all())?));
         }
         Ok(self.weighted(removed))
@@ -533,7 +542,8 @@ impl<S: Shards> Session<S> {
     /// each, none for a memnode whose chunk is already in hand), so no first write pays
     /// for an allocation RPC.
     pub fn prepare(&mut self) -> Result<(), ClientError> {
-        for s in 0..self.shards.count() {
+        let serving: Vec<usize> = (0..self.shards.count()).filter(|&s| self.shards.serves(s)).collect();
+        for s in serving {
             self.on(s, |c| c.prepare())?;
         }
         Ok(())
