@@ -429,3 +429,54 @@ fn a_write_that_meets_a_joining_map_copies_its_key_to_the_joiner() {
     assert_eq!(direct(&memnodes[2]).get(key.as_bytes()).unwrap().as_deref(), Some(&b"seen by the joiner"[..]));
     assert_eq!(direct(&memnodes[at]).get(key.as_bytes()).unwrap().as_deref(), Some(&b"seen by the joiner"[..]));
 }
+
+/// A move's switch while a transaction by the older map is open: it read the key on the old
+/// primary, the new map drops that memnode from the key's write set, and a writer by the new
+/// map changes the key on the new primary. The transaction must not overwrite that write:
+/// it aborts and runs again by the new map, so both increments count. (Here its commit
+/// starts after the new map is installed, so it routes by it and its read fails validation;
+/// a map arriving during the commit is what the epoch check before the decision covers,
+/// `txn.rs`, a window this test cannot schedule.)
+#[test]
+fn a_commit_by_the_map_before_a_move_aborts_and_runs_again() {
+    use racekv_coord::membership::{finish_moves, start_moves, Move};
+
+    let server = EtcdServer::start();
+    let memnodes: Vec<TestMemnode> =
+        (0..2).map(|_| TestMemnode::start(Via::Transport(TransportKind::Tcp), 16 << 20, 16)).collect();
+    let (a, b) = (info(&memnodes[0]).node_id, info(&memnodes[1]).node_id);
+    let etcd = Etcd::connect(&server.endpoint(), CLUSTER, Duration::from_secs(5)).unwrap();
+    let first = ClusterMap::initial(memnodes.iter().map(info).collect(), 1, 4).unwrap();
+    let key = (0..).map(|i| format!("m{i}")).find(|k| primary_of(&first, k) == a).unwrap();
+    let moving = [Move { partition: first.partition_of(key_hash(key.as_bytes())), from: a, to: b }];
+    let joining = start_moves(&first, &moving).unwrap();
+    let moved = finish_moves(&joining, &moving).unwrap();
+    assert_eq!(primary_of(&moved, &key), b);
+    for m in &memnodes {
+        raise_map_epoch(&*m.connect(), joining.epoch).unwrap();
+    }
+    let revision = etcd.put_map(&joining, None).unwrap().unwrap();
+    let (old, new) = (map_client(&server, Duration::from_secs(5)), map_client(&server, Duration::from_secs(5)));
+    old.put(key.as_bytes(), b"0").unwrap();
+    assert_eq!(direct(&memnodes[1]).get(key.as_bytes()).unwrap().as_deref(), Some(&b"0"[..]), "the joiner has it");
+
+    let mut runs = 0;
+    old.transaction(|tx| {
+        runs += 1;
+        let n: u64 = String::from_utf8(tx.get(key.as_bytes())?.unwrap()).unwrap().parse().unwrap();
+        if runs == 1 {
+            // The mover's switch (words first, then the map), then a write by the new map.
+            for m in &memnodes {
+                raise_map_epoch(&*m.connect(), moved.epoch).unwrap();
+            }
+            etcd.put_map(&moved, Some(revision)).unwrap().unwrap();
+            assert!(new.compare_and_swap(key.as_bytes(), Some(b"0"), Some(b"1")).unwrap());
+        }
+        tx.put(key.as_bytes(), (n + 1).to_string().as_bytes());
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(runs, 2, "the commit by the older map aborted and ran again");
+    assert_eq!(new.get(key.as_bytes()).unwrap().as_deref(), Some(&b"2"[..]), "both increments count");
+    assert_eq!(direct(&memnodes[1]).get(key.as_bytes()).unwrap().as_deref(), Some(&b"2"[..]));
+}
