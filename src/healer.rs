@@ -1,8 +1,8 @@
 //! The healer (issue 17): a thread in `racekv cluster manage --heal` and `racekv up
 //! --replicas` that restores R. A memnode back after failover rejoins the partitions it
-//! left at once (`rejoin.rs`) and gets its share of primaries back
-//! (`membership::balance`); after `re_replicate_after`, memnodes holding other partitions
-//! take copies of partitions still short.
+//! left at once (`rejoin.rs`); after `re_replicate_after`, memnodes holding other
+//! partitions take copies of partitions still short. Once every partition has R replicas
+//! and their memnodes are live, it spreads primaries again (`membership::balance`).
 
 use std::time::{Duration, Instant};
 
@@ -102,6 +102,16 @@ fn heal_once(
     let Some((map, _)) = etcd.map()? else { return Ok(()) };
     if map.partitions.iter().all(|set| set.len() >= usize::from(map.replicas)) {
         *short_since = None;
+        // Whole again: a memnode back from failover is a backup everywhere until its share
+        // of primaries is given back (once every memnode holding partitions is live).
+        if racekv_coord::membership::balance_primaries(&map).is_some() {
+            let live: Vec<u64> = etcd.memnodes()?.iter().map(|m| m.node_id).collect();
+            if map.partitions.iter().flatten().all(|id| live.contains(id)) {
+                if let Some(epoch) = crate::membership::balance(etcd, &connect()?)? {
+                    tracing::info!(epoch, "primaries spread over the replicas again");
+                }
+            }
+        }
         return Ok(());
     }
     let survivors_too = short_since.get_or_insert_with(Instant::now).elapsed() >= policy.re_replicate_after;
@@ -111,8 +121,6 @@ fn heal_once(
     let mut rate = KeyRate::new(policy.max_keys_per_second);
     let done = rejoin(etcd, &client, node, &mut rate, &mut |n| METRICS.keys.inc_by(n))?;
     if done.partitions > 0 {
-        // It came back as a backup everywhere: give it its share of primaries again.
-        crate::membership::balance(etcd, &client)?;
         METRICS.rejoins.inc();
         tracing::warn!(
             node = format_args!("{node:#x}"),

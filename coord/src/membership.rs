@@ -35,9 +35,10 @@ fn held(map: &ClusterMap) -> BTreeMap<u64, usize> {
 }
 
 /// The moves that take every partition off memnode `node`, each to the memnode of `live`
-/// (listed in the map, not `node`) holding the fewest partitions, counting the moves
-/// planned before it, that neither holds nor joins the partition. Refused, saying why, when
-/// `node` is not listed or some partition has no memnode to go to.
+/// (listed in the map, not `node`) already joining it, else the one holding the fewest
+/// partitions, counting the moves planned before it, that neither holds nor joins it.
+/// Refused, saying why, when `node` is not listed or some partition has no memnode to go
+/// to.
 pub fn drain(map: &ClusterMap, node: u64, live: &BTreeSet<u64>) -> Result<Vec<Move>, String> {
     if map.memnode(node).is_none() {
         return Err(format!("memnode {node:#x} is not in the cluster map"));
@@ -49,8 +50,12 @@ pub fn drain(map: &ClusterMap, node: u64, live: &BTreeSet<u64>) -> Result<Vec<Mo
         if !set.contains(&node) {
             continue;
         }
+        // A live memnode joining it already (a move an earlier run left half done) takes it;
+        // otherwise the live one holding fewest that neither holds nor joins it.
+        let joining = map.joining_of(p).iter().copied().find(|id| load.contains_key(id));
         let busy = |id: &u64| set.contains(id) || map.joining_of(p).contains(id);
-        let to = load.iter().filter(|(id, _)| !busy(id)).min_by_key(|&(id, n)| (*n, *id)).map(|(id, _)| *id);
+        let fewest = || load.iter().filter(|(id, _)| !busy(id)).min_by_key(|&(id, n)| (*n, *id)).map(|(id, _)| *id);
+        let to = joining.or_else(fewest);
         let Some(to) = to else {
             return Err(format!(
                 "partition {p} has no live memnode to move to (its replicas {set:x?} are every other one): \
@@ -341,5 +346,13 @@ mod tests {
         let three = map(&[1, 2, 3], 1);
         let moves = drain(&three, 1, &BTreeSet::from([1, 2])).unwrap();
         assert!(moves.iter().all(|m| m.to == 2));
+        // A drain run again after one that started its moves and stopped keeps their takers
+        // (a second joiner would not fit at R = 1).
+        let all = BTreeSet::from([1, 2, 3]);
+        let first = drain(&three, 1, &all).unwrap();
+        let half_done = start_moves(&three, &first).unwrap();
+        assert_eq!(drain(&half_done, 1, &all).unwrap(), first);
+        assert!(start_moves(&half_done, &first).is_none());
+        assert_eq!(started(&half_done, &first).len(), first.len());
     }
 }
