@@ -160,6 +160,20 @@ impl<S: Shards> Session<S> {
         self.shards.route(key)
     }
 
+    /// Runs read `op` on `key`'s memnode (running it twice changes nothing). A connection
+    /// found lost (its memnode restarted since this session last used it) is replaced and
+    /// the read runs once more, so one stale connection does not fail a reader.
+    fn read_key<R>(
+        &mut self,
+        key: &[u8],
+        mut op: impl FnMut(&mut TableClient) -> Result<R, racekv_hashing::Error>,
+    ) -> Result<R, ClientError> {
+        match self.on_key(key, &mut op) {
+            Err(ClientError::Unavailable { .. }) => self.on_key(key, op),
+            result => result,
+        }
+    }
+
     pub(crate) fn on_key<R>(
         &mut self,
         key: &[u8],
@@ -207,13 +221,13 @@ impl<S: Shards> Session<S> {
 
     /// The value of `key`, if any.
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
-        self.on_key(key, |c| c.get(key))
+        self.read_key(key, |c| c.get(key))
     }
 
     /// Puts the value of `key` into `out`; returns whether it exists (no allocation when
     /// `out` is large enough).
     pub fn get_into(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, ClientError> {
-        self.on_key(key, |c| c.get_into(key, out))
+        self.read_key(key, |c| c.get_into(key, out))
     }
 
     /// Sets `key` as `mode` allows; returns whether it did.
@@ -240,7 +254,7 @@ impl<S: Shards> Session<S> {
 
     /// The value and expiry of `key`, if it exists.
     pub fn get_item(&mut self, key: &[u8]) -> Result<Option<Item>, ClientError> {
-        self.on_key(key, |c| c.get_item(key))
+        self.read_key(key, |c| c.get_item(key))
     }
 
     /// The value, expiry and access word of `key` (`TableClient::peek_item`), read without
