@@ -1,7 +1,8 @@
 //! `racekv cluster ...`: the coordinated cluster's state in etcd (issue 17): `status` lists
 //! the memnodes registered and the map, `init` writes a cluster's first map from the
 //! memnodes registered, `manage` runs the failover checker as a daemon, `rejoin`,
-//! `remove-memnode`, `set-replicas` and `balance` change the map and copy keys. Needs the
+//! `add-memnode`, `remove-memnode`, `set-replicas` and `balance` change the map and copy
+//! keys. Needs the
 //! `etcd` build.
 
 use std::time::Duration;
@@ -85,6 +86,18 @@ pub enum ClusterCommand {
     /// after failover, with its old data file or an empty one): joins them, copies their
     /// keys from the primaries, then becomes their replica. Shows progress.
     Rejoin {
+        #[command(flatten)]
+        target: EtcdTarget,
+        /// The memnode's node id (as `racekv cluster status` shows it: 0x...).
+        node_id: String,
+        #[command(flatten)]
+        copy: CopyArgs,
+    },
+    /// Add a registered memnode to the map and move partitions to it until the memnodes
+    /// hold about as many each (copied from their primaries while clients go on; every
+    /// client connects to it as it installs the map that lists it), then spread primaries.
+    /// Shows progress.
+    AddMemnode {
         #[command(flatten)]
         target: EtcdTarget,
         /// The memnode's node id (as `racekv cluster status` shows it: 0x...).
@@ -279,6 +292,17 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
             println!(
                 "memnode {node:#018x}: replica of {} more partitions ({} keys copied, {} stale keys removed)",
                 done.partitions, done.synced, done.removed
+            );
+            Ok(())
+        }
+        ClusterCommand::AddMemnode { target, node_id, copy } => {
+            let node = parse_node_id(&node_id)?;
+            let (etcd, client) = (connect(&target)?, copy.client(&target)?);
+            let mut rate = crate::rejoin::KeyRate::new(copy.max_keys_per_second);
+            let done = crate::membership::add_memnode(&etcd, &client, node, &mut rate, &mut Spinner::new())?;
+            println!(
+                "memnode {node:#018x}: in the map ({} partitions moved to the memnodes holding fewest, {} keys copied)",
+                done.moved, done.synced
             );
             Ok(())
         }

@@ -1,5 +1,5 @@
-//! Live membership (issue 17, item 4): `racekv cluster remove-memnode`, `set-replicas` and
-//! `balance`, run as an embedded client of the cluster. The map changes are
+//! Live membership (issue 17, item 4): `racekv cluster add-memnode`, `remove-memnode`,
+//! `set-replicas` and `balance`, run as an embedded client of the cluster. The map changes are
 //! `racekv_coord::membership`'s; the copying is the rejoin's (`rejoin.rs`, the client's
 //! `catchup.rs`); the removal of stale copies is the client's `moves.rs`.
 
@@ -49,34 +49,39 @@ fn update_map(
     }
 }
 
-/// What a removal did.
+/// What a removal or an addition did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Removed {
-    /// Partitions moved off the memnode.
+pub struct Moved {
+    /// Partitions moved.
     pub moved: usize,
     /// Keys copied to the memnodes that took them.
     pub synced: u64,
 }
 
-/// Drains memnode `node` (each of its partitions copied to the live memnode holding fewest,
-/// which then takes its place) and takes it out of the map. Clients keep reading and
-/// writing throughout; the memnode may be stopped once this returns.
-pub fn remove_memnode(
+/// Plans moves from the current map and the live memnodes' node ids.
+type Plan<'a> = dyn Fn(&ClusterMap, &BTreeSet<u64>) -> anyhow::Result<Vec<Move>> + 'a;
+
+/// Runs the moves `plan` makes of the current map and live memnodes (start, copy, finish),
+/// round after round while the map changes under them, until it plans none (or after
+/// [`MAX_ROUNDS`]). Returns what moved and the memnodes partitions moved from (their
+/// copies of those are stale now).
+fn run_moves(
     etcd: &Etcd,
     client: &Client,
-    node: u64,
+    plan: &Plan<'_>,
     rate: &mut KeyRate,
     progress: &mut dyn Progress,
-) -> anyhow::Result<Removed> {
-    let mut done = Removed::default();
+) -> anyhow::Result<(Moved, BTreeSet<u64>)> {
+    let mut done = Moved::default();
+    let mut sources = BTreeSet::new();
     for _ in 0..MAX_ROUNDS {
         let (map, _) = etcd.map()?.context("the cluster has no map yet (`racekv cluster init`)")?;
-        if !map.partitions.iter().any(|set| set.contains(&node)) {
+        let live: BTreeSet<u64> = etcd.memnodes()?.iter().map(|m| m.node_id).collect();
+        let moves = plan(&map, &live)?;
+        if moves.is_empty() {
             break;
         }
-        let live: BTreeSet<u64> = etcd.memnodes()?.iter().map(|m| m.node_id).collect();
-        let moves = membership::drain(&map, node, &live).map_err(anyhow::Error::msg)?;
-        progress.phase(&format!("moving {} partitions off {node:#x}", moves.len()));
+        progress.phase(&format!("moving {} partitions", moves.len()));
         let joining = match update_map(etcd, client, |map| Ok(membership::start_moves(map, &moves)))? {
             Some((_, next)) => next,
             None => map,
@@ -94,14 +99,67 @@ pub fn remove_memnode(
         })?;
         if let Some((before, after)) = finished {
             done.moved += membership::started(&before, &moves).len() - membership::started(&after, &moves).len();
+            sources.extend(membership::dropped(&before, &after).into_keys());
         }
     }
-    progress.phase(&format!("taking {node:#x} out of the map"));
+    Ok((done, sources))
+}
+
+/// Drains memnode `node` (each of its partitions copied to the live memnode already joining
+/// it or holding fewest, which then takes its place) and takes it out of the map. Clients
+/// keep reading and writing throughout; the memnode may be stopped once this returns.
+pub fn remove_memnode(
+    etcd: &Etcd,
+    client: &Client,
+    node: u64,
+    rate: &mut KeyRate,
+    progress: &mut dyn Progress,
+) -> anyhow::Result<Moved> {
     let holding = |map: &ClusterMap| map.partitions.iter().filter(|set| set.contains(&node)).count();
+    let plan = |map: &ClusterMap, live: &BTreeSet<u64>| match holding(map) {
+        0 => Ok(Vec::new()),
+        _ => membership::drain(map, node, live).map_err(anyhow::Error::msg),
+    };
+    let (done, _) = run_moves(etcd, client, &plan, rate, progress)?;
+    progress.phase(&format!("taking {node:#x} out of the map"));
     update_map(etcd, client, |map| {
-        anyhow::ensure!(holding(map) == 0, "memnode {node:#x} still holds {} partitions after {MAX_ROUNDS} rounds (the map kept changing): run it again", holding(map));
+        anyhow::ensure!(
+            holding(map) == 0,
+            "memnode {node:#x} still holds {} partitions after {MAX_ROUNDS} rounds (the map kept changing): run it again",
+            holding(map)
+        );
         membership::forget(map, node).map_err(anyhow::Error::msg)
     })?;
+    Ok(done)
+}
+
+/// Adds registered memnode `node` to the map (every client connects to it as it installs
+/// that map), moves partitions to it until the live memnodes hold about as many each,
+/// removes the stale copies the memnodes they came from keep (and any the added one kept
+/// from before), and spreads primaries. Clients keep reading and writing throughout.
+pub fn add_memnode(
+    etcd: &Etcd,
+    client: &Client,
+    node: u64,
+    rate: &mut KeyRate,
+    progress: &mut dyn Progress,
+) -> anyhow::Result<Moved> {
+    let info = etcd
+        .memnodes()?
+        .into_iter()
+        .find(|m| m.node_id == node)
+        .with_context(|| format!("memnode {node:#x} is not registered (start it with --etcd)"))?;
+    progress.phase(&format!("adding {node:#x} to the map"));
+    update_map(etcd, client, |map| membership::add(map, &info).map_err(anyhow::Error::msg))?;
+    let plan = |map: &ClusterMap, live: &BTreeSet<u64>| Ok(membership::spread(map, live));
+    let (done, mut sources) = run_moves(etcd, client, &plan, rate, progress)?;
+    // The memnodes partitions left keep stale copies, and so may the one added (a memnode
+    // removed earlier and added again keeps what it held).
+    sources.insert(node);
+    for from in sources {
+        purge(etcd, client, from, rate, progress)?;
+    }
+    balance(etcd, client)?;
     Ok(done)
 }
 

@@ -411,6 +411,15 @@ fn memnodes_leave_and_r_changes_while_clients_write() {
         let out = run(&["set-replicas", "1"]);
         assert!(out.contains("R = 1 (was 2)") && out.contains("stale copies removed"), "{out}");
         wait_rounds(2);
+        // A new memnode joins: the clients (started before it existed) connect to it as
+        // they install the map that lists it, and a third of the partitions move to it.
+        memnodes.push(memnode(&etcd_urls));
+        let added = node_of(&memnodes[2]);
+        let out = run(&["add-memnode", &format!("{added:#x}")]);
+        assert!(out.contains("in the map (4 partitions moved"), "{out}");
+        let (map, _) = etcd.map().unwrap().unwrap();
+        assert_eq!(map.partitions.iter().filter(|set| set[0] == added).count(), 4, "{map:?}");
+        wait_rounds(2);
         stop.store(true, Ordering::Relaxed);
     });
     assert_eq!(errors.load(Ordering::Relaxed), 0, "writes failed during the moves");

@@ -158,7 +158,9 @@ impl Memnode {
 
 /// All memnodes of an embedded client. Sessions share it.
 pub(crate) struct Core {
-    memnodes: Vec<Memnode>,
+    /// Append-only: a cluster map may add memnodes (the follower's thread connects them);
+    /// shard `i` is `memnodes[i]` for good.
+    memnodes: Arc<boxcar::Vec<Memnode>>,
     router: Arc<Router>,
     timeout: Duration,
     /// Installs newer cluster maps into `router` (with etcd); stops with the last session.
@@ -189,12 +191,12 @@ impl Cluster {
         if endpoints.is_empty() {
             return Err(ClientError::Config("no memnode endpoints given".into()));
         }
-        let mut memnodes = Vec::with_capacity(endpoints.len());
+        let memnodes = Arc::new(boxcar::Vec::with_capacity(endpoints.len()));
         for text in &endpoints {
             let endpoint: Endpoint = text.parse().map_err(ClientError::Config)?;
             memnodes.push(Memnode::connect(endpoint, connect.clone(), table_options, connections)?);
         }
-        let ids: Vec<u64> = memnodes.iter().map(|m| m.node_id).collect();
+        let ids: Vec<u64> = memnodes.iter().map(|(_, m)| m.node_id).collect();
         for (i, id) in ids.iter().enumerate() {
             if ids[..i].contains(id) {
                 return Err(ClientError::Config(format!(
@@ -210,7 +212,24 @@ impl Cluster {
                     memnodes[i].label.clone()
                 });
                 let router = Arc::new(router.map_err(ClientError::Config)?);
-                let follower = map.follow(Arc::downgrade(&router), |_| {})?;
+                let (added, connect) = (Arc::clone(&memnodes), connect.clone());
+                let add = move |router: &Router, info: &racekv_coord::MemnodeInfo| {
+                    let endpoint: Endpoint =
+                        crate::map_follower::choose_endpoint(info).map_err(|e| e.to_string())?.parse()?;
+                    let memnode = Memnode::connect(endpoint, connect.clone(), table_options, connections)
+                        .map_err(|e| e.to_string())?;
+                    if memnode.node_id != info.node_id {
+                        return Err(format!(
+                            "{} has node id {:#x}, the map says {:#x}",
+                            memnode.label, memnode.node_id, info.node_id
+                        ));
+                    }
+                    // Only this (the follower's) thread appends, so both get the same index.
+                    let shard = added.push(memnode);
+                    assert_eq!(router.add_memnode(info.node_id)?, shard, "a memnode's shard is its index in both");
+                    Ok(())
+                };
+                let follower = map.follow(Arc::downgrade(&router), add, |_| {})?;
                 (router, Some(follower))
             }
         };
@@ -231,11 +250,11 @@ impl Cluster {
         if lent.is_empty() {
             return Err(ClientError::Protocol("the computenode lent no memnode".into()));
         }
-        let mut memnodes = Vec::with_capacity(lent.len());
+        let memnodes = Arc::new(boxcar::Vec::with_capacity(lent.len()));
         for memnode in lent {
             memnodes.push(Memnode::lent(memnode, table_options, Arc::clone(&failed))?);
         }
-        let ids: Vec<u64> = memnodes.iter().map(|m| m.node_id).collect();
+        let ids: Vec<u64> = memnodes.iter().map(|(_, m)| m.node_id).collect();
         let router = Arc::new(Router::ring(&ids));
         Ok(Self::assemble(Core { router, memnodes, timeout: table_options.op_timeout, _follower: None }))
     }
@@ -245,7 +264,7 @@ impl Cluster {
         let mut session = self.idle.lock().pop().unwrap_or_else(|| {
             Session::new(EmbeddedShards {
                 core: Arc::clone(&self.core),
-                parts: (0..self.core.memnodes.len()).map(|_| None).collect(),
+                parts: (0..self.core.memnodes.count()).map(|_| None).collect(),
                 routing: self.core.router.session(),
             })
         });
@@ -264,7 +283,7 @@ impl Cluster {
     }
 
     pub(crate) fn labels(&self) -> Vec<String> {
-        self.core.memnodes.iter().map(|m| m.label.clone()).collect()
+        self.core.memnodes.iter().map(|(_, m)| m.label.clone()).collect()
     }
 }
 
@@ -306,7 +325,7 @@ impl Shards for EmbeddedShards {
     }
 
     fn count(&self) -> usize {
-        self.core.memnodes.len()
+        self.core.memnodes.count()
     }
 
     fn label(&self, shard: usize) -> &str {
@@ -323,6 +342,9 @@ impl Shards for EmbeddedShards {
 
     fn client(&mut self, shard: usize) -> Result<&mut TableClient, ClientError> {
         let memnode = &self.core.memnodes[shard];
+        if shard >= self.parts.len() {
+            self.parts.resize_with(shard + 1, || None); // a memnode a newer map added
+        }
         let current = memnode.generation();
         if self.parts[shard].as_ref().is_none_or(|(generation, _)| *generation != current) {
             self.parts[shard] = Some(memnode.table_client(&self.routing));
@@ -331,7 +353,7 @@ impl Shards for EmbeddedShards {
     }
 
     fn on_transient_failure(&mut self, shard: usize) {
-        if let Some((generation, _)) = self.parts[shard].take() {
+        if let Some((generation, _)) = self.parts.get_mut(shard).and_then(Option::take) {
             self.core.memnodes[shard].reconnect(generation);
         }
     }

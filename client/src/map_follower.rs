@@ -3,8 +3,9 @@
 //! endpoint per memnode; a watcher thread then installs every newer map into a [`Router`],
 //! and reads etcd at once when a session asks (a memnode served a newer map than installed).
 //!
-//! Not built yet: connecting memnodes that a later map adds (such a map is refused and the
-//! old routing stays), replicas.
+//! A later map that lists a memnode this process has no connection to (`racekv cluster
+//! add-memnode`) is installed only once the owner's `connect` hook connected to it: the
+//! hook appends it to the owner's memnodes and to the router's shards.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -108,16 +109,21 @@ impl MapSource {
     }
 
     /// Watches for newer maps and installs them into `router`, telling `outcome` of each.
+    /// A map listing a memnode the router has no shard for is installed after `connect`
+    /// connected to it (and made it the router's next shard, [`Router::add_memnode`]); if
+    /// that fails for a memnode the map writes to, the map is refused (and read again when
+    /// a session asks for it).
     pub fn follow(
         self,
         router: Weak<Router>,
+        connect: impl Fn(&Router, &MemnodeInfo) -> Result<(), String> + Send + 'static,
         outcome: impl Fn(Outcome) + Send + 'static,
     ) -> Result<MapFollower, ClientError> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name("map-follower".into())
-            .spawn(move || watch(self, router, flag, outcome))
+            .spawn(move || watch(self, router, flag, connect, outcome))
             .map_err(|e| ClientError::Config(format!("starting the cluster map's watcher: {e}")))?;
         Ok(MapFollower { stop, thread: Some(thread) })
     }
@@ -132,7 +138,13 @@ impl Drop for MapFollower {
     }
 }
 
-fn watch(source: MapSource, router: Weak<Router>, stop: Arc<AtomicBool>, outcome: impl Fn(Outcome)) {
+fn watch(
+    source: MapSource,
+    router: Weak<Router>,
+    stop: Arc<AtomicBool>,
+    connect: impl Fn(&Router, &MemnodeInfo) -> Result<(), String>,
+    outcome: impl Fn(Outcome),
+) {
     let watch = source.etcd.watch_map(source.revision);
     while !stop.load(Ordering::Relaxed) {
         let next = watch.next(POLL);
@@ -149,7 +161,9 @@ fn watch(source: MapSource, router: Weak<Router>, stop: Arc<AtomicBool>, outcome
             None => continue,
         };
         outcome(match next {
-            Ok((map, _revision)) => match router.install(map.epoch, &map.write_sets()) {
+            Ok((map, _revision)) => match connect_new(&router, &map, &connect)
+                .and_then(|()| router.install(map.epoch, &map.write_sets()))
+            {
                 Ok(()) => {
                     tracing::info!(epoch = map.epoch, partitions = map.partitions.len(), "installed a new cluster map");
                     Outcome::Installed
@@ -169,7 +183,7 @@ fn watch(source: MapSource, router: Weak<Router>, stop: Arc<AtomicBool>, outcome
 
 /// The endpoint this process reaches `memnode` by: its shared-memory socket when that is
 /// on this host, else verbs in a build with them, else tcp.
-fn choose_endpoint(memnode: &MemnodeInfo) -> Result<String, ClientError> {
+pub fn choose_endpoint(memnode: &MemnodeInfo) -> Result<String, ClientError> {
     let rank = |e: &Endpoint| match e {
         Endpoint::Shm(path) if path.exists() => Some(0),
         Endpoint::Verbs(_) if cfg!(feature = "rdma") => Some(1),
@@ -188,6 +202,31 @@ fn choose_endpoint(memnode: &MemnodeInfo) -> Result<String, ClientError> {
                 memnode.node_id, memnode.endpoints
             ))
         })
+}
+
+/// Connects (through `connect`) every memnode `map` lists that `router` has no shard for.
+/// An error only for one the map writes to (one holding nothing can wait for a later map).
+fn connect_new(
+    router: &Router,
+    map: &ClusterMap,
+    connect: &impl Fn(&Router, &MemnodeInfo) -> Result<(), String>,
+) -> Result<(), String> {
+    let written: std::collections::BTreeSet<u64> = map.write_sets().into_iter().flatten().collect();
+    for m in map.memnodes.iter().filter(|m| router.shard_of(m.node_id).is_none()) {
+        match connect(router, m) {
+            Ok(()) => tracing::info!(node = format_args!("{:#x}", m.node_id), "connected to a memnode the map added"),
+            Err(e) if written.contains(&m.node_id) => {
+                return Err(format!(
+                    "connecting to memnode {:#x}, which map epoch {} writes to: {e}",
+                    m.node_id, map.epoch
+                ))
+            }
+            Err(e) => {
+                tracing::warn!(node = format_args!("{:#x}", m.node_id), "connecting to a memnode the map added: {e}")
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

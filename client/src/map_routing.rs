@@ -18,7 +18,8 @@ use crate::ring::Ring;
 #[derive(Debug)]
 pub struct Router {
     placement: Placement,
-    ids: Vec<u64>,
+    /// Grows when a map adds a memnode ([`Router::add_memnode`]); shard indexes never change.
+    ids: parking_lot::RwLock<Vec<u64>>,
     /// Notified when a map is installed; sessions waiting for one sleep on it.
     installed: (Mutex<()>, Condvar),
     /// A session saw a memnode serve a newer map than installed: whoever follows the map
@@ -57,7 +58,7 @@ impl Router {
     fn with(placement: Placement, ids: &[u64]) -> Self {
         Self {
             placement,
-            ids: ids.to_vec(),
+            ids: parking_lot::RwLock::new(ids.to_vec()),
             installed: (Mutex::new(()), Condvar::new()),
             wanted: AtomicBool::new(false),
         }
@@ -72,10 +73,31 @@ impl Router {
     /// map not newer than the current one, and for a replica this process has no
     /// connection to.
     pub fn install(&self, epoch: u64, replica_sets: &[Vec<u64>]) -> Result<(), String> {
-        self.placement.install(partition_table(epoch, replica_sets, &self.ids)?)?;
+        let table = partition_table(epoch, replica_sets, &self.ids.read())?;
+        self.placement.install(table)?;
         drop(self.installed.0.lock());
         self.installed.1.notify_all();
         Ok(())
+    }
+
+    /// The shard of the memnode with node id `id`, if this process has one.
+    pub fn shard_of(&self, id: u64) -> Option<usize> {
+        self.ids.read().iter().position(|&x| x == id)
+    }
+
+    /// Memnode `id` is this process's next shard from now on (its owner connected to it and
+    /// appended it to its own memnodes first, under the same lock); its index. Refused on a
+    /// fixed ring, whose memnodes never change.
+    pub fn add_memnode(&self, id: u64) -> Result<usize, String> {
+        if self.epoch().is_none() {
+            return Err("a fixed ring's memnodes do not change".into());
+        }
+        let mut ids = self.ids.write();
+        if let Some(at) = ids.iter().position(|&x| x == id) {
+            return Ok(at);
+        }
+        ids.push(id);
+        Ok(ids.len() - 1)
     }
 
     /// Whether a session asked for the map to be read again (and clears the request).
@@ -111,10 +133,7 @@ impl Router {
 fn partition_table(epoch: u64, replica_sets: &[Vec<u64>], ids: &[u64]) -> Result<PartitionTable, String> {
     let shard = |id: &u64| {
         ids.iter().position(|x| x == id).ok_or_else(|| {
-            format!(
-                "map epoch {epoch} has memnode {id:#x} in a replica set, and this process is not connected to it \
-                 (restart it to connect: adding memnodes live is not built yet)"
-            )
+            format!("map epoch {epoch} has memnode {id:#x} in a replica set, and this process is not connected to it")
         })
     };
     let sets = replica_sets

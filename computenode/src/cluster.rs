@@ -101,7 +101,11 @@ pub struct Memnode {
 
 /// All memnodes, and the ready sessions.
 pub struct Cluster {
-    memnodes: Vec<Memnode>,
+    /// Append-only: a cluster map may add memnodes ([`Cluster::add_memnode`]); shard `i`
+    /// is `memnodes[i]` for good.
+    memnodes: boxcar::Vec<Memnode>,
+    /// Held while a memnode is appended to `memnodes` and the router's shards.
+    adding: Mutex<()>,
     router: Arc<Router>,
     options: ClusterOptions,
     upgrader: Upgrader,
@@ -121,26 +125,11 @@ impl Cluster {
             return Err(ClientError::Config("the computenode needs at least one memnode".into()));
         }
         let upgrader = Upgrader::start().map_err(|e| ClientError::Config(format!("starting the upgrader: {e}")))?;
-        let mut memnodes = Vec::with_capacity(options.memnodes.len());
+        let memnodes = boxcar::Vec::with_capacity(options.memnodes.len());
         for text in &options.memnodes {
-            let endpoint: Endpoint = text.parse().map_err(ClientError::Config)?;
-            let label = endpoint.to_string();
-            let unavailable = |e: String| ClientError::Unavailable { endpoint: label.clone(), reason: e };
-            let pool = Pool::connect(endpoint, options.connect.clone(), options.connections_per_memnode)
-                .map_err(|e| unavailable(e.to_string()))?;
-            // The daemon's own metadata and chunk traffic rides the pool like everyone's.
-            let control: Arc<dyn Connection> =
-                VirtualConnection::new(&pool, UpgradePolicy { ops_per_sec: 0, window_ops: 1 }, &upgrader);
-            let meta = racekv_hashing::rpc::metadata(&*control)
-                .map_err(|e| ClientError::from_table(&label, e, options.connect.timeout))?;
-            let chunks =
-                PrefetchingChunks::start(Arc::clone(&control), options.prefetch_chunks, meta.layout.chunk_bytes)
-                    .map_err(|e| unavailable(e.to_string()))?;
-            let table = Table::open_with(&*control, meta.layout, chunks.clone(), options.table)
-                .map_err(|e| ClientError::from_table(&label, e, options.connect.timeout))?;
-            memnodes.push(Memnode { label, node_id: meta.node_id, layout: meta.layout, pool, table, chunks });
+            memnodes.push(open_memnode(text, &options, &upgrader)?);
         }
-        let ids: Vec<u64> = memnodes.iter().map(|m| m.node_id).collect();
+        let ids: Vec<u64> = memnodes.iter().map(|(_, m)| m.node_id).collect();
         for (i, id) in ids.iter().enumerate() {
             if ids[..i].contains(id) {
                 return Err(ClientError::Config(format!("{} is listed twice (node id {id})", memnodes[i].label)));
@@ -157,6 +146,7 @@ impl Cluster {
         let cluster = Arc::new(Self {
             router: Arc::new(router),
             memnodes,
+            adding: Mutex::new(()),
             ready: ArrayQueue::new(options.ready_sessions.max(1)),
             options,
             upgrader,
@@ -180,9 +170,28 @@ impl Cluster {
         &self.options.connect
     }
 
-    /// Every memnode, in the order the ring indexes them.
-    pub fn memnodes(&self) -> &[Memnode] {
-        &self.memnodes
+    /// Every memnode, in the order of their shards (the ring's, or the map's then those
+    /// later maps added).
+    pub fn memnodes(&self) -> Vec<&Memnode> {
+        self.memnodes.iter().map(|(_, m)| m).collect()
+    }
+
+    /// Connects to memnode `info` that a newer cluster map lists and makes it the router's
+    /// next shard (the map follower's hook; sessions build their client for it when they
+    /// first use it). Refused when it answers with another node id.
+    pub fn add_memnode(&self, router: &Router, info: &racekv_coord::MemnodeInfo) -> Result<(), String> {
+        let endpoint = racekv_client::map_follower::choose_endpoint(info).map_err(|e| e.to_string())?;
+        let memnode = open_memnode(&endpoint, &self.options, &self.upgrader).map_err(|e| e.to_string())?;
+        if memnode.node_id != info.node_id {
+            return Err(format!(
+                "{} has node id {:#x}, the map says {:#x}",
+                memnode.label, memnode.node_id, info.node_id
+            ));
+        }
+        let _adding = self.adding.lock();
+        let shard = self.memnodes.push(memnode);
+        assert_eq!(router.add_memnode(info.node_id)?, shard, "a memnode's shard is its index in both");
+        Ok(())
     }
 
     /// The epoch of the cluster map keys are routed by (None: a fixed ring).
@@ -202,26 +211,21 @@ impl Cluster {
 
     /// A new session over new virtual connections (allocates; the refiller calls it).
     fn build_session(self: &Arc<Self>) -> Session<WorkerShards> {
-        let vconns: Vec<_> = self
-            .memnodes
-            .iter()
-            .map(|m| VirtualConnection::new(&m.pool, self.options.upgrade, &self.upgrader))
-            .collect();
         // Routing by a map: every batch also reads the memnode's map epoch (`map_fence`).
-        let routing = self.router.session();
-        let mut clients: Vec<TableClient> = self
-            .memnodes
-            .iter()
-            .zip(&vconns)
-            .map(|(m, vc)| m.table.client(routing.connection(Arc::clone(vc) as Arc<dyn Connection>)))
-            .collect();
-        for (c, m) in clients.iter_mut().zip(&self.memnodes) {
+        let mut shards = WorkerShards {
+            cluster: Arc::clone(self),
+            clients: Vec::new(),
+            vconns: Vec::new(),
+            routing: self.router.session(),
+        };
+        shards.connect_up_to(self.memnodes.count());
+        for (c, (_, m)) in shards.clients.iter_mut().zip(self.memnodes.iter()) {
             // Everything pre-initialized, down to the first heap chunk.
             if let Err(e) = c.prepare() {
                 tracing::warn!(memnode = %m.label, "could not fetch a chunk for a ready session: {e}");
             }
         }
-        Session::new(WorkerShards { cluster: Arc::clone(self), clients, vconns, routing })
+        Session::new(shards)
     }
 
     /// A session for a worker: a pre-initialized one when available (no system call, no
@@ -266,7 +270,7 @@ impl Cluster {
         while let Some(session) = self.ready.pop() {
             drop(session); // its allocators hand their chunks to the table's pool
         }
-        for m in &self.memnodes {
+        for (_, m) in self.memnodes.iter() {
             m.chunks.stop();
             let drained = m.table.give_back_free_memory();
             tracing::info!(
@@ -343,6 +347,19 @@ pub struct WorkerShards {
 }
 
 impl WorkerShards {
+    /// Builds this session's virtual connection and table client for every memnode up to
+    /// `count` it has none for yet (at the start, and for memnodes a map added since).
+    fn connect_up_to(&mut self, count: usize) {
+        let cluster = Arc::clone(&self.cluster);
+        for shard in self.clients.len()..count {
+            let m = &cluster.memnodes[shard];
+            let vc = VirtualConnection::new(&m.pool, cluster.options.upgrade, &cluster.upgrader);
+            let client = m.table.client(self.routing.connection(Arc::clone(&vc) as Arc<dyn Connection>));
+            self.vconns.push(vc);
+            self.clients.push(client);
+        }
+    }
+
     fn downgrade(&mut self) {
         self.vconns.iter().for_each(|vc| vc.downgrade());
     }
@@ -383,7 +400,7 @@ impl Shards for WorkerShards {
     }
 
     fn count(&self) -> usize {
-        self.clients.len()
+        self.cluster.memnodes.count()
     }
 
     fn label(&self, shard: usize) -> &str {
@@ -399,6 +416,29 @@ impl Shards for WorkerShards {
     }
 
     fn client(&mut self, shard: usize) -> Result<&mut TableClient, ClientError> {
+        if shard >= self.clients.len() {
+            self.connect_up_to(shard + 1);
+        }
         Ok(&mut self.clients[shard])
     }
+}
+
+/// Connects to the memnode at `text`: its connection pool, metadata, prefetched chunks and
+/// table (the expensive setup, once per memnode).
+fn open_memnode(text: &str, options: &ClusterOptions, upgrader: &Upgrader) -> Result<Memnode, ClientError> {
+    let endpoint: Endpoint = text.parse().map_err(ClientError::Config)?;
+    let label = endpoint.to_string();
+    let unavailable = |e: String| ClientError::Unavailable { endpoint: label.clone(), reason: e };
+    let pool = Pool::connect(endpoint, options.connect.clone(), options.connections_per_memnode)
+        .map_err(|e| unavailable(e.to_string()))?;
+    // The daemon's own metadata and chunk traffic rides the pool like everyone's.
+    let control: Arc<dyn Connection> =
+        VirtualConnection::new(&pool, UpgradePolicy { ops_per_sec: 0, window_ops: 1 }, upgrader);
+    let meta = racekv_hashing::rpc::metadata(&*control)
+        .map_err(|e| ClientError::from_table(&label, e, options.connect.timeout))?;
+    let chunks = PrefetchingChunks::start(Arc::clone(&control), options.prefetch_chunks, meta.layout.chunk_bytes)
+        .map_err(|e| unavailable(e.to_string()))?;
+    let table = Table::open_with(&*control, meta.layout, chunks.clone(), options.table)
+        .map_err(|e| ClientError::from_table(&label, e, options.connect.timeout))?;
+    Ok(Memnode { label, node_id: meta.node_id, layout: meta.layout, pool, table, chunks })
 }

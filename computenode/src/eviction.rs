@@ -64,23 +64,46 @@ struct Candidate {
     score: u64,
 }
 
+/// What eviction keeps per memnode.
+struct Tracked {
+    /// Estimated bytes of live data.
+    used: AtomicU64,
+    /// Bytes of one subtable.
+    subtable_bytes: u64,
+    /// Its endpoint, for errors.
+    label: String,
+    /// Its region's bytes (a limit may be a share of it).
+    region_bytes: u64,
+    /// Its table, whose reads' tracking follows the policy.
+    table: Table,
+    /// The LRU and LFU policies' best candidates, best last.
+    pool: Mutex<Vec<Candidate>>,
+}
+
+impl Tracked {
+    fn of(m: &crate::cluster::Memnode) -> Self {
+        Self {
+            used: AtomicU64::new(0),
+            subtable_bytes: m.layout.subtable_bytes(),
+            label: m.label.clone(),
+            region_bytes: m.layout.region_len,
+            table: m.table.clone(),
+            pool: Mutex::new(Vec::with_capacity(POOL_SIZE + 1)),
+        }
+    }
+}
+
 /// One computenode's eviction state: the limits and each memnode's used-memory estimate.
 pub struct Eviction {
     limits: Arc<Maxmemory>,
-    /// Per memnode: estimated bytes of live data.
-    used: Vec<AtomicU64>,
-    /// Per memnode: bytes of one subtable.
-    subtable_bytes: Vec<u64>,
-    /// Per memnode: its endpoint, for errors.
-    labels: Vec<String>,
-    /// Per memnode: its region's bytes (a limit may be a share of it).
-    region_bytes: Vec<u64>,
-    /// Per memnode: its table, whose reads' tracking follows the policy.
-    tables: Vec<Table>,
+    /// Per memnode (by shard), append-only: a cluster map may add memnodes, taken on here
+    /// when first seen ([`Eviction::memnode`]).
+    memnodes: boxcar::Vec<Tracked>,
+    /// The cluster whose memnodes these are; held while one is appended.
+    cluster: std::sync::Weak<Cluster>,
+    adding: Mutex<()>,
     /// The tracking last set on the tables (encoded).
     tracking: AtomicU64,
-    /// Per memnode: the LRU and LFU policies' best candidates, best last.
-    pools: Vec<Mutex<Vec<Candidate>>>,
     /// Mean heap bytes of an item this computenode wrote (0: none written yet).
     mean_item: AtomicU64,
     /// How long a freed block waits before reuse: a write that found the region full
@@ -131,18 +154,12 @@ impl Eviction {
     /// Eviction over `cluster`'s memnodes under `limits`; starts the refresher.
     pub fn start(cluster: &Arc<Cluster>, limits: Arc<Maxmemory>, grace: Duration) -> std::io::Result<Arc<Self>> {
         racekv_redis::maxmemory::register_metrics();
-        let n = cluster.memnodes().len();
-        let smallest = cluster.memnodes().iter().map(|m| m.layout.region_len).min().unwrap_or(0);
-        limits.set_region_bytes(smallest);
         let eviction = Arc::new(Self {
             limits,
-            used: (0..n).map(|_| AtomicU64::new(0)).collect(),
-            subtable_bytes: cluster.memnodes().iter().map(|m| m.layout.subtable_bytes()).collect(),
-            labels: cluster.memnodes().iter().map(|m| m.label.clone()).collect(),
-            region_bytes: cluster.memnodes().iter().map(|m| m.layout.region_len).collect(),
-            tables: cluster.memnodes().iter().map(|m| m.table.clone()).collect(),
+            memnodes: boxcar::Vec::new(),
+            cluster: Arc::downgrade(cluster),
+            adding: Mutex::new(()),
             tracking: AtomicU64::new(Tracking::Off.encode()),
-            pools: (0..n).map(|_| Mutex::new(Vec::with_capacity(POOL_SIZE + 1))).collect(),
             mean_item: AtomicU64::new(0),
             grace,
             stopping: AtomicBool::new(false),
@@ -150,6 +167,7 @@ impl Eviction {
             refresher: Mutex::new(None),
             refresher_thread: OnceLock::new(),
         });
+        eviction.take_new_memnodes();
         eviction.sync_tracking();
         let (weak_cluster, weak_self) = (Arc::downgrade(cluster), Arc::downgrade(&eviction));
         let handle = std::thread::Builder::new()
@@ -175,14 +193,39 @@ impl Eviction {
         }
     }
 
+    /// Takes on the cluster's memnodes it does not track yet (at start, and those a cluster
+    /// map added since): their tables get the current tracking, and a limit that is a
+    /// share of a region counts the smallest region.
+    fn take_new_memnodes(&self) {
+        let Some(cluster) = self.cluster.upgrade() else { return };
+        let _adding = self.adding.lock();
+        let known = self.memnodes.count();
+        for m in cluster.memnodes().into_iter().skip(known) {
+            m.table.set_tracking(Tracking::decode(self.tracking.load(Ordering::Relaxed)));
+            self.memnodes.push(Tracked::of(m));
+        }
+        if self.memnodes.count() > known {
+            let smallest = self.memnodes.iter().map(|(_, m)| m.region_bytes).min().unwrap_or(0);
+            self.limits.set_region_bytes(smallest);
+        }
+    }
+
+    /// What it keeps for memnode `shard` (taking on memnodes added since it last looked).
+    fn memnode(&self, shard: usize) -> &Tracked {
+        if shard >= self.memnodes.count() {
+            self.take_new_memnodes();
+        }
+        &self.memnodes[shard]
+    }
+
     /// Memnode `shard`'s estimated used memory (0 while no limit is set).
     pub fn used_bytes(&self, shard: usize) -> u64 {
-        self.used[shard].load(Ordering::Relaxed)
+        self.memnode(shard).used.load(Ordering::Relaxed)
     }
 
     /// Memnode `shard`'s limit in bytes (0: none).
     pub fn limit_bytes(&self, shard: usize) -> u64 {
-        self.limits.limit().bytes_of(self.region_bytes[shard])
+        self.limits.limit().bytes_of(self.memnode(shard).region_bytes)
     }
 
     /// The limits this enforces.
@@ -212,7 +255,8 @@ impl Eviction {
         // workers write one cache line.
         if self.tracking.load(Ordering::Relaxed) != wanted && self.tracking.swap(wanted, Ordering::Relaxed) != wanted {
             let wanted = Tracking::decode(wanted);
-            self.tables.iter().for_each(|t| t.set_tracking(wanted));
+            let _adding = self.adding.lock(); // a memnode taken on meanwhile gets `wanted` too
+            self.memnodes.iter().for_each(|(_, m)| m.table.set_tracking(wanted));
             tracing::info!(?wanted, "reads' access tracking follows maxmemory-policy");
         }
     }
@@ -223,10 +267,11 @@ impl Eviction {
         for (shard, (label, stats)) in session.stats().into_iter().enumerate() {
             match stats {
                 Ok(s) => {
-                    let index = s.heap.subtables * self.subtable_bytes[shard];
+                    let m = self.memnode(shard);
+                    let index = s.heap.subtables * m.subtable_bytes;
                     // Before this computenode wrote anything, the heap's footprint stands in.
                     let data = if mean == 0 { s.heap.heap_used_bytes.saturating_sub(index) } else { s.items * mean };
-                    self.used[shard].store(index + data, Ordering::Relaxed);
+                    m.used.store(index + data, Ordering::Relaxed);
                 }
                 Err(e) => tracing::debug!(memnode = %label, "maxmemory: reading the statistics failed: {e}"),
             }
@@ -247,7 +292,7 @@ impl Eviction {
     }
 
     fn over_limit(&self, shard: usize) -> WriteError {
-        WriteError::OverLimit { memnode: self.labels[shard].clone() }
+        WriteError::OverLimit { memnode: self.memnode(shard).label.clone() }
     }
 
     /// Makes room for a write of `key` taking `bytes` of heap: evicts while its memnode is
@@ -269,8 +314,8 @@ impl Eviction {
         let next = if mean == 0 { bytes } else { mean - (mean >> MEAN_SHIFT) + (bytes >> MEAN_SHIFT) };
         self.mean_item.store(next.max(1), Ordering::Relaxed);
         let shard = session.shards().route(key);
-        let limit = setting.bytes_of(self.region_bytes[shard]);
-        let used = &self.used[shard];
+        let limit = setting.bytes_of(self.memnode(shard).region_bytes);
+        let used = &self.memnode(shard).used;
         if used.load(Ordering::Relaxed) + bytes > limit {
             let policy = self.limits.policy();
             if policy == MaxmemoryPolicy::NoEviction || self.evict(session, shard, policy, limit, bytes)? == 0 {
@@ -313,7 +358,7 @@ impl Eviction {
         limit: u64,
         bytes: u64,
     ) -> Result<u64, ClientError> {
-        let used = &self.used[shard];
+        let used = &self.memnode(shard).used;
         let (mut victims, mut freed) = (0u64, 0u64);
         while (victims as usize) < MAX_VICTIMS_PER_WRITE {
             let Some(victim_bytes) = self.evict_one(session, shard, policy)? else { break };
@@ -406,7 +451,7 @@ impl Eviction {
                 }
             }
             for _ in 0..POOL_SIZE {
-                let Some(best) = self.pools[shard].lock().pop() else { break };
+                let Some(best) = self.memnode(shard).pool.lock().pop() else { break };
                 let Some((item, access)) = session.peek_item(&best.key)? else { continue };
                 if policy.volatile_only() && item.expires_at_ms.is_none() {
                     continue; // persisted since it was sampled
@@ -415,7 +460,7 @@ impl Eviction {
                 if score < best.score && self.offer(shard, Candidate { key: best.key.clone(), score }) {
                     continue; // read since: another candidate is better now
                 }
-                self.pools[shard].lock().retain(|c| c.key != best.key);
+                self.memnode(shard).pool.lock().retain(|c| c.key != best.key);
                 // Against the value read: a key rewritten since is not evicted.
                 if session.compare_and_swap(&best.key, Some(&item.value), None)? {
                     let expires = item.expires_at_ms.is_some();
@@ -429,7 +474,7 @@ impl Eviction {
     /// Puts `candidate` in memnode `shard`'s pool (replacing the same key's entry) if the
     /// pool has room or it beats the worst there. Returns whether it is now not the best.
     fn offer(&self, shard: usize, candidate: Candidate) -> bool {
-        let mut pool = self.pools[shard].lock();
+        let mut pool = self.memnode(shard).pool.lock();
         pool.retain(|c| c.key != candidate.key);
         if pool.len() == POOL_SIZE && pool.first().is_some_and(|worst| worst.score >= candidate.score) {
             return true;

@@ -1,7 +1,8 @@
 //! The computenode's side of the cluster map (issue 17): with `etcd_endpoints`, the start
 //! reads the cluster's map (`racekv_client::map_follower`), connects to every memnode it
 //! lists and routes each key to its partition's primary; a watcher then installs every
-//! newer map as it is written, counted in `racekv_computenode_cluster_maps_total`.
+//! newer map as it is written (connecting first to memnodes it adds), counted in
+//! `racekv_computenode_cluster_maps_total`.
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -42,8 +43,11 @@ pub(crate) fn routing(source: &MapSource) -> Routing {
 
 /// Watches for newer maps and installs them into `cluster`.
 pub(crate) fn follow(source: MapSource, cluster: &Arc<Cluster>) -> anyhow::Result<MapFollower> {
-    let weak = Arc::downgrade(cluster);
-    let follower = source.follow(Arc::downgrade(cluster.router()), move |outcome| {
+    let (weak, adder) = (Arc::downgrade(cluster), Arc::downgrade(cluster));
+    let add = move |router: &racekv_client::map_routing::Router, info: &racekv_coord::MemnodeInfo| {
+        adder.upgrade().ok_or_else(|| "the computenode is stopping".to_string())?.add_memnode(router, info)
+    };
+    let follower = source.follow(Arc::downgrade(cluster.router()), add, move |outcome| {
         MAPS.with_label_values(&[outcome.name()]).inc();
         if let Some(cluster) = weak.upgrade() {
             cluster.note_map_installed();

@@ -1,7 +1,8 @@
 //! A computenode routing by the cluster map in a real etcd (issue 17, item 1): it connects to
 //! the memnodes the map lists, puts each key on its partition's primary (checked key by key
 //! on each memnode directly), installs a newer map while serving, refuses one naming a memnode
-//! it is not connected to (and installs the next good one), and refuses to start on a map
+//! it cannot connect to (and installs the next good one), connects to a memnode a newer map
+//! adds and routes its partitions there, and refuses to start on a map
 //! whose memnode answers with another node id, or with no map at all. A memnode serving a
 //! newer map than the computenode routes by (its map epoch word) makes it wait for that map
 //! and route again; when none comes, the command fails with the reason.
@@ -109,7 +110,7 @@ fn keys_go_to_their_partitions_primary_and_newer_maps_are_followed() {
     let later = set_keys(&node, "second");
     assert_eq!(held_by(&memnodes[0], &later), later);
 
-    // Epoch 3 names a memnode this computenode never connected to: refused, routing kept.
+    // Epoch 3 names a memnode this computenode cannot connect to: refused, routing kept.
     let refused_before = maps_counted("refused");
     let stranger = MemnodeInfo { node_id: u64::MAX, endpoints: vec!["tcp:127.0.0.1:1".into()], region_bytes: 1 << 20 };
     map.epoch = 3;
@@ -130,6 +131,25 @@ fn keys_go_to_their_partitions_primary_and_newer_maps_are_followed() {
         let id = info(m).node_id;
         let want: Vec<String> = last.iter().filter(|k| primary_of(&map, k) == id).cloned().collect();
         assert_eq!(held_by(m, &last), want);
+    }
+
+    // Epoch 5 adds a memnode (`racekv cluster add-memnode`), primary of every fourth
+    // partition: the computenode connects to it while serving, and its keys go there.
+    let revision = etcd.map().unwrap().unwrap().1;
+    let added = TestMemnode::start(Via::Transport(TransportKind::Tcp), 16 << 20, 16);
+    map.epoch = 5;
+    map.memnodes.push(info(&added));
+    map.memnodes.sort_by_key(|m| m.node_id);
+    map.partitions.iter_mut().step_by(4).for_each(|set| set[0] = info(&added).node_id);
+    etcd.put_map(&map, Some(revision)).unwrap().unwrap();
+    wait_until("epoch 5 is installed", || node.status().map_epoch == Some(5));
+    assert_eq!(node.status().memnodes.len(), 4, "connected to the memnode the map added");
+    let fifth = set_keys(&node, "fifth");
+    for m in memnodes.iter().chain([&added]) {
+        let id = info(m).node_id;
+        let want: Vec<String> = fifth.iter().filter(|k| primary_of(&map, k) == id).cloned().collect();
+        assert!(!want.is_empty());
+        assert_eq!(held_by(m, &fifth), want);
     }
     node.shutdown();
 }

@@ -11,8 +11,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::map::MAX_REPLICAS;
-use crate::ClusterMap;
+use crate::map::{MAX_MEMNODES, MAX_REPLICAS};
+use crate::{ClusterMap, MemnodeInfo};
 
 /// Partition `partition` moving from memnode `from` to memnode `to`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +66,60 @@ pub fn drain(map: &ClusterMap, node: u64, live: &BTreeSet<u64>) -> Result<Vec<Mo
         moves.push(Move { partition: p, from: node, to });
     }
     Ok(moves)
+}
+
+/// The map with memnode `info` listed (holding nothing yet: [`spread`] plans the moves that
+/// give it partitions), one epoch later; None when it is listed already. Refused when it is
+/// listed at other endpoints, or the map has [`MAX_MEMNODES`] memnodes.
+pub fn add(map: &ClusterMap, info: &MemnodeInfo) -> Result<Option<ClusterMap>, String> {
+    if let Some(listed) = map.memnode(info.node_id) {
+        if listed.endpoints != info.endpoints {
+            return Err(format!(
+                "memnode {:#x} is listed at {:?}, and registered at {:?}: start it at the listed endpoints",
+                info.node_id, listed.endpoints, info.endpoints
+            ));
+        }
+        return Ok(None);
+    }
+    if map.memnodes.len() >= MAX_MEMNODES {
+        return Err(format!("the map lists {MAX_MEMNODES} memnodes already"));
+    }
+    let mut next = map.clone();
+    let at = next.memnodes.partition_point(|m| m.node_id < info.node_id);
+    next.memnodes.insert(at, info.clone());
+    next.epoch += 1;
+    next.check().map_err(|e| e.to_string())?;
+    Ok(Some(next))
+}
+
+/// The moves that even out how many partitions the memnodes of `live` (listed) hold: from
+/// the one holding most to the one holding fewest, while they differ by two or more, each
+/// move of a partition the first holds and the second neither holds nor joins (one move per
+/// partition). After a memnode is added, this gives it its share.
+pub fn spread(map: &ClusterMap, live: &BTreeSet<u64>) -> Vec<Move> {
+    let mut load = held(map);
+    load.retain(|id, _| live.contains(id));
+    let mut moves: Vec<Move> = Vec::new();
+    for _ in 0..map.partitions.len() * usize::from(MAX_REPLICAS) {
+        let (Some((&most, &high)), Some((&least, &low))) =
+            (load.iter().max_by_key(|&(id, n)| (*n, *id)), load.iter().min_by_key(|&(id, n)| (*n, *id)))
+        else {
+            break;
+        };
+        if high < low + 2 {
+            break;
+        }
+        let free = |p: usize| moves.iter().all(|m| m.partition != p);
+        let pick = (0..map.partitions.len()).find(|&p| {
+            let set = &map.partitions[p];
+            free(p) && set.contains(&most) && !set.contains(&least) && !map.joining_of(p).contains(&least)
+        });
+        let Some(partition) = pick else { break };
+        moves.push(Move { partition, from: most, to: least });
+        *load.get_mut(&most).expect("counted") -= 1;
+        *load.get_mut(&least).expect("counted") += 1;
+    }
+    moves
 }
 
 /// The map with each move's `to` joining its partition, one epoch later; None when no move
@@ -333,6 +387,35 @@ mod tests {
         }
     }
 
+    proptest! {
+        /// A memnode added to a map gets its share: after the spread's moves every live
+        /// memnode holds within one partition of every other, no partition loses a replica,
+        /// and the primaries stay spread after balancing.
+        #[test]
+        fn an_added_memnode_gets_its_share(n in 1usize..7, replicas in 1u8..=5) {
+            let ids: Vec<u64> = (1..=n as u64).collect();
+            let before = map(&ids, replicas);
+            let new = MemnodeInfo { node_id: 100, endpoints: vec!["tcp:127.0.0.1:7100".into()], region_bytes: 1 << 20 };
+            let added = add(&before, &new).unwrap().unwrap();
+            prop_assert!(added.check().is_ok() && added.memnode(100).is_some());
+            prop_assert!(add(&added, &new).unwrap().is_none(), "adding twice changes nothing");
+            let live: BTreeSet<u64> = added.memnodes.iter().map(|m| m.node_id).collect();
+            let moves = spread(&added, &live);
+            let moved = match start_moves(&added, &moves) {
+                Some(joining) => finish_moves(&joining, &moves).unwrap(),
+                None => added.clone(),
+            };
+            prop_assert!(moved.check().is_ok());
+            let load = held(&moved);
+            let (lo, hi) = (load.values().min().unwrap(), load.values().max().unwrap());
+            prop_assert!(hi - lo <= 1, "partitions held from {} to {}", lo, hi);
+            for (old, new) in added.partitions.iter().zip(&moved.partitions) {
+                prop_assert_eq!(old.len(), new.len());
+            }
+            prop_assert!(spread(&moved, &live).is_empty(), "spread twice changes nothing");
+        }
+    }
+
     #[test]
     fn a_drain_with_nowhere_to_go_and_bad_factors_are_refused() {
         let full = map(&[1, 2], 2);
@@ -341,6 +424,8 @@ mod tests {
         assert!(drain(&full, 9, &BTreeSet::from([1, 2])).unwrap_err().contains("not in the cluster map"));
         assert!(forget(&full, 1).unwrap_err().contains("still holds"));
         assert!(set_replicas(&full, 0).is_err() && set_replicas(&full, 6).is_err());
+        let elsewhere = MemnodeInfo { endpoints: vec!["tcp:10.0.0.1:1".into()], ..full.memnodes[0].clone() };
+        assert!(add(&full, &elsewhere).unwrap_err().contains("start it at the listed endpoints"));
         assert!(set_replicas(&full, 2).unwrap().is_none());
         // A down memnode takes nothing.
         let three = map(&[1, 2, 3], 1);
