@@ -6,9 +6,11 @@
 //! Why a purge never removes a copy the map wants: the memnode is out of those keys' write
 //! sets, so only writers routing by an older map still write them there, and nobody reads
 //! them. If a newer map makes it join the partition again, a copy written for that join
-//! (by its catch-up, which waits for the memnode to serve the map, or by a writer) and then
-//! removed by the purge is noticed: the removal's batch reads the newer epoch word
-//! (`map_fence`), so the purge syncs that key again under the newer map and stops.
+//! (by its catch-up, which waits for the memnode to serve the map, or by a writer routing
+//! by it) and then removed by the purge is noticed: the purge reads the memnode's epoch
+//! word after each removal, finds it newer, syncs that key again under the newer map and
+//! stops. A writer by the newer map that wrote before the memnode served it wrote before
+//! the catch-up began, and the catch-up copies the key again.
 
 use crate::error::ClientError;
 use crate::session::{Session, Shards};
@@ -25,9 +27,10 @@ pub struct Purged {
 
 impl<S: Shards> Session<S> {
     /// Raises memnode `node`'s map epoch word to `epoch` (unless it is newer) and returns
-    /// its value after. A mover does this before writing a map that takes a primary role
-    /// from `node`: from then on a reader still routing by the older map finds the word
-    /// newer and reads again by the new one.
+    /// its value after. A mover does this, for every memnode of a partition whose primary
+    /// its next map changes, before writing that map: from then on a reader still routing
+    /// by the older map finds the word newer and reads again by the new one, and a commit
+    /// whose lock saw it aborts (`txn.rs`).
     pub fn raise_served_epoch(&mut self, node: u64, epoch: u64) -> Result<u64, ClientError> {
         let shard = self.shard_for(node)?;
         self.on(shard, |c| c.raise_map_epoch(epoch))

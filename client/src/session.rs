@@ -423,10 +423,12 @@ impl<S: Shards> Session<S> {
     /// starts (0: the walk is over). A key present from a walk's first call to its last is
     /// returned at least once, however the tables split meanwhile (`racekv_hashing::scan`);
     /// some may come twice. The cursor is `memnode << 55 | table cursor`, memnodes in the
-    /// order of their node ids (this process's memnodes, a set that does not change, so a
-    /// cursor stays meaningful for as long as a walk takes; one holding no partition, failed
+    /// order of their node ids (this process's memnodes; one holding no partition, failed
     /// over or removed from the map, is passed over without asking it). A cursor naming no
-    /// memnode ends the walk. Each page holds keys of one memnode.
+    /// memnode ends the walk. Each page holds keys of one memnode. Limit: the guarantee
+    /// holds while no partition moves; a walk overlapping a failover, a rejoin's primary
+    /// change or a move (`racekv cluster add-memnode`/`remove-memnode`, which also shifts
+    /// this order when a memnode is added) may miss or repeat keys that moved.
     pub fn scan(&mut self, cursor: u64, limits: ScanLimits) -> Result<(u64, Vec<Vec<u8>>), ClientError> {
         let order = self.scan_order()?;
         let mut memnode = (cursor >> TABLE_CURSOR_BITS) as usize;
