@@ -2,7 +2,9 @@
 //! --replicas` that restores R. A memnode back after failover rejoins the partitions it
 //! left at once (`rejoin.rs`); after `re_replicate_after`, memnodes holding other
 //! partitions take copies of partitions still short. Once every partition has R replicas
-//! and their memnodes are live, it spreads primaries again (`membership::balance`).
+//! and their memnodes are live, it spreads primaries again (`membership::balance`). A memnode
+//! that lost its data file comes back under a new id: once the old one is failed over, the
+//! new one is listed in its stead (`membership::replace_lost`) and rejoins like the others.
 
 use std::time::{Duration, Instant};
 
@@ -16,6 +18,7 @@ struct Metrics {
     rejoins: prometheus::IntCounter,
     keys: prometheus::IntCounter,
     errors: prometheus::IntCounter,
+    replacements: prometheus::IntCounter,
 }
 
 static METRICS: std::sync::LazyLock<Metrics> = std::sync::LazyLock::new(|| Metrics {
@@ -30,6 +33,10 @@ static METRICS: std::sync::LazyLock<Metrics> = std::sync::LazyLock::new(|| Metri
     errors: racekv_telemetry::metric::counter(
         "racekv_cluster_rejoin_errors_total",
         "Rejoins that failed (retried on the next round)",
+    ),
+    replacements: racekv_telemetry::metric::counter(
+        "racekv_cluster_memnode_replacements_total",
+        "Memnodes back empty at a failed-over memnode's address, listed in its stead",
     ),
 });
 
@@ -100,6 +107,18 @@ fn heal_once(
     short_since: &mut Option<Instant>,
 ) -> anyhow::Result<()> {
     let Some((map, _)) = etcd.map()? else { return Ok(()) };
+    if racekv_coord::membership::replacement(&map, &etcd.memnodes()?).is_some() {
+        if let Some((old, new)) = crate::membership::replace_lost(etcd, &connect()?)? {
+            METRICS.replacements.inc();
+            tracing::warn!(
+                old = format_args!("{old:#x}"),
+                new = format_args!("{new:#x}"),
+                "a memnode came back empty (its data file lost) at a failed-over memnode's address: \
+                 listed in its stead, to be filled from the other replicas"
+            );
+        }
+        return Ok(());
+    }
     if map.partitions.iter().all(|set| set.len() >= usize::from(map.replicas)) {
         *short_since = None;
         // Whole again: a memnode back from failover is a backup everywhere until its share

@@ -276,3 +276,19 @@ pub fn purge(
 pub fn balance(etcd: &Etcd, client: &Client) -> anyhow::Result<Option<u64>> {
     Ok(update_map(etcd, client, |map| Ok(membership::balance_primaries(map)))?.map(|(_, next)| next.epoch))
 }
+
+/// Lists a memnode that came back empty where a down, failed-over memnode was in that one's
+/// stead (`membership::replacement`); the healer's rejoin then fills it. Returns (the
+/// memnode replaced, the one replacing it), or None when no registered memnode is one.
+pub fn replace_lost(etcd: &Etcd, client: &Client) -> anyhow::Result<Option<(u64, u64)>> {
+    let registered = etcd.memnodes()?;
+    let done = update_map(etcd, client, |map| {
+        let Some((old, new)) = membership::replacement(map, &registered) else { return Ok(None) };
+        membership::replace(map, old, &new).map(Some).map_err(anyhow::Error::msg)
+    })?;
+    Ok(done.map(|(before, after)| {
+        let gone = before.memnodes.iter().find(|m| after.memnode(m.node_id).is_none());
+        let came = after.memnodes.iter().find(|m| before.memnode(m.node_id).is_none());
+        (gone.expect("one unlisted").node_id, came.expect("one listed").node_id)
+    }))
+}

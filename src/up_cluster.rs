@@ -509,7 +509,10 @@ fn describe_sets(map: &ClusterMap, c: &Children) -> String {
     match out.is_empty() {
         true => "every memnode holds partitions".into(),
         false => {
-            format!("{} failed over, out of every replica set (catching up to rejoin is not built yet)", out.join(", "))
+            format!(
+                "{} failed over, out of every replica set (the healer makes it a replica again once it is back)",
+                out.join(", ")
+            )
         }
     }
 }

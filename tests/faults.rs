@@ -4,7 +4,9 @@
 //! client threads run a recorded workload of SETs and GETs through the Redis port. A seeded
 //! injector SIGKILLs memnodes, stops them (SIGSTOP, then SIGCONT: a memnode that stops
 //! answering and comes back; with R = 2 sometimes past its lease, so it is failed over and
-//! rejoins) and SIGKILLs etcd. At the end every key is read once more,
+//! rejoins) and SIGKILLs etcd; with R = 2 every tenth fault deletes a memnode's data file
+//! and kills it (permanent loss: it comes back empty and is filled from its peers). At the
+//! end every key is read once more,
 //! and each key's history must be linearizable (a register; a SET that failed may or may
 //! not have happened) with every acknowledged write in it.
 //!
@@ -151,6 +153,30 @@ fn wait_running(up: &Up, guard: &mut Children) -> serde_json::Value {
     }
 }
 
+/// Waits until every partition has R replicas, none joining, all registered: the state a
+/// memnode's data can be lost in without losing any acknowledged write.
+fn wait_whole(etcd_port: u16, log: &[String]) {
+    let urls = [format!("http://127.0.0.1:{etcd_port}")];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let whole =
+            racekv_coord::etcd::Etcd::connect(&urls, racekv_coord::keys::DEFAULT_CLUSTER_NAME, Duration::from_secs(2))
+                .and_then(|etcd| Ok((etcd.map()?, etcd.memnodes()?)))
+                .is_ok_and(|(map, registered)| {
+                    map.is_some_and(|(map, _)| {
+                        let live = |id: &u64| registered.iter().any(|m| m.node_id == *id);
+                        map.partitions.iter().all(|set| set.len() == usize::from(map.replicas) && set.iter().all(live))
+                            && map.write_sets() == map.partitions
+                    })
+                });
+        if whole {
+            return;
+        }
+        assert!(Instant::now() < deadline, "R was not restored within 60 s: {}", log.join("; "));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// `racekv cluster set-replicas <r>` on the cluster of the etcd on `etcd_port`.
 fn set_replicas(etcd_port: u16, r: &str) -> Result<(), String> {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_racekv"))
@@ -159,7 +185,10 @@ fn set_replicas(etcd_port: u16, r: &str) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     match out.status.success() {
         true => Ok(()),
-        false => Err(String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("").to_string()),
+        false => {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            Err(stderr.lines().find(|l| l.starts_with("Error")).unwrap_or(stderr.trim()).to_string())
+        }
     }
 }
 
@@ -191,7 +220,7 @@ fn run_faults(replicas: &str, faults: usize) {
         "--etcd-port",
         &etcd_port.to_string(),
         "--region-bytes",
-        "32MiB",
+        "64MiB",
     ]);
     let mut guard = Children::of(&up.local_cluster());
 
@@ -216,17 +245,37 @@ fn run_faults(replicas: &str, faults: usize) {
             let pids = memnode_pids(&cluster);
             let victim = rng.random_range(0..pids.len());
             // With replicas, one fault in twelve stops a memnode past its lease: it is failed
-            // over, and once resumed, caught up and made a replica again (the next round
-            // waits for that) while the clients write; one in twelve raises R to 3 and
-            // lowers it back (every partition copied to its third memnode, then those
-            // copies dropped and purged) while the clients write.
+            // over, and once resumed, caught up and made a replica again while the clients
+            // write; one in twelve raises R to 3 and lowers it back (every partition copied
+            // to its third memnode, then those copies dropped and purged). A lost data file
+            // waits for R whole first (R = 2 survives one loss at a time): the memnode is
+            // started again empty under a new id, failed over, replaced by the new one in
+            // the map and filled from the other replicas (the healer), under the workload.
             let kinds = if replicas == "1" { 10 } else { 12 };
-            match rng.random_range(0..kinds) {
+            // With replicas, every tenth fault loses a memnode's data file for good (kind 12).
+            let kind = if replicas != "1" && n % 10 == 5 { 12 } else { rng.random_range(0..kinds) };
+            match kind {
+                12 => {
+                    wait_whole(etcd_port, &log);
+                    let data_dir = cluster["data_dir"].as_str().unwrap();
+                    let file = std::path::Path::new(data_dir).join(format!("memnode-{victim}.region"));
+                    log.push(format!("{n}: memnode {victim}'s data file deleted, SIGKILL (back empty, new id)"));
+                    std::fs::remove_file(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+                    signal(pids[victim], "KILL");
+                }
                 11 => {
                     let up_r = set_replicas(etcd_port, "3");
-                    let back = (0..3).map(|_| set_replicas(etcd_port, replicas)).find(|r| r.is_ok());
+                    // Back may wait for a memnode down since an earlier fault to be failed over.
+                    let mut back = set_replicas(etcd_port, replicas);
+                    for _ in 0..60 {
+                        if back.is_ok() {
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_millis(500));
+                        back = set_replicas(etcd_port, replicas);
+                    }
                     log.push(format!("{n}: R to 3 ({up_r:?}) and back ({back:?})"));
-                    assert!(back.is_some(), "R could not be set back to {replicas}: {}", log.join("; "));
+                    assert!(back.is_ok(), "R could not be set back to {replicas}: {}", log.join("; "));
                 }
                 10 => {
                     let pause = rng.random_range(2_500..3_500);
@@ -253,6 +302,10 @@ fn run_faults(replicas: &str, faults: usize) {
             }
         }
         wait_running(&up, &mut guard);
+        if replicas != "1" {
+            // Healed whole: the last lost memnode replaced and filled, every rejoin done.
+            wait_whole(etcd_port, &log);
+        }
         // Let the clients run on a healed cluster for a moment, then stop them.
         std::thread::sleep(Duration::from_millis(500));
         stop.store(true, Ordering::Release);

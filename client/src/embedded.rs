@@ -184,17 +184,30 @@ impl Cluster {
         table_options: TableOptions,
         connections: usize,
     ) -> Result<Arc<Self>, ClientError> {
-        let endpoints = match &map {
-            Some(map) => map.endpoints()?,
-            None => endpoints.to_vec(),
-        };
-        if endpoints.is_empty() {
-            return Err(ClientError::Config("no memnode endpoints given".into()));
-        }
         let memnodes = Arc::new(boxcar::Vec::with_capacity(endpoints.len()));
-        for text in &endpoints {
+        let dial = |text: &str| -> Result<Memnode, ClientError> {
             let endpoint: Endpoint = text.parse().map_err(ClientError::Config)?;
-            memnodes.push(Memnode::connect(endpoint, connect.clone(), table_options, connections)?);
+            Memnode::connect(endpoint, connect.clone(), table_options, connections)
+        };
+        match &map {
+            None if endpoints.is_empty() => return Err(ClientError::Config("no memnode endpoints given".into())),
+            None => {
+                for text in endpoints {
+                    memnodes.push(dial(text)?);
+                }
+            }
+            Some(map) => {
+                let listed = crate::map_follower::connect_listed(
+                    &map.endpoints()?,
+                    &map.node_ids(),
+                    &map.replica_sets(),
+                    dial,
+                    |m: &Memnode| m.node_id,
+                )?;
+                for m in listed {
+                    memnodes.push(m);
+                }
+            }
         }
         let ids: Vec<u64> = memnodes.iter().map(|(_, m)| m.node_id).collect();
         for (i, id) in ids.iter().enumerate() {
@@ -208,9 +221,10 @@ impl Cluster {
         let (router, follower) = match map {
             None => (Arc::new(Router::ring(&ids)), None),
             Some(map) => {
-                let router = Router::map(map.map().epoch, &map.replica_sets(), &ids, &map.node_ids(), |i| {
-                    memnodes[i].label.clone()
-                });
+                // The map's memnodes this process connected to, in its order.
+                let mapped: Vec<u64> = map.node_ids().into_iter().filter(|id| ids.contains(id)).collect();
+                let router =
+                    Router::map(map.map().epoch, &map.replica_sets(), &ids, &mapped, |i| memnodes[i].label.clone());
                 let router = Arc::new(router.map_err(ClientError::Config)?);
                 let (added, connect) = (Arc::clone(&memnodes), connect.clone());
                 let add = move |router: &Router, info: &racekv_coord::MemnodeInfo| {

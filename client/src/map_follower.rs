@@ -181,6 +181,35 @@ fn watch(
     }
 }
 
+/// Connects (through `dial`) to each memnode a map lists, by `endpoints` and `node_ids` (in
+/// the map's order). One the map writes nothing to (`write_sets`: failed over or drained;
+/// down, or back empty under a new id) is left out when it cannot be reached or answers with
+/// another node id: a later map that writes to it has it connected then (`follow`'s hook).
+/// Returns those connected, in order.
+pub fn connect_listed<M>(
+    endpoints: &[String],
+    node_ids: &[u64],
+    write_sets: &[Vec<u64>],
+    dial: impl Fn(&str) -> Result<M, ClientError>,
+    node_id: impl Fn(&M) -> u64,
+) -> Result<Vec<M>, ClientError> {
+    assert_eq!(endpoints.len(), node_ids.len(), "an endpoint per listed memnode");
+    let written: std::collections::BTreeSet<u64> = write_sets.iter().flatten().copied().collect();
+    let mut connected = Vec::with_capacity(endpoints.len());
+    for (endpoint, id) in endpoints.iter().zip(node_ids) {
+        match dial(endpoint) {
+            Ok(m) if node_id(&m) == *id || written.contains(id) => connected.push(m),
+            Err(e) if written.contains(id) => return Err(e),
+            other => tracing::warn!(
+                node = format_args!("{id:#x}"),
+                "memnode {endpoint}, which the map writes nothing to, left unconnected: {}",
+                other.map_or_else(|e| e.to_string(), |m| format!("it has node id {:#x}", node_id(&m)))
+            ),
+        }
+    }
+    Ok(connected)
+}
+
 /// The endpoint this process reaches `memnode` by: its shared-memory socket when that is
 /// on this host, else verbs in a build with them, else tcp.
 pub fn choose_endpoint(memnode: &MemnodeInfo) -> Result<String, ClientError> {

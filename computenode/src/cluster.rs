@@ -126,8 +126,24 @@ impl Cluster {
         }
         let upgrader = Upgrader::start().map_err(|e| ClientError::Config(format!("starting the upgrader: {e}")))?;
         let memnodes = boxcar::Vec::with_capacity(options.memnodes.len());
-        for text in &options.memnodes {
-            memnodes.push(open_memnode(text, &options, &upgrader)?);
+        match &options.routing {
+            Routing::Ring => {
+                for text in &options.memnodes {
+                    memnodes.push(open_memnode(text, &options, &upgrader)?);
+                }
+            }
+            Routing::Map { node_ids, replica_sets, .. } => {
+                let listed = racekv_client::map_follower::connect_listed(
+                    &options.memnodes,
+                    node_ids,
+                    replica_sets,
+                    |text| open_memnode(text, &options, &upgrader),
+                    |m: &Memnode| m.node_id,
+                )?;
+                for m in listed {
+                    memnodes.push(m);
+                }
+            }
         }
         let ids: Vec<u64> = memnodes.iter().map(|(_, m)| m.node_id).collect();
         for (i, id) in ids.iter().enumerate() {
@@ -138,7 +154,9 @@ impl Cluster {
         let router = match &options.routing {
             Routing::Ring => Router::ring(&ids),
             Routing::Map { epoch, node_ids, replica_sets } => {
-                Router::map(*epoch, replica_sets, &ids, node_ids, |i| memnodes[i].label.clone())
+                // The map's memnodes connected to, in its order.
+                let mapped: Vec<u64> = node_ids.iter().copied().filter(|id| ids.contains(id)).collect();
+                Router::map(*epoch, replica_sets, &ids, &mapped, |i| memnodes[i].label.clone())
                     .map_err(ClientError::Config)?
             }
         };
@@ -436,6 +454,7 @@ fn open_memnode(text: &str, options: &ClusterOptions, upgrader: &Upgrader) -> Re
         VirtualConnection::new(&pool, UpgradePolicy { ops_per_sec: 0, window_ops: 1 }, upgrader);
     let meta = racekv_hashing::rpc::metadata(&*control)
         .map_err(|e| ClientError::from_table(&label, e, options.connect.timeout))?;
+    pool.expect_node_id(meta.node_id);
     let chunks = PrefetchingChunks::start(Arc::clone(&control), options.prefetch_chunks, meta.layout.chunk_bytes)
         .map_err(|e| unavailable(e.to_string()))?;
     let table = Table::open_with(&*control, meta.layout, chunks.clone(), options.table)

@@ -93,6 +93,9 @@ pub struct Pool {
     next: AtomicUsize,
     region_len: u64,
     kind: TransportKind,
+    /// The node id of the table behind the endpoint, once known ([`Pool::expect_node_id`]):
+    /// a replacement connection must reach the same table.
+    node_id: std::sync::OnceLock<u64>,
 }
 
 impl Pool {
@@ -118,7 +121,39 @@ impl Pool {
             next: AtomicUsize::new(0),
             region_len: first.region_len(),
             kind: first.kind(),
+            node_id: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// From now on a new connection (a replacement, an upgrade) must reach the table with
+    /// node id `id`: a memnode back empty at this endpoint (its data file lost) has another
+    /// one, and mixing the two would lose writes and read keys as absent.
+    pub fn expect_node_id(&self, id: u64) {
+        let set = *self.node_id.get_or_init(|| id);
+        assert_eq!(set, id, "a pool's node id is set once");
+    }
+
+    /// A new connection to the endpoint, checked to reach the expected table.
+    fn dial(&self) -> Result<Arc<dyn Connection>, TransportError> {
+        let conn = racekv_transport::connect(&self.endpoint, &self.connect)?;
+        let Some(&expected) = self.node_id.get() else { return Ok(conn) };
+        let mut batch = Batch::new();
+        let read = batch.read(racekv_hashing::layout::sb::NODE_ID, 8);
+        conn.execute(&mut batch)?;
+        let word: [u8; 8] = batch
+            .read_result(read)
+            .map_err(|error| TransportError::Op { index: 0, error })?
+            .try_into()
+            .map_err(|_| TransportError::Protocol("a short read of the node id".into()))?;
+        let found = u64::from_le_bytes(word);
+        if found != expected {
+            return Err(TransportError::Protocol(format!(
+                "{} now serves node id {found:#x}, not {expected:#x} (a new table: its data file was lost or \
+                 replaced); refusing to mix them",
+                self.endpoint
+            )));
+        }
+        Ok(conn)
     }
 
     /// The memnode these connections reach.
@@ -196,7 +231,7 @@ impl Pool {
         let spawned = std::thread::Builder::new().name("pool-repair".into()).spawn(move || {
             let mut delay = std::time::Duration::from_millis(10);
             loop {
-                match racekv_transport::connect(&pool.endpoint, &pool.connect) {
+                match pool.dial() {
                     Ok(conn) => {
                         *pool.slots[slot].write() = conn;
                         METRICS.replacements.with_label_values(&["ok"]).inc();
@@ -235,7 +270,7 @@ impl Pool {
 
     /// A new physical connection just for one worker (an upgrade).
     fn dedicated(&self) -> Result<Arc<dyn Connection>, TransportError> {
-        racekv_transport::connect(&self.endpoint, &self.connect)
+        self.dial()
     }
 }
 

@@ -276,6 +276,50 @@ fn write_and_read_back(port: &str, tag: &str, keys: usize) {
     }
 }
 
+/// Starts the memnode of `dir` again on its socket, tcp port `port` and data file `file`.
+fn restart_memnode(dir: &Path, port: &str, file: &str) -> Proc {
+    let mut args = vec![
+        "--data-file".to_string(),
+        dir.join(file).display().to_string(),
+        "--listen-shm".into(),
+        dir.join("m.sock").display().to_string(),
+        "--listen-tcp".into(),
+        format!("127.0.0.1:{port}"),
+        "--metrics-addr".into(),
+        "none".into(),
+        "--region-bytes".into(),
+        "64MiB".into(),
+    ];
+    args.extend(["--groups-per-subtable".to_string(), "16".into()]);
+    spawn(&workspace_binary("racekv-memnode"), &args, &[("RACEKV_MEMNODE_TOKEN", TOKEN)])
+}
+
+/// A memnode back at the same address with an empty data file (a disk lost) is another
+/// table: the computenode's pool must not reconnect to it as the old one (it would read
+/// every key as absent and write where nobody reads), so commands keep failing.
+#[test]
+fn the_pool_refuses_a_memnode_back_empty_at_the_same_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = memnode(dir.path(), true);
+    let tcp = m.ready["endpoints"][1].as_str().unwrap().to_string();
+    let port_of_memnode = tcp.rsplit(':').next().unwrap().to_string();
+    let c = computenode(&tcp);
+    let port = redis_port(&c);
+    assert_eq!(redis_cli(&port, &["set", "survivor", "yes"]), "OK");
+    let _ = m.child.kill();
+    let _ = m.child.wait();
+    let _m2 = restart_memnode(dir.path(), &port_of_memnode, "another-region.dat");
+    // Long enough for the pool's repairs (10 ms backoff, doubling) to reach the new one.
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        let got = redis_cli(&port, &["get", "survivor"]);
+        assert!(got.starts_with("TRYAGAIN") || got.starts_with("ERR"), "read from another table: {got:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let set = redis_cli(&port, &["set", "lost", "write"]);
+    assert!(set.starts_with("TRYAGAIN") || set.starts_with("ERR"), "wrote to another table: {set:?}");
+}
+
 /// `endpoint`: which of the memnode's endpoints the computenode uses (0 shm, 1 tcp).
 fn the_pool_recovers_after_the_memnode_restarts(endpoint: usize) {
     let dir = tempfile::tempdir().unwrap();
@@ -298,20 +342,7 @@ fn the_pool_recovers_after_the_memnode_restarts(endpoint: usize) {
     let down = redis_cli(&port, &["get", "survivor"]);
     assert!(down.starts_with("TRYAGAIN") || down.starts_with("ERR"), "{down}");
     // The same memnode comes back on the same socket, port and data file.
-    let mut args = vec![
-        "--data-file".to_string(),
-        dir.path().join("region.dat").display().to_string(),
-        "--listen-shm".into(),
-        dir.path().join("m.sock").display().to_string(),
-        "--listen-tcp".into(),
-        format!("127.0.0.1:{port_of_memnode}"),
-        "--metrics-addr".into(),
-        "none".into(),
-        "--region-bytes".into(),
-        "64MiB".into(),
-    ];
-    args.extend(["--groups-per-subtable".to_string(), "16".into()]);
-    let _m2 = spawn(&workspace_binary("racekv-memnode"), &args, &[("RACEKV_MEMNODE_TOKEN", TOKEN)]);
+    let _m2 = restart_memnode(dir.path(), &port_of_memnode, "region.dat");
     // Ready again with no traffic: the probe itself starts the repair of the connections.
     await_readyz(&metrics, "200");
     let deadline = Instant::now() + Duration::from_secs(20);

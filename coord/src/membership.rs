@@ -205,6 +205,45 @@ pub fn forget(map: &ClusterMap, node: u64) -> Result<Option<ClusterMap>, String>
     Ok(Some(next))
 }
 
+/// A memnode that lost its data and came back empty: a registered memnode `new` the map
+/// does not list, at an endpoint of a listed memnode `old` that is not registered (its lease
+/// is gone: it is down) and holds no partition (failed over: its data is on its sets'
+/// other replicas). Returns (`old`, `new`); None when no registered memnode is one.
+///
+/// An endpoint is served by one process at a time, so `new` took `old`'s place (a disk
+/// replaced, a pod whose volume was lost): see [`replace`]. A down `old` that still holds
+/// partitions (the only replica at R = 1) is never replaced here: its data would be lost.
+pub fn replacement(map: &ClusterMap, registered: &[MemnodeInfo]) -> Option<(u64, MemnodeInfo)> {
+    let is_registered = |id: u64| registered.iter().any(|m| m.node_id == id);
+    let holds = |id: u64| map.partitions.iter().any(|set| set.contains(&id));
+    registered.iter().filter(|new| map.memnode(new.node_id).is_none()).find_map(|new| {
+        let old = map.memnodes.iter().find(|old| {
+            old.endpoints.iter().any(|e| new.endpoints.contains(e))
+                && !is_registered(old.node_id)
+                && !holds(old.node_id)
+        })?;
+        Some((old.node_id, new.clone()))
+    })
+}
+
+/// The map with memnode `old` (holding nothing) unlisted and `new` listed in its stead,
+/// holding nothing yet (the healer's rejoin fills it), one epoch later. Refused when `old`
+/// holds a partition or `new` is listed already.
+pub fn replace(map: &ClusterMap, old: u64, new: &MemnodeInfo) -> Result<ClusterMap, String> {
+    if map.memnode(new.node_id).is_some() {
+        return Err(format!("memnode {:#x} is listed already", new.node_id));
+    }
+    let mut next = map.clone();
+    let forgotten = forget(map, old)?.ok_or_else(|| format!("memnode {old:#x} is not in the cluster map"))?;
+    next.memnodes = forgotten.memnodes;
+    next.joining = forgotten.joining;
+    let at = next.memnodes.partition_point(|m| m.node_id < new.node_id);
+    next.memnodes.insert(at, new.clone());
+    next.epoch = map.epoch + 1;
+    next.check().map_err(|e| e.to_string())?;
+    Ok(next)
+}
+
 /// The map with replication factor `replicas`, one epoch later; None when it is R already.
 /// Lowering R drops each set's last backups and joiners beyond it (their copies become
 /// stale: purge them); raising it leaves the sets short until memnodes join them (the
@@ -414,6 +453,37 @@ mod tests {
             }
             prop_assert!(spread(&moved, &live).is_empty(), "spread twice changes nothing");
         }
+    }
+
+    #[test]
+    fn a_memnode_back_empty_at_a_down_memnodes_address_replaces_it_once_failed_over() {
+        let whole = map(&[1, 2, 3], 2);
+        let fresh = MemnodeInfo { node_id: 9, ..whole.memnodes[2].clone() };
+        let live = |ids: &[u64]| -> Vec<MemnodeInfo> {
+            let mut out: Vec<MemnodeInfo> =
+                whole.memnodes.iter().filter(|m| ids.contains(&m.node_id)).cloned().collect();
+            out.push(fresh.clone());
+            out
+        };
+        // 3 still registered (its lease not yet expired), or still holding partitions: no.
+        assert_eq!(replacement(&whole, &live(&[1, 2, 3])), None);
+        assert_eq!(replacement(&whole, &live(&[1, 2])), None, "3 holds partitions: failover first");
+        let failed_over = crate::failover::without(&whole, &BTreeSet::from([3])).unwrap();
+        let (old, new) = replacement(&failed_over, &live(&[1, 2])).unwrap();
+        assert_eq!((old, new.node_id), (3, 9));
+        let next = replace(&failed_over, old, &new).unwrap();
+        assert_eq!(next.epoch, failed_over.epoch + 1);
+        assert!(next.check().is_ok());
+        assert_eq!(next.partitions, failed_over.partitions, "the new memnode holds nothing yet");
+        assert!(next.memnode(3).is_none() && next.memnode(9).is_some());
+        assert_eq!(replacement(&next, &live(&[1, 2])), None, "listed now");
+        // A registered memnode elsewhere replaces nobody; R = 1's only replica is never replaced.
+        let elsewhere = MemnodeInfo { endpoints: vec!["tcp:10.0.0.9:1".into()], ..fresh.clone() };
+        assert_eq!(replacement(&failed_over, &[whole.memnodes[0].clone(), elsewhere]), None);
+        let single = map(&[1, 2, 3], 1);
+        assert_eq!(replacement(&single, &live(&[1, 2])), None);
+        assert!(replace(&whole, 3, &fresh).unwrap_err().contains("still holds"));
+        assert!(replace(&failed_over, 3, &whole.memnodes[0]).unwrap_err().contains("listed already"));
     }
 
     #[test]
