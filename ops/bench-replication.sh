@@ -2,7 +2,7 @@
 # What replication costs writes (issue 17's acceptance: PUT latency and throughput with
 # R = 1, 2, 3 in one run), and how long a failover takes:
 #
-#   ops/bench-replication.sh [--rounds 3] [--requests 200000] [--failovers 5] [--no-build]
+#   ops/bench-replication.sh [--rounds 3] [--requests 200000] [--failovers 5] [--tcp-only] [--no-build]
 #
 # Builds the release binaries with the etcd feature (--no-build uses target/release as it
 # is) and starts three `racekv up --memnodes 3` clusters side by side, with --replicas 1, 2
@@ -16,19 +16,23 @@
 # memory still answers one-sided operations, so writes need not wait for the failover);
 # SIGCONT it and time until `racekv up`'s healer has made it a replica again (R restored,
 # its keys copied: the count from the healer's log line). Stops everything by pid at the
-# end. Needs etcd (etcd-server), redis-benchmark (redis-tools), protoc.
+# end. --tcp-only: the computenodes reach the memnodes over loopback tcp (`racekv up
+# --tcp-only`), where a stopped memnode stops answering one-sided operations too; --rounds 0
+# measures failovers only. Needs etcd (etcd-server), redis-benchmark (redis-tools), protoc.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 rounds=3
 requests=200000
 failovers=5
 build=1
+tcp_only=()
 while [[ $# -gt 0 ]]; do
     case $1 in
         --rounds) rounds=$2; shift 2 ;;
         --requests) requests=$2; shift 2 ;;
         --failovers) failovers=$2; shift 2 ;;
         --no-build) build=0; shift ;;
+        --tcp-only) tcp_only=(--tcp-only); shift ;;
         -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
         *) echo "bench-replication.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -58,7 +62,8 @@ start_cluster() {
     mkdir -p "$work/run-$r"
     XDG_RUNTIME_DIR="$work/run-$r" RACEKV_LOG=warn setsid "$bin/racekv" up --memnodes 3 --replicas "$r" \
         --etcd-port "$base" --base-port $((base + 10)) --redis-port $((base + 20)) --remote-port $((base + 21)) \
-        --metrics-addr "127.0.0.1:$((base + 22))" --region-bytes 256MiB > "$work/up-$r.log" 2>&1 &
+        --metrics-addr "127.0.0.1:$((base + 22))" --region-bytes 256MiB ${tcp_only[@]+"${tcp_only[@]}"} \
+        > "$work/up-$r.log" 2>&1 &
     up_pid[$r]=$!
     redis_port[$r]=$((base + 20))
     for _ in $(seq 1 600); do
@@ -74,8 +79,10 @@ load() {
 }
 
 bases=([1]=21000 [2]=21100 [3]=21200)
-for r in 1 2 3; do start_cluster "$r" "${bases[$r]}"; done
-for r in 1 2 3; do load "$r"; done
+clusters=(1 2 3)
+[[ $rounds -gt 0 ]] || clusters=(2)    # failovers only: the R = 2 cluster
+for r in "${clusters[@]}"; do start_cluster "$r" "${bases[$r]}"; done
+for r in "${clusters[@]}"; do load "$r"; done
 
 runs="$work/runs.jsonl"
 : > "$runs"
@@ -120,14 +127,18 @@ for n in $(seq 1 "$failovers"); do
     state="$work/run-2/racekv/up.json"
     victim=$(python3 -c 'import json,sys; m=json.load(open(sys.argv[1]))["memnodes"]; print(m[int(sys.argv[2]) % len(m)]["pid"])' "$state" "$n")
     before=$(epoch)
+    # The map is watched while the writes run (on tcp a write waiting on the stopped memnode
+    # can outlast the failover).
+    (until [[ $(epoch) -gt $before ]]; do sleep 0.02; done; date +%s%N > "$work/failover-$n") &
+    watcher=$!
     start=$(date +%s%N)
     kill -STOP "$victim"
     for k in $(seq 0 63); do
         until [[ $(redis-cli -p "${redis_port[2]}" set "failover-$k" "$n" 2> /dev/null) == OK ]]; do sleep 0.02; done
     done
     written=$(date +%s%N)
-    until [[ $(epoch) -gt $before ]]; do sleep 0.02; done
-    end=$(date +%s%N)
+    wait "$watcher"
+    end=$(cat "$work/failover-$n")
     failover_ms+=($(((end - start) / 1000000)))
     writes_ms+=($(((written - start) / 1000000)))
     echo "failover $n: map written $(((end - start) / 1000000)) ms after the SIGSTOP; every key written again after $(((written - start) / 1000000)) ms" >&2
@@ -146,9 +157,9 @@ for n in $(seq 1 "$failovers"); do
 done
 
 python3 - "$runs" "$(hostname)" "$(date -u +%FT%TZ)" "$(git -C "$repo" rev-parse --short HEAD)" \
-    "$requests" "${failover_ms[*]:-}" "${writes_ms[*]:-}" "${rejoin_ms[*]:-}" "${rejoin_keys[*]:-}" << 'EOF'
+    "$requests" "${failover_ms[*]:-}" "${writes_ms[*]:-}" "${rejoin_ms[*]:-}" "${rejoin_keys[*]:-}" "${tcp_only[*]:-}" << 'EOF'
 import json, statistics, sys
-path, host, date, commit, requests, failovers, writes, rejoins, rejoin_keys = sys.argv[1:]
+path, host, date, commit, requests, failovers, writes, rejoins, rejoin_keys, tcp_only = sys.argv[1:]
 runs = [json.loads(l) for l in open(path)]
 summary = []
 for test in ("set", "get"):
@@ -156,6 +167,8 @@ for test in ("set", "get"):
         base = None
         for r in (1, 2, 3):
             sel = [x for x in runs if x["test"] == test and x["pipeline"] == pipeline and x["replicas"] == r]
+            if not sel:
+                continue
             rps = statistics.mean(x["rps"] for x in sel)
             p50 = statistics.mean(x["p50_ms"] for x in sel)
             p99 = statistics.mean(x["p99_ms"] for x in sel)
@@ -167,6 +180,7 @@ for test in ("set", "get"):
 f = sorted(int(x) for x in failovers.split()) if failovers else []
 pct = lambda q: f[min(len(f) - 1, int(q * len(f)))] if f else None
 print(json.dumps({"bench": "replication", "machine": host, "date": date, "commit": commit,
+                  "transport": "tcp" if tcp_only else "shm",
                   "redis_benchmark": f"-n {requests} -c 50 -r 100000 -d 64", "summary": summary,
                   "failover_ms": f, "failover_p50_ms": pct(0.5), "failover_p99_ms": pct(0.99),
                   "all_keys_written_ms": [int(x) for x in writes.split()] if writes else [],

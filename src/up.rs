@@ -47,6 +47,10 @@ pub struct UpArgs {
     /// Prometheus /metrics and JSON /status (`none` to turn it off).
     #[arg(long, default_value = "127.0.0.1:9400")]
     metrics_addr: String,
+    /// The computenode reaches the memnodes over loopback tcp, as across hosts, instead of
+    /// shared memory (a stopped memnode then stops answering one-sided operations too).
+    #[arg(long)]
+    tcp_only: bool,
     /// The memnodes' shared secret.
     #[arg(long, env = "RACEKV_TOKEN", default_value = racekv_memnode::config::DEV_TOKEN, hide_env_values = true)]
     token: String,
@@ -83,6 +87,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
             metrics_addr,
             token: args.token,
             run_dir,
+            tcp_only: args.tcp_only,
         });
     }
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])?;
@@ -103,7 +108,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     let shm: Vec<String> = memnodes.iter().map(|m| m.endpoints()[0].to_string()).collect();
     let tcp: Vec<String> = memnodes.iter().map(|m| m.endpoints()[1].to_string()).collect();
     let computenode = Computenode::start(ComputenodeConfig {
-        memnodes: shm,
+        memnodes: if args.tcp_only { tcp.clone() } else { shm },
         token: args.token.clone(),
         redis_addr: Some(format!("127.0.0.1:{}", args.redis_port)),
         remote_addr: Some(format!("127.0.0.1:{}", args.remote_port)),

@@ -70,6 +70,8 @@ pub struct Settings {
     pub token: String,
     /// The runtime directory: memnode sockets, the computenode's attach socket, `up.json`.
     pub run_dir: PathBuf,
+    /// Memnodes listen on tcp only (no shm socket: every client reaches them over tcp).
+    pub tcp_only: bool,
 }
 
 /// One memnode child as the state file shows it.
@@ -264,6 +266,7 @@ struct SpawnSettings {
     base_port: u16,
     token: String,
     run_dir: PathBuf,
+    tcp_only: bool,
 }
 
 impl From<&Settings> for SpawnSettings {
@@ -273,6 +276,7 @@ impl From<&Settings> for SpawnSettings {
             base_port: s.base_port,
             token: s.token.clone(),
             run_dir: s.run_dir.clone(),
+            tcp_only: s.tcp_only,
         }
     }
 }
@@ -307,8 +311,10 @@ fn start_memnode(
         .arg(s.region_bytes.to_string())
         .arg("--data-file")
         .arg(data_dir.join(format!("memnode-{index}.region")))
-        .arg("--listen-shm")
-        .arg(s.run_dir.join(format!("memnode-{index}.sock")))
+        .args(match s.tcp_only {
+            true => vec![],
+            false => vec!["--listen-shm".into(), s.run_dir.join(format!("memnode-{index}.sock")).into_os_string()],
+        })
         .args(["--listen-tcp", &format!("127.0.0.1:{port}"), "--metrics-addr", "127.0.0.1:0"])
         .args(["--etcd", etcd, "--cluster", CLUSTER])
         .env("RACEKV_MEMNODE_TOKEN", &s.token)

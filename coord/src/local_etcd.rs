@@ -145,6 +145,10 @@ fn spawn(config: &LocalEtcdConfig) -> Result<Child, CoordError> {
         .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
         .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
         .args(["--initial-cluster", &format!("racekv={peer}"), "--log-level", "error"])
+        // etcd raises every lease to 1.5 election timeouts, rounded up to whole seconds: 2 s
+        // with its default 1 s timeout, so a memnode's 1 s lease would lapse after 2 s.
+        // One member on loopback: a 500 ms election timeout (50 ms heartbeats) honours 1 s.
+        .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
         .stdin(Stdio::null())
         .stdout(stdout)
         .stderr(stderr)

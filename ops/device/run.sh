@@ -10,7 +10,7 @@ export PATH="$D/bin:$PATH" LD_LIBRARY_PATH="$D/lib" RACEKV_LOG=warn
 mkdir -p /usr/share/fonts/truetype/dejavu && cp -n "$D/DejaVuSans.ttf" /usr/share/fonts/truetype/dejavu/ 2>/dev/null
 cd "${OUT:?set OUT to the results folder}"
 nproc; lscpu | grep -E "Model name|^CPU\(s\)|Thread|NUMA node\(s\)"; uname -r; head -2 /etc/os-release
-redis-server --version
+redis-server --version; valkey-server --version 2>&1 | head -1
 ls /sys/class/infiniband 2>&1
 R=$D/racekv
 "$R" doctor 2>&1 | head -20
@@ -40,3 +40,5 @@ run rpc-tcp bench rpc --transport tcp --threads 1,2,4,8,16,32,64 --plot "$OUT/rp
 # coalescing against per-thread connections with 4 lanes (after the credit-window fix).
 run redis-p1-short bench redis --pipeline 1 --rounds 3 --requests 300000
 run rpc-tcp-credit bench rpc --transport tcp --threads 8,32 --modes per_thread,coalescing --lanes 4
+# GET and SET against redis-server and valkey-server (io-threads = cores) in the same rounds.
+run redis-valkey-t4 bench redis --ops get,set --benchmark-threads 4 --rounds 3 --requests 1000000
