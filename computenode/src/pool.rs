@@ -230,6 +230,9 @@ impl Pool {
         let pool = Arc::clone(self);
         let spawned = std::thread::Builder::new().name("pool-repair".into()).spawn(move || {
             let mut delay = std::time::Duration::from_millis(10);
+            // A memnode gone for good (or replaced by another table) is retried for as long
+            // as the pool lives: one line per 10 s, not one per try.
+            let log = racekv_telemetry::ratelimit::RateLimit::new(10_000);
             loop {
                 match pool.dial() {
                     Ok(conn) => {
@@ -240,7 +243,12 @@ impl Pool {
                     }
                     Err(e) => {
                         METRICS.replacements.with_label_values(&["failed"]).inc();
-                        tracing::warn!(memnode = %pool.endpoint, slot, "replacing a failed connection failed: {e}; retrying in {delay:?}");
+                        racekv_telemetry::ratelimit::limited_warn(&log, || {
+                            format!(
+                                "{} slot {slot}: replacing a failed connection failed: {e}; retrying",
+                                pool.endpoint
+                            )
+                        });
                         std::thread::sleep(delay);
                         delay = (delay * 2).min(std::time::Duration::from_secs(2));
                     }
