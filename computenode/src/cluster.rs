@@ -115,6 +115,10 @@ pub struct Cluster {
     /// finds every session in the queue.
     building: Mutex<()>,
     stopping: AtomicBool,
+    /// Per shard, whether the map routed by last time writes to it: a memnode a newer map
+    /// drops from every replica set has what waits on it failed at once
+    /// ([`Cluster::note_map_installed`]).
+    served: Mutex<Vec<bool>>,
 }
 
 impl Cluster {
@@ -165,6 +169,7 @@ impl Cluster {
             router: Arc::new(router),
             memnodes,
             adding: Mutex::new(()),
+            served: Mutex::new(Vec::new()),
             ready: ArrayQueue::new(options.ready_sessions.max(1)),
             options,
             upgrader,
@@ -172,6 +177,7 @@ impl Cluster {
             building: Mutex::new(()),
             stopping: AtomicBool::new(false),
         });
+        cluster.note_map_installed(); // which memnodes the first map writes to
         for _ in 0..cluster.options.ready_sessions {
             let _ = cluster.ready.push(cluster.build_session());
         }
@@ -225,6 +231,22 @@ impl Cluster {
     /// Publishes the epoch routed by (after the map follower installed one).
     pub fn note_map_installed(&self) {
         METRICS.map_epoch.set(self.router.epoch().unwrap_or(0) as i64);
+        // A memnode the map no longer writes to was failed over (or drained): commands
+        // waiting on its connections fail now (clients retry them by the new map) instead of
+        // at their timeout; on tcp a stopped memnode would hold them that long.
+        let routing = self.router.session();
+        let mut served = self.served.lock();
+        for (shard, memnode) in self.memnodes.iter() {
+            let now = routing.serves(shard);
+            if served.get(shard) == Some(&true) && !now {
+                tracing::warn!(memnode = %memnode.label, "the cluster map writes nothing to it now: failing what waits on it");
+                memnode.pool.abort_all("the cluster map dropped this memnode from every replica set");
+            }
+            if shard >= served.len() {
+                served.resize(shard + 1, false);
+            }
+            served[shard] = now;
+        }
     }
 
     /// A new session over new virtual connections (allocates; the refiller calls it).

@@ -96,6 +96,8 @@ pub struct Pool {
     /// The node id of the table behind the endpoint, once known ([`Pool::expect_node_id`]):
     /// a replacement connection must reach the same table.
     node_id: std::sync::OnceLock<u64>,
+    /// The dedicated connections handed out (upgrades), for [`Pool::abort_all`].
+    dedicated: Mutex<Vec<std::sync::Weak<dyn Connection>>>,
 }
 
 impl Pool {
@@ -122,7 +124,19 @@ impl Pool {
             region_len: first.region_len(),
             kind: first.kind(),
             node_id: std::sync::OnceLock::new(),
+            dedicated: Mutex::new(Vec::new()),
         }))
+    }
+
+    /// Fails what waits on any connection to this memnode, shared or dedicated, at once
+    /// ([`Connection::abort`]): the cluster map dropped it from every replica set. The
+    /// shared ones are then replaced in the background as after any failure.
+    pub fn abort_all(&self, reason: &str) {
+        for slot in &self.slots {
+            slot.read().abort(reason);
+        }
+        let mut dedicated = self.dedicated.lock();
+        dedicated.retain(|weak| weak.upgrade().inspect(|conn| conn.abort(reason)).is_some());
     }
 
     /// From now on a new connection (a replacement, an upgrade) must reach the table with
@@ -278,7 +292,11 @@ impl Pool {
 
     /// A new physical connection just for one worker (an upgrade).
     fn dedicated(&self) -> Result<Arc<dyn Connection>, TransportError> {
-        self.dial()
+        let conn = self.dial()?;
+        let mut dedicated = self.dedicated.lock();
+        dedicated.retain(|weak| weak.strong_count() > 0);
+        dedicated.push(Arc::downgrade(&conn));
+        Ok(conn)
     }
 }
 

@@ -124,6 +124,10 @@ impl Connection for TcpConnection {
         !self.mux.is_broken()
     }
 
+    fn abort(&self, reason: &str) {
+        self.mux.break_with(reason.to_string());
+    }
+
     fn execute_unchecked(&self, batch: &mut Batch) -> Result<(), TransportError> {
         TcpConnection::execute_unchecked(self, batch)
     }
