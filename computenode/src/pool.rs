@@ -130,10 +130,13 @@ impl Pool {
 
     /// Fails what waits on any connection to this memnode, shared or dedicated, at once
     /// ([`Connection::abort`]): the cluster map dropped it from every replica set. The
-    /// shared ones are then replaced in the background as after any failure.
-    pub fn abort_all(&self, reason: &str) {
-        for slot in &self.slots {
+    /// shared ones are replaced at once, in the background, as after any failure.
+    pub fn abort_all(self: &Arc<Self>, reason: &str) {
+        for (i, slot) in self.slots.iter().enumerate() {
             slot.read().abort(reason);
+            // Replaced now, not on next use: a memnode drained (not down) may be written to
+            // again by a later map (added back), and finds its connections whole.
+            self.report_broken(i);
         }
         let mut dedicated = self.dedicated.lock();
         dedicated.retain(|weak| weak.upgrade().inspect(|conn| conn.abort(reason)).is_some());
