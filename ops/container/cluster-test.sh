@@ -82,7 +82,8 @@ podman run -d --name "$etcd" --network "$net" --user "$uid:$uid" --rootfs "$etcd
     --listen-client-urls http://0.0.0.0:2379 --advertise-client-urls "http://$etcd:2379" \
     --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
     --initial-cluster ct=http://127.0.0.1:2380 > /dev/null
-for _ in $(seq 100); do
+# Up to 60 s: on a loaded 2-core machine the container's start alone has taken over 10 s.
+for _ in $(seq 600); do
     podman logs "$etcd" 2>&1 | grep -q 'ready to serve client requests' && break
     sleep 0.1
 done
