@@ -107,7 +107,8 @@ fn heal_once(
     short_since: &mut Option<Instant>,
 ) -> anyhow::Result<()> {
     let Some((map, _)) = etcd.map()? else { return Ok(()) };
-    if racekv_coord::membership::replacement(&map, &etcd.memnodes()?).is_some() {
+    let registered = etcd.memnodes()?;
+    if racekv_coord::membership::replacement(&map, &registered).is_some() {
         if let Some((old, new)) = crate::membership::replace_lost(etcd, &connect()?)? {
             METRICS.replacements.inc();
             tracing::warn!(
@@ -124,7 +125,7 @@ fn heal_once(
         // Whole again: a memnode back from failover is a backup everywhere until its share
         // of primaries is given back (once every memnode holding partitions is live).
         if racekv_coord::membership::balance_primaries(&map).is_some() {
-            let live: Vec<u64> = etcd.memnodes()?.iter().map(|m| m.node_id).collect();
+            let live: Vec<u64> = registered.iter().map(|m| m.node_id).collect();
             if map.partitions.iter().flatten().all(|id| live.contains(id)) {
                 if let Some(epoch) = crate::membership::balance(etcd, &connect()?)? {
                     tracing::info!(epoch, "primaries spread over the replicas again");
@@ -134,7 +135,7 @@ fn heal_once(
         return Ok(());
     }
     let survivors_too = short_since.get_or_insert_with(Instant::now).elapsed() >= policy.re_replicate_after;
-    let Some(node) = next_candidate(&map, &etcd.memnodes()?, survivors_too) else { return Ok(()) };
+    let Some(node) = next_candidate(&map, &registered, survivors_too) else { return Ok(()) };
     // A client of this round's memnodes (a long-lived one could miss a reconnection).
     let client = connect()?;
     let mut rate = KeyRate::new(policy.max_keys_per_second);

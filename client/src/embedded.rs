@@ -185,6 +185,8 @@ impl Cluster {
         connections: usize,
     ) -> Result<Arc<Self>, ClientError> {
         let memnodes = Arc::new(boxcar::Vec::with_capacity(endpoints.len()));
+        // With a map: the node id it gives each memnode connected, in its order.
+        let mut mapped = Vec::new();
         let dial = |text: &str| -> Result<Memnode, ClientError> {
             let endpoint: Endpoint = text.parse().map_err(ClientError::Config)?;
             Memnode::connect(endpoint, connect.clone(), table_options, connections)
@@ -197,7 +199,8 @@ impl Cluster {
                 }
             }
             Some(map) => {
-                let listed = crate::map_follower::connect_listed(
+                let listed;
+                (listed, mapped) = crate::map_follower::connect_listed(
                     &map.endpoints()?,
                     &map.node_ids(),
                     &map.replica_sets(),
@@ -221,8 +224,6 @@ impl Cluster {
         let (router, follower) = match map {
             None => (Arc::new(Router::ring(&ids)), None),
             Some(map) => {
-                // The map's memnodes this process connected to, in its order.
-                let mapped: Vec<u64> = map.node_ids().into_iter().filter(|id| ids.contains(id)).collect();
                 let router =
                     Router::map(map.map().epoch, &map.replica_sets(), &ids, &mapped, |i| memnodes[i].label.clone());
                 let router = Arc::new(router.map_err(ClientError::Config)?);

@@ -185,20 +185,24 @@ fn watch(
 /// the map's order). One the map writes nothing to (`write_sets`: failed over or drained;
 /// down, or back empty under a new id) is left out when it cannot be reached or answers with
 /// another node id: a later map that writes to it has it connected then (`follow`'s hook).
-/// Returns those connected, in order.
+/// Returns those connected, in order, and the node id the map gives each (one that
+/// answered with another is kept when written to, for [`Router::map`] to refuse).
 pub fn connect_listed<M>(
     endpoints: &[String],
     node_ids: &[u64],
     write_sets: &[Vec<u64>],
     dial: impl Fn(&str) -> Result<M, ClientError>,
     node_id: impl Fn(&M) -> u64,
-) -> Result<Vec<M>, ClientError> {
+) -> Result<(Vec<M>, Vec<u64>), ClientError> {
     assert_eq!(endpoints.len(), node_ids.len(), "an endpoint per listed memnode");
     let written: std::collections::BTreeSet<u64> = write_sets.iter().flatten().copied().collect();
-    let mut connected = Vec::with_capacity(endpoints.len());
+    let (mut connected, mut mapped) = (Vec::with_capacity(endpoints.len()), Vec::with_capacity(endpoints.len()));
     for (endpoint, id) in endpoints.iter().zip(node_ids) {
         match dial(endpoint) {
-            Ok(m) if node_id(&m) == *id || written.contains(id) => connected.push(m),
+            Ok(m) if node_id(&m) == *id || written.contains(id) => {
+                connected.push(m);
+                mapped.push(*id);
+            }
             Err(e) if written.contains(id) => return Err(e),
             other => tracing::warn!(
                 node = format_args!("{id:#x}"),
@@ -207,7 +211,7 @@ pub fn connect_listed<M>(
             ),
         }
     }
-    Ok(connected)
+    Ok((connected, mapped))
 }
 
 /// The endpoint this process reaches `memnode` by: its shared-memory socket when that is

@@ -130,6 +130,8 @@ impl Cluster {
         }
         let upgrader = Upgrader::start().map_err(|e| ClientError::Config(format!("starting the upgrader: {e}")))?;
         let memnodes = boxcar::Vec::with_capacity(options.memnodes.len());
+        // With a map: the node id it gives each memnode connected, in its order.
+        let mut mapped = Vec::new();
         match &options.routing {
             Routing::Ring => {
                 for text in &options.memnodes {
@@ -137,7 +139,8 @@ impl Cluster {
                 }
             }
             Routing::Map { node_ids, replica_sets, .. } => {
-                let listed = racekv_client::map_follower::connect_listed(
+                let listed;
+                (listed, mapped) = racekv_client::map_follower::connect_listed(
                     &options.memnodes,
                     node_ids,
                     replica_sets,
@@ -157,9 +160,7 @@ impl Cluster {
         }
         let router = match &options.routing {
             Routing::Ring => Router::ring(&ids),
-            Routing::Map { epoch, node_ids, replica_sets } => {
-                // The map's memnodes connected to, in its order.
-                let mapped: Vec<u64> = node_ids.iter().copied().filter(|id| ids.contains(id)).collect();
+            Routing::Map { epoch, replica_sets, .. } => {
                 Router::map(*epoch, replica_sets, &ids, &mapped, |i| memnodes[i].label.clone())
                     .map_err(ClientError::Config)?
             }

@@ -154,15 +154,10 @@ impl Pool {
     fn dial(&self) -> Result<Arc<dyn Connection>, TransportError> {
         let conn = racekv_transport::connect(&self.endpoint, &self.connect)?;
         let Some(&expected) = self.node_id.get() else { return Ok(conn) };
-        let mut batch = Batch::new();
-        let read = batch.read(racekv_hashing::layout::sb::NODE_ID, 8);
-        conn.execute(&mut batch)?;
-        let word: [u8; 8] = batch
-            .read_result(read)
-            .map_err(|error| TransportError::Op { index: 0, error })?
-            .try_into()
-            .map_err(|_| TransportError::Protocol("a short read of the node id".into()))?;
-        let found = u64::from_le_bytes(word);
+        let found = racekv_hashing::format::read_node_id(&*conn).map_err(|e| match e {
+            racekv_hashing::Error::Transport(e) => e,
+            other => TransportError::Protocol(format!("reading the node id: {other}")),
+        })?;
         if found != expected {
             return Err(TransportError::Protocol(format!(
                 "{} now serves node id {found:#x}, not {expected:#x} (a new table: its data file was lost or \

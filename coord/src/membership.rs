@@ -233,14 +233,9 @@ pub fn replace(map: &ClusterMap, old: u64, new: &MemnodeInfo) -> Result<ClusterM
     if map.memnode(new.node_id).is_some() {
         return Err(format!("memnode {:#x} is listed already", new.node_id));
     }
-    let mut next = map.clone();
     let forgotten = forget(map, old)?.ok_or_else(|| format!("memnode {old:#x} is not in the cluster map"))?;
-    next.memnodes = forgotten.memnodes;
-    next.joining = forgotten.joining;
-    let at = next.memnodes.partition_point(|m| m.node_id < new.node_id);
-    next.memnodes.insert(at, new.clone());
-    next.epoch = map.epoch + 1;
-    next.check().map_err(|e| e.to_string())?;
+    let mut next = add(&forgotten, new)?.expect("not listed: checked above");
+    next.epoch = map.epoch + 1; // one change, one epoch
     Ok(next)
 }
 
