@@ -7,8 +7,8 @@
 //! rejoins) and SIGKILLs etcd; with R = 2 every tenth fault deletes a memnode's data file
 //! and kills it (permanent loss: it comes back empty and is filled from its peers; the next
 //! fault waits until it is, as R = 2 survives one loss at a time). At the end every key is
-//! read once more, and each key's history must be linearizable (a register; a SET that failed may or may
-//! not have happened) with every acknowledged write in it.
+//! read once more, and each key's history must be linearizable (a register; a SET that
+//! failed may or may not have happened) with every acknowledged write in it.
 //!
 //! `RACEKV_FAULTS` (default 50 with R = 1, 30 with R = 2) faults; `RACEKV_FAULT_SEED`
 //! replays a run (the seed is printed). `ops/test.sh` runs both; by hand:
@@ -104,10 +104,10 @@ fn client_loop(port: u16, id: u64, seed: u64, stop: &AtomicBool, next_value: &At
                     h.acknowledged += 1;
                     h.done.entry(key).or_default().push(Event { call, ret, op: RegisterOp::Write(value) });
                 }
-                Err(_) => {
+                Err(e) => {
                     h.failed += 1;
                     h.failed_writes.entry(key).or_default().push((call, value));
-                    h.errors.insert(value, result.unwrap_err().to_string());
+                    h.errors.insert(value, e.to_string());
                     con = None;
                 }
             }
