@@ -13,7 +13,7 @@ packages=(
     redis-server redis-tools prometheus curl python3 ca-certificates fonts-dejavu-core
     libibverbs-dev librdmacm-dev libclang-dev pkg-config
     qemu-system-x86 debootstrap e2fsprogs
-    podman buildah crun netavark aardvark-dns iptables binutils
+    podman buildah crun netavark aardvark-dns iptables iproute2 binutils
     etcd-server etcd-client protobuf-compiler
 )
 

@@ -10,8 +10,12 @@
 //! read once more, and each key's history must be linearizable (a register; a SET that
 //! failed may or may not have happened) with every acknowledged write in it.
 //!
-//! `RACEKV_FAULTS` (default 50 with R = 1, 30 with R = 2) faults; `RACEKV_FAULT_SEED`
-//! replays a run (the seed is printed). `ops/test.sh` runs both; by hand:
+//! A third run partitions memnodes from the network (iptables; root needed) at R = 2 over
+//! tcp.
+//!
+//! `RACEKV_FAULTS` (default 50 with R = 1, 30 with R = 2, 20 partitioning) faults;
+//! `RACEKV_FAULT_SEED` replays a run (the seed is printed). `ops/test.sh` runs them all; by
+//! hand:
 //!
 //! ```sh
 //! cargo build -p racekv -p racekv-memnode --features racekv/etcd,racekv-memnode/etcd
@@ -172,7 +176,10 @@ fn wait_whole(etcd_port: u16, log: &[String]) {
         if whole {
             return;
         }
-        assert!(Instant::now() < deadline, "R was not restored within 60 s: {}", log.join("; "));
+        if Instant::now() >= deadline {
+            let state = etcd(etcd_port).and_then(|etcd| Ok((etcd.map()?, etcd.memnodes()?)));
+            panic!("R was not restored within 60 s: {}; map and registrations: {state:?}", log.join("; "));
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -219,38 +226,53 @@ fn clients_stay_linearizable_through_memnode_and_etcd_faults() {
 }
 
 /// With R = 2 a memnode stopped past its lease is failed over, then caught up and made a
-/// replica again, so the runs go on through failovers and rejoins.
-///
-/// Out of CI for now: about one run in six finds a real violation (issue 17's note). A SET
-/// fails because a memnode that has just become a replica of its partition (a rejoin, or
-/// a replacement filled) is SIGKILLed during it; its value is read from the primary
-/// afterwards, yet once that primary is failed over the surviving replica answers the
-/// value before it. Run it by hand with `--ignored` (it prints the key's operations and
-/// each memnode's copy when it fails).
+/// replica again, so the runs go on through failovers and rejoins. (It found a SET shown on
+/// the primary but never copied to a memnode joining its partition, lost at the primary's
+/// failover: writes at R > 1 are one-key transactions now even on a partition down to its
+/// primary, `PartitionTable::locks_writes`.)
 #[test]
-#[ignore = "a known linearizability violation with R = 2 (issue 17): run with --ignored"]
 fn replicated_clients_stay_linearizable_through_faults_and_failovers() {
     run_faults("2", 30);
 }
 
+/// Network partitions at R = 2 over tcp (`racekv up --tcp-only`): a memnode cut off from
+/// its clients and from etcd (`Partition`) for 0.2 to 1.2 s (requests to it stall, then
+/// resume) or for 2.5 to 3.5 s (its lease lapses: failed over while it still runs, with
+/// stale beliefs, then healed and rejoined), among SIGKILLs and SIGSTOPs.
+#[test]
+fn replicated_clients_stay_linearizable_through_network_partitions() {
+    run_faults_with("2", 20, Faults::Partitions);
+}
+
+/// Which faults a run injects.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Faults {
+    /// SIGKILL and SIGSTOP of memnodes, SIGKILL of etcd; with replicas also stops past the
+    /// lease, changes of R and lost data files (over shared memory).
+    Processes,
+    /// Network partitions of memnodes, with SIGKILLs and SIGSTOPs (over tcp).
+    Partitions,
+}
+
 /// `faults` (or `RACEKV_FAULTS`) faults against `racekv up --replicas <replicas>`.
 fn run_faults(replicas: &str, faults: usize) {
+    run_faults_with(replicas, faults, Faults::Processes);
+}
+
+fn run_faults_with(replicas: &str, faults: usize, kinds_of: Faults) {
     let faults: usize = std::env::var("RACEKV_FAULTS").ok().and_then(|v| v.parse().ok()).unwrap_or(faults);
     let seed: u64 = std::env::var("RACEKV_FAULT_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(rand::random);
     println!(
         "R = {replicas}: fault seed {seed} (RACEKV_FAULT_SEED={seed} replays the injector's choices), {faults} faults"
     );
     let etcd_port = free_ports(2);
-    let up = Up::start(&[
-        "--memnodes",
-        "3",
-        "--replicas",
-        replicas,
-        "--etcd-port",
-        &etcd_port.to_string(),
-        "--region-bytes",
-        "64MiB",
-    ]);
+    let etcd_port_text = etcd_port.to_string();
+    let mut args =
+        vec!["--memnodes", "3", "--replicas", replicas, "--etcd-port", &etcd_port_text, "--region-bytes", "64MiB"];
+    if kinds_of == Faults::Partitions {
+        args.push("--tcp-only");
+    }
+    let up = Up::start(&args);
     let mut guard = Children::of(&up.local_cluster());
 
     let stop = AtomicBool::new(false);
@@ -286,8 +308,33 @@ fn run_faults(replicas: &str, faults: usize) {
             // the map and filled from the other replicas (the healer), under the workload.
             let kinds = if replicas == "1" { 10 } else { 12 };
             // With replicas, every tenth fault loses a memnode's data file for good (kind 12).
-            let kind = if replicas != "1" && n % 10 == 5 { 12 } else { rng.random_range(0..kinds) };
+            let kind = match kinds_of {
+                Faults::Partitions => 13 + rng.random_range(0..10),
+                _ if replicas != "1" && n % 10 == 5 => 12,
+                _ => rng.random_range(0..kinds),
+            };
             match kind {
+                13..=19 => {
+                    let short = kind <= 16;
+                    let pause = if short { rng.random_range(200..1_200) } else { rng.random_range(2_500..3_500) };
+                    let memnode = &cluster["memnodes"][victim];
+                    let cut = Partition::cut(pids[victim], tcp_port(memnode), etcd_port);
+                    let etcd_cut = cut.rules.len() / 2 - 1;
+                    log.push(format!("{n}: memnode {victim} partitioned for {pause} ms ({etcd_cut} etcd connections)"));
+                    std::thread::sleep(Duration::from_millis(pause));
+                    drop(cut);
+                }
+                20..=21 => {
+                    log.push(format!("{n}: SIGKILL memnode {victim}"));
+                    signal(pids[victim], "KILL");
+                }
+                22 => {
+                    let pause = rng.random_range(200..1200);
+                    log.push(format!("{n}: SIGSTOP memnode {victim} for {pause} ms"));
+                    signal(pids[victim], "STOP");
+                    std::thread::sleep(Duration::from_millis(pause));
+                    signal(pids[victim], "CONT");
+                }
                 12 => {
                     wait_whole(etcd_port, &log);
                     let data_dir = cluster["data_dir"].as_str().unwrap();
@@ -426,6 +473,67 @@ fn run_faults(replicas: &str, faults: usize) {
     println!("checked {} keys in {:.1} s", h.done.len(), checking.elapsed().as_secs_f64());
     let (clean, rest) = up.stop();
     assert!(clean, "racekv up did not stop cleanly: {rest}");
+}
+
+/// The port of a memnode's tcp endpoint (from `up.json`).
+fn tcp_port(memnode: &serde_json::Value) -> u16 {
+    let endpoints = memnode["endpoints"].as_array().expect("endpoints");
+    let tcp = endpoints.iter().filter_map(|e| e.as_str()?.strip_prefix("tcp:")).next().expect("a tcp endpoint");
+    tcp.rsplit(':').next().and_then(|p| p.parse().ok()).expect("a port")
+}
+
+/// A memnode cut off from the network while this lives: iptables drops every packet on
+/// loopback to or from its tcp port (its clients' connections, new ones too) and to or
+/// from the local ports of its connections to etcd (so its lease lapses). The process
+/// runs on; its rules go when this is dropped (a failed test too).
+struct Partition {
+    rules: Vec<Vec<String>>,
+}
+
+impl Partition {
+    fn cut(pid: u64, port: u16, etcd_port: u16) -> Self {
+        let mut ports = vec![port];
+        ports.extend(etcd_connections(pid, etcd_port));
+        let mut rules = Vec::new();
+        for port in ports {
+            for side in ["--dport", "--sport"] {
+                rules.push(["INPUT", "-p", "tcp", side, &port.to_string(), "-j", "DROP"].map(String::from).to_vec());
+            }
+        }
+        for rule in &rules {
+            iptables("-I", rule);
+        }
+        Self { rules }
+    }
+}
+
+impl Drop for Partition {
+    fn drop(&mut self) {
+        for rule in &self.rules {
+            iptables("-D", rule);
+        }
+    }
+}
+
+fn iptables(action: &str, rule: &[String]) {
+    let status = std::process::Command::new("iptables").args(["-w", action]).args(rule).status();
+    assert!(status.is_ok_and(|s| s.success()), "iptables {action} {rule:?} failed (root and iptables needed)");
+}
+
+/// The local ports of process `pid`'s established tcp connections to `etcd_port`.
+fn etcd_connections(pid: u64, etcd_port: u16) -> Vec<u16> {
+    let out = std::process::Command::new("ss").args(["-tnpH", "state", "established"]).output().expect("ss");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let port_of = |address: &str| address.rsplit(':').next().and_then(|p| p.parse::<u16>().ok());
+    text.lines()
+        .filter(|line| line.contains(&format!("pid={pid},")))
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // Recv-Q Send-Q Local Peer Process (the state filter drops the State column).
+            let (local, peer) = (port_of(fields.get(2)?)?, port_of(fields.get(3)?)?);
+            (peer == etcd_port).then_some(local)
+        })
+        .collect()
 }
 
 /// The operations of a key that is not linearizable, by call time (seconds since the

@@ -387,12 +387,19 @@ fn a_failed_over_memnode_catches_up_and_rejoins_while_writers_write() {
     assert_eq!(total, 2 * model.len(), "every key on exactly two memnodes, nothing else");
 }
 
-/// A write routed by the map without a joining memnode, whose primary already serves the
-/// map with it: the commit stands (same primary), and the key is copied to the joiner
-/// before the write is acknowledged, so a catch-up that already passed the key misses
-/// nothing.
-#[test]
-fn a_write_that_meets_a_joining_map_copies_its_key_to_the_joiner() {
+/// Three memnodes at R = 2, the third failed over (`degraded`, in etcd at `revision`), and
+/// the map that makes it join again (`joining`, not yet published), whose epoch the primary
+/// of `key` (a key of a joined partition, on `memnodes[at]`) already serves.
+struct Joining {
+    server: EtcdServer,
+    memnodes: Vec<TestMemnode>,
+    joining: ClusterMap,
+    revision: i64,
+    key: String,
+    at: usize,
+}
+
+fn joining_under_way() -> Joining {
     use std::collections::BTreeSet;
 
     use racekv_coord::failover::without;
@@ -406,7 +413,6 @@ fn a_write_that_meets_a_joining_map_copies_its_key_to_the_joiner() {
     let whole = ClusterMap::initial(memnodes.iter().map(info).collect(), 2, 4).unwrap();
     let degraded = without(&whole, &BTreeSet::from([c])).unwrap();
     let revision = etcd.put_map(&degraded, None).unwrap().unwrap();
-    let client = map_client(&server, Duration::from_secs(5));
     let joining = start_joining(&degraded, c).unwrap();
     let partitions = joined_by(&joining, c);
     let key = (0..)
@@ -416,18 +422,50 @@ fn a_write_that_meets_a_joining_map_copies_its_key_to_the_joiner() {
     let primary = joining.replicas_of(joining.partition_of(key_hash(key.as_bytes())))[0];
     let at = memnodes.iter().position(|m| info(m).node_id == primary).unwrap();
     raise_map_epoch(&*memnodes[at].connect(), joining.epoch).unwrap();
-    let publish = {
-        let (endpoints, map) = (server.endpoint(), joining.clone());
-        std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(300));
-            let etcd = Etcd::connect(&endpoints, CLUSTER, Duration::from_secs(5)).unwrap();
-            etcd.put_map(&map, Some(revision)).unwrap().unwrap();
-        })
-    };
-    client.put(key.as_bytes(), b"seen by the joiner").unwrap();
+    Joining { server, memnodes, joining, revision, key, at }
+}
+
+/// Publishes `map` in place of the one at `revision`, `after` from now.
+fn publish_later(server: &EtcdServer, map: &ClusterMap, revision: i64, after: Duration) -> std::thread::JoinHandle<()> {
+    let (endpoints, map) = (server.endpoint(), map.clone());
+    std::thread::spawn(move || {
+        std::thread::sleep(after);
+        let etcd = Etcd::connect(&endpoints, CLUSTER, Duration::from_secs(5)).unwrap();
+        etcd.put_map(&map, Some(revision)).unwrap().unwrap();
+    })
+}
+
+/// A write routed by the map without a joining memnode, whose primary already serves the
+/// map with it: the write goes to the joiner too before it is acknowledged, so a catch-up
+/// that already passed the key misses nothing.
+#[test]
+fn a_write_that_meets_a_joining_map_copies_its_key_to_the_joiner() {
+    let j = joining_under_way();
+    let client = map_client(&j.server, Duration::from_secs(5));
+    let publish = publish_later(&j.server, &j.joining, j.revision, Duration::from_millis(300));
+    client.put(j.key.as_bytes(), b"seen by the joiner").unwrap();
     publish.join().unwrap();
-    assert_eq!(direct(&memnodes[2]).get(key.as_bytes()).unwrap().as_deref(), Some(&b"seen by the joiner"[..]));
-    assert_eq!(direct(&memnodes[at]).get(key.as_bytes()).unwrap().as_deref(), Some(&b"seen by the joiner"[..]));
+    assert_eq!(direct(&j.memnodes[2]).get(j.key.as_bytes()).unwrap().as_deref(), Some(&b"seen by the joiner"[..]));
+    assert_eq!(direct(&j.memnodes[j.at]).get(j.key.as_bytes()).unwrap().as_deref(), Some(&b"seen by the joiner"[..]));
+}
+
+/// The same write when the joiner dies first: it fails, and it never shows on the primary
+/// (where a later read, or a failover to the joiner, would find it or lose it). At R = 2 a
+/// partition down to its primary is still written through the primary's lock, whose commit
+/// checks the map epoch before the commit point; a plain upsert there would be visible at
+/// once, before any copy to the joiner (the fault test's violation, issue 17).
+#[test]
+fn a_write_that_meets_a_joining_map_and_a_dead_joiner_never_shows() {
+    let mut j = joining_under_way();
+    let client = map_client(&j.server, Duration::from_secs(2));
+    direct(&j.memnodes[j.at]).put(j.key.as_bytes(), b"before").unwrap();
+    drop(j.memnodes.pop()); // the joiner
+    let publish = publish_later(&j.server, &j.joining, j.revision, Duration::from_millis(300));
+    let failed = client.put(j.key.as_bytes(), b"never acknowledged");
+    publish.join().unwrap();
+    assert!(failed.is_err(), "a write its joiner could not take was acknowledged");
+    assert_eq!(direct(&j.memnodes[j.at]).get(j.key.as_bytes()).unwrap().as_deref(), Some(&b"before"[..]));
+    assert_eq!(client.get(j.key.as_bytes()).unwrap().as_deref(), Some(&b"before"[..]));
 }
 
 /// A move's switch while a transaction by the older map is open: it read the key on the old
