@@ -225,7 +225,9 @@ impl Cluster {
             None => (Arc::new(Router::ring(&ids)), None),
             Some(map) => {
                 let router =
-                    Router::map(map.map().epoch, map.map().replicas, &map.replica_sets(), &ids, &mapped, |i| memnodes[i].label.clone());
+                    Router::map(map.map().epoch, map.map().replicas, &map.replica_sets(), &ids, &mapped, |i| {
+                        memnodes[i].label.clone()
+                    });
                 let router = Arc::new(router.map_err(ClientError::Config)?);
                 let (added, connect) = (Arc::clone(&memnodes), connect.clone());
                 let add = move |router: &Router, info: &racekv_coord::MemnodeInfo| {

@@ -132,12 +132,7 @@ impl Router {
 
 /// Map `epoch`'s routing (replication factor `replicas`) over memnodes with node ids `ids`
 /// (shard i has `ids[i]`).
-fn partition_table(
-    epoch: u64,
-    replicas: u8,
-    replica_sets: &[Vec<u64>],
-    ids: &[u64],
-) -> Result<PartitionTable, String> {
+fn partition_table(epoch: u64, replicas: u8, replica_sets: &[Vec<u64>], ids: &[u64]) -> Result<PartitionTable, String> {
     let shard = |id: &u64| {
         ids.iter().position(|x| x == id).ok_or_else(|| {
             format!("map epoch {epoch} has memnode {id:#x} in a replica set, and this process is not connected to it")
