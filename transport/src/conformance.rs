@@ -524,8 +524,10 @@ pub mod fixtures {
 
     impl Served for ServedRegion {
         fn connect(&self) -> Arc<dyn Connection> {
+            // 30 s: under the emulated Soft-RoCE VM a 16 MiB request over tcp has taken
+            // over 5 s (on the host well under one); no case here waits out a timeout.
             let options =
-                ConnectOptions { tls: self.tls.clone(), ..ConnectOptions::new(TOKEN, Duration::from_secs(5)) };
+                ConnectOptions { tls: self.tls.clone(), ..ConnectOptions::new(TOKEN, Duration::from_secs(30)) };
             crate::connect(&self.endpoint, &options)
                 .unwrap_or_else(|e| panic!("cannot connect to {}: {e}", self.endpoint))
         }
