@@ -5,9 +5,12 @@
 use std::io::{BufRead, BufReader, Lines};
 use std::process::{Child, ChildStdout, Command, Stdio};
 
-/// A port the OS says is free now.
+/// A loopback port free now, below the ephemeral range ([`free_ports`]): one the OS picks
+/// (`bind(0)`) is an ephemeral one, which an outgoing connection may take before the
+/// server binds it, or a readiness probe connect to itself on (CI saw a control
+/// redis-server "ready" that reset the first command).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    free_ports(1)
 }
 
 /// The first of `n` consecutive loopback ports free now, below Linux's ephemeral range
