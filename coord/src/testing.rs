@@ -15,9 +15,21 @@ pub struct EtcdServer {
     _dir: tempfile::TempDir,
 }
 
-/// A loopback port free now.
+/// A loopback port free now, below Linux's ephemeral range (32768 and up): a port `bind(0)`
+/// gives is an ephemeral one, which an outgoing connection may take while etcd starts, or
+/// while it is down between a kill and its restart on the same ports.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    use std::sync::atomic::{AtomicU16, Ordering};
+    // Spread over 20000..32000 by pid, then walk: ports of one process never repeat. Half
+    // the range away from where the CLI tests' `free_ports` (tests/common) walk from.
+    static NEXT: AtomicU16 = AtomicU16::new(6_000);
+    let start = 20_000 + (std::process::id() % 1000) as u16 * 12;
+    loop {
+        let port = start + NEXT.fetch_add(1, Ordering::Relaxed) % 12_000;
+        if port < 32_000 && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 impl EtcdServer {
