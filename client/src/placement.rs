@@ -104,13 +104,17 @@ impl PartitionTable {
     }
 
     /// Whether writes of `key` go through its primary's lock (a one-key transaction,
-    /// `replicated.rs`): when its partition has other replicas, and at R > 1 when it has
-    /// lost them too. A partition below R gets a memnode joining it next (`catchup.rs`),
-    /// and a write by a map older than that join must not show on the primary unless the
-    /// copier, or the epoch check before its commit point, can see it: a plain upsert is
-    /// visible at once, and the joiner would miss it if its writer failed before copying it.
+    /// `replicated.rs`): when its partition has other replicas. (Not yet at R > 1 when it
+    /// has lost them: that closes a gap of the catch-up, `catchup.rs`, but left a move of
+    /// `racekv cluster add-memnode` joining for good in the operator's guide; see
+    /// ARCHITECTURE.md, "Catch-up".)
     pub fn locks_writes(&self, key: &[u8]) -> bool {
-        self.replicas > 1 || !self.backups(key).is_empty()
+        !self.backups(key).is_empty()
+    }
+
+    /// The map's replication factor R.
+    pub fn replicas(&self) -> usize {
+        self.replicas
     }
 
     /// Whether `shard` holds any partition.
@@ -234,9 +238,8 @@ mod tests {
         assert_eq!(failed_over.item_share(2), (0, 1), "holding nothing: its keys are stale");
         let degraded = PartitionTable::replicated(4, &[vec![0, 1], vec![1]], 2).unwrap();
         assert_eq!((degraded.item_share(0), degraded.item_share(1)), ((1, 1), (1, 2)));
-        assert!((0..64u32).all(|i| degraded.locks_writes(&i.to_le_bytes())), "R = 2: a lone primary's too");
         let lost = PartitionTable::replicated(5, &[vec![0], vec![1]], 2).unwrap();
-        assert!(!lost.locks_writes(b"k") && lost.clone().with_replicas(2).locks_writes(b"k"));
+        assert_eq!((lost.replicas(), lost.with_replicas(2).replicas()), (1, 2));
         assert!(PartitionTable::new(1, &[0, 1], 2).unwrap().backups(b"k").is_empty());
         assert!(PartitionTable::replicated(1, &[vec![]], 1).unwrap_err().contains("no replica"));
         assert!(PartitionTable::replicated(1, &[vec![0, 0]], 1).unwrap_err().contains("twice"));

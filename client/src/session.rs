@@ -41,8 +41,7 @@ pub trait Shards: Send {
     }
     /// Whether writes of `key` go through its primary's lock, as one-key transactions
     /// (`replicated.rs`), rather than as plain upserts on the primary: whenever it has
-    /// backups, and wherever a memnode may join its partition (see
-    /// `PartitionTable::locks_writes`).
+    /// backups (see `PartitionTable::locks_writes`).
     fn locks_writes(&self, key: &[u8]) -> bool {
         !self.backups(key).is_empty()
     }
