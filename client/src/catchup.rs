@@ -53,8 +53,7 @@ impl<S: Shards> Session<S> {
     /// Writes `key`'s item on its primary (or its absence) to every memnode its writes go
     /// to, as one replicated write. Nothing to do when the key has no other replica.
     pub fn sync_key(&mut self, key: &[u8]) -> Result<(), ClientError> {
-        self.shards_mut().refresh_routing();
-        if self.shards().backups(key).is_empty() {
+        if !self.replicated(key) {
             return Ok(());
         }
         self.write_replicated(key, |item| {

@@ -22,8 +22,6 @@ pub struct PartitionTable {
     backup_shards: Vec<Box<[u16]>>,
     /// How many replicas every partition has, when they all have as many.
     uniform_copies: Option<usize>,
-    /// The map's replication factor R (the most replicas a partition has, at least).
-    replicas: usize,
     /// Per shard, (partitions it is primary of, partitions it holds).
     held: Vec<(u32, u32)>,
 }
@@ -67,15 +65,7 @@ impl PartitionTable {
             held[set[0]].0 += 1;
             set.iter().for_each(|&s| held[s].1 += 1);
         }
-        let replicas = replica_shards.iter().map(Vec::len).max().unwrap_or(1);
-        Ok(Self { epoch, primary_shards, backup_shards, uniform_copies, replicas, held })
-    }
-
-    /// The same routing, of a map whose replication factor is `replicas` (a partition
-    /// below it has lost a memnode and is re-replicated later).
-    pub fn with_replicas(mut self, replicas: usize) -> Self {
-        self.replicas = self.replicas.max(replicas);
-        self
+        Ok(Self { epoch, primary_shards, backup_shards, uniform_copies, held })
     }
 
     /// The map epoch this routing came from.
@@ -101,20 +91,6 @@ impl PartitionTable {
     /// The shards of `key`'s other replicas (empty at R = 1).
     pub fn backups(&self, key: &[u8]) -> &[u16] {
         &self.backup_shards[self.partition(key)]
-    }
-
-    /// Whether writes of `key` go through its primary's lock (a one-key transaction,
-    /// `replicated.rs`): when its partition has other replicas. (Not yet at R > 1 when it
-    /// has lost them: that closes a gap of the catch-up, `catchup.rs`, but left a move of
-    /// `racekv cluster add-memnode` joining for good in the operator's guide; see
-    /// ARCHITECTURE.md, "Catch-up".)
-    pub fn locks_writes(&self, key: &[u8]) -> bool {
-        !self.backups(key).is_empty()
-    }
-
-    /// The map's replication factor R.
-    pub fn replicas(&self) -> usize {
-        self.replicas
     }
 
     /// Whether `shard` holds any partition.
@@ -238,8 +214,6 @@ mod tests {
         assert_eq!(failed_over.item_share(2), (0, 1), "holding nothing: its keys are stale");
         let degraded = PartitionTable::replicated(4, &[vec![0, 1], vec![1]], 2).unwrap();
         assert_eq!((degraded.item_share(0), degraded.item_share(1)), ((1, 1), (1, 2)));
-        let lost = PartitionTable::replicated(5, &[vec![0], vec![1]], 2).unwrap();
-        assert_eq!((lost.replicas(), lost.with_replicas(2).replicas()), (1, 2));
         assert!(PartitionTable::new(1, &[0, 1], 2).unwrap().backups(b"k").is_empty());
         assert!(PartitionTable::replicated(1, &[vec![]], 1).unwrap_err().contains("no replica"));
         assert!(PartitionTable::replicated(1, &[vec![0, 0]], 1).unwrap_err().contains("twice"));
