@@ -63,8 +63,8 @@ type Plan<'a> = dyn Fn(&ClusterMap, &BTreeSet<u64>) -> anyhow::Result<Vec<Move>>
 
 /// Runs the moves `plan` makes of the current map and live memnodes (start, copy, finish),
 /// round after round while the map changes under them, until it plans none (or after
-/// [`MAX_ROUNDS`]). Returns what moved and the memnodes partitions moved from (their
-/// copies of those are stale now).
+/// [`MAX_ROUNDS`]). Returns what moved and the memnodes whose copies are stale now (those
+/// partitions moved from, and the takers of moves called off).
 fn run_moves(
     etcd: &Etcd,
     client: &Client,
@@ -86,7 +86,34 @@ fn run_moves(
             Some((_, next)) => next,
             None => map,
         };
-        let (copied, synced) = copy_moves(client, &joining, &membership::started(&joining, &moves), rate, progress)?;
+        let (settled, stale) = settle_moves(etcd, client, joining, &moves, rate, progress)?;
+        done.moved += settled.moved;
+        done.synced += settled.synced;
+        sources.extend(stale);
+    }
+    Ok((done, sources))
+}
+
+/// Copies and finishes the moves of `moves` that `map` (written) started: copied from each
+/// partition's primary, finished where that is still the primary. A move whose primary
+/// changed meanwhile (a failover, primaries spread) is copied again from the new one, at
+/// most [`MAX_ROUNDS`] times, then called off, so that no taker is left joining for good.
+/// Returns what moved and the memnodes whose copies are stale now.
+fn settle_moves(
+    etcd: &Etcd,
+    client: &Client,
+    mut map: ClusterMap,
+    moves: &[Move],
+    rate: &mut KeyRate,
+    progress: &mut dyn Progress,
+) -> anyhow::Result<(Moved, BTreeSet<u64>)> {
+    let (mut done, mut stale) = (Moved::default(), BTreeSet::new());
+    let mut pending = membership::started(&map, moves);
+    for _ in 0..MAX_ROUNDS {
+        if pending.is_empty() {
+            return Ok((done, stale));
+        }
+        let (copied, synced) = copy_moves(client, &map, &pending, rate, progress)?;
         done.synced += synced;
         let finished = update_map(etcd, client, |map| {
             // Only moves whose partition's primary is the one copied from.
@@ -98,11 +125,21 @@ fn run_moves(
             Ok(membership::finish_moves(map, &ready))
         })?;
         if let Some((before, after)) = finished {
-            done.moved += membership::started(&before, &moves).len() - membership::started(&after, &moves).len();
-            sources.extend(membership::dropped(&before, &after).into_keys());
+            done.moved += membership::started(&before, &pending).len() - membership::started(&after, &pending).len();
+            stale.extend(membership::dropped(&before, &after).into_keys());
         }
+        map = etcd.map()?.context("the cluster map is gone")?.0;
+        pending = membership::started(&map, &pending);
     }
-    Ok((done, sources))
+    if let Some((_, after)) = update_map(etcd, client, |map| Ok(membership::cancel_moves(map, &pending)))? {
+        tracing::warn!(
+            moves = pending.len(),
+            epoch = after.epoch,
+            "called off moves whose partitions' primaries kept changing while they were copied"
+        );
+        stale.extend(pending.iter().map(|m| m.to));
+    }
+    Ok((done, stale))
 }
 
 /// Drains memnode `node` (each of its partitions copied to the live memnode already joining

@@ -40,6 +40,36 @@ fn cluster(etcd: &[String], args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// Every key of `model` on exactly the memnodes of its replica set, with its value there;
+/// no move left half done.
+fn check_copies(
+    etcd: &racekv_coord::etcd::Etcd,
+    memnodes: &[Memnode],
+    model: &std::collections::BTreeMap<String, String>,
+) {
+    use racekv_client::Client;
+    let (map, _) = etcd.map().unwrap().unwrap();
+    assert!(map.joining.is_empty(), "no move left half done: {map:?}");
+    let registered = etcd.memnodes().unwrap();
+    let mut copies = 0;
+    for m in memnodes {
+        let endpoint = m.endpoints()[0].to_string();
+        let id = registered.iter().find(|r| r.endpoints.contains(&endpoint)).expect("registered").node_id;
+        let direct = Client::builder().memnode(endpoint).connect().unwrap();
+        for (k, v) in model {
+            let p = map.partition_of(racekv_client::ring::key_hash(k.as_bytes()));
+            let held = direct.get(k.as_bytes()).unwrap();
+            if map.partitions[p].contains(&id) {
+                assert_eq!(held, Some(v.clone().into_bytes()), "{k} on its replica {id:#x}");
+                copies += 1;
+            } else {
+                assert_eq!(held, None, "{k}: a stale copy on {id:#x}, which does not hold partition {p}");
+            }
+        }
+    }
+    assert_eq!(copies, usize::from(map.replicas) * model.len());
+}
+
 #[test]
 fn init_writes_the_first_map_and_status_shows_it() {
     let server = EtcdServer::start();
@@ -332,27 +362,7 @@ fn memnodes_leave_and_r_changes_while_clients_write() {
         assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).to_string()
     };
-    // Every key on exactly the memnodes of its replica set, with its last acknowledged value.
-    let check = |memnodes: &[Memnode], model: &BTreeMap<String, String>| {
-        let (map, _) = etcd.map().unwrap().unwrap();
-        assert!(map.joining.is_empty(), "no move left half done: {map:?}");
-        let mut copies = 0;
-        for m in memnodes {
-            let id = node_of(m);
-            let direct = Client::builder().memnode(endpoint(m)).connect().unwrap();
-            for (k, v) in model {
-                let p = map.partition_of(racekv_client::ring::key_hash(k.as_bytes()));
-                let held = direct.get(k.as_bytes()).unwrap();
-                if map.partitions[p].contains(&id) {
-                    assert_eq!(held, Some(v.clone().into_bytes()), "{k} on its replica {id:#x}");
-                    copies += 1;
-                } else {
-                    assert_eq!(held, None, "{k}: a stale copy on {id:#x}, which does not hold partition {p}");
-                }
-            }
-        }
-        assert_eq!(copies, usize::from(map.replicas) * model.len());
-    };
+    let check = |memnodes: &[Memnode], model: &BTreeMap<String, String>| check_copies(&etcd, memnodes, model);
     std::thread::scope(|scope| {
         for (w, model) in model.iter().enumerate() {
             let (client, stop, errors, rounds) = (&client, &stop, &errors, &rounds);
@@ -467,4 +477,98 @@ fn memnodes_leave_and_r_changes_while_clients_write() {
     assert_eq!(client.len().unwrap(), 204, "DBSIZE at R = 2");
     let out = run(&["balance"]);
     assert!(out.contains("already spread") || out.contains("primaries spread"), "{out}");
+}
+
+/// `add-memnode` while another process keeps moving primaries (as the healer's `balance`
+/// may, or failovers): a move whose primary changed while it was copied is copied again
+/// from the new one, or called off, never left joining for good (the healer once left 4
+/// partitions joining in the operator's guide). A writer writes throughout; after, every
+/// key is on exactly its replicas with its last acknowledged value.
+#[test]
+fn a_memnode_is_added_while_primaries_keep_moving() {
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    use racekv_client::Client;
+    use racekv_coord::etcd::Etcd;
+
+    let server = EtcdServer::start();
+    let etcd_urls = server.endpoint();
+    let mut memnodes: Vec<Memnode> = (0..2).map(|_| memnode(&etcd_urls)).collect();
+    let etcd = Etcd::connect(&etcd_urls, CLUSTER, Duration::from_secs(5)).unwrap();
+    let init = cluster(&etcd_urls, &["init", "--replicas", "2", "--partitions-per-memnode", "6"]);
+    assert!(init.status.success(), "{}", String::from_utf8_lossy(&init.stderr));
+    let client = Client::builder().etcd(etcd_urls.clone(), CLUSTER).timeout(Duration::from_secs(10)).connect().unwrap();
+    let (writing, shuffling, errors, swaps) =
+        (AtomicBool::new(true), AtomicBool::new(true), AtomicU64::new(0), AtomicU64::new(0));
+    let mut model = BTreeMap::new();
+    std::thread::scope(|scope| {
+        let writer = scope.spawn(|| {
+            let mut round = 0u32;
+            while writing.load(Ordering::Relaxed) {
+                round += 1;
+                for i in 0..100 {
+                    let (k, v) = (format!("k{i}"), format!("v{round}-{i}"));
+                    match client.put(k.as_bytes(), v.as_bytes()) {
+                        Ok(()) => drop(model.insert(k, v)),
+                        Err(e) => {
+                            eprintln!("{k}: {e}");
+                            errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }
+        });
+        // While a move is under way, each set's primary keeps stepping down for its next
+        // replica (epoch words of the memnodes involved raised first, as every map change
+        // that moves primaries does).
+        scope.spawn(|| {
+            while shuffling.load(Ordering::Relaxed) {
+                let (map, revision) = etcd.map().unwrap().unwrap();
+                if map.joining.is_empty() {
+                    std::thread::sleep(Duration::from_millis(1));
+                    continue;
+                }
+                let mut next = map.clone();
+                next.partitions.iter_mut().for_each(|set| set.rotate_left(1));
+                next.epoch += 1;
+                for node in racekv_coord::membership::fenced(&map, &next) {
+                    client.raise_served_epoch(node, next.epoch).unwrap();
+                }
+                if etcd.put_map(&next, Some(revision)).unwrap().is_some() {
+                    swaps.fetch_add(1, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        // Stops both threads when an assertion below fails too (the scope joins them).
+        struct Stop<'a>(&'a [&'a AtomicBool]);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.iter().for_each(|flag| flag.store(false, Ordering::Relaxed));
+            }
+        }
+        let running = [&shuffling, &writing];
+        let _stop = Stop(&running);
+        std::thread::sleep(Duration::from_millis(300));
+        memnodes.push(memnode(&etcd_urls));
+        let endpoint = memnodes[2].endpoints()[0].to_string();
+        let added = etcd.memnodes().unwrap().into_iter().find(|m| m.endpoints.contains(&endpoint));
+        let added = added.expect("registered").node_id;
+        let out = cluster(&etcd_urls, &["add-memnode", &format!("{added:#x}")]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        shuffling.store(false, Ordering::Relaxed);
+        let (map, _) = etcd.map().unwrap().unwrap();
+        assert!(map.joining.is_empty(), "no move left joining: {map:?}\n{stderr}");
+        assert!(map.partitions.iter().any(|set| set.contains(&added)), "some partition moved: {map:?}");
+        std::thread::sleep(Duration::from_millis(300));
+        writing.store(false, Ordering::Relaxed);
+        writer.join().unwrap();
+    });
+    eprintln!("primaries moved {} times during the moves", swaps.load(Ordering::Relaxed));
+    assert!(swaps.load(Ordering::Relaxed) > 0, "primaries moved during the moves");
+    assert_eq!(errors.load(Ordering::Relaxed), 0, "writes failed during the moves");
+    assert_eq!(model.len(), 100);
+    check_copies(&etcd, &memnodes, &model);
 }

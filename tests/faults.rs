@@ -228,8 +228,8 @@ fn clients_stay_linearizable_through_memnode_and_etcd_faults() {
 /// With R = 2 a memnode stopped past its lease is failed over, then caught up and made a
 /// replica again, so the runs go on through failovers and rejoins. (It found a SET shown on
 /// the primary but never copied to a memnode joining its partition, lost at the primary's
-/// failover: a write is judged replicated or not by the newest map now, ARCHITECTURE.md,
-/// "Catch-up".)
+/// failover: writes at R > 1 are one-key transactions now even on a partition down to its
+/// primary, `PartitionTable::locks_writes`.)
 #[test]
 fn replicated_clients_stay_linearizable_through_faults_and_failovers() {
     run_faults("2", 30);

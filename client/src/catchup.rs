@@ -8,13 +8,16 @@
 //! of the partition the joiner holds but the primary does not (a stale copy from before it
 //! failed) is removed the same way. Then the map makes the joiner a replica.
 //!
-//! Why no write is missed: a writer routing by a map without the joiner either ran its
-//! last batch on the primary before the primary served the joining map (the copier starts
-//! only after that, so its sync reads that write), or its batch there saw the newer epoch
-//! (`map_fence`): it then waits for that map and syncs each key it wrote before
-//! acknowledging. Open gap: a plain upsert (a partition down to its primary) shows at once,
-//! so a writer failing before its sync leaves the joiner without a value readers saw
-//! (ARCHITECTURE.md, "Catch-up").
+//! Why no write is missed: at R > 1 every write is a one-key transaction, a partition down
+//! to its primary's too (`PartitionTable::locks_writes`). A writer routing by a map without
+//! the joiner either placed its primary's lock before the primary served the joining map
+//! (the copier starts only after that, and its read of the key waits for the lock, so its
+//! sync copies that write), or after: its commit's epoch check (`map_fence`) sees the newer
+//! map before the commit point, so it aborts, showing nothing, and runs again by that map.
+//! A plain upsert would show on the primary at once, and its writer failing before it
+//! copied the key (`write_unreplicated`) would leave the joiner without it: so only R = 1
+//! maps use them, and a change of R from 1 while writers still route by the R = 1 map has
+//! that gap (ARCHITECTURE.md, "Catch-up").
 
 use std::time::{Duration, Instant};
 
@@ -53,7 +56,8 @@ impl<S: Shards> Session<S> {
     /// Writes `key`'s item on its primary (or its absence) to every memnode its writes go
     /// to, as one replicated write. Nothing to do when the key has no other replica.
     pub fn sync_key(&mut self, key: &[u8]) -> Result<(), ClientError> {
-        if !self.replicated(key) {
+        self.shards_mut().refresh_routing();
+        if self.shards().backups(key).is_empty() {
             return Ok(());
         }
         self.write_replicated(key, |item| {

@@ -225,7 +225,9 @@ impl Cluster {
             None => (Arc::new(Router::ring(&ids)), None),
             Some(map) => {
                 let router =
-                    Router::map(map.map().epoch, &map.replica_sets(), &ids, &mapped, |i| memnodes[i].label.clone());
+                    Router::map(map.map().epoch, map.map().replicas, &map.replica_sets(), &ids, &mapped, |i| {
+                        memnodes[i].label.clone()
+                    });
                 let router = Arc::new(router.map_err(ClientError::Config)?);
                 let (added, connect) = (Arc::clone(&memnodes), connect.clone());
                 let add = move |router: &Router, info: &racekv_coord::MemnodeInfo| {
@@ -317,6 +319,10 @@ impl Shards for EmbeddedShards {
 
     fn backups(&self, key: &[u8]) -> &[u16] {
         self.routing.backups(key)
+    }
+
+    fn locks_writes(&self, key: &[u8]) -> bool {
+        self.routing.locks_writes(key)
     }
 
     fn item_share(&self, shard: usize) -> (u64, u64) {

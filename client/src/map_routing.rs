@@ -33,12 +33,13 @@ impl Router {
         Self::with(Placement::Ring(Ring::new(ids)), ids)
     }
 
-    /// Routing by map `epoch`, whose partition `p` lives on the memnodes with node ids
-    /// `replica_sets[p]` (the primary first), over memnodes with node ids `ids`, which must
+    /// Routing by map `epoch` of replication factor `replicas`, whose partition `p` lives
+    /// on the memnodes with node ids `replica_sets[p]` (the primary first), over memnodes with node ids `ids`, which must
     /// be the ones the map gives them (`mapped`, in the same order; `label(i)` names memnode
     /// `i` in the error).
     pub fn map(
         epoch: u64,
+        replicas: u8,
         replica_sets: &[Vec<u64>],
         ids: &[u64],
         mapped: &[u64],
@@ -52,7 +53,7 @@ impl Router {
                 mapped.get(i).map_or("none".into(), |id| format!("{id:#x}"))
             ));
         }
-        Ok(Self::with(Placement::partitions(partition_table(epoch, replica_sets, ids)?), ids))
+        Ok(Self::with(Placement::partitions(partition_table(epoch, replicas, replica_sets, ids)?), ids))
     }
 
     fn with(placement: Placement, ids: &[u64]) -> Self {
@@ -72,8 +73,8 @@ impl Router {
     /// Routes by a newer map from now on. Refused (routing unchanged) on a fixed ring, for a
     /// map not newer than the current one, and for a replica this process has no
     /// connection to.
-    pub fn install(&self, epoch: u64, replica_sets: &[Vec<u64>]) -> Result<(), String> {
-        let table = partition_table(epoch, replica_sets, &self.ids.read())?;
+    pub fn install(&self, epoch: u64, replicas: u8, replica_sets: &[Vec<u64>]) -> Result<(), String> {
+        let table = partition_table(epoch, replicas, replica_sets, &self.ids.read())?;
         self.placement.install(table)?;
         drop(self.installed.0.lock());
         self.installed.1.notify_all();
@@ -129,8 +130,9 @@ impl Router {
     }
 }
 
-/// Map `epoch`'s routing over memnodes with node ids `ids` (shard i has `ids[i]`).
-fn partition_table(epoch: u64, replica_sets: &[Vec<u64>], ids: &[u64]) -> Result<PartitionTable, String> {
+/// Map `epoch`'s routing (replication factor `replicas`) over memnodes with node ids `ids`
+/// (shard i has `ids[i]`).
+fn partition_table(epoch: u64, replicas: u8, replica_sets: &[Vec<u64>], ids: &[u64]) -> Result<PartitionTable, String> {
     let shard = |id: &u64| {
         ids.iter().position(|x| x == id).ok_or_else(|| {
             format!("map epoch {epoch} has memnode {id:#x} in a replica set, and this process is not connected to it")
@@ -140,7 +142,7 @@ fn partition_table(epoch: u64, replica_sets: &[Vec<u64>], ids: &[u64]) -> Result
         .iter()
         .map(|set| set.iter().map(shard).collect::<Result<Vec<_>, _>>())
         .collect::<Result<Vec<_>, _>>()?;
-    PartitionTable::replicated(epoch, &sets, ids.len())
+    Ok(PartitionTable::replicated(epoch, &sets, ids.len())?.with_replicas(usize::from(replicas)))
 }
 
 /// One session's routing (the `Shards` hooks of a session routing by a [`Router`]).
@@ -165,6 +167,12 @@ impl SessionRouting {
     /// The shards of `key`'s replicas after the one that serves it (none on a ring).
     pub fn backups(&self, key: &[u8]) -> &[u16] {
         self.table.as_ref().map_or(&[], |table| table.backups(key))
+    }
+
+    /// Whether writes of `key` go through its primary's lock
+    /// ([`PartitionTable::locks_writes`]; never on a ring).
+    pub fn locks_writes(&self, key: &[u8]) -> bool {
+        self.table.as_ref().is_some_and(|table| table.locks_writes(key))
     }
 
     /// Whether `shard` holds a partition (on a ring, every one does).
@@ -218,20 +226,20 @@ mod tests {
     #[test]
     fn sessions_route_by_the_map_they_took_until_they_refresh() {
         let label = |i: usize| format!("memnode #{i}");
-        assert!(Router::map(1, &[vec![10], vec![20]], &[10, 20], &[10, 21], label)
+        assert!(Router::map(1, 1, &[vec![10], vec![20]], &[10, 20], &[10, 21], label)
             .unwrap_err()
             .contains("memnode #1 has node id 0x14, not the one the cluster map gives it (0x15)"));
-        let router = Router::map(1, &[vec![10, 20], vec![20, 10]], &[10, 20], &[10, 20], label).unwrap();
+        let router = Router::map(1, 2, &[vec![10, 20], vec![20, 10]], &[10, 20], &[10, 20], label).unwrap();
         let mut session = router.session();
         let key = b"k";
         let first = session.route(&router, key);
         let other = [20, 10][first];
         assert_eq!(session.backups(key), &[1 - first as u16][..]);
-        router.install(2, &[vec![other], vec![other]]).unwrap();
+        router.install(2, 1, &[vec![other], vec![other]]).unwrap();
         assert_eq!(session.route(&router, key), first, "one operation, one map");
         session.refresh(&router);
         assert_eq!(session.route(&router, key), 1 - first);
-        assert!(router.install(3, &[vec![10, 30], vec![10]]).unwrap_err().contains("not connected"));
+        assert!(router.install(3, 2, &[vec![10, 30], vec![10]]).unwrap_err().contains("not connected"));
         assert!(!session.await_map(&router, 3, Duration::from_millis(20)), "no map 3 came");
         assert!(router.take_wanted(), "the wait asked for the map to be read");
         assert!(session.await_map(&router, 2, Duration::ZERO));

@@ -22,6 +22,8 @@ pub struct PartitionTable {
     backup_shards: Vec<Box<[u16]>>,
     /// How many replicas every partition has, when they all have as many.
     uniform_copies: Option<usize>,
+    /// The map's replication factor R (the most replicas a partition has, at least).
+    replicas: usize,
     /// Per shard, (partitions it is primary of, partitions it holds).
     held: Vec<(u32, u32)>,
 }
@@ -65,7 +67,15 @@ impl PartitionTable {
             held[set[0]].0 += 1;
             set.iter().for_each(|&s| held[s].1 += 1);
         }
-        Ok(Self { epoch, primary_shards, backup_shards, uniform_copies, held })
+        let replicas = replica_shards.iter().map(Vec::len).max().unwrap_or(1);
+        Ok(Self { epoch, primary_shards, backup_shards, uniform_copies, replicas, held })
+    }
+
+    /// The same routing, of a map whose replication factor is `replicas` (a partition
+    /// below it has lost a memnode and is re-replicated later).
+    pub fn with_replicas(mut self, replicas: usize) -> Self {
+        self.replicas = self.replicas.max(replicas);
+        self
     }
 
     /// The map epoch this routing came from.
@@ -91,6 +101,16 @@ impl PartitionTable {
     /// The shards of `key`'s other replicas (empty at R = 1).
     pub fn backups(&self, key: &[u8]) -> &[u16] {
         &self.backup_shards[self.partition(key)]
+    }
+
+    /// Whether writes of `key` go through its primary's lock (a one-key transaction,
+    /// `replicated.rs`): when its partition has other replicas, and at R > 1 when it has
+    /// lost them too. A partition below R gets a memnode joining it next (`catchup.rs`),
+    /// and a write by a map older than that join must not show on the primary unless the
+    /// copier, or the epoch check before its commit point, can see it: a plain upsert is
+    /// visible at once, and the joiner would miss it if its writer failed before copying it.
+    pub fn locks_writes(&self, key: &[u8]) -> bool {
+        self.replicas > 1 || !self.backups(key).is_empty()
     }
 
     /// Whether `shard` holds any partition.
@@ -214,6 +234,9 @@ mod tests {
         assert_eq!(failed_over.item_share(2), (0, 1), "holding nothing: its keys are stale");
         let degraded = PartitionTable::replicated(4, &[vec![0, 1], vec![1]], 2).unwrap();
         assert_eq!((degraded.item_share(0), degraded.item_share(1)), ((1, 1), (1, 2)));
+        assert!((0..64u32).all(|i| degraded.locks_writes(&i.to_le_bytes())), "R = 2: a lone primary's too");
+        let lost = PartitionTable::replicated(5, &[vec![0], vec![1]], 2).unwrap();
+        assert!(!lost.locks_writes(b"k") && lost.clone().with_replicas(2).locks_writes(b"k"));
         assert!(PartitionTable::new(1, &[0, 1], 2).unwrap().backups(b"k").is_empty());
         assert!(PartitionTable::replicated(1, &[vec![]], 1).unwrap_err().contains("no replica"));
         assert!(PartitionTable::replicated(1, &[vec![0, 0]], 1).unwrap_err().contains("twice"));

@@ -29,12 +29,11 @@ pub(crate) enum Change<'v> {
 }
 
 impl<S: Shards> Session<S> {
-    /// Whether writes of `key` go to more than one memnode, by the newest map this side has
-    /// (not the one of this session's previous operation: a write judged by that one just
-    /// after a memnode joined the key's partition would skip the joiner).
+    /// Whether writes of `key` are one-key transactions ([`Shards::locks_writes`]), by the
+    /// newest map this side has.
     pub(crate) fn replicated(&mut self, key: &[u8]) -> bool {
         self.shards_mut().refresh_routing();
-        !self.shards().backups(key).is_empty()
+        self.shards().locks_writes(key)
     }
 
     /// Runs one write of `key` on all its replicas: `decide` gets the key's live item (None:

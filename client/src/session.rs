@@ -39,6 +39,13 @@ pub trait Shards: Send {
         let _ = key;
         &[]
     }
+    /// Whether writes of `key` go through its primary's lock, as one-key transactions
+    /// (`replicated.rs`), rather than as plain upserts on the primary: whenever it has
+    /// backups, and wherever a memnode may join its partition (see
+    /// `PartitionTable::locks_writes`).
+    fn locks_writes(&self, key: &[u8]) -> bool {
+        !self.backups(key).is_empty()
+    }
     /// The share of memnode `shard`'s items that counting keys counts, (numerator,
     /// denominator): all of them but with replicas (each key is on several memnodes).
     fn item_share(&self, shard: usize) -> (u64, u64) {
@@ -367,11 +374,10 @@ impl<S: Shards> Session<S> {
         keys.into_iter().try_for_each(|k| if self.replicated(k) { self.sync_key(k) } else { Ok(()) })
     }
 
-    /// A write of `key` on its primary alone, a plain upsert (its partition has no other
-    /// replica by the newest map). When the map it finished under gives the key other
-    /// replicas (a memnode joining its partition, `catchup.rs`), the key is copied to them
-    /// before the write is acknowledged (a writer failing between the two leaves the
-    /// joiner without it: ARCHITECTURE.md, "Catch-up").
+    /// A write of `key` on its primary alone, a plain one (the map's R is 1). When the map it
+    /// finished under gives the key other replicas (R raised, a memnode joining its
+    /// partition, `catchup.rs`), the key is copied to them before the write is
+    /// acknowledged (a writer failing between the two leaves the joiner without it).
     fn write_unreplicated<R>(
         &mut self,
         key: &[u8],

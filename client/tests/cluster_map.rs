@@ -455,7 +455,6 @@ fn a_write_that_meets_a_joining_map_copies_its_key_to_the_joiner() {
 /// checks the map epoch before the commit point; a plain upsert there would be visible at
 /// once, before any copy to the joiner (the fault test's violation, issue 17).
 #[test]
-#[ignore = "open (issue 17): a plain upsert on a partition down to its primary shows at once; run with --ignored"]
 fn a_write_that_meets_a_joining_map_and_a_dead_joiner_never_shows() {
     let mut j = joining_under_way();
     let client = map_client(&j.server, Duration::from_secs(2));

@@ -76,6 +76,8 @@ pub enum Routing {
     Map {
         /// The map's epoch.
         epoch: u64,
+        /// The map's replication factor R.
+        replicas: u8,
         /// The node id the map gives each of [`ClusterOptions::memnodes`], in order.
         node_ids: Vec<u64>,
         /// Per partition, its replica set's node ids (the primary first).
@@ -160,8 +162,8 @@ impl Cluster {
         }
         let router = match &options.routing {
             Routing::Ring => Router::ring(&ids),
-            Routing::Map { epoch, replica_sets, .. } => {
-                Router::map(*epoch, replica_sets, &ids, &mapped, |i| memnodes[i].label.clone())
+            Routing::Map { epoch, replicas, replica_sets, .. } => {
+                Router::map(*epoch, *replicas, replica_sets, &ids, &mapped, |i| memnodes[i].label.clone())
                     .map_err(ClientError::Config)?
             }
         };
@@ -418,6 +420,10 @@ impl Shards for WorkerShards {
 
     fn backups(&self, key: &[u8]) -> &[u16] {
         self.routing.backups(key)
+    }
+
+    fn locks_writes(&self, key: &[u8]) -> bool {
+        self.routing.locks_writes(key)
     }
 
     fn item_share(&self, shard: usize) -> (u64, u64) {

@@ -38,7 +38,12 @@ pub(crate) fn fetch(config: &ComputenodeConfig) -> anyhow::Result<Option<MapSour
 
 /// The routing of `source`'s map over its memnodes (in the map's order).
 pub(crate) fn routing(source: &MapSource) -> Routing {
-    Routing::Map { epoch: source.map().epoch, node_ids: source.node_ids(), replica_sets: source.replica_sets() }
+    Routing::Map {
+        epoch: source.map().epoch,
+        replicas: source.map().replicas,
+        node_ids: source.node_ids(),
+        replica_sets: source.replica_sets(),
+    }
 }
 
 /// Watches for newer maps and installs them into `cluster`.

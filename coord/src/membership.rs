@@ -183,6 +183,25 @@ pub fn finish_moves(map: &ClusterMap, moves: &[Move]) -> Option<ClusterMap> {
     Some(next)
 }
 
+/// The map with each started move of `moves` called off: `to` no longer joining its
+/// partition (its copies of the partition's keys are stale now: purge them), the replica
+/// set unchanged; one epoch later. None when none is started. A move whose partition's
+/// primary kept changing while it was copied ends this way rather than joining for good.
+pub fn cancel_moves(map: &ClusterMap, moves: &[Move]) -> Option<ClusterMap> {
+    let called_off = started(map, moves);
+    if called_off.is_empty() {
+        return None;
+    }
+    let mut next = map.clone();
+    for m in called_off {
+        next.joining[m.partition].retain(|&id| id != m.to);
+    }
+    next.normalize_joining();
+    next.epoch += 1;
+    debug_assert!(next.check().is_ok(), "a joiner leaving keeps the map valid");
+    Some(next)
+}
+
 /// The map without memnode `node` listed, one epoch later (it stops joining anything);
 /// None when it is not listed. Refused while it holds a partition or is the only memnode.
 pub fn forget(map: &ClusterMap, node: u64) -> Result<Option<ClusterMap>, String> {
@@ -447,6 +466,25 @@ mod tests {
                 prop_assert_eq!(old.len(), new.len());
             }
             prop_assert!(spread(&moved, &live).is_empty(), "spread twice changes nothing");
+        }
+
+        /// Moves called off leave the replica sets as they were and nobody joining; a
+        /// move called off or finished cannot be called off again.
+        #[test]
+        fn cancelled_moves_leave_the_sets_and_no_joiner(n in 1usize..7, replicas in 1u8..=5) {
+            let ids: Vec<u64> = (1..=n as u64).collect();
+            let new = MemnodeInfo { node_id: 100, endpoints: vec!["tcp:127.0.0.1:7100".into()], region_bytes: 1 << 20 };
+            let added = add(&map(&ids, replicas), &new).unwrap().unwrap();
+            let live: BTreeSet<u64> = added.memnodes.iter().map(|m| m.node_id).collect();
+            let moves = spread(&added, &live);
+            let Some(joining) = start_moves(&added, &moves) else { return Ok(()) };
+            let cancelled = cancel_moves(&joining, &moves).unwrap();
+            prop_assert!(cancelled.check().is_ok());
+            prop_assert_eq!(cancelled.epoch, joining.epoch + 1);
+            prop_assert_eq!(&cancelled.partitions, &added.partitions);
+            prop_assert!(cancelled.joining.is_empty());
+            prop_assert!(cancel_moves(&cancelled, &moves).is_none());
+            prop_assert!(cancel_moves(&finish_moves(&joining, &moves).unwrap(), &moves).is_none());
         }
     }
 
