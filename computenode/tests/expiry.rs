@@ -10,7 +10,7 @@ mod common;
 #[path = "../../redis/tests/common/expiry_script.rs"]
 mod expiry_script;
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -33,7 +33,7 @@ impl RealRedis {
             }
             panic!("redis-server not found: `apt-get install redis-server`, or set RACEKV_SKIP_REDIS_TOOLS=1 to skip");
         }
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = racekv_coord::testing::free_port();
         let child = Command::new(bin)
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .stdout(Stdio::null())

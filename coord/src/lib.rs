@@ -19,7 +19,7 @@ pub mod local_etcd;
 pub mod map;
 pub mod membership;
 pub mod rejoin;
-#[cfg(all(feature = "testing", feature = "etcd"))]
+#[cfg(feature = "testing")]
 pub mod testing;
 
 pub use keys::KeySpace;

@@ -1,5 +1,6 @@
-//! A real etcd for tests (Debian's `etcd-server`): a [`LocalEtcd`] in a temporary directory
-//! on free loopback ports; a failure to start panics.
+//! Test helpers: free loopback ports (below the ephemeral range), and a real etcd (Debian's
+//! `etcd-server`): a [`LocalEtcd`] in a temporary directory on such ports; a failure to
+//! start panics.
 
 use std::net::TcpListener;
 use std::time::Duration;

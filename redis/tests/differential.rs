@@ -9,7 +9,6 @@ mod common;
 mod reply;
 
 use std::collections::BTreeSet;
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 
 use racekv_redis::ServerOptions;
@@ -28,13 +27,9 @@ impl Drop for RedisServer {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 fn start_redis_server() -> Option<RedisServer> {
     let bin = common::redis_tool("redis-server")?;
-    let port = free_port();
+    let port = racekv_coord::testing::free_port();
     let dir = tempfile::tempdir().unwrap();
     let child = Command::new(bin)
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])

@@ -127,7 +127,7 @@ pub struct RealRedis {
 impl RealRedis {
     pub fn start() -> Option<Self> {
         let bin = redis_tool("redis-server")?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = racekv_coord::testing::free_port();
         let child = Command::new(bin)
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .stdout(Stdio::null())
