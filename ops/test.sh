@@ -55,7 +55,7 @@ etcd_features=racekv/etcd,racekv-coord/etcd,racekv-coord/testing,racekv-memnode/
 cargo clippy -p racekv -p racekv-coord -p racekv-memnode --all-targets --features "$etcd_features" -- -D warnings
 # `racekv up --replicas` runs the racekv-memnode beside racekv: built with etcd too.
 cargo build -p racekv -p racekv-memnode --features "$etcd_features"
-cargo test -p racekv -p racekv-coord -p racekv-memnode --features "$etcd_features" --test etcd --test cluster_etcd --test up_cluster --test faults
+cargo test -p racekv -p racekv-coord -p racekv-memnode --features "$etcd_features" --test etcd --test cluster_etcd --test up_cluster --test faults --test partitions
 cargo clippy -p racekv-computenode -p racekv-client --all-targets --features racekv-computenode/etcd,racekv-client/etcd -- -D warnings
 cargo test -p racekv-computenode --features racekv-computenode/etcd --test cluster_map --test replication
 cargo test -p racekv-client --features racekv-client/etcd --test cluster_map

@@ -160,6 +160,7 @@ pub fn run(s: Settings) -> anyhow::Result<()> {
         LocalEtcdConfig {
             data_dir: data_dir.join("etcd"),
             client_port: s.etcd_port,
+            also_listen_on: Vec::new(),
             peer_port: s.etcd_port.checked_add(1).context("--etcd-port must leave room for the peer port")?,
             log_file: Some(logs.join("etcd.log")),
         },

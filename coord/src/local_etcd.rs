@@ -2,6 +2,7 @@
 //! a cluster on one machine, and tests run one each. Its own data directory and ports,
 //! healthy before it is handed out, stopped by pid (SIGTERM, then SIGKILL).
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -24,6 +25,9 @@ pub struct LocalEtcdConfig {
     pub data_dir: PathBuf,
     /// Loopback port for clients.
     pub client_port: u16,
+    /// Addresses besides loopback it serves clients on, at `client_port` (a test's
+    /// network namespaces reach it on their links' addresses); usually none.
+    pub also_listen_on: Vec<std::net::IpAddr>,
     /// Loopback port for peers (a one-member cluster still listens on one).
     pub peer_port: u16,
     /// Where its output goes (`None`: discarded).
@@ -126,6 +130,9 @@ impl Drop for LocalEtcd {
 
 fn spawn(config: &LocalEtcdConfig) -> Result<Child, CoordError> {
     let client = format!("http://127.0.0.1:{}", config.client_port);
+    let mut listen = vec![client.clone()];
+    listen
+        .extend(config.also_listen_on.iter().map(|ip| format!("http://{}", SocketAddr::new(*ip, config.client_port))));
     let peer = format!("http://127.0.0.1:{}", config.peer_port);
     let (stdout, stderr) = match &config.log_file {
         Some(path) => {
@@ -142,7 +149,7 @@ fn spawn(config: &LocalEtcdConfig) -> Result<Child, CoordError> {
     Command::new(ETCD_PROGRAM)
         .args(["--name", "racekv", "--data-dir"])
         .arg(&config.data_dir)
-        .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+        .args(["--listen-client-urls", &listen.join(","), "--advertise-client-urls", &client])
         .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
         .args(["--initial-cluster", &format!("racekv={peer}"), "--log-level", "error"])
         // etcd raises every lease to 1.5 election timeouts, rounded up to whole seconds: 2 s

@@ -166,21 +166,10 @@ pub fn started(map: &ClusterMap, moves: &[Move]) -> Vec<Move> {
 /// set (primary if `from` was), no longer joining; one epoch later. None when none is
 /// started.
 pub fn finish_moves(map: &ClusterMap, moves: &[Move]) -> Option<ClusterMap> {
-    let ready = started(map, moves);
-    if ready.is_empty() {
-        return None;
-    }
-    let mut next = map.clone();
-    for m in ready {
-        let set = &mut next.partitions[m.partition];
+    end_moves(map, moves, |set, m| {
         let at = set.iter().position(|&id| id == m.from).expect("a started move's from is in the set");
         set[at] = m.to;
-        next.joining[m.partition].retain(|&id| id != m.to);
-    }
-    next.normalize_joining();
-    next.epoch += 1;
-    debug_assert!(next.check().is_ok(), "a joiner taking a replica's place keeps the map valid");
-    Some(next)
+    })
 }
 
 /// The map with each started move of `moves` called off: `to` no longer joining its
@@ -188,17 +177,24 @@ pub fn finish_moves(map: &ClusterMap, moves: &[Move]) -> Option<ClusterMap> {
 /// set unchanged; one epoch later. None when none is started. A move whose partition's
 /// primary kept changing while it was copied ends this way rather than joining for good.
 pub fn cancel_moves(map: &ClusterMap, moves: &[Move]) -> Option<ClusterMap> {
-    let called_off = started(map, moves);
-    if called_off.is_empty() {
+    end_moves(map, moves, |_, _| {})
+}
+
+/// The map with each started move of `moves` ended: its replica set edited by `edit`, `to`
+/// no longer joining; one epoch later. None when none is started.
+fn end_moves(map: &ClusterMap, moves: &[Move], mut edit: impl FnMut(&mut Vec<u64>, &Move)) -> Option<ClusterMap> {
+    let ended = started(map, moves);
+    if ended.is_empty() {
         return None;
     }
     let mut next = map.clone();
-    for m in called_off {
+    for m in ended {
+        edit(&mut next.partitions[m.partition], &m);
         next.joining[m.partition].retain(|&id| id != m.to);
     }
     next.normalize_joining();
     next.epoch += 1;
-    debug_assert!(next.check().is_ok(), "a joiner leaving keeps the map valid");
+    debug_assert!(next.check().is_ok(), "ending started moves keeps the map valid");
     Some(next)
 }
 

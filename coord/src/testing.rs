@@ -40,6 +40,7 @@ impl EtcdServer {
         let config = LocalEtcdConfig {
             data_dir: dir.path().join("data"),
             client_port: free_port(),
+            also_listen_on: Vec::new(),
             peer_port: free_port(),
             log_file: None,
         };
