@@ -52,6 +52,12 @@ pub struct Registration {
     runtime: Arc<tokio::runtime::Runtime>,
 }
 
+/// Wakes its owner when the memnodes' registrations change ([`Etcd::watch_registrations`]).
+pub struct RegistrationWatch {
+    changes: mpsc::Receiver<()>,
+    stop: Arc<AtomicBool>,
+}
+
 /// The maps after a revision, as etcd sends them ([`Etcd::watch_map`]).
 pub struct MapWatch {
     maps: mpsc::Receiver<Result<(ClusterMap, i64), CoordError>>,
@@ -184,6 +190,23 @@ impl Etcd {
     }
 }
 
+impl Etcd {
+    /// A watch that wakes on every change to the memnodes' registrations (a lease expiring
+    /// deletes one: failover learns of it at once rather than at its next poll). It ends
+    /// when the [`RegistrationWatch`] is dropped.
+    pub fn watch_registrations(&self) -> RegistrationWatch {
+        let (send, changes) = mpsc::sync_channel(1);
+        let stop = Arc::new(AtomicBool::new(false));
+        self.runtime.spawn(forward_registration_changes(
+            self.client.clone(),
+            self.keys.memnodes(),
+            send,
+            Arc::clone(&stop),
+        ));
+        RegistrationWatch { changes, stop }
+    }
+}
+
 impl Drop for Etcd {
     fn drop(&mut self) {
         // Background tasks hold clones of the client; the runtime goes with the last Arc.
@@ -289,6 +312,48 @@ async fn forward_maps(
     }
 }
 
+/// Pokes `send` at every change under `prefix`, and after each break of the watch (changes
+/// may have been missed), until `stop` (or the receiver is gone). Pokes coalesce: one
+/// waiting is enough.
+async fn forward_registration_changes(
+    mut c: Client,
+    prefix: String,
+    send: mpsc::SyncSender<()>,
+    stop: Arc<AtomicBool>,
+) {
+    let poke = || !matches!(send.try_send(()), Err(mpsc::TrySendError::Disconnected(())));
+    while !stop.load(Ordering::Relaxed) {
+        let mut stream = match c.watch(prefix.clone(), Some(WatchOptions::new().with_prefix())).await {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::debug!("watching the registrations failed (retrying): {e}");
+                tokio::time::sleep(RETRY).await;
+                continue;
+            }
+        };
+        loop {
+            let message = tokio::time::timeout(RETRY * 5, stream.message()).await;
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            match message {
+                Err(_) => continue, // no news; look at `stop` again
+                Ok(Ok(Some(resp))) if resp.events().is_empty() => continue,
+                Ok(Ok(Some(_))) => {
+                    if !poke() {
+                        return;
+                    }
+                }
+                Ok(Ok(None)) | Ok(Err(_)) => break,
+            }
+        }
+        if !poke() {
+            return;
+        }
+        tokio::time::sleep(RETRY).await;
+    }
+}
+
 impl Registration {
     /// Stops keeping the lease alive without revoking it, as a crashed memnode would: the
     /// registration disappears when the lease expires (tests of lease expiry).
@@ -316,6 +381,20 @@ impl MapWatch {
     /// The next map written, waiting at most `timeout` (None: none came).
     pub fn next(&self, timeout: Duration) -> Option<Result<(ClusterMap, i64), CoordError>> {
         self.maps.recv_timeout(timeout).ok()
+    }
+}
+
+impl RegistrationWatch {
+    /// Waits until the registrations change or `timeout` passes; whether they changed
+    /// (or may have: the watch broke meanwhile).
+    pub fn wait(&self, timeout: Duration) -> bool {
+        self.changes.recv_timeout(timeout).is_ok()
+    }
+}
+
+impl Drop for RegistrationWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
     }
 }
 

@@ -26,7 +26,22 @@ impl MapWatch {
     }
 }
 
+/// A watch of the registrations, which this build cannot hold.
+pub struct RegistrationWatch(Infallible);
+
+impl RegistrationWatch {
+    /// Unreachable (no watch exists).
+    pub fn wait(&self, _timeout: Duration) -> bool {
+        match self.0 {}
+    }
+}
+
 impl Etcd {
+    /// Unreachable (no connection exists).
+    pub fn watch_registrations(&self) -> RegistrationWatch {
+        match self.0 {}
+    }
+
     /// Refuses: this build has no etcd client.
     pub fn connect(_endpoints: &[String], _cluster: &str, _timeout: Duration) -> Result<Self, CoordError> {
         Err(CoordError::NotBuilt)

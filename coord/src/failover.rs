@@ -14,10 +14,13 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::etcd::Etcd;
 use crate::{ClusterMap, CoordError};
+
+/// How often a waiting checker looks at its stop flag (a drop waits at most this).
+const STOP_POLL: Duration = Duration::from_millis(100);
 
 /// What failover did, for Prometheus.
 struct Metrics {
@@ -120,24 +123,33 @@ pub struct Failover {
 }
 
 impl Failover {
-    /// Checks for down memnodes every `period` (a fraction of the memnodes' lease: how
-    /// long after a lease expires the map changes).
+    /// Checks for down memnodes as soon as a registration ends (etcd deletes it when its
+    /// lease expires: a watch wakes the checker), and every `period` besides (a fraction
+    /// of the memnodes' lease: the bound should the watch break).
     pub fn start(etcd: Etcd, period: Duration) -> std::io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let thread = std::thread::Builder::new().name("failover".into()).spawn(move || {
             let log = racekv_telemetry::ratelimit::RateLimit::new(10_000);
+            let changes = etcd.watch_registrations();
+            let mut due = Instant::now();
             while !flag.load(Ordering::Relaxed) {
-                let timer = METRICS.checks.start_timer();
-                let checked = check_once(&etcd);
-                timer.observe_duration();
-                if let Err(e) = checked {
-                    METRICS.errors.inc();
-                    racekv_telemetry::ratelimit::limited_warn(&log, || {
-                        format!("failover could not check the cluster: {e}")
-                    });
+                if Instant::now() >= due {
+                    let timer = METRICS.checks.start_timer();
+                    let checked = check_once(&etcd);
+                    timer.observe_duration();
+                    if let Err(e) = checked {
+                        METRICS.errors.inc();
+                        racekv_telemetry::ratelimit::limited_warn(&log, || {
+                            format!("failover could not check the cluster: {e}")
+                        });
+                    }
+                    due = Instant::now() + period;
                 }
-                std::thread::sleep(period);
+                // A change: check at once. Else wake now and then for the stop flag.
+                if changes.wait(STOP_POLL.min(due.saturating_duration_since(Instant::now()))) {
+                    due = Instant::now();
+                }
             }
         })?;
         Ok(Self { stop, thread: Some(thread) })

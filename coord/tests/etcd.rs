@@ -1,8 +1,8 @@
 //! The coordinator against a real etcd (Debian's `etcd-server`, started here on loopback
 //! ports in a temporary directory, stopped by pid): registrations under leases (revoked on
 //! drop, expiring when abandoned, back after etcd restarts), the map's compare-and-swap
-//! between concurrent writers, the watch through an etcd restart, and malformed state
-//! refused with an error.
+//! between concurrent writers, the watch through an etcd restart, failover woken by a
+//! lapsed lease, and malformed state refused with an error.
 #![cfg(all(feature = "etcd", feature = "testing"))]
 
 use std::process::{Command, Stdio};
@@ -102,6 +102,29 @@ fn concurrent_map_writers_agree_on_one_sequence() {
         epochs.push(map.epoch);
     }
     assert_eq!(epochs, (2..=last.epoch).collect::<Vec<_>>());
+}
+
+/// The failover checker learns of a lapsed lease from its watch of the registrations, not
+/// its next poll: with a poll of an hour, the map without the memnode still comes once
+/// etcd expires the lease (1 s, its expiry tick, a round trip).
+#[test]
+fn failover_follows_a_lapsed_lease_without_waiting_for_its_poll() {
+    let server = EtcdServer::start();
+    let etcd = Etcd::connect(&server.endpoint(), "failover", TIMEOUT).unwrap();
+    let lease = racekv_coord::etcd::MIN_LEASE;
+    let registrations: Vec<_> = (1..=3).map(|id| etcd.register(&memnode(id), lease).unwrap()).collect();
+    let map = ClusterMap::initial(vec![memnode(1), memnode(2), memnode(3)], 2, 4).unwrap();
+    etcd.put_map(&map, None).unwrap().expect("the first map is written");
+    let checker = Etcd::connect(&server.endpoint(), "failover", TIMEOUT).unwrap();
+    let _failover = racekv_coord::failover::Failover::start(checker, Duration::from_secs(3600)).unwrap();
+    std::thread::sleep(Duration::from_millis(300)); // its first check, then its watch
+    let mut registrations = registrations.into_iter();
+    registrations.next().unwrap().abandon();
+    let failed_over = eventually(Duration::from_secs(10), || {
+        let (now, _) = etcd.map().unwrap().unwrap();
+        now.epoch > map.epoch && now.partitions.iter().all(|set| !set.contains(&1))
+    });
+    assert!(failed_over, "memnode 1's lease lapsed, but the map still lists it in replica sets");
 }
 
 #[test]
