@@ -175,8 +175,13 @@ mod tests {
             let (q, woken) = (std::sync::Arc::clone(&q), std::sync::Arc::clone(&woken));
             std::thread::spawn(move || {
                 for _ in 0..ROUNDS {
-                    // A lost wake-up leaves it parked for 600 s: the test hangs.
-                    q.wait_for_work(Duration::from_secs(600));
+                    // A lost wake-up leaves it parked for 600 s: the test hangs. A spurious
+                    // return (a park token left by an earlier submit's wake) waits again,
+                    // as the autoscaler does: taking `next` then would leave the submitter
+                    // waiting for a park that never comes (CI hung here).
+                    while q.depth() == 0 {
+                        q.wait_for_work(Duration::from_secs(600));
+                    }
                     q.next(Duration::from_secs(600)).unwrap();
                     woken.fetch_add(1, Ordering::SeqCst);
                 }
