@@ -63,7 +63,7 @@ run_test() {
     marker "START $name $*"
     local t0 t1 rc status
     # Per-binary limit: tests.sh (sourced below) sets it before its first run_test.
-    local test_timeout=${RACEKV_TEST_TIMEOUT:-1800}
+    local test_timeout=${RACEKV_TEST_TIMEOUT:-1200}
     t0=$(date +%s.%N)
     (cd /tmp/work && timeout --signal=KILL "$test_timeout" "/tmp/bin/$name" "$@")
     rc=$?

@@ -6,7 +6,7 @@
 # options:
 #   --boot-timeout SECS   fail if the guest has not booted by then (default 300)
 #   --timeout SECS        fail if the whole run takes longer (default 3600)
-#   --test-timeout SECS   per-binary limit inside the guest (default 1800)
+#   --test-timeout SECS   per-binary limit inside the guest (default 1200)
 #   --mem MB / --cpus N   guest size (default 2048 / 2)
 # Exit status: 0 only if the VM booted, set up Soft-RoCE, ran every binary, and all passed.
 set -euo pipefail
@@ -15,7 +15,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cache=${RACEKV_VM_CACHE:-$here/cache}
 boot_timeout=300
 run_timeout=3600
-test_timeout=1800
+test_timeout=1200
 mem=2048
 cpus=2
 
