@@ -148,8 +148,7 @@ impl Network {
         let net = Self { links, octet };
         for (i, (ns, inside, here)) in net.links.iter().enumerate() {
             // Left over from a killed run with this process id: gone first.
-            let _ = Command::new("ip").args(["link", "del", here]).stderr(Stdio::null()).status();
-            let _ = Command::new("ip").args(["netns", "del", ns]).stderr(Stdio::null()).status();
+            remove_link_and_namespace(here, ns);
             let (here_ip, inside_ip) = (net.host_ip(i).to_string(), net.memnode_ip(i).to_string());
             ip(&["netns", "add", ns]);
             ip(&["link", "add", here, "type", "veth", "peer", "name", inside]);
@@ -207,10 +206,15 @@ fn tcp_port(side: &str, port: u16) -> Vec<String> {
 impl Drop for Network {
     fn drop(&mut self) {
         for (ns, _, here) in &self.links {
-            let _ = Command::new("ip").args(["link", "del", here]).status();
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+            remove_link_and_namespace(here, ns);
         }
     }
+}
+
+/// Deletes veth `here` (its peer goes with it) and namespace `ns`, if they exist.
+fn remove_link_and_namespace(here: &str, ns: &str) {
+    let _ = Command::new("ip").args(["link", "del", here]).stderr(Stdio::null()).status();
+    let _ = Command::new("ip").args(["netns", "del", ns]).stderr(Stdio::null()).status();
 }
 
 fn ip(args: &[&str]) {

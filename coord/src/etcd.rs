@@ -188,9 +188,7 @@ impl Etcd {
         ));
         MapWatch { maps, stop }
     }
-}
 
-impl Etcd {
     /// A watch that wakes on every change to the memnodes' registrations (a lease expiring
     /// deletes one: failover learns of it at once rather than at its next poll). It ends
     /// when the [`RegistrationWatch`] is dropped.
