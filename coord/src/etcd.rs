@@ -261,70 +261,34 @@ async fn keep_registered(
     }
 }
 
-/// Sends every map after revision `after` to `send`, watching again from where it was
-/// after a break, until `stop` (or the receiver is gone).
-async fn forward_maps(
-    mut c: Client,
-    key: String,
-    mut after: i64,
-    send: mpsc::Sender<Result<(ClusterMap, i64), CoordError>>,
-    stop: Arc<AtomicBool>,
-    endpoints: String,
-) {
-    while !stop.load(Ordering::Relaxed) {
-        let options = WatchOptions::new().with_start_revision(after + 1);
-        let mut stream = match c.watch(key.clone(), Some(options)).await {
-            Ok(stream) => stream,
-            Err(e) => {
-                tracing::debug!("watching the cluster map failed (retrying): {e}");
-                tokio::time::sleep(RETRY).await;
-                continue;
-            }
-        };
-        loop {
-            let message = tokio::time::timeout(RETRY * 5, stream.message()).await;
-            if stop.load(Ordering::Relaxed) {
-                return;
-            }
-            let resp = match message {
-                Err(_) => continue, // no news; look at `stop` again
-                Ok(Ok(Some(resp))) => resp,
-                Ok(Ok(None)) | Ok(Err(_)) => break,
-            };
-            if resp.compact_revision() > 0 {
-                // The revisions we missed are gone: report the current map instead.
-                after = resp.compact_revision() - 1;
-                break;
-            }
-            for event in resp.events() {
-                let Some(kv) = event.kv().filter(|_| event.event_type() == EventType::Put) else { continue };
-                after = kv.mod_revision();
-                let item = ClusterMap::decode(kv.value()).map(|m| (m, kv.mod_revision()));
-                if send.send(item).is_err() {
-                    return;
-                }
-            }
-        }
-        tracing::debug!(endpoints, after, "the cluster map's watch broke; watching again");
-        tokio::time::sleep(RETRY).await;
-    }
+/// What a watch's handler wants after a response.
+enum Flow {
+    /// The next response.
+    Next,
+    /// Watch again (after [`RETRY`]): what came is not usable as a continuation.
+    Rewatch,
+    /// End the watch: no one listens any more.
+    Stop,
 }
 
-/// Pokes `send` at every change under `prefix`, and after each break of the watch (changes
-/// may have been missed), until `stop` (or the receiver is gone). Pokes coalesce: one
-/// waiting is enough.
-async fn forward_registration_changes(
+/// Watches `key` (with the options `options` gives, asked anew at every start) until
+/// `stop` is set or a handler says [`Flow::Stop`]: `handle` gets every response; after the
+/// watch broke (or `handle` asked to watch again), `broke` is told (false: stop), and the
+/// watch starts again after [`RETRY`]. `stop` is looked at at least every 5 RETRYs.
+async fn keep_watching(
     mut c: Client,
-    prefix: String,
-    send: mpsc::SyncSender<()>,
+    key: String,
+    what: &str,
     stop: Arc<AtomicBool>,
+    options: impl Fn() -> WatchOptions,
+    mut handle: impl FnMut(&etcd_client::WatchResponse) -> Flow,
+    mut broke: impl FnMut() -> bool,
 ) {
-    let poke = || !matches!(send.try_send(()), Err(mpsc::TrySendError::Disconnected(())));
     while !stop.load(Ordering::Relaxed) {
-        let mut stream = match c.watch(prefix.clone(), Some(WatchOptions::new().with_prefix())).await {
+        let mut stream = match c.watch(key.clone(), Some(options())).await {
             Ok(stream) => stream,
             Err(e) => {
-                tracing::debug!("watching the registrations failed (retrying): {e}");
+                tracing::debug!("watching {what} failed (retrying): {e}");
                 tokio::time::sleep(RETRY).await;
                 continue;
             }
@@ -336,20 +300,65 @@ async fn forward_registration_changes(
             }
             match message {
                 Err(_) => continue, // no news; look at `stop` again
-                Ok(Ok(Some(resp))) if resp.events().is_empty() => continue,
-                Ok(Ok(Some(_))) => {
-                    if !poke() {
-                        return;
-                    }
-                }
+                Ok(Ok(Some(resp))) => match handle(&resp) {
+                    Flow::Next => {}
+                    Flow::Rewatch => break,
+                    Flow::Stop => return,
+                },
                 Ok(Ok(None)) | Ok(Err(_)) => break,
             }
         }
-        if !poke() {
+        if !broke() {
             return;
         }
+        tracing::debug!("the watch of {what} broke; watching again");
         tokio::time::sleep(RETRY).await;
     }
+}
+
+/// Sends every map written after revision `after` to `send`, in order, until `stop` (or
+/// the receiver is gone); a compacted gap is reported by the current map.
+async fn forward_maps(
+    c: Client,
+    key: String,
+    after: i64,
+    send: mpsc::Sender<Result<(ClusterMap, i64), CoordError>>,
+    stop: Arc<AtomicBool>,
+    endpoints: String,
+) {
+    let after = std::sync::atomic::AtomicI64::new(after);
+    let what = format!("the cluster map on {endpoints}");
+    let options = || WatchOptions::new().with_start_revision(after.load(Ordering::Relaxed) + 1);
+    let handle = |resp: &etcd_client::WatchResponse| {
+        if resp.compact_revision() > 0 {
+            // The revisions we missed are gone: report the current map instead.
+            after.store(resp.compact_revision() - 1, Ordering::Relaxed);
+            return Flow::Rewatch;
+        }
+        for event in resp.events() {
+            let Some(kv) = event.kv().filter(|_| event.event_type() == EventType::Put) else { continue };
+            after.store(kv.mod_revision(), Ordering::Relaxed);
+            let item = ClusterMap::decode(kv.value()).map(|m| (m, kv.mod_revision()));
+            if send.send(item).is_err() {
+                return Flow::Stop;
+            }
+        }
+        Flow::Next
+    };
+    keep_watching(c, key, &what, stop, options, handle, || true).await;
+}
+
+/// Pokes `send` at every change under `prefix`, and after each break of the watch (changes
+/// may have been missed), until `stop` (or the receiver is gone). Pokes coalesce: one
+/// waiting is enough.
+async fn forward_registration_changes(c: Client, prefix: String, send: mpsc::SyncSender<()>, stop: Arc<AtomicBool>) {
+    let poke = || !matches!(send.try_send(()), Err(mpsc::TrySendError::Disconnected(())));
+    let handle = |resp: &etcd_client::WatchResponse| match resp.events().is_empty() || poke() {
+        true => Flow::Next,
+        false => Flow::Stop,
+    };
+    let options = || WatchOptions::new().with_prefix();
+    keep_watching(c, prefix, "the registrations", stop, options, handle, poke).await;
 }
 
 impl Registration {
