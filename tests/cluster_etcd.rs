@@ -533,7 +533,14 @@ fn a_memnode_is_added_while_primaries_keep_moving() {
                 next.partitions.iter_mut().for_each(|set| set.rotate_left(1));
                 next.epoch += 1;
                 for node in racekv_coord::membership::fenced(&map, &next) {
-                    client.raise_served_epoch(node, next.epoch).unwrap();
+                    // The client may not follow the map naming the added memnode yet: it
+                    // connects to it within moments (giving up midway would leave memnodes
+                    // serving an epoch no map in etcd has, and every client waiting on it).
+                    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                    while let Err(e) = client.raise_served_epoch(node, next.epoch) {
+                        assert!(std::time::Instant::now() < deadline, "raising {node:#x}'s epoch: {e}");
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
                 }
                 if etcd.put_map(&next, Some(revision)).unwrap().is_some() {
                     swaps.fetch_add(1, Ordering::Relaxed);
