@@ -7,10 +7,12 @@
 # Builds the release binaries with the etcd feature (--no-build uses target/release as it
 # is) and starts three `racekv up --memnodes 3` clusters side by side, with --replicas 1, 2
 # and 3, each with its own local etcd, ports and runtime directory. Loads 100,000 keys
-# (64-byte values) into each, then runs redis-benchmark `-t set` and `-t get` (`-n REQUESTS
-# -c 50 -r 100000 -d 64`) at -P 1 and -P 16 against each, the clusters alternating in every
-# round, and prints each run (requests/s, p50 and p99 latency in ms as redis-benchmark
-# reports them) and R / (R = 1) ratios of the means as JSON. Then, on the R = 2 cluster,
+# (64-byte values) into each, then runs redis-benchmark `-t set` and `-t get` (`-r 100000
+# -d 64`) against each, the clusters alternating in every round: with one client (-c 1 -P 1,
+# REQUESTS / 5 requests: the latency of one request alone) and with 50 (-c 50, at -P 1 and
+# -P 16, REQUESTS: throughput; on 2 cores their latency is queueing for the CPU). Prints each
+# run (requests/s, p50 and p99 latency in ms as redis-benchmark reports them) and R / (R = 1)
+# ratios of the means as JSON. Then, on the R = 2 cluster,
 # --failovers times: SIGSTOP one memnode and time (from the SIGSTOP) until the map without
 # it is in etcd, and until a SET to each of 64 keys has succeeded (on shm a stopped memnode's
 # memory still answers one-sided operations, so writes need not wait for the failover);
@@ -33,7 +35,7 @@ while [[ $# -gt 0 ]]; do
         --failovers) failovers=$2; shift 2 ;;
         --no-build) build=0; shift ;;
         --tcp-only) tcp_only=(--tcp-only); shift ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
         *) echo "bench-replication.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -86,20 +88,26 @@ for r in "${clusters[@]}"; do load "$r"; done
 
 runs="$work/runs.jsonl"
 : > "$runs"
+# Each (clients, pipeline): 1 x 1 is the unloaded latency (one request in flight); 50 x 1
+# and 50 x 16 load the cluster, where on 2 cores latency is queueing behind the CPU a
+# write costs, so they measure throughput.
 for round in $(seq 1 "$rounds"); do
     for test in set get; do
-        for pipeline in 1 16; do
+        for shape in "1 1" "50 1" "50 16"; do
+            read -r clients pipeline <<< "$shape"
+            n=$requests
+            [[ $clients -gt 1 ]] || n=$((requests / 5))
             for r in 1 2 3; do
-                csv=$(redis-benchmark -p "${redis_port[$r]}" -t "$test" -n "$requests" -c 50 -r 100000 -d 64 \
+                csv=$(redis-benchmark -p "${redis_port[$r]}" -t "$test" -n "$n" -c "$clients" -r 100000 -d 64 \
                     -P "$pipeline" --csv | grep -v '^"test"')
-                python3 - "$round" "$test" "$pipeline" "$r" "$csv" >> "$runs" << 'EOF'
+                python3 - "$round" "$test" "$clients" "$pipeline" "$r" "$csv" >> "$runs" << 'EOF'
 import csv, io, json, sys
-round_, test, pipeline, r, line = sys.argv[1:]
+round_, test, clients, pipeline, r, line = sys.argv[1:]
 row = next(csv.reader(io.StringIO(line)))
-print(json.dumps({"round": int(round_), "test": test, "pipeline": int(pipeline), "replicas": int(r),
-                  "rps": float(row[1]), "p50_ms": float(row[4]), "p99_ms": float(row[6])}))
+print(json.dumps({"round": int(round_), "test": test, "clients": int(clients), "pipeline": int(pipeline),
+                  "replicas": int(r), "rps": float(row[1]), "p50_ms": float(row[4]), "p99_ms": float(row[6])}))
 EOF
-                echo "round $round: $test -P $pipeline R=$r: $(tail -1 "$runs")" >&2
+                echo "round $round: $test -c $clients -P $pipeline R=$r: $(tail -1 "$runs")" >&2
             done
         done
     done
@@ -163,10 +171,11 @@ path, host, date, commit, requests, failovers, writes, rejoins, rejoin_keys, tcp
 runs = [json.loads(l) for l in open(path)]
 summary = []
 for test in ("set", "get"):
-    for pipeline in (1, 16):
+    for clients, pipeline in ((1, 1), (50, 1), (50, 16)):
         base = None
         for r in (1, 2, 3):
-            sel = [x for x in runs if x["test"] == test and x["pipeline"] == pipeline and x["replicas"] == r]
+            sel = [x for x in runs if x["test"] == test and x["clients"] == clients and x["pipeline"] == pipeline
+                   and x["replicas"] == r]
             if not sel:
                 continue
             rps = statistics.mean(x["rps"] for x in sel)
@@ -174,14 +183,14 @@ for test in ("set", "get"):
             p99 = statistics.mean(x["p99_ms"] for x in sel)
             if r == 1:
                 base = (rps, p50, p99)
-            summary.append({"test": test, "pipeline": pipeline, "replicas": r, "rps": round(rps),
+            summary.append({"test": test, "clients": clients, "pipeline": pipeline, "replicas": r, "rps": round(rps),
                             "p50_ms": round(p50, 3), "p99_ms": round(p99, 3),
                             "rps_vs_r1": round(rps / base[0], 3), "p50_vs_r1": round(p50 / base[1], 3)})
 f = sorted(int(x) for x in failovers.split()) if failovers else []
 pct = lambda q: f[min(len(f) - 1, int(q * len(f)))] if f else None
 print(json.dumps({"bench": "replication", "machine": host, "date": date, "commit": commit,
                   "transport": "tcp" if tcp_only else "shm",
-                  "redis_benchmark": f"-n {requests} -c 50 -r 100000 -d 64", "summary": summary,
+                  "redis_benchmark": f"-n {requests} (a fifth at -c 1) -r 100000 -d 64", "summary": summary,
                   "failover_ms": f, "failover_p50_ms": pct(0.5), "failover_p99_ms": pct(0.99),
                   "all_keys_written_ms": [int(x) for x in writes.split()] if writes else [],
                   "rejoin_ms": [int(x) for x in rejoins.split()] if rejoins else [],
