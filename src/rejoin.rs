@@ -108,11 +108,17 @@ pub fn rejoin(
     }
 }
 
+/// Threads a catch-up copies with, each on its own share of the partitions: a key's copy is
+/// a replicated write of several round trips one after another, so over a network one
+/// thread mostly waits.
+pub const COPY_THREADS: usize = 4;
+
 /// Catches memnode `node` up on `partitions`, which it joins in `map` (the map naming it
-/// joining them, written already): one walk per primary over the partitions it serves.
-/// Returns what was copied and, per partition, the primary it was copied from (a
-/// partition whose primary has changed since must be copied again before `node` becomes its
-/// replica: the new primary may have writes the old one had not).
+/// joining them, written already), on [`COPY_THREADS`] threads, each walking every primary
+/// of its share of the partitions once. Returns what was copied and, per partition, the
+/// primary it was copied from (a partition whose primary has changed since must be copied
+/// again before `node` becomes its replica: the new primary may have writes the old one
+/// had not). `rate` caps all threads together.
 pub fn copy_partitions(
     client: &Client,
     map: &ClusterMap,
@@ -121,8 +127,53 @@ pub fn copy_partitions(
     rate: &mut KeyRate,
     on_keys: &mut dyn FnMut(u64),
 ) -> anyhow::Result<(racekv_client::CatchUp, Vec<(usize, u64)>)> {
+    let shares: Vec<Vec<usize>> = (0..COPY_THREADS.min(partitions.len()))
+        .map(|i| partitions.iter().copied().skip(i).step_by(COPY_THREADS).collect())
+        .collect();
+    let results = std::thread::scope(|scope| {
+        // A bounded channel: a thread's next key waits while the cap holds this one back.
+        let (handled, counts) = std::sync::mpsc::sync_channel::<u64>(COPY_THREADS);
+        let threads: Vec<_> = shares
+            .iter()
+            .map(|share| {
+                let handled = handled.clone();
+                scope.spawn(move || {
+                    copy_share(client, map, node, share, &mut |n| {
+                        let _ = handled.send(n);
+                    })
+                })
+            })
+            .collect();
+        drop(handled);
+        for n in counts {
+            rate.handled(n);
+            on_keys(n);
+        }
+        threads.into_iter().map(|t| t.join().expect("a catch-up thread panicked")).collect::<Vec<_>>()
+    });
+    let mut copied = racekv_client::CatchUp::default();
+    let mut from = Vec::with_capacity(partitions.len());
+    for result in results {
+        let (counts, share_from) =
+            result.with_context(|| format!("catching memnode {node:#x} up on {} partitions", partitions.len()))?;
+        copied.synced += counts.synced;
+        copied.removed += counts.removed;
+        from.extend(share_from);
+    }
+    Ok((copied, from))
+}
+
+/// [`copy_partitions`] of one thread's share: one walk per primary over the partitions of
+/// `share` it serves.
+fn copy_share(
+    client: &Client,
+    map: &ClusterMap,
+    node: u64,
+    share: &[usize],
+    on_keys: &mut dyn FnMut(u64),
+) -> Result<(racekv_client::CatchUp, Vec<(usize, u64)>), racekv_client::ClientError> {
     let mut by_primary: std::collections::BTreeMap<u64, Vec<usize>> = std::collections::BTreeMap::new();
-    for &p in partitions {
+    for &p in share {
         by_primary.entry(map.replicas_of(p)[0]).or_default().push(p);
     }
     let filters: Vec<_> = by_primary
@@ -133,12 +184,7 @@ pub fn copy_partitions(
         .collect();
     let sources: Vec<CatchUpSource<'_>> =
         filters.iter().map(|(primary, belongs)| CatchUpSource { primary: *primary, belongs }).collect();
-    let copied = client
-        .catch_up(map.epoch, node, &sources, &mut |n| {
-            rate.handled(n);
-            on_keys(n);
-        })
-        .with_context(|| format!("catching memnode {node:#x} up on {} partitions", partitions.len()))?;
+    let copied = client.catch_up(map.epoch, node, &sources, on_keys)?;
     let from = by_primary.iter().flat_map(|(&primary, parts)| parts.iter().map(move |&p| (p, primary))).collect();
     Ok((copied, from))
 }
