@@ -68,7 +68,15 @@ fn give_back(rpc: &RpcChunkSource, chunks: impl IntoIterator<Item = Chunk>) {
     }
 }
 
+/// The first wait after a failed prefetch; each failure in a row doubles it, up to
+/// [`MAX_PREFETCH_BACKOFF`] (a memnode down for long, or gone, is not asked 5 times a
+/// second for as long as the computenode runs).
+const PREFETCH_BACKOFF: std::time::Duration = std::time::Duration::from_millis(200);
+const MAX_PREFETCH_BACKOFF: std::time::Duration = std::time::Duration::from_secs(10);
+
 fn refill(weak: std::sync::Weak<PrefetchingChunks>) {
+    let mut backoff = PREFETCH_BACKOFF;
+    let log = racekv_telemetry::ratelimit::RateLimit::new(10_000);
     loop {
         let Some(me) = weak.upgrade() else { return };
         {
@@ -84,11 +92,17 @@ fn refill(weak: std::sync::Weak<PrefetchingChunks>) {
             }
         }
         match me.rpc.chunk(me.chunk_bytes) {
-            Ok(chunk) => me.state.lock().ready.push_back(chunk),
+            Ok(chunk) => {
+                me.state.lock().ready.push_back(chunk);
+                backoff = PREFETCH_BACKOFF;
+            }
             Err(e) => {
-                tracing::warn!("prefetching a chunk failed: {e}");
+                racekv_telemetry::ratelimit::limited_warn(&log, || {
+                    format!("prefetching a chunk failed: {e}; trying again in {backoff:?}")
+                });
                 drop(me);
-                std::thread::sleep(std::time::Duration::from_millis(200));
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(MAX_PREFETCH_BACKOFF);
             }
         }
     }

@@ -65,7 +65,8 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         ),
         replacements: metric::counter_vec(
             "racekv_computenode_connection_replacements_total",
-            "Failed pool connections replaced",
+            "Failed pool connections replaced (result ok, failed: a try that failed, abandoned: the \
+             endpoint serves another table now, so the slot stays closed)",
             &["result"],
             &[],
         ),
@@ -96,6 +97,10 @@ pub struct Pool {
     /// The node id of the table behind the endpoint, once known ([`Pool::expect_node_id`]):
     /// a replacement connection must reach the same table.
     node_id: std::sync::OnceLock<u64>,
+    /// A dial found another table at the endpoint (the memnode came back empty, its data
+    /// file lost, and the map lists it as a new memnode): this one's never comes back
+    /// there, so replacements stop trying.
+    superseded: AtomicBool,
     /// The dedicated connections handed out (upgrades), for [`Pool::abort_all`].
     dedicated: Mutex<Vec<std::sync::Weak<dyn Connection>>>,
 }
@@ -124,6 +129,7 @@ impl Pool {
             region_len: first.region_len(),
             kind: first.kind(),
             node_id: std::sync::OnceLock::new(),
+            superseded: AtomicBool::new(false),
             dedicated: Mutex::new(Vec::new()),
         }))
     }
@@ -158,6 +164,7 @@ impl Pool {
             racekv_hashing::Error::Transport(e) => e,
             other => TransportError::Protocol(format!("reading the node id: {other}")),
         })?;
+        self.superseded.store(found != expected, Ordering::Release);
         if found != expected {
             return Err(TransportError::Protocol(format!(
                 "{} now serves node id {found:#x}, not {expected:#x} (a new table: its data file was lost or \
@@ -242,8 +249,10 @@ impl Pool {
         let pool = Arc::clone(self);
         let spawned = std::thread::Builder::new().name("pool-repair".into()).spawn(move || {
             let mut delay = std::time::Duration::from_millis(10);
-            // A memnode gone for good (or replaced by another table) is retried for as long
-            // as the pool lives: one line per 10 s, not one per try.
+            // A memnode down is retried for as long as the pool lives (it may come back on
+            // its data file): one line per 10 s, not one per try. One replaced by another
+            // table at its endpoint never comes back there: given up (a later failure of
+            // this slot, should its table return, tries again).
             let log = racekv_telemetry::ratelimit::RateLimit::new(10_000);
             loop {
                 match pool.dial() {
@@ -251,6 +260,11 @@ impl Pool {
                         *pool.slots[slot].write() = conn;
                         METRICS.replacements.with_label_values(&["ok"]).inc();
                         tracing::info!(memnode = %pool.endpoint, slot, "replaced a failed connection");
+                        break;
+                    }
+                    Err(e) if pool.superseded.load(Ordering::Acquire) => {
+                        METRICS.replacements.with_label_values(&["abandoned"]).inc();
+                        tracing::info!(memnode = %pool.endpoint, slot, "not replacing a failed connection: {e}");
                         break;
                     }
                     Err(e) => {

@@ -318,6 +318,15 @@ fn the_pool_refuses_a_memnode_back_empty_at_the_same_address() {
     }
     let set = redis_cli(&port, &["set", "lost", "write"]);
     assert!(set.starts_with("TRYAGAIN") || set.starts_with("ERR"), "wrote to another table: {set:?}");
+    // Its pool gives up on a slot whose endpoint serves another table (the old one never
+    // comes back there) rather than dialing it every 2 s for as long as it lives.
+    let metrics = c.ready["metrics"].as_str().unwrap().to_string();
+    let page = http_get(&metrics, "/metrics");
+    let abandoned = page
+        .lines()
+        .find_map(|l| l.strip_prefix("racekv_computenode_connection_replacements_total{result=\"abandoned\"} "))
+        .map_or(0, |v| v.trim().parse::<u64>().unwrap());
+    assert!(abandoned > 0, "no replacement was abandoned:\n{page}");
 }
 
 /// `endpoint`: which of the memnode's endpoints the computenode uses (0 shm, 1 tcp).
