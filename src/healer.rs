@@ -5,6 +5,8 @@
 //! and their memnodes are live, it spreads primaries again (`membership::balance`). A memnode
 //! that lost its data file comes back under a new id: once the old one is failed over, the
 //! new one is listed in its stead (`membership::replace_lost`) and rejoins like the others.
+//! Moves a mover left under way (it died midway: its claim in etcd lapsed) are called off
+//! (`membership::call_off_abandoned_moves`).
 
 use std::time::{Duration, Instant};
 
@@ -19,6 +21,7 @@ struct Metrics {
     keys: prometheus::IntCounter,
     errors: prometheus::IntCounter,
     replacements: prometheus::IntCounter,
+    moves_called_off: prometheus::IntCounter,
 }
 
 static METRICS: std::sync::LazyLock<Metrics> = std::sync::LazyLock::new(|| Metrics {
@@ -37,6 +40,10 @@ static METRICS: std::sync::LazyLock<Metrics> = std::sync::LazyLock::new(|| Metri
     replacements: racekv_telemetry::metric::counter(
         "racekv_cluster_memnode_replacements_total",
         "Memnodes back empty at a failed-over memnode's address, listed in its stead",
+    ),
+    moves_called_off: racekv_telemetry::metric::counter(
+        "racekv_cluster_moves_called_off_total",
+        "Partition moves a mover left under way (it died or failed midway, its claim in etcd gone), called off",
     ),
 });
 
@@ -107,6 +114,18 @@ fn heal_once(
     short_since: &mut Option<Instant>,
 ) -> anyhow::Result<()> {
     let Some((map, _)) = etcd.map()? else { return Ok(()) };
+    if !racekv_coord::membership::moves_under_way(&map).is_empty() && etcd.movers()? == 0 {
+        let mut rate = KeyRate::new(policy.max_keys_per_second);
+        let called_off = crate::membership::call_off_abandoned_moves(etcd, &connect()?, &mut rate, &mut Logged)?;
+        if called_off > 0 {
+            METRICS.moves_called_off.inc_by(called_off as u64);
+            tracing::warn!(
+                moves = called_off,
+                "called off partition moves whose mover is gone (its claim lapsed): run the command again"
+            );
+        }
+        return Ok(());
+    }
     let registered = etcd.memnodes()?;
     if racekv_coord::membership::replacement(&map, &registered).is_some() {
         if let Some((old, new)) = crate::membership::replace_lost(etcd, &connect()?)? {
@@ -151,4 +170,15 @@ fn heal_once(
         );
     }
     Ok(())
+}
+
+/// Progress of the healer's own membership steps: phases logged.
+struct Logged;
+
+impl crate::membership::Progress for Logged {
+    fn phase(&mut self, what: &str) {
+        tracing::info!("healer: {what}");
+    }
+
+    fn keys(&mut self, _n: u64) {}
 }

@@ -13,6 +13,10 @@ use racekv_coord::ClusterMap;
 
 use crate::rejoin::{copy_partitions, next_candidate, primary_of, rejoin, KeyRate};
 
+/// The lease of a command's claim to be moving partitions ([`Etcd::claim_mover`]): a
+/// mover that dies leaves its moves to the healer this long after.
+const MOVER_LEASE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Most rounds of one command (each round moves, copies or purges what is left; a round
 /// repeats only when the map changed under it, e.g. a failover).
 const MAX_ROUNDS: usize = 8;
@@ -72,6 +76,8 @@ fn run_moves(
     rate: &mut KeyRate,
     progress: &mut dyn Progress,
 ) -> anyhow::Result<(Moved, BTreeSet<u64>)> {
+    // Held until the moves are settled: while it stands, healers leave them be.
+    let _claim = etcd.claim_mover(&format!("pid {} on {}", std::process::id(), host_name()), MOVER_LEASE)?;
     let mut done = Moved::default();
     let mut sources = BTreeSet::new();
     for _ in 0..MAX_ROUNDS {
@@ -140,6 +146,40 @@ fn settle_moves(
         stale.extend(pending.iter().map(|m| m.to));
     }
     Ok((done, stale))
+}
+
+/// Calls off the moves under way (`membership::moves_under_way`) when no command moving
+/// partitions holds a claim: their mover died (or failed) midway, and they would stay
+/// joining, every write of their partitions going to the takers too, until a command ran
+/// again. Then removes the takers' copies of those partitions. Returns how many moves it
+/// called off.
+pub fn call_off_abandoned_moves(
+    etcd: &Etcd,
+    client: &Client,
+    rate: &mut KeyRate,
+    progress: &mut dyn Progress,
+) -> anyhow::Result<usize> {
+    let called_off = update_map(etcd, client, |map| {
+        // The map first, then the claims: a mover claims before it starts moves, so moves
+        // in this map with no claim standing now are a dead mover's.
+        let moves = membership::moves_under_way(map);
+        if moves.is_empty() || etcd.movers()? > 0 {
+            return Ok(None);
+        }
+        Ok(membership::cancel_moves(map, &moves))
+    })?;
+    let Some((before, _)) = called_off else { return Ok(0) };
+    let moves = membership::moves_under_way(&before);
+    let takers: BTreeSet<u64> = moves.iter().map(|m| m.to).collect();
+    for to in takers {
+        purge(etcd, client, to, rate, progress)?;
+    }
+    Ok(moves.len())
+}
+
+/// This host's name, for people reading a mover's claim in etcd.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map_or_else(|_| "?".into(), |h| h.trim().to_string())
 }
 
 /// Drains memnode `node` (each of its partitions copied to the live memnode already joining

@@ -40,6 +40,47 @@ fn cluster(etcd: &[String], args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// `racekv cluster manage` (checking every 50 ms, with `extra` arguments), stopped however
+/// the test ends.
+struct Manage {
+    child: std::process::Child,
+    metrics_addr: String,
+}
+
+impl Manage {
+    fn start(etcd: &[String], extra: &[&str]) -> Self {
+        use std::io::{BufRead, BufReader};
+        let mut child = Command::new(env!("CARGO_BIN_EXE_racekv"))
+            .args(["cluster", "manage", "--etcd", &etcd.join(","), "--cluster", CLUSTER])
+            .args(["--metrics-addr", "127.0.0.1:0", "--check-interval-ms", "50"])
+            .args(extra)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut ready = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut ready).unwrap();
+        let metrics_addr = ready.split_whitespace().find_map(|w| w.strip_prefix("metrics=")).expect(&ready).into();
+        Self { child, metrics_addr }
+    }
+
+    /// The value of the series `name` (no labels) on its metrics page.
+    fn metric(&self, name: &str) -> f64 {
+        use std::io::{Read, Write};
+        let mut conn = std::net::TcpStream::connect(&self.metrics_addr).unwrap();
+        conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut body = String::new();
+        conn.read_to_string(&mut body).unwrap();
+        let line = body.lines().find(|l| l.starts_with(name) && l[name.len()..].starts_with(' ')).expect(name);
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    }
+}
+
+impl Drop for Manage {
+    fn drop(&mut self) {
+        racekv_telemetry::child::stop(&mut self.child, Duration::from_secs(5));
+    }
+}
+
 /// Every key of `model` on exactly the memnodes of its replica set, with its value there;
 /// no move left half done.
 fn check_copies(
@@ -120,7 +161,6 @@ fn init_writes_the_first_map_and_status_shows_it() {
 /// checker's metrics say so.
 #[test]
 fn manage_fails_over_a_memnode_that_leaves() {
-    use std::io::{BufRead, BufReader, Read, Write};
     use std::time::Instant;
 
     let server = EtcdServer::start();
@@ -128,31 +168,8 @@ fn manage_fails_over_a_memnode_that_leaves() {
     let mut memnodes: Vec<Memnode> = (0..3).map(|_| memnode(&etcd)).collect();
     let init = cluster(&etcd, &["init", "--replicas", "2", "--partitions-per-memnode", "4"]);
     assert!(init.status.success(), "{}", String::from_utf8_lossy(&init.stderr));
-    // Stopped however the test ends.
-    struct Daemon(std::process::Child);
-    impl Drop for Daemon {
-        fn drop(&mut self) {
-            racekv_telemetry::child::stop(&mut self.0, Duration::from_secs(5));
-        }
-    }
-    let mut manage = Command::new(env!("CARGO_BIN_EXE_racekv"))
-        .args(["cluster", "manage", "--etcd", &etcd.join(","), "--cluster", CLUSTER])
-        .args(["--metrics-addr", "127.0.0.1:0", "--check-interval-ms", "50"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .map(Daemon)
-        .unwrap();
-    let mut ready = String::new();
-    BufReader::new(manage.0.stdout.take().unwrap()).read_line(&mut ready).unwrap();
-    let metrics_addr = ready.split_whitespace().find_map(|w| w.strip_prefix("metrics=")).expect(&ready).to_string();
-    let metric = |name: &str| -> f64 {
-        let mut conn = std::net::TcpStream::connect(&metrics_addr).unwrap();
-        conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-        let mut body = String::new();
-        conn.read_to_string(&mut body).unwrap();
-        let line = body.lines().find(|l| l.starts_with(name) && l[name.len()..].starts_with(' ')).expect(name);
-        line.rsplit(' ').next().unwrap().parse().unwrap()
-    };
+    let manage = Manage::start(&etcd, &[]);
+    let metric = |name: &str| manage.metric(name);
 
     let gone = memnodes.pop().unwrap();
     gone.shutdown().unwrap();
@@ -577,5 +594,70 @@ fn a_memnode_is_added_while_primaries_keep_moving() {
     assert!(swaps.load(Ordering::Relaxed) > 0, "primaries moved during the moves");
     assert_eq!(errors.load(Ordering::Relaxed), 0, "writes failed during the moves");
     assert_eq!(model.len(), 100);
+    check_copies(&etcd, &memnodes, &model);
+}
+
+/// A mover that dies midway (`add-memnode`, `remove-memnode`) leaves its moves under way:
+/// the takers joining, every write of those partitions going to them too. `manage --heal`
+/// leaves them be while a mover's claim stands, and calls them off once it is gone: the
+/// replica sets as before, and the takers' copies removed (every key on exactly its
+/// replicas, with its value).
+#[test]
+fn the_healer_calls_off_the_moves_of_a_mover_that_is_gone() {
+    use std::collections::BTreeMap;
+    use std::time::Instant;
+
+    use racekv_client::Client;
+    use racekv_coord::etcd::Etcd;
+    use racekv_coord::membership::{start_moves, Move};
+
+    let server = EtcdServer::start();
+    let etcd_urls = server.endpoint();
+    let memnodes: Vec<Memnode> = (0..3).map(|_| memnode(&etcd_urls)).collect();
+    let init = cluster(&etcd_urls, &["init", "--replicas", "2", "--partitions-per-memnode", "4"]);
+    assert!(init.status.success(), "{}", String::from_utf8_lossy(&init.stderr));
+    let etcd = Etcd::connect(&etcd_urls, CLUSTER, Duration::from_secs(5)).unwrap();
+    let (map, revision) = etcd.map().unwrap().unwrap();
+    // A dead mover's work: two partitions each joined by the memnode outside their set.
+    let claim = etcd.claim_mover("this test", Duration::from_secs(1)).unwrap();
+    let moves: Vec<Move> = [0usize, 5]
+        .iter()
+        .map(|&p| {
+            let set = &map.partitions[p];
+            let to = map.memnodes.iter().map(|m| m.node_id).find(|id| !set.contains(id)).unwrap();
+            Move { partition: p, from: set[1], to }
+        })
+        .collect();
+    let started = start_moves(&map, &moves).unwrap();
+    etcd.put_map(&started, Some(revision)).unwrap().expect("no other writer");
+    // Writes meanwhile go to the takers too.
+    let client = Client::builder().etcd(etcd_urls.clone(), CLUSTER).timeout(Duration::from_secs(10)).connect().unwrap();
+    let mut model = BTreeMap::new();
+    for i in 0..300 {
+        let (k, v) = (format!("k{i}"), format!("v{i}"));
+        client.put(k.as_bytes(), v.as_bytes()).unwrap();
+        model.insert(k, v);
+    }
+
+    let manage = Manage::start(&etcd_urls, &["--heal"]);
+    let called_off = || manage.metric("racekv_cluster_moves_called_off_total");
+    // While the claim stands (its keep-alive running), the moves stay: several healer rounds.
+    std::thread::sleep(Duration::from_secs(3));
+    let (now, _) = etcd.map().unwrap().unwrap();
+    assert_eq!(now.joining, started.joining, "moves called off while their mover's claim stood");
+    assert_eq!(called_off(), 0.0);
+    // The mover is gone (its claim revoked, as a lapsed lease would be).
+    drop(claim);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (now, _) = etcd.map().unwrap().unwrap();
+        if now.joining.is_empty() && called_off() == 2.0 {
+            assert_eq!(now.partitions, map.partitions, "calling a move off keeps the replica sets");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the moves were not called off: {now:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The count goes up once the takers' copies are removed too.
     check_copies(&etcd, &memnodes, &model);
 }

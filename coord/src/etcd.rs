@@ -32,6 +32,8 @@ use crate::{CoordError, KeySpace};
 pub use crate::DEFAULT_ETCD_TIMEOUT as DEFAULT_TIMEOUT;
 /// Shortest lease accepted (etcd's own minimum is about this).
 pub const MIN_LEASE: Duration = Duration::from_secs(1);
+/// Most mover claims counted ([`Etcd::movers`]): any is enough to wait.
+pub const MAX_MOVERS: usize = 64;
 /// How long a broken keep-alive or watch waits before it tries again.
 const RETRY: Duration = Duration::from_millis(200);
 
@@ -108,8 +110,31 @@ impl Etcd {
     /// the module's comment).
     pub fn register(&self, info: &MemnodeInfo, ttl: Duration) -> Result<Registration, CoordError> {
         info.check()?;
+        self.hold(self.keys.memnode(info.node_id), info.encode(), ttl)
+    }
+
+    /// Says that a command moving partitions runs (`membership.rs`), under a lease of `ttl`
+    /// kept alive in the background, until the [`Registration`] is dropped (revoked) or the
+    /// process dies (it lapses): a healer calls off the moves of a mover that is gone.
+    /// `who` names it (host and pid) for people reading etcd.
+    pub fn claim_mover(&self, who: &str, ttl: Duration) -> Result<Registration, CoordError> {
+        let id: u64 = rand_id();
+        self.hold(self.keys.mover(id), who.as_bytes().to_vec(), ttl)
+    }
+
+    /// How many commands moving partitions hold a claim now (live leases), at most
+    /// [`MAX_MOVERS`] counted.
+    pub fn movers(&self) -> Result<usize, CoordError> {
+        let prefix = self.keys.movers();
+        let options = GetOptions::new().with_prefix().with_count_only().with_limit(MAX_MOVERS as i64);
+        let resp = self.run(|mut c| async move { c.get(prefix, Some(options)).await })?;
+        Ok(usize::try_from(resp.count()).unwrap_or(usize::MAX).min(MAX_MOVERS))
+    }
+
+    /// Puts `value` at `key` under a lease of `ttl` that a background task keeps alive (and
+    /// puts again under a new lease should etcd lose it); revoked when the registration drops.
+    fn hold(&self, key: String, value: Vec<u8>, ttl: Duration) -> Result<Registration, CoordError> {
         let ttl_s = i64::try_from(ttl.max(MIN_LEASE).as_secs()).unwrap_or(i64::MAX);
-        let (key, value) = (self.keys.memnode(info.node_id), info.encode());
         let lease = self.run(|mut c| {
             let (key, value) = (key.clone(), value.clone());
             async move { grant_and_put(&mut c, &key, &value, ttl_s).await }
@@ -245,7 +270,7 @@ async fn keep_registered(
         if !alive {
             match grant_and_put(&mut c, &key, &value, ttl_s).await {
                 Ok(new) => {
-                    tracing::warn!(key, "etcd had lost this memnode's lease: registered again");
+                    tracing::warn!(key, "etcd had lost this key's lease: put again under a new one");
                     lease = new;
                 }
                 Err(e) => tracing::debug!(key, "renewing the registration failed (retrying): {e}"),
@@ -409,4 +434,13 @@ impl Drop for MapWatch {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
     }
+}
+
+/// A random id (for a mover's key: several may run at once, each its own).
+fn rand_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.finish()
 }

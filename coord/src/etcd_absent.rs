@@ -58,6 +58,16 @@ impl Etcd {
     }
 
     /// Unreachable (no connection exists).
+    pub fn claim_mover(&self, _who: &str, _ttl: Duration) -> Result<Registration, CoordError> {
+        match self.0 {}
+    }
+
+    /// Unreachable (no connection exists).
+    pub fn movers(&self) -> Result<usize, CoordError> {
+        match self.0 {}
+    }
+
+    /// Unreachable (no connection exists).
     pub fn map(&self) -> Result<Option<(ClusterMap, i64)>, CoordError> {
         match self.0 {}
     }

@@ -4,6 +4,7 @@
 //! ```text
 //! /racekv/<cluster>/memnodes/<node id, 16 hex digits>   MemnodeInfo JSON, under the memnode's lease
 //! /racekv/<cluster>/map                                 ClusterMap JSON, written by compare-and-swap
+//! /racekv/<cluster>/movers/<random id, 16 hex digits>   who moves partitions (host:pid), under its lease
 //! ```
 
 use crate::CoordError;
@@ -42,6 +43,16 @@ impl KeySpace {
         format!("{}memnodes/{node_id:016x}", self.prefix)
     }
 
+    /// The prefix of the claims of commands moving partitions.
+    pub fn movers(&self) -> String {
+        format!("{}movers/", self.prefix)
+    }
+
+    /// A mover's claim.
+    pub fn mover(&self, id: u64) -> String {
+        format!("{}movers/{id:016x}", self.prefix)
+    }
+
     /// The cluster map.
     pub fn map(&self) -> String {
         format!("{}map", self.prefix)
@@ -58,6 +69,8 @@ mod tests {
         assert_eq!(k.memnode(0xab), "/racekv/prod-1/memnodes/00000000000000ab");
         assert!(k.memnode(7).starts_with(&k.memnodes()));
         assert_eq!(k.map(), "/racekv/prod-1/map");
+        assert_eq!(k.mover(0xcd), "/racekv/prod-1/movers/00000000000000cd");
+        assert!(k.mover(1).starts_with(&k.movers()));
         for bad in ["", "Prod", "a/b", "a b", &"x".repeat(65)] {
             assert!(KeySpace::new(bad).is_err(), "{bad:?}");
         }

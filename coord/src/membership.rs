@@ -162,6 +162,18 @@ pub fn started(map: &ClusterMap, moves: &[Move]) -> Vec<Move> {
         .collect()
 }
 
+/// The moves `map` has under way: each memnode joining a partition whose replica set is
+/// full (a rejoin joins only sets short of R, `rejoin.rs`). Which member it would replace
+/// the map does not say: `from` is the set's primary, enough to call the move off
+/// ([`cancel_moves`]), not to finish it.
+pub fn moves_under_way(map: &ClusterMap) -> Vec<Move> {
+    let full = |p: usize| map.partitions[p].len() >= usize::from(map.replicas);
+    (0..map.partitions.len())
+        .filter(|&p| full(p))
+        .flat_map(|p| map.joining_of(p).iter().map(move |&to| Move { partition: p, from: map.partitions[p][0], to }))
+        .collect()
+}
+
 /// The map with each started move of `moves` done: `to` in `from`'s place in the replica
 /// set (primary if `from` was), no longer joining; one epoch later. None when none is
 /// started.
