@@ -249,8 +249,9 @@ pub trait Connection: Send + Sync {
     }
     /// Fails every batch waiting on this connection now, and every later one, with
     /// [`TransportError::ConnectionLost`] (they may have executed): the peer was declared
-    /// down (failed over), so waiting out the timeout would only delay the caller.
-    /// Backends whose requests do not wait on the peer's CPU (shm, local) ignore it.
+    /// down (failed over), so waiting out the timeout would only delay the caller. RPCs
+    /// waiting on its FLOCK lanes fail too (the next opens new lanes). Backends whose
+    /// batches do not wait on the peer's CPU (shm, local) fail only the RPCs.
     fn abort(&self, _reason: &str) {}
     /// Sends `batch` without the local checks, so the remote side's own checks (and, on a
     /// NIC, a queue pair going to the error state) can be provoked: fault injection for

@@ -161,6 +161,11 @@ impl Connection for ShmConnection {
         self.rpc.call(method, request)
     }
 
+    fn abort(&self, reason: &str) {
+        // Batches here never wait on the server; its RPCs do.
+        self.rpc.abort(reason);
+    }
+
     fn region_len(&self) -> u64 {
         self.hello.region_len
     }

@@ -126,6 +126,7 @@ impl Connection for TcpConnection {
 
     fn abort(&self, reason: &str) {
         self.mux.break_with(reason.to_string());
+        self.rpc.abort(reason);
     }
 
     fn execute_unchecked(&self, batch: &mut Batch) -> Result<(), TransportError> {

@@ -560,3 +560,43 @@ fn verbs_broken_queue_pair_fails_only_its_calls_and_a_new_lane_opens() {
         assert!(executed.get(id).copied().unwrap_or(0) <= 1, "request {id} executed twice");
     }
 }
+
+/// `Connection::abort` (the peer was declared down) fails an RPC waiting on a FLOCK lane
+/// at once instead of at its timeout; the RPC would otherwise have been answered (the
+/// server is only slow), and on shm, whose batches never wait on the server, the next
+/// RPC goes out on new lanes.
+fn abort_fails_a_waiting_rpc(kind: &str) {
+    let served = serve(kind, Duration::from_secs(2), SchedulerOptions::default());
+    let conn = connect(&served, 2, Duration::from_secs(30));
+    let waiting = {
+        let conn = Arc::clone(&conn);
+        std::thread::spawn(move || conn.call(1, &request(1, 16)))
+    };
+    while served.service.executed.lock().unwrap().get(&1).is_none() {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    conn.abort("declared down by the test");
+    match waiting.join().unwrap() {
+        Err(TransportError::ConnectionLost { reason, .. }) => assert!(reason.contains("declared down"), "{reason}"),
+        other => panic!("the waiting rpc was not failed: {other:?}"),
+    }
+    if kind == "shm" {
+        assert_eq!(conn.call(1, &request(2, 16)).unwrap().len(), 24, "a later rpc on new lanes");
+    }
+}
+
+#[test]
+fn tcp_abort_fails_a_waiting_rpc() {
+    abort_fails_a_waiting_rpc("tcp");
+}
+
+#[test]
+fn shm_abort_fails_a_waiting_rpc() {
+    abort_fails_a_waiting_rpc("shm");
+}
+
+#[test]
+#[cfg(feature = "rdma")]
+fn verbs_abort_fails_a_waiting_rpc() {
+    abort_fails_a_waiting_rpc("verbs");
+}

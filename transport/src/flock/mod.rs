@@ -189,6 +189,14 @@ impl Channel {
         self.sender()?.call(method, request)
     }
 
+    /// Fails every call waiting on the current sender's lanes now ([`Sender::abort`]); the
+    /// next call opens new lanes.
+    pub fn abort(&self, reason: &str) {
+        if let Some(sender) = self.sender.lock().as_ref() {
+            sender.abort(reason);
+        }
+    }
+
     /// Lanes of the current sender that hold credits (0 before the first call).
     pub fn active_lanes(&self) -> usize {
         self.sender.lock().as_ref().map_or(0, |s| s.active_lanes())

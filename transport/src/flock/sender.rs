@@ -604,6 +604,15 @@ impl Sender {
         self.mapping.set_active(self.active_mask());
     }
 
+    /// Breaks every lane: each call waiting for its answer or for credits fails now with
+    /// `reason` (it may have executed), and the sender is broken (its channel opens another
+    /// for the next call). For a peer declared down ([`crate::Connection::abort`]).
+    pub fn abort(&self, reason: &str) {
+        for lane in &self.lanes {
+            self.break_lane(lane, reason.to_string(), "aborted");
+        }
+    }
+
     /// Tests: breaks lane `index` underneath the sender ([`ClientCarrier::inject_fault`]).
     pub fn inject_fault(&self, index: usize) {
         if let Some(lane) = self.lanes.get(index) {

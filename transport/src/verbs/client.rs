@@ -567,6 +567,11 @@ impl Connection for VerbsConnection {
         self.rpc.call(method, request)
     }
 
+    fn abort(&self, reason: &str) {
+        // One-sided batches complete on the NIC without the server; its RPCs wait on it.
+        self.rpc.abort(reason);
+    }
+
     fn region_len(&self) -> u64 {
         self.remote.len
     }
