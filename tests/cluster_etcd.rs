@@ -201,7 +201,15 @@ fn manage_fails_over_a_memnode_that_leaves() {
     }
     // The 8 partitions that had a replica on it run on one copy.
     assert_eq!(metric("racekv_cluster_partitions_under_replicated"), 8.0);
+    assert_eq!(metric("racekv_cluster_partitions_unavailable"), 0.0);
     assert!(metric("racekv_cluster_failover_check_seconds_count") >= 1.0);
+    // A second memnode leaves: the 4 partitions it alone still held have no live replica.
+    memnodes.pop().unwrap().shutdown().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while metric("racekv_cluster_partitions_unavailable") != 4.0 {
+        assert!(Instant::now() < deadline, "the gauge should count the partitions left with no live replica");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// `racekv cluster rejoin` (issue 17): a memnode failed over while keys changed comes back

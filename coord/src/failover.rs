@@ -27,6 +27,7 @@ struct Metrics {
     failovers: prometheus::IntCounter,
     down: prometheus::IntGauge,
     under_replicated: prometheus::IntGauge,
+    unavailable: prometheus::IntGauge,
     errors: prometheus::IntCounter,
     checks: prometheus::Histogram,
 }
@@ -43,6 +44,10 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     under_replicated: racekv_telemetry::metric::gauge(
         "racekv_cluster_partitions_under_replicated",
         "Partitions with fewer live replicas than the map's replication factor R (as the last check saw)",
+    ),
+    unavailable: racekv_telemetry::metric::gauge(
+        "racekv_cluster_partitions_unavailable",
+        "Partitions none of whose replicas is live: their keys can be neither read nor written until one comes back (as the last check saw)",
     ),
     errors: racekv_telemetry::metric::counter(
         "racekv_cluster_failover_errors_total",
@@ -97,6 +102,11 @@ pub fn under_replicated(map: &ClusterMap, live: &BTreeSet<u64>) -> usize {
     map.partitions.iter().filter(|set| set.iter().filter(|id| live.contains(id)).count() < wanted).count()
 }
 
+/// Partitions of `map` none of whose replicas is among `live` (registered now).
+pub fn unavailable(map: &ClusterMap, live: &BTreeSet<u64>) -> usize {
+    map.partitions.iter().filter(|set| !set.iter().any(|id| live.contains(id))).count()
+}
+
 /// One failover check: reads the registrations and the map, and writes the map without
 /// the down memnodes (compare-and-swap on the map's revision, so concurrent checkers write
 /// one map). Returns the map written, if any.
@@ -106,6 +116,7 @@ pub fn check_once(etcd: &Etcd) -> Result<Option<ClusterMap>, CoordError> {
     let unregistered = map.memnodes.iter().filter(|m| !live.contains(&m.node_id)).count();
     METRICS.down.set(unregistered as i64);
     METRICS.under_replicated.set(under_replicated(&map, &live) as i64);
+    METRICS.unavailable.set(unavailable(&map, &live) as i64);
     let down = down_members(&map, &live);
     let Some(next) = without(&map, &down) else { return Ok(None) };
     if etcd.put_map(&next, Some(revision))?.is_none() {
@@ -194,6 +205,8 @@ mod tests {
                 .filter(|set| set.len() < usize::from(replicas) || set.iter().any(|id| down.contains(id)))
                 .count();
             prop_assert_eq!(under_replicated(&before, &live), short);
+            let dark = before.partitions.iter().filter(|set| set.iter().all(|id| down.contains(id))).count();
+            prop_assert_eq!(unavailable(&before, &live), dark);
             match without(&before, &down) {
                 None => prop_assert!(before.partitions.iter().all(|set| set.iter().all(|id| !down.contains(id)) || set.iter().all(|id| down.contains(id)))),
                 Some(after) => {
