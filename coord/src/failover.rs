@@ -47,7 +47,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     ),
     unavailable: racekv_telemetry::metric::gauge(
         "racekv_cluster_partitions_unavailable",
-        "Partitions none of whose replicas is live: their keys can be neither read nor written until one comes back (as the last check saw)",
+        "Partitions with no live replica: their keys cannot be read or written (as the last check saw)",
     ),
     errors: racekv_telemetry::metric::counter(
         "racekv_cluster_failover_errors_total",
