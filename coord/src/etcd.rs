@@ -118,7 +118,8 @@ impl Etcd {
     /// process dies (it lapses): a healer calls off the moves of a mover that is gone.
     /// `who` names it (host and pid) for people reading etcd.
     pub fn claim_mover(&self, who: &str, ttl: Duration) -> Result<Registration, CoordError> {
-        let id: u64 = rand_id();
+        // Several may run at once, each under a key of its own.
+        let id = racekv_telemetry::random::random_u64();
         self.hold(self.keys.mover(id), who.as_bytes().to_vec(), ttl)
     }
 
@@ -434,13 +435,4 @@ impl Drop for MapWatch {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
     }
-}
-
-/// A random id (for a mover's key: several may run at once, each its own).
-fn rand_id() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u32(std::process::id());
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
-    h.finish()
 }

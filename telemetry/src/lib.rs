@@ -25,6 +25,7 @@ pub mod http;
 mod logging;
 pub mod metric;
 mod process;
+pub mod random;
 pub mod ratelimit;
 pub mod secret;
 pub mod systemd;

@@ -2,7 +2,6 @@
 //! dialling a region server (tcp, verbs control, Unix socket) and reading its first
 //! replies, noticing a peer hang up, and random ids.
 
-use std::fs::File;
 use std::io::Read;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -190,14 +189,5 @@ pub(crate) fn hung_up(socket: BorrowedFd<'_>) -> bool {
     matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
 }
 
-/// A random id (server instances, FLOCK senders, lane keys); from the clock when
-/// /dev/urandom cannot be read.
-pub(crate) fn random_u64() -> u64 {
-    let mut bytes = [0u8; 8];
-    if File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)).is_err() {
-        let nanos =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-        return xxhash_rust::xxh3::xxh3_64(&nanos.to_le_bytes()) ^ u64::from(std::process::id());
-    }
-    u64::from_le_bytes(bytes)
-}
+/// A random id (server instances, FLOCK senders, lane keys).
+pub(crate) use racekv_telemetry::random::random_u64;
