@@ -669,3 +669,141 @@ fn the_healer_calls_off_the_moves_of_a_mover_that_is_gone() {
     // The count goes up once the takers' copies are removed too.
     check_copies(&etcd, &memnodes, &model);
 }
+
+/// A TCP relay to `upstream` that the test can cut: every connection through it closed and
+/// new ones refused, as a network partition would (the side using it loses etcd).
+struct Cuttable {
+    addr: std::net::SocketAddr,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Cuttable {
+    fn to(upstream: String) -> Self {
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = std::sync::Arc::clone(&cut);
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(down) = conn else { continue };
+                if flag.load(Ordering::Relaxed) {
+                    continue; // refused: dropped at once
+                }
+                let Ok(up) = std::net::TcpStream::connect(&upstream) else { continue };
+                for (from, to) in [(down.try_clone().unwrap(), up.try_clone().unwrap()), (up, down)] {
+                    let flag = std::sync::Arc::clone(&flag);
+                    std::thread::spawn(move || relay(from, to, &flag));
+                }
+            }
+        });
+        Self { addr, cut }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Copies `from` to `to` until either closes or `cut` is set (then both are shut).
+fn relay(mut from: std::net::TcpStream, mut to: std::net::TcpStream, cut: &std::sync::atomic::AtomicBool) {
+    use std::io::{ErrorKind, Read, Write};
+    from.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+    let mut buf = [0u8; 16 << 10];
+    while !cut.load(std::sync::atomic::Ordering::Relaxed) {
+        match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) if to.write_all(&buf[..n]).is_ok() => {}
+            Ok(_) => break,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => break,
+        }
+    }
+    let _ = from.shutdown(std::net::Shutdown::Both);
+    let _ = to.shutdown(std::net::Shutdown::Both);
+}
+
+/// The stale reader the fence closes (ARCHITECTURE, "Failover"): a memnode and a client cut
+/// off from etcd together, the memnode failed over, another client writing by the new map.
+/// One-sided reads never ask the memnode's CPU, so only its fence (set when its lease's
+/// local deadline passed) stops the cut-off client, which still routes by the old map,
+/// from reading the old values there: it must get the new values or an error, never the old.
+#[test]
+fn a_client_cut_off_with_its_failed_over_primary_reads_nothing_stale() {
+    use racekv_client::Client;
+    use racekv_coord::etcd::Etcd;
+
+    let server = EtcdServer::start();
+    let etcd_urls = server.endpoint();
+    let link = Cuttable::to(etcd_urls[0].trim_start_matches("http://").to_string());
+    let cut_side = vec![link.url()];
+    let start = |etcd: &[String]| {
+        let cfg = MemnodeConfig {
+            region_bytes: 16 << 20,
+            listen_tcp: Some("127.0.0.1:0".into()),
+            metrics_addr: None,
+            etcd_endpoints: etcd.to_vec(),
+            cluster: CLUSTER.into(),
+            etcd_lease_ms: 1_000,
+            ..MemnodeConfig::default()
+        };
+        Memnode::start(cfg).expect("memnode starts and registers")
+    };
+    let memnodes = [start(&cut_side), start(&etcd_urls)];
+    let init = cluster(&etcd_urls, &["init", "--replicas", "2", "--partitions-per-memnode", "4"]);
+    assert!(init.status.success(), "{}", String::from_utf8_lossy(&init.stderr));
+    let _manage = Manage::start(&etcd_urls, &[]);
+    let etcd = Etcd::connect(&etcd_urls, CLUSTER, Duration::from_secs(5)).unwrap();
+    let cut_endpoint = memnodes[0].endpoints()[0].to_string();
+    let cut_id =
+        etcd.memnodes().unwrap().into_iter().find(|r| r.endpoints.contains(&cut_endpoint)).expect("registered").node_id;
+    let (before, _) = etcd.map().unwrap().unwrap();
+    let keys: Vec<String> = (0..1_000)
+        .map(|i| format!("k{i}"))
+        .filter(|k| before.replicas_of(before.partition_of(racekv_client::ring::key_hash(k.as_bytes())))[0] == cut_id)
+        .take(5)
+        .collect();
+    assert_eq!(keys.len(), 5, "keys the cut memnode is primary of");
+
+    let timeout = Duration::from_secs(2);
+    let cut_client = Client::builder().etcd(cut_side, CLUSTER).timeout(timeout).connect().unwrap();
+    let client = Client::builder().etcd(etcd_urls.clone(), CLUSTER).timeout(Duration::from_secs(10)).connect().unwrap();
+    for k in &keys {
+        client.put(k.as_bytes(), b"old").unwrap();
+        assert_eq!(cut_client.get(k.as_bytes()).unwrap().as_deref(), Some(&b"old"[..]));
+    }
+
+    link.cut();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (map, _) = etcd.map().unwrap().unwrap();
+        if map.write_sets().iter().all(|set| !set.contains(&cut_id)) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the cut-off memnode was not failed over: {map:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for k in &keys {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while let Err(e) = client.put(k.as_bytes(), b"new") {
+            assert!(std::time::Instant::now() < deadline, "{k}: {e}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let mut refused = 0;
+    for k in &keys {
+        match cut_client.get(k.as_bytes()) {
+            Ok(v) => assert_eq!(v.as_deref(), Some(&b"new"[..]), "{k}: a stale read by the old map"),
+            Err(e) => {
+                assert!(e.to_string().contains("is fenced"), "{k}: {e}");
+                refused += 1;
+            }
+        }
+    }
+    // Cut off, it cannot learn the new map: every read is refused.
+    assert_eq!(refused, keys.len());
+}

@@ -12,6 +12,7 @@ use racekv_transport::{ConnectOptions, Connection, Endpoint};
 
 use crate::attach::lending::LentMemnode;
 use crate::error::ClientError;
+use crate::map_fence::MapChange;
 use crate::map_follower::{MapFollower, MapSource};
 use crate::map_routing::{Router, SessionRouting};
 use crate::session::{Session, Shards};
@@ -337,7 +338,7 @@ impl Shards for EmbeddedShards {
         self.routing.refresh(&self.core.router);
     }
 
-    fn map_changed(&self) -> Option<(u64, u64)> {
+    fn map_changed(&self) -> Option<MapChange> {
         self.routing.changed()
     }
 

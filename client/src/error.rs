@@ -64,14 +64,17 @@ pub enum ClientError {
     /// A memnode serves a newer cluster map than the operation was routed by (issue 17), and
     /// no map that new reached this side in time; the operation may or may not have been
     /// applied there. Worth a retry.
-    #[error("memnode {endpoint} serves cluster map epoch {current}, newer than epoch {routed} this was routed by")]
+    #[error("{}", map_changed(endpoint, *routed, *current, *fenced))]
     MapChanged {
         /// The memnode that refused.
         endpoint: String,
         /// The epoch the operation was routed by.
         routed: u64,
-        /// The epoch the memnode serves.
+        /// The epoch the memnode serves (fenced: the one waited for).
         current: u64,
+        /// The memnode had fenced itself (its etcd lease may have lapsed): a map newer
+        /// than any this side had was needed.
+        fenced: bool,
     },
     /// Any other failure of the table on a memnode (a corrupt region, a bug).
     #[error("memnode {endpoint}: {reason}")]
@@ -123,6 +126,17 @@ impl ClientError {
                 | ClientError::Conflict(_)
                 | ClientError::MapChanged { .. }
         )
+    }
+}
+
+fn map_changed(endpoint: &str, routed: u64, current: u64, fenced: bool) -> String {
+    if fenced {
+        format!(
+            "memnode {endpoint} is fenced (its etcd lease may have lapsed) and no cluster map newer than epoch \
+             {routed}, the one this was routed by, came in time"
+        )
+    } else {
+        format!("memnode {endpoint} serves cluster map epoch {current}, newer than epoch {routed} this was routed by")
     }
 }
 

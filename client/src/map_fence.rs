@@ -8,11 +8,14 @@
 //! routed the operation then waits for that map, and routes again and repeats the operation
 //! when the key's memnode changed (its result there stands when it did not). The operation
 //! itself is not cut short: a batch that ran is never reported as failed. Whoever takes a
-//! partition off a memnode raises its word first.
+//! partition off a memnode raises its word first; a memnode whose etcd lease may have
+//! lapsed (so a failover it cannot see may have taken its partitions) sets the word's fence
+//! bit, and then no result it returns stands by any map ([`MapChange::fenced`]).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use racekv_hashing::format::MapWord;
 use racekv_hashing::layout::sb;
 use racekv_transport::{Batch, Connection, TransportError, TransportKind, MAX_BATCH_OPS};
 
@@ -22,12 +25,26 @@ use racekv_transport::{Batch, Connection, TransportError, TransportKind, MAX_BAT
 pub struct MapEpochs {
     routed: AtomicU64,
     seen: AtomicU64,
+    /// A memnode reported itself fenced since the session last routed.
+    fenced: AtomicBool,
+}
+
+/// What a session learned of newer maps ([`MapEpochs::change`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapChange {
+    /// The epoch the session routed by.
+    pub routed: u64,
+    /// The map to wait for.
+    pub current: u64,
+    /// A memnode reached was fenced: what it returned stands by no map, so the operation
+    /// runs again (or fails) whatever the new map says.
+    pub fenced: bool,
 }
 
 impl MapEpochs {
     /// Epochs of a session routing by map `routed`.
     pub fn new(routed: u64) -> Self {
-        Self { routed: AtomicU64::new(routed), seen: AtomicU64::new(routed) }
+        Self { routed: AtomicU64::new(routed), seen: AtomicU64::new(routed), fenced: AtomicBool::new(false) }
     }
 
     /// The epoch routed by.
@@ -39,6 +56,7 @@ impl MapEpochs {
     pub fn route_by(&self, epoch: u64) {
         self.routed.store(epoch, Ordering::Release);
         self.seen.fetch_max(epoch, Ordering::AcqRel);
+        self.fenced.store(false, Ordering::Release);
     }
 
     /// The newest epoch a memnode reported, when newer than the one routed by.
@@ -47,8 +65,23 @@ impl MapEpochs {
         (seen > self.routed()).then_some(seen)
     }
 
-    fn report(&self, epoch: u64) {
-        self.seen.fetch_max(epoch, Ordering::AcqRel);
+    /// What a memnode reported since the session routed, when it must wait for a newer map.
+    pub fn change(&self) -> Option<MapChange> {
+        let current = self.changed()?;
+        Some(MapChange { routed: self.routed(), current, fenced: self.fenced.load(Ordering::Acquire) })
+    }
+
+    /// Records a memnode's map epoch word: a fenced memnode (its lease may have lapsed, so a
+    /// map it has not seen may have failed it over) makes the session wait for a map newer
+    /// than any it routed by.
+    fn report(&self, stored: u64) {
+        let word = MapWord::decode(stored);
+        if word.fenced {
+            self.fenced.store(true, Ordering::Release);
+            self.seen.fetch_max(word.epoch.max(self.routed()) + 1, Ordering::AcqRel);
+        } else {
+            self.seen.fetch_max(word.epoch, Ordering::AcqRel);
+        }
     }
 }
 
@@ -127,7 +160,7 @@ impl Connection for MapFence {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use racekv_hashing::format::{raise_map_epoch, read_map_epoch};
+    use racekv_hashing::format::{fence_map_epoch, raise_map_epoch, read_map_epoch, read_map_word, unfence_map_epoch};
     use racekv_hashing::testing::{TestMemnode, Via};
 
     #[test]
@@ -161,5 +194,52 @@ mod tests {
         fenced.execute(&mut b).unwrap();
         assert_eq!((b.len(), epochs.changed()), (MAX_BATCH_OPS, Some(6)));
         assert_eq!(read_map_epoch(&*m.connect()).unwrap(), 6);
+    }
+
+    #[test]
+    fn a_fenced_memnode_stands_by_no_map_until_it_clears_its_fence() {
+        let m = TestMemnode::start(Via::Local, 4 << 20, 4);
+        let epochs = Arc::new(MapEpochs::new(7));
+        let fenced = MapFence::new(m.connect(), Arc::clone(&epochs));
+        let conn = m.connect();
+        raise_map_epoch(&*conn, 5).unwrap();
+        let word = fence_map_epoch(&*conn).unwrap();
+        assert_eq!(word, MapWord { epoch: 5, fenced: true });
+        assert_eq!(fence_map_epoch(&*conn).unwrap(), word, "fencing twice changes nothing");
+        assert_eq!(raise_map_epoch(&*conn, 6).unwrap(), 6, "a raise keeps the fence");
+        assert_eq!(MapWord::decode(read_map_word(&*conn).unwrap()), MapWord { epoch: 6, fenced: true });
+        assert_eq!(read_map_epoch(&*conn).unwrap(), 6);
+
+        let mut b = Batch::new();
+        b.read(sb::NODE_ID, 8);
+        fenced.execute(&mut b).unwrap();
+        let change = MapChange { routed: 7, current: 8, fenced: true };
+        assert_eq!(epochs.change(), Some(change), "newer than any map routed by, its epoch (6) older");
+        epochs.route_by(8);
+        assert_eq!(epochs.change(), None, "routing again forgets the fence");
+        fenced.execute(&mut b).unwrap();
+        assert_eq!(epochs.change(), Some(MapChange { routed: 8, current: 9, fenced: true }));
+
+        // Registered again, the memnode clears the fence by the map it read (never lowering).
+        assert_eq!(unfence_map_epoch(&*conn, 9).unwrap(), MapWord { epoch: 9, fenced: false });
+        assert_eq!(unfence_map_epoch(&*conn, 4).unwrap(), MapWord { epoch: 9, fenced: false });
+        epochs.route_by(9);
+        fenced.execute(&mut b).unwrap();
+        assert_eq!(epochs.change(), None);
+        // Concurrent raisers and fencers never lose each other's updates.
+        std::thread::scope(|s| {
+            for t in 0..4u64 {
+                let conn = m.connect();
+                s.spawn(move || {
+                    for i in 0..200 {
+                        raise_map_epoch(&*conn, 10 + i * 4 + t).unwrap();
+                        if i % 50 == 0 {
+                            fence_map_epoch(&*conn).unwrap();
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(MapWord::decode(read_map_word(&*conn).unwrap()), MapWord { epoch: 10 + 199 * 4 + 3, fenced: true });
     }
 }

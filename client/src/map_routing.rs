@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use racekv_transport::Connection;
 
-use crate::map_fence::{MapEpochs, MapFence};
+use crate::map_fence::{MapChange, MapEpochs, MapFence};
 use crate::placement::{PartitionTable, Placement};
 use crate::ring::Ring;
 
@@ -195,10 +195,9 @@ impl SessionRouting {
         }
     }
 
-    /// (routed epoch, reported epoch) when a memnode reported a newer map.
-    pub fn changed(&self) -> Option<(u64, u64)> {
-        let epochs = self.epochs.as_ref()?;
-        epochs.changed().map(|current| (epochs.routed(), current))
+    /// What a memnode reported, when it served a newer map (or was fenced).
+    pub fn changed(&self) -> Option<MapChange> {
+        self.epochs.as_ref()?.change()
     }
 
     /// Waits up to `timeout` for a map of at least `epoch` and routes by it.

@@ -70,7 +70,7 @@ impl<S: Shards> Session<S> {
             if served > epoch {
                 if !s.shards_mut().await_map(served) {
                     let endpoint = s.shards().label(shard).to_string();
-                    return Err(ClientError::MapChanged { endpoint, routed: epoch, current: served });
+                    return Err(ClientError::MapChanged { endpoint, routed: epoch, current: served, fenced: false });
                 }
                 s.sync_key(key)?;
                 done.interrupted = true;

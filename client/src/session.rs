@@ -14,6 +14,7 @@ use racekv_hashing::{
 
 use crate::error::ClientError;
 use crate::expiry::{ExpiryChange, Ttl};
+use crate::map_fence::MapChange;
 use crate::op::{MemnodeStats, Reply, Request, MAX_MULTI};
 use crate::optimistic::{Version, Write};
 
@@ -76,9 +77,9 @@ pub trait Shards: Send {
     /// Routes by the newest cluster map this side has from now on (called before an
     /// operation routes its keys; no-op on a fixed ring).
     fn refresh_routing(&mut self) {}
-    /// When a memnode reported serving a newer map than the one routed by
-    /// (`map_fence`): (routed epoch, reported epoch). None on a fixed ring.
-    fn map_changed(&self) -> Option<(u64, u64)> {
+    /// When a memnode reported serving a newer map than the one routed by, or being
+    /// fenced (`map_fence`). None on a fixed ring.
+    fn map_changed(&self) -> Option<MapChange> {
         None
     }
     /// Waits (bounded by the timeout) for a map at least as new as `epoch` and routes by
@@ -207,16 +208,17 @@ impl<S: Shards> Session<S> {
         let mut refreshes = 0;
         loop {
             let result = op(self);
-            let Some((routed, current)) = self.shards.map_changed() else { return result };
+            let Some(MapChange { routed, current, fenced }) = self.shards.map_changed() else { return result };
             // Where `op` went (routing changes only in refresh_routing and await_map); the
             // keys are walked only here, so the common case allocates nothing.
             let went: Vec<usize> = keys.clone().map(|k| self.shards.route(k)).collect();
             let endpoint = went.first().map_or(String::new(), |&s| self.shards.label(s).to_string());
-            let moved = ClientError::MapChanged { endpoint, routed, current };
+            let moved = ClientError::MapChanged { endpoint, routed, current, fenced };
             if refreshes == MAX_MAP_REFRESHES || !self.shards.await_map(current) {
                 return Err(moved);
             }
-            if keys.clone().zip(&went).all(|(k, &shard)| self.shards.route(k) == shard) {
+            // A fenced memnode's answer stands by no map, even one that still routes there.
+            if !fenced && keys.clone().zip(&went).all(|(k, &shard)| self.shards.route(k) == shard) {
                 return result;
             }
             if redo == Redo::No {

@@ -438,7 +438,7 @@ impl Shards for WorkerShards {
         self.routing.refresh(&self.cluster.router);
     }
 
-    fn map_changed(&self) -> Option<(u64, u64)> {
+    fn map_changed(&self) -> Option<racekv_client::map_fence::MapChange> {
         self.routing.changed()
     }
 

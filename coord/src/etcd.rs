@@ -19,8 +19,8 @@
 //! (`map.rs`) before it is returned.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
-use std::time::Duration;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions,
@@ -36,6 +36,8 @@ pub const MIN_LEASE: Duration = Duration::from_secs(1);
 pub const MAX_MOVERS: usize = 64;
 /// How long a broken keep-alive or watch waits before it tries again.
 const RETRY: Duration = Duration::from_millis(200);
+/// Least time a lease's local deadline keeps before etcd's own expiry (`lease_deadline`).
+const LEASE_MARGIN_MIN: Duration = Duration::from_millis(100);
 
 /// A connection to a cluster's state in etcd.
 pub struct Etcd {
@@ -48,6 +50,8 @@ pub struct Etcd {
 
 /// A memnode's registration: kept alive while this lives, revoked when it is dropped.
 pub struct Registration {
+    /// When the lease may lapse in etcd, by this process's clock ([`Registration::deadline`]).
+    deadline: Arc<Mutex<Instant>>,
     stop: Arc<AtomicBool>,
     stopped: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
@@ -136,22 +140,23 @@ impl Etcd {
     /// puts again under a new lease should etcd lose it); revoked when the registration drops.
     fn hold(&self, key: String, value: Vec<u8>, ttl: Duration) -> Result<Registration, CoordError> {
         let ttl_s = i64::try_from(ttl.max(MIN_LEASE).as_secs()).unwrap_or(i64::MAX);
+        let sent = Instant::now();
         let lease = self.run(|mut c| {
             let (key, value) = (key.clone(), value.clone());
             async move { grant_and_put(&mut c, &key, &value, ttl_s).await }
         })?;
+        let deadline = Arc::new(Mutex::new(lease_deadline(sent, ttl_s)));
         let stop = Arc::new(AtomicBool::new(false));
         let (stopped, on_stop) = tokio::sync::oneshot::channel();
-        let task = self.runtime.spawn(keep_registered(
-            self.client.clone(),
-            key,
-            value,
-            ttl_s,
-            lease,
-            Arc::clone(&stop),
-            on_stop,
-        ));
-        Ok(Registration { stop, stopped: Some(stopped), task: Some(task), runtime: Arc::clone(&self.runtime) })
+        let held = Held { key, value, ttl_s, deadline: Arc::clone(&deadline) };
+        let task = self.runtime.spawn(keep_registered(self.client.clone(), held, lease, Arc::clone(&stop), on_stop));
+        Ok(Registration {
+            deadline,
+            stop,
+            stopped: Some(stopped),
+            task: Some(task),
+            runtime: Arc::clone(&self.runtime),
+        })
     }
 
     /// The memnodes registered now (live leases), by node id.
@@ -248,30 +253,62 @@ async fn grant_and_put(c: &mut Client, key: &str, value: &[u8], ttl_s: i64) -> R
     Ok(lease)
 }
 
-/// Keeps a registration's lease alive (a keep-alive every third of the TTL); grants a new
-/// lease and registers again when etcd says the lease is gone; revokes it when told to stop.
-async fn keep_registered(
-    mut c: Client,
+/// When a lease of `ttl_s` seconds renewed by a request sent at `sent` may lapse, by this
+/// process's clock: etcd counts the TTL from when it got the request, later; the margin
+/// leaves room for clocks that run at slightly different rates and for waking up late.
+fn lease_deadline(sent: Instant, ttl_s: i64) -> Instant {
+    let ttl = Duration::from_secs(u64::try_from(ttl_s).unwrap_or(0));
+    sent + ttl.saturating_sub((ttl / 10).max(LEASE_MARGIN_MIN))
+}
+
+/// What a registration keeps in etcd.
+struct Held {
     key: String,
     value: Vec<u8>,
     ttl_s: i64,
+    deadline: Arc<Mutex<Instant>>,
+}
+
+impl Held {
+    fn renewed(&self, sent: Instant, ttl_s: i64) {
+        let mut deadline = self.deadline.lock().unwrap_or_else(|e| e.into_inner());
+        *deadline = (*deadline).max(lease_deadline(sent, ttl_s.min(self.ttl_s)));
+    }
+}
+
+/// Keeps a registration's lease alive (a keep-alive every third of the TTL); grants a new
+/// lease and registers again when etcd says the lease is gone; revokes it when told to stop.
+/// Each success moves the registration's deadline on.
+async fn keep_registered(
+    mut c: Client,
+    held: Held,
     mut lease: i64,
     stop: Arc<AtomicBool>,
     mut on_stop: tokio::sync::oneshot::Receiver<()>,
 ) {
+    let (key, value, ttl_s) = (held.key.as_str(), held.value.as_slice(), held.ttl_s);
     let period = Duration::from_millis((ttl_s as u64 * 1000 / 3).max(100));
     while !stop.load(Ordering::Relaxed) {
-        let alive = match c.lease_keep_alive(lease).await {
-            Ok((mut keeper, mut stream)) => match keeper.keep_alive().await {
-                Ok(()) => matches!(stream.message().await, Ok(Some(r)) if r.ttl() > 0),
-                Err(_) => false,
-            },
-            Err(_) => false,
+        let sent = Instant::now();
+        // Bounded: a keep-alive etcd never answers (a partition) must not stop the retries.
+        let renewal = tokio::time::timeout(period, async {
+            let (mut keeper, mut stream) = c.lease_keep_alive(lease).await.ok()?;
+            keeper.keep_alive().await.ok()?;
+            stream.message().await.ok()?.map(|r| r.ttl()).filter(|&ttl| ttl > 0)
+        });
+        let alive = match renewal.await {
+            Ok(Some(ttl)) => {
+                held.renewed(sent, ttl);
+                true
+            }
+            _ => false,
         };
         if !alive {
-            match grant_and_put(&mut c, &key, &value, ttl_s).await {
+            let sent = Instant::now();
+            match grant_and_put(&mut c, key, value, ttl_s).await {
                 Ok(new) => {
                     tracing::warn!(key, "etcd had lost this key's lease: put again under a new one");
+                    held.renewed(sent, ttl_s);
                     lease = new;
                 }
                 Err(e) => tracing::debug!(key, "renewing the registration failed (retrying): {e}"),
@@ -388,6 +425,13 @@ async fn forward_registration_changes(c: Client, prefix: String, send: mpsc::Syn
 }
 
 impl Registration {
+    /// When the lease may lapse in etcd (and a failover take the holder's place), by this
+    /// process's clock, with a margin to spare; renewals move it on. A memnode past it
+    /// fences itself (`racekv-memnode`'s registry).
+    pub fn deadline(&self) -> Instant {
+        *self.deadline.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Stops keeping the lease alive without revoking it, as a crashed memnode would: the
     /// registration disappears when the lease expires (tests of lease expiry).
     pub fn abandon(mut self) {

@@ -36,6 +36,13 @@ impl RegistrationWatch {
     }
 }
 
+impl Registration {
+    /// Unreachable (no registration exists).
+    pub fn deadline(&self) -> std::time::Instant {
+        match self.0 {}
+    }
+}
+
 impl Etcd {
     /// Unreachable (no connection exists).
     pub fn watch_registrations(&self) -> RegistrationWatch {

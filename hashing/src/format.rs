@@ -72,30 +72,81 @@ pub fn publish_grace_period(conn: &dyn Connection, grace: Duration) -> Result<()
     crate::words::write_words(conn, &mut Batch::new(), &[(sb::GRACE_PERIOD_US, us)])
 }
 
-/// The cluster map epoch the region's memnode serves by (`sb::MAP_EPOCH`; 0: none).
+/// The cluster map epoch the region's memnode serves by (`sb::MAP_EPOCH` without its fence
+/// bit; 0: none).
 pub fn read_map_epoch(conn: &dyn Connection) -> Result<u64, Error> {
+    Ok(MapWord::decode(read_map_word(conn)?).epoch)
+}
+
+/// The map epoch word as stored (epoch and fence bit: [`MapWord::decode`]).
+pub fn read_map_word(conn: &dyn Connection) -> Result<u64, Error> {
     Ok(crate::words::read_words(conn, &mut Batch::new(), &[sb::MAP_EPOCH])?[0])
 }
 
-/// Sets the map epoch outright: a memnode at start, before it serves, to the epoch of the
-/// cluster's map in etcd (lower than the word's when the cluster was made anew).
+/// The `sb::MAP_EPOCH` word, decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapWord {
+    /// The newest map epoch the memnode serves by.
+    pub epoch: u64,
+    /// The memnode fenced itself: its lease may have lapsed, so it may have been failed
+    /// over by a map it has not seen; nothing read from it stands until it clears this.
+    pub fenced: bool,
+}
+
+impl MapWord {
+    /// Splits a stored word.
+    pub fn decode(word: u64) -> Self {
+        Self { epoch: word & !sb::MAP_FENCED, fenced: word & sb::MAP_FENCED != 0 }
+    }
+
+    /// The stored form.
+    pub fn encode(self) -> u64 {
+        assert!(self.epoch < sb::MAP_FENCED, "map epoch {} reaches the fence bit", self.epoch);
+        self.epoch | if self.fenced { sb::MAP_FENCED } else { 0 }
+    }
+}
+
+/// Sets the map epoch outright, not fenced: a memnode at start, before it serves, to the
+/// epoch of the cluster's map in etcd (lower than the word's when the cluster was made anew).
 pub fn set_map_epoch(conn: &dyn Connection, epoch: u64) -> Result<(), Error> {
-    crate::words::write_words(conn, &mut Batch::new(), &[(sb::MAP_EPOCH, epoch)])
+    let word = MapWord { epoch, fenced: false }.encode();
+    crate::words::write_words(conn, &mut Batch::new(), &[(sb::MAP_EPOCH, word)])
 }
 
 /// Raises the map epoch to `epoch` unless it is already there or higher (by CAS, so
-/// concurrent raisers never lower it); returns the word's value after.
+/// concurrent raisers never lower it), keeping the fence bit as it is; returns the epoch
+/// after.
 pub fn raise_map_epoch(conn: &dyn Connection, epoch: u64) -> Result<u64, Error> {
+    update_map_word(conn, |now| (now.epoch < epoch).then_some(MapWord { epoch, fenced: now.fenced })).map(|w| w.epoch)
+}
+
+/// Sets the fence bit (the memnode, when its etcd lease's local deadline passed); the word
+/// after.
+pub fn fence_map_epoch(conn: &dyn Connection) -> Result<MapWord, Error> {
+    update_map_word(conn, |now| (!now.fenced).then_some(MapWord { fenced: true, ..now }))
+}
+
+/// Clears the fence bit, raising the epoch to at least `epoch` (the memnode, registered
+/// again, by the map it then read); the word after.
+pub fn unfence_map_epoch(conn: &dyn Connection, epoch: u64) -> Result<MapWord, Error> {
+    update_map_word(conn, |now| {
+        let after = MapWord { epoch: now.epoch.max(epoch), fenced: false };
+        (after != now).then_some(after)
+    })
+}
+
+/// Applies `change` to the word by CAS until it holds or wants nothing (None); the word after.
+fn update_map_word(conn: &dyn Connection, change: impl Fn(MapWord) -> Option<MapWord>) -> Result<MapWord, Error> {
     let mut b = Batch::new();
-    let mut current = read_map_epoch(conn)?;
-    while current < epoch {
+    let mut current = read_map_word(conn)?;
+    while let Some(next) = change(MapWord::decode(current)) {
         b.clear();
-        let cas = b.cas(sb::MAP_EPOCH, current, epoch);
+        let cas = b.cas(sb::MAP_EPOCH, current, next.encode());
         conn.execute(&mut b)?;
         let seen = b.result(cas).map_err(|e| Error::Transport(TransportError::Op { index: 0, error: e }))?;
-        current = if seen == current { epoch } else { seen };
+        current = if seen == current { next.encode() } else { seen };
     }
-    Ok(current)
+    Ok(MapWord::decode(current))
 }
 
 /// Formats an empty region: superblock, one subtable at depth 0, and its directory entry.

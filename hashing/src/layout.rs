@@ -181,8 +181,12 @@ pub mod sb {
     /// never lowered while a map lasts; clients routing by a map read it after the other
     /// ops of each batch and refuse their result when it is newer than the epoch they
     /// routed by (`racekv_client::map_fence`). Set from etcd at each start of a memnode
-    /// given etcd (0 without).
+    /// given etcd (0 without). Its top bit ([`MAP_FENCED`]) says the memnode fenced itself
+    /// (its etcd lease may have lapsed): no result read from it stands by any map a client
+    /// has; raises keep the bit, only the memnode clears it (`format::unfence_map_epoch`).
     pub const MAP_EPOCH: u64 = 192;
+    /// The fence bit of the [`MAP_EPOCH`] word (epochs stay below it).
+    pub const MAP_FENCED: u64 = 1 << 63;
     /// Bytes of the immutable layout at the start of the superblock (its words up to the checksum).
     pub const LAYOUT_BYTES: usize = 56;
 

@@ -25,6 +25,7 @@ struct Families {
     reclaim_seconds: GaugeVec,
     reclaimed_bytes: IntGaugeVec,
     map_epoch: IntGaugeVec,
+    fenced: IntGaugeVec,
 }
 
 static FAMILIES: LazyLock<Families> = LazyLock::new(|| {
@@ -70,6 +71,11 @@ static FAMILIES: LazyLock<Families> = LazyLock::new(|| {
             "The cluster map epoch the memnode serves by (0: no etcd); clients routed by an older map route again",
             l,
         ),
+        fenced: gauge_vec(
+            "racekv_memnode_fenced",
+            "1 while the memnode fences itself (its etcd lease may have lapsed): clients wait for a newer map",
+            l,
+        ),
     }
 });
 
@@ -91,6 +97,7 @@ pub(crate) struct Gauges {
     pub(crate) reclaim_seconds: Gauge,
     pub(crate) reclaimed_bytes: IntGauge,
     pub(crate) map_epoch: IntGauge,
+    pub(crate) fenced: IntGauge,
 }
 
 impl Gauges {
@@ -116,6 +123,7 @@ impl Gauges {
             reclaim_seconds: f.reclaim_seconds.with_label_values(v),
             reclaimed_bytes: f.reclaimed_bytes.with_label_values(v),
             map_epoch: f.map_epoch.with_label_values(v),
+            fenced: f.fenced.with_label_values(v),
             label,
         }
     }
@@ -141,6 +149,7 @@ impl Drop for Gauges {
         let _ = f.reclaim_seconds.remove_label_values(v);
         let _ = f.reclaimed_bytes.remove_label_values(v);
         let _ = f.map_epoch.remove_label_values(v);
+        let _ = f.fenced.remove_label_values(v);
     }
 }
 

@@ -5,23 +5,47 @@
 //! `/racekv/<cluster>/memnodes/` with a lease it keeps alive (`racekv_coord::etcd`), once it
 //! serves; it revokes the lease first when it stops, so the list holds memnodes that serve
 //! (and, after a crash, ones that did until at most `etcd_lease_ms` ago).
+//!
+//! **The fence.** A memnode cut off from etcd cannot see the map that fails it over, and
+//! one-sided reads never ask its CPU, so clients still routing by the old map (cut off
+//! too, or not told yet) would read its stale values after the new primary acknowledged
+//! newer writes. So when its lease's local deadline passes (the last renewal's send time
+//! plus the TTL, less a margin: before etcd can expire it), the memnode sets its word's
+//! fence bit: nothing read from it stands by any map a client has, and clients wait for a
+//! newer one (`racekv_client::map_fence`). Registered again, it reads the map: one that
+//! still lists it gets a new epoch (the same map, written by CAS: no failover took it, so
+//! what it holds is current) and the word that epoch, unfenced; one that no longer lists it
+//! needs nothing (no client routes to it by that map; a rejoin makes a newer one). While
+//! etcd itself is down for longer than a lease every memnode fences: the price of never
+//! serving a stale read (the cluster is CP).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use racekv_coord::etcd::{Etcd, DEFAULT_TIMEOUT};
-use racekv_hashing::format::{raise_map_epoch, set_map_epoch};
+use prometheus::IntCounter;
+use racekv_coord::etcd::{Etcd, Registration, DEFAULT_TIMEOUT};
+use racekv_coord::ClusterMap;
+use racekv_hashing::format::{
+    fence_map_epoch, raise_map_epoch, read_map_word, set_map_epoch, unfence_map_epoch, MapWord,
+};
 use racekv_transport::local::LocalConnection;
 use racekv_transport::region::Region;
 
 use crate::config::MemnodeConfig;
 use crate::gauges::Gauges;
 
-/// How often the map watcher looks for a stop request.
+/// How often the map watcher looks for a stop request (and, fenced, tries to clear it).
 const POLL: Duration = Duration::from_millis(200);
+
+static FENCES: LazyLock<IntCounter> = LazyLock::new(|| {
+    racekv_telemetry::metric::counter(
+        "racekv_memnode_fences_total",
+        "Times a memnode fenced itself when its etcd lease's local deadline passed unrenewed",
+    )
+});
 
 /// etcd, connected before the memnode serves.
 pub(crate) struct Coordinator {
@@ -30,11 +54,11 @@ pub(crate) struct Coordinator {
     revision: i64,
 }
 
-/// A live registration and the map watcher (dropped: the watcher stops, the lease is revoked).
+/// A live registration and the map watcher, which holds it (dropped: the watcher stops, the
+/// lease is revoked).
 pub(crate) struct Registered {
     stop: Arc<AtomicBool>,
     watcher: Option<JoinHandle<()>>,
-    _registration: racekv_coord::etcd::Registration,
 }
 
 /// Connects to etcd if the configuration names it (None: it does not), and sets the
@@ -46,6 +70,7 @@ pub(crate) fn connect(
     region: &Arc<Region>,
     gauges: &Gauges,
 ) -> anyhow::Result<Option<Coordinator>> {
+    LazyLock::force(&FENCES); // exported at 0 from the start, etcd or not
     let local = LocalConnection::new(Arc::clone(region), None);
     if config.etcd_endpoints.is_empty() {
         set_map_epoch(&local, 0).context("clearing the map epoch")?;
@@ -88,12 +113,14 @@ impl Coordinator {
             "registered in etcd"
         );
         let stop = Arc::new(AtomicBool::new(false));
-        let (flag, region, gauges) = (Arc::clone(&stop), Arc::clone(region), Arc::clone(gauges));
+        let local = LocalConnection::new(Arc::clone(region), None);
+        let follower = Follower { etcd: self.etcd, registration, node_id, local, gauges: Arc::clone(gauges) };
+        let (flag, revision) = (Arc::clone(&stop), self.revision);
         let watcher = std::thread::Builder::new()
             .name("map-epoch".into())
-            .spawn(move || follow(self, &region, &gauges, &flag))
+            .spawn(move || follower.follow(revision, &flag))
             .context("starting the map watcher")?;
-        Ok(Registered { stop, watcher: Some(watcher), _registration: registration })
+        Ok(Registered { stop, watcher: Some(watcher) })
     }
 }
 
@@ -103,20 +130,126 @@ fn is_unspecified(endpoint: &str) -> bool {
     host.trim_matches(|c| c == '[' || c == ']').parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_unspecified())
 }
 
-fn follow(coordinator: Coordinator, region: &Arc<Region>, gauges: &Gauges, stop: &AtomicBool) {
-    let local = LocalConnection::new(Arc::clone(region), None);
-    let watch = coordinator.etcd.watch_map(coordinator.revision);
-    while !stop.load(Ordering::Relaxed) {
-        match watch.next(POLL) {
-            None => {}
-            Some(Ok((map, _))) => match raise_map_epoch(&local, map.epoch) {
-                Ok(now) => {
-                    gauges.map_epoch.set(now as i64);
-                    tracing::info!(epoch = map.epoch, "serving by a new cluster map");
+/// Raises the word as maps come, and fences (and clears the fence of) the memnode by its
+/// lease (the module's comment).
+struct Follower {
+    etcd: Etcd,
+    registration: Registration,
+    node_id: u64,
+    local: LocalConnection,
+    gauges: Arc<Gauges>,
+}
+
+impl Follower {
+    fn follow(self, revision: i64, stop: &AtomicBool) {
+        let watch = self.etcd.watch_map(revision);
+        let mut fenced = false;
+        while !stop.load(Ordering::Relaxed) {
+            let deadline = self.registration.deadline();
+            let now = Instant::now();
+            if !fenced && now >= deadline {
+                fenced = self.fence();
+            } else if fenced && now < deadline {
+                fenced = !self.unfence();
+            }
+            // Awake at the deadline, not up to a POLL after it.
+            let wait = if fenced { POLL } else { deadline.saturating_duration_since(now).min(POLL) };
+            match watch.next(wait) {
+                None => {}
+                Some(Ok((map, _))) => match raise_map_epoch(&self.local, map.epoch) {
+                    Ok(now) => {
+                        self.gauges.map_epoch.set(now as i64);
+                        tracing::info!(epoch = map.epoch, "serving by a new cluster map");
+                    }
+                    Err(e) => tracing::error!(epoch = map.epoch, "could not raise the map epoch: {e}"),
+                },
+                Some(Err(e)) => tracing::warn!("an unreadable cluster map in etcd: {e}"),
+            }
+        }
+    }
+
+    /// Sets the fence bit; whether it is set.
+    fn fence(&self) -> bool {
+        match fence_map_epoch(&self.local) {
+            Ok(word) => {
+                FENCES.inc();
+                self.gauges.fenced.set(1);
+                tracing::warn!(
+                    epoch = word.epoch,
+                    "the etcd lease was not renewed in time: fenced (clients wait for a newer map) until registered again"
+                );
+                true
+            }
+            Err(e) => {
+                tracing::error!("could not fence the memnode: {e}");
+                false
+            }
+        }
+    }
+
+    /// Registered again: clears the fence by the map in etcd (the module's comment); whether
+    /// all is done (false: etcd did not answer, or another map came first; tried again).
+    fn unfence(&self) -> bool {
+        let (map, revision) = match self.etcd.map() {
+            Ok(Some(found)) => found,
+            Ok(None) => return self.clear_fence(0), // no map: no client routes by one
+            Err(e) => {
+                tracing::debug!("fenced, registered again, but the map could not be read: {e}");
+                return false;
+            }
+        };
+        let word = match read_map_word(&self.local) {
+            Ok(word) => MapWord::decode(word),
+            Err(e) => {
+                tracing::error!("could not read the map epoch word: {e}");
+                return false;
+            }
+        };
+        // Down memnodes stay listed (failover only empties their replica sets).
+        let holds = map.write_sets().iter().any(|set| set.contains(&self.node_id));
+        if !holds {
+            return self.clear_fence(map.epoch);
+        }
+        // Clients must route by a map newer than any they have; the word's epoch may be
+        // above the map's already (a mover raised it before writing its map, or an earlier
+        // try cleared the fence but lost the race to write the map).
+        let epoch = if word.fenced { (map.epoch + 1).max(word.epoch) } else { word.epoch };
+        if epoch <= map.epoch {
+            return self.clear_fence(map.epoch);
+        }
+        // The word first: a client that reads it waits for this epoch, which comes from
+        // this memnode or from whoever wrote a map first (a failover there routes it away).
+        if !self.clear_fence(epoch) {
+            return false;
+        }
+        match self.etcd.put_map(&ClusterMap { epoch, ..map }, Some(revision)) {
+            Ok(Some(_)) => {
+                tracing::info!(epoch, "registered again: the same map under a new epoch, for the fence's readers");
+                true
+            }
+            Ok(None) => false, // another map came first: read it next time
+            Err(e) => {
+                tracing::debug!("the fence is cleared, but the map could not be written (tried again): {e}");
+                false
+            }
+        }
+    }
+
+    /// Clears the fence bit, raising the epoch to at least `epoch`; whether it did.
+    fn clear_fence(&self, epoch: u64) -> bool {
+        match unfence_map_epoch(&self.local, epoch) {
+            Ok(after) => {
+                if self.gauges.fenced.get() != 0 {
+                    tracing::info!(epoch = after.epoch, "registered again: the fence is cleared");
                 }
-                Err(e) => tracing::error!(epoch = map.epoch, "could not raise the map epoch: {e}"),
-            },
-            Some(Err(e)) => tracing::warn!("an unreadable cluster map in etcd: {e}"),
+                self.gauges.fenced.set(0);
+                self.gauges.map_epoch.set(after.epoch as i64);
+                true
+            }
+            Err(e) => {
+                tracing::error!("could not clear the fence: {e}");
+                false
+            }
         }
     }
 }

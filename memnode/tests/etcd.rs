@@ -136,3 +136,60 @@ fn the_map_epoch_word_follows_the_clusters_map() {
     signal(&child, nix::sys::signal::Signal::SIGTERM);
     assert!(child.wait().unwrap().success());
 }
+
+/// The map epoch word of the memnode at `endpoint`, fence bit and all.
+fn map_word(endpoint: &str) -> racekv_hashing::format::MapWord {
+    let options = racekv_transport::ConnectOptions::new(racekv_memnode::config::DEV_TOKEN, Duration::from_secs(5));
+    let conn = racekv_transport::connect(&endpoint.parse().unwrap(), &options).unwrap();
+    racekv_hashing::format::MapWord::decode(racekv_hashing::format::read_map_word(&*conn).unwrap())
+}
+
+/// Waits up to 20 s for `what` of the memnode's word.
+fn wait_word(endpoint: &str, what: &str, want: impl Fn(racekv_hashing::format::MapWord) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let word = map_word(endpoint);
+        if want(word) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: the word stayed {word:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A memnode that cannot renew its lease fences itself before etcd could expire it (no
+/// failover can then leave its clients reading stale values), and once registered again
+/// clears the fence under a new epoch of the same map, which it writes itself (nobody else
+/// would: no failover took it).
+#[test]
+fn a_memnode_cut_off_from_etcd_fences_itself_until_registered_again() {
+    use racekv_hashing::format::MapWord;
+    let mut server = EtcdServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::connect(&server.endpoint(), CLUSTER, Duration::from_secs(5)).unwrap();
+    let (mut child, endpoint) = memnode(&server.endpoint(), &dir.path().join("a.region"));
+    let info = etcd.memnodes().unwrap().remove(0);
+    let mut map = racekv_coord::ClusterMap::initial(vec![info], 1, 1).unwrap();
+    map.epoch = 4;
+    etcd.put_map(&map, None).unwrap().unwrap();
+    wait_word(&endpoint, "raised to the map's", |w| w == MapWord { epoch: 4, fenced: false });
+
+    // etcd down past the 1 s lease: fenced within it (0.9 s after the last renewal).
+    server.kill();
+    let killed = Instant::now();
+    wait_word(&endpoint, "fenced", |w| w == MapWord { epoch: 4, fenced: true });
+    // Within the lease (0.9 s after the last renewal, which came at most 1/3 s before the
+    // kill), give or take a loaded machine's scheduling.
+    assert!(killed.elapsed() < Duration::from_millis(1_500), "fenced {:?} after etcd went", killed.elapsed());
+    std::thread::sleep(Duration::from_millis(1_500));
+    assert_eq!(map_word(&endpoint), MapWord { epoch: 4, fenced: true }, "fenced while etcd is down");
+
+    // Back on its data: the lease lives on, the fence goes, the map gets epoch 5.
+    server.restart();
+    wait_word(&endpoint, "cleared", |w| w == MapWord { epoch: 5, fenced: false });
+    let etcd = Etcd::connect(&server.endpoint(), CLUSTER, Duration::from_secs(5)).unwrap();
+    let (now, _) = etcd.map().unwrap().unwrap();
+    assert_eq!(now, racekv_coord::ClusterMap { epoch: 5, ..map }, "the same map, a new epoch");
+    signal(&child, nix::sys::signal::Signal::SIGTERM);
+    assert!(child.wait().unwrap().success());
+}
