@@ -503,10 +503,8 @@ fn reclaim_at_start(local: &dyn Connection, layout: &Layout, fence: Duration) ->
 
 /// A random, non-zero node id (from the kernel's random source).
 fn random_node_id() -> u64 {
-    use std::io::Read;
-    let mut bytes = [0u8; 8];
-    let _ = File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
-    u64::from_le_bytes(bytes).max(1)
+    // Never 0 (no node); never the same for every memnode should /dev/urandom fail.
+    racekv_telemetry::random::random_u64().max(1)
 }
 
 fn publish(g: &Gauges, stats: &TableStats) {
