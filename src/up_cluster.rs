@@ -201,6 +201,9 @@ pub fn run(s: Settings) -> anyhow::Result<()> {
         remote_addr: Some(format!("127.0.0.1:{}", s.remote_port)),
         max_workers: s.max_workers,
         metrics_addr: s.metrics_addr,
+        // Half the memnodes' lease: cut off from etcd, it stops before a memnode cut off
+        // with it could be failed over.
+        map_lease_ms: MEMNODE_LEASE_MS / 2,
         ..ComputenodeConfig::default()
     })
     .context("starting the computenode")?;

@@ -707,6 +707,11 @@ impl Cuttable {
     fn cut(&self) {
         self.cut.store(true, std::sync::atomic::Ordering::Relaxed);
     }
+
+    /// New connections go through again.
+    fn restore(&self) {
+        self.cut.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Copies `from` to `to` until either closes or `cut` is set (then both are shut).
@@ -770,7 +775,9 @@ fn a_client_cut_off_with_its_failed_over_primary_reads_nothing_stale() {
     assert_eq!(keys.len(), 5, "keys the cut memnode is primary of");
 
     let timeout = Duration::from_secs(2);
-    let cut_client = Client::builder().etcd(cut_side, CLUSTER).timeout(timeout).connect().unwrap();
+    // No map lease: the fence alone must stop it (the lease is tested below).
+    let cut_client =
+        Client::builder().etcd(cut_side, CLUSTER).timeout(timeout).map_lease(Duration::ZERO).connect().unwrap();
     let client = Client::builder().etcd(etcd_urls.clone(), CLUSTER).timeout(Duration::from_secs(10)).connect().unwrap();
     for k in &keys {
         client.put(k.as_bytes(), b"old").unwrap();
@@ -806,4 +813,48 @@ fn a_client_cut_off_with_its_failed_over_primary_reads_nothing_stale() {
     }
     // Cut off, it cannot learn the new map: every read is refused.
     assert_eq!(refused, keys.len());
+}
+
+/// A client cut off from etcd stops serving once its map lease lapses (it could miss a
+/// failover: a memnode stalled on shm or verbs answers one-sided operations and cannot
+/// fence itself), though its memnode answers all along; it serves again once etcd answers.
+#[test]
+fn a_client_cut_off_from_etcd_stops_serving_when_its_map_lease_lapses() {
+    use racekv_client::{Client, ClientError};
+
+    let server = EtcdServer::start();
+    let etcd_urls = server.endpoint();
+    let link = Cuttable::to(etcd_urls[0].trim_start_matches("http://").to_string());
+    let _memnode = memnode(&etcd_urls);
+    let init = cluster(&etcd_urls, &["init"]);
+    assert!(init.status.success(), "{}", String::from_utf8_lossy(&init.stderr));
+    let lease = Duration::from_millis(500);
+    let client = Client::builder()
+        .etcd([link.url()], CLUSTER)
+        .map_lease(lease)
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .unwrap();
+    client.put(b"k", b"v").unwrap();
+    std::thread::sleep(2 * lease);
+    assert_eq!(client.get(b"k").unwrap().as_deref(), Some(&b"v"[..]), "renewed while etcd answers");
+
+    link.cut();
+    std::thread::sleep(lease + Duration::from_millis(300));
+    let refused = client.get(b"k").unwrap_err();
+    assert!(matches!(refused, ClientError::MapUnconfirmed { .. }) && refused.is_transient(), "{refused}");
+    assert!(client.put(b"k", b"w").is_err(), "writes too");
+
+    link.restore();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match client.get(b"k") {
+            Ok(v) => {
+                assert_eq!(v.as_deref(), Some(&b"v"[..]), "the refused write was not applied");
+                break;
+            }
+            Err(e) => assert!(std::time::Instant::now() < deadline, "etcd is back, the client still refuses: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

@@ -298,6 +298,7 @@ impl Cluster {
             remote_addr: None,
             attach_socket: None,
             metrics_addr: None,
+            map_lease_ms: LEASE_MS / 2, // as `racekv up` sets it
             ..Default::default()
         };
         cluster.computenode = Some(racekv_computenode::Computenode::start(config).expect("the computenode starts"));

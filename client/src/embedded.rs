@@ -338,6 +338,10 @@ impl Shards for EmbeddedShards {
         self.routing.refresh(&self.core.router);
     }
 
+    fn map_unconfirmed(&self) -> Option<(Duration, Duration)> {
+        self.core.router.unconfirmed()
+    }
+
     fn map_changed(&self) -> Option<MapChange> {
         self.routing.changed()
     }

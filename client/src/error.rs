@@ -76,6 +76,21 @@ pub enum ClientError {
         /// than any this side had was needed.
         fenced: bool,
     },
+    /// etcd has not vouched for the cluster map this process routes by for longer than its
+    /// map lease (`MapSource::with_lease`): cut off from etcd, it could miss a failover, so
+    /// it serves nothing until etcd answers again. Nothing was applied. Worth a retry.
+    #[error(
+        "etcd last confirmed this process's cluster map {}ms ago, past its {}ms map lease: it may route by an \
+         old map, so it serves nothing until etcd answers",
+        since.as_millis(),
+        lease.as_millis()
+    )]
+    MapUnconfirmed {
+        /// How long ago etcd last vouched for the map.
+        since: Duration,
+        /// The map lease.
+        lease: Duration,
+    },
     /// Any other failure of the table on a memnode (a corrupt region, a bug).
     #[error("memnode {endpoint}: {reason}")]
     Internal {
@@ -125,6 +140,7 @@ impl ClientError {
                 | ClientError::Overloaded(_)
                 | ClientError::Conflict(_)
                 | ClientError::MapChanged { .. }
+                | ClientError::MapUnconfirmed { .. }
         )
     }
 }

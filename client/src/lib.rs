@@ -106,6 +106,7 @@ pub struct ClientBuilder {
     memnodes: Vec<String>,
     /// etcd endpoints and cluster name: embedded mode over the cluster map's memnodes.
     etcd: Option<(Vec<String>, String)>,
+    map_lease: Duration,
     token: String,
     timeout: Duration,
     connections_per_memnode: usize,
@@ -166,6 +167,7 @@ impl Default for ClientBuilder {
             attach_spin: default_attach_spin(),
             memnodes: Vec::new(),
             etcd: None,
+            map_lease: map_follower::DEFAULT_MAP_LEASE,
             token: "racekv-dev-token".into(),
             timeout: Duration::from_secs(5),
             connections_per_memnode: 4,
@@ -213,6 +215,15 @@ impl ClientBuilder {
         cluster: impl Into<String>,
     ) -> Self {
         self.etcd = Some((endpoints.into_iter().map(Into::into).collect(), cluster.into()));
+        self
+    }
+
+    /// With [`ClientBuilder::etcd`]: operations fail (`ClientError::MapUnconfirmed`, worth
+    /// a retry) while etcd has not vouched for the map for this long (zero: never), since a
+    /// process cut off from etcd may miss a failover (`MapSource::with_lease`). Default
+    /// [`map_follower::DEFAULT_MAP_LEASE`], under two thirds of the memnodes' default lease.
+    pub fn map_lease(mut self, lease: Duration) -> Self {
+        self.map_lease = lease;
         self
     }
 
@@ -352,7 +363,7 @@ impl ClientBuilder {
                         .into(),
                 ));
             }
-            let map = map_follower::fetch(endpoints, cluster, self.timeout)?;
+            let map = map_follower::fetch(endpoints, cluster, self.timeout)?.with_lease(self.map_lease);
             let table_options = TableOptions { grace_period: self.grace_period, op_timeout: self.timeout };
             let connect = self.connect_options()?;
             let cluster =

@@ -22,6 +22,11 @@ use crate::map_routing::Router;
 /// How often a start looks for the first map, and the watcher for a stop request and for
 /// sessions wanting the map read (the watch itself delivers maps at once).
 const POLL: Duration = Duration::from_millis(200);
+/// The map lease of embedded clients and computenodes unless told otherwise: half the
+/// memnodes' default etcd lease (3 s), under the two thirds [`MapSource::with_lease`] asks.
+pub const DEFAULT_MAP_LEASE: Duration = Duration::from_millis(1_500);
+/// Shortest time between two reads renewing the map lease.
+const MIN_CONFIRM_PERIOD: Duration = Duration::from_millis(20);
 
 /// What became of a map the watcher received.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,6 +55,10 @@ pub struct MapSource {
     etcd: Etcd,
     map: ClusterMap,
     revision: i64,
+    /// When the read that returned it was sent (the map lease counts from then).
+    read_at: Instant,
+    /// The map lease its follower keeps ([`MapSource::with_lease`]; None: none).
+    lease: Option<Duration>,
 }
 
 /// Installs newer maps in the background; stops when dropped.
@@ -68,9 +77,10 @@ pub fn fetch(endpoints: &[String], cluster: &str, wait: Duration) -> Result<MapS
     let deadline = Instant::now() + wait;
     let mut said = false;
     loop {
+        let read_at = Instant::now();
         if let Some((map, revision)) = etcd.map().map_err(coordinator)? {
             tracing::info!(cluster, epoch = map.epoch, partitions = map.partitions.len(), "routing by the cluster map");
-            return Ok(MapSource { etcd, map, revision });
+            return Ok(MapSource { etcd, map, revision, read_at, lease: None });
         }
         if Instant::now() >= deadline {
             return Err(ClientError::Config(format!(
@@ -87,6 +97,17 @@ pub fn fetch(endpoints: &[String], cluster: &str, wait: Duration) -> Result<MapS
 }
 
 impl MapSource {
+    /// Its follower keeps a map lease of `lease` (zero: none): see [`MapSource::follow`].
+    /// A process that has not heard from etcd for a lease may miss a failover, so its
+    /// sessions refuse to route by the map until etcd answers again
+    /// (`ClientError::MapUnconfirmed`). Keep it under two thirds of the memnodes' etcd
+    /// lease: a memnode and this process cut off together, the memnode is failed over no
+    /// sooner than that after this process last heard from etcd.
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = (!lease.is_zero()).then_some(lease);
+        self
+    }
+
     /// The map read.
     pub fn map(&self) -> &ClusterMap {
         &self.map
@@ -112,18 +133,26 @@ impl MapSource {
     /// A map listing a memnode the router has no shard for is installed after `connect`
     /// connected to it (and made it the router's next shard, [`Router::add_memnode`]); if
     /// that fails for a memnode the map writes to, the map is refused (and read again when
-    /// a session asks for it).
+    /// a session asks for it). With a lease ([`MapSource::with_lease`]), etcd is also read
+    /// every quarter of it, and each answer that the installed map is the newest renews
+    /// the router's map lease ([`Router::confirm`]): sessions stop when it lapses.
     pub fn follow(
         self,
         router: Weak<Router>,
         connect: impl Fn(&Router, &MemnodeInfo) -> Result<(), String> + Send + 'static,
         outcome: impl Fn(Outcome) + Send + 'static,
     ) -> Result<MapFollower, ClientError> {
+        let lease = self.lease;
+        if let (Some(lease), Some(router)) = (lease, router.upgrade()) {
+            if router.epoch() == Some(self.map.epoch) {
+                router.confirm(self.read_at, lease);
+            }
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name("map-follower".into())
-            .spawn(move || watch(self, router, flag, connect, outcome))
+            .spawn(move || watch(self, router, lease, flag, connect, outcome))
             .map_err(|e| ClientError::Config(format!("starting the cluster map's watcher: {e}")))?;
         Ok(MapFollower { stop, thread: Some(thread) })
     }
@@ -141,23 +170,45 @@ impl Drop for MapFollower {
 fn watch(
     source: MapSource,
     router: Weak<Router>,
+    lease: Option<Duration>,
     stop: Arc<AtomicBool>,
     connect: impl Fn(&Router, &MemnodeInfo) -> Result<(), String>,
     outcome: impl Fn(Outcome),
 ) {
     let watch = source.etcd.watch_map(source.revision);
+    let period = lease.map(|l| (l / 4).max(MIN_CONFIRM_PERIOD));
+    let mut next_confirm = Instant::now();
     while !stop.load(Ordering::Relaxed) {
-        let next = watch.next(POLL);
+        let wait = period.map_or(POLL, |_| next_confirm.saturating_duration_since(Instant::now()).min(POLL));
+        let next = watch.next(wait);
         let Some(router) = router.upgrade() else { return };
+        let due = period.is_some_and(|_| Instant::now() >= next_confirm);
+        // A read of etcd that, once its map is installed, vouches for the routing.
+        let mut vouching = None;
         let next = match next {
             Some(next) => next,
-            // A memnode serves a newer map than installed: read it rather than wait for
-            // the watch (which may be broken or behind).
-            None if router.take_wanted() => match source.etcd.map() {
-                Ok(Some((map, revision))) if Some(map.epoch) > router.epoch() => Ok((map, revision)),
-                Ok(_) => continue,
-                Err(e) => Err(e),
-            },
+            // A memnode serves a newer map than installed, or the lease wants renewing:
+            // read it rather than wait for the watch (which may be broken or behind).
+            None if due || router.take_wanted() => {
+                let sent = Instant::now();
+                if let Some(period) = period.filter(|_| due) {
+                    next_confirm = sent + period;
+                }
+                match source.etcd.map() {
+                    Ok(Some((map, revision))) => {
+                        vouching = Some((sent, map.epoch));
+                        match Some(map.epoch) > router.epoch() {
+                            true => Ok((map, revision)),
+                            false => {
+                                confirm_if_current(&router, lease, vouching);
+                                continue;
+                            }
+                        }
+                    }
+                    Ok(None) => continue,
+                    Err(e) => Err(e),
+                }
+            }
             None => continue,
         };
         outcome(match next {
@@ -178,6 +229,17 @@ fn watch(
                 Outcome::Error
             }
         });
+        confirm_if_current(&router, lease, vouching);
+    }
+}
+
+/// Renews the router's map lease when etcd's answer (sent then, of that epoch) is the map
+/// it routes by.
+fn confirm_if_current(router: &Router, lease: Option<Duration>, answer: Option<(Instant, u64)>) {
+    if let (Some(lease), Some((sent, epoch))) = (lease, answer) {
+        if router.epoch() == Some(epoch) {
+            router.confirm(sent, lease);
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 //! and a [`SessionRouting`] per session (the map it routes by, taken when an operation
 //! starts, and the epochs its memnodes report through `map_fence`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,6 +25,26 @@ pub struct Router {
     /// A session saw a memnode serve a newer map than installed: whoever follows the map
     /// reads it now rather than wait for its watch.
     wanted: AtomicBool,
+    /// Until when etcd vouches for the installed map ([`Router::confirm`]).
+    lease: MapLease,
+}
+
+/// How long a process may route by its map without hearing from etcd that the map is still
+/// the newest: one cut off from etcd cannot learn of a failover, so it stops serving when
+/// this lapses (ARCHITECTURE, "The fence"). Times are microseconds after `base`.
+#[derive(Debug)]
+struct MapLease {
+    base: Instant,
+    /// The map is vouched for until then (0: no lease is kept: it never lapses).
+    until_us: AtomicU64,
+    /// The lease's length.
+    lease_us: AtomicU64,
+}
+
+impl MapLease {
+    fn us(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.base).as_micros()).unwrap_or(u64::MAX)
+    }
 }
 
 impl Router {
@@ -62,7 +82,34 @@ impl Router {
             ids: parking_lot::RwLock::new(ids.to_vec()),
             installed: (Mutex::new(()), Condvar::new()),
             wanted: AtomicBool::new(false),
+            lease: MapLease { base: Instant::now(), until_us: AtomicU64::new(0), lease_us: AtomicU64::new(0) },
         }
+    }
+
+    /// etcd said, answering a read sent at `sent`, that the installed map is the newest:
+    /// it is vouched for until `sent + lease` (never less than before).
+    pub fn confirm(&self, sent: Instant, lease: Duration) {
+        assert!(!lease.is_zero(), "a map lease lasts");
+        let lease_us = u64::try_from(lease.as_micros()).unwrap_or(u64::MAX);
+        self.lease.lease_us.store(lease_us, Ordering::Release);
+        let until = self.lease.us(sent).saturating_add(lease_us).max(1);
+        self.lease.until_us.fetch_max(until, Ordering::AcqRel);
+    }
+
+    /// When the map's lease has lapsed: how long ago etcd last vouched for it, and the
+    /// lease. None within the lease, or where none is kept (a fixed ring, or a follower
+    /// told to keep none).
+    pub fn unconfirmed(&self) -> Option<(Duration, Duration)> {
+        let until = self.lease.until_us.load(Ordering::Acquire);
+        if until == 0 {
+            return None;
+        }
+        let now = self.lease.us(Instant::now());
+        if now < until {
+            return None;
+        }
+        let lease = self.lease.lease_us.load(Ordering::Acquire);
+        Some((Duration::from_micros(now - until.saturating_sub(lease)), Duration::from_micros(lease)))
     }
 
     /// The epoch of the map routed by (None: a fixed ring).
@@ -246,5 +293,22 @@ mod tests {
         let mut on_ring = ring.session();
         assert_eq!((on_ring.changed(), ring.epoch()), (None, None));
         assert!(!on_ring.await_map(&ring, 1, Duration::ZERO));
+    }
+
+    #[test]
+    fn a_map_unconfirmed_for_longer_than_its_lease_is_not_routed_by() {
+        let router = Router::map(1, 1, &[vec![10]], &[10], &[10], |i| format!("#{i}")).unwrap();
+        assert_eq!(router.unconfirmed(), None, "no lease kept yet");
+        let lease = Duration::from_millis(50);
+        router.confirm(Instant::now(), lease);
+        assert_eq!(router.unconfirmed(), None);
+        std::thread::sleep(Duration::from_millis(60));
+        let (since, of) = router.unconfirmed().expect("lapsed");
+        assert!(since >= Duration::from_millis(60) && of == lease, "{since:?} {of:?}");
+        // An older answer never shortens it; a newer one renews it.
+        router.confirm(Instant::now() - Duration::from_secs(1), lease);
+        assert!(router.unconfirmed().is_some());
+        router.confirm(Instant::now(), lease);
+        assert_eq!(router.unconfirmed(), None);
     }
 }

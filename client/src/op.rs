@@ -335,7 +335,9 @@ impl Reply {
             ClientError::EmptyKey => ErrorKind::EmptyKey,
             ClientError::TooLarge { .. } => ErrorKind::TooLarge,
             // Remote clients see a map change like any memnode they may retry.
-            ClientError::Unavailable { .. } | ClientError::MapChanged { .. } => ErrorKind::Unavailable,
+            ClientError::Unavailable { .. } | ClientError::MapChanged { .. } | ClientError::MapUnconfirmed { .. } => {
+                ErrorKind::Unavailable
+            }
             ClientError::Timeout { .. } => ErrorKind::Timeout,
             ClientError::OutOfSpace { .. } => ErrorKind::OutOfSpace,
             ClientError::Overloaded(_) => ErrorKind::Overloaded,

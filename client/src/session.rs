@@ -82,6 +82,11 @@ pub trait Shards: Send {
     fn map_changed(&self) -> Option<MapChange> {
         None
     }
+    /// When the map routed by has outlived its lease unconfirmed by etcd: (since when, the
+    /// lease) (`Router::unconfirmed`). None on a fixed ring.
+    fn map_unconfirmed(&self) -> Option<(Duration, Duration)> {
+        None
+    }
     /// Waits (bounded by the timeout) for a map at least as new as `epoch` and routes by
     /// it. False when none came.
     fn await_map(&mut self, epoch: u64) -> bool {
@@ -205,6 +210,9 @@ impl<S: Shards> Session<S> {
         mut op: impl FnMut(&mut Self) -> Result<R, ClientError>,
     ) -> Result<R, ClientError> {
         self.shards.refresh_routing();
+        if let Some((since, lease)) = self.shards.map_unconfirmed() {
+            return Err(ClientError::MapUnconfirmed { since, lease });
+        }
         let mut refreshes = 0;
         loop {
             let result = op(self);

@@ -23,6 +23,7 @@ struct Metrics {
     attaches: IntCounter,
     cold_attaches: IntCounter,
     map_epoch: IntGauge,
+    map_lease_refusals: IntCounter,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
@@ -40,6 +41,10 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         map_epoch: metric::gauge(
             "racekv_computenode_map_epoch",
             "Epoch of the cluster map keys are routed by (0: a fixed ring, no coordinator)",
+        ),
+        map_lease_refusals: metric::counter(
+            "racekv_computenode_map_lease_refusals_total",
+            "Commands refused because etcd had not confirmed the cluster map within map_lease_ms",
         ),
     }
 });
@@ -436,6 +441,14 @@ impl Shards for WorkerShards {
 
     fn refresh_routing(&mut self) {
         self.routing.refresh(&self.cluster.router);
+    }
+
+    fn map_unconfirmed(&self) -> Option<(Duration, Duration)> {
+        let lapsed = self.cluster.router.unconfirmed();
+        if lapsed.is_some() {
+            METRICS.map_lease_refusals.inc();
+        }
+        lapsed
     }
 
     fn map_changed(&self) -> Option<racekv_client::map_fence::MapChange> {

@@ -55,6 +55,10 @@ pub struct ComputenodeConfig {
     pub cluster: String,
     /// How long a start waits for the cluster's first map (`racekv cluster init`).
     pub etcd_map_wait_ms: u64,
+    /// With etcd: commands fail (retryably) while etcd has not confirmed the cluster map
+    /// for this long, since a computenode cut off from etcd may miss a failover (0: never).
+    /// Keep it under two thirds of the memnodes' `etcd_lease_ms`.
+    pub map_lease_ms: u64,
     /// The memnodes' shared secret.
     pub token: String,
     /// Pre-initialized connections per memnode (the pool virtual connections share).
@@ -216,6 +220,7 @@ impl Default for ComputenodeConfig {
             etcd_endpoints: Vec::new(),
             cluster: racekv_coord::keys::DEFAULT_CLUSTER_NAME.into(),
             etcd_map_wait_ms: 30_000,
+            map_lease_ms: racekv_client::map_follower::DEFAULT_MAP_LEASE.as_millis() as u64,
             token: DEV_TOKEN.into(),
             connections_per_memnode: 4,
             op_timeout_ms: 5_000,
@@ -282,6 +287,10 @@ impl ComputenodeConfig {
         anyhow::ensure!(!self.memnodes.is_empty(), "no memnodes configured");
         if !self.etcd_endpoints.is_empty() {
             anyhow::ensure!(self.etcd_map_wait_ms <= 3_600_000, "etcd_map_wait_ms must be at most 3600000");
+            anyhow::ensure!(
+                self.map_lease_ms == 0 || (100..=600_000).contains(&self.map_lease_ms),
+                "map_lease_ms must be 0 (none) or within 100..=600000"
+            );
             racekv_coord::check_settings(&self.cluster)?;
         }
         anyhow::ensure!(!self.token.is_empty(), "token must not be empty");
@@ -585,5 +594,8 @@ mod tests {
         cfg.cluster = "prod".into();
         cfg.etcd_map_wait_ms = 4_000_000;
         assert!(cfg.validate().unwrap_err().to_string().contains("etcd_map_wait_ms"));
+        cfg.etcd_map_wait_ms = 1_000;
+        cfg.map_lease_ms = 10;
+        assert!(cfg.validate().unwrap_err().to_string().contains("map_lease_ms"));
     }
 }

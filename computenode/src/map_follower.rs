@@ -33,7 +33,7 @@ pub(crate) fn fetch(config: &ComputenodeConfig) -> anyhow::Result<Option<MapSour
     let wait = Duration::from_millis(config.etcd_map_wait_ms);
     let source = racekv_client::map_follower::fetch(&config.etcd_endpoints, &config.cluster, wait)
         .with_context(|| format!("reading cluster {}'s map from etcd (etcd_map_wait_ms)", config.cluster))?;
-    Ok(Some(source))
+    Ok(Some(source.with_lease(Duration::from_millis(config.map_lease_ms))))
 }
 
 /// The routing of `source`'s map over its memnodes (in the map's order).

@@ -23,7 +23,8 @@ pub fn store_error(e: ClientError) -> StoreError {
         ClientError::Unavailable { .. }
         | ClientError::Overloaded(_)
         | ClientError::Conflict(_)
-        | ClientError::MapChanged { .. } => StoreErrorKind::Unavailable,
+        | ClientError::MapChanged { .. }
+        | ClientError::MapUnconfirmed { .. } => StoreErrorKind::Unavailable,
         ClientError::Timeout { .. } => StoreErrorKind::Timeout,
         ClientError::EmptyKey => {
             return StoreError::new(StoreErrorKind::Other, "racekv keys cannot be empty");
