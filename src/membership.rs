@@ -21,6 +21,16 @@ const MOVER_LEASE: std::time::Duration = std::time::Duration::from_secs(5);
 /// repeats only when the map changed under it, e.g. a failover).
 const MAX_ROUNDS: usize = 8;
 
+/// How long writes by an R = 1 map may still land after a map that makes them go through
+/// the primary's lock is written: a process learns of that map within its map lease (cut
+/// off from etcd, it stops serving by then), and a write it started by the old map lands
+/// within two operation timeouts (the defaults of both; a process configured for longer,
+/// or with no map lease, is not covered). Such a write is a plain upsert, visible at once
+/// and copied by no one if its writer dies before syncing it, so the copy to a memnode
+/// joining its partition starts only after this (ARCHITECTURE, "Catch-up").
+const PLAIN_WRITES_SETTLE: std::time::Duration =
+    racekv_client::map_follower::DEFAULT_MAP_LEASE.saturating_add(std::time::Duration::from_secs(10));
+
 /// What a command reports as it goes: a phase's name, then keys handled in it.
 pub trait Progress {
     /// A new phase begins.
@@ -89,7 +99,10 @@ fn run_moves(
         }
         progress.phase(&format!("moving {} partitions", moves.len()));
         let joining = match update_map(etcd, client, |map| Ok(membership::start_moves(map, &moves)))? {
-            Some((_, next)) => next,
+            Some((before, next)) => {
+                let_plain_writes_land(&before, progress);
+                next
+            }
             None => map,
         };
         let (settled, stale) = settle_moves(etcd, client, joining, &moves, rate, progress)?;
@@ -289,6 +302,9 @@ pub fn set_replicas(
         None => (replicas, false),
     };
     let mut done = Resized { from, keys: 0 };
+    if let Some((before, _)) = written.as_ref().filter(|_| !lowered) {
+        let_plain_writes_land(before, progress);
+    }
     if lowered {
         let (before, after) = written.as_ref().expect("lowered: a map was written");
         for node in membership::dropped(before, after).into_keys() {
@@ -311,6 +327,18 @@ pub fn set_replicas(
         map.replicas
     );
     Ok(done)
+}
+
+/// Waits [`PLAIN_WRITES_SETTLE`] when writers by `before`, the map a change replaced,
+/// wrote with plain upserts (R = 1) that a copy starting now could miss.
+fn let_plain_writes_land(before: &ClusterMap, progress: &mut dyn Progress) {
+    if before.replicas == 1 {
+        progress.phase(&format!(
+            "letting writes by the R = 1 map land before copying ({} s)",
+            PLAIN_WRITES_SETTLE.as_secs_f64()
+        ));
+        std::thread::sleep(PLAIN_WRITES_SETTLE);
+    }
 }
 
 /// Removes memnode `node`'s copies of keys of partitions it is in no write set of (after a

@@ -858,3 +858,50 @@ fn a_client_cut_off_from_etcd_stops_serving_when_its_map_lease_lapses() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A write by the R = 1 map landing just after `set-replicas 2` wrote its map (from a
+/// client cut off from etcd, still within its map lease) is a plain upsert on the primary:
+/// the copy to the new replica must start after it could land, or the replicas differ and
+/// the value is lost at the primary's failover.
+#[test]
+fn a_plain_write_landing_as_r_rises_reaches_the_new_replica() {
+    use racekv_client::Client;
+    use racekv_coord::etcd::Etcd;
+
+    let server = EtcdServer::start();
+    let etcd_urls = server.endpoint();
+    let link = Cuttable::to(etcd_urls[0].trim_start_matches("http://").to_string());
+    let memnodes = [memnode(&etcd_urls), memnode(&etcd_urls)];
+    let init = cluster(&etcd_urls, &["init", "--replicas", "1", "--partitions-per-memnode", "4"]);
+    assert!(init.status.success(), "{}", String::from_utf8_lossy(&init.stderr));
+    let etcd = Etcd::connect(&etcd_urls, CLUSTER, Duration::from_secs(5)).unwrap();
+    let cut = Client::builder()
+        .etcd([link.url()], CLUSTER)
+        .map_lease(Duration::from_secs(3))
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .unwrap();
+    cut.put(b"late", b"before").unwrap();
+
+    link.cut();
+    let cut_at = std::time::Instant::now();
+    let urls = etcd_urls.clone();
+    let raise = std::thread::spawn(move || cluster(&urls, &["set-replicas", "2"]));
+    while etcd.map().unwrap().unwrap().0.replicas != 2 {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // After the copy would have run, were it not held back; still by the R = 1 map.
+    std::thread::sleep(Duration::from_secs(1));
+    // Its lease (3 s from its last read of etcd, at most 0.75 s before the cut) holds.
+    assert!(cut_at.elapsed() < Duration::from_millis(2_200), "the write goes within the lease");
+    let wrote = cut.put(b"late", b"after");
+    let out = raise.join().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let values: Vec<Option<Vec<u8>>> = memnodes
+        .iter()
+        .map(|m| Client::builder().memnode(m.endpoints()[0].to_string()).connect().unwrap().get(b"late").unwrap())
+        .collect();
+    assert_eq!(values[0], values[1], "both replicas hold the same value (the write: {wrote:?})");
+    assert_eq!(values[0].as_deref(), Some(&b"after"[..]), "the write landed on the primary");
+}
