@@ -127,6 +127,18 @@ pub enum ClusterCommand {
         #[command(flatten)]
         copy: CopyArgs,
     },
+    /// Give up the partitions no live memnode holds (every replica lost: a double failure
+    /// at R = 2): live memnodes take them over empty, so their keys are lost and can be
+    /// written again. Without --accept-loss, only says which partitions would be.
+    RecoverLost {
+        #[command(flatten)]
+        target: EtcdTarget,
+        /// Do it: the keys of those partitions are gone for good.
+        #[arg(long)]
+        accept_loss: bool,
+        #[command(flatten)]
+        copy: CopyArgs,
+    },
     /// Spread primaries over each partition's replicas (after failovers the survivors are
     /// primary of everything; a memnode back rejoins as a backup). Nothing is copied.
     Balance {
@@ -323,6 +335,36 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
             let done = crate::membership::set_replicas(&etcd, &client, replicas, &mut rate, &mut Spinner::new())?;
             let what = if replicas < done.from { "stale copies removed" } else { "keys copied" };
             println!("cluster {}: R = {replicas} (was {}); {} {what}", target.cluster, done.from, done.keys);
+            Ok(())
+        }
+        ClusterCommand::RecoverLost { target, accept_loss, copy } => {
+            let etcd = connect(&target)?;
+            if !accept_loss {
+                let (map, _) = etcd.map()?.context("the cluster has no map yet (`racekv cluster init`)")?;
+                let live: std::collections::BTreeSet<u64> = etcd.memnodes()?.iter().map(|m| m.node_id).collect();
+                let lost = racekv_coord::failover::unavailable(&map, &live);
+                anyhow::ensure!(lost == 0, "{lost} partitions have no live replica; bring one of their memnodes back on its data file, or run this with --accept-loss to serve them empty (their keys are lost)");
+                println!("cluster {}: every partition has a live replica; nothing to recover", target.cluster);
+                return Ok(());
+            }
+            let token = copy.token()?;
+            let direct = |info: &racekv_coord::MemnodeInfo| -> anyhow::Result<racekv_client::Client> {
+                let endpoint = racekv_client::map_follower::choose_endpoint(info)?;
+                Ok(racekv_client::Client::builder()
+                    .memnode(endpoint)
+                    .token(&token)
+                    .timeout(Duration::from_secs(10))
+                    .connect()?)
+            };
+            match crate::membership::recover_lost(&etcd, &direct, &mut Spinner::new())? {
+                Some((map, lost)) => println!(
+                    "cluster {}: {} partitions given to live memnodes, empty (map epoch {}): their keys are lost",
+                    target.cluster,
+                    lost.len(),
+                    map.epoch
+                ),
+                None => println!("cluster {}: every partition has a live replica; nothing to recover", target.cluster),
+            }
             Ok(())
         }
         ClusterCommand::Balance { target, copy } => {

@@ -341,6 +341,62 @@ fn let_plain_writes_land(before: &ClusterMap, progress: &mut dyn Progress) {
     }
 }
 
+/// Gives up the partitions that no live memnode holds (a double failure at R = 2, any loss
+/// at R = 1): live memnodes take them over empty (`membership::reassign_lost`), so their
+/// keys are lost, and clients can write them again. Each taker first drops whatever copies
+/// it kept of those partitions (a memnode failed over from one and not yet rejoined keeps
+/// its old values), through `direct`, a client of that memnode alone: a client routing by
+/// the map cannot start while memnodes it writes to are down. The down memnodes' words are
+/// not raised (they cannot be reached; each fenced itself when its lease lapsed); one that
+/// comes back rejoins as any failed-over memnode, its old copies replaced. Returns the map
+/// written and the partitions given up (None: every partition has a live replica).
+pub fn recover_lost(
+    etcd: &Etcd,
+    direct: &dyn Fn(&racekv_coord::MemnodeInfo) -> anyhow::Result<Client>,
+    progress: &mut dyn Progress,
+) -> anyhow::Result<Option<(ClusterMap, Vec<usize>)>> {
+    for _ in 0..MAX_ROUNDS {
+        let (map, revision) = etcd.map()?.context("the cluster has no map yet (`racekv cluster init`)")?;
+        let live: BTreeSet<u64> = etcd.memnodes()?.iter().map(|m| m.node_id).collect();
+        let Some((next, lost)) = membership::reassign_lost(&map, &live) else { return Ok(None) };
+        let takers: BTreeSet<u64> = lost.iter().flat_map(|&p| next.partitions[p].iter().copied()).collect();
+        for &node in &takers {
+            let info = map.memnode(node).context("a live memnode the map lists")?;
+            progress.phase(&format!("removing {node:#x}'s old copies of the lost partitions"));
+            drop_partitions(&direct(info)?, &map, &lost, progress)?;
+        }
+        if etcd.put_map(&next, Some(revision))?.is_some() {
+            tracing::warn!(epoch = next.epoch, partitions = ?lost, "lost partitions given to live memnodes, empty");
+            return Ok(Some((next, lost)));
+        }
+    }
+    anyhow::bail!("the cluster map kept changing; run it again")
+}
+
+/// Deletes the keys of `partitions` (by `map`) from the one memnode `client` reaches (no
+/// one writes them there: no map routes them to it yet).
+fn drop_partitions(
+    client: &Client,
+    map: &ClusterMap,
+    partitions: &[usize],
+    progress: &mut dyn Progress,
+) -> anyhow::Result<()> {
+    let mut cursor = 0;
+    loop {
+        let (next, page) = client.scan(cursor, 256)?;
+        for key in page {
+            if partitions.contains(&map.partition_of(racekv_client::ring::key_hash(&key))) {
+                client.delete(&key)?;
+                progress.keys(1);
+            }
+        }
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
+    }
+}
+
 /// Removes memnode `node`'s copies of keys of partitions it is in no write set of (after a
 /// change took partitions from it), by the newest map, again while the map changes under
 /// it. A memnode not registered is skipped (a rejoin cleans what it joins). Returns the

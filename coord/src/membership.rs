@@ -338,6 +338,45 @@ pub fn fenced(map: &ClusterMap, next: &ClusterMap) -> Vec<u64> {
     ids.into_iter().collect()
 }
 
+/// The map after giving up the partitions none of whose replicas is among `live` (a double
+/// failure at R = 2): each gets a new replica set of up to R live memnodes, those holding
+/// fewest partitions (counting those given before it; ties by node id), the one of them
+/// primary of fewest its primary, no joiners; one epoch on. Their keys are lost: the new sets start empty.
+/// Returns the new map and the partitions given up, or None when every partition has a
+/// live replica (or no memnode is live).
+pub fn reassign_lost(map: &ClusterMap, live: &BTreeSet<u64>) -> Option<(ClusterMap, Vec<usize>)> {
+    let lost: Vec<usize> =
+        (0..map.partitions.len()).filter(|&p| !map.partitions[p].iter().any(|id| live.contains(id))).collect();
+    let mut held: BTreeMap<u64, usize> = held(map).into_iter().filter(|(id, _)| live.contains(id)).collect();
+    if lost.is_empty() || held.is_empty() {
+        return None;
+    }
+    let mut next = map.clone();
+    if next.joining.is_empty() {
+        next.joining = vec![Vec::new(); next.partitions.len()];
+    }
+    let mut primaries: BTreeMap<u64, usize> = BTreeMap::new();
+    for set in &map.partitions {
+        *primaries.entry(set[0]).or_default() += 1;
+    }
+    for &p in &lost {
+        let mut by_load: Vec<(usize, u64)> = held.iter().map(|(&id, &n)| (n, id)).collect();
+        by_load.sort_unstable();
+        let mut set: Vec<u64> = by_load.iter().take(usize::from(map.replicas)).map(|&(_, id)| id).collect();
+        set.sort_by_key(|id| (primaries.get(id).copied().unwrap_or(0), *id));
+        for id in &set {
+            *held.get_mut(id).expect("a live memnode") += 1;
+        }
+        *primaries.entry(set[0]).or_default() += 1;
+        next.partitions[p] = set;
+        next.joining[p].clear();
+    }
+    next.normalize_joining();
+    next.epoch += 1;
+    debug_assert!(next.check().is_ok(), "lost partitions on live memnodes make a valid map");
+    Some((next, lost))
+}
+
 /// Per memnode, the partitions it is in the write set of in `map` but not in `next`: its
 /// copies of their keys are stale once `next` is served (purge them).
 pub fn dropped(map: &ClusterMap, next: &ClusterMap) -> BTreeMap<u64, Vec<usize>> {
@@ -363,6 +402,39 @@ mod tests {
             *n.entry(set[0]).or_insert(0) += 1;
         }
         n
+    }
+
+    proptest! {
+        /// Partitions with no live replica get R (or all) live memnodes, spread; every
+        /// other partition keeps its set; the map stays valid, one epoch on.
+        #[test]
+        fn lost_partitions_go_to_live_memnodes_and_no_other_changes(
+            n in 2usize..8,
+            replicas in 1u8..=5,
+            down_mask in any::<u8>(),
+        ) {
+            let ids: Vec<u64> = (1..=n as u64).collect();
+            let before = map(&ids, replicas);
+            let live: BTreeSet<u64> = ids.iter().copied().filter(|id| down_mask & (1 << (id % 8)) == 0).collect();
+            let lost_before = crate::failover::unavailable(&before, &live);
+            let Some((after, lost)) = reassign_lost(&before, &live) else {
+                prop_assert!(lost_before == 0 || live.is_empty());
+                return Ok(());
+            };
+            prop_assert!(after.check().is_ok());
+            prop_assert_eq!(after.epoch, before.epoch + 1);
+            prop_assert_eq!(lost.len(), lost_before);
+            prop_assert_eq!(crate::failover::unavailable(&after, &live), 0);
+            for p in 0..before.partitions.len() {
+                if lost.contains(&p) {
+                    let set = &after.partitions[p];
+                    prop_assert_eq!(set.len(), usize::from(replicas).min(live.len()));
+                    prop_assert!(set.iter().all(|id| live.contains(id)));
+                } else {
+                    prop_assert_eq!(&after.partitions[p], &before.partitions[p]);
+                }
+            }
+        }
     }
 
     proptest! {
