@@ -144,8 +144,12 @@ impl MapSource {
     ) -> Result<MapFollower, ClientError> {
         let lease = self.lease;
         if let (Some(lease), Some(router)) = (lease, router.upgrade()) {
-            if router.epoch() == Some(self.map.epoch) {
-                router.confirm(self.read_at, lease);
+            confirm_if_current(&router, Some(lease), Some((self.read_at, self.map.epoch)));
+            // Connecting to the memnodes may have outlasted the start's read: read again,
+            // or the first operations could find the lease lapsed.
+            let sent = Instant::now();
+            if let Ok(Some((map, _))) = self.etcd.map() {
+                confirm_if_current(&router, Some(lease), Some((sent, map.epoch)));
             }
         }
         let stop = Arc::new(AtomicBool::new(false));
@@ -206,7 +210,12 @@ fn watch(
                         }
                     }
                     Ok(None) => continue,
-                    Err(e) => Err(e),
+                    // Unreachable, as a while ago (the watch reports unreadable maps; a
+                    // lapsing lease shows in the refusals): no warning several times a second.
+                    Err(e) => {
+                        tracing::debug!("reading the cluster map from etcd failed: {e}");
+                        continue;
+                    }
                 }
             }
             None => continue,

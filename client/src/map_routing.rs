@@ -92,8 +92,13 @@ impl Router {
         assert!(!lease.is_zero(), "a map lease lasts");
         let lease_us = u64::try_from(lease.as_micros()).unwrap_or(u64::MAX);
         self.lease.lease_us.store(lease_us, Ordering::Release);
-        let until = self.lease.us(sent).saturating_add(lease_us).max(1);
-        self.lease.until_us.fetch_max(until, Ordering::AcqRel);
+        // A read sent before this router was made (the start's) vouches for less.
+        let until = match sent.checked_duration_since(self.lease.base) {
+            Some(after) => after.saturating_add(lease),
+            None => lease.saturating_sub(self.lease.base - sent),
+        };
+        let until_us = u64::try_from(until.as_micros()).unwrap_or(u64::MAX).max(1);
+        self.lease.until_us.fetch_max(until_us, Ordering::AcqRel);
     }
 
     /// When the map's lease has lapsed: how long ago etcd last vouched for it, and the
@@ -305,9 +310,13 @@ mod tests {
         std::thread::sleep(Duration::from_millis(60));
         let (since, of) = router.unconfirmed().expect("lapsed");
         assert!(since >= Duration::from_millis(60) && of == lease, "{since:?} {of:?}");
-        // An older answer never shortens it; a newer one renews it.
+        // An older answer never shortens it, nor vouches beyond its own lease (this one
+        // was sent before the router was made); a newer one renews it.
         router.confirm(Instant::now() - Duration::from_secs(1), lease);
         assert!(router.unconfirmed().is_some());
+        let fresh = Router::map(1, 1, &[vec![10]], &[10], &[10], |i| format!("#{i}")).unwrap();
+        fresh.confirm(Instant::now() - Duration::from_millis(60), lease);
+        assert!(fresh.unconfirmed().is_some(), "60 ms old, of a 50 ms lease");
         router.confirm(Instant::now(), lease);
         assert_eq!(router.unconfirmed(), None);
     }

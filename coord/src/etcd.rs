@@ -291,7 +291,8 @@ async fn keep_registered(
     while !stop.load(Ordering::Relaxed) {
         let sent = Instant::now();
         // Bounded: a keep-alive etcd never answers (a partition) must not stop the retries.
-        let renewal = tokio::time::timeout(period, async {
+        // A whole TTL: a slow answer is still an answer (its lease lives on).
+        let renewal = tokio::time::timeout(Duration::from_secs(ttl_s.unsigned_abs()), async {
             let (mut keeper, mut stream) = c.lease_keep_alive(lease).await.ok()?;
             keeper.keep_alive().await.ok()?;
             stream.message().await.ok()?.map(|r| r.ttl()).filter(|&ttl| ttl > 0)

@@ -39,6 +39,8 @@ use crate::gauges::Gauges;
 
 /// How often the map watcher looks for a stop request (and, fenced, tries to clear it).
 const POLL: Duration = Duration::from_millis(200);
+/// Shortest wait between two turns of the map watcher.
+const MIN_WAIT: Duration = Duration::from_millis(1);
 
 static FENCES: LazyLock<IntCounter> = LazyLock::new(|| {
     racekv_telemetry::metric::counter(
@@ -143,17 +145,20 @@ struct Follower {
 impl Follower {
     fn follow(self, revision: i64, stop: &AtomicBool) {
         let watch = self.etcd.watch_map(revision);
-        let mut fenced = false;
+        // Fenced, or the fence cleared and the new epoch's map not yet written.
+        let mut pending = false;
         while !stop.load(Ordering::Relaxed) {
             let deadline = self.registration.deadline();
             let now = Instant::now();
-            if !fenced && now >= deadline {
-                fenced = self.fence();
-            } else if fenced && now < deadline {
-                fenced = !self.unfence();
+            if now >= deadline {
+                // Whatever the last clearing left (its map may not be written yet).
+                pending |= self.fence();
+            } else if pending {
+                pending = !self.unfence();
             }
-            // Awake at the deadline, not up to a POLL after it.
-            let wait = if fenced { POLL } else { deadline.saturating_duration_since(now).min(POLL) };
+            // Awake at the deadline, not up to a POLL after it (and never spinning should a
+            // fence fail).
+            let wait = if pending { POLL } else { deadline.saturating_duration_since(now).clamp(MIN_WAIT, POLL) };
             match watch.next(wait) {
                 None => {}
                 Some(Ok((map, _))) => match raise_map_epoch(&self.local, map.epoch) {
@@ -168,8 +173,11 @@ impl Follower {
         }
     }
 
-    /// Sets the fence bit; whether it is set.
+    /// Sets the fence bit (counted and told once per fence); whether it is set.
     fn fence(&self) -> bool {
+        if read_map_word(&self.local).is_ok_and(|w| MapWord::decode(w).fenced) {
+            return true;
+        }
         match fence_map_epoch(&self.local) {
             Ok(word) => {
                 FENCES.inc();
