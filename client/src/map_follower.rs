@@ -156,7 +156,7 @@ impl MapSource {
         let flag = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name("map-follower".into())
-            .spawn(move || watch(self, router, lease, flag, connect, outcome))
+            .spawn(move || watch(self, router, flag, connect, outcome))
             .map_err(|e| ClientError::Config(format!("starting the cluster map's watcher: {e}")))?;
         Ok(MapFollower { stop, thread: Some(thread) })
     }
@@ -174,12 +174,11 @@ impl Drop for MapFollower {
 fn watch(
     source: MapSource,
     router: Weak<Router>,
-    lease: Option<Duration>,
     stop: Arc<AtomicBool>,
     connect: impl Fn(&Router, &MemnodeInfo) -> Result<(), String>,
     outcome: impl Fn(Outcome),
 ) {
-    let watch = source.etcd.watch_map(source.revision);
+    let (watch, lease) = (source.etcd.watch_map(source.revision), source.lease);
     let period = lease.map(|l| (l / 4).max(MIN_CONFIRM_PERIOD));
     let mut next_confirm = Instant::now();
     while !stop.load(Ordering::Relaxed) {
