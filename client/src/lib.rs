@@ -68,6 +68,7 @@ mod channel;
 mod embedded;
 mod error;
 pub mod expiry;
+mod in_order;
 pub mod map_fence;
 pub mod map_follower;
 pub mod map_routing;

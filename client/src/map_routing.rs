@@ -35,7 +35,8 @@ pub struct Router {
 #[derive(Debug)]
 struct MapLease {
     base: Instant,
-    /// The map is vouched for until then (0: no lease is kept: it never lapses).
+    /// One more than the microsecond since `base` at which the map's lease lapses (0: no
+    /// lease is kept: it never lapses).
     until_us: AtomicU64,
     /// The lease's length.
     lease_us: AtomicU64,
@@ -97,7 +98,9 @@ impl Router {
             Some(after) => after.saturating_add(lease),
             None => lease.saturating_sub(self.lease.base - sent),
         };
-        let until_us = u64::try_from(until.as_micros()).unwrap_or(u64::MAX).max(1);
+        // Stored one above the microsecond it lapses at, so 0 stays "none kept" and a lease
+        // that lapsed before the router was made (0) still reads as lapsed at once.
+        let until_us = u64::try_from(until.as_micros()).unwrap_or(u64::MAX).saturating_add(1);
         self.lease.until_us.fetch_max(until_us, Ordering::AcqRel);
     }
 
@@ -109,7 +112,7 @@ impl Router {
         if until == 0 {
             return None;
         }
-        let now = self.lease.us(Instant::now());
+        let now = self.lease.us(Instant::now()).saturating_add(1);
         if now < until {
             return None;
         }

@@ -346,23 +346,6 @@ impl<S: Shards> Session<S> {
         })
     }
 
-    /// Values of `keys` as consecutive [`Session::get`]s would return them: each key is read
-    /// after every key before it (see `TableClient::get_many_in_order`); consecutive keys of
-    /// one memnode travel together.
-    pub fn get_in_order(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, ClientError> {
-        self.under_map(keys.iter().copied(), Redo::Yes, |s| {
-            let mut out = Vec::with_capacity(keys.len());
-            let mut start = 0;
-            while start < keys.len() {
-                let shard = s.shards.route(keys[start]);
-                let end = (start + 1..keys.len()).find(|&i| s.shards.route(keys[i]) != shard).unwrap_or(keys.len());
-                out.extend(s.on(shard, |c| c.get_many_in_order(&keys[start..end]))?);
-                start = end;
-            }
-            Ok(out)
-        })
-    }
-
     /// Sets many keys (not atomic across keys: a failure leaves the earlier ones set).
     pub fn multi_put(&mut self, pairs: &[(&[u8], &[u8])]) -> Result<(), ClientError> {
         if pairs.iter().any(|(k, _)| self.replicated(k)) {
@@ -590,7 +573,7 @@ impl<S: Shards> Session<S> {
         Ok(())
     }
 
-    fn group<'a>(&self, keys: impl Iterator<Item = &'a [u8]>) -> Vec<(usize, Vec<usize>)> {
+    pub(crate) fn group<'a>(&self, keys: impl Iterator<Item = &'a [u8]>) -> Vec<(usize, Vec<usize>)> {
         let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
         for (i, key) in keys.enumerate() {
             let shard = self.shards.route(key);

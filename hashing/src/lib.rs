@@ -53,5 +53,5 @@ pub use scan::{ScanLimits, ScanPage, TableCursor};
 pub use service::{TableService, TableStats};
 pub use table::{
     ClientStats, Expiry, ExpiryUpdate, Item, PutMode, PutOptions, PutOutcome, PutResult, Table, TableClient,
-    TableOptions,
+    TableOptions, Witness,
 };

@@ -66,6 +66,9 @@ use crate::stall::{StallClock, Stamp};
 mod touch;
 pub mod txn;
 mod walk;
+mod witness;
+
+pub use witness::Witness;
 
 /// Tunables of table clients.
 #[derive(Debug, Clone, Copy)]
@@ -723,6 +726,8 @@ struct RoundScratch {
     /// Index into `wanted` of the copy each key settled on (when it did).
     settled: Vec<usize>,
     foreign: Vec<bool>,
+    /// Keys one of whose candidates held another key's block.
+    collided: Vec<bool>,
     done: Vec<bool>,
     /// Index into `wanted` of settled copies that had expired (removed after the round).
     expired: Vec<usize>,
@@ -738,6 +743,7 @@ impl RoundScratch {
         self.reads.clear();
         self.settled.clear();
         self.foreign.clear();
+        self.collided.clear();
         self.done.clear();
         self.expired.clear();
         self.touched.clear();
@@ -857,7 +863,14 @@ impl TableClient {
     /// its own lookup. A key that needs the single-key path is looked up on its own, and
     /// every key after it is read again after it.
     pub fn get_many_in_order(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, Error> {
+        self.read_in_order(keys, &mut None)
+    }
+
+    /// [`TableClient::get_many_in_order`], adding each round's slot words to `witness`
+    /// while it is Some (`witness.rs`; None once a round cannot be witnessed).
+    fn read_in_order(&mut self, keys: &[&[u8]], witness: &mut Option<Witness>) -> Result<Vec<Option<Vec<u8>>>, Error> {
         if !self.conn.kind().batch_reads_in_order() {
+            *witness = None;
             return keys.iter().map(|key| self.get(key)).collect();
         }
         let mut values = vec![None; keys.len()];
@@ -866,6 +879,7 @@ impl TableClient {
             let end = (next + KEYS_PER_ROUND).min(keys.len());
             let mut slow = Vec::new();
             self.get_round(&keys[next..end], &mut values[next..end], &mut slow)?;
+            Self::witness_round(witness, &self.round, &values[next..end], &slow);
             let Some(&first) = slow.iter().min() else {
                 next = end;
                 continue;
@@ -945,11 +959,13 @@ impl TableClient {
         }
         self.execute()?;
         let stalled = !self.shared.stall.surely_within(sent);
-        // A key is settled here when exactly one copy was found and no candidate held anything
-        // else. Anything more (another key's block, which needs the absence check; a torn
-        // block; duplicate copies) goes the single-key way.
+        // A key is settled here when exactly one copy was found (other candidates may hold
+        // other keys' blocks, as fingerprints collide; the single-key path ignores them too
+        // when it finds a copy). Anything more (no copy but another key's block, which needs
+        // the absence check; a torn block; duplicate copies) goes the single-key way.
         r.foreign.resize(keys.len(), false);
         r.done.resize(keys.len(), false);
+        r.collided.resize(keys.len(), false);
         for (n, &(i, _, word)) in r.wanted.iter().enumerate() {
             match decode_block(self.batch.read_result(r.reads[n])?) {
                 None => r.foreign[i] = true,
@@ -972,8 +988,13 @@ impl TableClient {
                         r.foreign[i] = true;
                     }
                 }
-                Some(_) => r.foreign[i] = true,
+                // Another key's block: it matters only if this key has no copy (the absence
+                // check), as on the single-key path.
+                Some(_) => r.collided[i] = true,
             }
+        }
+        for i in 0..keys.len() {
+            r.foreign[i] |= r.collided[i] && !r.done[i];
         }
         if stalled {
             self.recheck_settled(r)?;

@@ -673,6 +673,35 @@ mod in_order {
     fn tcp() {
         reads_keep_their_order(Via::Transport(racekv_transport::TransportKind::Tcp));
     }
+
+    /// A witness stands for present keys read by the batched rounds; it fails once one of
+    /// their slots changes, and there is none for a lookup that met an absent key.
+    #[test]
+    fn a_witness_holds_until_a_slot_changes() {
+        let memnode = TestMemnode::start(Via::Transport(racekv_transport::TransportKind::Tcp), 32 * MIB, 8);
+        let table = memnode.table(options(1_000));
+        let mut c = table.client(memnode.connect());
+        let names: Vec<Vec<u8>> = (0..20).map(|i| format!("w{i}").into_bytes()).collect();
+        for n in &names {
+            c.put(n, n).unwrap();
+        }
+        let keys: Vec<&[u8]> = names.iter().map(|n| &n[..]).collect();
+        let (values, witness) = c.get_many_witnessed(&keys).unwrap();
+        assert_eq!(values, names.iter().map(|n| Some(n.clone())).collect::<Vec<_>>());
+        let witness = witness.expect("every key present");
+        assert!(c.witness_holds(&witness).unwrap());
+        c.put(b"w3", b"the same key, a new block").unwrap();
+        assert!(!c.witness_holds(&witness).unwrap(), "key w3's slot changed");
+        let (values, witness) = c.get_many_witnessed(&[&b"w1"[..], b"never"]).unwrap();
+        assert_eq!(values, vec![Some(b"w1".to_vec()), None]);
+        assert!(witness.is_none(), "an absent key has no witness");
+        // Past the grace period a witness stands for nothing, changed or not.
+        let short = memnode.table(options(1));
+        let mut c = short.client(memnode.connect());
+        let (_, witness) = c.get_many_witnessed(&keys[..4]).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(!c.witness_holds(&witness.unwrap()).unwrap(), "a witness older than the grace period");
+    }
 }
 
 /// The item count includes an insert or delete as soon as it is acknowledged (it rides in
@@ -908,26 +937,31 @@ mod short_lived_clients {
     }
 }
 
+/// `n` keys that share a fingerprint and both bucket choices in a table of `groups` groups.
+fn colliding_keys(groups: u32, n: usize) -> Vec<Vec<u8>> {
+    use racekv_hashing::hash::KeyHash;
+    let target = KeyHash::of(b"collide:0", groups);
+    (0u64..)
+        .map(|i| format!("collide:{i}").into_bytes())
+        .filter(|k| {
+            let h = KeyHash::of(k, groups);
+            h.fingerprint == target.fingerprint && h.choices == target.choices
+        })
+        .take(n)
+        .collect()
+}
+
 /// Keys crafted to share a fingerprint and both bucket choices: every lookup of one meets
 /// all the others' blocks as candidates. A `get_many` of 32 of them has more candidate
 /// reads than one batch takes; keys past the batch take the single-key way, and every
 /// value comes back right.
 #[test]
 fn get_many_of_keys_with_colliding_fingerprints_fits_its_batches() {
-    use racekv_hashing::hash::KeyHash;
     let groups = 4;
     let memnode = TestMemnode::start(Via::Local, 16 * MIB, groups);
     let table = memnode.table(options(1));
     let mut c = table.client(memnode.connect());
-    let target = KeyHash::of(b"collide:0", groups);
-    let keys: Vec<Vec<u8>> = (0u64..)
-        .map(|i| format!("collide:{i}").into_bytes())
-        .filter(|k| {
-            let h = KeyHash::of(k, groups);
-            h.fingerprint == target.fingerprint && h.choices == target.choices
-        })
-        .take(20)
-        .collect();
+    let keys = colliding_keys(groups, 20);
     for key in &keys {
         c.put(key, key).unwrap();
     }
@@ -937,4 +971,30 @@ fn get_many_of_keys_with_colliding_fingerprints_fits_its_batches() {
         assert_eq!(value.as_deref(), Some(*key));
     }
     assert_eq!(c.get_many_in_order(&wanted).unwrap(), got);
+}
+
+/// Keys crafted to collide as above: a key with its one copy among other keys' blocks
+/// settles in the batched round (two round trips), as the single-key path settles it; a key
+/// with no copy but such matches needs the absence check, so it takes the single-key way.
+#[test]
+fn a_present_key_among_fingerprint_collisions_settles_in_the_batched_round() {
+    let groups = 4;
+    let memnode = TestMemnode::start(Via::Local, 16 * MIB, groups);
+    let table = memnode.table(options(1_000));
+    let mut c = table.client(memnode.connect());
+    let keys = colliding_keys(groups, 4);
+    for key in &keys[..3] {
+        c.put(key, key).unwrap();
+    }
+    let present: Vec<&[u8]> = keys[..3].iter().map(|k| &k[..]).collect();
+    let before = c.stats().round_trips;
+    let got = c.get_many_in_order(&present).unwrap();
+    assert_eq!(got, keys[..3].iter().map(|k| Some(k.clone())).collect::<Vec<_>>());
+    assert_eq!(c.stats().round_trips - before, 2, "three present keys, each meeting the other two's blocks");
+    let all: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+    let before = c.stats().round_trips;
+    let got = c.get_many_in_order(&all).unwrap();
+    assert_eq!(got[3], None);
+    assert_eq!(got[..3], keys[..3].iter().map(|k| Some(k.clone())).collect::<Vec<_>>()[..]);
+    assert!(c.stats().round_trips - before > 2, "the absent key's absence check");
 }
