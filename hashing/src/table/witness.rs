@@ -18,6 +18,9 @@ use super::{RoundScratch, TableClient};
 use crate::error::Error;
 use crate::stall::Stamp;
 
+/// Values of keys, in the keys' order (None: absent).
+pub type Values = Vec<Option<Vec<u8>>>;
+
 /// The slot words behind the values of one [`TableClient::get_many_witnessed`].
 #[derive(Debug)]
 pub struct Witness {
@@ -51,7 +54,7 @@ impl TableClient {
     /// [`TableClient::get_many_in_order`], also returning the slot word behind each value
     /// when every key was present and read by the batched rounds (None otherwise: the
     /// values stand, but only as this memnode's own in-order read).
-    pub fn get_many_witnessed(&mut self, keys: &[&[u8]]) -> Result<(Vec<Option<Vec<u8>>>, Option<Witness>), Error> {
+    pub fn get_many_witnessed(&mut self, keys: &[&[u8]]) -> Result<(Values, Option<Witness>), Error> {
         let mut witness = Some(Witness { sent: self.shared.stall.now(), slots: Vec::new(), words: Vec::new() });
         let values = self.read_in_order(keys, &mut witness)?;
         Ok((values, witness))
