@@ -990,7 +990,10 @@ impl TableClient {
                 }
                 // Another key's block: it matters only if this key has no copy (the absence
                 // check), as on the single-key path.
-                Some(_) => r.collided[i] = true,
+                Some(block) if Slot::decode(word).is_some_and(|s| s.fits_block(&block)) => r.collided[i] = true,
+                // Not the block its slot word was written for: reused since the bucket read
+                // (the single-key path reads again).
+                Some(_) => r.foreign[i] = true,
             }
         }
         for i in 0..keys.len() {
