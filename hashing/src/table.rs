@@ -224,6 +224,7 @@ enum Step {
 
 const OPS: [&str; 11] =
     ["get", "put", "insert", "update", "delete", "cas", "scan", "delete_all", "expire", "txn_lock", "txn_settle"];
+const OP_GET: usize = 0;
 const OP_EXPIRE: usize = 8;
 const RESULTS: [&str; 3] = ["ok", "not_applied", "error"];
 
@@ -847,6 +848,8 @@ impl TableClient {
             let base = round * KEYS_PER_ROUND;
             let mut slow = Vec::new();
             self.get_round(chunk, &mut values[base..base + chunk.len()], &mut slow)?;
+            let settled = (0..chunk.len()).filter(|i| !slow.contains(i)).map(|i| &values[base + i]);
+            self.count_batched_gets(settled);
             for i in slow {
                 let mut out = Vec::new();
                 values[base + i] = self.get_into(chunk[i], &mut out)?.then_some(out);
@@ -881,10 +884,12 @@ impl TableClient {
             self.get_round(&keys[next..end], &mut values[next..end], &mut slow)?;
             Self::witness_round(witness, &self.round, &values[next..end], &slow);
             let Some(&first) = slow.iter().min() else {
+                self.count_batched_gets(values[next..end].iter());
                 next = end;
                 continue;
             };
             let i = next + first;
+            self.count_batched_gets(values[next..i].iter());
             let mut out = Vec::new();
             values[i] = self.get_into(keys[i], &mut out)?.then_some(out);
             values[i + 1..end].iter_mut().for_each(|v| *v = None);
@@ -1199,6 +1204,23 @@ impl TableClient {
     fn begin(&mut self) -> Option<Instant> {
         self.stats.ops += 1;
         self.stats.ops.is_multiple_of(SAMPLE_EVERY_OPS).then(Instant::now)
+    }
+
+    /// Records the GETs a batched round settled (those it left to the single-key path are
+    /// recorded there), as [`Self::end`] records one: batched reads count in the op metrics,
+    /// and flush them, like single ones.
+    fn count_batched_gets<'v>(&mut self, values: impl Iterator<Item = &'v Option<Vec<u8>>>) {
+        let mut n = 0u32;
+        for value in values {
+            let outcome = if value.is_some() { 0 } else { 1 };
+            self.metrics.ops[OP_GET * RESULTS.len() + outcome].inc();
+            n += 1;
+        }
+        self.stats.ops += u64::from(n);
+        self.metrics.since_flush += n;
+        if self.metrics.since_flush >= FLUSH_EVERY_OPS {
+            self.metrics.flush();
+        }
     }
 
     fn end<T>(

@@ -987,14 +987,16 @@ fn a_present_key_among_fingerprint_collisions_settles_in_the_batched_round() {
         c.put(key, key).unwrap();
     }
     let present: Vec<&[u8]> = keys[..3].iter().map(|k| &k[..]).collect();
-    let before = c.stats().round_trips;
+    let (before, ops_before) = (c.stats().round_trips, c.stats().ops);
     let got = c.get_many_in_order(&present).unwrap();
     assert_eq!(got, keys[..3].iter().map(|k| Some(k.clone())).collect::<Vec<_>>());
     assert_eq!(c.stats().round_trips - before, 2, "three present keys, each meeting the other two's blocks");
+    assert_eq!(c.stats().ops - ops_before, 3, "each GET of a batched round counts as an operation");
     let all: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
-    let before = c.stats().round_trips;
+    let (before, ops_before) = (c.stats().round_trips, c.stats().ops);
     let got = c.get_many_in_order(&all).unwrap();
     assert_eq!(got[3], None);
+    assert_eq!(c.stats().ops - ops_before, 4, "three in the round, the absent one on its own");
     assert_eq!(got[..3], keys[..3].iter().map(|k| Some(k.clone())).collect::<Vec<_>>()[..]);
     assert!(c.stats().round_trips - before > 2, "the absent key's absence check");
 }
