@@ -190,8 +190,39 @@ impl RedisServer {
     }
 
     /// Starts `binary` with redis-server's flags and `extra` ones, and waits until it listens.
+    /// A port taken by another process between its choice and the server's bind (the server
+    /// exits) is chosen again, a few times.
     pub(crate) fn start_binary(binary: &Path, extra: &[String]) -> anyhow::Result<Self> {
-        let port = free_port()?;
+        const ATTEMPTS: u32 = 5;
+        for attempt in 1..=ATTEMPTS {
+            let mut server = Self::spawn(binary, extra, free_port()?)?;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if let Some(status) = server.child.try_wait()? {
+                    eprintln!("{} exited ({status}) on port {} (attempt {attempt})", binary.display(), server.port);
+                    break;
+                }
+                if TcpStream::connect(("127.0.0.1", server.port)).is_ok() {
+                    // A listener there may be another process's, while ours is exiting.
+                    std::thread::sleep(Duration::from_millis(50));
+                    if server.child.try_wait()?.is_none() {
+                        return Ok(server);
+                    }
+                    continue;
+                }
+                anyhow::ensure!(
+                    Instant::now() < deadline,
+                    "{} never listened on port {}",
+                    binary.display(),
+                    server.port
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        anyhow::bail!("{} exited {ATTEMPTS} times on ports that were free", binary.display())
+    }
+
+    fn spawn(binary: &Path, extra: &[String], port: u16) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let child = Command::new(binary)
             .args(["--port", &port.to_string(), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1"])
@@ -206,9 +237,7 @@ impl RedisServer {
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
             .unwrap_or_default();
-        let server = Self { child, port, version, _dir: dir };
-        wait_for_port(port)?;
-        Ok(server)
+        Ok(Self { child, port, version, _dir: dir })
     }
 
     /// Asks it to exit (SHUTDOWN), leaving its socket clean; drop then reaps it.
@@ -225,15 +254,6 @@ impl Drop for RedisServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-pub(crate) fn wait_for_port(port: u16) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        anyhow::ensure!(Instant::now() < deadline, "nothing listens on port {port}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(())
 }
 
 /// Sets every key with one pipelined connection (raw RESP), each expiring `ttl_ms` after

@@ -444,6 +444,7 @@ trait Fields {
     fn optional(&mut self) -> Result<Option<Vec<u8>>, DecodeError>;
     fn boolean(&mut self) -> Result<bool, DecodeError>;
     fn optional_u64(&mut self) -> Result<Option<u64>, DecodeError>;
+    fn version(&mut self) -> Result<Version, DecodeError>;
     fn item(&mut self) -> Result<Option<Item>, DecodeError>;
     fn memnode_stats(&mut self) -> Result<MemnodeStats, DecodeError>;
 }
@@ -472,6 +473,9 @@ impl Fields for Reader<'_> {
             1 => self.u64().map(Some),
             other => Err(bad(format!("presence byte {other}"))),
         }
+    }
+    fn version(&mut self) -> Result<Version, DecodeError> {
+        Ok(Version { word: self.u64()?, checksum: self.u64()?, expires_at_ms: self.optional_u64()? })
     }
     fn item(&mut self) -> Result<Option<Item>, DecodeError> {
         match self.u8()? {
@@ -575,11 +579,13 @@ const EXPIRE: u8 = 14;
 const PART: u8 = 15;
 const FETCH_PART: u8 = 16;
 const READ_VERSIONED: u8 = 17;
-const COMMIT: u8 = 18;
+// 18 was COMMIT before versions carried their block's checksum: a peer of an earlier build
+// is refused (an unknown request), not misread.
+const COMMIT: u8 = 19;
 
 /// The fewest bytes a COMMIT's read takes (an empty key, no expiry): claimed counts are
 /// checked against the bytes present before anything is decoded.
-const COMMIT_READ_MIN_BYTES: usize = 4 + 8 + 1;
+const COMMIT_READ_MIN_BYTES: usize = 4 + VERSION_MIN_BYTES;
 /// The fewest bytes a COMMIT's write takes (an empty key, a delete, no expiry).
 const COMMIT_WRITE_MIN_BYTES: usize = 4 + 1 + 1;
 
@@ -587,7 +593,7 @@ const COMMIT_WRITE_MIN_BYTES: usize = 4 + 1 + 1;
 /// [`MAX_REQUEST_BYTES`] before building it).
 pub fn commit_request_bytes(reads: &[(&[u8], Version)], writes: &[crate::optimistic::Write<'_>]) -> usize {
     let u64_optional = |v: Option<u64>| if v.is_some() { 9 } else { 1 };
-    let reads: usize = reads.iter().map(|(key, v)| 4 + key.len() + 8 + u64_optional(v.expires_at_ms)).sum();
+    let reads: usize = reads.iter().map(|(key, v)| 4 + key.len() + 16 + u64_optional(v.expires_at_ms)).sum();
     let writes: usize = writes
         .iter()
         .map(|w| 4 + w.key.len() + 1 + w.value.map_or(0, |v| 4 + v.len()) + u64_optional(w.expires_at_ms))
@@ -627,6 +633,15 @@ fn mode_of(code: u8) -> Result<PutMode, DecodeError> {
         2 => Ok(PutMode::UpdateOnly),
         other => Err(bad(format!("put mode {other}"))),
     }
+}
+
+/// The fewest bytes an encoded [`Version`] takes (word, checksum, an absent expiry).
+const VERSION_MIN_BYTES: usize = 8 + 8 + 1;
+
+fn put_version(out: &mut Vec<u8>, version: &Version) {
+    out.extend_from_slice(&version.word.to_le_bytes());
+    out.extend_from_slice(&version.checksum.to_le_bytes());
+    put_u64_optional(out, version.expires_at_ms);
 }
 
 fn put_u64_optional(out: &mut Vec<u8>, value: Option<u64>) {
@@ -738,8 +753,7 @@ impl Request {
                 out.extend_from_slice(&(writes.len() as u16).to_le_bytes());
                 for (key, version) in reads {
                     put_field(out, key);
-                    out.extend_from_slice(&version.word.to_le_bytes());
-                    put_u64_optional(out, version.expires_at_ms);
+                    put_version(out, version);
                 }
                 for (key, value, expires_at_ms) in writes {
                     put_field(out, key);
@@ -831,7 +845,7 @@ impl Request {
                 let reads = (0..count)
                     .map(|_| {
                         let key = r.field()?;
-                        Ok((key, Version { word: r.u64()?, expires_at_ms: r.optional_u64()? }))
+                        Ok((key, r.version()?))
                     })
                     .collect::<Result<_, DecodeError>>()?;
                 let writes =
@@ -858,7 +872,8 @@ const PUT_REPLY: u8 = 8;
 const ITEM: u8 = 9;
 const STAGED: u8 = 10;
 const PART_REPLY: u8 = 11;
-const VERSIONED: u8 = 12;
+// 12 was VERSIONED before versions carried their block's checksum (see COMMIT).
+const VERSIONED: u8 = 13;
 
 impl Reply {
     /// Appends the reply's encoding to `out` (an error's message cut to 4096 bytes).
@@ -908,8 +923,7 @@ impl Reply {
             }
             Reply::Versioned { item, version } => {
                 out.extend_from_slice(&[0, VERSIONED, 0, 0]);
-                out.extend_from_slice(&version.word.to_le_bytes());
-                put_u64_optional(out, version.expires_at_ms);
+                put_version(out, version);
                 put_item(out, item.as_ref());
             }
             Reply::Staged { id, total } => {
@@ -973,7 +987,7 @@ impl Reply {
             }
             ITEM => Reply::Item(r.item()?),
             VERSIONED => {
-                let version = Version { word: r.u64()?, expires_at_ms: r.optional_u64()? };
+                let version = r.version()?;
                 Reply::Versioned { item: r.item()?, version }
             }
             STATS_REPLY => Reply::Stats((0..count).map(|_| r.memnode_stats()).collect::<Result<_, _>>()?),
@@ -1046,8 +1060,8 @@ mod tests {
     }
 
     fn version() -> impl Strategy<Value = Version> {
-        (any::<u64>(), proptest::option::of(any::<u64>()))
-            .prop_map(|(word, expires_at_ms)| Version { word, expires_at_ms })
+        (any::<u64>(), any::<u64>(), proptest::option::of(any::<u64>()))
+            .prop_map(|(word, checksum, expires_at_ms)| Version { word, checksum, expires_at_ms })
     }
 
     fn item() -> impl Strategy<Value = Option<Item>> {
@@ -1282,7 +1296,7 @@ mod tests {
             r.encode(&mut out);
             out
         };
-        let read = (b"r".to_vec(), Version { word: 7, expires_at_ms: Some(9) });
+        let read = (b"r".to_vec(), Version { word: 7, checksum: 8, expires_at_ms: Some(9) });
         let write = (b"w".to_vec(), Some(b"v".to_vec()), None);
         let commit = Request::Commit { reads: vec![read.clone(); 2], writes: vec![write.clone(); 3] };
         let bytes = encoded(&commit);
@@ -1309,8 +1323,8 @@ mod tests {
         // A VERSIONED reply with a bad presence byte (the version's expiry, the item).
         let mut reply = Vec::new();
         Reply::Versioned { item: None, version: Version::ABSENT }.encode(&mut reply);
-        assert_eq!(reply.len(), 4 + 8 + 1 + 1);
-        for at in [12, 13] {
+        assert_eq!(reply.len(), 4 + 8 + 8 + 1 + 1);
+        for at in [20, 21] {
             let mut bad = reply.clone();
             bad[at] = 2;
             assert!(Reply::decode(&bad).is_err());

@@ -24,18 +24,22 @@ pub const LOCK_READS_AFTER_ATTEMPTS: u32 = 4;
 /// Most distinct keys one transaction may write (each holds a lock until the commit).
 pub const MAX_TXN_WRITES: usize = 4096;
 
-/// What a transaction read of a key: its slot word (0: absent) and its expiry.
+/// What a transaction read of a key: its slot word and block checksum (both 0: absent),
+/// and its expiry. The word alone can recur once its block is reused (after the grace
+/// period), so a commit checks both: the same pair again is the same content again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Version {
     /// The key's canonical slot word when read (0: absent). A write gives a new one.
     pub word: u64,
+    /// The checksum of the block the word names (0: absent).
+    pub checksum: u64,
     /// Its expiry when read (None: never, or absent): expiring since counts as a change.
     pub expires_at_ms: Option<u64>,
 }
 
 impl Version {
     /// The version of an absent key.
-    pub const ABSENT: Version = Version { word: 0, expires_at_ms: None };
+    pub const ABSENT: Version = Version { word: 0, checksum: 0, expires_at_ms: None };
 
     /// Whether the key has expired since it was read, at `now_ms`.
     pub fn expired(&self, now_ms: u64) -> bool {

@@ -574,15 +574,7 @@ impl<S: Shards> Session<S> {
     }
 
     pub(crate) fn group<'a>(&self, keys: impl Iterator<Item = &'a [u8]>) -> Vec<(usize, Vec<usize>)> {
-        let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
-        for (i, key) in keys.enumerate() {
-            let shard = self.shards.route(key);
-            match groups.iter_mut().find(|(s, _)| *s == shard) {
-                Some((_, v)) => v.push(i),
-                None => groups.push((shard, vec![i])),
-            }
-        }
-        groups
+        group_routes(keys.map(|key| self.shards.route(key)))
     }
 
     /// Runs an encoded request (from a ring or a socket) and says how it went.
@@ -647,4 +639,16 @@ impl<S: Shards> Session<S> {
         };
         result.unwrap_or_else(|e| Reply::from_error(&e))
     }
+}
+
+/// Indices of keys by memnode (`routes`: each key's memnode), memnodes in first-seen order.
+pub(crate) fn group_routes(routes: impl Iterator<Item = usize>) -> Vec<(usize, Vec<usize>)> {
+    let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
+    for (i, shard) in routes.enumerate() {
+        match groups.iter_mut().find(|(s, _)| *s == shard) {
+            Some((_, v)) => v.push(i),
+            None => groups.push((shard, vec![i])),
+        }
+    }
+    groups
 }

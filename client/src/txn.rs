@@ -16,9 +16,12 @@
 //!    not read has its version read first. When the probe shows that version still at the
 //!    key's lowest fingerprint slot, the CAS follows without reading the block again. Locks
 //!    never wait: a CAS that fails (the key
-//!    changed, or another transaction holds it) aborts this attempt.
-//! 3. **Validate** the keys read but not written: their slot words are still the versions
-//!    read (a locked word never is one), and none of them has expired since.
+//!    changed, or another transaction holds it) aborts this attempt. A slot word can come
+//!    back (a block reused after the grace period may get the same word), so the CAS's
+//!    batch also reads the header of the block the lock replaced: for a key that was read,
+//!    its checksum must be the one read.
+//! 3. **Validate** the keys read but not written: their slot words and block checksums are
+//!    still the versions read (a locked word never is one), and none has expired since.
 //! 4. **Decide**: one CAS of the record from pending to committed (or aborted). This is
 //!    the commit point. A reader that met a lock past the lease CASes the same word to
 //!    aborted first; exactly one of the two wins, and everyone follows the record.
@@ -81,9 +84,9 @@ impl<S: Shards> Session<S> {
     /// `key`'s item (None: absent or expired) and its version, for a transaction's read
     /// set. A key another transaction is committing is waited for.
     pub fn read_versioned(&mut self, key: &[u8]) -> Result<(Option<Item>, Version), ClientError> {
-        let (item, word) = self.on_key(key, |c| c.read_versioned(key))?;
+        let (item, version) = self.on_key(key, |c| c.read_versioned(key))?;
         let expires_at_ms = item.as_ref().and_then(|i| i.expires_at_ms);
-        Ok((item, Version { word, expires_at_ms }))
+        Ok((item, Version { word: version.word, checksum: version.checksum, expires_at_ms }))
     }
 
     /// Applies `writes` atomically if every key of `reads` still has the version read (and
@@ -292,12 +295,12 @@ impl<S: Shards> Session<S> {
     ) -> Result<bool, ClientError> {
         for w in writes {
             let shard = self.route(w.key);
-            let read = reads.iter().rev().find(|(k, _)| *k == w.key).map(|(_, v)| v.word);
+            let read = reads.iter().rev().find(|(k, _)| *k == w.key).map(|(_, v)| *v);
             let mut attempt = 0;
             let lock = loop {
                 let old_word = match read {
-                    Some(word) => word,
-                    None => self.on(shard, |c| c.txn_version(w.key))?,
+                    Some(version) => version.word,
+                    None => self.on(shard, |c| c.txn_version(w.key))?.word,
                 };
                 if read.is_none() && racekv_hashing::layout::Slot::decode(old_word).is_some_and(|s| s.locked) {
                     break None; // another transaction holds it
@@ -319,6 +322,12 @@ impl<S: Shards> Session<S> {
             let Some((lock, mark)) = lock else { return Ok(false) };
             let tombstone = w.value.is_none();
             held.push(Held { key: w.key, shard, backup: false, lock, mark: TxnMark { tombstone, ..mark } });
+            // The word read may have come back since, on a reused block (`Version`): the
+            // lock read the header of the block it replaced, which says which write that was.
+            // (A key read absent needs no check: absent again is the same content.)
+            if read.is_some_and(|v| v.word != 0 && v.checksum != lock.replaced_checksum) {
+                return Ok(false);
+            }
             if !self.lock_backups(w, records, base, held, uncertain)? {
                 return Ok(false);
             }
@@ -344,7 +353,7 @@ impl<S: Shards> Session<S> {
             let &(_, record_offset, _) = records.iter().find(|r| r.0 == shard).expect("a record per memnode");
             let mut attempt = 0;
             let (lock, mark) = loop {
-                let (_, old_word) = self.on(shard, |c| c.read_versioned(w.key))?;
+                let old_word = self.on(shard, |c| c.read_versioned(w.key))?.1.word;
                 let mark = TxnMark { record_node: self.shards().node_id(shard), record_offset, old_word, ..base };
                 match self.on(shard, |c| c.txn_lock(w.key, w.value, w.expires_at_ms, mark)) {
                     Ok(Some(lock)) => break (lock, mark),
@@ -431,7 +440,8 @@ impl<S: Shards> Session<S> {
                 continue;
             }
             let shard = self.route(key);
-            if self.on(shard, |c| c.txn_version(key))? != version.word {
+            let now = self.on(shard, |c| c.txn_version(key))?;
+            if (now.word, now.checksum) != (version.word, version.checksum) {
                 return Ok(false);
             }
         }
@@ -446,5 +456,74 @@ impl<S: Shards> Coordinator for Session<S> {
 
     fn commit(&mut self, reads: &[(&[u8], Version)], writes: &[Write<'_>]) -> Result<bool, ClientError> {
         Session::commit(self, reads, writes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use racekv_hashing::testing::{TestMemnode, Via};
+    use racekv_transport::TransportKind;
+
+    use crate::optimistic::{Version, Write};
+    use crate::{Client, Path};
+
+    const GRACE: Duration = Duration::from_millis(1);
+
+    fn client(memnode: &TestMemnode) -> Client {
+        Client::builder()
+            .memnode(memnode.endpoint().unwrap().to_string())
+            .token(TestMemnode::TOKEN)
+            .timeout(Duration::from_secs(10))
+            .grace_period(GRACE)
+            .connect()
+            .unwrap()
+    }
+
+    fn read_versioned(client: &Client, key: &[u8]) -> Version {
+        let Path::Embedded(c) = client.path() else { panic!("an embedded client") };
+        c.with(|s| s.read_versioned(key).unwrap().1)
+    }
+
+    fn commit(client: &Client, reads: &[(&[u8], Version)], writes: &[Write<'_>]) -> bool {
+        let Path::Embedded(c) = client.path() else { panic!("an embedded client") };
+        c.with(|s| s.commit(reads, writes).unwrap())
+    }
+
+    /// A writer that waits out the grace period between writes gets its freed blocks back,
+    /// and with them, every so often, the very slot word a transaction read long before.
+    /// That transaction's commit must still see the writes in between.
+    #[test]
+    fn a_slot_word_that_comes_back_on_a_reused_block_is_still_a_conflict() {
+        let memnode = TestMemnode::start(Via::Transport(TransportKind::Tcp), 32 << 20, 8);
+        let (reader, writer) = (client(&memnode), client(&memnode));
+        writer.put(b"k", b"v000").unwrap();
+        let read = read_versioned(&reader, b"k");
+        let mut recurred = false;
+        for i in 1..400 {
+            std::thread::sleep(GRACE * 2);
+            writer.put(b"k", format!("v{i:03}").as_bytes()).unwrap();
+            let now = read_versioned(&reader, b"k");
+            if now.word == read.word {
+                assert_ne!(now.checksum, read.checksum, "another value, another checksum");
+                recurred = true;
+                break;
+            }
+        }
+        assert!(recurred, "the word never came back: this no longer tests a recurring word");
+        let value = reader.get(b"k").unwrap().unwrap();
+        // Written after it was read: the lock's CAS from the word succeeds, its check not.
+        let rewrite = [Write { key: b"k", value: Some(b"lost update"), expires_at_ms: None }];
+        assert!(!commit(&reader, &[(b"k", read)], &rewrite), "a lost update");
+        // Only read: validated by word and checksum.
+        let other = [Write { key: b"other", value: Some(b"x"), expires_at_ms: None }];
+        assert!(!commit(&reader, &[(b"k", read)], &other), "a stale read committed");
+        assert_eq!(reader.get(b"k").unwrap(), Some(value), "the failed commits left the key alone");
+        assert_eq!(reader.get(b"other").unwrap(), None);
+        // The version as it is now commits.
+        let now = read_versioned(&reader, b"k");
+        assert!(commit(&reader, &[(b"k", now)], &rewrite));
+        assert_eq!(reader.get(b"k").unwrap().as_deref(), Some(&b"lost update"[..]));
     }
 }

@@ -118,7 +118,7 @@ fn a_dead_coordinators_replicated_write_settles_on_every_replica() {
             .unwrap();
         p.txn_relink_record(home, deadline_ms, &RecordLinks::Home(vec![(b, participant)]));
         for (c, node, record) in [(&mut p, a, home), (&mut q, b, participant)] {
-            let (_, word) = c.read_versioned(key).unwrap();
+            let word = c.read_versioned(key).unwrap().1.word;
             let mark =
                 TxnMark { record_node: node, record_offset: record, old_word: word, deadline_ms, tombstone: false };
             assert!(c.txn_lock(key, Some(b"new"), None, mark).unwrap().is_some());
@@ -192,7 +192,7 @@ fn a_failed_over_homes_transaction_is_decided_by_the_first_participant_still_ser
             .unwrap();
         clients[0].txn_relink_record(home, deadline_ms, &RecordLinks::Home(vec![(b, pb), (c, pc)]));
         for (i, (node, record)) in [(a, home), (b, pb), (c, pc)].into_iter().enumerate() {
-            let (_, word) = clients[i].read_versioned(key).unwrap();
+            let word = clients[i].read_versioned(key).unwrap().1.word;
             let mark =
                 TxnMark { record_node: node, record_offset: record, old_word: word, deadline_ms, tombstone: false };
             assert!(clients[i].txn_lock(key, Some(b"new"), None, mark).unwrap().is_some());

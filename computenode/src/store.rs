@@ -206,7 +206,7 @@ impl KvSession for RedisSession {
     fn read_versioned(&mut self, key: &[u8]) -> Result<(Option<Item>, KeyVersion), StoreError> {
         let (item, v) = self.s().read_versioned(key).map_err(store_error)?;
         let item = item.map(|i| Item { value: i.value, expires_at_ms: i.expires_at_ms });
-        Ok((item, KeyVersion { word: v.word, expires_at_ms: v.expires_at_ms }))
+        Ok((item, KeyVersion { word: v.word, content: v.checksum, expires_at_ms: v.expires_at_ms }))
     }
 
     /// The table's atomic commit (`racekv_client::txn`). In cache mode, room for the new
@@ -223,7 +223,9 @@ impl KvSession for RedisSession {
         }
         let reads: Vec<(&[u8], racekv_client::txn::Version)> = reads
             .iter()
-            .map(|&(k, v)| (k, racekv_client::txn::Version { word: v.word, expires_at_ms: v.expires_at_ms }))
+            .map(|&(k, v)| {
+                (k, racekv_client::txn::Version { word: v.word, checksum: v.content, expires_at_ms: v.expires_at_ms })
+            })
             .collect();
         let writes: Vec<racekv_client::txn::Write<'_>> = writes
             .iter()

@@ -675,6 +675,9 @@ pub struct Block<'a> {
     pub txn: Option<TxnMark>,
     /// Its access word as read (None: a block of an earlier build, which has none).
     pub access: Option<Access>,
+    /// Its checksum (of everything but the access word): with the slot word that names the
+    /// block, it tells one write from another that reused the block with the same word.
+    pub checksum: u64,
 }
 
 /// What an intent block says of the transaction that wrote it ([`BLOCK_FLAG_TXN`]).
@@ -1096,13 +1099,13 @@ pub fn decode_block(bytes: &[u8]) -> Option<Block<'_>> {
         // A long key always comes with its value in an extent.
         let long_key = Some(LongKey::decode(key).filter(|_| indirect)?);
         let extent = Some(Extent::decode(value)?);
-        return Some(Block { key: &[], value: &[], expires_at_ms, extent, long_key, txn, access });
+        return Some(Block { key: &[], value: &[], expires_at_ms, extent, long_key, txn, access, checksum });
     }
     if indirect {
         let extent = Some(Extent::decode(value)?);
-        return Some(Block { key, value: &[], expires_at_ms, extent, long_key: None, txn, access });
+        return Some(Block { key, value: &[], expires_at_ms, extent, long_key: None, txn, access, checksum });
     }
-    Some(Block { key, value, expires_at_ms, extent: None, long_key: None, txn, access })
+    Some(Block { key, value, expires_at_ms, extent: None, long_key: None, txn, access, checksum })
 }
 
 // ---- subtable geometry ----
@@ -1233,7 +1236,7 @@ mod tests {
             let mut out = Vec::new();
             let units = encode_indirect_block(&mut out, &key, &extent, expires_at_ms);
             let block = decode_block(&out).unwrap();
-            prop_assert_eq!(block, Block { key: &key, value: &[], expires_at_ms, extent: Some(extent), long_key: None, txn: None, access: Some(Access::default()) });
+            prop_assert_eq!(block, Block { key: &key, value: &[], expires_at_ms, extent: Some(extent), long_key: None, txn: None, access: Some(Access::default()), checksum: stored_checksum(&out) });
             let slot = Slot { fingerprint: digest_fingerprint(key_digest(&key)), units, tag: 1, block: 64, indirect: true, locked: false };
             prop_assert!(slot.fits_block(&block));
             let direct = Slot { indirect: false, ..slot };
@@ -1255,7 +1258,7 @@ mod tests {
             let mut out = Vec::new();
             let units = encode_long_key_block(&mut out, &long_key, &extent, expires_at_ms);
             let block = decode_block(&out).unwrap();
-            let want = Block { key: &[], value: &[], expires_at_ms, extent: Some(extent), long_key: Some(long_key), txn: None, access: Some(Access::default()) };
+            let want = Block { key: &[], value: &[], expires_at_ms, extent: Some(extent), long_key: Some(long_key), txn: None, access: Some(Access::default()), checksum: stored_checksum(&out) };
             prop_assert_eq!(block, want);
             prop_assert_eq!(block.key_digest(), key_digest(&key));
             prop_assert!(long_key.may_be(&key, key_digest(&key)));
@@ -1287,7 +1290,7 @@ mod tests {
             prop_assert_eq!(out.len(), units as usize * 64);
             prop_assert_eq!(Some(units), block_units_for(key.len(), value.len(), expires_at_ms.is_some()));
             let block = decode_block(&out).unwrap();
-            prop_assert_eq!(block, Block { key: &key, value: &value, expires_at_ms, extent: None, long_key: None, txn: None, access: Some(Access::default()) });
+            prop_assert_eq!(block, Block { key: &key, value: &value, expires_at_ms, extent: None, long_key: None, txn: None, access: Some(Access::default()), checksum: stored_checksum(&out) });
             let used = BLOCK_HEADER_BYTES + BLOCK_ACCESS_BYTES + expires_at_ms.map_or(0, |_| BLOCK_EXPIRY_BYTES) + key.len() + value.len();
             let at = checked_byte(flip, used);
             out[at] ^= 0x40;
@@ -1330,7 +1333,7 @@ mod tests {
             old.extend_from_slice(&body);
             old.resize(old.len().div_ceil(64) * 64, 0);
             let decoded = decode_block(&old);
-            prop_assert_eq!(decoded, Some(Block { key: &key, value: &value, expires_at_ms: None, extent: None, long_key: None, txn: None, access: None }));
+            prop_assert_eq!(decoded, Some(Block { key: &key, value: &value, expires_at_ms: None, extent: None, long_key: None, txn: None, access: None, checksum: stored_checksum(&old) }));
             let units = old.len() / 64;
             prop_assert_eq!(decoded.and_then(|b| b.units()), Some(units as u8), "it still fits its slot");
             prop_assert_eq!(peek_block_header(&old), Some((units as u8, None)));
@@ -1354,6 +1357,11 @@ mod tests {
             let _ = decode_block(&bytes);
             let _ = Layout::decode(&bytes);
         }
+    }
+
+    /// The checksum an encoded block's header holds.
+    fn stored_checksum(block: &[u8]) -> u64 {
+        u64::from_le_bytes(block[8..16].try_into().unwrap())
     }
 
     /// A byte of a block's first `used` that its checksum covers (all but the access word).
@@ -1401,7 +1409,8 @@ mod tests {
                 extent: None,
                 long_key: None,
                 txn: None,
-                access: None
+                access: None,
+                checksum: stored_checksum(&out)
             })
         );
     }
@@ -1416,6 +1425,7 @@ mod tests {
             long_key: None,
             txn: None,
             access: None,
+            checksum: 0,
         };
         assert!(!block.expired_at(999) && !block.expired_at(1000) && block.expired_at(1001));
         assert!(!Block { expires_at_ms: None, ..block }.expired_at(u64::MAX));

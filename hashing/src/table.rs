@@ -348,6 +348,16 @@ impl LocalMetrics {
         }
         self.since_flush = 0;
     }
+
+    /// Counts one op of `op` that ended as `outcome` (an index of `RESULTS`), flushing every
+    /// [`FLUSH_EVERY_OPS`] ops so a process's counters lag by a bounded amount.
+    fn count_op(&mut self, op: usize, outcome: usize) {
+        self.ops[op * RESULTS.len() + outcome].inc();
+        self.since_flush += 1;
+        if self.since_flush >= FLUSH_EVERY_OPS {
+            self.flush();
+        }
+    }
 }
 
 /// A table on one memnode, shared by all its clients in this process.
@@ -535,6 +545,7 @@ impl Table {
             retired_indirect: Vec::new(),
             intent: None,
             replaced: 0,
+            replaced_checksum: 0,
             last_word: 0,
             placed_at: 0,
             staged_record: None,
@@ -626,6 +637,8 @@ struct KeyCopy {
     txn: Option<TxnMark>,
     /// Its block's access word as read (None: an earlier build's block, or not read).
     access: Option<Access>,
+    /// Its block's checksum (0: the block was not read, in a lock's fast path).
+    checksum: u64,
 }
 
 impl KeyCopy {
@@ -735,10 +748,13 @@ struct RoundScratch {
     /// (key index, slot word, access word) of each live value the round returned, for
     /// recording the reads (`touch.rs`).
     touched: Vec<(usize, u64, Option<Access>)>,
+    /// The earliest expiry among the live values the round returned.
+    earliest_expiry_ms: Option<u64>,
 }
 
 impl RoundScratch {
     fn clear(&mut self) {
+        self.earliest_expiry_ms = None;
         self.probes.clear();
         self.wanted.clear();
         self.reads.clear();
@@ -788,6 +804,10 @@ pub struct TableClient {
     /// The word the last write swung away (0: it inserted), for a lock to know what it
     /// replaced; a locking write does not retire it.
     replaced: u64,
+    /// For a lock that swung a word away: the checksum in the header of the block it
+    /// replaced, read in the CAS's batch after the CAS (so the block the lock holds); 0
+    /// otherwise. A transaction compares it with its version (`txn::SlotVersion`).
+    replaced_checksum: u64,
     /// The word of the last new block (the one a write's last attempt published).
     last_word: u64,
     /// The slot the last write's CAS put its word in (a hint: splits move slots).
@@ -985,6 +1005,7 @@ impl TableClient {
                         } else {
                             values[i] = Some(block.value.to_vec());
                             r.touched.push((i, word, block.access));
+                            r.earliest_expiry_ms = r.earliest_expiry_ms.into_iter().chain(block.expires_at_ms).min();
                         }
                         r.done[i] = true;
                         r.settled.push(n);
@@ -1210,16 +1231,9 @@ impl TableClient {
     /// recorded there), as [`Self::end`] records one: batched reads count in the op metrics,
     /// and flush them, like single ones.
     fn count_batched_gets<'v>(&mut self, values: impl Iterator<Item = &'v Option<Vec<u8>>>) {
-        let mut n = 0u32;
         for value in values {
-            let outcome = if value.is_some() { 0 } else { 1 };
-            self.metrics.ops[OP_GET * RESULTS.len() + outcome].inc();
-            n += 1;
-        }
-        self.stats.ops += u64::from(n);
-        self.metrics.since_flush += n;
-        if self.metrics.since_flush >= FLUSH_EVERY_OPS {
-            self.metrics.flush();
+            self.metrics.count_op(OP_GET, if value.is_some() { 0 } else { 1 });
+            self.stats.ops += 1;
         }
     }
 
@@ -1237,14 +1251,10 @@ impl TableClient {
             Ok(_) => 1,
             Err(_) => 2,
         };
-        self.metrics.ops[op * RESULTS.len() + outcome].inc();
         if let Some(started) = sample {
             self.metrics.op_seconds[op].observe(started.elapsed().as_secs_f64());
         }
-        self.metrics.since_flush += 1;
-        if self.metrics.since_flush >= FLUSH_EVERY_OPS {
-            self.metrics.flush();
-        }
+        self.metrics.count_op(op, outcome);
         result
     }
 
@@ -1389,8 +1399,9 @@ impl TableClient {
             match decode_block(self.batch.read_result(read)?) {
                 None => torn = true,
                 Some(block) if block.key == key || long_keys_found.contains(&i) => {
-                    let (expires_at_ms, txn, access) = (block.expires_at_ms, block.txn, block.access);
-                    self.copies.push(KeyCopy { slot, word, expires_at_ms, txn, access });
+                    let (expires_at_ms, txn, access, checksum) =
+                        (block.expires_at_ms, block.txn, block.access, block.checksum);
+                    self.copies.push(KeyCopy { slot, word, expires_at_ms, txn, access, checksum });
                     if best.is_none_or(|(s, _)| slot < s) {
                         best = Some((slot, read));
                     }
@@ -1739,6 +1750,7 @@ impl TableClient {
         let mut attempts = Attempts::new(self.shared.options.op_timeout);
         self.found_live = false;
         self.replaced = 0;
+        self.replaced_checksum = 0;
         loop {
             let (e, state) = match self.mutate_once(key, value, expires_at_ms, keep, cond) {
                 Ok(Step::Done(outcome)) => return Ok(outcome),
@@ -2015,7 +2027,7 @@ impl TableClient {
         let Cond::Word(expected) = cond else { return None };
         self.intent?;
         let &(slot, word) = self.cands.iter().min_by_key(|&&(slot, _)| slot)?;
-        (word == expected).then_some(KeyCopy { slot, word, expires_at_ms: None, txn: None, access: None })
+        (word == expected).then_some(KeyCopy { slot, word, expires_at_ms: None, txn: None, access: None, checksum: 0 })
     }
 
     /// Swings the canonical copy to `new` (or to 0 to delete) and removes any duplicates, in
@@ -2040,6 +2052,10 @@ impl TableClient {
         // reader between the two must not see one surface.
         let dups: Vec<_> = self.copies[1..].iter().map(|c| (self.batch.cas(c.slot, c.word, 0), c.word)).collect();
         let swing = self.batch.cas(canonical.slot, canonical.word, new.map_or(0, |n| n.word));
+        let old = Slot::decode(canonical.word).expect("a used slot");
+        // A lock's CAS keeps the block it replaced from reuse: its header, read after the
+        // CAS, says which write the lock replaced.
+        let replaced_header = self.intent.is_some().then(|| self.batch.read(old.block, BLOCK_UNIT_BYTES as u32));
         self.execute_publishing(new.is_some(), state)?;
         for (id, word) in dups {
             if self.batch.cas_succeeded(id)? {
@@ -2057,9 +2073,12 @@ impl TableClient {
         self.replaced = canonical.word;
         self.placed_at = canonical.slot;
         // A lock keeps the block it replaced: an abort puts it back (`txn.rs`).
-        if self.intent.is_none() {
-            let old = Slot::decode(canonical.word).expect("a used slot");
-            self.retire_slot(&old, self.batch.executed_instance());
+        match replaced_header {
+            Some(id) => {
+                let header = self.batch.read_result(id)?;
+                self.replaced_checksum = u64::from_le_bytes(header[8..16].try_into().expect("a block unit"));
+            }
+            None => self.retire_slot(&old, self.batch.executed_instance()),
         }
         Ok(Some(PutOutcome::Updated))
     }

@@ -701,6 +701,20 @@ mod in_order {
         let (_, witness) = c.get_many_witnessed(&keys[..4]).unwrap();
         std::thread::sleep(Duration::from_millis(5));
         assert!(!c.witness_holds(&witness.unwrap()).unwrap(), "a witness older than the grace period");
+        // A value that expires after its read no longer holds, its slot unchanged.
+        let mut c = table.client(memnode.connect());
+        let soon = racekv_hashing::clock::now_unix_ms() + 2;
+        let expiring = racekv_hashing::PutOptions { expiry: racekv_hashing::Expiry::At(soon), ..Default::default() };
+        c.put_opts(b"w5", b"expiring", expiring).unwrap();
+        let (values, witness) = c.get_many_witnessed(&keys[4..7]).unwrap();
+        if values[1].is_some() {
+            while racekv_hashing::clock::now_unix_ms() <= soon {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert!(!c.witness_holds(&witness.unwrap()).unwrap(), "a witness past a value's expiry");
+        }
+        let (_, witness) = c.get_many_witnessed(&[keys[4], keys[6]]).unwrap();
+        assert!(c.witness_holds(&witness.unwrap()).unwrap(), "values that never expire");
     }
 }
 

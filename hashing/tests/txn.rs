@@ -25,7 +25,7 @@ fn die_holding_locks(memnode: &TestMemnode, options: TableOptions, deadline_ms: 
     let node = read_node_id(&*memnode.connect()).unwrap();
     let base = TxnMark { record_node: node, record_offset, old_word: 0, deadline_ms, tombstone: false };
     for (key, value) in [(&b"k-small"[..], &b"new"[..]), (b"k-big", &big(9)[..]), (b"k-new", b"fresh")] {
-        let (_, word) = c.read_versioned(key).unwrap();
+        let word = c.read_versioned(key).unwrap().1.word;
         let lock = c.txn_lock(key, Some(value), None, TxnMark { old_word: word, ..base }).unwrap();
         assert!(lock.is_some(), "locking {key:?}");
     }
@@ -141,11 +141,11 @@ fn others_wait_for_a_lock_within_its_lease_and_a_second_lock_fails_at_once() {
     let deadline_ms = racekv_hashing::clock::now_unix_ms() + TXN_LEASE_MS;
     let record_offset = holder.txn_record(deadline_ms, &RecordLinks::Home(Vec::new())).unwrap();
     let node = read_node_id(&*memnode.connect()).unwrap();
-    let (_, word) = holder.read_versioned(b"k").unwrap();
+    let word = holder.read_versioned(b"k").unwrap().1.word;
     let mark = TxnMark { record_node: node, record_offset, old_word: word, deadline_ms, tombstone: false };
     let lock = holder.txn_lock(b"k", Some(b"v1"), None, mark).unwrap().expect("uncontended lock");
     // Another transaction's lock on the same key fails without waiting.
-    let (_, seen) = (0, other.txn_version(b"k").unwrap());
+    let seen = other.txn_version(b"k").unwrap().word;
     assert_eq!(seen, lock.word, "the version is the locked word");
     let theirs = TxnMark { old_word: word, ..mark };
     assert_eq!(other.txn_lock(b"k", Some(b"v2"), None, theirs).unwrap(), None);
@@ -174,7 +174,7 @@ fn a_memnode_restart_under_the_first_lock_aborts_instead_of_naming_a_lost_record
     let node = read_node_id(&*memnode.connect()).unwrap();
     let deadline_ms = racekv_hashing::clock::now_unix_ms() + TXN_LEASE_MS;
     let record_offset = c.txn_record(deadline_ms, &RecordLinks::Home(Vec::new())).unwrap();
-    let (_, word) = c.read_versioned(b"k").unwrap();
+    let word = c.read_versioned(b"k").unwrap().1.word;
     // The first lock's first batch carries the record: the memnode "restarts" under it, so
     // the record is lost with that run. The write would start over in the new run; a lock
     // naming the record must not.
@@ -187,7 +187,7 @@ fn a_memnode_restart_under_the_first_lock_aborts_instead_of_naming_a_lost_record
     assert_eq!(faulty.injected(), 1);
     // Nothing was locked: the key reads (and writes) at once.
     assert_eq!(c.get(b"k").unwrap().as_deref(), Some(&b"old"[..]));
-    assert_eq!(c.txn_version(b"k").unwrap(), word);
+    assert_eq!(c.txn_version(b"k").unwrap().word, word);
     // The session goes on: the next transaction's record and lock work (the unwritten
     // record is dropped, not left staged).
     let deadline_ms = racekv_hashing::clock::now_unix_ms() + TXN_LEASE_MS;

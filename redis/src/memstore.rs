@@ -233,9 +233,10 @@ impl KvSession for MemStore {
     fn read_versioned(&mut self, key: &[u8]) -> Result<(Option<Item>, KeyVersion), StoreError> {
         Ok(match live(&mut self.map.lock(), key) {
             None => (None, KeyVersion::ABSENT),
-            Some((value, e, word)) => {
-                (Some(Item { value: value.clone(), expires_at_ms: *e }), KeyVersion { word: *word, expires_at_ms: *e })
-            }
+            Some((value, e, word)) => (
+                Some(Item { value: value.clone(), expires_at_ms: *e }),
+                KeyVersion { word: *word, content: 0, expires_at_ms: *e },
+            ),
         })
     }
 
@@ -249,8 +250,11 @@ impl KvSession for MemStore {
         }
         let mut map = self.map.lock();
         for (key, read) in reads {
-            let now = live(&mut map, key)
-                .map_or(KeyVersion::ABSENT, |(_, e, word)| KeyVersion { word: *word, expires_at_ms: *e });
+            let now = live(&mut map, key).map_or(KeyVersion::ABSENT, |(_, e, word)| KeyVersion {
+                word: *word,
+                content: 0,
+                expires_at_ms: *e,
+            });
             if now != *read {
                 return Ok(false);
             }

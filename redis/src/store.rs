@@ -110,8 +110,12 @@ pub enum ExpiryUpdate {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct KeyVersion {
     /// The store's word for the key's current state (0: absent). A write of the key,
-    /// whatever its value, gives it another word.
+    /// whatever its value, gives it another word, or (racekv, rarely: a block reused
+    /// after the grace period) the same word with other `content`.
     pub word: u64,
+    /// What tells apart two states with one word (racekv: the block's checksum; 0 where the
+    /// store's words never recur). The same word and content again is the same value again.
+    pub content: u64,
     /// The key's expiry when read (None: never, or absent): a key that has expired since
     /// counts as changed (as Redis' WATCH treats an expired key).
     pub expires_at_ms: Option<u64>,
@@ -119,7 +123,7 @@ pub struct KeyVersion {
 
 impl KeyVersion {
     /// The version of an absent key.
-    pub const ABSENT: KeyVersion = KeyVersion { word: 0, expires_at_ms: None };
+    pub const ABSENT: KeyVersion = KeyVersion { word: 0, content: 0, expires_at_ms: None };
 }
 
 /// One write of a transaction ([`KvSession::commit`]).

@@ -90,8 +90,11 @@ impl<S: DerefMut<Target = dyn KvSession> + Send> TxnSession<S> {
         let now = now_unix_ms();
         if let Some(b) = self.writes.get(key) {
             let item = live(&b.item, now).cloned();
-            let version =
-                KeyVersion { word: BUFFERED_WORD | b.seq, expires_at_ms: item.as_ref().and_then(|i| i.expires_at_ms) };
+            let version = KeyVersion {
+                word: BUFFERED_WORD | b.seq,
+                content: 0,
+                expires_at_ms: item.as_ref().and_then(|i| i.expires_at_ms),
+            };
             return Ok((item, version));
         }
         if !self.reads.contains_key(key) {

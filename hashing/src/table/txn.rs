@@ -205,18 +205,38 @@ pub struct Lock {
     /// The word it replaced (0: none). It differs from the mark's old word only when the
     /// key had an expired copy the transaction read as absent.
     pub replaced: u64,
+    /// The checksum of the block it replaced (0: none), read once the lock held it.
+    pub replaced_checksum: u64,
+}
+
+/// A key's version as a transaction reads it: its canonical slot word and the checksum of
+/// the block that word names (both 0: absent). The word alone can recur: a block is reused
+/// after the grace period, and a write into it may get the same word (the slot's tag has
+/// 6 bits), so a version held longer than that is checked by both. The same word and
+/// checksum again means the same content again, which a serializable check may accept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct SlotVersion {
+    /// The canonical slot word (0: absent).
+    pub word: u64,
+    /// The checksum of its block (0: absent).
+    pub checksum: u64,
+}
+
+impl SlotVersion {
+    fn of(copy: &KeyCopy) -> Self {
+        Self { word: copy.word, checksum: copy.checksum }
+    }
 }
 
 impl TableClient {
-    /// The item under `key` and its version: the canonical slot word (0 when absent). A
-    /// key a transaction holds is waited for (bounded by its lease). An expired item is
-    /// absent, and is removed on the way.
-    pub fn read_versioned(&mut self, key: &[u8]) -> Result<(Option<Item>, u64), Error> {
+    /// The item under `key` and its version. A key a transaction holds is waited for
+    /// (bounded by its lease). An expired item is absent, and is removed on the way.
+    pub fn read_versioned(&mut self, key: &[u8]) -> Result<(Option<Item>, SlotVersion), Error> {
         let sample = self.begin();
         let mut value = Vec::new();
         let result = self.search(key, &mut value, true).map(|copy| match copy {
-            Some(copy) => (Some(Item { value, expires_at_ms: copy.expires_at_ms }), copy.word),
-            None => (None, 0),
+            Some(copy) => (Some(Item { value, expires_at_ms: copy.expires_at_ms }), SlotVersion::of(&copy)),
+            None => (None, SlotVersion::default()),
         });
         self.end(0, sample, result, |(item, _)| item.is_some())
     }
@@ -355,29 +375,30 @@ impl TableClient {
                 word: self.last_word,
                 slot: self.placed_at,
                 replaced: self.replaced,
+                replaced_checksum: self.replaced_checksum,
             })
         });
         self.end(OP_LOCK, sample, result, Option::is_some)
     }
 
-    /// The version of `key` now, without reading its value: its canonical slot word (0:
-    /// absent or expired). A locked word is returned as it is (never a version a
-    /// transaction read). For validating a read set.
-    pub fn txn_version(&mut self, key: &[u8]) -> Result<u64, Error> {
+    /// The version of `key` now, without reading its value (absent or expired: 0). A
+    /// locked word is returned as it is (never a version a transaction read). For
+    /// validating a read set.
+    pub fn txn_version(&mut self, key: &[u8]) -> Result<SlotVersion, Error> {
         Self::check_key(key)?;
         let hash = self.hash(key);
         let mut attempts = Attempts::new(self.shared.options.op_timeout);
         loop {
             let subtable = self.read_candidates(&hash, &mut attempts)?;
             if self.cands.is_empty() {
-                return Ok(0);
+                return Ok(SlotVersion::default());
             }
             match self.verify(key, None, false)? {
                 Verified::Torn => attempts.retry("a block kept changing under a read")?,
                 Verified::Done => match self.copies.first().copied() {
-                    Some(c) if c.locked() || !c.expired() => return Ok(c.word),
-                    Some(_) => return Ok(0),
-                    None if self.others_unchanged(&hash, subtable)? => return Ok(0),
+                    Some(c) if c.locked() || !c.expired() => return Ok(SlotVersion::of(&c)),
+                    Some(_) => return Ok(SlotVersion::default()),
+                    None if self.others_unchanged(&hash, subtable)? => return Ok(SlotVersion::default()),
                     None => attempts.retry("the key's buckets kept changing")?,
                 },
             }

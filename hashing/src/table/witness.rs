@@ -27,6 +27,8 @@ pub struct Witness {
     sent: Stamp,
     slots: Vec<u64>,
     words: Vec<u64>,
+    /// The earliest expiry among the values: past it, one of them no longer holds.
+    earliest_expiry_ms: Option<u64>,
 }
 
 impl Witness {
@@ -46,6 +48,7 @@ impl Witness {
         }
         // Each present key settled on exactly one copy (a second made it foreign).
         assert_eq!(self.slots.len() - before, values.len(), "a round's values and its settled copies disagree");
+        self.earliest_expiry_ms = self.earliest_expiry_ms.into_iter().chain(r.earliest_expiry_ms).min();
         true
     }
 }
@@ -55,19 +58,26 @@ impl TableClient {
     /// when every key was present and read by the batched rounds (None otherwise: the
     /// values stand, but only as this memnode's own in-order read).
     pub fn get_many_witnessed(&mut self, keys: &[&[u8]]) -> Result<(Values, Option<Witness>), Error> {
-        let mut witness = Some(Witness { sent: self.shared.stall.now(), slots: Vec::new(), words: Vec::new() });
+        let mut witness = Some(Witness {
+            sent: self.shared.stall.now(),
+            slots: Vec::new(),
+            words: Vec::new(),
+            earliest_expiry_ms: None,
+        });
         let values = self.read_in_order(keys, &mut witness)?;
         Ok((values, witness))
     }
 
     /// Whether every value `witness` stands for held from its read until now (module doc):
-    /// its slots hold the same words, and the whole span was surely within the grace period.
+    /// its slots hold the same words, the whole span was surely within the grace period,
+    /// and none of the values has expired since.
     pub fn witness_holds(&mut self, witness: &Witness) -> Result<bool, Error> {
         if witness.slots.is_empty() {
             return Ok(true);
         }
         let now = self.read_slot_words(&witness.slots)?;
-        Ok(now == witness.words && self.shared.stall.surely_within(witness.sent))
+        let unexpired = witness.earliest_expiry_ms.is_none_or(|at| crate::clock::now_unix_ms() <= at);
+        Ok(now == witness.words && self.shared.stall.surely_within(witness.sent) && unexpired)
     }
 
     /// After a round of [`TableClient::read_in_order`]: adds its words to `witness`, or drops
