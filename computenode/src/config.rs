@@ -129,7 +129,8 @@ pub struct ComputenodeConfig {
     /// storage call is a few memory accesses), threads otherwise (a storage call waits for
     /// the network, and would hold up every other client of its loop).
     pub redis_io: RedisIo,
-    /// Event loops for `redis_io = event_loop` (0: one per two cores, 1 to 8).
+    /// Event loops for `redis_io = event_loop` (0: one per two cores, at least two where
+    /// there are two cores; 1 to 8).
     pub redis_event_loops: usize,
     /// How long an event loop that just served something keeps polling before it sleeps
     /// (at most 1000; 0 sleeps at once): a request arriving meanwhile costs its client no
@@ -358,10 +359,7 @@ impl ComputenodeConfig {
             return IoModel::ThreadPerConnection;
         }
         let threads = match self.redis_event_loops {
-            0 => {
-                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-                (cores / 2).clamp(1, 8)
-            }
+            0 => default_event_loops(std::thread::available_parallelism().map_or(1, |n| n.get())),
             n => n,
         };
         IoModel::EventLoop { threads }
@@ -455,6 +453,13 @@ fn is_loopback(addr: &str) -> bool {
     }
 }
 
+/// Event loops by default on `cores` cores: one per two cores (the rest serve clients and
+/// workers), but two from two cores on: on 2 cores one loop left a pipelined SET load a
+/// quarter idle between its wake-ups (docs/benchmarks.md, "Two event loops on two cores").
+fn default_event_loops(cores: usize) -> usize {
+    (cores / 2).max(cores.min(2)).clamp(1, 8)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -466,6 +471,12 @@ mod tests {
         cfg.validate().unwrap();
         assert_eq!(cfg.memnodes, ["shm:/run/racekv/memnode.sock"]);
         assert_eq!(cfg.attach_socket.as_deref(), Some(Path::new("/run/racekv/computenode.sock")));
+    }
+
+    #[test]
+    fn default_event_loops_are_one_per_two_cores_and_two_from_two_cores() {
+        let loops: Vec<usize> = [1, 2, 3, 4, 6, 16, 64].into_iter().map(default_event_loops).collect();
+        assert_eq!(loops, vec![1, 2, 2, 2, 3, 8, 8]);
     }
 
     #[test]
