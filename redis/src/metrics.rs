@@ -165,7 +165,7 @@ pub(crate) static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     ),
     multi_key_retries: counter_vec(
         "racekv_redis_multi_key_retries_total",
-        "Commits of a multi-key command (MSETNX, RENAME, RENAMENX, COPY) that lost to another writer and were retried, by command",
+        "Commits of a multi-key command (MSET, MSETNX, RENAME, RENAMENX, COPY) that lost to another writer and were retried, by command",
         &["command"],
         &[],
     ),

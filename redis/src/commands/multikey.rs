@@ -3,7 +3,8 @@
 //!
 //! Each reads the keys its answer depends on with their versions, decides, and commits
 //! those versions with its writes: when another writer got in between, it starts over (at
-//! most [`MAX_INCR_ATTEMPTS`] times, then `-TRYAGAIN`). Inside MULTI the store they see is
+//! most [`MAX_INCR_ATTEMPTS`] times, then `-TRYAGAIN`); so does MSET, whose blind writes
+//! lose only to a transaction holding one of its keys. Inside MULTI the store they see is
 //! the transaction's, and their writes join its commit.
 
 use super::keys::MAX_INCR_ATTEMPTS;
@@ -23,6 +24,22 @@ struct Plan<T> {
     answer: T,
 }
 
+/// Runs `attempt` until it answers (Some), backing off between attempts, at most
+/// [`MAX_INCR_ATTEMPTS`] times (then `-TRYAGAIN`): None means its commit lost to another
+/// writer.
+fn with_retries<T>(name: &'static str, mut attempt: impl FnMut() -> Result<Option<T>, Failure>) -> Result<T, Failure> {
+    for n in 0..MAX_INCR_ATTEMPTS as u32 {
+        if n > 0 {
+            METRICS.multi_key_retries.with_label_values(&[name]).inc();
+            backoff(n - 1);
+        }
+        if let Some(answer) = attempt()? {
+            return Ok(answer);
+        }
+    }
+    Err(fail(format!("TRYAGAIN {} lost {MAX_INCR_ATTEMPTS} commits to other writers; retry", name.to_uppercase())))
+}
+
 /// Plans with `plan` and commits, again while another writer changes what it read. A plan
 /// that writes nothing and rests on one read is answered without a commit (that read is
 /// its moment); one resting on several is committed (with no writes) so that they were
@@ -32,15 +49,11 @@ fn commit_loop<T>(
     name: &'static str,
     mut plan: impl FnMut(&mut dyn KvSession) -> Result<Plan<T>, Failure>,
 ) -> Result<T, Failure> {
-    for attempt in 0..MAX_INCR_ATTEMPTS as u32 {
-        if attempt > 0 {
-            METRICS.multi_key_retries.with_label_values(&[name]).inc();
-            backoff(attempt - 1);
-        }
+    with_retries(name, || {
         let store = c.store()?;
         let Plan { reads, writes, answer } = plan(store)?;
         if writes.is_empty() && reads.len() <= 1 {
-            return Ok(answer);
+            return Ok(Some(answer));
         }
         let reads: Vec<(&[u8], KeyVersion)> = reads.iter().map(|(k, v)| (k.as_slice(), *v)).collect();
         let writes: Vec<TxnWrite<'_>> = writes
@@ -51,11 +64,8 @@ fn commit_loop<T>(
                 expires_at_ms: item.as_ref().and_then(|i| i.expires_at_ms),
             })
             .collect();
-        if store.commit(&reads, &writes)? {
-            return Ok(answer);
-        }
-    }
-    Err(fail(format!("TRYAGAIN {} lost {MAX_INCR_ATTEMPTS} commits to other writers; retry", name.to_uppercase())))
+        Ok(store.commit(&reads, &writes)?.then_some(answer))
+    })
 }
 
 /// The pairs of `MSET`/`MSETNX key value [key value ...]`.
@@ -72,12 +82,9 @@ pub(super) fn mset(c: &mut Client, cmd: &Command) -> CmdResult {
     }
     let writes: Vec<TxnWrite<'_>> =
         pairs(cmd).into_iter().map(|(key, value)| TxnWrite { key, value: Some(value), expires_at_ms: None }).collect();
-    // No reads: the commit cannot conflict.
-    if c.store()?.commit(&[], &writes)? {
-        Ok(Reply::ok())
-    } else {
-        Err(fail("ERR storage refused a commit that read nothing"))
-    }
+    // No reads, but the commit still loses when another transaction holds one of its keys
+    // (a concurrent MSET of the same key, from another event loop or computenode).
+    with_retries("mset", || Ok(c.store()?.commit(&[], &writes)?.then(Reply::ok)))
 }
 
 /// `MSETNX key value [key value ...]`: every pair if no key exists, else nothing.
