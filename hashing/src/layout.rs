@@ -889,6 +889,13 @@ impl Block<'_> {
 /// Bytes at the start of a block that say its sizes and expiry ([`peek_block_header`]).
 pub const BLOCK_PEEK_BYTES: usize = BLOCK_HEADER_BYTES + BLOCK_ACCESS_BYTES + BLOCK_EXPIRY_BYTES;
 
+/// The checksum a block's header holds, **unverified** (None: fewer than a header's bytes).
+/// For a block that cannot change under the read (one a lock holds, `table.rs`), where it
+/// names the write; [`decode_block`] checks it against the contents.
+pub fn stored_block_checksum(bytes: &[u8]) -> Option<u64> {
+    Some(u64::from_le_bytes(bytes.get(8..BLOCK_HEADER_BYTES)?.try_into().ok()?))
+}
+
 /// What the first [`BLOCK_PEEK_BYTES`] of a block say, **unverified** (the checksum covers
 /// the whole block): the block's units and its expiry. Only for decisions that a CAS on the
 /// slot word that pointed there validates (the memnode's expiry sweep): while the slot holds
@@ -1078,7 +1085,7 @@ pub fn decode_block(bytes: &[u8]) -> Option<Block<'_>> {
     if end > bytes.len() {
         return None;
     }
-    let checksum = u64::from_le_bytes(bytes[8..16].try_into().ok()?);
+    let checksum = stored_block_checksum(bytes)?;
     if block_checksum(len_word, &bytes[covered..end]) != checksum {
         return None;
     }
@@ -1236,7 +1243,7 @@ mod tests {
             let mut out = Vec::new();
             let units = encode_indirect_block(&mut out, &key, &extent, expires_at_ms);
             let block = decode_block(&out).unwrap();
-            prop_assert_eq!(block, Block { key: &key, value: &[], expires_at_ms, extent: Some(extent), long_key: None, txn: None, access: Some(Access::default()), checksum: stored_checksum(&out) });
+            prop_assert_eq!(block, Block { key: &key, value: &[], expires_at_ms, extent: Some(extent), long_key: None, txn: None, access: Some(Access::default()), checksum: stored_block_checksum(&out).unwrap() });
             let slot = Slot { fingerprint: digest_fingerprint(key_digest(&key)), units, tag: 1, block: 64, indirect: true, locked: false };
             prop_assert!(slot.fits_block(&block));
             let direct = Slot { indirect: false, ..slot };
@@ -1258,7 +1265,7 @@ mod tests {
             let mut out = Vec::new();
             let units = encode_long_key_block(&mut out, &long_key, &extent, expires_at_ms);
             let block = decode_block(&out).unwrap();
-            let want = Block { key: &[], value: &[], expires_at_ms, extent: Some(extent), long_key: Some(long_key), txn: None, access: Some(Access::default()), checksum: stored_checksum(&out) };
+            let want = Block { key: &[], value: &[], expires_at_ms, extent: Some(extent), long_key: Some(long_key), txn: None, access: Some(Access::default()), checksum: stored_block_checksum(&out).unwrap() };
             prop_assert_eq!(block, want);
             prop_assert_eq!(block.key_digest(), key_digest(&key));
             prop_assert!(long_key.may_be(&key, key_digest(&key)));
@@ -1290,7 +1297,7 @@ mod tests {
             prop_assert_eq!(out.len(), units as usize * 64);
             prop_assert_eq!(Some(units), block_units_for(key.len(), value.len(), expires_at_ms.is_some()));
             let block = decode_block(&out).unwrap();
-            prop_assert_eq!(block, Block { key: &key, value: &value, expires_at_ms, extent: None, long_key: None, txn: None, access: Some(Access::default()), checksum: stored_checksum(&out) });
+            prop_assert_eq!(block, Block { key: &key, value: &value, expires_at_ms, extent: None, long_key: None, txn: None, access: Some(Access::default()), checksum: stored_block_checksum(&out).unwrap() });
             let used = BLOCK_HEADER_BYTES + BLOCK_ACCESS_BYTES + expires_at_ms.map_or(0, |_| BLOCK_EXPIRY_BYTES) + key.len() + value.len();
             let at = checked_byte(flip, used);
             out[at] ^= 0x40;
@@ -1333,7 +1340,7 @@ mod tests {
             old.extend_from_slice(&body);
             old.resize(old.len().div_ceil(64) * 64, 0);
             let decoded = decode_block(&old);
-            prop_assert_eq!(decoded, Some(Block { key: &key, value: &value, expires_at_ms: None, extent: None, long_key: None, txn: None, access: None, checksum: stored_checksum(&old) }));
+            prop_assert_eq!(decoded, Some(Block { key: &key, value: &value, expires_at_ms: None, extent: None, long_key: None, txn: None, access: None, checksum: stored_block_checksum(&old).unwrap() }));
             let units = old.len() / 64;
             prop_assert_eq!(decoded.and_then(|b| b.units()), Some(units as u8), "it still fits its slot");
             prop_assert_eq!(peek_block_header(&old), Some((units as u8, None)));
@@ -1357,11 +1364,6 @@ mod tests {
             let _ = decode_block(&bytes);
             let _ = Layout::decode(&bytes);
         }
-    }
-
-    /// The checksum an encoded block's header holds.
-    fn stored_checksum(block: &[u8]) -> u64 {
-        u64::from_le_bytes(block[8..16].try_into().unwrap())
     }
 
     /// A byte of a block's first `used` that its checksum covers (all but the access word).
@@ -1410,7 +1412,7 @@ mod tests {
                 long_key: None,
                 txn: None,
                 access: None,
-                checksum: stored_checksum(&out)
+                checksum: stored_block_checksum(&out).unwrap()
             })
         );
     }

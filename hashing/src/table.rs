@@ -55,9 +55,9 @@ use crate::directory::{CachedEntry, DirectoryCache};
 use crate::error::Error;
 use crate::hash::KeyHash;
 use crate::layout::{
-    block_units_for, decode_block, encode_any_block, key_digest, sb, value_checksum, Extent, Layout, LongKey, Slot,
-    TxnMark, BLOCK_UNIT_BYTES, EXTENT_DESCRIPTOR_BYTES, LONG_KEY_DESCRIPTOR_BYTES, MAX_BLOCK_UNITS,
-    MAX_INLINE_KEY_BYTES, MAX_KEY_BYTES, MAX_VALUE_BYTES, SLOTS_PER_BUCKET, TXN_MARK_BYTES,
+    block_units_for, decode_block, encode_any_block, key_digest, sb, stored_block_checksum, value_checksum, Extent,
+    Layout, LongKey, Slot, TxnMark, BLOCK_UNIT_BYTES, EXTENT_DESCRIPTOR_BYTES, LONG_KEY_DESCRIPTOR_BYTES,
+    MAX_BLOCK_UNITS, MAX_INLINE_KEY_BYTES, MAX_KEY_BYTES, MAX_VALUE_BYTES, SLOTS_PER_BUCKET, TXN_MARK_BYTES,
 };
 use crate::probe::{Probe, ProbeReads};
 use crate::rpc::{self, method, SplitRequest};
@@ -2076,7 +2076,7 @@ impl TableClient {
         match replaced_header {
             Some(id) => {
                 let header = self.batch.read_result(id)?;
-                self.replaced_checksum = u64::from_le_bytes(header[8..16].try_into().expect("a block unit"));
+                self.replaced_checksum = stored_block_checksum(header).expect("a block unit holds a header");
             }
             None => self.retire_slot(&old, self.batch.executed_instance()),
         }
