@@ -25,6 +25,7 @@ pub mod cache;
 pub mod churn;
 pub mod cluster;
 pub mod coldstart;
+pub mod idle;
 pub mod large;
 pub mod loadfactor;
 pub mod membaseline;

@@ -21,6 +21,7 @@ use racekv_transport::TransportKind;
 use serde::Serialize;
 
 use crate::cluster::BenchMemnode;
+use crate::idle::IdleWaits;
 use crate::report::Environment;
 use crate::valkey::{ValkeyArgs, ValkeyInfo};
 
@@ -165,6 +166,8 @@ pub struct RedisReport {
     pub ttl_ms: Option<u64>,
     /// One entry per command and pipeline depth.
     pub results: Vec<PipelineResult>,
+    /// The waits, before each run, until every server was idle (see `idle.rs`).
+    pub idle_waits: IdleWaits,
     /// Where and when it ran.
     pub environment: Environment,
 }
@@ -182,6 +185,9 @@ pub(crate) struct RedisServer {
     pub(crate) version: String,
     _dir: tempfile::TempDir,
 }
+
+/// The longest wait for the servers to go idle before a run.
+pub(crate) const MAX_IDLE_WAIT: Duration = Duration::from_secs(30);
 
 impl RedisServer {
     /// Starts redis-server from the PATH and waits until it listens.
@@ -238,6 +244,11 @@ impl RedisServer {
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
             .unwrap_or_default();
         Ok(Self { child, port, version, _dir: dir })
+    }
+
+    /// Its process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Asks it to exit (SHUTDOWN), leaving its socket clean; drop then reaps it.
@@ -339,13 +350,8 @@ fn parse_rps(text: &str, line_start: &str) -> anyhow::Result<f64> {
     Ok(rps.parse()?)
 }
 
-/// One redis-benchmark run of `op` (its arguments from [`op_args`]); returns requests per
-/// second.
-fn run_benchmark(port: u16, op: &(Vec<String>, String), flags: &[String]) -> anyhow::Result<f64> {
-    run_benchmark_with(port, op, flags, &[])
-}
-
-/// [`run_benchmark`] with `connect` flags (credentials, TLS).
+/// One redis-benchmark run of `op` (its arguments from [`op_args`]), with `connect` flags
+/// (credentials, TLS); returns requests per second.
 fn run_benchmark_with(
     port: u16,
     (op_args, line_start): &(Vec<String>, String),
@@ -428,6 +434,13 @@ pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
         Variant::Tls => node.redis_tls_addr().expect("the TLS port is configured").port(),
     };
 
+    // Each run waits for every server to be idle: this process (racekv's), redis-server,
+    // valkey-server (which polls a core for seconds after its run).
+    let pids: Vec<u32> = [Some(std::process::id()), Some(redis.pid()), valkey.as_ref().map(RedisServer::pid)]
+        .into_iter()
+        .flatten()
+        .collect();
+    let mut idle_waits = IdleWaits::default();
     let mut results = Vec::new();
     let mut flags_text = String::new();
     let runs: Vec<(Op, u32)> = args.ops.iter().flat_map(|&op| args.pipeline.iter().map(move |&p| (op, p))).collect();
@@ -451,14 +464,18 @@ pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
         flags_text = flags.join(" ");
         let (mut theirs, mut ours, mut valkeys) = (Vec::new(), Vec::new(), Vec::new());
         let mut others: Vec<Vec<f64>> = vec![Vec::new(); args.variants.len()];
+        let mut run = |port: u16, connect: &[String]| {
+            idle_waits.wait(&pids, MAX_IDLE_WAIT);
+            run_benchmark_with(port, &op_args, &flags, connect)
+        };
         for _ in 0..args.rounds {
-            theirs.push(run_benchmark(redis_port, &op_args, &flags)?);
+            theirs.push(run(redis_port, &[])?);
             if let Some(valkey) = &valkey {
-                valkeys.push(run_benchmark(valkey.port, &op_args, &flags)?);
+                valkeys.push(run(valkey.port, &[])?);
             }
-            ours.push(run_benchmark(racekv_port, &op_args, &flags)?);
+            ours.push(run(racekv_port, &[])?);
             for (i, &variant) in args.variants.iter().enumerate() {
-                others[i].push(run_benchmark_with(variant_port(variant), &op_args, &flags, &variant_flags(variant))?);
+                others[i].push(run(variant_port(variant), &variant_flags(variant))?);
             }
         }
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
@@ -499,6 +516,7 @@ pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
         huge_pages: args.huge_pages,
         ttl_ms: args.ttl_ms,
         results,
+        idle_waits,
         environment: Environment::capture(),
     })
 }

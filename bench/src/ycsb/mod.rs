@@ -41,7 +41,8 @@ use serde::Serialize;
 
 use crate::cluster::BenchMemnode;
 use crate::plot::{bar_chart, drawn, line_grid, BarSeries, Panel, Series};
-use crate::redis::RedisServer;
+use crate::idle::IdleWaits;
+use crate::redis::{RedisServer, MAX_IDLE_WAIT};
 use crate::report::{progress, Environment};
 use crate::valkey::{ValkeyArgs, ValkeyInfo};
 use resp::{Cursors, Run, Shape};
@@ -283,6 +284,8 @@ pub struct YcsbReport {
     pub summary: Vec<Summary>,
     /// The plots written.
     pub plots: Vec<String>,
+    /// The waits, before each run, until every server was idle (see `idle.rs`).
+    pub idle_waits: IdleWaits,
     /// Where and when it ran.
     pub environment: Environment,
 }
@@ -403,6 +406,7 @@ pub fn run(args: &YcsbArgs) -> anyhow::Result<YcsbReport> {
     let mut histograms: HashMap<(Config, Workload, Driver), Histogram<u64>> = HashMap::new();
     let mut redis_version = None;
     let mut racekv_io = String::new();
+    let mut idle_waits = IdleWaits::default();
     for &value_size in &args.value_size {
         let racekv = Racekv::start(records + inserts_per_store, value_size)?;
         racekv_io.clone_from(&racekv.io);
@@ -423,6 +427,14 @@ pub fn run(args: &YcsbArgs) -> anyhow::Result<YcsbReport> {
                 stores.push(Store { driver, port: server.port, cursors: Cursors::Redis });
             }
         }
+
+        // Each run waits for every server to be idle: this process (racekv's, and the
+        // drivers'), redis-server, valkey-server (which polls a core for seconds after a run).
+        let pids: Vec<u32> =
+            [Some(std::process::id()), redis.as_ref().map(RedisServer::pid), valkey_server.as_ref().map(RedisServer::pid)]
+                .into_iter()
+                .flatten()
+                .collect();
 
         // The load phase: every store, through the RESP driver.
         let mut spaces = HashMap::new();
@@ -474,6 +486,7 @@ pub fn run(args: &YcsbArgs) -> anyhow::Result<YcsbReport> {
                                 value_size,
                                 seed: args.seed ^ (u64::from(round) << 32),
                             };
+                            idle_waits.wait(&pids, MAX_IDLE_WAIT);
                             let bar = progress(n, &format!("{} {}", workload.name(), driver.name()));
                             let shape = Shape { threads: args.threads, connections: args.connections, pipeline };
                             let ((m, seconds), in_flight) = if driver.is_native() {
@@ -545,6 +558,7 @@ pub fn run(args: &YcsbArgs) -> anyhow::Result<YcsbReport> {
         results,
         summary,
         plots,
+        idle_waits,
         environment: Environment::capture(),
     })
 }
