@@ -206,8 +206,11 @@ impl ServerStats {
         }
     }
 
-    pub(crate) fn command_done(&self) {
-        self.total_commands.fetch_add(1, Ordering::Relaxed);
+    /// `n` more commands processed (`INFO`'s `total_commands_processed`).
+    pub(crate) fn commands_done(&self, n: u64) {
+        if n > 0 {
+            self.total_commands.fetch_add(n, Ordering::Relaxed);
+        }
     }
 
     pub(crate) fn add_io(&self, input_bytes: u64, output_bytes: u64) {
@@ -221,32 +224,41 @@ impl ServerStats {
 
     /// A reading command looked a key up (`INFO`'s `keyspace_hits` / `keyspace_misses`).
     pub(crate) fn keyspace_lookup(&self, hit: bool) {
-        if hit {
-            self.keyspace_hits.fetch_add(1, Ordering::Relaxed);
-            METRICS.keyspace_lookups.with_label_values(&["hit"]).inc();
-            crate::maxmemory::count_lookup(true);
-        } else {
-            self.keyspace_misses.fetch_add(1, Ordering::Relaxed);
-            METRICS.keyspace_lookups.with_label_values(&["miss"]).inc();
-            crate::maxmemory::count_lookup(false);
+        self.keyspace_lookups(u64::from(hit), u64::from(!hit));
+    }
+
+    /// Reading commands found `hits` keys and missed `misses`.
+    pub(crate) fn keyspace_lookups(&self, hits: u64, misses: u64) {
+        if hits > 0 {
+            self.keyspace_hits.fetch_add(hits, Ordering::Relaxed);
+            METRICS.keyspace_lookups.with_label_values(&["hit"]).inc_by(hits);
         }
+        if misses > 0 {
+            self.keyspace_misses.fetch_add(misses, Ordering::Relaxed);
+            METRICS.keyspace_lookups.with_label_values(&["miss"]).inc_by(misses);
+        }
+        crate::maxmemory::count_lookups(hits, misses);
     }
 
     /// Counts one command (`id`: its catalog id) for `INFO commandstats`.
+    #[cfg(test)]
     pub(crate) fn command_stat(&self, id: u16, micros: u64, outcome: Outcome) {
+        let (failed, rejected) = (outcome == Outcome::Failed, outcome == Outcome::Rejected);
+        let calls = u64::from(!rejected);
+        self.command_stats(id, calls, u64::from(failed), u64::from(rejected), if rejected { 0 } else { micros });
+    }
+
+    /// Counts commands of catalog id `id` for `INFO commandstats`: `calls` executed (`failed`
+    /// of them failing) taking `usec` together, and `rejected` refused before running.
+    pub(crate) fn command_stats(&self, id: u16, calls: u64, failed: u64, rejected: u64, usec: u64) {
         let Some(stat) = self.commands.get(usize::from(id)) else { return };
-        match outcome {
-            Outcome::Rejected => {
-                stat.rejected.fetch_add(1, Ordering::Relaxed);
-                return;
+        for (counter, n) in
+            [(&stat.calls, calls), (&stat.failed, failed), (&stat.rejected, rejected), (&stat.usec, usec)]
+        {
+            if n > 0 {
+                counter.fetch_add(n, Ordering::Relaxed);
             }
-            Outcome::Failed => {
-                stat.failed.fetch_add(1, Ordering::Relaxed);
-            }
-            Outcome::Ok => {}
         }
-        stat.calls.fetch_add(1, Ordering::Relaxed);
-        stat.usec.fetch_add(micros, Ordering::Relaxed);
     }
 
     /// Counts an error reply by its code (the first word, as Redis takes it).
@@ -717,7 +729,7 @@ mod tests {
     fn default_info_has_every_default_section_and_the_store_lines() {
         let stats = ServerStats::new(6379, 10, None);
         assert!(stats.try_admit());
-        stats.command_done();
+        stats.commands_done(1);
         stats.command_stat(3, 10, Outcome::Ok);
         stats.error_reply("WRONGPASS invalid username-password pair");
         let text = render(&stats, &[], &names, &mut Fixed(5)).unwrap();

@@ -347,12 +347,13 @@ pub fn evicted_keys() -> u64 {
     METRICS.evicted.get()
 }
 
-/// Counts one key lookup of a reading command.
-pub(crate) fn count_lookup(hit: bool) {
-    if hit {
-        METRICS.hits.inc();
-    } else {
-        METRICS.misses.inc();
+/// Counts key lookups of reading commands.
+pub(crate) fn count_lookups(hits: u64, misses: u64) {
+    if hits > 0 {
+        METRICS.hits.inc_by(hits);
+    }
+    if misses > 0 {
+        METRICS.misses.inc_by(misses);
     }
 }
 

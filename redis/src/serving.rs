@@ -100,8 +100,15 @@ pub(super) enum Step {
     End(&'static str),
 }
 
-/// Executes the complete commands `parser` holds, appending their replies to `out`.
+/// Executes the complete commands `parser` holds, appending their replies to `out`, and
+/// publishes their figures before the replies go out.
 pub(super) fn run_commands(shared: &Serving, client: &mut Client, parser: &mut Parser, out: &mut Output) -> Step {
+    let step = run_parsed(shared, client, parser, out);
+    client.publish_tally();
+    step
+}
+
+fn run_parsed(shared: &Serving, client: &mut Client, parser: &mut Parser, out: &mut Output) -> Step {
     // Consecutive GETs wait in the client's run and execute together, before anything that
     // follows them. Executed commands go back to the parser for reuse.
     let step = loop {

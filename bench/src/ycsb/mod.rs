@@ -40,8 +40,8 @@ use racekv_transport::TransportKind;
 use serde::Serialize;
 
 use crate::cluster::BenchMemnode;
-use crate::plot::{bar_chart, drawn, line_grid, BarSeries, Panel, Series};
 use crate::idle::IdleWaits;
+use crate::plot::{bar_chart, drawn, line_grid, BarSeries, Panel, Series};
 use crate::redis::{RedisServer, MAX_IDLE_WAIT};
 use crate::report::{progress, Environment};
 use crate::valkey::{ValkeyArgs, ValkeyInfo};
@@ -430,11 +430,14 @@ pub fn run(args: &YcsbArgs) -> anyhow::Result<YcsbReport> {
 
         // Each run waits for every server to be idle: this process (racekv's, and the
         // drivers'), redis-server, valkey-server (which polls a core for seconds after a run).
-        let pids: Vec<u32> =
-            [Some(std::process::id()), redis.as_ref().map(RedisServer::pid), valkey_server.as_ref().map(RedisServer::pid)]
-                .into_iter()
-                .flatten()
-                .collect();
+        let pids: Vec<u32> = [
+            Some(std::process::id()),
+            redis.as_ref().map(RedisServer::pid),
+            valkey_server.as_ref().map(RedisServer::pid),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
 
         // The load phase: every store, through the RESP driver.
         let mut spaces = HashMap::new();

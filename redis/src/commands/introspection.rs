@@ -68,7 +68,9 @@ impl Client {
         let Some(spec) = COMMANDS.get(index) else { return };
         let (CommandId(id), _) = acl_id(index, spec, cmd);
         let micros = elapsed.as_micros() as u64;
-        self.stats.command_stat(id, micros, outcome);
+        if self.tally.command_stat(id, micros, outcome) {
+            self.publish_tally();
+        }
         self.handle.touch(self.stats.clients.epoch(), started, id);
         if outcome == Outcome::Rejected {
             return;
@@ -76,14 +78,14 @@ impl Client {
         match WATCH[index] {
             Watch::Nothing => {}
             Watch::Get => match reply {
-                Reply::Bulk(_) => self.stats.keyspace_lookup(true),
-                Reply::Nil => self.stats.keyspace_lookup(false),
+                Reply::Bulk(_) => self.tally.lookup(true),
+                Reply::Nil => self.tally.lookup(false),
                 _ => {}
             },
             Watch::Mget => {
                 if let Reply::Array(values) = reply {
                     for value in values {
-                        self.stats.keyspace_lookup(!matches!(value, Reply::Nil));
+                        self.tally.lookup(!matches!(value, Reply::Nil));
                     }
                 }
             }
@@ -91,7 +93,7 @@ impl Client {
                 if let Reply::Integer(found) = reply {
                     let looked_up = cmd.len() - 1;
                     for i in 0..looked_up {
-                        self.stats.keyspace_lookup((i as i64) < *found);
+                        self.tally.lookup((i as i64) < *found);
                     }
                 }
             }

@@ -13,6 +13,7 @@ mod keys;
 mod keyspace;
 mod multikey;
 mod strings;
+mod tally;
 mod transactions;
 
 use std::borrow::Cow;
@@ -445,6 +446,7 @@ static COMMAND_METRICS: LazyLock<Vec<CommandMetrics>> = LazyLock::new(|| {
 });
 
 static GET_INDEX: LazyLock<usize> = LazyLock::new(|| lookup(b"get").expect("GET is in the table").0);
+static SET_INDEX: LazyLock<usize> = LazyLock::new(|| lookup(b"set").expect("SET is in the table").0);
 
 /// The table entry for `name` (case-insensitive) and its index.
 pub(crate) fn lookup(name: &[u8]) -> Option<(usize, &'static CommandSpec)> {
@@ -477,6 +479,8 @@ pub struct Client {
     closing: bool,
     /// Pipelined GETs waiting to run together ([`Client::queue_get`]).
     queued_gets: Vec<Command>,
+    /// Figures of the commands run since the last publish (see `tally.rs`).
+    tally: tally::Tally,
     /// This connection in the server's registry (`CLIENT LIST`, `CLIENT KILL`).
     handle: Arc<ClientHandle>,
     /// A command held by `CLIENT PAUSE`, run first once the pause ends.
@@ -512,6 +516,7 @@ impl Client {
             protocol: Protocol::Resp2,
             closing: false,
             queued_gets: Vec::new(),
+            tally: tally::Tally::default(),
             handle,
             postponed: None,
             multi: None,
@@ -719,7 +724,12 @@ impl Client {
         let Some(name) = cmd.get(0) else {
             return Reply::error("ERR empty command");
         };
-        let (metrics_index, reply, outcome) = match lookup(name) {
+        let found = lookup(name);
+        if !found.is_some_and(|(index, _)| index == *GET_INDEX || index == *SET_INDEX) {
+            // What reads the shared figures (INFO) must count every command before it.
+            self.publish_tally();
+        }
+        let (metrics_index, reply, outcome) = match found {
             None => (COMMANDS.len(), unknown_command(cmd), Outcome::Rejected),
             Some((index, spec)) if !spec.arity_ok(cmd.len()) => (index, arity_error(spec.name), Outcome::Rejected),
             Some((index, spec)) => match self.authorize(index, spec, cmd) {
@@ -748,16 +758,21 @@ impl Client {
     }
 
     /// Counts one executed command: its time, its outcome, the server's command total.
-    fn record(&self, metrics_index: usize, seconds: f64, reply: &Reply) {
-        let metrics = &COMMAND_METRICS[metrics_index];
-        metrics.seconds.observe(seconds);
-        if reply.is_error() { &metrics.error } else { &metrics.ok }.inc();
-        self.stats.command_done();
+    fn record(&mut self, metrics_index: usize, seconds: f64, reply: &Reply) {
+        self.tally.record(&COMMAND_METRICS, metrics_index, seconds, reply.is_error());
+    }
+
+    /// Adds the figures of the commands run since the last call to the server's (metrics,
+    /// `INFO`): at the end of each pipeline, before any command but GET and SET runs, and
+    /// when the connection closes.
+    pub fn publish_tally(&mut self) {
+        self.tally.publish(&self.stats, &COMMAND_METRICS);
     }
 }
 
 impl Drop for Client {
     fn drop(&mut self) {
+        self.publish_tally();
         if self.postponed.is_some() {
             self.stats.clients.pause.set_held(false);
         }

@@ -541,7 +541,16 @@ fn every_command_is_counted_once() {
     for args in [&["PING"][..], &["NOPE"], &["GET"], &["GET", "k"]] {
         run(&mut c, args);
     }
+    // Commands wait in the connection's tally until its pipeline ends (run_commands
+    // publishes it) or a command other than GET and SET runs (it publishes first): PING
+    // is counted once NOPE runs.
+    assert_eq!(stats.total_commands_processed(), 1);
+    c.publish_tally();
+    c.publish_tally();
     assert_eq!(stats.total_commands_processed(), 4);
+    run(&mut c, &["SET", "k", "v"]);
+    run(&mut c, &["PING"]);
+    assert_eq!(stats.total_commands_processed(), 5, "PING published the SET before it");
     assert_eq!(c.execute(&Command::new()), err("ERR empty command"));
 }
 
