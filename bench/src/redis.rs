@@ -88,6 +88,9 @@ pub struct RedisArgs {
     /// permissions), `tls` (the TLS port, with a throwaway CA; a thread per connection).
     #[arg(long, value_delimiter = ',')]
     pub variants: Vec<Variant>,
+    /// The longest wait before a run for every server to be idle (see `idle.rs`); 0: none.
+    #[arg(long, default_value_t = 30_000)]
+    pub max_idle_wait_ms: u64,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -185,9 +188,6 @@ pub(crate) struct RedisServer {
     pub(crate) version: String,
     _dir: tempfile::TempDir,
 }
-
-/// The longest wait for the servers to go idle before a run.
-pub(crate) const MAX_IDLE_WAIT: Duration = Duration::from_secs(30);
 
 impl RedisServer {
     /// Starts redis-server from the PATH and waits until it listens.
@@ -465,7 +465,7 @@ pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
         let (mut theirs, mut ours, mut valkeys) = (Vec::new(), Vec::new(), Vec::new());
         let mut others: Vec<Vec<f64>> = vec![Vec::new(); args.variants.len()];
         let mut run = |port: u16, connect: &[String]| {
-            idle_waits.wait(&pids, MAX_IDLE_WAIT);
+            idle_waits.wait(&pids, Duration::from_millis(args.max_idle_wait_ms));
             run_benchmark_with(port, &op_args, &flags, connect)
         };
         for _ in 0..args.rounds {

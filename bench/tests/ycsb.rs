@@ -31,6 +31,9 @@ fn every_workload_runs_against_every_driver_without_errors() {
         "2",
         "--plot-dir",
         &plot_dir,
+        // 120 tiny runs: no waiting for idle servers between them (CI's time).
+        "--max-idle-wait-ms",
+        "0",
     ]);
     let report = ycsb::run(&cli.args).unwrap();
     let valkey_found = racekv_bench::valkey::find_valkey(None).is_ok();

@@ -42,7 +42,7 @@ use serde::Serialize;
 use crate::cluster::BenchMemnode;
 use crate::idle::IdleWaits;
 use crate::plot::{bar_chart, drawn, line_grid, BarSeries, Panel, Series};
-use crate::redis::{RedisServer, MAX_IDLE_WAIT};
+use crate::redis::RedisServer;
 use crate::report::{progress, Environment};
 use crate::valkey::{ValkeyArgs, ValkeyInfo};
 use resp::{Cursors, Run, Shape};
@@ -105,6 +105,9 @@ pub struct YcsbArgs {
     /// Seeds the key choices.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// The longest wait before a run for every server to be idle (see `idle.rs`); 0: none.
+    #[arg(long, default_value_t = 30_000)]
+    pub max_idle_wait_ms: u64,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -489,7 +492,7 @@ pub fn run(args: &YcsbArgs) -> anyhow::Result<YcsbReport> {
                                 value_size,
                                 seed: args.seed ^ (u64::from(round) << 32),
                             };
-                            idle_waits.wait(&pids, MAX_IDLE_WAIT);
+                            idle_waits.wait(&pids, std::time::Duration::from_millis(args.max_idle_wait_ms));
                             let bar = progress(n, &format!("{} {}", workload.name(), driver.name()));
                             let shape = Shape { threads: args.threads, connections: args.connections, pipeline };
                             let ((m, seconds), in_flight) = if driver.is_native() {
