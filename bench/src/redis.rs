@@ -246,9 +246,10 @@ impl RedisServer {
         Ok(Self { child, port, version, _dir: dir })
     }
 
-    /// Its process id.
-    pub(crate) fn pid(&self) -> u32 {
-        self.child.id()
+    /// The processes a benchmark waits on to be idle before each run (`idle.rs`): this one
+    /// (racekv's, and in-process drivers') and the servers that run.
+    pub(crate) fn idle_wait_pids(servers: &[Option<&Self>]) -> Vec<u32> {
+        std::iter::once(std::process::id()).chain(servers.iter().flatten().map(|s| s.child.id())).collect()
     }
 
     /// Asks it to exit (SHUTDOWN), leaving its socket clean; drop then reaps it.
@@ -434,12 +435,9 @@ pub fn run(args: &RedisArgs) -> anyhow::Result<RedisReport> {
         Variant::Tls => node.redis_tls_addr().expect("the TLS port is configured").port(),
     };
 
-    // Each run waits for every server to be idle: this process (racekv's), redis-server,
-    // valkey-server (which polls a core for seconds after its run).
-    let pids: Vec<u32> = [Some(std::process::id()), Some(redis.pid()), valkey.as_ref().map(RedisServer::pid)]
-        .into_iter()
-        .flatten()
-        .collect();
+    // Each run waits for every server to be idle (valkey-server polls a core for seconds
+    // after its run).
+    let pids = RedisServer::idle_wait_pids(&[Some(&redis), valkey.as_ref()]);
     let mut idle_waits = IdleWaits::default();
     let mut results = Vec::new();
     let mut flags_text = String::new();

@@ -485,18 +485,25 @@ impl VirtualConnection {
                     *cached = (used == slot).then_some(CachedConnection { slot, generation, conn });
                 }
                 if let Some(c) = cached.as_ref() {
-                    let in_flight = self.pool.sharing_costs.then(|| self.pool.enter(slot));
-                    let result = op(&*c.conn);
-                    drop(in_flight);
-                    drop(cached);
-                    self.after(Some(slot), matches!(&result, Err(e) if e.is_connection_failure()));
-                    return result;
+                    return self.run_on(Some(slot), &*c.conn, op);
                 }
             }
         }
         let (slot, conn) = self.current();
+        self.run_on(slot, &*conn, op)
+    }
+
+    /// Runs `op` on `conn` (of pool slot `slot`; None: the dedicated connection), counted in
+    /// flight on the slot where that matters, then reports a broken connection and counts
+    /// the operation.
+    fn run_on<T>(
+        &self,
+        slot: Option<usize>,
+        conn: &dyn Connection,
+        op: impl FnOnce(&dyn Connection) -> Result<T, TransportError>,
+    ) -> Result<T, TransportError> {
         let in_flight = slot.filter(|_| self.pool.sharing_costs).map(|s| self.pool.enter(s));
-        let result = op(&*conn);
+        let result = op(conn);
         drop(in_flight);
         self.after(slot, matches!(&result, Err(e) if e.is_connection_failure()));
         result

@@ -55,6 +55,35 @@ pub(crate) enum Outcome {
     Rejected,
 }
 
+/// Commands of one catalog id, as `INFO commandstats` counts them: a connection's tally
+/// gathers them, [`ServerStats::command_stats`] adds them to the server's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct CommandCounts {
+    /// Commands that ran (answered or failed).
+    pub calls: u64,
+    /// Of those, the ones that answered an error.
+    pub failed: u64,
+    /// Commands refused before running.
+    pub rejected: u64,
+    /// Microseconds the calls took together.
+    pub usec: u64,
+}
+
+impl CommandCounts {
+    /// Counts one command that ended with `outcome` after `micros`.
+    pub fn add(&mut self, outcome: Outcome, micros: u64) {
+        if outcome == Outcome::Rejected {
+            self.rejected += 1;
+            return;
+        }
+        self.calls += 1;
+        self.usec += micros;
+        if outcome == Outcome::Failed {
+            self.failed += 1;
+        }
+    }
+}
+
 /// A sample of the cumulative counters, for rates.
 #[derive(Debug, Clone, Copy)]
 struct Sample {
@@ -243,15 +272,15 @@ impl ServerStats {
     /// Counts one command (`id`: its catalog id) for `INFO commandstats`.
     #[cfg(test)]
     pub(crate) fn command_stat(&self, id: u16, micros: u64, outcome: Outcome) {
-        let (failed, rejected) = (outcome == Outcome::Failed, outcome == Outcome::Rejected);
-        let calls = u64::from(!rejected);
-        self.command_stats(id, calls, u64::from(failed), u64::from(rejected), if rejected { 0 } else { micros });
+        let mut counts = CommandCounts::default();
+        counts.add(outcome, micros);
+        self.command_stats(id, &counts);
     }
 
-    /// Counts commands of catalog id `id` for `INFO commandstats`: `calls` executed (`failed`
-    /// of them failing) taking `usec` together, and `rejected` refused before running.
-    pub(crate) fn command_stats(&self, id: u16, calls: u64, failed: u64, rejected: u64, usec: u64) {
+    /// Adds commands of catalog id `id` to `INFO commandstats`.
+    pub(crate) fn command_stats(&self, id: u16, counts: &CommandCounts) {
         let Some(stat) = self.commands.get(usize::from(id)) else { return };
+        let CommandCounts { calls, failed, rejected, usec } = *counts;
         for (counter, n) in
             [(&stat.calls, calls), (&stat.failed, failed), (&stat.rejected, rejected), (&stat.usec, usec)]
         {

@@ -431,16 +431,9 @@ pub fn run(args: &YcsbArgs) -> anyhow::Result<YcsbReport> {
             }
         }
 
-        // Each run waits for every server to be idle: this process (racekv's, and the
-        // drivers'), redis-server, valkey-server (which polls a core for seconds after a run).
-        let pids: Vec<u32> = [
-            Some(std::process::id()),
-            redis.as_ref().map(RedisServer::pid),
-            valkey_server.as_ref().map(RedisServer::pid),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
+        // Each run waits for every server to be idle (valkey-server polls a core for seconds
+        // after a run).
+        let pids = RedisServer::idle_wait_pids(&[redis.as_ref(), valkey_server.as_ref()]);
 
         // The load phase: every store, through the RESP driver.
         let mut spaces = HashMap::new();

@@ -8,7 +8,7 @@
 
 use prometheus::local::LocalHistogram;
 
-use crate::info::{Outcome, ServerStats};
+use crate::info::{CommandCounts, Outcome, ServerStats};
 use crate::metrics::CommandMetrics;
 
 /// What one connection ran since it last published (see the module doc).
@@ -18,7 +18,7 @@ pub(super) struct Tally {
     /// local histogram costs an allocation to make.
     timed: Vec<Timed>,
     /// Per catalog id, for `INFO commandstats`; emptied by each publish.
-    stats: Vec<Stat>,
+    stats: Vec<(u16, CommandCounts)>,
     commands: u64,
     hits: u64,
     misses: u64,
@@ -29,14 +29,6 @@ struct Timed {
     seconds: LocalHistogram,
     ok: u64,
     error: u64,
-}
-
-struct Stat {
-    id: u16,
-    calls: u64,
-    failed: u64,
-    rejected: u64,
-    usec: u64,
 }
 
 /// Most distinct catalog ids gathered before a publish (a pipeline of many different
@@ -66,25 +58,11 @@ impl Tally {
     /// One command of catalog id `id` for `INFO commandstats`. Returns whether the tally is
     /// full and should be published.
     pub fn command_stat(&mut self, id: u16, micros: u64, outcome: Outcome) -> bool {
-        let stat = match self.stats.iter().position(|s| s.id == id) {
-            Some(i) => &mut self.stats[i],
-            None => {
-                self.stats.push(Stat { id, calls: 0, failed: 0, rejected: 0, usec: 0 });
-                self.stats.last_mut().expect("just pushed")
-            }
-        };
-        match outcome {
-            Outcome::Rejected => stat.rejected += 1,
-            Outcome::Failed => {
-                stat.failed += 1;
-                stat.calls += 1;
-                stat.usec += micros;
-            }
-            Outcome::Ok => {
-                stat.calls += 1;
-                stat.usec += micros;
-            }
-        }
+        let i = self.stats.iter().position(|&(stat_id, _)| stat_id == id).unwrap_or_else(|| {
+            self.stats.push((id, CommandCounts::default()));
+            self.stats.len() - 1
+        });
+        self.stats[i].1.add(outcome, micros);
         self.stats.len() >= MAX_STATS
     }
 
@@ -114,8 +92,8 @@ impl Tally {
             (timed.ok, timed.error) = (0, 0);
         }
         stats.commands_done(self.commands);
-        for s in self.stats.drain(..) {
-            stats.command_stats(s.id, s.calls, s.failed, s.rejected, s.usec);
+        for (id, counts) in self.stats.drain(..) {
+            stats.command_stats(id, &counts);
         }
         stats.keyspace_lookups(self.hits, self.misses);
         (self.commands, self.hits, self.misses) = (0, 0, 0);
