@@ -125,6 +125,8 @@ impl<S: Read + Write> Mux<S> {
             if now >= deadline {
                 drop(state);
                 self.pending.lock().remove(&id);
+                // It may have been woken to read for the others.
+                self.hand_off();
                 return Err(TransportError::Timeout { waited_ms: self.timeout.as_millis() as u64 });
             }
             if let Some(reader) = self.reader.try_lock() {
@@ -200,12 +202,20 @@ impl<S: Read + Write> Mux<S> {
         }
     }
 
-    /// Wakes every waiter so one of them takes the reader role.
+    /// Wakes one waiter still waiting for its answer, which takes the reader role (its loop
+    /// finds the reader free). One, not all: with many threads on one connection, waking
+    /// every waiter after each leader's turn had all but one of them wake, lose the race for
+    /// the reader and sleep again, on every round trip. A waiter that leaves without taking
+    /// the role (its deadline passed) hands off again; should a wake-up still be missed, the
+    /// others look again within [`WAIT_SLICE`].
     fn hand_off(&self) {
         let waiters: Vec<_> = self.pending.lock().values().cloned().collect();
         for waiter in waiters {
-            let _state = waiter.state.lock();
-            waiter.ready.notify_all();
+            let state = waiter.state.lock();
+            if matches!(*state, State::Waiting) {
+                waiter.ready.notify_all();
+                return;
+            }
         }
     }
 }
