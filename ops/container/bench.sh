@@ -3,7 +3,7 @@
 # directly on the host, in one run (the figures of docs/benchmarks.md, "Container image"):
 #
 #   sudo ops/container/bench.sh [--rounds 3] [--requests 1000000] [--memnodes 2]
-#                               [--network bridge|host] [--no-build]
+#                               [--network bridge|host] [--no-build] [--no-direct-cgroups]
 #
 # Builds the release image (ops/container/build.sh --profile release --tag racekv:bench;
 # --no-build uses target/release and that tag as they are), then starts two clusters of the
@@ -14,10 +14,15 @@
 # with a token and a Redis password. Loads the same 100,000 keys (64-byte values,
 # key:000000000000.., redis-benchmark's -r names) into each, then runs redis-benchmark
 # `-t get -n REQUESTS -c 50 -P 16 -r 100000 -d 64` against each, alternating (direct,
-# container; container, direct; ...), and prints each round, the medians and the ratio
-# container / direct, with the machine, date and commit, as JSON. Removes both clusters and
-# the network at the end (the image stays, for --no-build). Needs root, podman,
-# redis-benchmark (redis-tools).
+# container; container, direct; ...), and prints each round, the medians and their ratio
+# container / direct, each round's ratio and their geometric mean (the paired ratio), with
+# the machine, date and commit, as JSON. Removes both clusters and the network at the end
+# (the image stays, for --no-build). Needs root, podman, redis-benchmark (redis-tools).
+#
+# Each direct daemon runs in a cgroup of its own, as each container does (lib.sh,
+# racekv_cgroup_like_a_container), so the scheduler shares the CPU alike between either
+# cluster and redis-benchmark; --no-direct-cgroups leaves them in the caller's cgroup (as
+# runs before 2026-11-29 measured).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -28,6 +33,7 @@ requests=1000000
 n_memnodes=2
 build=1
 network=bridge
+direct_cgroups=1
 image=racekv:bench
 keys=100000
 while [[ $# -gt 0 ]]; do
@@ -37,7 +43,8 @@ while [[ $# -gt 0 ]]; do
         --memnodes) n_memnodes=$2; shift 2 ;;
         --network) network=$2; shift 2 ;;
         --no-build) build=0; shift ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        --no-direct-cgroups) direct_cgroups=0; shift ;;
+        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
         *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -56,6 +63,7 @@ net=$prefix-net
 work=$(mktemp -d)
 chmod 0755 "$work"
 pids=()
+names=()
 containers=()
 cleanup() {
     local rc=$?
@@ -63,6 +71,7 @@ cleanup() {
     wait 2>/dev/null || true
     for c in "${containers[@]}"; do podman rm -f -t 2 "$c" > /dev/null 2>&1 || true; done
     podman network rm -f "$net" > /dev/null 2>&1 || true
+    racekv_remove_direct_cgroups
     rm -rf "$work"
     exit "$rc"
 }
@@ -81,6 +90,7 @@ for (( i = 0; i < n_memnodes; i++ )); do
     RACEKV_MEMNODE_TOKEN_FILE=$work/token "$bin/racekv-memnode" --listen-tcp "127.0.0.1:$port" \
         --metrics-addr none --region-bytes 256MiB > "$work/memnode-$i.out" 2> "$work/memnode-$i.err" &
     pids+=($!)
+    names+=("memnode-$i")
     direct_memnodes+=("tcp:127.0.0.1:$port")
 done
 for (( i = 0; i < n_memnodes; i++ )); do
@@ -94,6 +104,7 @@ RACEKV_COMPUTENODE_TOKEN_FILE=$work/token RACEKV_COMPUTENODE_REQUIREPASS_FILE=$w
     "$bin/racekv-computenode" --redis-addr "127.0.0.1:$direct_port" --remote-addr none --metrics-addr none \
     > "$work/computenode.out" 2> "$work/computenode.err" &
 pids+=($!)
+names+=(computenode)
 
 # Containerized: the same shape from the image, on a podman network of its own (bridge) or
 # in the host's network namespace (host: on loopback ports of their own).
@@ -126,6 +137,13 @@ podman run -d --name "$computenode" "${ctr_net[@]}" "${redis[@]}" \
     -e "RACEKV_COMPUTENODE_MEMNODES=$(IFS=,; echo "${ctr_memnodes[*]}")" \
     "$image" --redis-addr "$redis_addr" --remote-addr none --metrics-addr none > /dev/null
 racekv_wait_ready "$computenode" > /dev/null
+# Each direct daemon in a cgroup of its own, as each container is (now that podman has made
+# its libpod_parent): see racekv_cgroup_like_a_container.
+grouping=root
+if [[ $direct_cgroups -eq 1 ]]; then
+    for (( i = 0; i < ${#pids[@]}; i++ )); do racekv_cgroup_like_a_container "${names[i]}" "${pids[i]}"; done
+    grep -qs racekv_direct "/proc/${pids[0]}/cgroup" && grouping="a cgroup per daemon under racekv_direct"
+fi
 if [[ $network == host ]]; then
     ctr_port=16391
 else
@@ -167,6 +185,9 @@ python3 - "$size" "${direct[*]}" "${ctr[*]}" <<PY
 import json, statistics, sys
 size, direct, ctr = int(sys.argv[1]), [float(x) for x in sys.argv[2].split()], [float(x) for x in sys.argv[3].split()]
 d, c = statistics.median(direct), statistics.median(ctr)
+# Each round's two runs ran back to back (in alternating order), so their ratio is the least
+# disturbed by the host's drift; their geometric mean is the paired estimate.
+paired = [y / x for x, y in zip(direct, ctr)]
 print(json.dumps({
     "date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)",
     "host": "$(hostname)",
@@ -180,7 +201,10 @@ print(json.dumps({
     "command": "redis-benchmark -t get -n $requests -c 50 -P 16 -r $keys -d 64 (+ -a)",
     "memnodes": $n_memnodes,
     "container_network": "$network",
+    "direct_cgroups": "$grouping",
     "direct_get_per_s": direct, "container_get_per_s": ctr,
     "direct_median": d, "container_median": c, "ratio": round(c / d, 3),
+    "round_ratios": [round(r, 3) for r in paired],
+    "paired_ratio": round(statistics.geometric_mean(paired), 3),
 }, indent=2))
 PY

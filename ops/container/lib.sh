@@ -30,6 +30,33 @@ racekv_fix_hybrid_cgroups() {
     [[ -z $controllers ]] || { echo "cgroup2 still holds $controllers" >&2; return 1; }
 }
 
+# racekv_cgroup_like_a_container NAME PID: moves a host process into a cgroup of its own,
+# NAME under racekv_direct, in each cgroup hierarchy where podman gives every container one
+# (libpod-ID under libpod_parent; v1's cpu and cpuacct, or a v2 root). The kernel's fair
+# scheduler weighs a group as one task: a daemon with 50 connection threads in the root
+# cgroup outweighs a single-threaded client 50 to 1, the same daemon in a container 1 to 1.
+# Grouped alike, a directly run cluster and a containerized one get the same share of the
+# CPU, so comparing them measures the container, not the scheduler.
+racekv_cgroup_like_a_container() {
+    local name=$1 pid=$2 root dir
+    for root in /sys/fs/cgroup/cpu /sys/fs/cgroup/cpuacct /sys/fs/cgroup; do
+        [[ -d $root/libpod_parent && -w $root/cgroup.procs ]] || continue
+        dir=$root/racekv_direct/$name
+        mkdir -p "$dir"
+        echo "$pid" > "$dir/cgroup.procs"
+    done
+}
+
+# racekv_remove_direct_cgroups: removes what racekv_cgroup_like_a_container made, once its
+# processes have exited.
+racekv_remove_direct_cgroups() {
+    local root
+    for root in /sys/fs/cgroup/cpu /sys/fs/cgroup/cpuacct /sys/fs/cgroup; do
+        [[ -d $root/racekv_direct ]] || continue
+        rmdir "$root"/racekv_direct/* "$root/racekv_direct" 2>/dev/null || true
+    done
+}
+
 # racekv_wait_ready NAME [SECONDS]: waits for a container's READY line on stdout; prints it.
 racekv_wait_ready() {
     local name=$1 limit=${2:-30} line="" i
