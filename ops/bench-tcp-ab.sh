@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# A/B of two computenode binaries over tcp: both attached to the same two memnodes (loopback
+# tcp, a token), the same 100,000 keys (64-byte values) loaded, then redis-benchmark
+# (-c 50 -P 16 -r 100000 -d 64, TEST = get or set) against each, alternating A, B; B, A; ...
+# Prints each run's requests/s and the machine's context switches per request (perf stat
+# -a: every process, so both sides of each round trip count), then the geometric mean of
+# the rounds' B / A throughput ratios. For changes whose gain this host's noise hides in
+# throughput alone (the per-request context switches move far less from run to run).
+#
+#   ops/bench-tcp-ab.sh A_COMPUTENODE B_COMPUTENODE [ROUNDS=6] [REQUESTS=400000] [TEST=get]
+#
+# The memnode is target/release/racekv-memnode (cargo build --release first). Needs
+# redis-benchmark, redis-cli and perf.
+set -euo pipefail
+[[ $# -ge 2 ]] || { sed -n '2,12p' "$0"; exit 2; }
+a_bin=$1 b_bin=$2 rounds=${3:-6} requests=${4:-400000} test=${5:-get}
+repo=$(cd "$(dirname "$0")/.." && pwd)
+memnode=${CARGO_TARGET_DIR:-$repo/target}/release/racekv-memnode
+for tool in redis-benchmark redis-cli perf; do
+    command -v "$tool" > /dev/null || { echo "bench-tcp-ab.sh: $tool missing" >&2; exit 1; }
+done
+for bin in "$memnode" "$a_bin" "$b_bin"; do [[ -x $bin ]] || { echo "bench-tcp-ab.sh: no $bin" >&2; exit 1; }; done
+work=$(mktemp -d)
+pids=()
+cleanup() {
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$work/token"
+memnodes=()
+for i in 0 1; do
+    port=$(( 17800 + i ))
+    RACEKV_MEMNODE_TOKEN_FILE=$work/token "$memnode" --listen-tcp "127.0.0.1:$port" --metrics-addr none \
+        --region-bytes 256MiB > "$work/memnode-$i.out" 2> "$work/memnode-$i.err" &
+    pids+=($!)
+    memnodes+=("tcp:127.0.0.1:$port")
+done
+for i in 0 1; do
+    for (( t = 0; t < 100; t++ )); do grep -qs '^READY' "$work/memnode-$i.out" && break; sleep 0.1; done
+done
+declare -A port=([A]=16501 [B]=16502)
+for side in A B; do
+    bin=$a_bin
+    [[ $side == B ]] && bin=$b_bin
+    mkdir -p "$work/$side"
+    RACEKV_COMPUTENODE_TOKEN_FILE=$work/token RACEKV_COMPUTENODE_MEMNODES=$(IFS=,; echo "${memnodes[*]}") \
+        XDG_RUNTIME_DIR=$work/$side "$bin" --redis-addr "127.0.0.1:${port[$side]}" --remote-addr none \
+        --metrics-addr none > "$work/$side.out" 2> "$work/$side.err" &
+    pids+=($!)
+done
+for side in A B; do
+    for (( t = 0; t < 100; t++ )); do grep -qs '^READY' "$work/$side.out" && break; sleep 0.1; done
+    grep -q '^READY' "$work/$side.out" || { echo "computenode $side not ready: $(tail -3 "$work/$side.err")" >&2; exit 1; }
+done
+awk 'BEGIN {
+    v = sprintf("%064d", 0); gsub(/0/, "x", v)
+    for (i = 0; i < 100000; i++) { k = sprintf("key:%012d", i); printf "*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$64\r\n%s\r\n", length(k), k, v }
+}' | redis-cli -p "${port[A]}" --pipe > /dev/null
+
+run() { # run SIDE: prints "requests/s context-switches/request"
+    local rps
+    rps=$(perf stat -a -e context-switches -x, -o "$work/cs.txt" -- redis-benchmark -p "${port[$1]}" --csv \
+        -t "$test" -n "$requests" -c 50 -P 16 -r 100000 -d 64 2>/dev/null | awk -F'"' 'NR == 2 {print $4}')
+    awk -F, -v rps="$rps" -v n="$requests" '/context-switches/ {printf "%s %.2f", rps, $1 / n}' "$work/cs.txt"
+}
+ratios=()
+for (( r = 1; r <= rounds; r++ )); do
+    if (( r % 2 == 1 )); then a=$(run A); b=$(run B); else b=$(run B); a=$(run A); fi
+    echo "round $r: A ${a% *} $test/s, ${a#* } context switches/request; B ${b% *}, ${b#* }"
+    ratios+=("$(awk -v x="${a% *}" -v y="${b% *}" 'BEGIN {print y / x}')")
+done
+python3 -c "import statistics, sys; print('B / A throughput, geometric mean of the rounds:', round(statistics.geometric_mean(map(float, sys.argv[1:])), 3))" "${ratios[@]}"
