@@ -380,6 +380,47 @@ pub fn threads_share_one_connection(f: &dyn Fixture) {
     assert_eq!(read_u64(&*conn, 8), THREADS as u64 * 200);
 }
 
+/// Batches started on several connections before any is finished ([`crate::execute_all`])
+/// each complete with their own results, in order; a batch refused by its connection's
+/// checks fails alone.
+pub fn batches_on_several_connections_travel_together(f: &dyn Fixture) {
+    let served = f.serve(REGION);
+    let conns: Vec<Arc<dyn Connection>> = (0..3).map(|_| served.connect()).collect();
+    for round in 0..50u64 {
+        let data: Vec<Vec<u8>> = (0..conns.len() as u64).map(|c| pattern(round * 10 + c, 40)).collect();
+        let mut batches: Vec<Batch> = data
+            .iter()
+            .enumerate()
+            .map(|(c, bytes)| {
+                let mut b = Batch::new();
+                b.write(4096 * (c as u64 + 1), bytes);
+                b.faa(8, 1);
+                b
+            })
+            .collect();
+        let mut work: Vec<(&dyn Connection, &mut Batch)> = conns.iter().map(|c| &**c).zip(batches.iter_mut()).collect();
+        for result in crate::execute_all(&mut work) {
+            result.unwrap();
+        }
+        let mut reads: Vec<Batch> = (0..conns.len()).map(|_| Batch::new()).collect();
+        let handles: Vec<_> = reads.iter_mut().enumerate().map(|(c, b)| b.read(4096 * (c as u64 + 1), 40)).collect();
+        let mut work: Vec<(&dyn Connection, &mut Batch)> = conns.iter().map(|c| &**c).zip(reads.iter_mut()).collect();
+        // One more, refused locally: out of the region.
+        let mut bad = Batch::new();
+        bad.read(REGION, 8);
+        work.insert(1, (&*conns[1], &mut bad));
+        let results = crate::execute_all(&mut work);
+        assert!(results[1].is_err(), "a read past the region's end was accepted");
+        for (i, result) in results.into_iter().enumerate().filter(|&(i, _)| i != 1) {
+            result.unwrap_or_else(|e| panic!("batch {i} of round {round}: {e}"));
+        }
+        for (c, (b, h)) in reads.iter().zip(&handles).enumerate() {
+            assert_eq!(b.read_result(*h).unwrap(), &data[c][..], "connection {c} round {round}");
+        }
+    }
+    assert_eq!(read_u64(&*conns[0], 8), 50 * conns.len() as u64, "every FAA applied once");
+}
+
 /// RPCs reach the service and return its replies and errors.
 pub fn rpc_round_trips(f: &dyn Fixture) {
     let served = f.serve(REGION);
@@ -438,8 +479,8 @@ macro_rules! conformance_suite {
         $crate::conformance_suite!(@cases $fixture;
             data_round_trips, ordering_within_a_batch, faa_wraps, cas_is_atomic_under_contention,
             faa_is_atomic_under_contention, cas_lock_protects_read_modify_write, bad_ops_fail_alone,
-            batch_limits_are_enforced, large_reads, threads_share_one_connection, rpc_round_trips,
-            connection_loss_fails_fast);
+            batch_limits_are_enforced, large_reads, threads_share_one_connection,
+            batches_on_several_connections_travel_together, rpc_round_trips, connection_loss_fails_fast);
     };
     (@cases $fixture:expr; $($case:ident),*) => {
         $(

@@ -260,6 +260,41 @@ pub trait Connection: Send + Sync {
     fn execute_unchecked(&self, batch: &mut Batch) -> Result<(), TransportError> {
         self.execute(batch)
     }
+    /// The first half of [`Connection::execute`]: sends `batch` and returns without waiting
+    /// for it where the backend can ([`Connection::finish`] waits), so batches on several
+    /// connections travel together ([`execute_all`]). Backends whose batches do not wait on
+    /// a peer (shm, local) execute it here.
+    fn start(&self, batch: &mut Batch) -> Started {
+        Started(StartedState::Done(self.execute(batch)))
+    }
+    /// The second half of [`Connection::execute`]: waits for the batch `started` sent (on
+    /// this connection) and records its outcomes in `batch`.
+    fn finish(&self, started: Started, batch: &mut Batch) -> Result<(), TransportError> {
+        let _ = batch;
+        match started.0 {
+            StartedState::Done(result) => result,
+            StartedState::Sent(..) => unreachable!("a batch sent by another backend's start"),
+        }
+    }
+}
+
+/// A batch [`Connection::start`] sent and [`Connection::finish`] has yet to complete.
+#[must_use = "a started batch must be finished on its connection"]
+pub struct Started(StartedState);
+
+enum StartedState {
+    /// Executed (or refused) already.
+    Done(Result<(), TransportError>),
+    /// On its way: the ticket of its response, and when it was sent (for the latency metric).
+    Sent(mux::Ticket, std::time::Instant),
+}
+
+/// Executes each batch on its connection, all of them sent before any is waited for, so a
+/// write to R replicas costs one round trip, not R. Returns each batch's outcome, in order
+/// ([`Connection::execute`]'s); one connection's failure leaves the others' batches alone.
+pub fn execute_all(work: &mut [(&dyn Connection, &mut Batch)]) -> Vec<Result<(), TransportError>> {
+    let started: Vec<Started> = work.iter_mut().map(|(conn, batch)| conn.start(batch)).collect();
+    work.iter_mut().zip(started).map(|((conn, batch), started)| conn.finish(started, batch)).collect()
 }
 
 /// Connects to `endpoint` with the backend its scheme names (RPC with the default

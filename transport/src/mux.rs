@@ -32,6 +32,13 @@ struct Waiter {
     ready: Condvar,
 }
 
+/// A request sent and not yet answered ([`Mux::send`], [`Mux::wait`]).
+pub(crate) struct Ticket {
+    id: u64,
+    waiter: Arc<Waiter>,
+    deadline: Instant,
+}
+
 /// A shared request/response stream.
 pub(crate) struct Mux<S> {
     writer: Mutex<(S, Vec<u8>)>,
@@ -87,27 +94,33 @@ impl<S: Read + Write> Mux<S> {
         }
     }
 
-    /// Sends the frame `encode` writes (given the request id) and waits for its response.
-    /// Returns the response's kind and body; an Error frame becomes a [`TransportError`].
-    pub(crate) fn request(&self, encode: impl FnOnce(&mut Vec<u8>, u64)) -> Result<(Kind, Vec<u8>), TransportError> {
+    /// Sends the frame `encode` writes (given the request id); [`Mux::wait`] takes its
+    /// response. Every ticket must be waited for (its waiter stays registered until its
+    /// answer comes or the connection breaks).
+    pub(crate) fn send(&self, encode: impl FnOnce(&mut Vec<u8>, u64)) -> Result<Ticket, TransportError> {
         if self.is_broken() {
             return Err(self.lost(false));
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let waiter = Arc::new(Waiter { state: Mutex::new(State::Waiting), ready: Condvar::new() });
         self.pending.lock().insert(id, Arc::clone(&waiter));
-        {
-            let mut guard = self.writer.lock();
-            let (stream, scratch) = &mut *guard;
-            scratch.clear();
-            encode(scratch, id);
-            if let Err(e) = stream.write_all(scratch).and_then(|()| stream.flush()) {
-                drop(guard);
-                self.break_with(format!("write failed: {e}"));
-                return Err(self.lost(true));
-            }
+        let mut guard = self.writer.lock();
+        let (stream, scratch) = &mut *guard;
+        scratch.clear();
+        encode(scratch, id);
+        if let Err(e) = stream.write_all(scratch).and_then(|()| stream.flush()) {
+            drop(guard);
+            self.break_with(format!("write failed: {e}"));
+            return Err(self.lost(true));
         }
-        let deadline = Instant::now() + self.timeout;
+        Ok(Ticket { id, waiter, deadline: Instant::now() + self.timeout })
+    }
+
+    /// Waits for the response to `ticket`'s request (reading for every waiter while the
+    /// reader role is free). Returns its kind and body; an Error frame becomes a
+    /// [`TransportError`].
+    pub(crate) fn wait(&self, ticket: Ticket) -> Result<(Kind, Vec<u8>), TransportError> {
+        let Ticket { id, waiter, deadline } = ticket;
         loop {
             let mut state = waiter.state.lock();
             match std::mem::replace(&mut *state, State::Waiting) {

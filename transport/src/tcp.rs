@@ -10,11 +10,11 @@ use crate::batch::Batch;
 use crate::error::TransportError;
 use crate::flock::stream::open_tcp_lane;
 use crate::flock::{Channel, FlockOptions};
-use crate::mux::Mux;
+use crate::mux::{Mux, Ticket};
 use crate::net::dial;
 use crate::tls::TcpLink;
 use crate::wire::{self, Kind};
-use crate::{ConnectOptions, Connection, TransportKind};
+use crate::{ConnectOptions, Connection, Started, StartedState, TransportKind};
 
 struct Metrics {
     batches: IntCounter,
@@ -72,7 +72,13 @@ impl TcpConnection {
     #[doc(hidden)]
     pub fn execute_unchecked(&self, batch: &mut Batch) -> Result<(), TransportError> {
         let started = Instant::now();
-        let (kind, body) = self.mux.request(|out, id| wire::encode_batch(out, id, batch))?;
+        let ticket = self.mux.send(|out, id| wire::encode_batch(out, id, batch))?;
+        self.complete(ticket, batch, started)
+    }
+
+    /// Waits for the answer to the batch `ticket` sent and records it in `batch`.
+    fn complete(&self, ticket: Ticket, batch: &mut Batch, started: Instant) -> Result<(), TransportError> {
+        let (kind, body) = self.mux.wait(ticket)?;
         if kind != Kind::BatchResult {
             return Err(TransportError::Protocol(format!("batch answered with a {kind:?} frame")));
         }
@@ -131,5 +137,22 @@ impl Connection for TcpConnection {
 
     fn execute_unchecked(&self, batch: &mut Batch) -> Result<(), TransportError> {
         TcpConnection::execute_unchecked(self, batch)
+    }
+
+    fn start(&self, batch: &mut Batch) -> Started {
+        let sent = batch
+            .validate(self.hello.region_len, self.hello.instance)
+            .and_then(|()| self.mux.send(|out, id| wire::encode_batch(out, id, batch)));
+        Started(match sent {
+            Ok(ticket) => StartedState::Sent(ticket, Instant::now()),
+            Err(e) => StartedState::Done(Err(e)),
+        })
+    }
+
+    fn finish(&self, started: Started, batch: &mut Batch) -> Result<(), TransportError> {
+        match started.0 {
+            StartedState::Done(result) => result,
+            StartedState::Sent(ticket, at) => self.complete(ticket, batch, at),
+        }
     }
 }
