@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# A/B of two computenode binaries over tcp: both attached to the same two memnodes (loopback
-# tcp, a token), the same 100,000 keys (64-byte values) loaded, then redis-benchmark
+# A/B of two computenode binaries over tcp: each attached to two memnodes of its own (loopback
+# tcp, a token; A_MEMNODE and B_MEMNODE name each side's memnode binary, both
+# target/release/racekv-memnode by default), the same 100,000 keys (64-byte values) loaded into
+# each, then redis-benchmark
 # (-c 50 -P 16 -r 100000 -d 64, TEST = get or set) against each, alternating A, B; B, A; ...
 # Prints each run's requests/s and the machine's context switches per request (perf stat
 # -a: every process, so both sides of each round trip count), then the geometric mean of
@@ -9,17 +11,18 @@
 #
 #   ops/bench-tcp-ab.sh A_COMPUTENODE B_COMPUTENODE [ROUNDS=6] [REQUESTS=400000] [TEST=get]
 #
-# The memnode is target/release/racekv-memnode (cargo build --release first). Needs
+# cargo build --release first, for the default memnode. Needs
 # redis-benchmark, redis-cli and perf.
 set -euo pipefail
 [[ $# -ge 2 ]] || { sed -n '2,12p' "$0"; exit 2; }
 a_bin=$1 b_bin=$2 rounds=${3:-6} requests=${4:-400000} test=${5:-get}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 memnode=${CARGO_TARGET_DIR:-$repo/target}/release/racekv-memnode
+declare -A memnode_bin=([A]=${A_MEMNODE:-$memnode} [B]=${B_MEMNODE:-$memnode})
 for tool in redis-benchmark redis-cli perf; do
     command -v "$tool" > /dev/null || { echo "bench-tcp-ab.sh: $tool missing" >&2; exit 1; }
 done
-for bin in "$memnode" "$a_bin" "$b_bin"; do [[ -x $bin ]] || { echo "bench-tcp-ab.sh: no $bin" >&2; exit 1; }; done
+for bin in "${memnode_bin[A]}" "${memnode_bin[B]}" "$a_bin" "$b_bin"; do [[ -x $bin ]] || { echo "bench-tcp-ab.sh: no $bin" >&2; exit 1; }; done
 work=$(mktemp -d)
 pids=()
 cleanup() {
@@ -29,19 +32,19 @@ cleanup() {
 }
 trap cleanup EXIT
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$work/token"
-memnodes=()
-for i in 0 1; do
-    port=$(( 17800 + i ))
-    RACEKV_MEMNODE_TOKEN_FILE=$work/token "$memnode" --listen-tcp "127.0.0.1:$port" --metrics-addr none \
-        --region-bytes 256MiB > "$work/memnode-$i.out" 2> "$work/memnode-$i.err" &
-    pids+=($!)
-    memnodes+=("tcp:127.0.0.1:$port")
-done
-for i in 0 1; do
-    for (( t = 0; t < 100; t++ )); do grep -qs '^READY' "$work/memnode-$i.out" && break; sleep 0.1; done
-done
-declare -A port=([A]=16501 [B]=16502)
+declare -A port=([A]=16501 [B]=16502) memnode_port=([A]=17800 [B]=17810)
 for side in A B; do
+    memnodes=()
+    for i in 0 1; do
+        listen=127.0.0.1:$(( ${memnode_port[$side]} + i ))
+        RACEKV_MEMNODE_TOKEN_FILE=$work/token "${memnode_bin[$side]}" --listen-tcp "$listen" --metrics-addr none \
+            --region-bytes 256MiB > "$work/memnode-$side$i.out" 2> "$work/memnode-$side$i.err" &
+        pids+=($!)
+        memnodes+=("tcp:$listen")
+    done
+    for i in 0 1; do
+        for (( t = 0; t < 100; t++ )); do grep -qs '^READY' "$work/memnode-$side$i.out" && break; sleep 0.1; done
+    done
     bin=$a_bin
     [[ $side == B ]] && bin=$b_bin
     mkdir -p "$work/$side"
@@ -53,11 +56,11 @@ done
 for side in A B; do
     for (( t = 0; t < 100; t++ )); do grep -qs '^READY' "$work/$side.out" && break; sleep 0.1; done
     grep -q '^READY' "$work/$side.out" || { echo "computenode $side not ready: $(tail -3 "$work/$side.err")" >&2; exit 1; }
+    awk 'BEGIN {
+        v = sprintf("%064d", 0); gsub(/0/, "x", v)
+        for (i = 0; i < 100000; i++) { k = sprintf("key:%012d", i); printf "*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$64\r\n%s\r\n", length(k), k, v }
+    }' | redis-cli -p "${port[$side]}" --pipe > /dev/null
 done
-awk 'BEGIN {
-    v = sprintf("%064d", 0); gsub(/0/, "x", v)
-    for (i = 0; i < 100000; i++) { k = sprintf("key:%012d", i); printf "*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$64\r\n%s\r\n", length(k), k, v }
-}' | redis-cli -p "${port[A]}" --pipe > /dev/null
 
 run() { # run SIDE: prints "requests/s context-switches/request"
     local rps

@@ -4,9 +4,13 @@
 //! There is no reader thread: a waiting thread takes the reader lock and reads responses,
 //! handing each to its owner, until its own arrives; then it passes the role on. A lone
 //! thread therefore reads its own response directly, with no wake-up in between.
+//!
+//! Both directions batch what concurrency offers: a sender that finds another writing
+//! queues its frame for that writer's next write, and the reader takes every answer the
+//! socket holds in one read (and delivers all those buffered before it hands the role on).
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,7 +18,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::error::TransportError;
-use crate::stream::{read_frame, FrameRead};
+use crate::stream::{read_frame, starts_with_whole_frame, FrameRead, READ_BUFFER_BYTES};
 use crate::wire::{self, Kind};
 
 /// How long a waiter sleeps before it looks at the reader role again on its own, in case a
@@ -39,10 +43,20 @@ pub(crate) struct Ticket {
     deadline: Instant,
 }
 
+/// Frames waiting to be written, and whether a sender is writing.
+struct Outbox {
+    queued: Vec<u8>,
+    /// The buffer last written, kept for the next swap (no allocation per write).
+    spare: Vec<u8>,
+    writing: bool,
+}
+
 /// A shared request/response stream.
 pub(crate) struct Mux<S> {
-    writer: Mutex<(S, Vec<u8>)>,
-    reader: Mutex<(S, Vec<u8>)>,
+    outbox: Mutex<Outbox>,
+    /// Taken only by the sender whose turn it is to write (`Outbox::writing`).
+    writer: Mutex<S>,
+    reader: Mutex<(BufReader<S>, Vec<u8>)>,
     pending: Mutex<HashMap<u64, Arc<Waiter>>>,
     next_id: AtomicU64,
     broken: AtomicBool,
@@ -56,8 +70,13 @@ impl<S: Read + Write> Mux<S> {
     /// read half must have a read timeout of [`crate::stream::POLL_INTERVAL`].
     pub(crate) fn new(write_half: S, read_half: S, timeout: Duration, peer: String) -> Self {
         Self {
-            writer: Mutex::new((write_half, Vec::with_capacity(4096))),
-            reader: Mutex::new((read_half, Vec::with_capacity(4096))),
+            outbox: Mutex::new(Outbox {
+                queued: Vec::with_capacity(4096),
+                spare: Vec::with_capacity(4096),
+                writing: false,
+            }),
+            writer: Mutex::new(write_half),
+            reader: Mutex::new((BufReader::with_capacity(READ_BUFFER_BYTES, read_half), Vec::with_capacity(4096))),
             pending: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             broken: AtomicBool::new(false),
@@ -96,7 +115,8 @@ impl<S: Read + Write> Mux<S> {
 
     /// Sends the frame `encode` writes (given the request id); [`Mux::wait`] takes its
     /// response. Every ticket must be waited for (its waiter stays registered until its
-    /// answer comes or the connection breaks).
+    /// answer comes or the connection breaks). When another sender is writing, the frame
+    /// goes out with that sender's next write and this returns at once.
     pub(crate) fn send(&self, encode: impl FnOnce(&mut Vec<u8>, u64)) -> Result<Ticket, TransportError> {
         if self.is_broken() {
             return Err(self.lost(false));
@@ -104,16 +124,41 @@ impl<S: Read + Write> Mux<S> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let waiter = Arc::new(Waiter { state: Mutex::new(State::Waiting), ready: Condvar::new() });
         self.pending.lock().insert(id, Arc::clone(&waiter));
-        let mut guard = self.writer.lock();
-        let (stream, scratch) = &mut *guard;
-        scratch.clear();
-        encode(scratch, id);
-        if let Err(e) = stream.write_all(scratch).and_then(|()| stream.flush()) {
-            drop(guard);
-            self.break_with(format!("write failed: {e}"));
-            return Err(self.lost(true));
+        // A break that drained `pending` before the insert is seen here (it sets the flag
+        // first), so no waiter is left that nobody will answer or fail.
+        if self.is_broken() {
+            self.pending.lock().remove(&id);
+            return Err(self.lost(false));
         }
-        Ok(Ticket { id, waiter, deadline: Instant::now() + self.timeout })
+        let ticket = Ticket { id, waiter, deadline: Instant::now() + self.timeout };
+        let mut outbox = self.outbox.lock();
+        encode(&mut outbox.queued, id);
+        if outbox.writing {
+            return Ok(ticket);
+        }
+        outbox.writing = true;
+        let mut stream = self.writer.lock();
+        loop {
+            let mut frames = std::mem::take(&mut outbox.spare);
+            std::mem::swap(&mut frames, &mut outbox.queued);
+            drop(outbox);
+            let written = stream.write_all(&frames).and_then(|()| stream.flush());
+            frames.clear();
+            outbox = self.outbox.lock();
+            outbox.spare = frames;
+            if let Err(e) = written {
+                // Frames queued meanwhile are dropped: the break fails their waiters.
+                outbox.queued.clear();
+                outbox.writing = false;
+                drop((outbox, stream));
+                self.break_with(format!("write failed: {e}"));
+                return Err(self.lost(true));
+            }
+            if outbox.queued.is_empty() {
+                outbox.writing = false;
+                return Ok(ticket);
+            }
+        }
     }
 
     /// Waits for the response to `ticket`'s request (reading for every waiter while the
@@ -133,6 +178,12 @@ impl<S: Read + Write> Mux<S> {
                     })
                 }
                 State::Waiting => {}
+            }
+            if self.is_broken() {
+                // Failed by the break unless it came after it (then never answered).
+                drop(state);
+                self.pending.lock().remove(&id);
+                return Err(self.lost(true));
             }
             let now = Instant::now();
             if now >= deadline {
@@ -156,7 +207,7 @@ impl<S: Read + Write> Mux<S> {
 
     /// Reads frames and delivers them until `own` is answered, the deadline passes or the
     /// stream breaks; then hands the reader role to another waiter.
-    fn lead(&self, mut reader: MutexGuard<'_, (S, Vec<u8>)>, own: &Arc<Waiter>, deadline: Instant) {
+    fn lead(&self, mut reader: MutexGuard<'_, (BufReader<S>, Vec<u8>)>, own: &Arc<Waiter>, deadline: Instant) {
         loop {
             if !matches!(*own.state.lock(), State::Waiting) || Instant::now() >= deadline || self.is_broken() {
                 break;
@@ -164,6 +215,11 @@ impl<S: Read + Write> Mux<S> {
             if !self.read_one(&mut reader) {
                 break;
             }
+        }
+        // Answers already buffered go to their owners now: handing them to the next leader
+        // would cost a wake-up each.
+        while !self.is_broken() && starts_with_whole_frame(reader.0.buffer()) {
+            self.read_one(&mut reader);
         }
         drop(reader);
         self.hand_off();
@@ -186,7 +242,7 @@ impl<S: Read + Write> Mux<S> {
 
     /// Reads one frame (or one poll interval of nothing) and delivers it; false once the
     /// stream is broken.
-    fn read_one(&self, reader: &mut (S, Vec<u8>)) -> bool {
+    fn read_one(&self, reader: &mut (BufReader<S>, Vec<u8>)) -> bool {
         let (stream, body) = reader;
         match read_frame(stream, body, self.timeout) {
             Ok(FrameRead::Idle) => true,

@@ -27,7 +27,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io;
+use std::io::{self, BufReader};
 use std::net::TcpListener;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
@@ -50,7 +50,7 @@ use crate::region::Region;
 use crate::server_stream::VerbsControl;
 use crate::server_stream::{refuse, ServerStream};
 use crate::stop::StopSignal;
-use crate::stream::{read_frame, FrameRead, POLL_INTERVAL};
+use crate::stream::{read_frame, starts_with_whole_frame, FrameRead, POLL_INTERVAL, READ_BUFFER_BYTES};
 use crate::tls::{self, ServerTls, TcpLink};
 use crate::wire::{self, error_code, Kind};
 use crate::Endpoint;
@@ -552,12 +552,19 @@ fn say_hello<S: ServerStream>(shared: &Shared, stream: &mut S, out: &mut Vec<u8>
 
 /// Answers frames after hello until the connection closes, or hands it to FLOCK when it
 /// opens a lane.
+///
+/// Frames come through a buffer, so every request already queued arrives in one read, and
+/// batches' answers wait in `replies` until no whole frame is left buffered: one write
+/// answers all the batches one read brought (fewer system calls, packets and wake-ups on
+/// both sides). Nothing is held while the loop could block.
 fn serve_frames<S: ServerStream>(
     shared: &Shared,
-    mut stream: S,
+    stream: S,
     caller: &Caller,
     mut out: Vec<u8>,
 ) -> Result<(), &'static str> {
+    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
+    let mut replies = Vec::with_capacity(4096);
     let mut body = Vec::new();
     let mut batch = Batch::new();
     // A verbs client's queue pair on this side; destroyed when this connection ends.
@@ -566,61 +573,95 @@ fn serve_frames<S: ServerStream>(
         if shared.stopping.is_stopped() {
             return Ok(());
         }
-        let header = match read_frame(&mut stream, &mut body, shared.options.io_timeout) {
+        if !replies.is_empty() && (replies.len() >= READ_BUFFER_BYTES || !starts_with_whole_frame(reader.buffer())) {
+            send_replies(reader.get_mut(), &mut replies)?;
+        }
+        let header = match read_frame(&mut reader, &mut body, shared.options.io_timeout) {
             Ok(FrameRead::Frame(header)) => header,
             Ok(FrameRead::Idle) => continue,
             Ok(FrameRead::Closed) => return Ok(()),
             Err(e) if e.kind() == io::ErrorKind::InvalidData => {
-                return refuse(&mut stream, &mut out, 0, error_code::MALFORMED, &e.to_string(), "malformed");
+                let stream = reader.get_mut();
+                send_replies(stream, &mut replies)?;
+                return refuse(stream, &mut out, 0, error_code::MALFORMED, &e.to_string(), "malformed");
             }
             Err(_) => return Err("io"),
         };
         let id = header.request_id;
+        if header.kind == Kind::Batch {
+            execute_batch(shared, reader.get_mut(), id, &body, &mut batch, &mut replies)?;
+            continue;
+        }
+        // Anything else is answered in order after the batches before it.
+        let stream = reader.get_mut();
+        send_replies(stream, &mut replies)?;
         out.clear();
         match header.kind {
-            Kind::Batch => execute_batch(shared, &mut stream, id, &body, &mut batch, &mut out)?,
             Kind::VerbsConnect => {
                 let has_queue_pair = queue_pair.is_some();
-                queue_pair = Some(connect_verbs(shared, &mut stream, id, &body, has_queue_pair, &mut out)?);
+                queue_pair = Some(connect_verbs(shared, stream, id, &body, has_queue_pair, &mut out)?);
             }
-            Kind::RpcRequest => answer_rpc(shared, &mut stream, caller, id, &body, &mut out)?,
+            Kind::RpcRequest => answer_rpc(shared, stream, caller, id, &body, &mut out)?,
             Kind::FlockOpen => {
-                let open = decoded(&mut stream, &mut out, id, wire::decode_flock_open(&body))?;
-                // The connection is a FLOCK lane from now on.
-                return serve_lane_connection(&shared.lane_host(), &mut stream, &open, caller, &mut out);
+                if !reader.buffer().is_empty() {
+                    let message = "frames sent after FlockOpen before its answer";
+                    return refuse(reader.get_mut(), &mut out, id, error_code::MALFORMED, message, "malformed");
+                }
+                let stream = reader.get_mut();
+                let open = decoded(stream, &mut out, id, wire::decode_flock_open(&body))?;
+                // The connection is a FLOCK lane from now on (nothing of it is buffered).
+                return serve_lane_connection(&shared.lane_host(), stream, &open, caller, &mut out);
             }
             kind => {
                 let message = format!("a client may not send {kind:?} frames");
-                return refuse(&mut stream, &mut out, id, error_code::UNSUPPORTED, &message, "malformed");
+                return refuse(stream, &mut out, id, error_code::UNSUPPORTED, &message, "malformed");
             }
         }
     }
 }
 
-/// A one-sided batch, executed against the region: the software NIC.
+/// Writes the batches' answers gathered so far.
+fn send_replies<S: ServerStream>(stream: &mut S, replies: &mut Vec<u8>) -> Result<(), &'static str> {
+    if replies.is_empty() {
+        return Ok(());
+    }
+    let sent = stream.write_all(replies).map_err(|_| "io");
+    replies.clear();
+    sent
+}
+
+/// A one-sided batch, executed against the region: the software NIC. Its answer is appended
+/// to `replies` (written by the caller); a refusal writes those first, then closes.
 fn execute_batch<S: ServerStream>(
     shared: &Shared,
     stream: &mut S,
     request_id: u64,
     body: &[u8],
     batch: &mut Batch,
-    out: &mut Vec<u8>,
+    replies: &mut Vec<u8>,
 ) -> Result<(), &'static str> {
-    if shared.rpc_only {
-        let message = "this server answers RPCs only: it has no region for one-sided operations";
-        return refuse(stream, out, request_id, error_code::UNSUPPORTED, message, "malformed");
+    let refusal = if shared.rpc_only {
+        Some("this server answers RPCs only: it has no region for one-sided operations".to_string())
+    } else if stream.listener() == "verbs" {
+        Some("a verbs control channel carries no batches: post them on the queue pair".to_string())
+    } else {
+        wire::decode_batch(body, batch).err().map(|e| e.to_string())
+    };
+    if let Some(message) = refusal {
+        send_replies(stream, replies)?;
+        let code = if shared.rpc_only || stream.listener() == "verbs" {
+            error_code::UNSUPPORTED
+        } else {
+            error_code::MALFORMED
+        };
+        return refuse(stream, replies, request_id, code, &message, "malformed");
     }
-    if stream.listener() == "verbs" {
-        let message = "a verbs control channel carries no batches: post them on the queue pair";
-        return refuse(stream, out, request_id, error_code::UNSUPPORTED, message, "malformed");
-    }
-    decoded(stream, out, request_id, wire::decode_batch(body, batch))?;
     let started = Instant::now();
     shared.region.apply(batch);
     METRICS.batch_seconds.observe(started.elapsed().as_secs_f64());
     record_batch(batch);
-    wire::encode_batch_result(out, request_id, batch);
-    stream.write_all(out).map_err(|_| "io")
+    wire::encode_batch_result(replies, request_id, batch);
+    Ok(())
 }
 
 /// A VerbsConnect: the client's queue pair on this side (one per control connection),

@@ -13,6 +13,18 @@ pub(crate) const POLL_INTERVAL: Duration = Duration::from_millis(5);
 /// peer actually sends, so a header that merely claims a huge body costs nothing.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
 
+/// Bytes a connection takes from its socket per read: every frame already queued (several
+/// threads' requests, several answers) comes in one system call, not two per frame.
+pub(crate) const READ_BUFFER_BYTES: usize = 64 * 1024;
+
+/// Whether `buffered` starts with a whole frame, so reading it will not block. A malformed
+/// header counts as not whole: the read that follows reports it.
+pub(crate) fn starts_with_whole_frame(buffered: &[u8]) -> bool {
+    buffered.first_chunk::<HEADER_BYTES>().is_some_and(|header| {
+        wire::decode_header(header).is_ok_and(|h| (buffered.len() - HEADER_BYTES) as u64 >= u64::from(h.body_len))
+    })
+}
+
 /// What one attempt to read a frame produced.
 pub(crate) enum FrameRead {
     Frame(Header),

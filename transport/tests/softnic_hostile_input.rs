@@ -278,3 +278,75 @@ fn shutdown_does_not_wait_for_idle_connections() {
     b.read(0, 8);
     assert!(idle_client.execute(&mut b).is_err(), "the idle client's connection was closed");
 }
+
+/// Every whole frame in `bytes`, in order: kind, request id, body.
+fn frames(bytes: &[u8]) -> Vec<(Kind, u64, Vec<u8>)> {
+    let mut at = 0;
+    let mut all = Vec::new();
+    while bytes.len() >= at + HEADER_BYTES {
+        let h = wire::decode_header(bytes[at..at + HEADER_BYTES].try_into().unwrap()).unwrap();
+        let end = at + HEADER_BYTES + h.body_len as usize;
+        all.push((h.kind, h.request_id, bytes[at + HEADER_BYTES..end].to_vec()));
+        at = end;
+    }
+    assert_eq!(at, bytes.len(), "a torn frame at the end");
+    all
+}
+
+#[test]
+fn batches_sent_together_are_all_answered_in_order_before_a_bad_frame_is_refused() {
+    let (_server, addr, region) = server();
+    let mut s = authenticated_raw(&addr);
+    // Ten batches in one write (the server reads them in one go and answers them together),
+    // each adding to a counter, then a whole frame whose batch does not decode.
+    let mut out = Vec::new();
+    for id in 1..=10u64 {
+        let mut b = Batch::new();
+        b.faa(64, id);
+        wire::encode_batch(&mut out, id, &b);
+    }
+    let mut bad = Batch::new();
+    bad.faa(64, 1000);
+    let start = out.len();
+    wire::encode_batch(&mut out, 11, &bad);
+    let body_len = (out.len() - start - HEADER_BYTES - 4) as u32;
+    out[start + 16..start + 20].copy_from_slice(&body_len.to_le_bytes());
+    out.truncate(out.len() - 4);
+    s.write_all(&out).unwrap();
+    let mut all = Vec::new();
+    let _ = s.read_to_end(&mut all);
+    let answers = frames(&all);
+    assert_eq!(answers.len(), 11, "ten answers and a refusal: {answers:?}");
+    let mut sum = 0;
+    for (i, (kind, id, body)) in answers[..10].iter().enumerate() {
+        assert_eq!((*kind, *id), (Kind::BatchResult, i as u64 + 1));
+        let mut b = Batch::new();
+        let faa = b.faa(64, 0);
+        wire::decode_batch_result(body, &mut b, REGION).unwrap();
+        // Each fetch-and-add saw all those before it, in the order sent.
+        assert_eq!(b.result(faa).unwrap(), sum);
+        sum += *id;
+    }
+    assert_eq!(answers[10].0, Kind::Error);
+    let mut word = [0u8; 8];
+    region.read(64, &mut word).unwrap();
+    assert_eq!(u64::from_le_bytes(word), 55);
+    assert_still_serving(&addr, &region);
+}
+
+#[test]
+fn frames_sent_behind_a_flock_open_before_its_answer_are_refused() {
+    let (_server, addr, region) = server();
+    let mut s = authenticated_raw(&addr);
+    let mut out = Vec::new();
+    wire::encode_flock_open(&mut out, &wire::FlockOpen { sender: 1, lane: 0, verbs: None });
+    let mut b = Batch::new();
+    b.write(0, &[1; 8]);
+    wire::encode_batch(&mut out, 2, &b);
+    s.write_all(&out).unwrap();
+    assert_eq!(response_kind(&mut s), Some(Kind::Error));
+    let mut check = [0u8; 8];
+    region.read(0, &mut check).unwrap();
+    assert_eq!(check, [0; 8], "a batch behind the FlockOpen ran");
+    assert_still_serving(&addr, &region);
+}
