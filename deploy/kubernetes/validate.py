@@ -227,6 +227,18 @@ def env_value(template, container_kind, name):
     return None
 
 
+def check_host_network(w, spec, labels, where, report):
+    """A pod on its host's network resolves cluster names only with ClusterFirstWithHostNet,
+    and two of a workload's pods on one host would want the same ports."""
+    if spec.get("dnsPolicy") != "ClusterFirstWithHostNet":
+        report.error(where, "hostNetwork without dnsPolicy ClusterFirstWithHostNet: cluster DNS names do not resolve")
+    if w["kind"] == "DaemonSet" or w["spec"].get("replicas", 1) <= 1:
+        return
+    required = spec.get("affinity", {}).get("podAntiAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution", [])
+    if not any(t.get("topologyKey") == "kubernetes.io/hostname" and matches(t.get("labelSelector"), labels) for t in required):
+        report.error(where, "hostNetwork with several replicas and no required one-per-host anti-affinity: two pods on a host want the same ports")
+
+
 def cross_checks(objs, where_prefix, report):
     by_kind = {}
     seen = set()
@@ -279,6 +291,8 @@ def cross_checks(objs, where_prefix, report):
             if "configMap" in v and v["configMap"]["name"] not in configmaps:
                 report.error(where(w), f"volume {v['name']}: ConfigMap {v['configMap']['name']} is not rendered")
         check_env(w, where(w), report, keys_cache)
+        if spec.get("hostNetwork"):
+            check_host_network(w, spec, labels, where(w), report)
 
     for s in services:
         sel = s["spec"].get("selector")
@@ -384,6 +398,10 @@ def _get(objs, kind, name=None):
     return next(o for o in objs if o["kind"] == kind and (name is None or o["metadata"]["name"] == name))
 
 
+def _host_network_spec(objs, kind):
+    return next(o for o in objs if o["kind"] == kind and o["spec"]["template"]["spec"].get("hostNetwork"))["spec"]["template"]["spec"]
+
+
 def _container(objs, kind):
     return _get(objs, kind)["spec"]["template"]["spec"]["containers"][0]
 
@@ -407,6 +425,8 @@ MUTATIONS = [
     ("a missing Secret key", lambda o: _get(o, "DaemonSet")["spec"]["template"]["spec"]["volumes"][1]["secret"]["items"][0].update(key="tokens"), "tokens"),
     ("an init Job waiting for too few memnodes", lambda o: _get(o, "Job")["spec"]["template"]["spec"]["containers"][0]["args"].__setitem__(
         _get(o, "Job")["spec"]["template"]["spec"]["containers"][0]["args"].index("--wait-memnodes") + 1, "2"), "--wait-memnodes 2"),
+    ("a host-network pod without cluster DNS", lambda o: _host_network_spec(o, "DaemonSet").pop("dnsPolicy"), "ClusterFirstWithHostNet"),
+    ("host-network memnodes allowed to share a host", lambda o: _host_network_spec(o, "StatefulSet").pop("affinity"), "one-per-host"),
 ]
 
 

@@ -4,7 +4,7 @@
 #   deploy/kubernetes/validate.sh
 #
 # 1. the PrometheusRule is current with ops/prometheus/racekv-rules.yml (gen-prometheusrule.py);
-# 2. `kubectl kustomize` (kustomize built into kubectl) renders overlays/{dev,production,rdma}
+# 2. `kubectl kustomize` (kustomize built into kubectl) renders overlays/{dev,production,rdma,host-network}
 #    into deploy/kubernetes/rendered/ (gitignored);
 # 3. validate.py checks every object, strictly: Kubernetes kinds against kubernetes-validate's
 #    schemas for Kubernetes $K8S_VERSION, KEDA and Prometheus Operator kinds against their
@@ -18,7 +18,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here"
 K8S_VERSION=${K8S_VERSION:-1.30.0}
-overlays=(dev production rdma)
+overlays=(dev production rdma host-network)
 
 venv=$here/.venv
 if ! "$venv/bin/python" -c "import kubernetes_validate, jsonschema, yaml" 2>/dev/null \

@@ -37,9 +37,10 @@ racekv_fix_hybrid_cgroups() {
 # cgroup outweighs a single-threaded client 50 to 1, the same daemon in a container 1 to 1.
 # Grouped alike, a directly run cluster and a containerized one get the same share of the
 # CPU, so comparing them measures the container, not the scheduler.
+racekv_container_cgroup_roots=(/sys/fs/cgroup/cpu /sys/fs/cgroup/cpuacct /sys/fs/cgroup)
 racekv_cgroup_like_a_container() {
     local name=$1 pid=$2 root dir
-    for root in /sys/fs/cgroup/cpu /sys/fs/cgroup/cpuacct /sys/fs/cgroup; do
+    for root in "${racekv_container_cgroup_roots[@]}"; do
         [[ -d $root/libpod_parent && -w $root/cgroup.procs ]] || continue
         dir=$root/racekv_direct/$name
         mkdir -p "$dir"
@@ -51,7 +52,7 @@ racekv_cgroup_like_a_container() {
 # processes have exited.
 racekv_remove_direct_cgroups() {
     local root
-    for root in /sys/fs/cgroup/cpu /sys/fs/cgroup/cpuacct /sys/fs/cgroup; do
+    for root in "${racekv_container_cgroup_roots[@]}"; do
         [[ -d $root/racekv_direct ]] || continue
         rmdir "$root"/racekv_direct/* "$root/racekv_direct" 2>/dev/null || true
     done
