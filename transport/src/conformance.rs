@@ -471,6 +471,49 @@ pub fn connection_loss_fails_fast(f: &dyn Fixture) {
     assert!(conn.call(rpc::ECHO, b"x").unwrap_err().is_connection_failure());
 }
 
+/// Threads busy on one connection when its server dies each end with the connection lost:
+/// none waits out its deadline (a Timeout) and none gets another's results before it.
+pub fn connection_loss_under_many_threads_fails_each_request(f: &dyn Fixture) {
+    let mut served = f.serve(REGION);
+    let conn = served.connect();
+    let done = std::sync::atomic::AtomicU64::new(0);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (conn, done) = (&conn, &done);
+            s.spawn(move || {
+                for round in 0u64.. {
+                    let offset = 4096 + t as u64 * 4096;
+                    let data = pattern(round * 100 + t as u64, 40);
+                    let mut b = Batch::new();
+                    b.write(offset, &data);
+                    let r = b.read(offset, 40);
+                    match conn.execute(&mut b) {
+                        Ok(()) => {
+                            assert_eq!(b.read_result(r).unwrap(), &data[..], "thread {t} round {round}");
+                            done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        Err(TransportError::ConnectionLost { .. }) => return,
+                        // A NIC may only notice by a retry timeout; a stream's reader sees
+                        // the close at once, and a waiter left to its deadline is a bug.
+                        Err(TransportError::Timeout { .. }) if conn.kind() == crate::TransportKind::Verbs => return,
+                        Err(e) => panic!("thread {t} round {round}: expected the connection lost, got {e:?}"),
+                    }
+                    assert!(Instant::now() < deadline, "thread {t}: requests kept succeeding after the server died");
+                    if round % 64 == 0 {
+                        std::thread::yield_now();
+                    }
+                }
+            });
+        }
+        while done.load(std::sync::atomic::Ordering::Relaxed) < 200 * THREADS as u64 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        served.kill();
+    });
+    assert!(!conn.is_healthy());
+}
+
 /// Expands to one `#[test]` per conformance case for `$fixture` (an expression implementing
 /// [`Fixture`], evaluated per test).
 #[macro_export]
@@ -480,7 +523,8 @@ macro_rules! conformance_suite {
             data_round_trips, ordering_within_a_batch, faa_wraps, cas_is_atomic_under_contention,
             faa_is_atomic_under_contention, cas_lock_protects_read_modify_write, bad_ops_fail_alone,
             batch_limits_are_enforced, large_reads, threads_share_one_connection,
-            batches_on_several_connections_travel_together, rpc_round_trips, connection_loss_fails_fast);
+            batches_on_several_connections_travel_together, rpc_round_trips, connection_loss_fails_fast,
+            connection_loss_under_many_threads_fails_each_request);
     };
     (@cases $fixture:expr; $($case:ident),*) => {
         $(
