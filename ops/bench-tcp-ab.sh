@@ -11,10 +11,13 @@
 #
 #   ops/bench-tcp-ab.sh A_COMPUTENODE B_COMPUTENODE [ROUNDS=6] [REQUESTS=400000] [TEST=get]
 #
+# CLIENTS and PIPELINE (environment) change -c and -P (CLIENTS=1 PIPELINE=1: one request's
+# latency alone).
+#
 # cargo build --release first, for the default memnode. Needs
 # redis-benchmark, redis-cli and perf.
 set -euo pipefail
-[[ $# -ge 2 ]] || { sed -n '2,12p' "$0"; exit 2; }
+[[ $# -ge 2 ]] || { sed -n '2,17p' "$0"; exit 2; }
 a_bin=$1 b_bin=$2 rounds=${3:-6} requests=${4:-400000} test=${5:-get}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 memnode=${CARGO_TARGET_DIR:-$repo/target}/release/racekv-memnode
@@ -23,14 +26,9 @@ for tool in redis-benchmark redis-cli perf; do
     command -v "$tool" > /dev/null || { echo "bench-tcp-ab.sh: $tool missing" >&2; exit 1; }
 done
 for bin in "${memnode_bin[A]}" "${memnode_bin[B]}" "$a_bin" "$b_bin"; do [[ -x $bin ]] || { echo "bench-tcp-ab.sh: no $bin" >&2; exit 1; }; done
-work=$(mktemp -d)
-pids=()
-cleanup() {
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
+# shellcheck source=ops/lib.sh
+source "$(dirname "$0")/lib.sh"
+racekv_work_dir
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$work/token"
 declare -A port=([A]=16501 [B]=16502) memnode_port=([A]=17800 [B]=17810)
 for side in A B; do
@@ -65,13 +63,8 @@ done
 run() { # run SIDE: prints "requests/s context-switches/request"
     local rps
     rps=$(perf stat -a -e context-switches -x, -o "$work/cs.txt" -- redis-benchmark -p "${port[$1]}" --csv \
-        -t "$test" -n "$requests" -c 50 -P 16 -r 100000 -d 64 2>/dev/null | awk -F'"' 'NR == 2 {print $4}')
-    awk -F, -v rps="$rps" -v n="$requests" '/context-switches/ {printf "%s %.2f", rps, $1 / n}' "$work/cs.txt"
+        -t "$test" -n "$requests" -c "${CLIENTS:-50}" -P "${PIPELINE:-16}" -r 100000 -d 64 2>/dev/null \
+        | awk -F'"' 'NR == 2 {print $4}')
+    awk -F, -v rps="$rps" -v n="$requests" -v t="$test" '/context-switches/ {printf "%s %s/s, %.2f context switches/request", rps, t, $1 / n}' "$work/cs.txt"
 }
-ratios=()
-for (( r = 1; r <= rounds; r++ )); do
-    if (( r % 2 == 1 )); then a=$(run A); b=$(run B); else b=$(run B); a=$(run A); fi
-    echo "round $r: A ${a% *} $test/s, ${a#* } context switches/request; B ${b% *}, ${b#* }"
-    ratios+=("$(awk -v x="${a% *}" -v y="${b% *}" 'BEGIN {print y / x}')")
-done
-python3 -c "import statistics, sys; print('B / A throughput, geometric mean of the rounds:', round(statistics.geometric_mean(map(float, sys.argv[1:])), 3))" "${ratios[@]}"
+racekv_ab_rounds "$rounds" run

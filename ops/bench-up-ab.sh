@@ -15,14 +15,9 @@ for tool in redis-benchmark redis-cli; do
     command -v "$tool" > /dev/null || { echo "bench-up-ab.sh: $tool missing" >&2; exit 1; }
 done
 for bin in "$a_bin" "$b_bin"; do [[ -x $bin ]] || { echo "bench-up-ab.sh: no $bin" >&2; exit 1; }; done
-work=$(mktemp -d)
-pids=()
-cleanup() {
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
+# shellcheck source=ops/lib.sh
+source "$(dirname "$0")/lib.sh"
+racekv_work_dir
 declare -A bin=([A]=$a_bin [B]=$b_bin) port=([A]=16601 [B]=16602) base=([A]=17900 [B]=17920)
 for side in A B; do
     mkdir -p "$work/$side"
@@ -39,12 +34,6 @@ for side in A B; do
 done
 run() { # run SIDE: requests/s
     redis-benchmark -p "${port[$1]}" --csv -t "$test" -n "$requests" -c 50 -P 16 -r 200000 -d 64 2>/dev/null \
-        | awk -F'"' 'NR == 2 {print $4}'
+        | awk -F'"' 'NR == 2 {print $4 " '"$test"'/s"}'
 }
-ratios=()
-for (( r = 1; r <= rounds; r++ )); do
-    if (( r % 2 == 1 )); then a=$(run A); b=$(run B); else b=$(run B); a=$(run A); fi
-    echo "round $r: A $a $test/s, B $b"
-    ratios+=("$(awk -v x="$a" -v y="$b" 'BEGIN {print y / x}')")
-done
-python3 -c "import statistics, sys; print('B / A throughput, geometric mean of the rounds:', round(statistics.geometric_mean(map(float, sys.argv[1:])), 3))" "${ratios[@]}"
+racekv_ab_rounds "$rounds" run

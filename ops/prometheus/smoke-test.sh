@@ -16,14 +16,9 @@ if [ -z "${RACEKV_BIN_DIR:-}" ]; then
     (cd "$root" && cargo build -q --workspace --bins --features racekv/etcd)
 fi
 bin=${RACEKV_BIN_DIR:-$root/target/debug}
-work=$(mktemp -d)
-pids=()
-cleanup() {
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
+# shellcheck source=ops/lib.sh
+source "$root/ops/lib.sh"
+racekv_work_dir
 fail() { echo "prometheus smoke test FAILED: $*" >&2; exit 1; }
 ready() { # file, what
     for _ in $(seq 200); do grep -q '^READY' "$1" && return 0; sleep 0.1; done
