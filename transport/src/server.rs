@@ -641,19 +641,16 @@ fn execute_batch<S: ServerStream>(
     replies: &mut Vec<u8>,
 ) -> Result<(), &'static str> {
     let refusal = if shared.rpc_only {
-        Some("this server answers RPCs only: it has no region for one-sided operations".to_string())
+        let message = "this server answers RPCs only: it has no region for one-sided operations";
+        Some((error_code::UNSUPPORTED, message.to_string()))
     } else if stream.listener() == "verbs" {
-        Some("a verbs control channel carries no batches: post them on the queue pair".to_string())
+        let message = "a verbs control channel carries no batches: post them on the queue pair";
+        Some((error_code::UNSUPPORTED, message.to_string()))
     } else {
-        wire::decode_batch(body, batch).err().map(|e| e.to_string())
+        wire::decode_batch(body, batch).err().map(|e| (error_code::MALFORMED, e.to_string()))
     };
-    if let Some(message) = refusal {
+    if let Some((code, message)) = refusal {
         send_replies(stream, replies)?;
-        let code = if shared.rpc_only || stream.listener() == "verbs" {
-            error_code::UNSUPPORTED
-        } else {
-            error_code::MALFORMED
-        };
         return refuse(stream, replies, request_id, code, &message, "malformed");
     }
     let started = Instant::now();

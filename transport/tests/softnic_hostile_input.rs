@@ -153,17 +153,24 @@ fn batch_before_the_handshake_is_refused() {
     assert_still_serving(&addr, &region);
 }
 
-/// The last whole frame in `bytes`: its kind and body.
-fn last_frame(bytes: &[u8]) -> (Kind, Vec<u8>) {
+/// Every whole frame in `bytes`, in order: kind, request id, body.
+fn frames(bytes: &[u8]) -> Vec<(Kind, u64, Vec<u8>)> {
     let mut at = 0;
-    let mut last = None;
+    let mut all = Vec::new();
     while bytes.len() >= at + HEADER_BYTES {
         let h = wire::decode_header(bytes[at..at + HEADER_BYTES].try_into().unwrap()).unwrap();
         let end = at + HEADER_BYTES + h.body_len as usize;
-        last = Some((h.kind, bytes[at + HEADER_BYTES..end].to_vec()));
+        all.push((h.kind, h.request_id, bytes[at + HEADER_BYTES..end].to_vec()));
         at = end;
     }
-    last.expect("at least one frame")
+    assert_eq!(at, bytes.len(), "a torn frame at the end");
+    all
+}
+
+/// The last whole frame in `bytes`: its kind and body.
+fn last_frame(bytes: &[u8]) -> (Kind, Vec<u8>) {
+    let (kind, _, body) = frames(bytes).pop().expect("at least one frame");
+    (kind, body)
 }
 
 #[test]
@@ -277,20 +284,6 @@ fn shutdown_does_not_wait_for_idle_connections() {
     let mut b = Batch::new();
     b.read(0, 8);
     assert!(idle_client.execute(&mut b).is_err(), "the idle client's connection was closed");
-}
-
-/// Every whole frame in `bytes`, in order: kind, request id, body.
-fn frames(bytes: &[u8]) -> Vec<(Kind, u64, Vec<u8>)> {
-    let mut at = 0;
-    let mut all = Vec::new();
-    while bytes.len() >= at + HEADER_BYTES {
-        let h = wire::decode_header(bytes[at..at + HEADER_BYTES].try_into().unwrap()).unwrap();
-        let end = at + HEADER_BYTES + h.body_len as usize;
-        all.push((h.kind, h.request_id, bytes[at + HEADER_BYTES..end].to_vec()));
-        at = end;
-    }
-    assert_eq!(at, bytes.len(), "a torn frame at the end");
-    all
 }
 
 #[test]
