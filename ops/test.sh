@@ -98,7 +98,7 @@ step "fuzzing (40 s per target)"
 command -v cargo-fuzz > /dev/null || cargo install --locked cargo-fuzz
 (
     cd fuzz
-    for target in wire_frames table_structures flock_messages attach_ring resp_parser http_request auth_handshake table_ops client_ops cluster_map; do
+    for target in wire_frames stream_frames table_structures flock_messages attach_ring resp_parser http_request auth_handshake table_ops client_ops cluster_map; do
         extra=()
         [[ $target == resp_parser ]] && extra=(-dict=resp.dict -max_len=4096)
         [[ $target == http_request ]] && extra=(-dict=http.dict -max_len=65536)

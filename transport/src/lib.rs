@@ -44,7 +44,9 @@ pub mod server;
 mod server_stream;
 pub mod shm;
 pub mod stop;
-mod stream;
+// Public (hidden) only for the `stream_frames` fuzz target.
+#[doc(hidden)]
+pub mod stream;
 pub mod tcp;
 pub mod tls;
 #[cfg(feature = "rdma")]
