@@ -378,6 +378,14 @@ impl Shards for EmbeddedShards {
         Ok(&mut self.parts[shard].as_mut().expect("just set").1)
     }
 
+    fn clients(&mut self, shards: &[usize]) -> Result<Vec<&mut TableClient>, ClientError> {
+        for &shard in shards {
+            self.client(shard)?;
+        }
+        let parts = crate::session::pick_mut(&mut self.parts, shards);
+        Ok(parts.into_iter().map(|part| &mut part.as_mut().expect("opened above").1).collect())
+    }
+
     fn on_transient_failure(&mut self, shard: usize) {
         if let Some((generation, _)) = self.parts.get_mut(shard).and_then(Option::take) {
             self.core.memnodes[shard].reconnect(generation);

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use racekv_hashing::format::MapWord;
 use racekv_hashing::layout::sb;
-use racekv_transport::{Batch, Connection, TransportError, TransportKind, MAX_BATCH_OPS};
+use racekv_transport::{Batch, Connection, Started, TransportError, TransportKind, MAX_BATCH_OPS};
 
 /// A session's map epochs, shared by its fenced connections: the one it routes by, and the
 /// newest any memnode reported since.
@@ -103,21 +103,22 @@ fn word(bytes: &[u8]) -> u64 {
     u64::from_le_bytes(bytes.try_into().expect("an 8-byte READ"))
 }
 
-impl Connection for MapFence {
-    fn execute(&self, batch: &mut Batch) -> Result<(), TransportError> {
+impl MapFence {
+    /// Appends the fence READ to `batch` and returns the batch's length before it; None
+    /// when there is no room for it, or nothing to fence.
+    fn fence(batch: &mut Batch) -> Option<usize> {
         if batch.is_empty() || batch.len() >= MAX_BATCH_OPS {
-            // No room for the READ (or nothing to fence): a batch of its own, after this one
-            // completed, so still ordered after every op of it.
-            self.inner.execute(batch)?;
-            let mut fence = Batch::new();
-            let read = fence.read(sb::MAP_EPOCH, 8);
-            self.inner.execute(&mut fence)?;
-            self.epochs.report(word(fence.read_result(read).expect("an executed READ has its bytes")));
-            return Ok(());
+            return None;
         }
         let len = batch.len();
-        let read = batch.read(sb::MAP_EPOCH, 8);
-        let result = self.inner.execute(batch);
+        batch.read(sb::MAP_EPOCH, 8);
+        Some(len)
+    }
+
+    /// Reports the epoch the fence READ at `len` returned and takes it off `batch` again;
+    /// `result` is the batch's.
+    fn unfence(&self, batch: &mut Batch, len: usize, result: Result<(), TransportError>) -> Result<(), TransportError> {
+        let read = batch.read_at(len).expect("the fence READ is where it was appended");
         if let Ok(bytes) = batch.read_result(read) {
             self.epochs.report(word(bytes));
         }
@@ -128,6 +129,49 @@ impl Connection for MapFence {
                 Err(TransportError::Protocol("the map epoch word could not be read".into()))
             }
             result => result,
+        }
+    }
+
+    /// A batch with no room for the fence READ (or nothing to fence), then the READ in a
+    /// batch of its own, after this one completed, so still ordered after every op of it.
+    fn execute_then_fence(&self, batch: &mut Batch) -> Result<(), TransportError> {
+        self.inner.execute(batch)?;
+        let mut fence = Batch::new();
+        let read = fence.read(sb::MAP_EPOCH, 8);
+        self.inner.execute(&mut fence)?;
+        self.epochs.report(word(fence.read_result(read).expect("an executed READ has its bytes")));
+        Ok(())
+    }
+}
+
+impl Connection for MapFence {
+    fn execute(&self, batch: &mut Batch) -> Result<(), TransportError> {
+        match Self::fence(batch) {
+            None => self.execute_then_fence(batch),
+            Some(len) => {
+                let result = self.inner.execute(batch);
+                self.unfence(batch, len, result)
+            }
+        }
+    }
+
+    fn start(&self, batch: &mut Batch) -> Started {
+        let Some(len) = Self::fence(batch) else { return Started::done(self.execute_then_fence(batch)) };
+        let inner = self.inner.start(batch);
+        if inner.is_done() {
+            let result = self.inner.finish(inner, batch);
+            return Started::done(self.unfence(batch, len, result));
+        }
+        Started::forwarded(Arc::clone(&self.inner), inner, len as u64)
+    }
+
+    fn finish(&self, started: Started, batch: &mut Batch) -> Result<(), TransportError> {
+        match started.into_forwarded() {
+            Ok(sent) => {
+                let result = sent.conn.finish(sent.inner, batch);
+                self.unfence(batch, sent.note as usize, result)
+            }
+            Err(result) => result,
         }
     }
 
@@ -194,6 +238,49 @@ mod tests {
         fenced.execute(&mut b).unwrap();
         assert_eq!((b.len(), epochs.changed()), (MAX_BATCH_OPS, Some(6)));
         assert_eq!(read_map_epoch(&*m.connect()).unwrap(), 6);
+    }
+
+    /// Batches sent together on several fenced connections (`racekv_transport::overlap`, as
+    /// a replicated write's steps go) each come back with their own results and without the
+    /// fence READ, and each memnode's epoch is reported: over tcp (the READ travels with the
+    /// batch and is checked when it is finished), in process (finished as it starts), and a
+    /// full batch (its READ in a batch of its own).
+    #[test]
+    fn batches_sent_together_on_fenced_connections_each_report_their_memnodes_map() {
+        let memnodes = [
+            TestMemnode::start(Via::Transport(racekv_transport::TransportKind::Tcp), 4 << 20, 4),
+            TestMemnode::start(Via::Transport(racekv_transport::TransportKind::Tcp), 4 << 20, 4),
+            TestMemnode::start(Via::Local, 4 << 20, 4),
+        ];
+        let epochs = Arc::new(MapEpochs::new(3));
+        let fenced: Vec<MapFence> = memnodes.iter().map(|m| MapFence::new(m.connect(), Arc::clone(&epochs))).collect();
+        for (round, m) in memnodes.iter().enumerate() {
+            let epoch = 4 + round as u64;
+            assert_eq!(raise_map_epoch(&*m.connect(), epoch).unwrap(), epoch);
+            let mut batches: Vec<Batch> = (0..fenced.len()).map(|_| Batch::new()).collect();
+            let mut reads = Vec::new();
+            for (i, b) in batches.iter_mut().enumerate() {
+                b.write(sb::MAP_EPOCH + 8 * 64, &[i as u8 + 1; 8]);
+                reads.push(b.read(sb::MAP_EPOCH + 8 * 64, 8));
+                if i == round {
+                    while b.len() < MAX_BATCH_OPS {
+                        b.read(sb::NODE_ID, 8);
+                    }
+                }
+            }
+            let lens: Vec<usize> = batches.iter().map(Batch::len).collect();
+            let mut work: Vec<(&dyn Connection, &mut Batch)> =
+                fenced.iter().map(|f| f as &dyn Connection).zip(batches.iter_mut()).collect();
+            for result in racekv_transport::execute_all(&mut work) {
+                result.unwrap();
+            }
+            for (i, b) in batches.iter().enumerate() {
+                assert_eq!(b.len(), lens[i], "memnode {i}: the fence READ is gone from the caller's batch");
+                assert_eq!(b.read_result(reads[i]).unwrap(), &[i as u8 + 1; 8], "memnode {i}: its own bytes");
+            }
+            assert_eq!(epochs.changed(), Some(epoch), "round {round}: memnode {round}'s newer map reported");
+            epochs.route_by(epoch);
+        }
     }
 
     #[test]

@@ -5,12 +5,15 @@
 //! business: the embedded client opens its own connections; a computenode worker borrows
 //! virtual connections from its daemon's pre-initialized pool.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use racekv_hashing::scan::TABLE_CURSOR_BITS;
 use racekv_hashing::{
     ExpiryUpdate, Item, PutMode, PutOptions, PutOutcome, PutResult, ScanLimits, TableClient, TableCursor, TableStats,
 };
+use racekv_transport::overlap;
 
 use crate::error::ClientError;
 use crate::expiry::{ExpiryChange, Ttl};
@@ -70,6 +73,9 @@ pub trait Shards: Send {
     fn timeout(&self) -> Duration;
     /// The table client for `shard` (implementations may connect or reconnect here).
     fn client(&mut self, shard: usize) -> Result<&mut TableClient, ClientError>;
+    /// The table clients of `shards` (distinct), in that order, for operations that run on
+    /// several memnodes at once ([`Session::on_all`]).
+    fn clients(&mut self, shards: &[usize]) -> Result<Vec<&mut TableClient>, ClientError>;
     /// An operation on `shard` failed in a way a new connection may fix.
     fn on_transient_failure(&mut self, shard: usize) {
         let _ = shard;
@@ -109,6 +115,13 @@ pub(crate) enum Redo {
     Yes,
     /// It may not (a transaction's commit): the caller hears of the move.
     No,
+}
+
+/// The items of `items` at `indices` (distinct, in range), in that order: several table
+/// clients borrowed at once ([`Shards::clients`]).
+pub fn pick_mut<'a, T>(items: &'a mut [T], indices: &[usize]) -> Vec<&'a mut T> {
+    let mut slots: Vec<Option<&'a mut T>> = items.iter_mut().map(Some).collect();
+    indices.iter().map(|&i| slots[i].take().expect("distinct indices in range")).collect()
 }
 
 /// Runs operations over some [`Shards`].
@@ -151,6 +164,34 @@ impl<S: Shards> Session<S> {
                 result => return result.map_err(|e| self.table_error(shard, e)),
             }
         }
+    }
+
+    /// Runs `op` on each of `shards` (distinct; `op` gets the client and the shard's place in
+    /// `shards`), their round trips overlapping ([`overlap::run_all`]). Each shard's result
+    /// is what [`Self::on`] would give: a lock past its lease is resolved, and that shard's
+    /// `op` runs again, alone.
+    pub(crate) fn on_all<R>(
+        &mut self,
+        shards: &[usize],
+        op: impl AsyncFn(&mut TableClient, usize) -> Result<R, racekv_hashing::Error>,
+    ) -> Result<Vec<Result<R, ClientError>>, ClientError> {
+        type Running<'a, R> = Pin<Box<dyn Future<Output = Result<R, racekv_hashing::Error>> + 'a>>;
+        let results = {
+            let clients = self.shards.clients(shards)?;
+            let mut running: Vec<Running<'_, R>> =
+                clients.into_iter().enumerate().map(|(i, c)| Box::pin(op(c, i)) as Running<'_, R>).collect();
+            overlap::run_all(&mut running)
+        };
+        let mut outcomes = Vec::with_capacity(shards.len());
+        for (i, (result, &shard)) in results.into_iter().zip(shards).enumerate() {
+            outcomes.push(match result {
+                Err(racekv_hashing::Error::Locked { key, word, mark }) => self
+                    .resolve_lock(shard, &key, word, &mark)
+                    .and_then(|()| self.on(shard, |c| overlap::block_on(op(c, i)))),
+                result => result.map_err(|e| self.table_error(shard, e)),
+            });
+        }
+        Ok(outcomes)
     }
 
     /// The client error for table error `e` on `shard` (a transient one also tells the shards).

@@ -53,7 +53,10 @@
 //! **Round trips**, uncontended, on one memnode, for `w` keys written (`r` more read):
 //! per written key 2 (version, unless it was read) + 2 (lock; 3 if the probe no longer shows
 //! the version in place), `r` checks of 2, decide 1, settle 1 per memnode. Versions and locks
-//! go one key at a time today.
+//! go one key at a time. A key's replicas are worked on together ([`Session::on_all`]):
+//! its backups' versions are read while its primary's lock goes in, their locks go in
+//! together, and all backups' settles go out together before the primaries'. The decision's
+//! copies into the participant records stay one after another (resolve.rs needs a prefix).
 
 use racekv_hashing::layout::TxnMark;
 use racekv_hashing::table::txn::{Lock, RecordLinks, TxnState, MAX_TXN_PARTICIPANTS, TXN_LEASE_MS};
@@ -69,6 +72,29 @@ use crate::session::{Redo, Session, Shards};
 /// Times a key written without being read has its version read again when its lock loses
 /// a race, before the attempt counts as a conflict.
 const BLIND_LOCK_ATTEMPTS: u32 = 3;
+
+/// What one memnode's part of a write's first lock round gave: the primary's lock, or a
+/// backup's version (its slot word).
+enum Step {
+    Locked(Option<Lock>),
+    Version(u64),
+}
+
+impl Step {
+    fn into_lock(self) -> Option<Lock> {
+        match self {
+            Step::Locked(lock) => lock,
+            Step::Version(_) => unreachable!("the primary's part is its lock"),
+        }
+    }
+
+    fn into_version(self) -> u64 {
+        match self {
+            Step::Version(word) => word,
+            Step::Locked(_) => unreachable!("a backup's part is its version"),
+        }
+    }
+}
 
 /// A lock this coordinator placed.
 struct Held<'a> {
@@ -204,9 +230,27 @@ impl<S: Shards> Session<S> {
         groups.sort_unstable();
         groups.dedup();
         let mut backup_unsettled = None;
-        for group in groups {
-            let (primary, at_home, shard) = group;
-            if (at_home && uncertain) || (primary && committed && backup_unsettled.is_some()) {
+        let locks_of = |group| -> Vec<(&[u8], Lock, TxnMark)> {
+            held.iter().filter(|h| phase(h) == group).map(|h| (h.key, h.lock, h.mark)).collect()
+        };
+        let unsettled = |e: &ClientError| {
+            tracing::warn!("a transaction's locks could not be settled (readers resolve them after the lease): {e}")
+        };
+        // The backups' memnodes all together (their round trips overlap), then the primaries'.
+        let (primaries, backups): (Vec<_>, Vec<_>) = groups.into_iter().partition(|&(primary, ..)| primary);
+        let shards: Vec<usize> = backups.iter().map(|&(.., shard)| shard).collect();
+        let locks: Vec<_> = backups.into_iter().map(locks_of).collect();
+        let settled = self.on_all(&shards, async |c, i| c.txn_settle_placed_overlapped(&locks[i], committed).await);
+        for result in settled.unwrap_or_else(|e| vec![Err(e)]) {
+            if let Err(e) = result {
+                unsettled(&e);
+                uncertain = true;
+                backup_unsettled.get_or_insert(e);
+            }
+        }
+        for group in primaries {
+            let (_, at_home, shard) = group;
+            if (at_home && uncertain) || (committed && backup_unsettled.is_some()) {
                 // Another memnode's locks may stand: the home's stay too (their record, kept
                 // through restarts, holds the decision), for resolvers, who copy it into the
                 // participant records before they settle a lock here. A committed backup
@@ -215,16 +259,10 @@ impl<S: Shards> Session<S> {
                 // the caller hears the error rather than an acknowledgement.
                 break;
             }
-            let locks: Vec<(&[u8], Lock, TxnMark)> =
-                held.iter().filter(|h| phase(h) == group).map(|h| (h.key, h.lock, h.mark)).collect();
+            let locks = locks_of(group);
             if let Err(e) = self.on(shard, |c| c.txn_settle_placed(&locks, committed)) {
-                tracing::warn!(
-                    "a transaction's locks could not be settled (readers resolve them after the lease): {e}"
-                );
+                unsettled(&e);
                 uncertain = true;
-                if !primary && backup_unsettled.is_none() {
-                    backup_unsettled = Some(e);
-                }
             }
         }
         if !uncertain {
@@ -296,6 +334,9 @@ impl<S: Shards> Session<S> {
         for w in writes {
             let shard = self.route(w.key);
             let read = reads.iter().rev().find(|(k, _)| *k == w.key).map(|(_, v)| *v);
+            let backups: Vec<usize> = self.shards().backups(w.key).iter().map(|&b| usize::from(b)).collect();
+            // The backups' versions, read while the primary's first lock goes in.
+            let mut versions = None;
             let mut attempt = 0;
             let lock = loop {
                 let old_word = match read {
@@ -308,7 +349,21 @@ impl<S: Shards> Session<S> {
                 // A lock names the record on its own memnode (the home's or a participant's).
                 let &(_, record_offset, _) = records.iter().find(|r| r.0 == shard).expect("a record per memnode");
                 let mark = TxnMark { record_node: self.shards().node_id(shard), record_offset, old_word, ..base };
-                let locked = self.on(shard, |c| c.txn_lock(w.key, w.value, w.expires_at_ms, mark));
+                let locked = if backups.is_empty() || versions.is_some() {
+                    self.on(shard, |c| c.txn_lock(w.key, w.value, w.expires_at_ms, mark))
+                } else {
+                    // One round trip less per write: read before the primary's lock is held,
+                    // a backup's version may be stale, and then its lock fails and reads
+                    // it again (`lock_backups`).
+                    let all: Vec<usize> = std::iter::once(shard).chain(backups.iter().copied()).collect();
+                    let mut results = self.on_all(&all, async |c, i| match i {
+                        0 => c.txn_lock_overlapped(w.key, w.value, w.expires_at_ms, mark).await.map(Step::Locked),
+                        _ => c.read_versioned_overlapped(w.key).await.map(|(_, v)| Step::Version(v.word)),
+                    })?;
+                    let locked = results.remove(0).map(Step::into_lock);
+                    versions = Some(results.into_iter().map(|r| r.map(Step::into_version)).collect());
+                    locked
+                };
                 match locked {
                     Ok(Some(lock)) => break Some((lock, mark)),
                     Ok(None) if read.is_none() && attempt + 1 < BLIND_LOCK_ATTEMPTS => attempt += 1,
@@ -328,47 +383,72 @@ impl<S: Shards> Session<S> {
             if read.is_some_and(|v| v.word != 0 && v.checksum != lock.replaced_checksum) {
                 return Ok(false);
             }
-            if !self.lock_backups(w, records, base, held, uncertain)? {
+            if !self.lock_backups(w, records, base, versions, held, uncertain)? {
                 return Ok(false);
             }
         }
         Ok(true)
     }
 
-    /// Locks `w`'s key on its partition's other replicas, once its primary's lock is held.
-    /// Nothing else writes a backup without that lock, so a backup's version is read
-    /// blind (a lock a dead transaction left there is waited out and resolved by the
-    /// read); a lock that still loses its race (a settle landing meanwhile) is tried again
-    /// a few times, then counts as a conflict.
+    /// Locks `w`'s key on its partition's other replicas, once its primary's lock is held,
+    /// all of them together (their round trips overlap). Nothing else writes a backup
+    /// without that lock, so a backup's version is read blind (a lock a dead transaction
+    /// left there is waited out and resolved by the read); a lock that still loses its race
+    /// (a settle landing meanwhile) is tried again a few times, then counts as a conflict.
+    /// Every lock placed goes to `held`, also when another failed. `versions`: the backups'
+    /// versions, read already (for the first try).
     fn lock_backups<'w>(
         &mut self,
         w: &Write<'w>,
         records: &[(usize, u64, u8)],
         base: TxnMark,
+        mut versions: Option<Vec<Result<u64, ClientError>>>,
         held: &mut Vec<Held<'w>>,
         uncertain: &mut bool,
     ) -> Result<bool, ClientError> {
-        for i in 0..self.shards().backups(w.key).len() {
-            let shard = usize::from(self.shards().backups(w.key)[i]);
-            let &(_, record_offset, _) = records.iter().find(|r| r.0 == shard).expect("a record per memnode");
-            let mut attempt = 0;
-            let (lock, mark) = loop {
-                let old_word = self.on(shard, |c| c.read_versioned(w.key))?.1.word;
-                let mark = TxnMark { record_node: self.shards().node_id(shard), record_offset, old_word, ..base };
-                match self.on(shard, |c| c.txn_lock(w.key, w.value, w.expires_at_ms, mark)) {
-                    Ok(Some(lock)) => break (lock, mark),
-                    Ok(None) if attempt + 1 < BLIND_LOCK_ATTEMPTS => attempt += 1,
-                    Ok(None) => return Ok(false),
-                    Err(e) => {
-                        *uncertain = true;
-                        return Err(e);
-                    }
+        let mut pending: Vec<usize> = self.shards().backups(w.key).iter().map(|&b| usize::from(b)).collect();
+        for _ in 0..BLIND_LOCK_ATTEMPTS {
+            if pending.is_empty() {
+                break;
+            }
+            let versions = match versions.take() {
+                Some(versions) => versions,
+                None => {
+                    let read = self.on_all(&pending, async |c, _| c.read_versioned_overlapped(w.key).await)?;
+                    read.into_iter().map(|r| r.map(|(_, version)| version.word)).collect()
                 }
             };
-            let tombstone = w.value.is_none();
-            held.push(Held { key: w.key, shard, backup: true, lock, mark: TxnMark { tombstone, ..mark } });
+            assert_eq!(versions.len(), pending.len(), "a version per backup");
+            let mut marks = Vec::with_capacity(pending.len());
+            for (&shard, version) in pending.iter().zip(versions) {
+                let &(_, record_offset, _) = records.iter().find(|r| r.0 == shard).expect("a record per memnode");
+                let old_word = version?;
+                marks.push(TxnMark { record_node: self.shards().node_id(shard), record_offset, old_word, ..base });
+            }
+            let locked = self.on_all(&pending, async |c, i| {
+                c.txn_lock_overlapped(w.key, w.value, w.expires_at_ms, marks[i]).await
+            })?;
+            let mut failed = None;
+            let mut lost = Vec::new();
+            for ((&shard, mark), result) in pending.iter().zip(&marks).zip(locked) {
+                match result {
+                    Ok(Some(lock)) => {
+                        let mark = TxnMark { tombstone: w.value.is_none(), ..*mark };
+                        held.push(Held { key: w.key, shard, backup: true, lock, mark });
+                    }
+                    Ok(None) => lost.push(shard),
+                    Err(e) => {
+                        *uncertain = true;
+                        failed.get_or_insert(e);
+                    }
+                }
+            }
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            pending = lost;
         }
-        Ok(true)
+        Ok(pending.is_empty())
     }
 
     /// Allocates the transaction's records, staged to go out with each memnode's first lock:

@@ -481,6 +481,13 @@ impl Shards for WorkerShards {
         }
         Ok(&mut self.clients[shard])
     }
+
+    fn clients(&mut self, shards: &[usize]) -> Result<Vec<&mut TableClient>, ClientError> {
+        if let Some(&last) = shards.iter().max() {
+            self.client(last)?;
+        }
+        Ok(racekv_client::session::pick_mut(&mut self.clients, shards))
+    }
 }
 
 /// Connects to the memnode at `text`: its connection pool, metadata, prefetched chunks and

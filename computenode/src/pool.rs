@@ -30,7 +30,7 @@ use crossbeam_channel::Sender;
 use crossbeam_utils::CachePadded;
 use parking_lot::{Mutex, RwLock};
 use prometheus::{IntCounter, IntCounterVec, IntGauge};
-use racekv_transport::{Batch, ConnectOptions, Connection, Endpoint, TransportError, TransportKind};
+use racekv_transport::{Batch, ConnectOptions, Connection, Endpoint, Started, TransportError, TransportKind};
 
 struct Metrics {
     physical: IntGauge,
@@ -572,6 +572,30 @@ impl Connection for VirtualConnection {
         self.run(|conn| conn.call(method, request))
     }
 
+    // Overlapped batches (`racekv_transport::overlap`) go on the connection the handle uses
+    // now, without the slot's in-flight count (a hint for spreading load, not a guard).
+    fn start(&self, batch: &mut Batch) -> Started {
+        let (slot, conn) = self.current();
+        let started = conn.start(batch);
+        if started.is_done() {
+            let result = conn.finish(started, batch);
+            self.after(slot, matches!(&result, Err(e) if e.is_connection_failure()));
+            return Started::done(result);
+        }
+        Started::forwarded(conn, started, slot.map_or(u64::MAX, |s| s as u64))
+    }
+
+    fn finish(&self, started: Started, batch: &mut Batch) -> Result<(), TransportError> {
+        let sent = match started.into_forwarded() {
+            Ok(sent) => sent,
+            Err(result) => return result,
+        };
+        let result = sent.conn.finish(sent.inner, batch);
+        let slot = usize::try_from(sent.note).ok().filter(|_| sent.note != u64::MAX);
+        self.after(slot, matches!(&result, Err(e) if e.is_connection_failure()));
+        result
+    }
+
     fn region_len(&self) -> u64 {
         self.pool.region_len
     }
@@ -678,5 +702,61 @@ mod tests {
         let now = vc.cached.lock().as_ref().map(|c| Arc::as_ptr(&c.conn) as *const u8).expect("cached");
         assert_ne!(now, cached, "still on the aborted connection");
         assert!(pool.slots[0].read().is_healthy());
+    }
+
+    /// Batches sent together on handles of two pools (a replicated write's steps,
+    /// `racekv_transport::overlap`) come back with their own results; a pool whose
+    /// connections were aborted fails at most its own batch, and serves again once its
+    /// connections are replaced.
+    #[test]
+    fn batches_sent_together_on_handles_of_several_pools_finish_on_their_own_connections() {
+        let memnodes: Vec<TestMemnode> =
+            (0..2).map(|_| TestMemnode::start(Via::Transport(TransportKind::Tcp), 16 << 20, 16)).collect();
+        let options = ConnectOptions { token: TestMemnode::TOKEN.into(), ..ConnectOptions::default() };
+        let pools: Vec<Arc<Pool>> = memnodes
+            .iter()
+            .map(|m| Pool::connect(m.endpoint().unwrap().clone(), options.clone(), 2).unwrap())
+            .collect();
+        let upgrader = Upgrader::start().unwrap();
+        let policy = UpgradePolicy { ops_per_sec: 0, window_ops: 1 };
+        let handles: Vec<Arc<VirtualConnection>> =
+            pools.iter().map(|p| VirtualConnection::new(p, policy, &upgrader)).collect();
+        let round = |value: u8| {
+            let mut batches: Vec<Batch> = (0..2).map(|_| Batch::new()).collect();
+            let reads: Vec<_> = batches
+                .iter_mut()
+                .enumerate()
+                .map(|(i, b)| {
+                    b.write(4096, &[value + i as u8; 16]);
+                    b.read(4096, 16)
+                })
+                .collect();
+            let mut work: Vec<(&dyn Connection, &mut Batch)> =
+                handles.iter().map(|h| &**h as &dyn Connection).zip(batches.iter_mut()).collect();
+            let results = racekv_transport::execute_all(&mut work);
+            let bytes: Vec<Option<Vec<u8>>> =
+                batches.iter().zip(&reads).map(|(b, &r)| b.read_result(r).ok().map(<[u8]>::to_vec)).collect();
+            (results, bytes)
+        };
+        for value in [10u8, 20, 30] {
+            let (results, bytes) = round(value);
+            for (i, (result, bytes)) in results.into_iter().zip(bytes).enumerate() {
+                result.unwrap_or_else(|e| panic!("pool {i}: {e}"));
+                assert_eq!(bytes, Some(vec![value + i as u8; 16]), "pool {i}");
+            }
+        }
+        assert_eq!(pools[0].in_flight(), vec![0; 2]);
+        let (results, _) = round(40);
+        assert!(results[0].is_ok(), "the healthy pool's batch failed: {:?}", results[0]);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let (results, bytes) = round(50);
+            if results.iter().all(Result::is_ok) {
+                assert_eq!(bytes, [Some(vec![50; 16]), Some(vec![51; 16])]);
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "the aborted pool never served again: {results:?}");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 }

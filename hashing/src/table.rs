@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 
 use prometheus::local::{LocalHistogram, LocalIntCounter};
 use prometheus::{HistogramVec, IntCounter, IntCounterVec};
-use racekv_transport::{Batch, Connection, ReadId, TransportError};
+use racekv_transport::{overlap, Batch, Connection, ReadId, TransportError};
 
 use crate::access::{Access, Tracking};
 use crate::alloc::{BlockAllocator, Chunk, ChunkSource, Fragments, FreePool};
@@ -844,7 +844,7 @@ impl TableClient {
     /// An expired item found on the way is removed (lazy expiry).
     pub fn get_into(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, Error> {
         let sample = self.begin();
-        let result = self.search(key, out, true).map(|found| found.is_some());
+        let result = self.search_now(key, out, true).map(|found| found.is_some());
         self.end(0, sample, result, |&found| found)
     }
 
@@ -853,7 +853,7 @@ impl TableClient {
         let sample = self.begin();
         let mut value = Vec::new();
         let result = self
-            .search(key, &mut value, true)
+            .search_now(key, &mut value, true)
             .map(|found| found.map(|c| Item { value, expires_at_ms: c.expires_at_ms }));
         self.end(0, sample, result, Option::is_some)
     }
@@ -1105,7 +1105,7 @@ impl TableClient {
         };
         let sample = self.begin();
         self.read_large = options.return_old;
-        let result = self.mutate(key, Some(value), options.expiry, cond).map(|outcome| PutResult {
+        let result = overlap::block_on(self.mutate(key, Some(value), options.expiry, cond)).map(|outcome| PutResult {
             outcome,
             old: (options.return_old && self.found_live).then(|| self.value.clone()),
         });
@@ -1116,7 +1116,8 @@ impl TableClient {
     /// counts as not there).
     pub fn delete(&mut self, key: &[u8]) -> Result<bool, Error> {
         let sample = self.begin();
-        let result = self.mutate(key, None, Expiry::Never, Cond::Any).map(|o| o != PutOutcome::NotApplied);
+        let result =
+            overlap::block_on(self.mutate(key, None, Expiry::Never, Cond::Any)).map(|o| o != PutOutcome::NotApplied);
         self.end(4, sample, result, |&d| d)
     }
 
@@ -1127,10 +1128,11 @@ impl TableClient {
         let sample = self.begin();
         let result = match new {
             // Absent -> absent: true exactly when the key is absent.
-            None if expected.is_none() => self.search(key, &mut Vec::new(), false).map(|found| found.is_none()),
+            None if expected.is_none() => self.search_now(key, &mut Vec::new(), false).map(|found| found.is_none()),
             _ => {
                 self.read_large = expected.is_some();
-                self.mutate(key, new, Expiry::Keep, Cond::Equals(expected)).map(|o| o != PutOutcome::NotApplied)
+                overlap::block_on(self.mutate(key, new, Expiry::Keep, Cond::Equals(expected)))
+                    .map(|o| o != PutOutcome::NotApplied)
             }
         };
         self.end(5, sample, result, |&d| d)
@@ -1161,7 +1163,7 @@ impl TableClient {
         let mut attempts = Attempts::new(self.shared.options.op_timeout);
         loop {
             let mut value = Vec::new();
-            let Some(copy) = self.search(key, &mut value, false)? else { return Ok(None) };
+            let Some(copy) = self.search_now(key, &mut value, false)? else { return Ok(None) };
             let item = Item { value, expires_at_ms: copy.expires_at_ms };
             let (new, expiry) = match decide(item.expires_at_ms) {
                 ExpiryUpdate::Unchanged => return Ok(Some((item, false))),
@@ -1169,7 +1171,7 @@ impl TableClient {
                 ExpiryUpdate::Set(at) => (Some(&item.value[..]), Expiry::from_ms(at)),
                 ExpiryUpdate::Delete => (None, Expiry::Never),
             };
-            if self.mutate(key, new, expiry, Cond::Word(copy.word))? != PutOutcome::NotApplied {
+            if overlap::block_on(self.mutate(key, new, expiry, Cond::Word(copy.word)))? != PutOutcome::NotApplied {
                 return Ok(Some((item, true)));
             }
             attempts.retry("the key kept changing under an expiry update")?;
@@ -1264,11 +1266,19 @@ impl TableClient {
         Ok(())
     }
 
+    /// [`Self::execute`] inside an operation that [`overlap::run_all`] may drive beside
+    /// others on other memnodes (the batch is sent, then waited for once they sent theirs).
+    async fn execute_overlapped(&mut self) -> Result<(), Error> {
+        self.count_round_trip();
+        overlap::execute(&*self.conn, &mut self.batch).await?;
+        Ok(())
+    }
+
     /// [`Self::execute`] for a batch whose CAS may put the write's new block in a slot
     /// (`publishes`): if it fails in a way that may have executed, the block may be in the
     /// slot, which `state` records.
-    fn execute_publishing(&mut self, publishes: bool, state: &mut BlockState) -> Result<(), Error> {
-        let result = self.execute();
+    async fn execute_publishing(&mut self, publishes: bool, state: &mut BlockState) -> Result<(), Error> {
+        let result = self.execute_overlapped().await;
         if let Err(e) = &result {
             if publishes && may_have_executed(e) {
                 state.advance(BlockState::MaybeInSlot);
@@ -1329,10 +1339,10 @@ impl TableClient {
     /// READs the key's buckets (no write), again as long as a split in progress or a stale
     /// directory entry asks, and puts its fingerprint matches in `self.cands`. Returns the
     /// subtable read (for [`Self::others_unchanged`]).
-    fn read_candidates(&mut self, hash: &KeyHash, attempts: &mut Attempts) -> Result<u64, Error> {
+    async fn read_candidates(&mut self, hash: &KeyHash, attempts: &mut Attempts) -> Result<u64, Error> {
         loop {
             let entry = self.entry(hash, attempts)?;
-            let probe = self.probe(hash, entry.entry.subtable, None)?;
+            let probe = self.probe(hash, entry.entry.subtable, None).await?;
             if !probe.admits(hash.dir) {
                 self.stale(hash, attempts)?;
                 continue;
@@ -1344,7 +1354,7 @@ impl TableClient {
 
     /// READs the key's two combined buckets (after `write`, if any: the new block goes out
     /// in the same doorbell). Also carries any pending item-count change.
-    fn probe(&mut self, hash: &KeyHash, subtable: u64, write: Option<&NewBlock>) -> Result<Probe, Error> {
+    async fn probe(&mut self, hash: &KeyHash, subtable: u64, write: Option<&NewBlock>) -> Result<Probe, Error> {
         self.batch.clear();
         if let Some(new) = write {
             // The bytes going out are the new block's, as encoded (`new_block`).
@@ -1366,7 +1376,7 @@ impl TableClient {
         let reads =
             ProbeReads::queue(&mut self.batch, hash.combined_buckets(subtable, self.shared.layout.groups_per_subtable));
         self.probe_sent = self.shared.stall.now();
-        self.execute()?;
+        self.execute_overlapped().await?;
         Ok(reads.parse(&self.batch)?)
     }
 
@@ -1377,7 +1387,12 @@ impl TableClient {
     ///
     /// A large value (in an extent) is read only when `read_large`, else `value_out` is left
     /// empty; one read is checked against its block's checksum of it.
-    fn verify(&mut self, key: &[u8], value_out: Option<&mut Vec<u8>>, read_large: bool) -> Result<Verified, Error> {
+    async fn verify(
+        &mut self,
+        key: &[u8],
+        value_out: Option<&mut Vec<u8>>,
+        read_large: bool,
+    ) -> Result<Verified, Error> {
         self.copies.clear();
         self.others.clear();
         if self.cands.is_empty() {
@@ -1390,7 +1405,7 @@ impl TableClient {
             let slot = Slot::decode(word).expect("candidates are used slots");
             reads[i] = Some(self.batch.read(slot.block, slot.block_bytes() as u32));
         }
-        self.execute()?;
+        self.execute_overlapped().await?;
         let long_keys_found = self.find_long_keys(key, &reads)?;
         let mut torn = false;
         let mut best: Option<(u64, ReadId)> = None;
@@ -1511,16 +1526,21 @@ impl TableClient {
     /// Finds `key`: its value goes to `out`, its canonical copy is returned; None when it
     /// is absent or expired (an expired copy is removed on the way: lazy expiry). A read
     /// that `touch`es records itself in the block's access word (`touch.rs`).
-    fn search(&mut self, key: &[u8], out: &mut Vec<u8>, touch: bool) -> Result<Option<KeyCopy>, Error> {
+    fn search_now(&mut self, key: &[u8], out: &mut Vec<u8>, touch: bool) -> Result<Option<KeyCopy>, Error> {
+        overlap::block_on(self.search(key, out, touch))
+    }
+
+    /// [`Self::search_now`] as an operation [`overlap::run_all`] can drive.
+    async fn search(&mut self, key: &[u8], out: &mut Vec<u8>, touch: bool) -> Result<Option<KeyCopy>, Error> {
         Self::check_key(key)?;
         let hash = self.hash(key);
         let mut attempts = Attempts::new(self.shared.options.op_timeout);
         loop {
-            let subtable = self.read_candidates(&hash, &mut attempts)?;
+            let subtable = self.read_candidates(&hash, &mut attempts).await?;
             if self.cands.is_empty() {
                 return Ok(None);
             }
-            match self.verify(key, Some(out), true)? {
+            match self.verify(key, Some(out), true).await? {
                 Verified::Torn => attempts.retry("a block kept changing under a read")?,
                 Verified::Done if self.copies.first().is_some_and(KeyCopy::locked) => {
                     out.clear();
@@ -1558,7 +1578,7 @@ impl TableClient {
             return Ok(true);
         }
         self.stats.absence_checks += 1;
-        let probe = self.probe(hash, subtable, None)?;
+        let probe = overlap::block_on(self.probe(hash, subtable, None))?;
         let unchanged =
             probe.admits(hash.dir) && self.others.iter().all(|&(slot, word)| probe.word_at(slot) == Some(word));
         Ok(unchanged)
@@ -1732,7 +1752,7 @@ impl TableClient {
         Ok(value_checksum(&out[start..]) == extent.checksum)
     }
 
-    fn mutate(
+    async fn mutate(
         &mut self,
         key: &[u8],
         value: Option<&[u8]>,
@@ -1752,7 +1772,7 @@ impl TableClient {
         self.replaced = 0;
         self.replaced_checksum = 0;
         loop {
-            let (e, state) = match self.mutate_once(key, value, expires_at_ms, keep, cond) {
+            let (e, state) = match self.mutate_once(key, value, expires_at_ms, keep, cond).await {
                 Ok(Step::Done(outcome)) => return Ok(outcome),
                 Ok(Step::Reencode(at)) => {
                     expires_at_ms = at;
@@ -1860,7 +1880,7 @@ impl TableClient {
     }
 
     /// One attempt of [`Self::mutate`]; an error comes with how far the new block got.
-    fn mutate_once(
+    async fn mutate_once(
         &mut self,
         key: &[u8],
         value: Option<&[u8]>,
@@ -1876,7 +1896,7 @@ impl TableClient {
         assert_eq!(new.is_some(), value.is_some(), "a new block exactly for a write with a value");
         self.batch.require_instance(run);
         let mut state = BlockState::Unpublished;
-        let result = self.mutate_loop(key, &hash, new.as_ref(), keep, cond, &mut state);
+        let result = self.mutate_loop(key, &hash, new.as_ref(), keep, cond, &mut state).await;
         self.batch.require_instance(None);
         if let (Some(new), Some(run)) = (new, run) {
             match state {
@@ -1903,7 +1923,7 @@ impl TableClient {
     /// Runs a write until it applies or its condition fails. `keep`: the block must carry
     /// the key's current expiry (none for an absent or expired key); one that does not
     /// comes back as [`Step::Reencode`] before anything is swung.
-    fn mutate_loop(
+    async fn mutate_loop(
         &mut self,
         key: &[u8],
         hash: &KeyHash,
@@ -1916,7 +1936,7 @@ impl TableClient {
         let mut written = false;
         loop {
             let entry = self.entry(hash, &mut attempts)?;
-            let probe = self.probe(hash, entry.entry.subtable, new.filter(|_| !written))?;
+            let probe = self.probe(hash, entry.entry.subtable, new.filter(|_| !written)).await?;
             written = true;
             if !probe.admits(hash.dir) {
                 self.stale(hash, &mut attempts)?;
@@ -1929,7 +1949,7 @@ impl TableClient {
                 // precede it. Its block needs no second read.
                 self.copies.clear();
                 self.copies.push(copy);
-                match self.replace(new, state)? {
+                match self.replace(new, state).await? {
                     Some(outcome) => {
                         state.advance(BlockState::InSlot);
                         return Ok(Step::Done(outcome));
@@ -1941,7 +1961,7 @@ impl TableClient {
                 }
             }
             let mut current = std::mem::take(&mut self.value);
-            let verified = self.verify(key, Some(&mut current), self.read_large);
+            let verified = self.verify(key, Some(&mut current), self.read_large).await;
             self.value = current;
             if let Verified::Torn = verified? {
                 attempts.retry("a block kept changing under a read")?;
@@ -1986,7 +2006,7 @@ impl TableClient {
                 }
             }
             if exists {
-                match self.replace(new, state)? {
+                match self.replace(new, state).await? {
                     Some(outcome) => {
                         if new.is_some() {
                             state.advance(BlockState::InSlot);
@@ -2014,7 +2034,7 @@ impl TableClient {
                 attempts.retry("the table kept filling up")?;
                 continue;
             };
-            match self.insert_at(key, hash, free, new, cond, &entry, state)? {
+            match self.insert_at(key, hash, free, new, cond, &entry, state).await? {
                 Some(outcome) => return Ok(Step::Done(outcome)),
                 None => attempts.retry("inserts kept racing")?,
             }
@@ -2032,7 +2052,7 @@ impl TableClient {
 
     /// Swings the canonical copy to `new` (or to 0 to delete) and removes any duplicates, in
     /// one batch. None when the canonical CAS lost a race.
-    fn replace(&mut self, new: Option<&NewBlock>, state: &mut BlockState) -> Result<Option<PutOutcome>, Error> {
+    async fn replace(&mut self, new: Option<&NewBlock>, state: &mut BlockState) -> Result<Option<PutOutcome>, Error> {
         let canonical = self.copies[0];
         // Copies come from `candidates` (used slots only), lowest slot first.
         debug_assert!(self.copies.windows(2).all(|w| w[0].slot < w[1].slot), "copies out of slot order");
@@ -2056,7 +2076,7 @@ impl TableClient {
         // A lock's CAS keeps the block it replaced from reuse: its header, read after the
         // CAS, says which write the lock replaced.
         let replaced_header = self.intent.is_some().then(|| self.batch.read(old.block, BLOCK_UNIT_BYTES as u32));
-        self.execute_publishing(new.is_some(), state)?;
+        self.execute_publishing(new.is_some(), state).await?;
         for (id, word) in dups {
             if self.batch.cas_succeeded(id)? {
                 self.retire_word(word);
@@ -2086,7 +2106,7 @@ impl TableClient {
     /// CASes `new` into the empty slot `free`, then settles split races and duplicates.
     /// None when the CAS lost, or the insert had to be undone: retry.
     #[allow(clippy::too_many_arguments)]
-    fn insert_at(
+    async fn insert_at(
         &mut self,
         key: &[u8],
         hash: &KeyHash,
@@ -2109,7 +2129,7 @@ impl TableClient {
         );
         let cas = self.batch.cas(free, 0, new.word);
         let reads = ProbeReads::queue(&mut self.batch, cbs);
-        self.execute_publishing(true, state)?;
+        self.execute_publishing(true, state).await?;
         if !self.batch.cas_succeeded(cas)? {
             self.count_delta -= 1;
             self.stats.cas_failures += 1;
@@ -2148,7 +2168,7 @@ impl TableClient {
         if self.cands.is_empty() {
             return Ok(Some(PutOutcome::Inserted));
         }
-        if let Verified::Torn = self.verify(key, None, false)? {
+        if let Verified::Torn = self.verify(key, None, false).await? {
             // A candidate changed under us: whatever copies exist, readers and later
             // writers settle on the lowest address, so the insert stands.
             return Ok(Some(PutOutcome::Inserted));

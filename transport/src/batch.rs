@@ -190,6 +190,13 @@ impl Batch {
         }))
     }
 
+    /// The READ at op `index` of the batch (None: no op there, or another kind): for a
+    /// wrapper that appended one and finds it again once the batch executed.
+    pub fn read_at(&self, index: usize) -> Option<ReadId> {
+        let op = self.ops.get(index)?;
+        (op.kind == OpKind::Read).then_some(ReadId(index as u32))
+    }
+
     /// The bytes a READ returned.
     pub fn read_result(&self, id: ReadId) -> Result<&[u8], OpError> {
         let op = &self.ops[id.0 as usize];

@@ -37,6 +37,7 @@ pub mod listen;
 pub mod local;
 mod mux;
 mod net;
+pub mod overlap;
 #[allow(unsafe_code)] // atomic words inside the mapping
 pub mod region;
 mod rpc_server;
@@ -266,8 +267,11 @@ pub trait Connection: Send + Sync {
     /// for it where the backend can ([`Connection::finish`] waits), so batches on several
     /// connections travel together ([`execute_all`]). Backends whose batches do not wait on
     /// a peer (shm, local) execute it here.
+    ///
+    /// A connection that wraps another (a pool's, a fence's) forwards both halves to it
+    /// ([`Started::forwarded`]).
     fn start(&self, batch: &mut Batch) -> Started {
-        Started(StartedState::Done(self.execute(batch)))
+        Started::done(self.execute(batch))
     }
     /// The second half of [`Connection::execute`]: waits for the batch `started` sent (on
     /// this connection) and records its outcomes in `batch`.
@@ -275,7 +279,9 @@ pub trait Connection: Send + Sync {
         let _ = batch;
         match started.0 {
             StartedState::Done(result) => result,
-            StartedState::Sent(..) => unreachable!("a batch sent by another backend's start"),
+            StartedState::Sent(..) | StartedState::Forwarded(..) => {
+                unreachable!("a batch sent by another backend's start")
+            }
         }
     }
 }
@@ -284,19 +290,64 @@ pub trait Connection: Send + Sync {
 #[must_use = "a started batch must be finished on its connection"]
 pub struct Started(StartedState);
 
+impl Started {
+    /// A batch executed (or refused) already: [`Connection::finish`] returns `result`.
+    pub fn done(result: Result<(), TransportError>) -> Self {
+        Self(StartedState::Done(result))
+    }
+
+    /// A wrapping connection's start: `inner` was started on `conn`, the connection it
+    /// wraps; `note` is whatever the wrapper's finish needs back (a pool slot, say).
+    pub fn forwarded(conn: Arc<dyn Connection>, inner: Started, note: u64) -> Self {
+        match inner.0 {
+            StartedState::Done(result) => Self(StartedState::Done(result)),
+            inner => Self(StartedState::Forwarded(conn, Box::new(Started(inner)), note)),
+        }
+    }
+
+    /// What [`Started::forwarded`] was given, for the wrapper's finish: `Err` with the
+    /// outcome when the batch is done already (nothing to wait for, nothing forwarded).
+    pub fn into_forwarded(self) -> Result<Forwarded, Result<(), TransportError>> {
+        match self.0 {
+            StartedState::Forwarded(conn, inner, note) => Ok(Forwarded { conn, inner: *inner, note }),
+            StartedState::Done(result) => Err(result),
+            StartedState::Sent(..) => unreachable!("a batch a backend sent, finished by a wrapper"),
+        }
+    }
+
+    /// Whether the batch has executed already (nothing to wait for in
+    /// [`Connection::finish`]).
+    pub fn is_done(&self) -> bool {
+        matches!(self.0, StartedState::Done(_))
+    }
+}
+
+/// A wrapping connection's batch, started on the connection it wraps
+/// ([`Started::forwarded`]).
+pub struct Forwarded {
+    /// The wrapped connection the batch went to: finish it there.
+    pub conn: Arc<dyn Connection>,
+    /// Its start there.
+    pub inner: Started,
+    /// What the wrapper noted for its finish.
+    pub note: u64,
+}
+
 enum StartedState {
     /// Executed (or refused) already.
     Done(Result<(), TransportError>),
     /// On its way: the ticket of its response, and when it was sent (for the latency metric).
     Sent(mux::Ticket, std::time::Instant),
+    /// Started on the connection a wrapper wraps, with the wrapper's note.
+    Forwarded(Arc<dyn Connection>, Box<Started>, u64),
 }
 
 /// Executes each batch on its connection, all of them sent before any is waited for, so a
 /// write to R replicas costs one round trip, not R. Returns each batch's outcome, in order
 /// ([`Connection::execute`]'s); one connection's failure leaves the others' batches alone.
 pub fn execute_all(work: &mut [(&dyn Connection, &mut Batch)]) -> Vec<Result<(), TransportError>> {
-    let started: Vec<Started> = work.iter_mut().map(|(conn, batch)| conn.start(batch)).collect();
-    work.iter_mut().zip(started).map(|((conn, batch), started)| conn.finish(started, batch)).collect()
+    let mut running: Vec<_> = work.iter_mut().map(|(conn, batch)| Box::pin(overlap::execute(*conn, batch))).collect();
+    overlap::run_all(&mut running)
 }
 
 /// Connects to `endpoint` with the backend its scheme names (RPC with the default

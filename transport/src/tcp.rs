@@ -150,7 +150,7 @@ impl Connection for TcpConnection {
     fn start(&self, batch: &mut Batch) -> Started {
         match batch.validate(self.hello.region_len, self.hello.instance) {
             Ok(()) => self.send_batch(batch),
-            Err(e) => Started(StartedState::Done(Err(e))),
+            Err(e) => Started::done(Err(e)),
         }
     }
 
@@ -158,6 +158,7 @@ impl Connection for TcpConnection {
         match started.0 {
             StartedState::Done(result) => result,
             StartedState::Sent(ticket, at) => self.complete(ticket, batch, at),
+            StartedState::Forwarded(..) => unreachable!("a wrapper's batch finished on the connection it wraps"),
         }
     }
 }

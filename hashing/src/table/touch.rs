@@ -34,7 +34,7 @@ impl TableClient {
     /// without recording the read.
     pub fn peek_item(&mut self, key: &[u8]) -> Result<Option<(Item, Option<Access>)>, Error> {
         let mut value = Vec::new();
-        let found = self.search(key, &mut value, false)?;
+        let found = self.search_now(key, &mut value, false)?;
         Ok(found.map(|c| (Item { value, expires_at_ms: c.expires_at_ms }, c.access)))
     }
 

@@ -21,6 +21,7 @@ use super::{Attempts, Cond, Expiry, PutOutcome, TableClient, Verified};
 use crate::error::Error;
 use crate::layout::{Slot, TxnMark, BLOCK_UNIT_BYTES};
 use crate::table::{Item, KeyCopy};
+use racekv_transport::overlap;
 
 /// How long a transaction may hold its locks before anyone may abort it, in ms. Far above
 /// a commit's few round trips; a reader never waits longer than this for a lock.
@@ -232,9 +233,15 @@ impl TableClient {
     /// The item under `key` and its version. A key a transaction holds is waited for
     /// (bounded by its lease). An expired item is absent, and is removed on the way.
     pub fn read_versioned(&mut self, key: &[u8]) -> Result<(Option<Item>, SlotVersion), Error> {
+        overlap::block_on(self.read_versioned_overlapped(key))
+    }
+
+    /// [`Self::read_versioned`] as an operation [`overlap::run_all`] can drive beside others
+    /// (on other memnodes: their round trips overlap).
+    pub async fn read_versioned_overlapped(&mut self, key: &[u8]) -> Result<(Option<Item>, SlotVersion), Error> {
         let sample = self.begin();
         let mut value = Vec::new();
-        let result = self.search(key, &mut value, true).map(|copy| match copy {
+        let result = self.search(key, &mut value, true).await.map(|copy| match copy {
             Some(copy) => (Some(Item { value, expires_at_ms: copy.expires_at_ms }), SlotVersion::of(&copy)),
             None => (None, SlotVersion::default()),
         });
@@ -354,6 +361,17 @@ impl TableClient {
         expires_at_ms: Option<u64>,
         mark: TxnMark,
     ) -> Result<Option<Lock>, Error> {
+        overlap::block_on(self.txn_lock_overlapped(key, value, expires_at_ms, mark))
+    }
+
+    /// [`Self::txn_lock`] as an operation [`overlap::run_all`] can drive beside others.
+    pub async fn txn_lock_overlapped(
+        &mut self,
+        key: &[u8],
+        value: Option<&[u8]>,
+        expires_at_ms: Option<u64>,
+        mark: TxnMark,
+    ) -> Result<Option<Lock>, Error> {
         assert!(mark.record_offset.is_multiple_of(BLOCK_UNIT_BYTES), "record at {:#x}", mark.record_offset);
         assert!(
             mark.old_word == 0 || Slot::decode(mark.old_word).is_some_and(|s| !s.locked),
@@ -368,7 +386,7 @@ impl TableClient {
         let mark = TxnMark { tombstone: value.is_none(), ..mark };
         let expiry = if value.is_some() { Expiry::from_ms(expires_at_ms) } else { Expiry::Never };
         self.intent = Some(mark);
-        let result = self.mutate(key, Some(value.unwrap_or_default()), expiry, cond);
+        let result = self.mutate(key, Some(value.unwrap_or_default()), expiry, cond).await;
         self.intent = None;
         let result = result.map(|outcome| {
             (outcome != PutOutcome::NotApplied).then_some(Lock {
@@ -389,11 +407,11 @@ impl TableClient {
         let hash = self.hash(key);
         let mut attempts = Attempts::new(self.shared.options.op_timeout);
         loop {
-            let subtable = self.read_candidates(&hash, &mut attempts)?;
+            let subtable = overlap::block_on(self.read_candidates(&hash, &mut attempts))?;
             if self.cands.is_empty() {
                 return Ok(SlotVersion::default());
             }
-            match self.verify(key, None, false)? {
+            match overlap::block_on(self.verify(key, None, false))? {
                 Verified::Torn => attempts.retry("a block kept changing under a read")?,
                 Verified::Done => match self.copies.first().copied() {
                     Some(c) if c.locked() || !c.expired() => return Ok(SlotVersion::of(&c)),
@@ -438,7 +456,7 @@ impl TableClient {
         let hash = self.hash(key);
         let mut attempts = Attempts::new(self.shared.options.op_timeout);
         loop {
-            self.read_candidates(&hash, &mut attempts)?;
+            overlap::block_on(self.read_candidates(&hash, &mut attempts))?;
             // Only the slot holding this very word matters: no block read is needed to
             // know it (the word names the block, and a word does not come back).
             let Some(&(at, _)) = self.cands.iter().find(|&&(_, word)| word == locked) else {
@@ -468,12 +486,22 @@ impl TableClient {
     /// in one batch of CASes at the slots they went into; one that a split moved since is
     /// found by its key ([`Self::txn_settle`]). Returns how many this call swung.
     pub fn txn_settle_placed(&mut self, locks: &[(&[u8], Lock, TxnMark)], committed: bool) -> Result<usize, Error> {
+        overlap::block_on(self.txn_settle_placed_overlapped(locks, committed))
+    }
+
+    /// [`Self::txn_settle_placed`] as an operation [`overlap::run_all`] can drive beside
+    /// others.
+    pub async fn txn_settle_placed_overlapped(
+        &mut self,
+        locks: &[(&[u8], Lock, TxnMark)],
+        committed: bool,
+    ) -> Result<usize, Error> {
         let sample = self.begin();
-        let result = self.settle_placed(locks, committed);
+        let result = self.settle_placed(locks, committed).await;
         self.end(OP_SETTLE, sample, result, |_| true)
     }
 
-    fn settle_placed(&mut self, locks: &[(&[u8], Lock, TxnMark)], committed: bool) -> Result<usize, Error> {
+    async fn settle_placed(&mut self, locks: &[(&[u8], Lock, TxnMark)], committed: bool) -> Result<usize, Error> {
         let mut swung = 0;
         for group in locks.chunks(racekv_transport::MAX_BATCH_OPS - 1) {
             self.batch.clear();
@@ -488,7 +516,7 @@ impl TableClient {
                 .collect();
             self.count_delta -= emptied;
             self.queue_count();
-            self.execute()?;
+            self.execute_overlapped().await?;
             let succeeded: Vec<bool> =
                 cases.into_iter().map(|cas| self.batch.cas_succeeded(cas)).collect::<Result<_, _>>()?;
             for ((key, lock, mark), succeeded) in group.iter().zip(succeeded) {

@@ -48,6 +48,9 @@ impl Shards for OneShard {
     fn client(&mut self, _shard: usize) -> Result<&mut TableClient, ClientError> {
         Ok(&mut self.client)
     }
+    fn clients(&mut self, shards: &[usize]) -> Result<Vec<&mut TableClient>, ClientError> {
+        Ok(racekv_client::session::pick_mut(std::slice::from_mut(&mut self.client), shards))
+    }
 }
 
 /// Worker threads draining the queue; stopped and joined on drop.
