@@ -158,10 +158,6 @@ impl Connection for MapFence {
     fn start(&self, batch: &mut Batch) -> Started {
         let Some(len) = Self::fence(batch) else { return Started::done(self.execute_then_fence(batch)) };
         let inner = self.inner.start(batch);
-        if inner.is_done() {
-            let result = self.inner.finish(inner, batch);
-            return Started::done(self.unfence(batch, len, result));
-        }
         Started::forwarded(Arc::clone(&self.inner), inner, len as u64)
     }
 

@@ -126,7 +126,7 @@ impl<S: Shards> Session<S> {
         // key's new primary is among the memnodes it wrote. Otherwise it is reported (it
         // may have applied where its keys no longer live).
         let keys = reads.iter().map(|(k, _)| *k).chain(writes.iter().map(|w| w.key));
-        let mut routed: Vec<Vec<u16>> = Vec::new();
+        let mut routed: Vec<Vec<usize>> = Vec::new();
         let mut outcome = None;
         let result = self.under_map(keys, Redo::No, |s| {
             routed = writes.iter().map(|w| s.write_set(w.key)).collect();
@@ -138,7 +138,7 @@ impl<S: Shards> Session<S> {
             Err(ClientError::MapChanged { .. }) if outcome == Some(false) => return Ok(false),
             Err(ClientError::MapChanged { .. })
                 if outcome == Some(true)
-                    && writes.iter().zip(&routed).all(|(w, went)| went.contains(&(self.route(w.key) as u16))) =>
+                    && writes.iter().zip(&routed).all(|(w, went)| went.contains(&self.route(w.key))) =>
             {
                 true
             }
@@ -159,9 +159,10 @@ impl<S: Shards> Session<S> {
     }
 
     /// The shards a write of `key` goes to, the primary first.
-    fn write_set(&self, key: &[u8]) -> Vec<u16> {
-        let primary = self.route(key) as u16;
-        std::iter::once(primary).chain(self.shards().backups(key).iter().copied()).collect()
+    fn write_set(&self, key: &[u8]) -> Vec<usize> {
+        let mut shards = self.backups_of(key);
+        shards.insert(0, self.route(key));
+        shards
     }
 
     fn commit_routed(&mut self, reads: &[(&[u8], Version)], writes: &[Write<'_>]) -> Result<bool, ClientError> {
@@ -332,9 +333,10 @@ impl<S: Shards> Session<S> {
         uncertain: &mut bool,
     ) -> Result<bool, ClientError> {
         for w in writes {
-            let shard = self.route(w.key);
+            // The primary, then the backups.
+            let all = self.write_set(w.key);
+            let shard = all[0];
             let read = reads.iter().rev().find(|(k, _)| *k == w.key).map(|(_, v)| *v);
-            let backups: Vec<usize> = self.shards().backups(w.key).iter().map(|&b| usize::from(b)).collect();
             // The backups' versions, read while the primary's first lock goes in.
             let mut versions = None;
             let mut attempt = 0;
@@ -346,16 +348,13 @@ impl<S: Shards> Session<S> {
                 if read.is_none() && racekv_hashing::layout::Slot::decode(old_word).is_some_and(|s| s.locked) {
                     break None; // another transaction holds it
                 }
-                // A lock names the record on its own memnode (the home's or a participant's).
-                let &(_, record_offset, _) = records.iter().find(|r| r.0 == shard).expect("a record per memnode");
-                let mark = TxnMark { record_node: self.shards().node_id(shard), record_offset, old_word, ..base };
-                let locked = if backups.is_empty() || versions.is_some() {
+                let mark = self.mark_on(shard, records, old_word, base);
+                let locked = if all.len() == 1 || versions.is_some() {
                     self.on(shard, |c| c.txn_lock(w.key, w.value, w.expires_at_ms, mark))
                 } else {
                     // One round trip less per write: read before the primary's lock is held,
                     // a backup's version may be stale, and then its lock fails and reads
                     // it again (`lock_backups`).
-                    let all: Vec<usize> = std::iter::once(shard).chain(backups.iter().copied()).collect();
                     let mut results = self.on_all(&all, async |c, i| match i {
                         0 => c.txn_lock_overlapped(w.key, w.value, w.expires_at_ms, mark).await.map(Step::Locked),
                         _ => c.read_versioned_overlapped(w.key).await.map(|(_, v)| Step::Version(v.word)),
@@ -406,7 +405,7 @@ impl<S: Shards> Session<S> {
         held: &mut Vec<Held<'w>>,
         uncertain: &mut bool,
     ) -> Result<bool, ClientError> {
-        let mut pending: Vec<usize> = self.shards().backups(w.key).iter().map(|&b| usize::from(b)).collect();
+        let mut pending = self.backups_of(w.key);
         for _ in 0..BLIND_LOCK_ATTEMPTS {
             if pending.is_empty() {
                 break;
@@ -421,9 +420,7 @@ impl<S: Shards> Session<S> {
             assert_eq!(versions.len(), pending.len(), "a version per backup");
             let mut marks = Vec::with_capacity(pending.len());
             for (&shard, version) in pending.iter().zip(versions) {
-                let &(_, record_offset, _) = records.iter().find(|r| r.0 == shard).expect("a record per memnode");
-                let old_word = version?;
-                marks.push(TxnMark { record_node: self.shards().node_id(shard), record_offset, old_word, ..base });
+                marks.push(self.mark_on(shard, records, version?, base));
             }
             let locked = self.on_all(&pending, async |c, i| {
                 c.txn_lock_overlapped(w.key, w.value, w.expires_at_ms, marks[i]).await
@@ -451,6 +448,18 @@ impl<S: Shards> Session<S> {
         Ok(pending.is_empty())
     }
 
+    /// The shards of `key`'s partition's other replicas.
+    fn backups_of(&self, key: &[u8]) -> Vec<usize> {
+        self.shards().backups(key).iter().map(|&b| usize::from(b)).collect()
+    }
+
+    /// The lock mark of a write on `shard`: it names the transaction's record on that
+    /// memnode (the home's or a participant's).
+    fn mark_on(&self, shard: usize, records: &[(usize, u64, u8)], old_word: u64, base: TxnMark) -> TxnMark {
+        let &(_, record_offset, _) = records.iter().find(|r| r.0 == shard).expect("a record per memnode");
+        TxnMark { record_node: self.shards().node_id(shard), record_offset, old_word, ..base }
+    }
+
     /// Allocates the transaction's records, staged to go out with each memnode's first lock:
     /// the home record first, listing a participant record on every other memnode written,
     /// which names it. Returns (shard, offset, units), the home's first.
@@ -462,8 +471,7 @@ impl<S: Shards> Session<S> {
     ) -> Result<Vec<(usize, u64, u8)>, ClientError> {
         let mut shards = vec![home];
         for w in writes {
-            let backups = self.shards().backups(w.key).iter().map(|&b| usize::from(b));
-            for shard in std::iter::once(self.route(w.key)).chain(backups) {
+            for shard in self.write_set(w.key) {
                 if !shards.contains(&shard) {
                     shards.push(shard);
                 }

@@ -577,19 +577,11 @@ impl Connection for VirtualConnection {
     fn start(&self, batch: &mut Batch) -> Started {
         let (slot, conn) = self.current();
         let started = conn.start(batch);
-        if started.is_done() {
-            let result = conn.finish(started, batch);
-            self.after(slot, matches!(&result, Err(e) if e.is_connection_failure()));
-            return Started::done(result);
-        }
         Started::forwarded(conn, started, slot.map_or(u64::MAX, |s| s as u64))
     }
 
     fn finish(&self, started: Started, batch: &mut Batch) -> Result<(), TransportError> {
-        let sent = match started.into_forwarded() {
-            Ok(sent) => sent,
-            Err(result) => return result,
-        };
+        let sent = started.into_forwarded().unwrap_or_else(|_| unreachable!("every start here forwards"));
         let result = sent.conn.finish(sent.inner, batch);
         let slot = usize::try_from(sent.note).ok().filter(|_| sent.note != u64::MAX);
         self.after(slot, matches!(&result, Err(e) if e.is_connection_failure()));

@@ -298,15 +298,13 @@ impl Started {
 
     /// A wrapping connection's start: `inner` was started on `conn`, the connection it
     /// wraps; `note` is whatever the wrapper's finish needs back (a pool slot, say).
+    /// The wrapper's finish post-processes either way, also when `inner` is done already.
     pub fn forwarded(conn: Arc<dyn Connection>, inner: Started, note: u64) -> Self {
-        match inner.0 {
-            StartedState::Done(result) => Self(StartedState::Done(result)),
-            inner => Self(StartedState::Forwarded(conn, Box::new(Started(inner)), note)),
-        }
+        Self(StartedState::Forwarded(conn, Box::new(inner), note))
     }
 
     /// What [`Started::forwarded`] was given, for the wrapper's finish: `Err` with the
-    /// outcome when the batch is done already (nothing to wait for, nothing forwarded).
+    /// outcome when the wrapper's own start finished the batch ([`Started::done`]).
     pub fn into_forwarded(self) -> Result<Forwarded, Result<(), TransportError>> {
         match self.0 {
             StartedState::Forwarded(conn, inner, note) => Ok(Forwarded { conn, inner: *inner, note }),
@@ -318,7 +316,11 @@ impl Started {
     /// Whether the batch has executed already (nothing to wait for in
     /// [`Connection::finish`]).
     pub fn is_done(&self) -> bool {
-        matches!(self.0, StartedState::Done(_))
+        match &self.0 {
+            StartedState::Done(_) => true,
+            StartedState::Sent(..) => false,
+            StartedState::Forwarded(_, inner, _) => inner.is_done(),
+        }
     }
 }
 

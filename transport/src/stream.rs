@@ -9,7 +9,7 @@ use crate::wire::{self, Header, HEADER_BYTES};
 
 /// Read timeout set on every socket: the granularity at which a blocked reader looks up
 /// (for shutdown, deadlines, or to let another thread read).
-pub const POLL_INTERVAL: Duration = Duration::from_millis(5);
+pub(crate) const POLL_INTERVAL: Duration = Duration::from_millis(5);
 
 /// Bytes read per `read` call while filling a body; the body buffer grows only as fast as the
 /// peer actually sends, so a header that merely claims a huge body costs nothing.
@@ -38,12 +38,12 @@ pub enum FrameRead {
 }
 
 /// Whether a read failed only because nothing arrived within the socket's read timeout.
-pub fn is_timeout(e: &io::Error) -> bool {
+pub(crate) fn is_timeout(e: &io::Error) -> bool {
     matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
 }
 
 /// Fills `buf` completely; a stall longer than `stall_limit` in the middle is an error.
-pub fn read_full<R: Read>(r: &mut R, buf: &mut [u8], stall_limit: Duration) -> io::Result<()> {
+pub(crate) fn read_full<R: Read>(r: &mut R, buf: &mut [u8], stall_limit: Duration) -> io::Result<()> {
     let mut filled = 0;
     let mut last_progress = Instant::now();
     while filled < buf.len() {
@@ -86,7 +86,7 @@ pub fn read_frame<R: Read>(r: &mut R, body: &mut Vec<u8>, stall_limit: Duration)
 }
 
 /// Reads exactly `len` body bytes, growing `body` chunk by chunk.
-pub fn read_body<R: Read>(r: &mut R, body: &mut Vec<u8>, len: usize, stall_limit: Duration) -> io::Result<()> {
+pub(crate) fn read_body<R: Read>(r: &mut R, body: &mut Vec<u8>, len: usize, stall_limit: Duration) -> io::Result<()> {
     body.clear();
     while body.len() < len {
         let start = body.len();
