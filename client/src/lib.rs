@@ -83,6 +83,7 @@ mod resolve;
 pub mod ring;
 mod seed;
 pub mod session;
+mod snapshot;
 pub mod txn;
 
 use std::path::PathBuf;

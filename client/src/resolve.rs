@@ -11,8 +11,11 @@
 //! means no copy went further, so no lock was settled as committed and nothing was
 //! acknowledged); and that decision is copied into the ones after it before the lock is
 //! settled. Every resolver finds the same first record, so they all settle alike.
+//!
+//! A replicated single-key write's lock names no record (a snapshot mark): the key's
+//! primary decides it instead (`snapshot.rs`).
 
-use racekv_hashing::layout::TxnMark;
+use racekv_hashing::layout::{MarkOwner, TxnMark};
 use racekv_hashing::table::txn::{RecordLinks, TxnRecord, TxnState};
 
 use crate::error::ClientError;
@@ -29,8 +32,12 @@ impl<S: Shards> Session<S> {
         word: u64,
         mark: &TxnMark,
     ) -> Result<(), ClientError> {
-        let at = self.shard_named(shard, mark.record_node)?;
-        let Some(record) = self.on(at, |c| c.txn_read_record(mark.record_offset))? else {
+        let (record_node, record_offset) = match mark.owner {
+            MarkOwner::Record { node, offset } => (node, offset),
+            MarkOwner::Snapshot { write_id } => return self.resolve_snapshot_lock(shard, key, word, mark, write_id),
+        };
+        let at = self.shard_named(shard, record_node)?;
+        let Some(record) = self.on(at, |c| c.txn_read_record(record_offset))? else {
             // Not this transaction's record any more: its coordinator settled every lock
             // before freeing it, so the slot has moved on; the operation reads it again.
             return Ok(());
@@ -39,18 +46,19 @@ impl<S: Shards> Session<S> {
             (TxnState::Pending { deadline_ms }, _) if deadline_ms != mark.deadline_ms => return Ok(()),
             (TxnState::Pending { .. }, RecordLinks::Home(participants)) => {
                 // Read just now: pending with this lock's deadline, so abort it at once.
-                let Some(decided) = self.decide(at, mark.record_offset, mark.deadline_ms)? else { return Ok(()) };
-                let home = (mark.record_node, mark.record_offset);
+                let Some(decided) = self.decide(at, record_offset, mark.deadline_ms)? else { return Ok(()) };
+                let home = (record_node, record_offset);
                 self.copy_decision(shard, home, participants, mark.deadline_ms, decided)?;
                 decided
             }
             (state, RecordLinks::Home(participants)) => {
-                let home = (mark.record_node, mark.record_offset);
+                let home = (record_node, record_offset);
                 self.copy_decision(shard, home, participants, mark.deadline_ms, state)?;
                 state
             }
             (TxnState::Pending { .. }, &RecordLinks::Participant { home_node, home_offset, ref before }) => {
-                match self.decide_as_participant(shard, mark, (home_node, home_offset), before)? {
+                let own = (record_node, record_offset);
+                match self.decide_as_participant(shard, own, mark.deadline_ms, (home_node, home_offset), before)? {
                     Some(decided) => decided,
                     None => return Ok(()),
                 }
@@ -69,13 +77,12 @@ impl<S: Shards> Session<S> {
     fn decide_as_participant(
         &mut self,
         shard: usize,
-        mark: &TxnMark,
+        own: (u64, u64),
+        deadline_ms: u64,
         home: (u64, u64),
         before: &[(u64, u64)],
     ) -> Result<Option<TxnState>, ClientError> {
         let home_shard = self.shard_named(shard, home.0)?;
-        let deadline_ms = mark.deadline_ms;
-        let own = (mark.record_node, mark.record_offset);
         if self.shards().serves(home_shard) {
             let Some(decided) = self.decide(home_shard, home.1, deadline_ms)? else {
                 // The home record is gone: a resolver copied the decision here before

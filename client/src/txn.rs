@@ -58,7 +58,7 @@
 //! together, and all backups' settles go out together before the primaries'. The decision's
 //! copies into the participant records stay one after another (resolve.rs needs a prefix).
 
-use racekv_hashing::layout::TxnMark;
+use racekv_hashing::layout::{MarkOwner, TxnMark};
 use racekv_hashing::table::txn::{Lock, RecordLinks, TxnState, MAX_TXN_PARTICIPANTS, TXN_LEASE_MS};
 use racekv_hashing::Item;
 
@@ -177,13 +177,7 @@ impl<S: Shards> Session<S> {
         let deadline_ms = racekv_hashing::clock::now_unix_ms() + TXN_LEASE_MS;
         let records = self.stage_records(home, &writes, deadline_ms)?;
         let record_offset = records[0].1;
-        let base = TxnMark {
-            record_node: self.shards().node_id(home),
-            record_offset,
-            old_word: 0,
-            deadline_ms,
-            tombstone: false,
-        };
+        let base = TxnMark::of_record(self.shards().node_id(home), record_offset, 0, deadline_ms);
         let mut held = Vec::with_capacity(writes.len());
         let mut uncertain = false;
         let prepared = self
@@ -457,7 +451,11 @@ impl<S: Shards> Session<S> {
     /// memnode (the home's or a participant's).
     fn mark_on(&self, shard: usize, records: &[(usize, u64, u8)], old_word: u64, base: TxnMark) -> TxnMark {
         let &(_, record_offset, _) = records.iter().find(|r| r.0 == shard).expect("a record per memnode");
-        TxnMark { record_node: self.shards().node_id(shard), record_offset, old_word, ..base }
+        TxnMark {
+            owner: MarkOwner::Record { node: self.shards().node_id(shard), offset: record_offset },
+            old_word,
+            ..base
+        }
     }
 
     /// Allocates the transaction's records, staged to go out with each memnode's first lock:

@@ -119,8 +119,7 @@ fn a_dead_coordinators_replicated_write_settles_on_every_replica() {
         p.txn_relink_record(home, deadline_ms, &RecordLinks::Home(vec![(b, participant)]));
         for (c, node, record) in [(&mut p, a, home), (&mut q, b, participant)] {
             let word = c.read_versioned(key).unwrap().1.word;
-            let mark =
-                TxnMark { record_node: node, record_offset: record, old_word: word, deadline_ms, tombstone: false };
+            let mark = TxnMark::of_record(node, record, word, deadline_ms);
             assert!(c.txn_lock(key, Some(b"new"), None, mark).unwrap().is_some());
         }
         if let Some(to) = decided {
@@ -193,8 +192,7 @@ fn a_failed_over_homes_transaction_is_decided_by_the_first_participant_still_ser
         clients[0].txn_relink_record(home, deadline_ms, &RecordLinks::Home(vec![(b, pb), (c, pc)]));
         for (i, (node, record)) in [(a, home), (b, pb), (c, pc)].into_iter().enumerate() {
             let word = clients[i].read_versioned(key).unwrap().1.word;
-            let mark =
-                TxnMark { record_node: node, record_offset: record, old_word: word, deadline_ms, tombstone: false };
+            let mark = TxnMark::of_record(node, record, word, deadline_ms);
             assert!(clients[i].txn_lock(key, Some(b"new"), None, mark).unwrap().is_some());
         }
         assert_eq!(clients[0].txn_decide(home, deadline_ms, TxnState::Committed).unwrap(), Some(TxnState::Committed));

@@ -418,8 +418,7 @@ fn a_lock_outlives_its_home_records_restart_and_still_resolves_to_the_decision()
         a.txn_relink_record(home, deadline_ms, &RecordLinks::Home(vec![(node(1), participant)]));
         for (c, key, n, record) in [(&mut a, &ka, 0, home), (&mut b, &kb, 1, participant)] {
             let word = c.read_versioned(key).unwrap().1.word;
-            let mark =
-                TxnMark { record_node: node(n), record_offset: record, old_word: word, deadline_ms, tombstone: false };
+            let mark = TxnMark::of_record(node(n), record, word, deadline_ms);
             assert!(c.txn_lock(key, Some(b"new"), None, mark).unwrap().is_some());
         }
         if let Some(to) = decided {

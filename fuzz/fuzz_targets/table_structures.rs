@@ -26,9 +26,10 @@ fuzz_target!(|data: &[u8]| {
         if let Some(extent) = block.extent {
             assert!(block.value.is_empty() && extent.value_len <= MAX_VALUE_BYTES && extent.offset % 64 == 0);
         }
-        // An intent's mark names a 64 B aligned record.
-        if let Some(mark) = block.txn {
-            assert!(mark.record_offset % 64 == 0);
+        // An intent's mark names a 64 B aligned record past the superblock, or is a
+        // replicated write's.
+        if let Some((_, offset)) = block.txn.and_then(|mark| mark.record()) {
+            assert!(offset % 64 == 0 && offset != 0);
         }
         // It re-encodes to the same bytes (up to the padding and the access word's reserved
         // byte, which decoding ignores), if it is a block this build writes (one with an

@@ -52,9 +52,10 @@ pub enum Error {
     /// Heap space came from an earlier run of the memnode, which reclaimed it when it started.
     #[error("the memnode restarted since: {0}")]
     StaleInstance(String),
-    /// A transaction that holds `key` outlived its lease: whoever has the connections to its
-    /// record's memnode resolves it (`table::txn`) and tries again.
-    #[error("a transaction holding the key outlived its lease (record on memnode {:#x})", mark.record_node)]
+    /// A write that holds `key` (a transaction's, or a replicated write's) outlived its
+    /// lease: whoever has the connections to the memnodes that decide it resolves it
+    /// (`table::txn`) and tries again.
+    #[error("a write holding the key outlived its lease ({})", mark.owner)]
     Locked {
         /// The key held.
         key: Vec<u8>,

@@ -680,27 +680,92 @@ pub struct Block<'a> {
     pub checksum: u64,
 }
 
-/// What an intent block says of the transaction that wrote it ([`BLOCK_FLAG_TXN`]).
+/// What an intent block says of the write that locked its slot ([`BLOCK_FLAG_TXN`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TxnMark {
-    /// Node id of the memnode holding the transaction's record.
-    pub record_node: u64,
-    /// Region offset of the record there (64 B aligned).
-    pub record_offset: u64,
+    /// Who decides whether the write stands.
+    pub owner: MarkOwner,
     /// The slot word the intent replaced (0: the key was absent): what an abort restores.
     pub old_word: u64,
-    /// When the transaction's lease ends (Unix ms): past it, anyone may abort it.
+    /// When the write's lease ends (Unix ms): past it, anyone may settle it.
     pub deadline_ms: u64,
-    /// The transaction deletes the key: committing empties the slot.
+    /// The write deletes the key: committing empties the slot.
     pub tombstone: bool,
 }
 
+/// Who decides an intent's fate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MarkOwner {
+    /// A transaction: its record says whether it committed.
+    Record {
+        /// Node id of the memnode holding the record.
+        node: u64,
+        /// Region offset of the record there (64 B aligned, never 0: the superblock).
+        offset: u64,
+    },
+    /// A replicated single-key write (`docs/design/replication-fast-path.md`): the key's
+    /// primary decides. Each replica's intent carries the same id; a backup's intent stands
+    /// when the primary's copy (or the copy the primary's lock replaced) carries it too.
+    Snapshot {
+        /// Random, one per write.
+        write_id: u64,
+    },
+}
+
+impl std::fmt::Display for MarkOwner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MarkOwner::Record { node, offset } => {
+                write!(f, "a transaction, record at {offset:#x} on memnode {node:#x}")
+            }
+            MarkOwner::Snapshot { write_id } => write!(f, "a replicated write, id {write_id:#x}"),
+        }
+    }
+}
+
+/// The offset word's low bits: bit 0 says tombstone, bit 1 snapshot (whose offset is 0).
+const MARK_TOMBSTONE_BIT: u64 = 1;
+const MARK_SNAPSHOT_BIT: u64 = 2;
+
 impl TxnMark {
+    /// A transaction's mark, naming its record at `offset` on memnode `node`.
+    pub fn of_record(node: u64, offset: u64, old_word: u64, deadline_ms: u64) -> Self {
+        Self { owner: MarkOwner::Record { node, offset }, old_word, deadline_ms, tombstone: false }
+    }
+
+    /// A replicated single-key write's mark.
+    pub fn of_snapshot(write_id: u64, old_word: u64, deadline_ms: u64) -> Self {
+        Self { owner: MarkOwner::Snapshot { write_id }, old_word, deadline_ms, tombstone: false }
+    }
+
+    /// The transaction record's (node, offset), for a transaction's mark.
+    pub fn record(&self) -> Option<(u64, u64)> {
+        match self.owner {
+            MarkOwner::Record { node, offset } => Some((node, offset)),
+            MarkOwner::Snapshot { .. } => None,
+        }
+    }
+
+    /// The write's id, for a replicated single-key write's mark.
+    pub fn write_id(&self) -> Option<u64> {
+        match self.owner {
+            MarkOwner::Snapshot { write_id } => Some(write_id),
+            MarkOwner::Record { .. } => None,
+        }
+    }
+
     fn encode(&self) -> [u8; TXN_MARK_BYTES] {
-        assert!(self.record_offset.is_multiple_of(BLOCK_UNIT_BYTES), "record at {:#x}", self.record_offset);
+        let (first, low) = match self.owner {
+            MarkOwner::Record { node, offset } => {
+                assert!(offset.is_multiple_of(BLOCK_UNIT_BYTES) && offset != 0, "record at {offset:#x}");
+                (node, offset)
+            }
+            MarkOwner::Snapshot { write_id } => (write_id, MARK_SNAPSHOT_BIT),
+        };
+        let tombstone = if self.tombstone { MARK_TOMBSTONE_BIT } else { 0 };
         let mut out = [0u8; TXN_MARK_BYTES];
-        out[0..8].copy_from_slice(&self.record_node.to_le_bytes());
-        out[8..16].copy_from_slice(&(self.record_offset | u64::from(self.tombstone)).to_le_bytes());
+        out[0..8].copy_from_slice(&first.to_le_bytes());
+        out[8..16].copy_from_slice(&(low | tombstone).to_le_bytes());
         out[16..24].copy_from_slice(&self.old_word.to_le_bytes());
         out[24..32].copy_from_slice(&self.deadline_ms.to_le_bytes());
         out
@@ -712,13 +777,13 @@ impl TxnMark {
             return None;
         }
         let (offset, low) = (word(8) & !(BLOCK_UNIT_BYTES - 1), word(8) & (BLOCK_UNIT_BYTES - 1));
-        (low <= 1).then(|| Self {
-            record_node: word(0),
-            record_offset: offset,
-            old_word: word(16),
-            deadline_ms: word(24),
-            tombstone: low == 1,
-        })
+        let owner = match (low & !MARK_TOMBSTONE_BIT, offset) {
+            (0, 0) => return None, // no record at offset 0
+            (0, offset) => MarkOwner::Record { node: word(0), offset },
+            (MARK_SNAPSHOT_BIT, 0) => MarkOwner::Snapshot { write_id: word(0) },
+            _ => return None,
+        };
+        Some(Self { owner, old_word: word(16), deadline_ms: word(24), tombstone: low & MARK_TOMBSTONE_BIT != 0 })
     }
 }
 
@@ -1206,13 +1271,18 @@ mod tests {
             value in proptest::collection::vec(any::<u8>(), 0..300),
             expires_at_ms in proptest::option::of(any::<u64>()),
             indirect in any::<bool>(),
-            record_node in any::<u64>(),
-            record_offset in (0u64..(1 << 40)).prop_map(|o| o << 6),
+            owner_word in any::<u64>(),
+            record_offset in (1u64..(1 << 40)).prop_map(|o| o << 6),
+            snapshot in any::<bool>(),
             old_word in any::<u64>(),
             deadline_ms in any::<u64>(),
             tombstone in any::<bool>(),
         ) {
-            let mark = TxnMark { record_node, record_offset, old_word, deadline_ms, tombstone };
+            let owner = match snapshot {
+                true => MarkOwner::Snapshot { write_id: owner_word },
+                false => MarkOwner::Record { node: owner_word, offset: record_offset },
+            };
+            let mark = TxnMark { owner, old_word, deadline_ms, tombstone };
             let extent = Extent::of(4096, &value);
             let mut out = Vec::new();
             let access = Access::decode(old_word);
@@ -1387,6 +1457,31 @@ mod tests {
         assert_eq!(block_units_for(8, 24, true), Some(1));
         assert!(block_units_for(1, MAX_KV_BYTES - 1 - BLOCK_EXPIRY_BYTES, true).is_some());
         assert!(block_units_for(1, MAX_KV_BYTES - BLOCK_EXPIRY_BYTES, true).is_none());
+    }
+
+    #[test]
+    fn marks_are_a_records_or_a_snapshot_writes_and_nothing_else() {
+        let mark_bytes = |first: u64, second: u64| {
+            let mut out = [0u8; TXN_MARK_BYTES];
+            out[0..8].copy_from_slice(&first.to_le_bytes());
+            out[8..16].copy_from_slice(&second.to_le_bytes());
+            out[16..24].copy_from_slice(&5u64.to_le_bytes());
+            out[24..32].copy_from_slice(&9u64.to_le_bytes());
+            out
+        };
+        // A transaction's mark as every earlier build wrote it: node, offset | tombstone.
+        let record = TxnMark::decode(&mark_bytes(7, 4096 | 1)).unwrap();
+        assert_eq!(record, TxnMark { tombstone: true, ..TxnMark::of_record(7, 4096, 5, 9) });
+        assert_eq!(record.encode(), mark_bytes(7, 4096 | 1));
+        let snapshot = TxnMark::decode(&mark_bytes(0xabc, 2)).unwrap();
+        assert_eq!(snapshot, TxnMark::of_snapshot(0xabc, 5, 9));
+        assert_eq!((snapshot.record(), snapshot.write_id()), (None, Some(0xabc)));
+        assert_eq!(TxnMark::decode(&mark_bytes(0xabc, 3)).map(|m| m.tombstone), Some(true));
+        // No record at offset 0; a snapshot write names no offset; unknown low bits.
+        for second in [0, 1, 4096 | 2, 4096 | 3, 4, 4096 | 8, 63] {
+            assert_eq!(TxnMark::decode(&mark_bytes(7, second)), None, "offset word {second:#x}");
+        }
+        assert_eq!(TxnMark::decode(&mark_bytes(7, 4096)[..TXN_MARK_BYTES - 1]), None);
     }
 
     #[test]

@@ -121,13 +121,16 @@ pub fn reclaim(conn: &dyn Connection, layout: &Layout) -> Result<Reclaimed, Erro
     if found.bad_slots > 0 {
         tracing::error!(bad_slots = found.bad_slots, "slots point outside the heap; left as they are");
     }
-    // A transaction's locked slot keeps two more things alive (`table::txn`): the block its
-    // lock replaced (an abort puts it back) and, on this memnode, its record.
+    // A locked slot keeps two more things alive (`table::txn`): the block its lock replaced
+    // (an abort puts it back) and, for a transaction's lock on this memnode, its record.
     let mut records = Vec::new();
     for_each_block(conn, &mut b, &locked, |block| {
         let Some(mark) = block.and_then(|block| block.txn) else { return };
-        if mark.record_node == node_id && mark.record_offset >= heap && mark.record_offset + BLOCK_UNIT_BYTES <= top {
-            records.push(mark.record_offset);
+        if let Some((_, offset)) = mark
+            .record()
+            .filter(|&(node, offset)| node == node_id && offset >= heap && offset + BLOCK_UNIT_BYTES <= top)
+        {
+            records.push(offset);
         }
         let Some(old) = Slot::decode(mark.old_word) else { return };
         if old.block >= heap && old.block + old.block_bytes() <= top {

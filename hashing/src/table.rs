@@ -63,11 +63,13 @@ use crate::probe::{Probe, ProbeReads};
 use crate::rpc::{self, method, SplitRequest};
 use crate::stall::{StallClock, Stamp};
 
+mod held;
 mod touch;
 pub mod txn;
 mod walk;
 mod witness;
 
+pub use held::HeldCopy;
 pub use witness::Witness;
 
 /// Tunables of table clients.

@@ -23,7 +23,7 @@ fn die_holding_locks(memnode: &TestMemnode, options: TableOptions, deadline_ms: 
     let mut c = table.client(memnode.connect());
     let record_offset = c.txn_record(deadline_ms, &RecordLinks::Home(Vec::new())).unwrap();
     let node = read_node_id(&*memnode.connect()).unwrap();
-    let base = TxnMark { record_node: node, record_offset, old_word: 0, deadline_ms, tombstone: false };
+    let base = TxnMark::of_record(node, record_offset, 0, deadline_ms);
     for (key, value) in [(&b"k-small"[..], &b"new"[..]), (b"k-big", &big(9)[..]), (b"k-new", b"fresh")] {
         let word = c.read_versioned(key).unwrap().1.word;
         let lock = c.txn_lock(key, Some(value), None, TxnMark { old_word: word, ..base }).unwrap();
@@ -49,9 +49,9 @@ fn settle_all(memnode: &TestMemnode, options: TableOptions, decide: TxnState) {
     for key in [&b"k-small"[..], b"k-big", b"k-new"] {
         let (k, word, mark) = locked(c.get(key));
         assert_eq!(k, key);
-        let state = match c.txn_state(mark.record_offset).unwrap() {
+        let state = match c.txn_state(mark.record().unwrap().1).unwrap() {
             Some(TxnState::Pending { deadline_ms }) => {
-                c.txn_decide(mark.record_offset, deadline_ms, decide).unwrap().unwrap()
+                c.txn_decide(mark.record().unwrap().1, deadline_ms, decide).unwrap().unwrap()
             }
             Some(decided) => decided,
             None => panic!("the record was lost"),
@@ -115,7 +115,7 @@ fn a_committed_transaction_whose_coordinator_died_rolls_forward() {
         // It had decided before it died.
         let table = memnode.table(options);
         let mut c = table.client(memnode.connect());
-        let decided = c.txn_decide(mark.record_offset, deadline, TxnState::Committed).unwrap();
+        let decided = c.txn_decide(mark.record().unwrap().1, deadline, TxnState::Committed).unwrap();
         assert_eq!(decided, Some(TxnState::Committed));
     }
     memnode.reclaim_as_if_restarted();
@@ -142,7 +142,7 @@ fn others_wait_for_a_lock_within_its_lease_and_a_second_lock_fails_at_once() {
     let record_offset = holder.txn_record(deadline_ms, &RecordLinks::Home(Vec::new())).unwrap();
     let node = read_node_id(&*memnode.connect()).unwrap();
     let word = holder.read_versioned(b"k").unwrap().1.word;
-    let mark = TxnMark { record_node: node, record_offset, old_word: word, deadline_ms, tombstone: false };
+    let mark = TxnMark::of_record(node, record_offset, word, deadline_ms);
     let lock = holder.txn_lock(b"k", Some(b"v1"), None, mark).unwrap().expect("uncontended lock");
     // Another transaction's lock on the same key fails without waiting.
     let seen = other.txn_version(b"k").unwrap().word;
@@ -179,7 +179,7 @@ fn a_memnode_restart_under_the_first_lock_aborts_instead_of_naming_a_lost_record
     // the record is lost with that run. The write would start over in the new run; a lock
     // naming the record must not.
     faulty.schedule(0, Fault::Restarted);
-    let mark = TxnMark { record_node: node, record_offset, old_word: word, deadline_ms, tombstone: false };
+    let mark = TxnMark::of_record(node, record_offset, word, deadline_ms);
     match c.txn_lock(b"k", Some(b"new"), None, mark) {
         Err(Error::Transport(racekv_transport::TransportError::InstanceChanged { .. })) => {}
         other => panic!("a lock over a lost record: {other:?}"),
@@ -192,7 +192,7 @@ fn a_memnode_restart_under_the_first_lock_aborts_instead_of_naming_a_lost_record
     // record is dropped, not left staged).
     let deadline_ms = racekv_hashing::clock::now_unix_ms() + TXN_LEASE_MS;
     let record_offset = c.txn_record(deadline_ms, &RecordLinks::Home(Vec::new())).unwrap();
-    let mark = TxnMark { record_node: node, record_offset, old_word: word, deadline_ms, tombstone: false };
+    let mark = TxnMark::of_record(node, record_offset, word, deadline_ms);
     let lock = c.txn_lock(b"k", Some(b"new"), None, mark).unwrap().expect("no one else holds k");
     assert_eq!(c.txn_state(record_offset).unwrap(), Some(TxnState::Pending { deadline_ms }));
     assert_eq!(c.txn_decide(record_offset, deadline_ms, TxnState::Committed).unwrap(), Some(TxnState::Committed));
@@ -213,7 +213,7 @@ fn a_restart_keeps_a_home_record_of_several_units_while_a_lock_names_it() {
         let table = memnode.table(options);
         let mut c = table.client(memnode.connect());
         let record_offset = c.txn_record(deadline_ms, &links).unwrap();
-        let mark = TxnMark { record_node: node, record_offset, old_word: 0, deadline_ms, tombstone: false };
+        let mark = TxnMark::of_record(node, record_offset, 0, deadline_ms);
         assert!(c.txn_lock(b"k", Some(b"v"), None, mark).unwrap().is_some());
         c.flush().unwrap();
         std::mem::forget(c);
@@ -227,10 +227,13 @@ fn a_restart_keeps_a_home_record_of_several_units_while_a_lock_names_it() {
         c.put(format!("filler-{i}").as_bytes(), &vec![3u8; (i * 7) % 1500]).unwrap();
     }
     let (_, word, mark) = locked(c.get(b"k"));
-    let record = c.txn_read_record(mark.record_offset).unwrap().expect("the record survived");
+    let record = c.txn_read_record(mark.record().unwrap().1).unwrap().expect("the record survived");
     assert_eq!(record.state, TxnState::Pending { deadline_ms });
     assert_eq!(record.links, links);
-    assert_eq!(c.txn_decide(mark.record_offset, deadline_ms, TxnState::Aborted).unwrap(), Some(TxnState::Aborted));
+    assert_eq!(
+        c.txn_decide(mark.record().unwrap().1, deadline_ms, TxnState::Aborted).unwrap(),
+        Some(TxnState::Aborted)
+    );
     assert!(c.txn_settle(b"k", word, &mark, false, 0).unwrap());
     assert_eq!(c.get(b"k").unwrap(), None);
 }

@@ -9,7 +9,9 @@
 //! * A **lock** swings a key's canonical slot, by CAS from the word the transaction read, to
 //!   a *locked* word naming an **intent block**: the new value (or a tombstone), and a
 //!   [`TxnMark`] saying where the record is, what the slot held before, and when the lease
-//!   ends. The block the lock replaced is not retired: an abort puts its word back.
+//!   ends. The block the lock replaced is not retired: an abort puts its word back. (A
+//!   replicated single-key write locks and settles with the same steps; its mark names no
+//!   record: `client/src/snapshot.rs`.)
 //! * **Settling** swings a locked word to its outcome: the same block unlocked (commit), 0
 //!   (a committed delete), or the old word (abort), and retires what lost.
 //!
@@ -332,7 +334,8 @@ impl TableClient {
 
     /// Whether the lock being written names this client's record (so lives on its memnode).
     pub(super) fn locks_local_record(&self) -> bool {
-        self.intent.is_some_and(|m| self.record_run.is_some_and(|(record, _)| record == m.record_offset))
+        let named = self.intent.and_then(|m| m.record()).map(|(_, offset)| offset);
+        named.is_some_and(|offset| self.record_run.is_some_and(|(record, _)| record == offset))
     }
 
     /// Refuses a lock naming this memnode's record in space of another run than the
@@ -372,7 +375,6 @@ impl TableClient {
         expires_at_ms: Option<u64>,
         mark: TxnMark,
     ) -> Result<Option<Lock>, Error> {
-        assert!(mark.record_offset.is_multiple_of(BLOCK_UNIT_BYTES), "record at {:#x}", mark.record_offset);
         assert!(
             mark.old_word == 0 || Slot::decode(mark.old_word).is_some_and(|s| !s.locked),
             "locking from word {:#x}",

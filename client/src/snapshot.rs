@@ -1,0 +1,325 @@
+//! Settling a replicated single-key write's intents once it outlived its lease (its writer
+//! died or stalled): the rules R3 and R4 of `docs/design/replication-fast-path.md`.
+//!
+//! Such a write (a *snapshot* write: its intents carry a `MarkOwner::Snapshot` id, the
+//! same on every replica, and no record) locks the key's primary and each backup; its lock
+//! on the primary is its order among the key's writes, and publishing it there is the
+//! write's linearization point. So the primary decides:
+//!
+//! * **An intent on the primary** is rolled forward, never back: its item is placed on
+//!   every backup of the current map (a backup holding this write's intent is published, one
+//!   holding another write's dead intent has that settled first), then the primary's is
+//!   published. A write whose primary lock stands may have been acknowledged to no one, but
+//!   equally may be about to be: rolling forward is what keeps the replicas equal either way.
+//! * **An intent on a backup** stands (is published) when the primary's copy is this write's,
+//!   locked or published, or is a lock over this write's copy (the lock keeps the copy it
+//!   replaced, and its mark). Otherwise the write never took the primary (or its lock there
+//!   was rolled back by no one: primary locks are only rolled forward), so it never was
+//!   acknowledged: the backup goes back to the word it held.
+//!
+//! A delete leaves no block to compare, so its writer publishes it on the backups before
+//! the primary: then a primary without the key never had that delete's lock overtaken while
+//! a backup still holds its intent. (Other writes publish everywhere in one round; their
+//! published blocks keep their marks.)
+//!
+//! Why one level of "a lock over this write's copy" is enough: a later write that replaced
+//! this write's copy on the primary must lock every backup before it publishes, which
+//! settles this write's intents there first.
+
+use std::time::{Duration, Instant};
+
+use racekv_hashing::layout::TxnMark;
+use racekv_hashing::table::txn::TXN_LEASE_SLACK_MS;
+use racekv_hashing::table::HeldCopy;
+use racekv_hashing::Item;
+
+use crate::error::ClientError;
+use crate::session::{Session, Shards};
+
+/// How long a resolver waits before looking again at another write's intent within its
+/// lease, on a backup it must place a write on.
+const RECHECK_INTERVAL: Duration = Duration::from_millis(5);
+
+impl<S: Shards> Session<S> {
+    /// Settles the intent `word` (marked `mark`, of write `write_id`) met on `key` at memnode
+    /// `shard`, whose lease has passed (see the module's comment).
+    pub(crate) fn resolve_snapshot_lock(
+        &mut self,
+        shard: usize,
+        key: &[u8],
+        word: u64,
+        mark: &TxnMark,
+        write_id: u64,
+    ) -> Result<(), ClientError> {
+        assert_eq!(mark.write_id(), Some(write_id), "a snapshot write's mark");
+        let primary = self.route(key);
+        if shard == primary {
+            return self.roll_forward(primary, key, word, mark, write_id);
+        }
+        let held = self.on(primary, |c| c.held_copy(key))?;
+        let stands = held.as_ref().is_some_and(|copy| holds_write(copy, write_id));
+        racekv_hashing::table::txn::count_resolution(stands);
+        self.on(shard, |c| c.txn_settle(key, word, mark, stands, 0))?;
+        Ok(())
+    }
+
+    /// Places the write whose intent `word` holds `key` on its primary on every backup,
+    /// then publishes it on the primary.
+    fn roll_forward(
+        &mut self,
+        primary: usize,
+        key: &[u8],
+        word: u64,
+        mark: &TxnMark,
+        write_id: u64,
+    ) -> Result<(), ClientError> {
+        let Some(held) = self.on(primary, |c| c.held_copy(key))?.filter(|copy| copy.word == word) else {
+            return Ok(()); // settled meanwhile: the operation reads the key again
+        };
+        let item = (!mark.tombstone).then_some(held.item);
+        let backups: Vec<usize> = self.shards().backups(key).iter().map(|&b| usize::from(b)).collect();
+        for backup in backups {
+            self.place_on_backup(backup, key, mark, write_id, item.as_ref())?;
+        }
+        racekv_hashing::table::txn::count_resolution(true);
+        self.on(primary, |c| c.txn_settle(key, word, mark, true, 0))?;
+        Ok(())
+    }
+
+    /// Makes backup `shard` hold write `write_id` (`item`, None: a delete) published.
+    fn place_on_backup(
+        &mut self,
+        shard: usize,
+        key: &[u8],
+        mark: &TxnMark,
+        write_id: u64,
+        item: Option<&Item>,
+    ) -> Result<(), ClientError> {
+        let deadline = Instant::now() + self.shards().timeout();
+        loop {
+            let held = self.on(shard, |c| c.held_copy(key))?;
+            let old_word = match &held {
+                Some(copy) if copy.locked() => {
+                    let other = copy.mark.expect("an intent has a mark");
+                    if other.write_id() == Some(write_id) {
+                        self.on(shard, |c| c.txn_settle(key, copy.word, &other, true, 0))?;
+                        return Ok(());
+                    }
+                    // Another write's intent: settled by its own rules once its lease is
+                    // over (a transaction's by its record; a snapshot write's by this
+                    // primary, which holds our write, so it goes back unless it stood).
+                    if racekv_hashing::clock::now_unix_ms() > other.deadline_ms.saturating_add(TXN_LEASE_SLACK_MS) {
+                        self.resolve_lock(shard, key, copy.word, &other)?;
+                    } else if Instant::now() >= deadline {
+                        return Err(ClientError::Conflict(format!(
+                            "another write held a backup's copy of a key for {:?} while a dead write was placed on it",
+                            self.shards().timeout()
+                        )));
+                    } else {
+                        std::thread::sleep(RECHECK_INTERVAL);
+                    }
+                    continue;
+                }
+                Some(copy) => copy.word,
+                None if item.is_none() => return Ok(()), // a delete, and the key is absent here
+                None => 0,
+            };
+            let placed =
+                TxnMark { tombstone: item.is_none(), ..TxnMark::of_snapshot(write_id, old_word, mark.deadline_ms) };
+            let (value, expires_at_ms) = match item {
+                Some(item) => (Some(&item.value[..]), item.expires_at_ms),
+                None => (None, None),
+            };
+            if let Some(lock) = self.on(shard, |c| c.txn_lock(key, value, expires_at_ms, placed))? {
+                self.on(shard, |c| c.txn_settle(key, lock.word, &placed, true, lock.replaced))?;
+                return Ok(());
+            }
+            // The copy changed since it was read: look again.
+        }
+    }
+}
+
+/// Whether the primary's copy `copy` says write `write_id` took the key: the copy is that
+/// write's (locked or published), or a lock over that write's copy.
+fn holds_write(copy: &HeldCopy, write_id: u64) -> bool {
+    let of = |mark: Option<TxnMark>| mark.and_then(|m| m.write_id()) == Some(write_id);
+    of(copy.mark) || (copy.locked() && of(copy.replaced_mark))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use racekv_hashing::layout::TxnMark;
+    use racekv_hashing::table::txn::TXN_LEASE_SLACK_MS;
+    use racekv_hashing::table::HeldCopy;
+    use racekv_hashing::testing::{TestMemnode, Via};
+    use racekv_hashing::{Table, TableClient, TableOptions};
+
+    use crate::error::ClientError;
+    use crate::session::{pick_mut, Session, Shards};
+
+    const KEY: &[u8] = b"key";
+
+    /// Three memnodes holding every key: 0 the primary, 1 and 2 its backups.
+    struct Replicas {
+        clients: Vec<TableClient>,
+    }
+
+    impl Shards for Replicas {
+        fn route(&self, _key: &[u8]) -> usize {
+            0
+        }
+        fn backups(&self, _key: &[u8]) -> &[u16] {
+            &[1, 2]
+        }
+        fn count(&self) -> usize {
+            3
+        }
+        fn label(&self, _shard: usize) -> &str {
+            "test"
+        }
+        fn node_id(&self, shard: usize) -> u64 {
+            shard as u64 + 1
+        }
+        fn timeout(&self) -> Duration {
+            Duration::from_secs(5)
+        }
+        fn client(&mut self, shard: usize) -> Result<&mut TableClient, ClientError> {
+            Ok(&mut self.clients[shard])
+        }
+        fn clients(&mut self, shards: &[usize]) -> Result<Vec<&mut TableClient>, ClientError> {
+            Ok(pick_mut(&mut self.clients, shards))
+        }
+    }
+
+    struct Cluster {
+        memnodes: Vec<TestMemnode>,
+        tables: Vec<Table>,
+    }
+
+    impl Cluster {
+        /// Three memnodes, each holding `KEY` = "old".
+        fn start() -> Self {
+            let memnodes: Vec<TestMemnode> = (0..3).map(|_| TestMemnode::start(Via::Local, 16 << 20, 16)).collect();
+            let options = TableOptions { grace_period: Duration::ZERO, ..TableOptions::default() };
+            let tables: Vec<Table> = memnodes.iter().map(|m| m.table(options)).collect();
+            let cluster = Self { memnodes, tables };
+            for i in 0..3 {
+                cluster.client(i).put(KEY, b"old").unwrap();
+            }
+            cluster
+        }
+
+        fn client(&self, i: usize) -> TableClient {
+            self.tables[i].client(self.memnodes[i].connect())
+        }
+
+        fn session(&self) -> Session<Replicas> {
+            Session::new(Replicas { clients: (0..3).map(|i| self.client(i)).collect() })
+        }
+
+        fn held(&self, i: usize) -> Option<HeldCopy> {
+            self.client(i).held_copy(KEY).unwrap()
+        }
+
+        /// What memnode `i` holds, checked to be settled.
+        fn value(&self, i: usize) -> Option<Vec<u8>> {
+            let held = self.held(i);
+            assert!(held.as_ref().is_none_or(|h| !h.locked()), "memnode {i} still holds an intent");
+            held.map(|h| h.item.value)
+        }
+
+        /// A snapshot write's intent of `value` (None: a delete) on memnode `i`, as its writer
+        /// places it, with its lease over (`live`: not yet). Returns its word and mark.
+        fn lock(&self, i: usize, value: Option<&[u8]>, write_id: u64, live: bool) -> (u64, TxnMark) {
+            let now = racekv_hashing::clock::now_unix_ms();
+            let deadline_ms = if live { now + 60_000 } else { now - TXN_LEASE_SLACK_MS - 1 };
+            let mut c = self.client(i);
+            let old_word = c.held_copy(KEY).unwrap().map_or(0, |h| h.word);
+            let mark = TxnMark { tombstone: value.is_none(), ..TxnMark::of_snapshot(write_id, old_word, deadline_ms) };
+            let lock = c.txn_lock(KEY, value, None, mark).unwrap().expect("nothing else holds the key");
+            (lock.word, mark)
+        }
+
+        /// Publishes an intent `lock` placed.
+        fn publish(&self, i: usize, (word, mark): (u64, TxnMark)) {
+            assert!(self.client(i).txn_settle(KEY, word, &mark, true, 0).unwrap());
+        }
+    }
+
+    #[test]
+    fn a_dead_writers_lock_on_the_primary_is_rolled_forward_to_every_backup() {
+        let cluster = Cluster::start();
+        // Locked on the primary and one backup; the other backup never reached.
+        cluster.lock(0, Some(b"new"), 7, false);
+        cluster.lock(1, Some(b"new"), 7, false);
+        assert_eq!(cluster.session().get(KEY).unwrap().as_deref(), Some(&b"new"[..]));
+        for i in 0..3 {
+            assert_eq!(cluster.value(i).as_deref(), Some(&b"new"[..]), "memnode {i}");
+        }
+    }
+
+    #[test]
+    fn a_dead_writers_delete_is_rolled_forward_too() {
+        let cluster = Cluster::start();
+        cluster.lock(0, None, 8, false);
+        assert_eq!(cluster.session().get(KEY).unwrap(), None);
+        for i in 0..3 {
+            assert_eq!(cluster.value(i), None, "memnode {i}");
+        }
+    }
+
+    #[test]
+    fn intents_of_a_write_that_lost_the_primary_go_back() {
+        let cluster = Cluster::start();
+        let intents = [cluster.lock(1, Some(b"new"), 9, false), cluster.lock(2, Some(b"new"), 9, false)];
+        let mut session = cluster.session();
+        for (i, (word, mark)) in intents.into_iter().enumerate() {
+            session.resolve_lock(i + 1, KEY, word, &mark).unwrap();
+        }
+        for i in 0..3 {
+            assert_eq!(cluster.value(i).as_deref(), Some(&b"old"[..]), "memnode {i}");
+        }
+        // Also while another write, live, holds the primary.
+        let (word, mark) = cluster.lock(1, Some(b"new"), 10, false);
+        cluster.lock(0, Some(b"other"), 11, true);
+        session.resolve_lock(1, KEY, word, &mark).unwrap();
+        assert_eq!(cluster.value(1).as_deref(), Some(&b"old"[..]));
+    }
+
+    #[test]
+    fn a_backups_intent_stands_once_the_primary_took_its_write() {
+        // Published on the primary (the writer died before the backups' publish).
+        let cluster = Cluster::start();
+        let at_primary = cluster.lock(0, Some(b"new"), 12, false);
+        let (word, mark) = cluster.lock(1, Some(b"new"), 12, false);
+        cluster.publish(0, at_primary);
+        cluster.session().resolve_lock(1, KEY, word, &mark).unwrap();
+        assert_eq!(cluster.value(1).as_deref(), Some(&b"new"[..]));
+
+        // Published on the primary, and another write, live, locked the primary over it.
+        let cluster = Cluster::start();
+        let at_primary = cluster.lock(0, Some(b"new"), 13, false);
+        let (word, mark) = cluster.lock(1, Some(b"new"), 13, false);
+        cluster.publish(0, at_primary);
+        cluster.lock(0, Some(b"later"), 14, true);
+        cluster.session().resolve_lock(1, KEY, word, &mark).unwrap();
+        assert_eq!(cluster.value(1).as_deref(), Some(&b"new"[..]));
+    }
+
+    #[test]
+    fn a_dead_write_over_another_dead_writes_copy_is_rolled_forward_over_its_intents() {
+        // Write 15 published on the primary, its intent still on backup 1; then write 16
+        // locked the primary over it; both writers died.
+        let cluster = Cluster::start();
+        let at_primary = cluster.lock(0, Some(b"first"), 15, false);
+        cluster.lock(1, Some(b"first"), 15, false);
+        cluster.publish(0, at_primary);
+        cluster.lock(0, Some(b"second"), 16, false);
+        assert_eq!(cluster.session().get(KEY).unwrap().as_deref(), Some(&b"second"[..]));
+        for i in 0..3 {
+            assert_eq!(cluster.value(i).as_deref(), Some(&b"second"[..]), "memnode {i}");
+        }
+    }
+}
