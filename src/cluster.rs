@@ -139,6 +139,19 @@ pub enum ClusterCommand {
         #[command(flatten)]
         copy: CopyArgs,
     },
+    /// How replicated single-key writes go: `on`, by the snapshot protocol (every replica's
+    /// steps together, about 5 round trips; new clusters start with it), or `off`, as
+    /// one-key transactions (about 9 + R - 1). Turn it on in a cluster started by an older
+    /// build only once every memnode, computenode and client runs this build or newer.
+    SetSnapshotWrites {
+        #[command(flatten)]
+        target: EtcdTarget,
+        /// on or off.
+        #[arg(value_parser = clap::builder::BoolishValueParser::new())]
+        on: bool,
+        #[command(flatten)]
+        copy: CopyArgs,
+    },
     /// Spread primaries over each partition's replicas (after failovers the survivors are
     /// primary of everything; a memnode back rejoins as a backup). Nothing is copied.
     Balance {
@@ -364,6 +377,15 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
                     map.epoch
                 ),
                 None => println!("cluster {}: every partition has a live replica; nothing to recover", target.cluster),
+            }
+            Ok(())
+        }
+        ClusterCommand::SetSnapshotWrites { target, on, copy } => {
+            let (etcd, client) = (connect(&target)?, copy.client(&target)?);
+            let how = if on { "by the snapshot protocol" } else { "as one-key transactions" };
+            match crate::membership::set_snapshot_writes(&etcd, &client, on)? {
+                Some(epoch) => println!("cluster {}: replicated writes go {how} (map epoch {epoch})", target.cluster),
+                None => println!("cluster {}: replicated writes already go {how}", target.cluster),
             }
             Ok(())
         }

@@ -438,6 +438,15 @@ pub fn balance(etcd: &Etcd, client: &Client) -> anyhow::Result<Option<u64>> {
     Ok(update_map(etcd, client, |map| Ok(membership::balance_primaries(map)))?.map(|(_, next)| next.epoch))
 }
 
+/// Turns the snapshot protocol for replicated writes on or off (`ClusterMap::snapshot_writes`):
+/// a new map epoch, nothing moved. Returns the new epoch, or None when it was so already.
+pub fn set_snapshot_writes(etcd: &Etcd, client: &Client, on: bool) -> anyhow::Result<Option<u64>> {
+    let done = update_map(etcd, client, |map| {
+        Ok((map.snapshot_writes != on).then(|| ClusterMap { epoch: map.epoch + 1, snapshot_writes: on, ..map.clone() }))
+    })?;
+    Ok(done.map(|(_, next)| next.epoch))
+}
+
 /// Lists a memnode that came back empty where a down, failed-over memnode was in that one's
 /// stead (`membership::replacement`); the healer's rejoin then fills it. Returns (the
 /// memnode replaced, the one replacing it), or None when no registered memnode is one.

@@ -225,10 +225,15 @@ impl Cluster {
         let (router, follower) = match map {
             None => (Arc::new(Router::ring(&ids)), None),
             Some(map) => {
-                let router =
-                    Router::map(map.map().epoch, map.map().replicas, &map.replica_sets(), &ids, &mapped, |i| {
-                        memnodes[i].label.clone()
-                    });
+                let router = Router::map(
+                    map.map().epoch,
+                    map.map().replicas,
+                    map.map().snapshot_writes,
+                    &map.replica_sets(),
+                    &ids,
+                    &mapped,
+                    |i| memnodes[i].label.clone(),
+                );
                 let router = Arc::new(router.map_err(ClientError::Config)?);
                 let (added, connect) = (Arc::clone(&memnodes), connect.clone());
                 let add = move |router: &Router, info: &racekv_coord::MemnodeInfo| {
@@ -324,6 +329,10 @@ impl Shards for EmbeddedShards {
 
     fn locks_writes(&self, key: &[u8]) -> bool {
         self.routing.locks_writes(key)
+    }
+
+    fn snapshot_writes(&self) -> bool {
+        self.routing.snapshot_writes()
     }
 
     fn item_share(&self, shard: usize) -> (u64, u64) {

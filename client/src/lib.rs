@@ -84,6 +84,7 @@ pub mod ring;
 mod seed;
 pub mod session;
 mod snapshot;
+mod snapshot_write;
 pub mod txn;
 
 use std::path::PathBuf;

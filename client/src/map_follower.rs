@@ -221,7 +221,7 @@ fn watch(
         };
         outcome(match next {
             Ok((map, _revision)) => match connect_new(&router, &map, &connect)
-                .and_then(|()| router.install(map.epoch, map.replicas, &map.write_sets()))
+                .and_then(|()| router.install(map.epoch, map.replicas, map.snapshot_writes, &map.write_sets()))
             {
                 Ok(()) => {
                     tracing::info!(epoch = map.epoch, partitions = map.partitions.len(), "installed a new cluster map");

@@ -61,6 +61,7 @@ impl Router {
     pub fn map(
         epoch: u64,
         replicas: u8,
+        snapshot_writes: bool,
         replica_sets: &[Vec<u64>],
         ids: &[u64],
         mapped: &[u64],
@@ -74,7 +75,8 @@ impl Router {
                 mapped.get(i).map_or("none".into(), |id| format!("{id:#x}"))
             ));
         }
-        Ok(Self::with(Placement::partitions(partition_table(epoch, replicas, replica_sets, ids)?), ids))
+        let table = partition_table(epoch, replicas, replica_sets, ids)?.with_snapshot_writes(snapshot_writes);
+        Ok(Self::with(Placement::partitions(table), ids))
     }
 
     fn with(placement: Placement, ids: &[u64]) -> Self {
@@ -128,8 +130,15 @@ impl Router {
     /// Routes by a newer map from now on. Refused (routing unchanged) on a fixed ring, for a
     /// map not newer than the current one, and for a replica this process has no
     /// connection to.
-    pub fn install(&self, epoch: u64, replicas: u8, replica_sets: &[Vec<u64>]) -> Result<(), String> {
-        let table = partition_table(epoch, replicas, replica_sets, &self.ids.read())?;
+    pub fn install(
+        &self,
+        epoch: u64,
+        replicas: u8,
+        snapshot_writes: bool,
+        replica_sets: &[Vec<u64>],
+    ) -> Result<(), String> {
+        let table =
+            partition_table(epoch, replicas, replica_sets, &self.ids.read())?.with_snapshot_writes(snapshot_writes);
         self.placement.install(table)?;
         drop(self.installed.0.lock());
         self.installed.1.notify_all();
@@ -230,6 +239,11 @@ impl SessionRouting {
         self.table.as_ref().is_some_and(|table| table.locks_writes(key))
     }
 
+    /// Whether replicated writes go by the snapshot protocol (the map's flag; never on a ring).
+    pub fn snapshot_writes(&self) -> bool {
+        self.table.as_ref().is_some_and(|table| table.snapshot_writes())
+    }
+
     /// Whether `shard` holds a partition (on a ring, every one does).
     pub fn serves(&self, shard: usize) -> bool {
         self.table.as_ref().is_none_or(|table| table.serves(shard))
@@ -280,20 +294,20 @@ mod tests {
     #[test]
     fn sessions_route_by_the_map_they_took_until_they_refresh() {
         let label = |i: usize| format!("memnode #{i}");
-        assert!(Router::map(1, 1, &[vec![10], vec![20]], &[10, 20], &[10, 21], label)
+        assert!(Router::map(1, 1, false, &[vec![10], vec![20]], &[10, 20], &[10, 21], label)
             .unwrap_err()
             .contains("memnode #1 has node id 0x14, not the one the cluster map gives it (0x15)"));
-        let router = Router::map(1, 2, &[vec![10, 20], vec![20, 10]], &[10, 20], &[10, 20], label).unwrap();
+        let router = Router::map(1, 2, false, &[vec![10, 20], vec![20, 10]], &[10, 20], &[10, 20], label).unwrap();
         let mut session = router.session();
         let key = b"k";
         let first = session.route(&router, key);
         let other = [20, 10][first];
         assert_eq!(session.backups(key), &[1 - first as u16][..]);
-        router.install(2, 1, &[vec![other], vec![other]]).unwrap();
+        router.install(2, 1, false, &[vec![other], vec![other]]).unwrap();
         assert_eq!(session.route(&router, key), first, "one operation, one map");
         session.refresh(&router);
         assert_eq!(session.route(&router, key), 1 - first);
-        assert!(router.install(3, 2, &[vec![10, 30], vec![10]]).unwrap_err().contains("not connected"));
+        assert!(router.install(3, 2, false, &[vec![10, 30], vec![10]]).unwrap_err().contains("not connected"));
         assert!(!session.await_map(&router, 3, Duration::from_millis(20)), "no map 3 came");
         assert!(router.take_wanted(), "the wait asked for the map to be read");
         assert!(session.await_map(&router, 2, Duration::ZERO));
@@ -305,7 +319,7 @@ mod tests {
 
     #[test]
     fn a_map_unconfirmed_for_longer_than_its_lease_is_not_routed_by() {
-        let router = Router::map(1, 1, &[vec![10]], &[10], &[10], |i| format!("#{i}")).unwrap();
+        let router = Router::map(1, 1, false, &[vec![10]], &[10], &[10], |i| format!("#{i}")).unwrap();
         assert_eq!(router.unconfirmed(), None, "no lease kept yet");
         let lease = Duration::from_millis(50);
         router.confirm(Instant::now(), lease);
@@ -317,7 +331,7 @@ mod tests {
         // was sent before the router was made); a newer one renews it.
         router.confirm(Instant::now() - Duration::from_secs(1), lease);
         assert!(router.unconfirmed().is_some());
-        let fresh = Router::map(1, 1, &[vec![10]], &[10], &[10], |i| format!("#{i}")).unwrap();
+        let fresh = Router::map(1, 1, false, &[vec![10]], &[10], &[10], |i| format!("#{i}")).unwrap();
         fresh.confirm(Instant::now() - Duration::from_millis(60), lease);
         assert!(fresh.unconfirmed().is_some(), "60 ms old, of a 50 ms lease");
         router.confirm(Instant::now(), lease);

@@ -26,6 +26,8 @@ pub struct PartitionTable {
     replicas: usize,
     /// Per shard, (partitions it is primary of, partitions it holds).
     held: Vec<(u32, u32)>,
+    /// Replicated writes go by the snapshot protocol (the map's `snapshot_writes`).
+    snapshot_writes: bool,
 }
 
 impl PartitionTable {
@@ -68,7 +70,7 @@ impl PartitionTable {
             set.iter().for_each(|&s| held[s].1 += 1);
         }
         let replicas = replica_shards.iter().map(Vec::len).max().unwrap_or(1);
-        Ok(Self { epoch, primary_shards, backup_shards, uniform_copies, replicas, held })
+        Ok(Self { epoch, primary_shards, backup_shards, uniform_copies, replicas, held, snapshot_writes: false })
     }
 
     /// The same routing, of a map whose replication factor is `replicas` (a partition
@@ -76,6 +78,17 @@ impl PartitionTable {
     pub fn with_replicas(mut self, replicas: usize) -> Self {
         self.replicas = self.replicas.max(replicas);
         self
+    }
+
+    /// The same routing, its replicated writes by the snapshot protocol or not.
+    pub fn with_snapshot_writes(mut self, snapshot_writes: bool) -> Self {
+        self.snapshot_writes = snapshot_writes;
+        self
+    }
+
+    /// Whether replicated writes go by the snapshot protocol (`snapshot_write.rs`).
+    pub fn snapshot_writes(&self) -> bool {
+        self.snapshot_writes
     }
 
     /// The map epoch this routing came from.

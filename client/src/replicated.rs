@@ -46,6 +46,15 @@ impl<S: Shards> Session<S> {
     ) -> Result<R, ClientError> {
         let deadline = Instant::now() + self.shards().timeout();
         loop {
+            if self.shards().snapshot_writes() {
+                if let Some(result) = self.write_snapshot(key, &mut decide)? {
+                    return Ok(result);
+                }
+                if Instant::now() >= deadline {
+                    return Err(self.kept_meeting_writes());
+                }
+                continue;
+            }
             let (item, version) = self.read_versioned(key)?;
             let live = item.filter(|_| !version.expired(racekv_hashing::clock::now_unix_ms()));
             let (change, result) = decide(live);
@@ -58,12 +67,16 @@ impl<S: Shards> Session<S> {
                 return Ok(result);
             }
             if Instant::now() >= deadline {
-                return Err(ClientError::Conflict(format!(
-                    "a replicated write of a key kept meeting other writes of it for {:?}",
-                    self.shards().timeout()
-                )));
+                return Err(self.kept_meeting_writes());
             }
         }
+    }
+
+    fn kept_meeting_writes(&self) -> ClientError {
+        ClientError::Conflict(format!(
+            "a replicated write of a key kept meeting other writes of it for {:?}",
+            self.shards().timeout()
+        ))
     }
 
     /// [`Session::put_opts`] on every replica.

@@ -50,6 +50,11 @@ pub trait Shards: Send {
     fn locks_writes(&self, key: &[u8]) -> bool {
         !self.backups(key).is_empty()
     }
+    /// Whether those writes go by the snapshot protocol (`snapshot_write.rs`) rather than
+    /// as one-key transactions: only once every process of the cluster reads its marks.
+    fn snapshot_writes(&self) -> bool {
+        false
+    }
     /// The share of memnode `shard`'s items that counting keys counts, (numerator,
     /// denominator): all of them but with replicas (each key is on several memnodes).
     fn item_share(&self, shard: usize) -> (u64, u64) {

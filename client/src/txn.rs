@@ -159,7 +159,7 @@ impl<S: Shards> Session<S> {
     }
 
     /// The shards a write of `key` goes to, the primary first.
-    fn write_set(&self, key: &[u8]) -> Vec<usize> {
+    pub(crate) fn write_set(&self, key: &[u8]) -> Vec<usize> {
         let mut shards = self.backups_of(key);
         shards.insert(0, self.route(key));
         shards

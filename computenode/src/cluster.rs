@@ -83,6 +83,8 @@ pub enum Routing {
         epoch: u64,
         /// The map's replication factor R.
         replicas: u8,
+        /// Replicated writes go by the snapshot protocol (the map's flag).
+        snapshot_writes: bool,
         /// The node id the map gives each of [`ClusterOptions::memnodes`], in order.
         node_ids: Vec<u64>,
         /// Per partition, its replica set's node ids (the primary first).
@@ -167,9 +169,11 @@ impl Cluster {
         }
         let router = match &options.routing {
             Routing::Ring => Router::ring(&ids),
-            Routing::Map { epoch, replicas, replica_sets, .. } => {
-                Router::map(*epoch, *replicas, replica_sets, &ids, &mapped, |i| memnodes[i].label.clone())
-                    .map_err(ClientError::Config)?
+            Routing::Map { epoch, replicas, snapshot_writes, replica_sets, .. } => {
+                Router::map(*epoch, *replicas, *snapshot_writes, replica_sets, &ids, &mapped, |i| {
+                    memnodes[i].label.clone()
+                })
+                .map_err(ClientError::Config)?
             }
         };
         METRICS.map_epoch.set(router.epoch().unwrap_or(0) as i64);
@@ -429,6 +433,10 @@ impl Shards for WorkerShards {
 
     fn locks_writes(&self, key: &[u8]) -> bool {
         self.routing.locks_writes(key)
+    }
+
+    fn snapshot_writes(&self) -> bool {
+        self.routing.snapshot_writes()
     }
 
     fn item_share(&self, shard: usize) -> (u64, u64) {

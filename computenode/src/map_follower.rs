@@ -41,6 +41,7 @@ pub(crate) fn routing(source: &MapSource) -> Routing {
     Routing::Map {
         epoch: source.map().epoch,
         replicas: source.map().replicas,
+        snapshot_writes: source.map().snapshot_writes,
         node_ids: source.node_ids(),
         replica_sets: source.replica_sets(),
     }

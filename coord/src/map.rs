@@ -58,6 +58,13 @@ pub struct ClusterMap {
     /// partition has one; otherwise one list per partition.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub joining: Vec<Vec<u64>>,
+    /// Replicated single-key writes go by the snapshot protocol (no transaction record; a
+    /// mark every build since it reads, `client/src/snapshot_write.rs`) rather than as
+    /// one-key transactions. Set in every map this build starts; absent (false) in maps
+    /// written by builds before it, until `racekv cluster set-snapshot-writes on` once every
+    /// process runs a build that reads the marks.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub snapshot_writes: bool,
 }
 
 fn bad(what: impl Into<String>) -> CoordError {
@@ -124,7 +131,7 @@ impl ClusterMap {
         let count = n.saturating_mul(partitions_per_memnode.max(1)).min(MAX_PARTITIONS);
         let width = usize::from(replicas).min(n);
         let partitions = (0..count).map(|p| (0..width).map(|r| memnodes[(p + r) % n].node_id).collect()).collect();
-        let map = Self { epoch: 1, replicas, memnodes, partitions, joining: Vec::new() };
+        let map = Self { epoch: 1, replicas, memnodes, partitions, joining: Vec::new(), snapshot_writes: true };
         map.check()?;
         Ok(map)
     }
@@ -291,6 +298,18 @@ mod tests {
             }
             let _ = MemnodeInfo::decode(&bytes);
         }
+    }
+
+    #[test]
+    fn new_maps_use_snapshot_writes_and_maps_of_earlier_builds_do_not() {
+        let map = ClusterMap::initial(vec![memnode(1), memnode(2)], 2, 2).unwrap();
+        assert!(map.snapshot_writes, "a new cluster's processes all read snapshot marks");
+        assert_eq!(ClusterMap::decode(&map.encode()).unwrap(), map);
+        // A map as an earlier build wrote it has no such field: transactions, as before.
+        let off = ClusterMap { snapshot_writes: false, ..map };
+        let bytes = off.encode();
+        assert!(!String::from_utf8_lossy(&bytes).contains("snapshot_writes"), "readable by earlier builds");
+        assert_eq!(ClusterMap::decode(&bytes).unwrap(), off);
     }
 
     #[test]
