@@ -147,7 +147,7 @@ pub enum ClusterCommand {
         #[command(flatten)]
         target: EtcdTarget,
         /// on or off.
-        #[arg(value_parser = clap::builder::BoolishValueParser::new())]
+        #[arg(required = true, action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
         on: bool,
         #[command(flatten)]
         copy: CopyArgs,

@@ -2,10 +2,9 @@
 //! single-key write's intent (`client/src/snapshot.rs`) compares and copies. Unlike every
 //! other read, it does not wait for a lock: the lock is what it looks at.
 
-use super::{Attempts, Item, TableClient, Verified};
+use super::{Attempts, Item, TableClient};
 use crate::error::Error;
 use crate::layout::{decode_block, Slot, TxnMark};
-use racekv_transport::overlap;
 
 /// A key's canonical copy ([`TableClient::held_copy`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,24 +32,11 @@ impl TableClient {
     /// or not, expired or not.
     pub fn held_copy(&mut self, key: &[u8]) -> Result<Option<HeldCopy>, Error> {
         Self::check_key(key)?;
-        let hash = self.hash(key);
         let mut attempts = Attempts::new(self.shared.options.op_timeout);
         loop {
-            let subtable = overlap::block_on(self.read_candidates(&hash, &mut attempts))?;
-            if self.cands.is_empty() {
-                return Ok(None);
-            }
             let mut value = Vec::new();
-            if let Verified::Torn = overlap::block_on(self.verify(key, Some(&mut value), true))? {
-                attempts.retry("a block kept changing under a read")?;
-                continue;
-            }
-            let Some(copy) = self.copies.first().copied() else {
-                if self.others_unchanged(&hash, subtable)? {
-                    return Ok(None);
-                }
-                attempts.retry("the key's buckets kept changing")?;
-                continue;
+            let Some(copy) = self.canonical_copy(key, Some(&mut value), true, &mut attempts)? else {
+                return Ok(None);
             };
             let item = Item { value, expires_at_ms: copy.expires_at_ms };
             if !copy.locked() {

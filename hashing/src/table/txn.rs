@@ -406,19 +406,33 @@ impl TableClient {
     /// validating a read set.
     pub fn txn_version(&mut self, key: &[u8]) -> Result<SlotVersion, Error> {
         Self::check_key(key)?;
-        let hash = self.hash(key);
         let mut attempts = Attempts::new(self.shared.options.op_timeout);
+        Ok(match self.canonical_copy(key, None, false, &mut attempts)? {
+            Some(c) if c.locked() || !c.expired() => SlotVersion::of(&c),
+            _ => SlotVersion::default(),
+        })
+    }
+
+    /// `key`'s canonical copy, locked or not, expired or not (None: absent, the absence
+    /// checked), its value into `value_out` as [`Self::verify`] reads it.
+    pub(super) fn canonical_copy(
+        &mut self,
+        key: &[u8],
+        mut value_out: Option<&mut Vec<u8>>,
+        read_large: bool,
+        attempts: &mut Attempts,
+    ) -> Result<Option<KeyCopy>, Error> {
+        let hash = self.hash(key);
         loop {
-            let subtable = overlap::block_on(self.read_candidates(&hash, &mut attempts))?;
+            let subtable = overlap::block_on(self.read_candidates(&hash, attempts))?;
             if self.cands.is_empty() {
-                return Ok(SlotVersion::default());
+                return Ok(None);
             }
-            match overlap::block_on(self.verify(key, None, false))? {
+            match overlap::block_on(self.verify(key, value_out.as_deref_mut(), read_large))? {
                 Verified::Torn => attempts.retry("a block kept changing under a read")?,
                 Verified::Done => match self.copies.first().copied() {
-                    Some(c) if c.locked() || !c.expired() => return Ok(SlotVersion::of(&c)),
-                    Some(_) => return Ok(SlotVersion::default()),
-                    None if self.others_unchanged(&hash, subtable)? => return Ok(SlotVersion::default()),
+                    Some(c) => return Ok(Some(c)),
+                    None if self.others_unchanged(&hash, subtable)? => return Ok(None),
                     None => attempts.retry("the key's buckets kept changing")?,
                 },
             }
