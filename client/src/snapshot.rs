@@ -77,8 +77,7 @@ impl<S: Shards> Session<S> {
             return Ok(()); // settled meanwhile: the operation reads the key again
         };
         let item = (!mark.tombstone).then_some(held.item);
-        let backups: Vec<usize> = self.shards().backups(key).iter().map(|&b| usize::from(b)).collect();
-        for backup in backups {
+        for backup in self.backups_of(key) {
             self.place_on_backup(backup, key, mark, write_id, item.as_ref())?;
         }
         racekv_hashing::table::txn::count_resolution(true);

@@ -443,7 +443,7 @@ impl<S: Shards> Session<S> {
     }
 
     /// The shards of `key`'s partition's other replicas.
-    fn backups_of(&self, key: &[u8]) -> Vec<usize> {
+    pub(crate) fn backups_of(&self, key: &[u8]) -> Vec<usize> {
         self.shards().backups(key).iter().map(|&b| usize::from(b)).collect()
     }
 
