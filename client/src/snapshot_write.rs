@@ -155,17 +155,18 @@ impl<S: Shards> Session<S> {
         let placed: Vec<Placed<'_>> =
             locks.iter().zip(&marks).map(|(lock, &mark)| (key, lock.expect("every replica locked"), mark)).collect();
         if value.is_none() && all.len() > 1 {
-            self.publish(&all[1..], &placed[1..])?;
-            self.publish(&all[..1], &placed[..1])?;
+            self.settle_all(&all[1..], &placed[1..], true)?;
+            self.settle_all(&all[..1], &placed[..1], true)?;
         } else {
-            self.publish(&all, &placed)?;
+            self.settle_all(&all, &placed, true)?;
         }
         Ok(Attempt::Done(result))
     }
 
-    /// Settles each of `placed` (one per shard of `shards`) as committed, all at once.
-    fn publish(&mut self, shards: &[usize], placed: &[Placed<'_>]) -> Result<(), ClientError> {
-        let settled = self.on_all(shards, async |c, i| c.txn_settle_placed_overlapped(&placed[i..=i], true).await)?;
+    /// Settles each of `placed` (one per shard of `shards`), all at once: published, or taken back.
+    fn settle_all(&mut self, shards: &[usize], placed: &[Placed<'_>], publish: bool) -> Result<(), ClientError> {
+        let settled =
+            self.on_all(shards, async |c, i| c.txn_settle_placed_overlapped(&placed[i..=i], publish).await)?;
         settled.into_iter().try_for_each(|r| r.map(|_| ()))
     }
 
@@ -189,8 +190,7 @@ impl<S: Shards> Session<S> {
             .zip(locks.iter().zip(marks))
             .filter_map(|(&shard, (lock, &mark))| lock.map(|lock| (shard, (key, lock, mark))))
             .unzip();
-        let undone = self.on_all(&shards, async |c, i| c.txn_settle_placed_overlapped(&placed[i..=i], false).await)?;
-        undone.into_iter().try_for_each(|r| r.map(|_| ()))
+        self.settle_all(&shards, &placed, false)
     }
 
     /// The error of a write that holds the lock on `primary` past its lease: it may still
