@@ -187,8 +187,17 @@ fn a_memnode_cut_off_from_etcd_fences_itself_until_registered_again() {
     // Back on its data: the lease lives on, the fence goes, the map gets epoch 5.
     server.restart();
     wait_word(&endpoint, "cleared", |w| w == MapWord { epoch: 5, fenced: false });
+    // The word goes first, the map after it (registry.rs: a client that reads the word
+    // waits for that epoch's map), so the map may still be on its way.
     let etcd = Etcd::connect(&server.endpoint(), CLUSTER, Duration::from_secs(5)).unwrap();
-    let (now, _) = etcd.map().unwrap().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let now = loop {
+        let (now, _) = etcd.map().unwrap().unwrap();
+        if now.epoch != 4 || Instant::now() >= deadline {
+            break now;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     assert_eq!(now, racekv_coord::ClusterMap { epoch: 5, ..map }, "the same map, a new epoch");
     signal(&child, nix::sys::signal::Signal::SIGTERM);
     assert!(child.wait().unwrap().success());
