@@ -109,11 +109,7 @@ pub struct TxnReport {
 /// The table's round trips so far in this process (its counters publish every few hundred
 /// operations per client: runs of thousands make the error small).
 fn round_trips() -> u64 {
-    prometheus::gather()
-        .iter()
-        .filter(|f| f.name() == "racekv_table_round_trips_total")
-        .flat_map(|f| f.get_metric().iter().map(|m| m.get_counter().get_value() as u64).collect::<Vec<_>>())
-        .sum()
+    racekv_telemetry::metric::counter_total("racekv_table_round_trips_total")
 }
 
 fn key(i: u64) -> Vec<u8> {

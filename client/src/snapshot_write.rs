@@ -4,7 +4,8 @@
 //! 1. Every replica's copy of the key is read (its word, and on the primary the item the
 //!    operation decides from), all replicas at once.
 //! 2. Every replica is locked from the word it held, with an intent carrying the write's
-//!    random id (a snapshot mark), all at once. The primary's lock orders the write among the
+//!    random id (a snapshot mark), all at once, each at the slot it was read at (the intent
+//!    block and the CAS in one round trip). The primary's lock orders the write among the
 //!    key's writes: a write that loses it takes its backup intents back and runs again; one
 //!    that holds it locks each backup it lost again once that backup's copy settles (another
 //!    writer's intent there is taken back by its writer, or past its lease by `snapshot.rs`).
@@ -13,8 +14,8 @@
 //!    happens only within the write's lease: past it, resolvers decide (they roll a primary's
 //!    intent forward), and the write reports that it may have applied.
 //!
-//! About 5 rounds for any R where the one-key transaction (`replicated.rs`) takes about
-//! 9 + R - 1.
+//! About 4 rounds for any R (2 to read, 1 to lock, 1 to publish) where the one-key
+//! transaction (`replicated.rs`) takes about 9 + R - 1.
 
 use racekv_hashing::layout::TxnMark;
 use racekv_hashing::table::txn::{Lock, TXN_LEASE_MS};
@@ -80,6 +81,7 @@ impl<S: Shards> Session<S> {
         let read = self.on_all(&all, async |c, _| c.read_versioned_overlapped(key).await)?;
         let now_ms = racekv_hashing::clock::now_unix_ms();
         let mut words = Vec::with_capacity(all.len());
+        let mut slots = Vec::with_capacity(all.len());
         let (mut item, mut read_checksum) = (None, 0);
         for (i, result) in read.into_iter().enumerate() {
             let (read_item, version) = result?;
@@ -88,6 +90,7 @@ impl<S: Shards> Session<S> {
                 read_checksum = version.checksum;
             }
             words.push(version.word);
+            slots.push(version.slot);
         }
         let (change, result) = decide(item);
         let Some(change) = change else { return Ok(Attempt::Done(result)) };
@@ -99,8 +102,9 @@ impl<S: Shards> Session<S> {
         let mark_from =
             |old_word| TxnMark { tombstone: value.is_none(), ..TxnMark::of_snapshot(write_id, old_word, deadline_ms) };
         let mut marks: Vec<TxnMark> = words.iter().map(|&w| mark_from(w)).collect();
-        let locked =
-            self.on_all(&all, async |c, i| c.txn_lock_overlapped(key, value, expires_at_ms, marks[i]).await)?;
+        // Each lock goes straight to the slot its word was read at (one round trip, not two).
+        let locked = self
+            .on_all(&all, async |c, i| c.txn_lock_at_overlapped(key, value, expires_at_ms, marks[i], slots[i]).await)?;
         let mut locks: Vec<Option<Lock>> = Vec::with_capacity(all.len());
         let mut failed = None;
         for result in locked {

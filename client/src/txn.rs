@@ -59,7 +59,7 @@
 //! copies into the participant records stay one after another (resolve.rs needs a prefix).
 
 use racekv_hashing::layout::{MarkOwner, TxnMark};
-use racekv_hashing::table::txn::{Lock, RecordLinks, TxnState, MAX_TXN_PARTICIPANTS, TXN_LEASE_MS};
+use racekv_hashing::table::txn::{Lock, RecordLinks, SlotVersion, TxnState, MAX_TXN_PARTICIPANTS, TXN_LEASE_MS};
 use racekv_hashing::Item;
 
 use crate::error::ClientError;
@@ -77,7 +77,7 @@ const BLIND_LOCK_ATTEMPTS: u32 = 3;
 /// backup's version (its slot word).
 enum Step {
     Locked(Option<Lock>),
-    Version(u64),
+    Version(SlotVersion),
 }
 
 impl Step {
@@ -88,9 +88,9 @@ impl Step {
         }
     }
 
-    fn into_version(self) -> u64 {
+    fn into_version(self) -> SlotVersion {
         match self {
-            Step::Version(word) => word,
+            Step::Version(version) => version,
             Step::Locked(_) => unreachable!("a backup's part is its version"),
         }
     }
@@ -351,7 +351,7 @@ impl<S: Shards> Session<S> {
                     // it again (`lock_backups`).
                     let mut results = self.on_all(&all, async |c, i| match i {
                         0 => c.txn_lock_overlapped(w.key, w.value, w.expires_at_ms, mark).await.map(Step::Locked),
-                        _ => c.read_versioned_overlapped(w.key).await.map(|(_, v)| Step::Version(v.word)),
+                        _ => c.read_versioned_overlapped(w.key).await.map(|(_, v)| Step::Version(v)),
                     })?;
                     let locked = results.remove(0).map(Step::into_lock);
                     versions = Some(results.into_iter().map(|r| r.map(Step::into_version)).collect());
@@ -395,7 +395,7 @@ impl<S: Shards> Session<S> {
         w: &Write<'w>,
         records: &[(usize, u64, u8)],
         base: TxnMark,
-        mut versions: Option<Vec<Result<u64, ClientError>>>,
+        mut versions: Option<Vec<Result<SlotVersion, ClientError>>>,
         held: &mut Vec<Held<'w>>,
         uncertain: &mut bool,
     ) -> Result<bool, ClientError> {
@@ -408,16 +408,18 @@ impl<S: Shards> Session<S> {
                 Some(versions) => versions,
                 None => {
                     let read = self.on_all(&pending, async |c, _| c.read_versioned_overlapped(w.key).await)?;
-                    read.into_iter().map(|r| r.map(|(_, version)| version.word)).collect()
+                    read.into_iter().map(|r| r.map(|(_, version)| version)).collect()
                 }
             };
             assert_eq!(versions.len(), pending.len(), "a version per backup");
-            let mut marks = Vec::with_capacity(pending.len());
+            let (mut marks, mut slots) = (Vec::with_capacity(pending.len()), Vec::with_capacity(pending.len()));
             for (&shard, version) in pending.iter().zip(versions) {
-                marks.push(self.mark_on(shard, records, version?, base));
+                let version = version?;
+                marks.push(self.mark_on(shard, records, version.word, base));
+                slots.push(version.slot);
             }
             let locked = self.on_all(&pending, async |c, i| {
-                c.txn_lock_overlapped(w.key, w.value, w.expires_at_ms, marks[i]).await
+                c.txn_lock_at_overlapped(w.key, w.value, w.expires_at_ms, marks[i], slots[i]).await
             })?;
             let mut failed = None;
             let mut lost = Vec::new();

@@ -362,11 +362,7 @@ fn a_coordinator_killed_mid_commit_leaves_nothing_partial_or_locked() {
 
 /// Locks settled by someone other than their coordinator so far, in this process.
 fn resolutions() -> u64 {
-    prometheus::gather()
-        .iter()
-        .filter(|f| f.name() == "racekv_txn_lock_resolutions_total")
-        .flat_map(|f| f.get_metric().iter().map(|m| m.get_counter().get_value() as u64).collect::<Vec<_>>())
-        .sum()
+    racekv_telemetry::metric::counter_total("racekv_txn_lock_resolutions_total")
 }
 
 /// Which of `nodes` `client` puts `key` on.

@@ -546,6 +546,7 @@ impl Table {
             read_large: false,
             retired_indirect: Vec::new(),
             intent: None,
+            lock_at: None,
             replaced: 0,
             replaced_checksum: 0,
             last_word: 0,
@@ -803,6 +804,10 @@ pub struct TableClient {
     /// While a transaction locks a key (`txn.rs`): the mark its intent block carries. New
     /// blocks are then intents, their words locked.
     intent: Option<TxnMark>,
+    /// With `intent`: where the lock's expected word was read as the key's lowest
+    /// fingerprint match (`txn::SlotVersion::slot`), so its first try goes straight there
+    /// (`txn.rs`, `lock_in_place`). Taken by that try.
+    lock_at: Option<u64>,
     /// The word the last write swung away (0: it inserted), for a lock to know what it
     /// replaced; a locking write does not retire it.
     replaced: u64,
@@ -1936,6 +1941,13 @@ impl TableClient {
     ) -> Result<Step, Error> {
         let mut attempts = Attempts::new(self.shared.options.op_timeout);
         let mut written = false;
+        if let (Some(at), Some(new), Cond::Word(expected)) = (self.lock_at.take(), new, cond) {
+            // A lock from a version read at `at`: one batch, no probe first.
+            written = true;
+            if let Some(outcome) = self.lock_in_place(key, hash, at, expected, new, state, &mut attempts).await? {
+                return Ok(Step::Done(outcome));
+            }
+        }
         loop {
             let entry = self.entry(hash, &mut attempts)?;
             let probe = self.probe(hash, entry.entry.subtable, new.filter(|_| !written)).await?;

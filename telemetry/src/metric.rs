@@ -76,6 +76,16 @@ pub fn latency_histogram_vec(name: &str, help: &str, labels: &[&str]) -> Histogr
     register(name, HistogramVec::new(opts, labels))
 }
 
+/// The sum over every series of the counter `name` in the default registry (0 before it is
+/// registered): for tests and benchmarks that count what a run did.
+pub fn counter_total(name: &str) -> u64 {
+    prometheus::gather()
+        .iter()
+        .filter(|f| f.name() == name)
+        .flat_map(|f| f.get_metric().iter().map(|m| m.get_counter().get_value() as u64).collect::<Vec<_>>())
+        .sum()
+}
+
 fn register<C: Collector + Clone + 'static>(name: &str, built: prometheus::Result<C>) -> C {
     let collector = built.unwrap_or_else(|e| panic!("metric {name}: {e}"));
     prometheus::default_registry()

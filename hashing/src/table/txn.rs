@@ -19,9 +19,11 @@
 //! the lease); past the lease they fail with [`Error::Locked`], and the session layer,
 //! which can reach the record's memnode, resolves it and retries.
 
-use super::{Attempts, Cond, Expiry, PutOutcome, TableClient, Verified};
+use super::{Attempts, BlockState, Cond, Expiry, NewBlock, PutOutcome, TableClient, Verified};
 use crate::error::Error;
-use crate::layout::{Slot, TxnMark, BLOCK_UNIT_BYTES};
+use crate::hash::KeyHash;
+use crate::layout::{stored_block_checksum, Slot, TxnMark, BLOCK_UNIT_BYTES};
+use crate::probe::ProbeReads;
 use crate::table::{Item, KeyCopy};
 use racekv_transport::overlap;
 
@@ -39,6 +41,15 @@ static RESOLUTIONS: std::sync::LazyLock<prometheus::IntCounterVec> = std::sync::
         "Locks of transactions that outlived their lease, settled by another client, by outcome",
         &["outcome"],
         &[&["committed", "aborted"]],
+    )
+});
+
+/// Locks that went in at the slot their version was read from and had to go back (the key
+/// moved or gained a copy below since the read: `lock_in_place`).
+static LOCKS_TAKEN_BACK: std::sync::LazyLock<prometheus::IntCounter> = std::sync::LazyLock::new(|| {
+    racekv_telemetry::metric::counter(
+        "racekv_txn_locks_in_place_taken_back_total",
+        "Locks placed at the slot their version was read from that went back: the key had moved since the read",
     )
 });
 
@@ -223,11 +234,16 @@ pub struct SlotVersion {
     pub word: u64,
     /// The checksum of its block (0: absent).
     pub checksum: u64,
+    /// Where the word stood when it was also the lowest slot with the key's fingerprint
+    /// (None: it was not, or the key was absent): a lock from this version
+    /// ([`TableClient::txn_lock_at_overlapped`]) can go straight there. A hint, not part of
+    /// the version (splits move words).
+    pub slot: Option<u64>,
 }
 
 impl SlotVersion {
     fn of(copy: &KeyCopy) -> Self {
-        Self { word: copy.word, checksum: copy.checksum }
+        Self { word: copy.word, checksum: copy.checksum, slot: None }
     }
 }
 
@@ -244,7 +260,14 @@ impl TableClient {
         let sample = self.begin();
         let mut value = Vec::new();
         let result = self.search(key, &mut value, true).await.map(|copy| match copy {
-            Some(copy) => (Some(Item { value, expires_at_ms: copy.expires_at_ms }), SlotVersion::of(&copy)),
+            Some(copy) => {
+                let lowest = self.cands.iter().map(|&(slot, _)| slot).min();
+                let slot = (lowest == Some(copy.slot)).then_some(copy.slot);
+                (
+                    Some(Item { value, expires_at_ms: copy.expires_at_ms }),
+                    SlotVersion { slot, ..SlotVersion::of(&copy) },
+                )
+            }
             None => (None, SlotVersion::default()),
         });
         self.end(0, sample, result, |(item, _)| item.is_some())
@@ -375,11 +398,27 @@ impl TableClient {
         expires_at_ms: Option<u64>,
         mark: TxnMark,
     ) -> Result<Option<Lock>, Error> {
+        self.txn_lock_at_overlapped(key, value, expires_at_ms, mark, None).await
+    }
+
+    /// [`Self::txn_lock_overlapped`] from a version read at `at` ([`SlotVersion::slot`] of
+    /// the version whose word is `mark.old_word`): the intent goes in with the lock's CAS,
+    /// one round trip where the general path takes two (a probe, then the CAS), unless
+    /// the key moved since.
+    pub async fn txn_lock_at_overlapped(
+        &mut self,
+        key: &[u8],
+        value: Option<&[u8]>,
+        expires_at_ms: Option<u64>,
+        mark: TxnMark,
+        at: Option<u64>,
+    ) -> Result<Option<Lock>, Error> {
         assert!(
             mark.old_word == 0 || Slot::decode(mark.old_word).is_some_and(|s| !s.locked),
             "locking from word {:#x}",
             mark.old_word
         );
+        std::sync::LazyLock::force(&LOCKS_TAKEN_BACK); // exported from the first lock on
         let sample = self.begin();
         let cond = match mark.old_word {
             0 => Cond::Absent,
@@ -388,8 +427,10 @@ impl TableClient {
         let mark = TxnMark { tombstone: value.is_none(), ..mark };
         let expiry = if value.is_some() { Expiry::from_ms(expires_at_ms) } else { Expiry::Never };
         self.intent = Some(mark);
+        self.lock_at = at.filter(|_| mark.old_word != 0);
         let result = self.mutate(key, Some(value.unwrap_or_default()), expiry, cond).await;
         self.intent = None;
+        self.lock_at = None;
         let result = result.map(|outcome| {
             (outcome != PutOutcome::NotApplied).then_some(Lock {
                 word: self.last_word,
@@ -399,6 +440,71 @@ impl TableClient {
             })
         });
         self.end(OP_LOCK, sample, result, Option::is_some)
+    }
+
+    /// A lock's first try from a version read at `at` (`lock_at`): the intent block, the
+    /// CAS from `expected` there, the replaced block's header and then the key's buckets go
+    /// in one batch. The buckets, read after the CAS, must still admit the key and show the
+    /// lock at its lowest fingerprint match: what the general path's probe checks before
+    /// its CAS, here checked once the CAS took (a split, or a copy inserted below since the
+    /// read, takes the lock back). None: not locked here (the CAS failed, or the lock went
+    /// back); the general path goes on with the block written.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn lock_in_place(
+        &mut self,
+        key: &[u8],
+        hash: &KeyHash,
+        at: u64,
+        expected: u64,
+        new: &NewBlock,
+        state: &mut BlockState,
+        attempts: &mut Attempts,
+    ) -> Result<Option<PutOutcome>, Error> {
+        let intent = self.intent.expect("a lock in place writes an intent");
+        assert_eq!(intent.old_word, expected, "a lock's expected word is its mark's old word");
+        let entry = self.entry(hash, attempts)?;
+        self.batch.clear();
+        self.batch.write(new.block, &self.block);
+        // A transaction's record goes out with its first lock's block, before the CAS.
+        if let Some((offset, record)) = self.staged_record.take() {
+            self.batch.write(offset, &record);
+        }
+        self.queue_count();
+        let swing = self.batch.cas(at, expected, new.word);
+        let old = Slot::decode(expected).expect("a lock from a used slot");
+        let header = self.batch.read(old.block, BLOCK_UNIT_BYTES as u32);
+        let cbs = hash.combined_buckets(entry.entry.subtable, self.shared.layout.groups_per_subtable);
+        let reads = ProbeReads::queue(&mut self.batch, cbs);
+        self.execute_publishing(true, state).await?;
+        if !self.batch.cas_succeeded(swing)? {
+            self.stats.cas_failures += 1;
+            self.metrics.cas_failures.inc();
+            return Ok(None);
+        }
+        state.advance(BlockState::InSlot);
+        let header = self.batch.read_result(header)?;
+        let replaced_checksum = stored_block_checksum(header).expect("a block unit holds a header");
+        let probe = reads.parse(&self.batch)?;
+        probe.candidates(hash.fingerprint, &mut self.cands);
+        let lowest = self.cands.iter().min_by_key(|&&(slot, _)| slot).copied();
+        if probe.admits(hash.dir) && lowest == Some((at, new.word)) {
+            self.replaced = expected;
+            self.placed_at = at;
+            self.replaced_checksum = replaced_checksum;
+            return Ok(Some(PutOutcome::Updated));
+        }
+        LOCKS_TAKEN_BACK.inc();
+        self.batch.clear();
+        let back = self.batch.cas(at, new.word, expected);
+        self.execute_overlapped().await?;
+        if self.batch.cas_succeeded(back)? {
+            state.advance(BlockState::VisibleNotInSlot);
+            return Ok(None);
+        }
+        // A split moved the lock since: settled where it went, the intent retired there.
+        self.settle_loop(key, new.word, &intent, false, 0)?;
+        state.advance(BlockState::RetiredByOther);
+        Ok(Some(PutOutcome::NotApplied))
     }
 
     /// The version of `key` now, without reading its value (absent or expired: 0). A
