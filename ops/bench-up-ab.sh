@@ -13,7 +13,7 @@
 # redis-benchmark and redis-cli.
 set -euo pipefail
 [[ $# -ge 2 ]] || { sed -n '2,10p' "$0"; exit 2; }
-a_bin=$1 b_bin=$2 rounds=${3:-6} requests=${4:-2000000} test=${5:-set}
+a_bin=$(realpath "$1") b_bin=$(realpath "$2") rounds=${3:-6} requests=${4:-2000000} test=${5:-set}
 clients=${CLIENTS:-50} pipeline=${PIPELINE:-16}
 read -r -a up_args <<< "${UP_ARGS:-}"
 for tool in redis-benchmark redis-cli; do
