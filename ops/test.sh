@@ -58,7 +58,7 @@ cargo build -p racekv -p racekv-memnode --features "$etcd_features"
 cargo test -p racekv -p racekv-coord -p racekv-memnode --features "$etcd_features" --test etcd --test cluster_etcd --test up_cluster --test faults --test partitions
 cargo clippy -p racekv-computenode -p racekv-client --all-targets --features racekv-computenode/etcd,racekv-client/etcd -- -D warnings
 cargo test -p racekv-computenode --features racekv-computenode/etcd --test cluster_map --test replication
-cargo test -p racekv-client --features racekv-client/etcd --test cluster_map
+cargo test -p racekv-client --features racekv-client/etcd --test cluster_map --test snapshot_crash
 
 step "Prometheus smoke test"
 ops/prometheus/smoke-test.sh
