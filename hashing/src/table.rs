@@ -222,6 +222,9 @@ enum Step {
     /// A write keeping the key's expiry found it is not the one its block was encoded with:
     /// encode again with this one.
     Reencode(Option<u64>),
+    /// A lock in place went back (`txn.rs`, `lock_in_place`): again, in a fresh block, so
+    /// the word it showed never comes back.
+    FreshBlock,
 }
 
 const OPS: [&str; 11] =
@@ -1786,6 +1789,10 @@ impl TableClient {
                     attempts.retry("the key's expiry kept changing under a write keeping it")?;
                     continue;
                 }
+                Ok(Step::FreshBlock) => {
+                    attempts.retry("locks in place kept going back")?;
+                    continue;
+                }
                 Err(failed) => failed,
             };
             let Error::Transport(TransportError::InstanceChanged { expected, .. }) = e else { return Err(e) };
@@ -1944,8 +1951,8 @@ impl TableClient {
         if let (Some(at), Some(new), Cond::Word(expected)) = (self.lock_at.take(), new, cond) {
             // A lock from a version read at `at`: one batch, no probe first.
             written = true;
-            if let Some(outcome) = self.lock_in_place(key, hash, at, expected, new, state, &mut attempts).await? {
-                return Ok(Step::Done(outcome));
+            if let Some(step) = self.lock_in_place(key, hash, at, expected, new, state, &mut attempts).await? {
+                return Ok(step);
             }
         }
         loop {

@@ -19,7 +19,7 @@
 //! the lease); past the lease they fail with [`Error::Locked`], and the session layer,
 //! which can reach the record's memnode, resolves it and retries.
 
-use super::{Attempts, BlockState, Cond, Expiry, NewBlock, PutOutcome, TableClient, Verified};
+use super::{Attempts, BlockState, Cond, Expiry, NewBlock, PutOutcome, Step, TableClient, Verified};
 use crate::error::Error;
 use crate::hash::KeyHash;
 use crate::layout::{stored_block_checksum, Slot, TxnMark, BLOCK_UNIT_BYTES};
@@ -447,8 +447,8 @@ impl TableClient {
     /// in one batch. The buckets, read after the CAS, must still admit the key and show the
     /// lock at its lowest fingerprint match: what the general path's probe checks before
     /// its CAS, here checked once the CAS took (a split, or a copy inserted below since the
-    /// read, takes the lock back). None: not locked here (the CAS failed, or the lock went
-    /// back); the general path goes on with the block written.
+    /// read, takes the lock back, and the write starts again in a fresh block, by the general
+    /// path). None: the CAS failed; the general path goes on with the block written.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn lock_in_place(
         &mut self,
@@ -459,7 +459,7 @@ impl TableClient {
         new: &NewBlock,
         state: &mut BlockState,
         attempts: &mut Attempts,
-    ) -> Result<Option<PutOutcome>, Error> {
+    ) -> Result<Option<Step>, Error> {
         let intent = self.intent.expect("a lock in place writes an intent");
         assert_eq!(intent.old_word, expected, "a lock's expected word is its mark's old word");
         let entry = self.entry(hash, attempts)?;
@@ -491,7 +491,7 @@ impl TableClient {
             self.replaced = expected;
             self.placed_at = at;
             self.replaced_checksum = replaced_checksum;
-            return Ok(Some(PutOutcome::Updated));
+            return Ok(Some(Step::Done(PutOutcome::Updated)));
         }
         LOCKS_TAKEN_BACK.inc();
         self.batch.clear();
@@ -499,12 +499,12 @@ impl TableClient {
         self.execute_overlapped().await?;
         if self.batch.cas_succeeded(back)? {
             state.advance(BlockState::VisibleNotInSlot);
-            return Ok(None);
+        } else {
+            // A split moved the lock since: settled where it went, the intent retired there.
+            self.settle_loop(key, new.word, &intent, false, 0)?;
+            state.advance(BlockState::RetiredByOther);
         }
-        // A split moved the lock since: settled where it went, the intent retired there.
-        self.settle_loop(key, new.word, &intent, false, 0)?;
-        state.advance(BlockState::RetiredByOther);
-        Ok(Some(PutOutcome::NotApplied))
+        Ok(Some(Step::FreshBlock))
     }
 
     /// The version of `key` now, without reading its value (absent or expired: 0). A
