@@ -1367,20 +1367,7 @@ impl TableClient {
     async fn probe(&mut self, hash: &KeyHash, subtable: u64, write: Option<&NewBlock>) -> Result<Probe, Error> {
         self.batch.clear();
         if let Some(new) = write {
-            // The bytes going out are the new block's, as encoded (`new_block`).
-            assert_eq!(
-                self.block.len() as u64,
-                u64::from(new.units) * BLOCK_UNIT_BYTES,
-                "writing {} B for a block of {} units at {:#x}",
-                self.block.len(),
-                new.units,
-                new.block
-            );
-            self.batch.write(new.block, &self.block);
-            // A transaction's record goes out with its first lock's block (`txn.rs`).
-            if let Some((offset, record)) = self.staged_record.take() {
-                self.batch.write(offset, &record);
-            }
+            self.queue_new_block(new);
         }
         self.queue_count();
         let reads =
@@ -1388,6 +1375,29 @@ impl TableClient {
         self.probe_sent = self.shared.stall.now();
         self.execute_overlapped().await?;
         Ok(reads.parse(&self.batch)?)
+    }
+
+    /// Queues the WRITE of `new` (as `new_block` encoded it), and a transaction's record
+    /// staged to go out with its first lock's block (`txn.rs`), before the batch's CAS.
+    fn queue_new_block(&mut self, new: &NewBlock) {
+        assert_eq!(
+            self.block.len() as u64,
+            u64::from(new.units) * BLOCK_UNIT_BYTES,
+            "writing {} B for a block of {} units at {:#x}",
+            self.block.len(),
+            new.units,
+            new.block
+        );
+        self.batch.write(new.block, &self.block);
+        if let Some((offset, record)) = self.staged_record.take() {
+            self.batch.write(offset, &record);
+        }
+    }
+
+    /// The lowest slot among the last probe's fingerprint matches (`self.cands`), with its
+    /// word: the key's canonical copy when it is the key's.
+    fn lowest_candidate(&self) -> Option<(u64, u64)> {
+        self.cands.iter().min_by_key(|&&(slot, _)| slot).copied()
     }
 
     /// READs the blocks of `self.cands` (found by the last probe) and sorts them into copies
@@ -2067,7 +2077,7 @@ impl TableClient {
     fn expected_copy_in_place(&self, cond: Cond<'_>) -> Option<KeyCopy> {
         let Cond::Word(expected) = cond else { return None };
         self.intent?;
-        let &(slot, word) = self.cands.iter().min_by_key(|&&(slot, _)| slot)?;
+        let (slot, word) = self.lowest_candidate()?;
         (word == expected).then_some(KeyCopy { slot, word, expires_at_ms: None, txn: None, access: None, checksum: 0 })
     }
 

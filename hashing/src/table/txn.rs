@@ -261,7 +261,7 @@ impl TableClient {
         let mut value = Vec::new();
         let result = self.search(key, &mut value, true).await.map(|copy| match copy {
             Some(copy) => {
-                let lowest = self.cands.iter().map(|&(slot, _)| slot).min();
+                let lowest = self.lowest_candidate().map(|(slot, _)| slot);
                 let slot = (lowest == Some(copy.slot)).then_some(copy.slot);
                 (
                     Some(Item { value, expires_at_ms: copy.expires_at_ms }),
@@ -464,11 +464,7 @@ impl TableClient {
         assert_eq!(intent.old_word, expected, "a lock's expected word is its mark's old word");
         let entry = self.entry(hash, attempts)?;
         self.batch.clear();
-        self.batch.write(new.block, &self.block);
-        // A transaction's record goes out with its first lock's block, before the CAS.
-        if let Some((offset, record)) = self.staged_record.take() {
-            self.batch.write(offset, &record);
-        }
+        self.queue_new_block(new);
         self.queue_count();
         let swing = self.batch.cas(at, expected, new.word);
         let old = Slot::decode(expected).expect("a lock from a used slot");
@@ -486,8 +482,7 @@ impl TableClient {
         let replaced_checksum = stored_block_checksum(header).expect("a block unit holds a header");
         let probe = reads.parse(&self.batch)?;
         probe.candidates(hash.fingerprint, &mut self.cands);
-        let lowest = self.cands.iter().min_by_key(|&&(slot, _)| slot).copied();
-        if probe.admits(hash.dir) && lowest == Some((at, new.word)) {
+        if probe.admits(hash.dir) && self.lowest_candidate() == Some((at, new.word)) {
             self.replaced = expected;
             self.placed_at = at;
             self.replaced_checksum = replaced_checksum;
