@@ -34,6 +34,29 @@ impl<S: Shards> Session<S> {
         })
     }
 
+    /// [`Session::get_in_order`]'s values where each memnode's keys take one read: all keys
+    /// on one memnode, or several memnodes' reads whose witnesses hold. None where the keys
+    /// would need the run-at-a-time way (an absent key or one on the single-key path off the
+    /// last memnode, a changed slot, a read that took past the grace period) or a memnode's
+    /// transport reads them key by key (verbs), without reading them then: the caller splits
+    /// the keys into shorter runs. For runs gathered from several callers, none of whom
+    /// should pay for a whole gathered run read a run at a time.
+    pub fn get_in_order_grouped(&mut self, keys: &[&[u8]]) -> Result<Option<Vec<Option<Vec<u8>>>>, ClientError> {
+        self.under_map(keys.iter().copied(), Redo::Yes, |s| {
+            let groups = group_routes(keys.iter().map(|k| s.route(k)));
+            for (shard, _) in &groups {
+                if !s.shards_mut().client(*shard)?.reads_in_order_together() {
+                    return Ok(None);
+                }
+            }
+            match groups.as_slice() {
+                [] => Ok(Some(Vec::new())),
+                [(shard, _)] => s.on(*shard, |c| c.get_many_in_order(keys)).map(Some),
+                _ => s.get_witnessed(keys, &groups),
+            }
+        })
+    }
+
     /// Each run of consecutive keys of one memnode in one `get_many_in_order`.
     fn get_runs_in_order(&mut self, keys: &[&[u8]], routes: &[usize]) -> Result<Vec<Option<Vec<u8>>>, ClientError> {
         let mut out = Vec::with_capacity(keys.len());

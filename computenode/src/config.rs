@@ -136,6 +136,12 @@ pub struct ComputenodeConfig {
     /// (at most 1000; 0 sleeps at once): a request arriving meanwhile costs its client no
     /// wake-up of a sleeping thread, for at most this much CPU per busy spell.
     pub redis_poll_spin_us: u64,
+    /// With a thread per connection (`redis_io`), a connection's run of pipelined GETs
+    /// that arrives while another connection's is being read waits, and the next reader
+    /// reads every waiting run as one (`get_combiner.rs`): over tcp a few round trips and
+    /// wake-ups for many connections' runs instead of a few for each. Off: each connection
+    /// reads its own.
+    pub redis_gather_gets: bool,
     /// host:port for remote clients (the request/reply model over RPC); unset turns it off.
     /// They authenticate with `token`.
     pub remote_addr: Option<String>,
@@ -252,6 +258,7 @@ impl Default for ComputenodeConfig {
             redis_io: RedisIo::Auto,
             redis_event_loops: 0,
             redis_poll_spin_us: DEFAULT_POLL_SPIN.as_micros() as u64,
+            redis_gather_gets: true,
             remote_addr: Some("127.0.0.1:7410".into()),
             attach_socket: Some(racekv_client::default_attach_socket()),
             attach_trust_uid: true,
@@ -363,6 +370,16 @@ impl ComputenodeConfig {
             n => n,
         };
         IoModel::EventLoop { threads }
+    }
+
+    /// Whether the Redis front end reads connections' GET runs together: asked for, a
+    /// thread per connection, and no memnode listed on verbs (a NIC may service one
+    /// batch's READs in any order, so there a run is read key by key and a gathered one
+    /// would only queue every connection's keys behind one thread).
+    pub fn redis_gathers_gets(&self) -> bool {
+        self.redis_gather_gets
+            && self.redis_io_model() == IoModel::ThreadPerConnection
+            && self.memnodes.iter().all(|m| m.parse::<Endpoint>().is_ok_and(|e| e.kind().batch_reads_in_order()))
     }
 
     /// The front ends' TLS files, when TLS is configured.

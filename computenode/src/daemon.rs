@@ -239,7 +239,11 @@ impl Computenode {
         if let Some(addr) = &config.redis_addr {
             let weak = Arc::downgrade(&parts);
             let info = Arc::new(move || weak.upgrade().map(|p| p.info_lines()).unwrap_or_default());
-            let store = Arc::new(ClusterStore::new(Arc::clone(&cluster), info, Arc::clone(&eviction)));
+            let mut store = ClusterStore::new(Arc::clone(&cluster), info, Arc::clone(&eviction));
+            if config.redis_gathers_gets() {
+                store = store.gathering_gets();
+            }
+            let store = Arc::new(store);
             let options = ServerOptions {
                 max_clients: config.redis_max_clients,
                 io: config.redis_io_model(),

@@ -25,6 +25,7 @@ pub mod config;
 pub mod daemon;
 pub mod eviction;
 pub mod execute;
+pub mod get_combiner;
 pub mod lending;
 mod map_follower;
 pub mod pool;

@@ -14,6 +14,7 @@ use racekv_hashing::{Expiry as TableExpiry, ExpiryUpdate as TableExpiryUpdate, P
 
 use crate::cluster::{Attached, Cluster, WorkerShards};
 use crate::eviction::Eviction;
+use crate::get_combiner::GetCombiner;
 use crate::store_error::{store_error, write_error};
 use racekv_redis::store::{SCAN_PAGE_MAX_BYTES, SCAN_PAGE_MAX_KEYS};
 use racekv_redis::{
@@ -32,13 +33,20 @@ pub struct ClusterStore {
     cluster: Arc<Cluster>,
     info: InfoFn,
     eviction: Arc<Eviction>,
+    gather_gets: Option<Arc<GetCombiner>>,
 }
 
 impl ClusterStore {
     /// A store over `cluster`, adding `info`'s lines to INFO, its writes kept under
     /// `maxmemory` by `eviction`.
     pub fn new(cluster: Arc<Cluster>, info: InfoFn, eviction: Arc<Eviction>) -> Self {
-        Self { cluster, info, eviction }
+        Self { cluster, info, eviction, gather_gets: None }
+    }
+
+    /// Reads the connections' pipelined GET runs together ([`GetCombiner`]).
+    pub fn gathering_gets(mut self) -> Self {
+        self.gather_gets = Some(Arc::new(GetCombiner::default()));
+        self
     }
 }
 
@@ -48,6 +56,7 @@ impl KvStore for ClusterStore {
             session: self.cluster.attach(),
             info: Arc::clone(&self.info),
             eviction: Arc::clone(&self.eviction),
+            gather_gets: self.gather_gets.clone(),
         }))
     }
 }
@@ -56,6 +65,7 @@ struct RedisSession {
     session: Attached,
     info: InfoFn,
     eviction: Arc<Eviction>,
+    gather_gets: Option<Arc<GetCombiner>>,
 }
 
 fn mode(m: PutMode) -> TablePutMode {
@@ -164,7 +174,11 @@ impl KvSession for RedisSession {
     }
 
     fn get_in_order(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
-        self.s().get_in_order(keys).map_err(store_error)
+        match &self.gather_gets {
+            Some(combiner) => combiner.get_in_order(&mut self.session, keys),
+            None => self.s().get_in_order(keys),
+        }
+        .map_err(store_error)
     }
 
     fn multi_put(&mut self, pairs: &[(&[u8], &[u8])]) -> Result<(), StoreError> {

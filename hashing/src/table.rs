@@ -899,6 +899,12 @@ impl TableClient {
         self.read_in_order(keys, &mut None)
     }
 
+    /// Whether [`TableClient::get_many_in_order`] reads many keys per round trip here (not
+    /// on verbs, where each key is its own lookup).
+    pub fn reads_in_order_together(&self) -> bool {
+        self.conn.kind().batch_reads_in_order()
+    }
+
     /// [`TableClient::get_many_in_order`], adding each round's slot words to `witness`
     /// while it is Some (`witness.rs`; None once a round cannot be witnessed).
     fn read_in_order(&mut self, keys: &[&[u8]], witness: &mut Option<Witness>) -> Result<Vec<Option<Vec<u8>>>, Error> {

@@ -2,7 +2,7 @@
 # GET throughput of a containerized racekv cluster against the same release binaries run
 # directly on the host, in one run (the figures of docs/benchmarks.md, "Container image"):
 #
-#   sudo ops/container/bench.sh [--rounds 3] [--requests 1000000] [--memnodes 2]
+#   sudo ops/container/bench.sh [--rounds 3] [--requests 1000000] [--memnodes 2] [--pipeline 16]
 #                               [--network bridge|host] [--no-build] [--no-direct-cgroups]
 #
 # Builds the release image (ops/container/build.sh --profile release --tag racekv:bench;
@@ -13,7 +13,7 @@
 # instead, on loopback, to tell the container's cost from the network path's). Both over tcp
 # with a token and a Redis password. Loads the same 100,000 keys (64-byte values,
 # key:000000000000.., redis-benchmark's -r names) into each, then runs redis-benchmark
-# `-t get -n REQUESTS -c 50 -P 16 -r 100000 -d 64` against each, alternating (direct,
+# `-t get -n REQUESTS -c 50 -P PIPELINE -r 100000 -d 64` against each, alternating (direct,
 # container; container, direct; ...), and prints each round, the medians and their ratio
 # container / direct, each round's ratio and their geometric mean (the paired ratio), with
 # the machine, date and commit, as JSON. Removes both clusters and the network at the end
@@ -30,6 +30,7 @@ repo=$(cd "$here/../.." && pwd)
 source "$here/lib.sh"
 rounds=3
 requests=1000000
+pipeline=16
 n_memnodes=2
 build=1
 network=bridge
@@ -41,6 +42,7 @@ while [[ $# -gt 0 ]]; do
         --rounds) rounds=$2; shift 2 ;;
         --requests) requests=$2; shift 2 ;;
         --memnodes) n_memnodes=$2; shift 2 ;;
+        --pipeline) pipeline=$2; shift 2 ;;
         --network) network=$2; shift 2 ;;
         --no-build) build=0; shift ;;
         --no-direct-cgroups) direct_cgroups=0; shift ;;
@@ -166,7 +168,7 @@ for port in "$direct_port" "$ctr_port"; do
 done
 
 run() { # run PORT: GETs per second of one redis-benchmark run
-    redis-benchmark -h 127.0.0.1 -p "$1" -a "$password" --csv -t get -n "$requests" -c 50 -P 16 \
+    redis-benchmark -h 127.0.0.1 -p "$1" -a "$password" --csv -t get -n "$requests" -c 50 -P "$pipeline" \
         -r "$keys" -d 64 2>/dev/null | awk -F'"' '$2 == "GET" {print $4}'
 }
 direct=()
@@ -198,7 +200,7 @@ print(json.dumps({
     "redis_benchmark": "$(redis-benchmark --version | awk '{print $2}')",
     "commit": "$(git -C "$repo" rev-parse --short HEAD)",
     "image": "$image", "image_bytes": size,
-    "command": "redis-benchmark -t get -n $requests -c 50 -P 16 -r $keys -d 64 (+ -a)",
+    "command": "redis-benchmark -t get -n $requests -c 50 -P $pipeline -r $keys -d 64 (+ -a)",
     "memnodes": $n_memnodes,
     "container_network": "$network",
     "direct_cgroups": "$grouping",
