@@ -28,6 +28,14 @@ fn cluster(memnodes: &[&TestMemnode]) -> Arc<Cluster> {
     Cluster::connect(config.cluster_options().unwrap()).unwrap()
 }
 
+/// `n` tcp memnodes, a cluster over them, and `count` key names `{prefix}-{i}`.
+fn setup(n: usize, prefix: &str, count: usize) -> (Vec<TestMemnode>, Arc<Cluster>, Vec<Vec<u8>>) {
+    let nodes = memnodes(n);
+    let cluster = cluster(&nodes.iter().collect::<Vec<_>>());
+    let names = (0..count).map(|i| format!("{prefix}-{i}").into_bytes()).collect();
+    (nodes, cluster, names)
+}
+
 /// A small xorshift, so the runs differ between threads without a dependency.
 fn next(state: &mut u64) -> u64 {
     *state ^= *state << 13;
@@ -41,9 +49,7 @@ fn every_run_gets_its_own_values_gathered_or_not() {
     const KEYS: usize = 300;
     const THREADS: usize = 12;
     const RUNS: usize = 150;
-    let nodes = memnodes(3);
-    let cluster = cluster(&nodes.iter().collect::<Vec<_>>());
-    let names: Vec<Vec<u8>> = (0..KEYS).map(|i| format!("gathered-{i}").into_bytes()).collect();
+    let (_nodes, cluster, names) = setup(3, "gathered", KEYS);
     {
         let mut s = cluster.attach();
         for (i, n) in names.iter().enumerate() {
@@ -102,9 +108,7 @@ fn gathered_runs_keep_the_order_of_consecutive_gets_while_a_writer_races() {
     const KEYS: usize = 48;
     const READERS: usize = 8;
     const RUNS: usize = 300;
-    let nodes = memnodes(3);
-    let cluster = cluster(&nodes.iter().collect::<Vec<_>>());
-    let names: Vec<Vec<u8>> = (0..KEYS).map(|i| format!("ordered-{i}").into_bytes()).collect();
+    let (_nodes, cluster, names) = setup(3, "ordered", KEYS);
     {
         let mut s = cluster.attach();
         for n in &names {
@@ -272,9 +276,7 @@ fn redis_clients_pipelining_gets_over_tcp_get_their_own_values() {
 fn gathering_pauses_while_gathered_reads_keep_giving_up() {
     const THREADS: usize = 8;
     const RUNS: usize = 200;
-    let nodes = memnodes(2);
-    let cluster = cluster(&nodes.iter().collect::<Vec<_>>());
-    let names: Vec<Vec<u8>> = (0..64).map(|i| format!("sparse-{i}").into_bytes()).collect();
+    let (_nodes, cluster, names) = setup(2, "sparse", 64);
     {
         let mut s = cluster.attach();
         for n in names.iter().step_by(2) {
