@@ -348,6 +348,49 @@ mod tests {
         }
     }
 
+    /// Bytes of the region `applied_batches_match_a_byte_model` runs on: 2048 lines, twice
+    /// what a batch prefetches.
+    const RANGE_BYTES: u64 = 128 << 10;
+
+    proptest! {
+        /// A batch of reads and writes covering more lines than are prefetched (and ops
+        /// past the end) executes as the ops one by one would, up to its first failure.
+        #[test]
+        fn applied_batches_match_a_byte_model(
+            ops in proptest::collection::vec(
+                (any::<bool>(), 0u64..(RANGE_BYTES + 4096), 1usize..16384, any::<u8>()), 1..24),
+        ) {
+            let region = Region::anonymous(RANGE_BYTES).unwrap();
+            let mut model = vec![0u8; RANGE_BYTES as usize];
+            let mut batch = Batch::new();
+            let mut reads = Vec::new();
+            for &(write, offset, len, fill) in &ops {
+                if write {
+                    batch.write(offset, &vec![fill; len]);
+                } else {
+                    reads.push((batch.len(), batch.read(offset, len as u32)));
+                }
+            }
+            region.apply(&mut batch);
+            let failed = ops.iter().position(|&(_, offset, len, _)| offset + len as u64 > RANGE_BYTES);
+            for (index, &(write, offset, len, fill)) in ops.iter().enumerate() {
+                if failed.is_some_and(|f| index >= f) {
+                    break;
+                }
+                let range = offset as usize..offset as usize + len;
+                if write {
+                    model[range].fill(fill);
+                } else {
+                    let (_, id) = reads.iter().find(|(i, _)| *i == index).unwrap();
+                    prop_assert_eq!(batch.read_result(*id).unwrap(), &model[range]);
+                }
+            }
+            if let Some(f) = failed {
+                prop_assert!(batch.first_failure().is_err(), "op {} is out of range", f);
+            }
+        }
+    }
+
     #[test]
     fn atomics_return_old_values() {
         let region = Region::anonymous(4096).unwrap();
