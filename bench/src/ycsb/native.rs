@@ -85,7 +85,11 @@ fn thread(
         let result = match next.op {
             Op::Read => client.get(&key).map(|v| measured.not_found += u64::from(v.is_none())),
             Op::Update => client.put(&key, value),
-            Op::Insert => client.put(&key, value).map(|()| run.space.ack_insert()),
+            Op::Insert => {
+                let result = client.put(&key, value);
+                run.space.insert_done(next.key);
+                result
+            }
             Op::ReadModifyWrite => client
                 .get(&key)
                 .map(|v| measured.not_found += u64::from(v.is_none()))
@@ -116,7 +120,7 @@ fn batched_thread(
 ) -> Measured {
     let (ops, mut chooser) = thread_share(run, threads, index);
     let mut measured = Measured::new();
-    let mut pending: Vec<(Op, Vec<u8>)> = Vec::with_capacity(batch);
+    let mut pending: Vec<(Op, u64, Vec<u8>)> = Vec::with_capacity(batch);
     let mut key = Vec::with_capacity(32);
     let (mut done, mut reported) = (0u64, 0u64);
     while done < ops {
@@ -133,10 +137,10 @@ fn batched_thread(
             }
             done += 1;
         } else {
-            if pending.iter().any(|(_, k)| *k == key) {
+            if pending.iter().any(|(_, _, k)| *k == key) {
                 done += flush(client, run, value, &mut pending, &mut measured);
             }
-            pending.push((next.op, key.clone()));
+            pending.push((next.op, next.key, key.clone()));
             if pending.len() == batch || done + pending.len() as u64 == ops {
                 done += flush(client, run, value, &mut pending, &mut measured);
             }
@@ -155,7 +159,7 @@ fn flush(
     client: &Client,
     run: &Run<'_>,
     value: &[u8],
-    pending: &mut Vec<(Op, Vec<u8>)>,
+    pending: &mut Vec<(Op, u64, Vec<u8>)>,
     measured: &mut Measured,
 ) -> u64 {
     if pending.is_empty() {
@@ -164,13 +168,13 @@ fn flush(
     let started = Instant::now();
     let reads: Vec<&[u8]> = pending
         .iter()
-        .filter(|(op, _)| matches!(op, Op::Read | Op::ReadModifyWrite))
-        .map(|(_, k)| k.as_slice())
+        .filter(|(op, _, _)| matches!(op, Op::Read | Op::ReadModifyWrite))
+        .map(|(_, _, k)| k.as_slice())
         .collect();
     let writes: Vec<(&[u8], &[u8])> = pending
         .iter()
-        .filter(|(op, _)| matches!(op, Op::Update | Op::Insert | Op::ReadModifyWrite))
-        .map(|(_, k)| (k.as_slice(), value))
+        .filter(|(op, _, _)| matches!(op, Op::Update | Op::Insert | Op::ReadModifyWrite))
+        .map(|(_, _, k)| (k.as_slice(), value))
         .collect();
     let mut result = Ok(());
     if !reads.is_empty() {
@@ -182,12 +186,13 @@ fn flush(
         result = client.multi_put(&writes);
     }
     let ns = started.elapsed().as_nanos() as u64;
-    for (op, _) in pending.iter() {
-        measured.record(*op, ns);
-        match (&result, op) {
-            (Ok(()), Op::Insert) => run.space.ack_insert(),
-            (Err(e), _) => measured.error(|| e.to_string()),
-            _ => {}
+    for &(op, key, _) in pending.iter() {
+        measured.record(op, ns);
+        if op == Op::Insert {
+            run.space.insert_done(key);
+        }
+        if let Err(e) = &result {
+            measured.error(|| e.to_string());
         }
     }
     let n = pending.len() as u64;

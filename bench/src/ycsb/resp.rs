@@ -223,12 +223,15 @@ pub(crate) enum Reply {
 
 /// Takes `reply` for the slot's current command; returns whether the operation is done.
 fn finish(slot: &mut Slot, reply: Reply, space: &KeySpace, measured: &mut Measured) -> bool {
+    if slot.next.op == Op::Insert && !matches!(reply, Reply::Expected { .. }) {
+        space.insert_done(slot.next.key); // failed: passed over, its error counted below
+    }
     match reply {
         Reply::Error(text) => measured.error(|| text),
         Reply::Unexpected => measured.unexpected += 1,
         Reply::Nil => measured.not_found += 1,
         Reply::Expected { cursor, keys } => match slot.next.op {
-            Op::Insert => space.ack_insert(),
+            Op::Insert => space.insert_done(slot.next.key),
             Op::ReadModifyWrite if slot.stage == 0 => {
                 slot.stage = 1;
                 return false;

@@ -1,7 +1,8 @@
 //! YCSB's core workloads (operation mixes and key choice), per-thread operation choosers,
 //! and what each driver measures of the operations it ran.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use clap::ValueEnum;
 use hdrhistogram::Histogram;
@@ -109,6 +110,10 @@ impl Workload {
     }
 }
 
+/// Most inserts that may be in flight past the oldest unfinished one ([`KeySpace`]'s
+/// window; the drivers keep at most threads x connections x pipeline in flight).
+const ACK_WINDOW: u64 = 1 << 16;
+
 /// The keys of one store: those loaded, and those inserted since, by every driver that
 /// writes to it (YCSB's insert key sequence and its acknowledged counter).
 #[derive(Debug)]
@@ -117,20 +122,31 @@ pub struct KeySpace {
     records: u64,
     /// Inserts handed out: the next insert is key number `records + issued`.
     issued: AtomicU64,
-    /// Inserts that completed. Reads choose among `0..records + acked`: an insert still in
-    /// flight past an acknowledged one may be chosen (and read as not found), rarely.
+    /// Inserts `0..acked` (counted from `records`) all finished. Reads choose among
+    /// `0..records + acked`, so never a key whose insert is still in flight: a read that
+    /// finds no key is then the store's fault, not the driver's.
     acked: AtomicU64,
+    /// Finished inserts past `acked`, by insert number modulo [`ACK_WINDOW`].
+    finished: Box<[AtomicBool]>,
+    /// Held by whoever moves `acked` up over the finished inserts.
+    advancing: Mutex<()>,
 }
 
 impl KeySpace {
     /// `records` keys loaded, none inserted since.
     pub fn new(records: u64) -> Self {
-        Self { records, issued: AtomicU64::new(0), acked: AtomicU64::new(0) }
+        Self {
+            records,
+            issued: AtomicU64::new(0),
+            acked: AtomicU64::new(0),
+            finished: (0..ACK_WINDOW).map(|_| AtomicBool::new(false)).collect(),
+            advancing: Mutex::new(()),
+        }
     }
 
-    /// Keys that exist now (loaded and acknowledged inserts).
+    /// Keys that exist now (loaded, and inserted with every insert before them finished).
     pub fn len(&self) -> u64 {
-        self.records + self.acked.load(Ordering::Relaxed)
+        self.records + self.acked.load(Ordering::Acquire)
     }
 
     /// Whether no key exists yet.
@@ -143,9 +159,28 @@ impl KeySpace {
         self.records + self.issued.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// An insert completed.
-    pub fn ack_insert(&self) {
-        self.acked.fetch_add(1, Ordering::Relaxed);
+    /// The insert of key number `key` (from [`Self::next_insert`]) finished: acknowledged,
+    /// or failed (its error is counted; reads may then find it absent).
+    pub fn insert_done(&self, key: u64) {
+        let n = key.checked_sub(self.records).expect("an insert's key comes after the loaded ones");
+        assert!(n < self.issued.load(Ordering::Relaxed), "insert {n} was never handed out");
+        let acked = self.acked.load(Ordering::Acquire);
+        debug_assert!(n >= acked, "insert {n} finished twice");
+        if n < acked || n - acked >= ACK_WINDOW {
+            // Past the window (an insert before it never finished: its run failed): left
+            // uncounted, so reads stay below it, as they must.
+            return;
+        }
+        self.finished[(n % ACK_WINDOW) as usize].store(true, Ordering::Release);
+        // Whoever holds the lock moves `acked` up; a flag set meanwhile waits for the next
+        // insert to finish (as YCSB's AcknowledgedCounterGenerator does).
+        if let Ok(_advancing) = self.advancing.try_lock() {
+            let mut acked = self.acked.load(Ordering::Acquire);
+            while self.finished[(acked % ACK_WINDOW) as usize].swap(false, Ordering::AcqRel) {
+                acked += 1;
+            }
+            self.acked.store(acked, Ordering::Release);
+        }
     }
 }
 
@@ -335,7 +370,7 @@ mod tests {
                 }
                 Op::Insert => {
                     assert!(n.key >= 1000);
-                    space.ack_insert();
+                    space.insert_done(n.key);
                 }
                 other => panic!("E ran {other:?}"),
             }
@@ -355,6 +390,44 @@ mod tests {
         }
         // Inserts were never acknowledged: reads stayed among the loaded keys.
         assert_eq!(space.len(), 100);
+    }
+
+    #[test]
+    fn reads_choose_only_keys_whose_inserts_and_every_earlier_one_finished() {
+        let space = KeySpace::new(10);
+        let [a, b, c] = [space.next_insert(), space.next_insert(), space.next_insert()];
+        assert_eq!([a, b, c], [10, 11, 12]);
+        space.insert_done(b);
+        assert_eq!(space.len(), 10, "insert 10 is still in flight");
+        space.insert_done(a);
+        assert_eq!(space.len(), 12);
+        space.insert_done(c);
+        assert_eq!(space.len(), 13);
+    }
+
+    #[test]
+    fn inserts_finishing_out_of_order_on_many_threads_all_count() {
+        let space = KeySpace::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    let mut in_flight = Vec::new();
+                    for i in 0..20_000u64 {
+                        in_flight.push(space.next_insert());
+                        if i % 8 == 7 {
+                            in_flight.reverse();
+                            in_flight.drain(..).for_each(|key| space.insert_done(key));
+                        }
+                    }
+                    in_flight.into_iter().for_each(|key| space.insert_done(key));
+                });
+            }
+        });
+        // A flag set while another thread advanced waits for a later insert: one more
+        // finishes them all.
+        let last = space.next_insert();
+        space.insert_done(last);
+        assert_eq!(space.len(), 80_001);
     }
 
     #[test]
