@@ -3,12 +3,12 @@
 //!
 //! Beyond "no panic": a block that decodes has lengths inside the bytes read and (when it
 //! fits a block) re-encodes to the same bytes; a layout that decodes passes its own
-//! consistency check and re-encodes to the same bytes.
+//! consistency check and re-encodes to the same bytes; a block's head agrees with it.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use racekv_hashing::layout::{
-    block_units_for, decode_block, encode_any_block, BucketHeader, DirEntry, Layout, Slot, MAX_GLOBAL_DEPTH_LIMIT, MAX_VALUE_BYTES,
+    block_units_for, decode_block, encode_any_block, peek_block_head, BucketHeader, DirEntry, Layout, Slot, MAX_GLOBAL_DEPTH_LIMIT, MAX_VALUE_BYTES,
 };
 use racekv_hashing::rpc::{
     decode_chunk, decode_chunk_request, decode_fragments_request, decode_ranges, decode_words, encode_chunk, encode_ranges, encode_words,
@@ -50,6 +50,16 @@ fuzz_target!(|data: &[u8]| {
             let mut read = data[..used].to_vec();
             read[16 + 7] = 0;
             assert_eq!(&again[..used], &read[..]);
+        }
+    }
+    // A head (read short of the value) claims only the key bytes it reached, and agrees with
+    // the whole block wherever both decode.
+    if let Some(head) = peek_block_head(data) {
+        assert!(head.key.is_none_or(|key| key.len() == head.key_len && key.len() < data.len()));
+        if let Some(block) = decode_block(data).filter(|b| b.extent.is_none()) {
+            assert_eq!(head.key, Some(block.key));
+            assert_eq!((head.expires_at_ms, head.txn, head.access), (block.expires_at_ms, block.txn, block.access));
+            assert_eq!(Some(head.units), block.units());
         }
     }
     if let Ok(layout) = Layout::decode(data) {

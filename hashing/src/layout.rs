@@ -639,6 +639,15 @@ impl Slot {
             && digest_fingerprint(block.key_digest()) == self.fingerprint
     }
 
+    /// Whether `head` (a direct block's, [`peek_block_head`]) can be the block this slot
+    /// word was written for: [`Self::fits_block`] as far as the bytes read tell (a key past
+    /// them leaves its fingerprint unchecked).
+    pub fn fits_head(&self, head: &BlockHead<'_>) -> bool {
+        !self.indirect
+            && head.units == self.units
+            && head.key.is_none_or(|key| digest_fingerprint(key_digest(key)) == self.fingerprint)
+    }
+
     /// The block's length in bytes.
     pub fn block_bytes(&self) -> u64 {
         u64::from(self.units) * BLOCK_UNIT_BYTES
@@ -968,21 +977,98 @@ pub fn stored_block_checksum(bytes: &[u8]) -> Option<u64> {
 /// not, the CAS fails. None when the bytes cannot be a block header (unknown flags, a zero
 /// key length, sizes past a block).
 pub fn peek_block_header(bytes: &[u8]) -> Option<(u8, Option<u64>)> {
-    let len_word = u64::from_le_bytes(bytes.get(0..8)?.try_into().ok()?);
-    let key_len = (len_word & 0xFFFF) as usize;
-    let flags = ((len_word >> 16) & 0xFFFF) as u16;
-    let value_len = (len_word >> 32) as usize;
-    if key_len == 0 || flags & !BLOCK_KNOWN_FLAGS != 0 {
+    let (key_len, flags, value_len) = parse_len_word(bytes)?;
+    let expires = flags & BLOCK_FLAG_EXPIRES != 0;
+    let units = units_of(key_len, value_len, expires, flags & BLOCK_FLAG_ACCESS != 0)?;
+    Some((units, read_expiry(bytes, flags)?))
+}
+
+/// A direct block's first bytes as [`peek_block_head`] reads them: all that a write
+/// replacing its item needs (no value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockHead<'a> {
+    /// Its length in 64 B units, from the lengths its header gives.
+    pub units: u8,
+    /// Its key, when the bytes read hold all of it (None: a key longer than they reach).
+    pub key: Option<&'a [u8]>,
+    /// Its key's length.
+    pub key_len: usize,
+    /// When the item expires (None: never).
+    pub expires_at_ms: Option<u64>,
+    /// The transaction that wrote it, for an intent block whose mark the bytes read reach
+    /// (None also when they stop short of it).
+    pub txn: Option<TxnMark>,
+    /// Its access word as read (None: a block of an earlier build).
+    pub access: Option<Access>,
+    /// The checksum its header holds (not checked against anything).
+    pub checksum: u64,
+}
+
+/// Bytes to read at a block's start for [`peek_block_head`] to see a key of `key_len`
+/// bytes, and the intent mark after it when `mark`: the header, access word, expiry, key
+/// and mark.
+pub fn block_head_bytes(key_len: usize, mark: bool) -> u64 {
+    (BLOCK_PEEK_BYTES + key_len + if mark { TXN_MARK_BYTES } else { 0 }) as u64
+}
+
+/// What the first bytes of a **direct** block say of its item, **unverified** (the
+/// checksum covers the whole block, and only its head was read). As for
+/// [`peek_block_header`], only for decisions a CAS on the slot word that pointed there
+/// validates, or for bytes read within the grace period of the read of that word (the
+/// block cannot be reused before, and was complete before its word was published). None
+/// when the bytes cannot be a direct block's head: unknown flags, an indirect or long-key
+/// block, sizes past a block, or an intent's mark that the bytes reach but that does not
+/// decode.
+pub fn peek_block_head(bytes: &[u8]) -> Option<BlockHead<'_>> {
+    let (key_len, flags, value_len) = parse_len_word(bytes)?;
+    if flags & (BLOCK_FLAG_INDIRECT | BLOCK_FLAG_LONG_KEY) != 0 {
         return None;
     }
     let expires = flags & BLOCK_FLAG_EXPIRES != 0;
-    let units = units_of(key_len, value_len, expires, flags & BLOCK_FLAG_ACCESS != 0)?;
-    let at = covered_from(flags);
-    let expires_at_ms = match expires {
-        true => Some(u64::from_le_bytes(bytes.get(at..at + BLOCK_EXPIRY_BYTES)?.try_into().ok()?)),
-        false => None,
+    let access = flags & BLOCK_FLAG_ACCESS != 0;
+    let units = units_of(key_len, value_len, expires, access)?;
+    let body = covered_from(flags) + if expires { BLOCK_EXPIRY_BYTES } else { 0 };
+    let key = bytes.get(body..body + key_len);
+    let mark = bytes.get(body + key_len..body + key_len + TXN_MARK_BYTES).filter(|_| key.is_some());
+    let txn = match (flags & BLOCK_FLAG_TXN != 0, mark) {
+        (true, Some(mark)) => Some(TxnMark::decode(mark)?),
+        _ => None,
     };
-    Some((units, expires_at_ms))
+    Some(BlockHead {
+        units,
+        key,
+        key_len,
+        expires_at_ms: read_expiry(bytes, flags)?,
+        txn,
+        access: match access {
+            true => Some(Access::decode(read_word(bytes, BLOCK_HEADER_BYTES)?)),
+            false => None,
+        },
+        checksum: stored_block_checksum(bytes)?,
+    })
+}
+
+/// A block's key length, flags and stored value length (mark included), from its first
+/// word; None when they cannot be a block's (too few bytes, unknown flags, no key).
+fn parse_len_word(bytes: &[u8]) -> Option<(usize, u16, usize)> {
+    let len_word = read_word(bytes, 0)?;
+    let key_len = (len_word & 0xFFFF) as usize;
+    let flags = ((len_word >> 16) & 0xFFFF) as u16;
+    let value_len = (len_word >> 32) as usize;
+    (key_len != 0 && flags & !BLOCK_KNOWN_FLAGS == 0).then_some((key_len, flags, value_len))
+}
+
+/// The expiry a block with `flags` keeps (Some(None): none); None when it lies past `bytes`.
+fn read_expiry(bytes: &[u8], flags: u16) -> Option<Option<u64>> {
+    match flags & BLOCK_FLAG_EXPIRES != 0 {
+        true => Some(Some(read_word(bytes, covered_from(flags))?)),
+        false => Some(None),
+    }
+}
+
+/// The little-endian word at `at`, if `bytes` reach past it.
+fn read_word(bytes: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(bytes.get(at..at.checked_add(8)?)?.try_into().ok()?))
 }
 
 /// Units needed for a block holding `key_len + value_len` bytes and no expiry, or None if
@@ -1136,13 +1222,8 @@ pub fn decode_block(bytes: &[u8]) -> Option<Block<'_>> {
     if bytes.len() < BLOCK_HEADER_BYTES {
         return None;
     }
-    let len_word = u64::from_le_bytes(bytes[0..8].try_into().ok()?);
-    let key_len = (len_word & 0xFFFF) as usize;
-    let flags = ((len_word >> 16) & 0xFFFF) as u16;
-    let value_len = (len_word >> 32) as usize;
-    if key_len == 0 || flags & !BLOCK_KNOWN_FLAGS != 0 {
-        return None;
-    }
+    let (key_len, flags, value_len) = parse_len_word(bytes)?;
+    let len_word = read_word(bytes, 0)?;
     let expires = flags & BLOCK_FLAG_EXPIRES != 0;
     let covered = covered_from(flags);
     let body = covered + if expires { BLOCK_EXPIRY_BYTES } else { 0 };
@@ -1374,6 +1455,35 @@ mod tests {
             prop_assert!(decode_block(&out).is_none(), "a flipped bit at {} went unnoticed", at);
         }
 
+        /// A direct block's head, read as far as `block_head_bytes` says, tells what the
+        /// whole block does of everything but the value; read shorter, it never claims a
+        /// key it did not reach.
+        #[test]
+        fn a_blocks_head_says_what_the_whole_block_does(
+            key in proptest::collection::vec(any::<u8>(), 1..100),
+            value in proptest::collection::vec(any::<u8>(), 0..300),
+            expires_at_ms in proptest::option::of(any::<u64>()),
+            marked in any::<bool>(),
+            (node, record, old_word, deadline_ms) in (any::<u64>(), 1u64..(1 << 30), any::<u64>(), any::<u64>()),
+            cut in any::<usize>(),
+        ) {
+            let txn = marked.then(|| TxnMark::of_record(node, record << 6, old_word, deadline_ms));
+            let mut out = Vec::new();
+            let units = encode_any_block(&mut out, &key, &value, None, None, expires_at_ms, txn.as_ref(), Access::default());
+            let whole = decode_block(&out).unwrap();
+            let n = (block_head_bytes(key.len(), marked) as usize).min(out.len());
+            let head = peek_block_head(&out[..n]).unwrap();
+            let want = BlockHead { units, key: Some(&key), key_len: key.len(), expires_at_ms, txn: whole.txn, access: whole.access, checksum: whole.checksum };
+            prop_assert_eq!(head, want);
+            let short = cut % (n + 1);
+            if let Some(head) = peek_block_head(&out[..short]) {
+                prop_assert_eq!(head.units, units);
+                let key_end = BLOCK_PEEK_BYTES - if expires_at_ms.is_some() { 0 } else { BLOCK_EXPIRY_BYTES } + key.len();
+                prop_assert_eq!(head.key.is_some(), short >= key_end);
+                prop_assert!(head.txn.is_none() || short >= key_end + TXN_MARK_BYTES);
+            }
+        }
+
         /// The access word is the one part of a block readers may change: any word there
         /// leaves the block valid, and the same block to its slot.
         #[test]
@@ -1431,6 +1541,7 @@ mod tests {
         #[test]
         fn decode_block_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = peek_block_header(&bytes);
+            let _ = peek_block_head(&bytes);
             let _ = decode_block(&bytes);
             let _ = Layout::decode(&bytes);
         }

@@ -55,9 +55,10 @@ use crate::directory::{CachedEntry, DirectoryCache};
 use crate::error::Error;
 use crate::hash::KeyHash;
 use crate::layout::{
-    block_units_for, decode_block, encode_any_block, key_digest, sb, stored_block_checksum, value_checksum, Extent,
-    Layout, LongKey, Slot, TxnMark, BLOCK_UNIT_BYTES, EXTENT_DESCRIPTOR_BYTES, LONG_KEY_DESCRIPTOR_BYTES,
-    MAX_BLOCK_UNITS, MAX_INLINE_KEY_BYTES, MAX_KEY_BYTES, MAX_VALUE_BYTES, SLOTS_PER_BUCKET, TXN_MARK_BYTES,
+    block_head_bytes, block_units_for, decode_block, encode_any_block, key_digest, peek_block_head, sb,
+    stored_block_checksum, value_checksum, Extent, Layout, LongKey, Slot, TxnMark, BLOCK_UNIT_BYTES,
+    EXTENT_DESCRIPTOR_BYTES, LONG_KEY_DESCRIPTOR_BYTES, MAX_BLOCK_UNITS, MAX_INLINE_KEY_BYTES, MAX_KEY_BYTES,
+    MAX_VALUE_BYTES, SLOTS_PER_BUCKET, TXN_MARK_BYTES,
 };
 use crate::probe::{Probe, ProbeReads};
 use crate::rpc::{self, method, SplitRequest};
@@ -734,6 +735,32 @@ enum Verified {
     /// A block changed under the read (it failed its checks, or the read stalled and the
     /// slot has moved on since): look again.
     Torn,
+}
+
+/// How much of each candidate block [`TableClient::verify`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reading {
+    /// Whole blocks, each checked against its checksum.
+    Whole,
+    /// Of a direct block longer than its head, the head alone ([`peek_block_head`]): for a
+    /// write that replaces the item whatever its value. What the heads say is trusted only
+    /// if read within the grace period of the bucket read (the blocks cannot have been
+    /// reused yet), and the write's CAS on the slot word checks it again. A block's intent
+    /// mark is read only under a locked slot (a committed intent's is of no use to a
+    /// write). A 1 KiB item's 17 lines read become 1.
+    Heads,
+}
+
+/// What [`TableClient::verify`] learned of one candidate block, whole or from its head.
+struct Seen {
+    /// It holds the key looked for.
+    ours: bool,
+    /// It can be the block its slot word was written for (else it was reused since).
+    fits: bool,
+    expires_at_ms: Option<u64>,
+    txn: Option<TxnMark>,
+    access: Option<crate::access::Access>,
+    checksum: u64,
 }
 
 /// [`TableClient::get_round`]'s working space (cleared, not freed, between rounds).
@@ -1418,6 +1445,7 @@ impl TableClient {
         key: &[u8],
         value_out: Option<&mut Vec<u8>>,
         read_large: bool,
+        reading: Reading,
     ) -> Result<Verified, Error> {
         self.copies.clear();
         self.others.clear();
@@ -1425,11 +1453,25 @@ impl TableClient {
             return Ok(Verified::Done);
         }
         assert!(self.cands.len() <= MAX_CANDIDATES, "{} candidates in 4 buckets", self.cands.len());
+        assert!(reading == Reading::Whole || value_out.is_none(), "a value from a block's head");
+        // A long key is compared in its extent, which only a whole block names.
+        let heads_wanted = reading == Reading::Heads && key.len() <= MAX_INLINE_KEY_BYTES;
         self.batch.clear();
         let mut reads: [Option<ReadId>; MAX_CANDIDATES] = [None; MAX_CANDIDATES];
+        let mut heads = [false; MAX_CANDIDATES];
         for (i, &(_, word)) in self.cands.iter().enumerate() {
             let slot = Slot::decode(word).expect("candidates are used slots");
-            reads[i] = Some(self.batch.read(slot.block, slot.block_bytes() as u32));
+            let whole = slot.block_bytes();
+            // A locked slot's intent mark says whom a write waits for.
+            let head = block_head_bytes(key.len(), slot.locked).next_multiple_of(BLOCK_UNIT_BYTES);
+            let bytes = match heads_wanted {
+                true if !slot.indirect && head < whole => {
+                    heads[i] = true;
+                    head
+                }
+                _ => whole,
+            };
+            reads[i] = Some(self.batch.read(slot.block, bytes as u32));
         }
         self.execute_overlapped().await?;
         let long_keys_found = self.find_long_keys(key, &reads)?;
@@ -1437,25 +1479,47 @@ impl TableClient {
         let mut best: Option<(u64, ReadId)> = None;
         for (i, &(slot, word)) in self.cands.iter().enumerate() {
             let read = reads[i].expect("read issued");
-            match decode_block(self.batch.read_result(read)?) {
+            let slot_word = Slot::decode(word).expect("candidates are used slots");
+            let bytes = self.batch.read_result(read)?;
+            let seen = match heads[i] {
+                true => peek_block_head(bytes).map(|head| Seen {
+                    ours: head.key == Some(key),
+                    fits: slot_word.fits_head(&head),
+                    expires_at_ms: head.expires_at_ms,
+                    txn: head.txn,
+                    access: head.access,
+                    checksum: head.checksum,
+                }),
+                false => decode_block(bytes).map(|block| Seen {
+                    ours: block.key == key || long_keys_found.contains(&i),
+                    fits: slot_word.fits_block(&block),
+                    expires_at_ms: block.expires_at_ms,
+                    txn: block.txn,
+                    access: block.access,
+                    checksum: block.checksum,
+                }),
+            };
+            match seen {
                 None => torn = true,
-                Some(block) if block.key == key || long_keys_found.contains(&i) => {
-                    let (expires_at_ms, txn, access, checksum) =
-                        (block.expires_at_ms, block.txn, block.access, block.checksum);
+                Some(seen) if seen.ours => {
+                    let Seen { expires_at_ms, txn, access, checksum, .. } = seen;
                     self.copies.push(KeyCopy { slot, word, expires_at_ms, txn, access, checksum });
                     if best.is_none_or(|(s, _)| slot < s) {
                         best = Some((slot, read));
                     }
                 }
                 // Another key whose fingerprint collides: the slot is its.
-                Some(block) if Slot::decode(word).is_some_and(|s| s.fits_block(&block)) => {
-                    self.others.push((slot, word))
-                }
+                Some(seen) if seen.fits => self.others.push((slot, word)),
                 // A block that cannot be the one its slot word was written for: reused
                 // since the bucket read. Judging the key absent by it would lean on the slot
                 // word alone, which a 6-bit tag guards against ABA only so far.
                 Some(_) => torn = true,
             }
+        }
+        if !torn && heads.contains(&true) && !self.shared.stall.surely_within(self.probe_sent) {
+            // Heads carry no checksum: past the grace period one may be a reused block's.
+            self.count_stall();
+            torn = true;
         }
         if torn {
             self.stats.torn_reads += 1;
@@ -1566,7 +1630,7 @@ impl TableClient {
             if self.cands.is_empty() {
                 return Ok(None);
             }
-            match self.verify(key, Some(out), true).await? {
+            match self.verify(key, Some(out), true, Reading::Whole).await? {
                 Verified::Torn => attempts.retry("a block kept changing under a read")?,
                 Verified::Done if self.copies.first().is_some_and(KeyCopy::locked) => {
                     out.clear();
@@ -1964,6 +2028,9 @@ impl TableClient {
     ) -> Result<Step, Error> {
         let mut attempts = Attempts::new(self.shared.options.op_timeout);
         let mut written = false;
+        // A plain upsert needs of the key's current block only what its head says.
+        let replaces_whatever = matches!(cond, Cond::Any) && !keep && !self.read_large && self.intent.is_none();
+        let mut reading = if new.is_some() && replaces_whatever { Reading::Heads } else { Reading::Whole };
         if let (Some(at), Some(new), Cond::Word(expected)) = (self.lock_at.take(), new, cond) {
             // A lock from a version read at `at`: one batch, no probe first.
             written = true;
@@ -1997,10 +2064,21 @@ impl TableClient {
                     }
                 }
             }
-            let mut current = std::mem::take(&mut self.value);
-            let verified = self.verify(key, Some(&mut current), self.read_large).await;
-            self.value = current;
+            let verified = match reading {
+                Reading::Heads => {
+                    self.value.clear();
+                    self.verify(key, None, false, Reading::Heads).await
+                }
+                Reading::Whole => {
+                    let mut current = std::mem::take(&mut self.value);
+                    let verified = self.verify(key, Some(&mut current), self.read_large, Reading::Whole).await;
+                    self.value = current;
+                    verified
+                }
+            };
             if let Verified::Torn = verified? {
+                // Whole blocks from now on: their checksums tell a torn read from a stall.
+                reading = Reading::Whole;
                 attempts.retry("a block kept changing under a read")?;
                 continue;
             }
@@ -2205,7 +2283,7 @@ impl TableClient {
         if self.cands.is_empty() {
             return Ok(Some(PutOutcome::Inserted));
         }
-        if let Verified::Torn = self.verify(key, None, false).await? {
+        if let Verified::Torn = self.verify(key, None, false, Reading::Whole).await? {
             // A candidate changed under us: whatever copies exist, readers and later
             // writers settle on the lowest address, so the insert stands.
             return Ok(Some(PutOutcome::Inserted));

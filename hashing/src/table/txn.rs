@@ -19,7 +19,7 @@
 //! the lease); past the lease they fail with [`Error::Locked`], and the session layer,
 //! which can reach the record's memnode, resolves it and retries.
 
-use super::{Attempts, BlockState, Cond, Expiry, NewBlock, PutOutcome, Step, TableClient, Verified};
+use super::{Attempts, BlockState, Cond, Expiry, NewBlock, PutOutcome, Reading, Step, TableClient, Verified};
 use crate::error::Error;
 use crate::hash::KeyHash;
 use crate::layout::{stored_block_checksum, Slot, TxnMark, BLOCK_UNIT_BYTES};
@@ -529,7 +529,7 @@ impl TableClient {
             if self.cands.is_empty() {
                 return Ok(None);
             }
-            match overlap::block_on(self.verify(key, value_out.as_deref_mut(), read_large))? {
+            match overlap::block_on(self.verify(key, value_out.as_deref_mut(), read_large, Reading::Whole))? {
                 Verified::Torn => attempts.retry("a block kept changing under a read")?,
                 Verified::Done => match self.copies.first().copied() {
                     Some(c) => return Ok(Some(c)),
