@@ -1,5 +1,5 @@
 #!/bin/bash
-# Runs the many-core benchmarks issue 3 still needs on a lent machine (device tool):
+# Runs the many-core benchmarks issues 3, 17 and 18 still need on a lent machine (device tool):
 #   bash ops/device/pack.sh                      # here, first
 #   run: ONLY="spike-tcp-8 spike-tcp-24 redis-p1" bash ops/device/run.sh   carry: bench-results/device
 # Results (JSON, stderr tails, plots) go to $OUT. Without ONLY every benchmark runs (about
@@ -42,3 +42,14 @@ run redis-p1-short bench redis --pipeline 1 --rounds 3 --requests 300000
 run rpc-tcp-credit bench rpc --transport tcp --threads 8,32 --modes per_thread,coalescing --lanes 4
 # GET and SET against redis-server and valkey-server (io-threads = cores) in the same rounds.
 run redis-valkey-t4 bench redis --ops get,set --benchmark-threads 4 --rounds 3 --requests 1000000
+# Issue 17: R = 1, 2, 3 SET latency over tcp with cores to spare for the memnodes, and
+# failover times (ops/bench-replication.sh on the packed binaries; ~4 minutes).
+if want replication; then
+    echo "== replication: ops/bench-replication.sh --tcp-only"
+    mkdir -p /tmp/racekv-packed/release
+    ln -sf "$R" "$D/racekv-memnode" /tmp/racekv-packed/release/
+    t0=$SECONDS
+    (cd "$D/../.." && CARGO_TARGET_DIR=/tmp/racekv-packed timeout 420 bash ops/bench-replication.sh --no-build \
+        --tcp-only --rounds 2 --requests 100000 --failovers 5) > replication.json 2> replication.err
+    echo "rc=$? in $(( SECONDS - t0 )) s"; tail -c 1500 replication.json; echo; tail -3 replication.err
+fi
