@@ -977,7 +977,7 @@ pub fn stored_block_checksum(bytes: &[u8]) -> Option<u64> {
 /// not, the CAS fails. None when the bytes cannot be a block header (unknown flags, a zero
 /// key length, sizes past a block).
 pub fn peek_block_header(bytes: &[u8]) -> Option<(u8, Option<u64>)> {
-    let (key_len, flags, value_len) = parse_len_word(bytes)?;
+    let (key_len, flags, value_len) = parse_len_word(read_word(bytes, 0)?)?;
     let expires = flags & BLOCK_FLAG_EXPIRES != 0;
     let units = units_of(key_len, value_len, expires, flags & BLOCK_FLAG_ACCESS != 0)?;
     Some((units, read_expiry(bytes, flags)?))
@@ -1020,7 +1020,7 @@ pub fn block_head_bytes(key_len: usize, mark: bool) -> u64 {
 /// block, sizes past a block, or an intent's mark that the bytes reach but that does not
 /// decode.
 pub fn peek_block_head(bytes: &[u8]) -> Option<BlockHead<'_>> {
-    let (key_len, flags, value_len) = parse_len_word(bytes)?;
+    let (key_len, flags, value_len) = parse_len_word(read_word(bytes, 0)?)?;
     if flags & (BLOCK_FLAG_INDIRECT | BLOCK_FLAG_LONG_KEY) != 0 {
         return None;
     }
@@ -1049,9 +1049,8 @@ pub fn peek_block_head(bytes: &[u8]) -> Option<BlockHead<'_>> {
 }
 
 /// A block's key length, flags and stored value length (mark included), from its first
-/// word; None when they cannot be a block's (too few bytes, unknown flags, no key).
-fn parse_len_word(bytes: &[u8]) -> Option<(usize, u16, usize)> {
-    let len_word = read_word(bytes, 0)?;
+/// word; None when they cannot be a block's (unknown flags, no key).
+fn parse_len_word(len_word: u64) -> Option<(usize, u16, usize)> {
     let key_len = (len_word & 0xFFFF) as usize;
     let flags = ((len_word >> 16) & 0xFFFF) as u16;
     let value_len = (len_word >> 32) as usize;
@@ -1222,8 +1221,8 @@ pub fn decode_block(bytes: &[u8]) -> Option<Block<'_>> {
     if bytes.len() < BLOCK_HEADER_BYTES {
         return None;
     }
-    let (key_len, flags, value_len) = parse_len_word(bytes)?;
     let len_word = read_word(bytes, 0)?;
+    let (key_len, flags, value_len) = parse_len_word(len_word)?;
     let expires = flags & BLOCK_FLAG_EXPIRES != 0;
     let covered = covered_from(flags);
     let body = covered + if expires { BLOCK_EXPIRY_BYTES } else { 0 };

@@ -759,7 +759,7 @@ struct Seen {
     fits: bool,
     expires_at_ms: Option<u64>,
     txn: Option<TxnMark>,
-    access: Option<crate::access::Access>,
+    access: Option<Access>,
     checksum: u64,
 }
 
@@ -1463,15 +1463,11 @@ impl TableClient {
             let slot = Slot::decode(word).expect("candidates are used slots");
             let whole = slot.block_bytes();
             // A locked slot's intent mark says whom a write waits for.
-            let head = block_head_bytes(key.len(), slot.locked).next_multiple_of(BLOCK_UNIT_BYTES);
-            let bytes = match heads_wanted {
-                true if !slot.indirect && head < whole => {
-                    heads[i] = true;
-                    head
-                }
-                _ => whole,
-            };
-            reads[i] = Some(self.batch.read(slot.block, bytes as u32));
+            let head = heads_wanted
+                .then(|| block_head_bytes(key.len(), slot.locked).next_multiple_of(BLOCK_UNIT_BYTES))
+                .filter(|&head| !slot.indirect && head < whole);
+            heads[i] = head.is_some();
+            reads[i] = Some(self.batch.read(slot.block, head.unwrap_or(whole) as u32));
         }
         self.execute_overlapped().await?;
         let long_keys_found = self.find_long_keys(key, &reads)?;
