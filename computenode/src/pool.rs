@@ -359,7 +359,7 @@ impl Upgrader {
                 let Some(vc) = weak.upgrade() else { continue };
                 match vc.pool.dedicated() {
                     Ok(conn) => {
-                        *vc.dedicated.write() = Some(conn);
+                        vc.dedicated.set(conn);
                         METRICS.upgrades.inc();
                         METRICS.dedicated.inc();
                         tracing::debug!(memnode = %vc.pool.endpoint, "upgraded a virtual connection");
@@ -383,7 +383,7 @@ pub struct VirtualConnection {
     home: AtomicUsize,
     /// Which other slot to try next when home is busy (cycles through all of them).
     probes: AtomicUsize,
-    dedicated: RwLock<Option<Arc<dyn Connection>>>,
+    dedicated: Dedicated,
     /// The pool connection of the last operation, kept so that the next one on the same slot
     /// takes neither the slot's lock nor a reference to the connection: both are lines every
     /// handle of the pool writes, and two event loops on two cores bounced them on every
@@ -409,7 +409,7 @@ impl VirtualConnection {
             home: AtomicUsize::new(home),
             probes: AtomicUsize::new(home),
             pool: Arc::clone(pool),
-            dedicated: RwLock::new(None),
+            dedicated: Dedicated::default(),
             cached: Mutex::new(None),
             policy,
             upgrader: upgrader.clone(),
@@ -422,12 +422,12 @@ impl VirtualConnection {
 
     /// Whether this handle runs on its own connection now.
     pub fn is_dedicated(&self) -> bool {
-        self.dedicated.read().is_some()
+        self.dedicated.get().is_some()
     }
 
     /// Drops a dedicated connection (the handle goes back to the shared pool).
     pub fn downgrade(&self) {
-        if self.dedicated.write().take().is_some() {
+        if self.dedicated.take().is_some() {
             METRICS.dedicated.dec();
         }
         self.upgrade_asked.store(false, Ordering::Release);
@@ -469,7 +469,7 @@ impl VirtualConnection {
     /// Runs `op` on the connection this handle uses now, counted in flight on its pool slot
     /// where that matters, then reports a broken connection and counts the operation.
     fn run<T>(&self, op: impl FnOnce(&dyn Connection) -> Result<T, TransportError>) -> Result<T, TransportError> {
-        if self.dedicated.read().is_none() {
+        if !self.dedicated.present() {
             // One thread at a time uses a session's handle; another one at the same time
             // (none does today) takes the uncached path below.
             if let Some(mut cached) = self.cached.try_lock() {
@@ -510,8 +510,8 @@ impl VirtualConnection {
     }
 
     fn current(&self) -> (Option<usize>, Arc<dyn Connection>) {
-        if let Some(conn) = self.dedicated.read().as_ref().filter(|c| c.is_healthy()) {
-            return (None, Arc::clone(conn));
+        if let Some(conn) = self.dedicated.get().filter(|c| c.is_healthy()) {
+            return (None, conn);
         }
         let (slot, conn) = self.pool.connection(self.route());
         (Some(slot), conn)
@@ -523,7 +523,7 @@ impl VirtualConnection {
                 Some(slot) => self.pool.report_broken(slot),
                 None => {
                     // The dedicated connection broke: fall back to the pool.
-                    if self.dedicated.write().take().is_some() {
+                    if self.dedicated.take().is_some() {
                         METRICS.dedicated.dec();
                     }
                 }
@@ -546,6 +546,43 @@ impl VirtualConnection {
     }
 }
 
+/// A handle's dedicated connection, if it was upgraded. `present` mirrors the lock's
+/// content so that the hot path of a handle never upgraded (every one on shm) reads one
+/// flag, not a lock shared with the upgrader (two atomic writes per round trip).
+#[derive(Default)]
+struct Dedicated {
+    conn: RwLock<Option<Arc<dyn Connection>>>,
+    present: AtomicBool,
+}
+
+impl Dedicated {
+    /// Whether there may be one (set before it is installed, cleared after it is gone:
+    /// a reader that sees false uses the pool, as one a moment earlier would have).
+    fn present(&self) -> bool {
+        self.present.load(Ordering::Acquire)
+    }
+
+    fn get(&self) -> Option<Arc<dyn Connection>> {
+        if !self.present() {
+            return None;
+        }
+        self.conn.read().clone()
+    }
+
+    fn set(&self, conn: Arc<dyn Connection>) {
+        let mut slot = self.conn.write();
+        *slot = Some(conn);
+        self.present.store(true, Ordering::Release);
+    }
+
+    fn take(&self) -> Option<Arc<dyn Connection>> {
+        let mut slot = self.conn.write();
+        let taken = slot.take();
+        self.present.store(false, Ordering::Release);
+        taken
+    }
+}
+
 /// A pool slot's connection as a handle last used it (see [`VirtualConnection::run`]).
 struct CachedConnection {
     slot: usize,
@@ -557,7 +594,7 @@ struct CachedConnection {
 impl Drop for VirtualConnection {
     fn drop(&mut self) {
         METRICS.virtual_live.dec();
-        if self.dedicated.get_mut().is_some() {
+        if self.dedicated.take().is_some() {
             METRICS.dedicated.dec();
         }
     }

@@ -244,6 +244,11 @@ fn ensure_classes(free: &mut Vec<Vec<u64>>) {
     }
 }
 
+/// At most this many allocations in a row that find a free block of their size reclaim by
+/// [`BlockAllocator`]'s last reading of the clock (a workload that stopped retiring still
+/// frees its grace queue every so often).
+const CLOCK_EVERY_ALLOCS: u32 = 64;
+
 /// One client's allocator.
 pub struct BlockAllocator {
     source: Arc<dyn ChunkSource>,
@@ -257,6 +262,14 @@ pub struct BlockAllocator {
     end: u64,
     free: Vec<Vec<u64>>,
     pending: VecDeque<(Instant, u64, u8)>,
+    /// The latest time this allocator read (a retire's stamp): what an allocation that
+    /// finds a free block of its size reclaims by, short of every [`CLOCK_EVERY_ALLOCS`]th
+    /// one; the others read the clock. A time earlier than now only releases fewer blocks,
+    /// and an update's retire and its next write's allocation read the clock once, not
+    /// twice.
+    seen: Instant,
+    /// Allocations since the last that read the clock.
+    allocs_since_clock: u32,
     /// Bytes in `free` and `pending`, for statistics.
     held_bytes: u64,
     /// Debug builds: every block in `free` and `pending`, so that a block freed or retired
@@ -282,6 +295,8 @@ impl BlockAllocator {
             end: 0,
             free,
             pending: VecDeque::new(),
+            seen: Instant::now(),
+            allocs_since_clock: 0,
             held_bytes: 0,
             #[cfg(debug_assertions)]
             held: std::collections::HashSet::new(),
@@ -320,7 +335,13 @@ impl BlockAllocator {
     /// A block of `units` x 64 B.
     pub fn alloc(&mut self, units: u8) -> Result<u64, Error> {
         assert!(units >= 1, "blocks are at least one unit");
-        self.reclaim(Instant::now());
+        self.allocs_since_clock += 1;
+        let may_wait = self.free[units as usize].is_empty() && !self.pending.is_empty();
+        if may_wait || self.allocs_since_clock >= CLOCK_EVERY_ALLOCS {
+            self.allocs_since_clock = 0;
+            self.seen = self.seen.max(Instant::now());
+        }
+        self.reclaim(self.seen);
         if let Some(block) = self.free[units as usize].pop() {
             self.held_bytes -= u64::from(units) * BLOCK_UNIT_BYTES;
             self.unhold(block);
@@ -501,7 +522,9 @@ impl BlockAllocator {
             return;
         }
         self.hold(block, true);
-        self.pending.push_back((Instant::now(), block, units));
+        // After the unlinking CAS (the caller's), so its grace starts no earlier than it.
+        self.seen = self.seen.max(Instant::now());
+        self.pending.push_back((self.seen, block, units));
         self.held_bytes += u64::from(units) * BLOCK_UNIT_BYTES;
     }
 
@@ -518,6 +541,7 @@ impl BlockAllocator {
     }
 
     fn reclaim(&mut self, now: Instant) {
+        debug_assert!(now <= Instant::now(), "reclaiming by a time not yet come frees blocks early");
         while let Some(&(at, block, units)) = self.pending.front() {
             if now.duration_since(at) < self.grace {
                 break;

@@ -1906,7 +1906,7 @@ impl TableClient {
         if let Some(units) = block_units_for(key.len(), value.len() + mark_bytes, expires) {
             let block = self.alloc.alloc(units)?;
             self.check_record_run(block, units)?;
-            let access = Access::fresh(crate::clock::now_unix_ms());
+            let access = Access::fresh(racekv_telemetry::clock::now_unix_ms_coarse());
             let encoded =
                 encode_any_block(&mut self.block, key, value, None, None, expires_at_ms, intent.as_ref(), access);
             assert_eq!(encoded, units, "a block sized {units} units encoded to {encoded}");
@@ -1939,7 +1939,7 @@ impl TableClient {
             long_key.as_ref(),
             expires_at_ms,
             intent.as_ref(),
-            Access::fresh(crate::clock::now_unix_ms()),
+            Access::fresh(racekv_telemetry::clock::now_unix_ms_coarse()),
         );
         assert_eq!(encoded, units, "an indirect block sized {units} units encoded to {encoded}");
         let word = self.next_word(hash, block, units, true);

@@ -111,6 +111,9 @@ pub(super) fn run_commands(shared: &Serving, client: &mut Client, parser: &mut P
 fn run_parsed(shared: &Serving, client: &mut Client, parser: &mut Parser, out: &mut Output) -> Step {
     // Consecutive GETs wait in the client's run and execute together, before anything that
     // follows them. Executed commands go back to the parser for reuse.
+    // When the last command executed on its own ended: the next one's start, if nothing
+    // else ran between (its parsing is then counted in its time).
+    let mut chained: Option<Instant> = None;
     let step = loop {
         // Checked first: a slow reader's pending replies (an event loop's connection) stop
         // the execution of more commands until they are written.
@@ -173,13 +176,18 @@ fn run_parsed(shared: &Serving, client: &mut Client, parser: &mut Parser, out: &
             client.resume();
         }
         if client.may_batch_get(&cmd) {
+            chained = None;
             if client.queue_get(cmd) < MAX_GET_RUN {
                 continue;
             }
             run_gets(client, parser, out);
         } else {
-            run_gets(client, parser, out);
-            let reply = client.execute(&cmd);
+            if run_gets(client, parser, out) {
+                chained = None;
+            }
+            let started = chained.take().unwrap_or_else(Instant::now);
+            let (reply, ended) = client.execute_from(&cmd, started);
+            chained = Some(ended);
             out.push(reply, client.protocol());
             parser.recycle(cmd);
             if client.wants_close() {
@@ -197,8 +205,9 @@ fn is_cross_protocol(cmd: &Command) -> bool {
     cmd.get(0).is_some_and(|name| name.eq_ignore_ascii_case(b"post") || name.eq_ignore_ascii_case(b"host:"))
 }
 
-fn run_gets(client: &mut Client, parser: &mut Parser, out: &mut Output) {
-    client.run_queued_gets(out, |cmd| parser.recycle(cmd));
+/// Runs the queued GETs; whether there were any.
+fn run_gets(client: &mut Client, parser: &mut Parser, out: &mut Output) -> bool {
+    client.run_queued_gets(out, |cmd| parser.recycle(cmd))
 }
 
 /// Most pipelined GETs looked up together (see [`Client::execute_gets`]).

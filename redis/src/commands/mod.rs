@@ -667,15 +667,16 @@ impl Client {
     }
 
     /// Executes the queued GETs together ([`Client::execute_gets`]), then hands their
-    /// commands to `recycle` (the parser reuses their buffers).
-    pub fn run_queued_gets(&mut self, out: &mut Output, mut recycle: impl FnMut(Command)) {
+    /// commands to `recycle` (the parser reuses their buffers). Whether there were any.
+    pub fn run_queued_gets(&mut self, out: &mut Output, mut recycle: impl FnMut(Command)) -> bool {
         if self.queued_gets.is_empty() {
-            return;
+            return false;
         }
         let mut run = std::mem::take(&mut self.queued_gets);
         self.execute_gets(&run, out);
         run.drain(..).for_each(&mut recycle);
         self.queued_gets = run;
+        true
     }
 
     /// Executes a run of pipelined `GET`s (each [`Client::is_get`]) with the replies
@@ -720,9 +721,14 @@ impl Client {
 
     /// Executes one command and returns its reply; records metrics and stats.
     pub fn execute(&mut self, cmd: &Command) -> Reply {
-        let started = Instant::now();
+        self.execute_from(cmd, Instant::now()).0
+    }
+
+    /// [`Client::execute`] timed from `started` (a pipeline's commands chain: one's end is
+    /// the next one's start, one clock read each); returns the reply and when it ended.
+    pub fn execute_from(&mut self, cmd: &Command, started: Instant) -> (Reply, Instant) {
         let Some(name) = cmd.get(0) else {
-            return Reply::error("ERR empty command");
+            return (Reply::error("ERR empty command"), Instant::now());
         };
         let found = lookup(name);
         if !found.is_some_and(|(index, _)| index == *GET_INDEX || index == *SET_INDEX) {
@@ -738,7 +744,7 @@ impl Client {
                     let reply = self.queue_in_multi(spec, cmd);
                     let (CommandId(id), _) = acl_id(index, spec, cmd);
                     self.handle.touch(self.stats.clients.epoch(), started, id);
-                    return reply;
+                    return (reply, Instant::now());
                 }
                 Ok(()) => {
                     let reply = reply_for(spec, (spec.handler)(self, cmd));
@@ -751,10 +757,11 @@ impl Client {
         if outcome == Outcome::Rejected {
             self.flag_transaction();
         }
-        let elapsed = started.elapsed();
+        let ended = Instant::now();
+        let elapsed = ended.saturating_duration_since(started);
         self.record(metrics_index, elapsed.as_secs_f64(), &reply);
         self.account(metrics_index, cmd, &reply, outcome, started, elapsed);
-        reply
+        (reply, ended)
     }
 
     /// Counts one executed command: its time, its outcome, the server's command total.
