@@ -649,7 +649,7 @@ mod tests {
     use racekv_hashing::testing::{TestMemnode, Via};
     use racekv_transport::{Batch, ConnectOptions, Connection, TransportKind};
 
-    use super::{Pool, UpgradePolicy, Upgrader, VirtualConnection};
+    use super::{Dedicated, Pool, UpgradePolicy, Upgrader, VirtualConnection};
 
     const THREADS: usize = 4;
     const OPS: usize = 1_500;
@@ -685,6 +685,21 @@ mod tests {
         threads.into_iter().for_each(|t| t.join().unwrap());
         assert_eq!(pool.in_flight(), vec![0; size], "in-flight counts after every operation returned");
         (pool.contention(), handles.iter().map(|vc| vc.home()).collect())
+    }
+
+    #[test]
+    fn the_dedicated_flag_says_what_the_lock_holds() {
+        let m = TestMemnode::start(Via::Transport(TransportKind::Tcp), 16 << 20, 16);
+        let options = ConnectOptions { token: TestMemnode::TOKEN.into(), ..ConnectOptions::default() };
+        let pool = Pool::connect(m.endpoint().unwrap().clone(), options, 1).unwrap();
+        let (_, conn) = pool.connection(0);
+        let d = Dedicated::default();
+        assert!(!d.present() && d.get().is_none());
+        d.set(Arc::clone(&conn));
+        assert!(d.present());
+        assert!(d.get().is_some_and(|c| Arc::ptr_eq(&c, &conn)));
+        assert!(d.take().is_some());
+        assert!(!d.present() && d.get().is_none() && d.take().is_none());
     }
 
     #[test]
