@@ -422,7 +422,7 @@ impl VirtualConnection {
 
     /// Whether this handle runs on its own connection now.
     pub fn is_dedicated(&self) -> bool {
-        self.dedicated.get().is_some()
+        self.dedicated.present()
     }
 
     /// Drops a dedicated connection (the handle goes back to the shared pool).
@@ -556,8 +556,9 @@ struct Dedicated {
 }
 
 impl Dedicated {
-    /// Whether there may be one (set before it is installed, cleared after it is gone:
-    /// a reader that sees false uses the pool, as one a moment earlier would have).
+    /// Whether there is one: written under the lock as its content changes, so a reader
+    /// that races a change sees the state just before it or just after (false: it uses the
+    /// pool, as one a moment earlier would have).
     fn present(&self) -> bool {
         self.present.load(Ordering::Acquire)
     }

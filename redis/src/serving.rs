@@ -182,9 +182,8 @@ fn run_parsed(shared: &Serving, client: &mut Client, parser: &mut Parser, out: &
             }
             run_gets(client, parser, out);
         } else {
-            if run_gets(client, parser, out) {
-                chained = None;
-            }
+            // Queued GETs, if any, ran after `chained` was cleared when the first was queued.
+            run_gets(client, parser, out);
             let started = chained.take().unwrap_or_else(Instant::now);
             let (reply, ended) = client.execute_from(&cmd, started);
             chained = Some(ended);
@@ -205,9 +204,8 @@ fn is_cross_protocol(cmd: &Command) -> bool {
     cmd.get(0).is_some_and(|name| name.eq_ignore_ascii_case(b"post") || name.eq_ignore_ascii_case(b"host:"))
 }
 
-/// Runs the queued GETs; whether there were any.
-fn run_gets(client: &mut Client, parser: &mut Parser, out: &mut Output) -> bool {
-    client.run_queued_gets(out, |cmd| parser.recycle(cmd))
+fn run_gets(client: &mut Client, parser: &mut Parser, out: &mut Output) {
+    client.run_queued_gets(out, |cmd| parser.recycle(cmd));
 }
 
 /// Most pipelined GETs looked up together (see [`Client::execute_gets`]).

@@ -2,11 +2,11 @@
 //! function, so the table, the client library and the Redis front end all read the same
 //! clock; what a skew between hosts does is `racekv_hashing::clock`'s to say.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Now, as absolute Unix time in milliseconds (0 for a clock set before 1970).
 pub fn now_unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, unix_ms)
 }
 
 /// [`now_unix_ms`] from the kernel's tick-granular clock (`CLOCK_REALTIME_COARSE`, a few
@@ -15,9 +15,15 @@ pub fn now_unix_ms() -> u64 {
 /// for expiry, which [`now_unix_ms`] decides.
 pub fn now_unix_ms_coarse() -> u64 {
     match nix::time::clock_gettime(nix::time::ClockId::CLOCK_REALTIME_COARSE) {
-        Ok(t) => u64::try_from(t.tv_sec()).map_or(0, |s| s.saturating_mul(1000)) + (t.tv_nsec() as u64) / 1_000_000,
+        Ok(t) if t.tv_sec() < 0 => 0,
+        Ok(t) => unix_ms(Duration::from(t)),
         Err(_) => now_unix_ms(),
     }
+}
+
+/// Milliseconds of a time since the Unix epoch.
+fn unix_ms(since_epoch: Duration) -> u64 {
+    u64::try_from(since_epoch.as_millis()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

@@ -667,16 +667,15 @@ impl Client {
     }
 
     /// Executes the queued GETs together ([`Client::execute_gets`]), then hands their
-    /// commands to `recycle` (the parser reuses their buffers). Whether there were any.
-    pub fn run_queued_gets(&mut self, out: &mut Output, mut recycle: impl FnMut(Command)) -> bool {
+    /// commands to `recycle` (the parser reuses their buffers).
+    pub fn run_queued_gets(&mut self, out: &mut Output, mut recycle: impl FnMut(Command)) {
         if self.queued_gets.is_empty() {
-            return false;
+            return;
         }
         let mut run = std::mem::take(&mut self.queued_gets);
         self.execute_gets(&run, out);
         run.drain(..).for_each(&mut recycle);
         self.queued_gets = run;
-        true
     }
 
     /// Executes a run of pipelined `GET`s (each [`Client::is_get`]) with the replies
