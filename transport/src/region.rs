@@ -212,11 +212,11 @@ impl Region {
         }
     }
 
-    /// Asks the CPU for every cache line the batch's READs and WRITEs cover (up to a bound),
-    /// before any copying: the lines' misses are then in flight together, as a NIC would
-    /// fetch them, instead of a few at a time behind the copy loop. Prefetches, unlike
-    /// loads, retire without waiting for their line, so a long batch's misses all overlap
-    /// (1 KiB values: 1.4x YCSB C over shm, docs/benchmarks.md).
+    /// Asks the CPU for the first cache lines of every READ and WRITE of the batch (up to a
+    /// bound), before any copying: every op's misses are then in flight together, as a NIC
+    /// would fetch them, instead of one op's at a time behind the copy loop. Prefetches,
+    /// unlike loads, retire without waiting for their line, so a long batch's misses
+    /// overlap (1 KiB values: 1.4x YCSB C over shm, docs/benchmarks.md).
     fn prefetch_lines(&self, batch: &Batch) {
         let mut prefetched = 0;
         for op in batch.ops() {
@@ -229,7 +229,7 @@ impl Region {
                 continue;
             }
             let mut line = op.offset & !63;
-            let end = op.offset + u64::from(op.len);
+            let end = (op.offset + u64::from(op.len)).min(line + 64 * PREFETCH_LINES_PER_OP);
             while line < end && prefetched < MAX_PREFETCHED_LINES {
                 // The word at `line` is inside the region: lines are 64-byte aligned and the
                 // op's first byte is at or after `line`, its last before `end` <= len.
@@ -246,9 +246,16 @@ impl Region {
     }
 }
 
-/// Most cache lines one batch prefetches (64 KiB, within any L2): past that a large
-/// read's lines would push out its own first ones before the copy reaches them.
+/// Most cache lines one batch prefetches (64 KiB, within any L2; the first lines of 256
+/// ops): past that, early lines would be pushed out before the copy reaches them.
 const MAX_PREFETCHED_LINES: u64 = 1024;
+
+/// Most lines prefetched for one op (its first ones). Each software prefetch holds one of
+/// the core's few fill buffers until its line arrives, so prefetching all 17 lines of 16
+/// 1 KiB blocks mostly waited for buffers; the first four start every op's misses at once,
+/// and the L2 streamer fetches the rest of a block as the copy walks it (YCSB C native
+/// about 1.03x against every line, docs/benchmarks.md).
+const PREFETCH_LINES_PER_OP: u64 = 4;
 
 /// Asks the CPU to bring `word`'s cache line into L2 (`write`: for writing), without
 /// waiting for it.
