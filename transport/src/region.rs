@@ -16,7 +16,7 @@ use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use memmap2::{MmapOptions, MmapRaw};
 
-use crate::batch::{check_op, Batch, OpKind};
+use crate::batch::{check_op, Batch, Op, OpKind};
 use crate::error::OpError;
 
 #[cfg(not(target_endian = "little"))]
@@ -193,9 +193,13 @@ impl Region {
     /// Executes every op of `batch` in order against this region. The first failing op
     /// fails, and the rest are not executed (as a NIC flushes a broken queue).
     pub fn apply(&self, batch: &mut Batch) {
-        self.prefetch_lines(batch);
+        self.prefetch_first_lines(batch);
         for index in 0..batch.len() {
             let op = batch.ops()[index];
+            // The next op's other lines come in while this one copies (its first are here).
+            if let Some(next) = batch.ops().get(index + 1) {
+                self.prefetch_op(next, PREFETCH_LINES_PER_OP, MAX_PREFETCHED_LINES);
+            }
             let outcome = match op.kind {
                 OpKind::Read => self.read(op.offset, batch.read_target(index)).map(|()| 0),
                 OpKind::Write => self.write(op.offset, batch.write_payload(index)).map(|()| 0),
@@ -216,28 +220,42 @@ impl Region {
     /// bound), before any copying: every op's misses are then in flight together, as a NIC
     /// would fetch them, instead of one op's at a time behind the copy loop. Prefetches,
     /// unlike loads, retire without waiting for their line, so a long batch's misses
-    /// overlap (1 KiB values: 1.4x YCSB C over shm, docs/benchmarks.md).
-    fn prefetch_lines(&self, batch: &Batch) {
+    /// overlap (1 KiB values: 1.4x YCSB C over shm, docs/benchmarks.md). The rest of an
+    /// op's lines are asked for while the op before it copies (`apply`).
+    fn prefetch_first_lines(&self, batch: &Batch) {
         let mut prefetched = 0;
         for op in batch.ops() {
-            let write = match op.kind {
-                OpKind::Read => false,
-                OpKind::Write => true,
-                OpKind::Cas | OpKind::Faa => continue,
-            };
-            if check_op(op.kind, op.offset, u64::from(op.len), self.len).is_err() {
-                continue;
+            if prefetched >= MAX_PREFETCHED_LINES {
+                break;
             }
-            let mut line = op.offset & !63;
-            let end = (op.offset + u64::from(op.len)).min(line + 64 * PREFETCH_LINES_PER_OP);
-            while line < end && prefetched < MAX_PREFETCHED_LINES {
-                // The word at `line` is inside the region: lines are 64-byte aligned and the
-                // op's first byte is at or after `line`, its last before `end` <= len.
-                prefetch_line(self.word(line.max(op.offset & !7)), write);
-                line += 64;
-                prefetched += 1;
-            }
+            prefetched += self.prefetch_op(op, 0, PREFETCH_LINES_PER_OP.min(MAX_PREFETCHED_LINES - prefetched));
         }
+    }
+
+    /// Prefetches at most `most` of `op`'s lines, from its line `skip` on (a READ's for
+    /// reading, a WRITE's for writing; nothing for atomics or an op out of bounds).
+    /// Returns how many it asked for.
+    fn prefetch_op(&self, op: &Op, skip: u64, most: u64) -> u64 {
+        let write = match op.kind {
+            OpKind::Read => false,
+            OpKind::Write => true,
+            OpKind::Cas | OpKind::Faa => return 0,
+        };
+        if check_op(op.kind, op.offset, u64::from(op.len), self.len).is_err() {
+            return 0;
+        }
+        let mut line = (op.offset & !63) + 64 * skip;
+        let end = (op.offset + u64::from(op.len)).min(line.saturating_add(64 * most));
+        let mut prefetched = 0;
+        while line < end {
+            // The word at `line` is inside the region: lines are 64-byte aligned and the
+            // op's first byte is at or after `line`, its last before `end` <= len.
+            prefetch_line(self.word(line.max(op.offset & !7)), write);
+            line += 64;
+            prefetched += 1;
+        }
+        debug_assert!(prefetched <= most);
+        prefetched
     }
 
     /// Flushes a file-backed mapping to its file (msync). A no-op cost for memfd and anonymous.
@@ -246,15 +264,16 @@ impl Region {
     }
 }
 
-/// Most cache lines one batch prefetches (64 KiB, within any L2; the first lines of 256
-/// ops): past that, early lines would be pushed out before the copy reaches them.
+/// Most cache lines prefetched at once: before a batch copies (every op's first lines),
+/// and ahead of one op (64 KiB, within any L2): past that, early lines would be pushed out
+/// before the copy reaches them.
 const MAX_PREFETCHED_LINES: u64 = 1024;
 
-/// Most lines prefetched for one op (its first ones). Each software prefetch holds one of
-/// the core's few fill buffers until its line arrives, so prefetching all 17 lines of 16
-/// 1 KiB blocks mostly waited for buffers; the first four start every op's misses at once,
-/// and the L2 streamer fetches the rest of a block as the copy walks it (YCSB C native
-/// about 1.03x against every line, docs/benchmarks.md).
+/// Lines of every op prefetched before a batch copies (its first ones). Each software
+/// prefetch holds one of the core's few fill buffers until its line arrives, so asking for
+/// all 17 lines of 16 1 KiB blocks at once mostly waited for buffers; the first four start
+/// every op's misses together, and the rest of an op's come while the op before it copies
+/// (YCSB C native 1.11x against every line up front, docs/benchmarks.md).
 const PREFETCH_LINES_PER_OP: u64 = 4;
 
 /// Asks the CPU to bring `word`'s cache line into L2 (`write`: for writing), without
