@@ -236,6 +236,10 @@ impl Region {
     /// reading, a WRITE's for writing; nothing for atomics or an op out of bounds).
     /// Returns how many it asked for.
     fn prefetch_op(&self, op: &Op, skip: u64, most: u64) -> u64 {
+        if (op.offset & 63) + u64::from(op.len) <= 64 * skip {
+            // Nothing past line `skip` (headers, slots, small blocks): the common case.
+            return 0;
+        }
         let write = match op.kind {
             OpKind::Read => false,
             OpKind::Write => true,
