@@ -223,43 +223,36 @@ impl Region {
     /// overlap (1 KiB values: 1.4x YCSB C over shm, docs/benchmarks.md). The rest of an
     /// op's lines are asked for while the op before it copies (`apply`).
     fn prefetch_first_lines(&self, batch: &Batch) {
-        let mut prefetched = 0;
+        // A valid batch has at most MAX_BATCH_OPS ops, so this stays within
+        // MAX_PREFETCHED_LINES (asserted at compile time below).
         for op in batch.ops() {
-            if prefetched >= MAX_PREFETCHED_LINES {
-                break;
-            }
-            prefetched += self.prefetch_op(op, 0, PREFETCH_LINES_PER_OP.min(MAX_PREFETCHED_LINES - prefetched));
+            self.prefetch_op(op, 0, PREFETCH_LINES_PER_OP);
         }
     }
 
     /// Prefetches at most `most` of `op`'s lines, from its line `skip` on (a READ's for
     /// reading, a WRITE's for writing; nothing for atomics or an op out of bounds).
-    /// Returns how many it asked for.
-    fn prefetch_op(&self, op: &Op, skip: u64, most: u64) -> u64 {
+    fn prefetch_op(&self, op: &Op, skip: u64, most: u64) {
         if (op.offset & 63) + u64::from(op.len) <= 64 * skip {
             // Nothing past line `skip` (headers, slots, small blocks): the common case.
-            return 0;
+            return;
         }
         let write = match op.kind {
             OpKind::Read => false,
             OpKind::Write => true,
-            OpKind::Cas | OpKind::Faa => return 0,
+            OpKind::Cas | OpKind::Faa => return,
         };
         if check_op(op.kind, op.offset, u64::from(op.len), self.len).is_err() {
-            return 0;
+            return;
         }
         let mut line = (op.offset & !63) + 64 * skip;
         let end = (op.offset + u64::from(op.len)).min(line.saturating_add(64 * most));
-        let mut prefetched = 0;
         while line < end {
             // The word at `line` is inside the region: lines are 64-byte aligned and the
             // op's first byte is at or after `line`, its last before `end` <= len.
             prefetch_line(self.word(line.max(op.offset & !7)), write);
             line += 64;
-            prefetched += 1;
         }
-        debug_assert!(prefetched <= most);
-        prefetched
     }
 
     /// Flushes a file-backed mapping to its file (msync). A no-op cost for memfd and anonymous.
@@ -279,6 +272,9 @@ const MAX_PREFETCHED_LINES: u64 = 1024;
 /// every op's misses together, and the rest of an op's come while the op before it copies
 /// (YCSB C native 1.11x against every line up front, docs/benchmarks.md).
 const PREFETCH_LINES_PER_OP: u64 = 4;
+
+// A valid batch's first lines fit the bound (`prefetch_first_lines` counts nothing).
+const _: () = assert!(PREFETCH_LINES_PER_OP * crate::batch::MAX_BATCH_OPS as u64 <= MAX_PREFETCHED_LINES);
 
 /// Asks the CPU to bring `word`'s cache line into L2 (`write`: for writing), without
 /// waiting for it.
