@@ -120,7 +120,7 @@ fn batched_thread(
 ) -> Measured {
     let (ops, mut chooser) = thread_share(run, threads, index);
     let mut measured = Measured::new();
-    let mut pending: Vec<(Op, u64, Vec<u8>)> = Vec::with_capacity(batch);
+    let mut pending = Pending::with_capacity(batch);
     let mut key = Vec::with_capacity(32);
     let (mut done, mut reported) = (0u64, 0u64);
     while done < ops {
@@ -137,10 +137,10 @@ fn batched_thread(
             }
             done += 1;
         } else {
-            if pending.iter().any(|(_, _, k)| *k == key) {
+            if pending.holds(&key) {
                 done += flush(client, run, value, &mut pending, &mut measured);
             }
-            pending.push((next.op, next.key, key.clone()));
+            pending.push(next.op, next.key, &key);
             if pending.len() == batch || done + pending.len() as u64 == ops {
                 done += flush(client, run, value, &mut pending, &mut measured);
             }
@@ -153,28 +153,56 @@ fn batched_thread(
     measured
 }
 
+/// The operations of the batch being gathered, their key names side by side in one buffer
+/// (the driver allocates nothing per operation).
+struct Pending {
+    /// Each operation, its key's number, and where its key's name is in `names`.
+    ops: Vec<(Op, u64, std::ops::Range<usize>)>,
+    names: Vec<u8>,
+}
+
+impl Pending {
+    fn with_capacity(batch: usize) -> Self {
+        Self { ops: Vec::with_capacity(batch), names: Vec::with_capacity(batch * 32) }
+    }
+
+    fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Whether an operation of the key named `name` is pending.
+    fn holds(&self, name: &[u8]) -> bool {
+        self.ops.iter().any(|(_, _, at)| &self.names[at.clone()] == name)
+    }
+
+    fn push(&mut self, op: Op, key: u64, name: &[u8]) {
+        let at = self.names.len();
+        self.names.extend_from_slice(name);
+        self.ops.push((op, key, at..self.names.len()));
+    }
+
+    /// The key names of the operations `wanted` picks, in order.
+    fn names(&self, wanted: impl Fn(Op) -> bool) -> impl Iterator<Item = &[u8]> {
+        self.ops.iter().filter(move |(op, _, _)| wanted(*op)).map(|(_, _, at)| &self.names[at.clone()])
+    }
+
+    fn clear(&mut self) {
+        self.ops.clear();
+        self.names.clear();
+    }
+}
+
 /// Runs the batch: its reads (and the reads of its read-modify-writes) as one `multi_get`,
 /// then its writes as one `multi_put`. Returns how many operations it ran.
-fn flush(
-    client: &Client,
-    run: &Run<'_>,
-    value: &[u8],
-    pending: &mut Vec<(Op, u64, Vec<u8>)>,
-    measured: &mut Measured,
-) -> u64 {
-    if pending.is_empty() {
+fn flush(client: &Client, run: &Run<'_>, value: &[u8], pending: &mut Pending, measured: &mut Measured) -> u64 {
+    if pending.len() == 0 {
         return 0;
     }
     let started = Instant::now();
-    let reads: Vec<&[u8]> = pending
-        .iter()
-        .filter(|(op, _, _)| matches!(op, Op::Read | Op::ReadModifyWrite))
-        .map(|(_, _, k)| k.as_slice())
-        .collect();
+    let reads: Vec<&[u8]> = pending.names(|op| matches!(op, Op::Read | Op::ReadModifyWrite)).collect();
     let writes: Vec<(&[u8], &[u8])> = pending
-        .iter()
-        .filter(|(op, _, _)| matches!(op, Op::Update | Op::Insert | Op::ReadModifyWrite))
-        .map(|(_, _, k)| (k.as_slice(), value))
+        .names(|op| matches!(op, Op::Update | Op::Insert | Op::ReadModifyWrite))
+        .map(|name| (name, value))
         .collect();
     let mut result = Ok(());
     if !reads.is_empty() {
@@ -186,7 +214,7 @@ fn flush(
         result = client.multi_put(&writes);
     }
     let ns = started.elapsed().as_nanos() as u64;
-    for &(op, key, _) in pending.iter() {
+    for &(op, key, _) in &pending.ops {
         measured.record(op, ns);
         if op == Op::Insert {
             run.space.insert_done(key);
