@@ -47,18 +47,7 @@ pub fn key_name(n: u64, out: &mut Vec<u8>) {
 
 /// Appends `n` in decimal to `out`.
 pub fn push_decimal(out: &mut Vec<u8>, n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    let mut rest = n;
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[i..]);
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// zeta(n, theta) = sum over i in 1..=n of 1 / i^theta, continued from `from` items whose sum

@@ -14,7 +14,7 @@ use racekv_client::Client;
 
 use super::resp::Run;
 use super::resp::{value_bytes, Cursors};
-use super::workload::{share, Chooser, Measured, Op};
+use super::workload::{share, Chooser, Measured, Op, OPS};
 
 /// Runs `run` with `threads` attached clients on `socket`; returns what was measured and the
 /// wall time in seconds (`run.port` is not used).
@@ -214,14 +214,18 @@ fn flush(client: &Client, run: &Run<'_>, value: &[u8], pending: &mut Pending, me
         result = client.multi_put(&writes);
     }
     let ns = started.elapsed().as_nanos() as u64;
+    let mut of_kind = [0u64; OPS.len()];
     for &(op, key, _) in &pending.ops {
-        measured.record(op, ns);
+        of_kind[op.index()] += 1;
         if op == Op::Insert {
             run.space.insert_done(key);
         }
         if let Err(e) = &result {
             measured.error(|| e.to_string());
         }
+    }
+    for op in OPS.into_iter().filter(|op| of_kind[op.index()] > 0) {
+        measured.record_n(op, ns, of_kind[op.index()]);
     }
     let n = pending.len() as u64;
     pending.clear();

@@ -300,9 +300,14 @@ impl Measured {
 
     /// One operation of `op` that took `ns`.
     pub fn record(&mut self, op: Op, ns: u64) {
+        self.record_n(op, ns, 1);
+    }
+
+    /// `count` operations of `op` that each took `ns` nanoseconds (a batch's).
+    pub fn record_n(&mut self, op: Op, ns: u64, count: u64) {
         let ns = ns.clamp(1, 60_000_000_000);
-        self.latency[op.index()].record(ns).expect("within bounds");
-        self.all.record(ns).expect("within bounds");
+        self.latency[op.index()].record_n(ns, count).expect("within bounds");
+        self.all.record_n(ns, count).expect("within bounds");
     }
 
     /// An error, with its text.
