@@ -918,7 +918,8 @@ pub fn extent_bytes(value_len: u64) -> u64 {
 
 /// The checksum an extent's descriptor keeps for its value.
 pub fn value_checksum(value: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(value)
+    // XXH3 with seed 0 is XXH3 unseeded (what earlier builds stored).
+    xxh3_seeded(0, value)
 }
 
 impl Block<'_> {
@@ -1102,10 +1103,11 @@ fn block_checksum(len_word: u64, covered: &[u8]) -> u64 {
     xxh3_seeded(len_word, covered)
 }
 
-/// XXH3-64 of `bytes` with `seed`. Both crates compute the same function; twox-hash picks
-/// AVX2 at run time for inputs past 240 bytes (a 1 KiB value in about 36 ns against 55 ns
-/// for xxhash-rust, whose SIMD is chosen at compile time: SSE2 in a portable build), and
-/// xxhash-rust is the quicker of the two on short inputs.
+/// XXH3-64 of `bytes` with `seed`, for every checksum of data a read brings (blocks, large
+/// values). Both crates compute the same function; twox-hash picks AVX2 at run time for
+/// inputs past 240 bytes (a 1 KiB value in about 36 ns against 55 ns for xxhash-rust, whose
+/// SIMD is chosen at compile time: SSE2 in a portable build), and xxhash-rust is the
+/// quicker of the two on short inputs.
 fn xxh3_seeded(seed: u64, bytes: &[u8]) -> u64 {
     const XXH3_MID_SIZE_MAX: usize = 240;
     match bytes.len() {
@@ -1355,6 +1357,7 @@ mod tests {
         fn block_checksum_is_xxh3_at_every_length(bytes in proptest::collection::vec(any::<u8>(), 0..4200), seed in any::<u64>()) {
             prop_assert_eq!(xxh3_seeded(seed, &bytes), xxh3_64_with_seed(&bytes, seed));
             prop_assert_eq!(twox_hash::XxHash3_64::oneshot_with_seed(seed, &bytes), xxh3_64_with_seed(&bytes, seed));
+            prop_assert_eq!(value_checksum(&bytes), xxhash_rust::xxh3::xxh3_64(&bytes));
         }
 
         #[test]
